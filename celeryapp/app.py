@@ -1,0 +1,83 @@
+"""The Celery application: configuration from :class:`Settings`, queues and routes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from celeryapp.config import Settings
+from celeryapp.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
+
+#: Modules holding chordbeat's own tasks; a worker imports them at start.
+TASK_MODULES = ("tasks.steps", "tasks.control", "tasks.service", "tasks.examples")
+
+#: Beat sleeps at most this long between ticks, so new and changed entries are seen quickly.
+BEAT_MAX_LOOP_INTERVAL_S = 5
+#: RedBeat lock lifetime: a SIGKILLed beat is replaced within lock + loop interval (35 s).
+REDBEAT_LOCK_TIMEOUT_S = 30
+#: Redis hands an unacked message to another consumer after this long. Crashed steps are
+#: re-queued by heartbeat recovery much sooner; this is only the broker's last resort, so it is
+#: kept well above any step's run time to avoid duplicate deliveries of long steps.
+VISIBILITY_TIMEOUT_S = 6 * 3600
+
+
+class ChordbeatCelery(Celery):  # type: ignore[misc]
+    """A Celery app that carries chordbeat's settings."""
+
+    settings: Settings
+
+    def apply_settings(self, settings: Settings) -> None:
+        self.settings = settings
+        self.conf.update(celery_config(settings))
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.result_backend,
+        "broker_connection_retry_on_startup": True,
+        # JSON only: nothing on the broker can make a worker unpickle attacker-controlled bytes.
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        # At-least-once delivery. A message is acked only after its task returns, a pool child that
+        # dies mid-task gets its message put back at once, and a worker holds one message beyond
+        # those it runs, so a crash strands as little as possible. Duplicates this can cause are
+        # made harmless by the database: step runners claim their worker task with a
+        # compare-and-set and advancement is guarded the same way.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "broker_transport_options": {
+            "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            "socket_timeout": 30,
+            "health_check_interval": 25,
+        },
+        "result_backend_transport_options": {"result_chord_ordered": True},
+        "result_expires": 24 * 3600,
+        "task_default_queue": STEPS_QUEUE,
+        # "celery" is where a plain ``send_task`` from another service lands (it knows no routes).
+        "task_queues": (Queue(STEPS_QUEUE), Queue(CONTROL_QUEUE), Queue(PUBLIC_QUEUE)),
+        "task_routes": {"chordbeat.*": {"queue": CONTROL_QUEUE}, "chordbeat.run_step": {"queue": STEPS_QUEUE}},
+        "task_track_started": True,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "timezone": "UTC",
+        "enable_utc": True,
+        "beat_scheduler": "redbeat.RedBeatScheduler",
+        "beat_max_loop_interval": BEAT_MAX_LOOP_INTERVAL_S,
+        "redbeat_redis_url": settings.redbeat_url,
+        "redbeat_key_prefix": "chordbeat:redbeat:",
+        "redbeat_lock_timeout": REDBEAT_LOCK_TIMEOUT_S,
+        "imports": settings.task_modules,
+    }
+
+
+def create_app(settings: Settings | None = None) -> ChordbeatCelery:
+    app = ChordbeatCelery("chordbeat", include=list(TASK_MODULES), set_as_current=True)
+    app.apply_settings(settings or Settings.from_env())
+    return app

@@ -1,0 +1,25 @@
+"""What a step task can learn about the run it belongs to."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StepContext:
+    execution_id: int
+    schedule: str
+    step: str
+    step_index: int
+    attempt: int
+    payload: dict[str, Any]
+
+
+_current: ContextVar[StepContext | None] = ContextVar("chordbeat_step", default=None)
+
+
+def current_step() -> StepContext | None:
+    """The step being run in this thread, or ``None`` outside a chordbeat step."""
+    return _current.get()

@@ -1,0 +1,63 @@
+"""Sending what a committed transaction decided: chords for step groups, cancels, revokes."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Celery, chord
+from celery.canvas import Signature
+
+from celeryapp import keys
+from celeryapp.lifecycle import Effects, GroupDispatch, StepDispatch
+from celeryapp.redis_client import get_redis
+
+logger = logging.getLogger(__name__)
+
+RUN_STEP = "chordbeat.run_step"
+ADVANCE = "chordbeat.advance_execution"
+#: How long a cancel flag outlives the cancel: longer than any message can wait for a worker.
+CANCEL_FLAG_TTL_S = 7 * 24 * 3600
+
+
+def _runner(app: Celery, step: StepDispatch) -> Signature:
+    options: dict[str, object] = {"task_id": step.celery_task_id, "queue": step.spec.queue or keys.STEPS_QUEUE}
+    if step.spec.timeout_s:
+        # The runner catches the soft limit and records a timeout; the hard limit is only a
+        # backstop for a step that ignores it, and heartbeat recovery handles what follows.
+        options["soft_time_limit"] = step.spec.timeout_s
+        options["time_limit"] = step.spec.timeout_s + 30
+    return app.signature(RUN_STEP, args=(step.worker_task_id, step.attempt), immutable=True, **options)
+
+
+def _advance(app: Celery, group: GroupDispatch) -> Signature:
+    return app.signature(ADVANCE, args=(group.execution_id, group.step_index), immutable=True,
+                         queue=keys.CONTROL_QUEUE)
+
+
+def send_group(app: Celery, group: GroupDispatch) -> None:
+    if not group.steps:
+        # Nothing left to run in this group (all re-queued elsewhere): just check advancement.
+        _advance(app, group).apply_async()
+        return
+    if group.requeue:
+        for step in group.steps:
+            _runner(app, step).apply_async(link=_advance(app, group))
+        return
+    # The chord body is the advancement check; runners never fail, so it always runs.
+    chord([_runner(app, step) for step in group.steps], _advance(app, group)).apply_async()
+
+
+def apply_effects(app: Celery, effects: Effects) -> None:
+    """Carry out, after commit, what a lifecycle function decided."""
+    if effects.cancelled:
+        client = get_redis(app.settings.broker_url)
+        with client.pipeline(transaction=False) as pipe:
+            for execution_id in effects.cancelled:
+                pipe.set(keys.cancel_key(execution_id), "1", ex=CANCEL_FLAG_TTL_S)
+            pipe.execute()
+    if effects.revoke:
+        # Drops messages still queued; running steps stop through the cancel flag instead of a
+        # signal, which could hit whatever task the pool process runs next.
+        app.control.revoke(effects.revoke)
+    for group in effects.dispatch:
+        send_group(app, group)

@@ -1,0 +1,32 @@
+"""Redis key names and queue names, all in one place under the ``chordbeat`` prefix."""
+
+from __future__ import annotations
+
+PREFIX = "chordbeat"
+
+#: Queue of step runners unless a step names its own queue.
+STEPS_QUEUE = "chordbeat"
+#: Queue of short control tasks (advancement, firing, service calls, recovery). Kept apart so an
+#: advancement never waits behind a backlog of step messages.
+CONTROL_QUEUE = "chordbeat.control"
+#: Celery's default queue: where other services' ``send_task`` calls arrive without routing.
+PUBLIC_QUEUE = "celery"
+
+
+def heartbeat_key(worker_task_id: int, attempt: int) -> str:
+    """Key a running step refreshes; its expiry means the attempt's worker is gone."""
+    return f"{PREFIX}:hb:{worker_task_id}:{attempt}"
+
+
+def cancel_key(execution_id: int) -> str:
+    """Key whose presence tells running steps of an execution to stop."""
+    return f"{PREFIX}:cancel:{execution_id}"
+
+
+def runner_task_id(worker_task_id: int, attempt: int) -> str:
+    """Deterministic Celery task id of a step runner: revocable and recognisable when redelivered."""
+    return f"{PREFIX}-wt{worker_task_id}-a{attempt}"
+
+
+def redbeat_entry_name(schedule_name: str) -> str:
+    return f"{PREFIX}:{schedule_name}"

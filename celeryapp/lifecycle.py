@@ -1,0 +1,435 @@
+"""Execution lifecycle in the database: start, claim and finish steps, advance, cancel.
+
+Every state change is a compare-and-set ``UPDATE ... WHERE <expected state>``: whoever loses a
+race (a redelivered message, a second callback, recovery racing a slow worker) changes nothing.
+Functions here only touch the database and return what must be sent once the transaction has
+committed; :mod:`celeryapp.dispatch` sends it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, exists, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from celeryapp import keys
+from celeryapp.decisions import StepResult, Verdict, decide_after_group, retry_delay_s
+from celeryapp.definition import StepSpec
+from celeryapp.errors import NotFound
+from celeryapp.store import definition_of
+from models import (
+    Activity,
+    ActivityStatus,
+    ExecutionStatus,
+    Overlap,
+    Schedule,
+    ScheduleExecution,
+    ScheduleStatus,
+    SlotOutcome,
+    SlotRecord,
+    Trigger,
+    WorkerTask,
+    WorkerTaskStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepDispatch:
+    worker_task_id: int
+    attempt: int
+    spec: StepSpec
+
+    @property
+    def celery_task_id(self) -> str:
+        return keys.runner_task_id(self.worker_task_id, self.attempt)
+
+
+@dataclass(frozen=True)
+class GroupDispatch:
+    """A step group to send as one chord (or, for re-queued attempts, as linked single tasks)."""
+
+    execution_id: int
+    step_index: int
+    steps: tuple[StepDispatch, ...]
+    #: True for re-queued attempts: sent without a chord, each linked to the advancement.
+    requeue: bool = False
+
+
+@dataclass
+class Effects:
+    """What to do after commit: chords to send, executions whose running steps must stop."""
+
+    dispatch: list[GroupDispatch] = field(default_factory=list)
+    cancelled: list[int] = field(default_factory=list)
+    revoke: list[str] = field(default_factory=list)
+
+    def merge(self, other: Effects) -> Effects:
+        self.dispatch += other.dispatch
+        self.cancelled += other.cancelled
+        self.revoke += other.revoke
+        return self
+
+
+@dataclass
+class StartResult:
+    execution_id: int | None
+    skipped: str | None = None
+    effects: Effects = field(default_factory=Effects)
+
+
+# --- starting ---------------------------------------------------------------------------------
+
+
+def _active_execution_ids(session: Session, schedule_id: int) -> list[int]:
+    return list(
+        session.scalars(
+            select(ScheduleExecution.id).where(
+                ScheduleExecution.schedule_id == schedule_id,
+                ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
+            ).order_by(ScheduleExecution.id)
+        )
+    )
+
+
+def record_slot(
+    session: Session, schedule: Schedule, outcome: SlotOutcome, *, trigger: Trigger,
+    nominal_at: datetime | None, now: datetime, execution_id: int | None = None, detail: str | None = None,
+) -> None:
+    session.execute(
+        insert(SlotRecord).values(
+            schedule_id=schedule.id, schedule_name=schedule.name, nominal_at=nominal_at, trigger=trigger,
+            outcome=outcome, execution_id=execution_id, detail=detail, recorded_at=now,
+        )
+    )
+
+
+def start_execution(
+    session: Session,
+    schedule: Schedule,
+    *,
+    trigger: Trigger,
+    run_key: str,
+    now: datetime,
+    payload: dict[str, Any] | None = None,
+    nominal_at: datetime | None = None,
+) -> StartResult:
+    """Create an execution with all its worker tasks, honouring the schedule's overlap policy."""
+    existing = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
+    if existing is not None:
+        return StartResult(existing, skipped="duplicate")
+    effects = Effects()
+    active = _active_execution_ids(session, schedule.id)
+    if active and schedule.overlap is not Overlap.ALLOW:
+        if schedule.overlap is Overlap.CANCEL_PREVIOUS:
+            for execution_id in active:
+                effects.merge(cancel_execution(session, execution_id, now=now, reason="cancelled: a new run started"))
+        else:
+            return _overlapped(session, schedule, active[0], trigger=trigger, nominal_at=nominal_at, now=now)
+
+    definition = definition_of(schedule)
+    execution = ScheduleExecution(
+        schedule_id=schedule.id,
+        schedule_name=schedule.name,
+        status=ExecutionStatus.IN_PROGRESS,
+        trigger=trigger,
+        run_key=run_key,
+        exclusive_key=None if schedule.overlap is Overlap.ALLOW else schedule.id,
+        current_step_index=0,
+        plan=definition.plan(),
+        payload={**definition.payload, **(payload or {})},
+        started_at=now,
+        deadline_at=now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
+    )
+    try:
+        with session.begin_nested():
+            session.add(execution)
+            session.flush()
+    except IntegrityError:
+        # Lost a race: the same run key, or another active run of an exclusive schedule.
+        session.expunge(execution)
+        winner = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
+        if winner is not None:
+            return StartResult(winner, skipped="duplicate")
+        return _overlapped(session, schedule, None, trigger=trigger, nominal_at=nominal_at, now=now)
+
+    first: list[StepDispatch] = []
+    for index, group in enumerate(definition.groups):
+        for step in group:
+            task = WorkerTask(
+                execution_id=execution.id,
+                step_index=index,
+                step_name=step.name,
+                status=WorkerTaskStatus.QUEUED if index == 0 else WorkerTaskStatus.WAITING,
+                attempt=1,
+                queued_at=now if index == 0 else None,
+            )
+            session.add(task)
+            session.flush()
+            if index == 0:
+                first.append(StepDispatch(task.id, 1, step))
+    session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
+    record_slot(session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now,
+                execution_id=execution.id)
+    effects.dispatch.append(GroupDispatch(execution.id, 0, tuple(first)))
+    logger.info("execution %s of schedule %r started (%s)", execution.id, schedule.name, trigger.value)
+    return StartResult(execution.id, effects=effects)
+
+
+def _overlapped(
+    session: Session, schedule: Schedule, active_id: int | None, *, trigger: Trigger,
+    nominal_at: datetime | None, now: datetime,
+) -> StartResult:
+    running = f"execution {active_id}" if active_id is not None else "another execution"
+    if schedule.overlap is Overlap.BUFFER_ONE:
+        session.execute(update(Schedule).where(Schedule.id == schedule.id).values(buffered=True))
+        record_slot(session, schedule, SlotOutcome.BUFFERED, trigger=trigger, nominal_at=nominal_at, now=now,
+                    detail=f"{running} is in progress; runs when it ends")
+        logger.info("schedule %r: %s is in progress, run buffered", schedule.name, running)
+        return StartResult(None, skipped=f"buffered: {running} is in progress")
+    record_slot(session, schedule, SlotOutcome.SKIPPED_OVERLAP, trigger=trigger, nominal_at=nominal_at, now=now,
+                detail=f"{running} is in progress")
+    logger.warning("schedule %r: %s is still in progress, run skipped", schedule.name, running)
+    return StartResult(None, skipped=f"overlap: {running} is in progress")
+
+
+# --- steps ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A step attempt a runner now owns."""
+
+    worker_task_id: int
+    attempt: int
+    execution_id: int
+    step_index: int
+    spec: StepSpec
+    activity_id: int
+    schedule_name: str
+    payload: dict[str, Any]
+
+
+def claim_step(session: Session, worker_task_id: int, attempt: int, *, node: str, now: datetime) -> Claim | None:
+    """Move a queued attempt to ``processing`` and open its activity; ``None`` if not ours to run.
+
+    ``None`` covers every message that must do nothing: a redelivery of an attempt already
+    running or finished, an attempt fenced off by a newer one, a cancelled or finished execution.
+    """
+    claimed = session.execute(
+        update(WorkerTask)
+        .where(
+            WorkerTask.id == worker_task_id,
+            WorkerTask.attempt == attempt,
+            WorkerTask.status == WorkerTaskStatus.QUEUED,
+            exists().where(
+                ScheduleExecution.id == WorkerTask.execution_id,
+                ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
+            ),
+        )
+        .values(status=WorkerTaskStatus.PROCESSING, node=node, started_at=now)
+    ).rowcount
+    if not claimed:
+        return None
+    task = session.get_one(WorkerTask, worker_task_id)
+    execution = session.get_one(ScheduleExecution, task.execution_id)
+    spec = next(StepSpec.from_json(s) for s in execution.plan[task.step_index] if s["name"] == task.step_name)
+    activity_id = session.execute(
+        insert(Activity).values(
+            execution_id=execution.id, step_index=task.step_index, step_name=task.step_name, attempt=attempt,
+            status=ActivityStatus.IN_PROGRESS, worker=node, started_at=now,
+        )
+    ).inserted_primary_key[0]
+    return Claim(worker_task_id, attempt, execution.id, task.step_index, spec, activity_id,
+                 execution.schedule_name, dict(execution.payload))
+
+
+def finish_step(
+    session: Session, claim: Claim, status: ActivityStatus, *, now: datetime,
+    error: str | None = None, message: str | None = None,
+) -> bool:
+    """Record an attempt's outcome and delete its worker task; False if it was fenced meanwhile."""
+    recorded = session.execute(
+        update(Activity)
+        .where(Activity.id == claim.activity_id, Activity.status == ActivityStatus.IN_PROGRESS)
+        .values(status=status, error=error, message=message, completed_at=now)
+    ).rowcount
+    session.execute(
+        delete(WorkerTask).where(
+            WorkerTask.id == claim.worker_task_id,
+            WorkerTask.attempt == claim.attempt,
+            WorkerTask.status == WorkerTaskStatus.PROCESSING,
+        )
+    )
+    return bool(recorded)
+
+
+# --- advancing --------------------------------------------------------------------------------
+
+
+def _latest_results(session: Session, execution_id: int, step_index: int) -> dict[str, StepResult]:
+    rows = session.execute(
+        select(Activity.step_name, Activity.status, Activity.error)
+        .where(Activity.execution_id == execution_id, Activity.step_index == step_index)
+        .order_by(Activity.attempt)
+    ).all()
+    return {name: StepResult(status, error) for name, status, error in rows}
+
+
+def advance_execution(session: Session, execution_id: int, step_index: int, *, now: datetime) -> Effects:
+    """The activity-based check after a group: fail, advance to the next group, or complete."""
+    execution = session.get(ScheduleExecution, execution_id)
+    if (
+        execution is None
+        or execution.status is not ExecutionStatus.IN_PROGRESS
+        or execution.current_step_index != step_index
+    ):
+        return Effects()
+    unfinished = session.scalar(
+        select(func.count()).where(
+            WorkerTask.execution_id == execution_id,
+            WorkerTask.step_index == step_index,
+        )
+    ) or 0
+    steps = [StepSpec.from_json(s) for s in execution.plan[step_index]]
+    has_next = step_index + 1 < len(execution.plan)
+    outcome = decide_after_group(
+        steps, _latest_results(session, execution_id, step_index), unfinished=unfinished, has_next_group=has_next
+    )
+    guard = (
+        ScheduleExecution.id == execution_id,
+        ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
+        ScheduleExecution.current_step_index == step_index,
+    )
+    if outcome.verdict is Verdict.WAIT:
+        return Effects()
+    if outcome.verdict is Verdict.ADVANCE:
+        moved = session.execute(update(ScheduleExecution).where(*guard).values(current_step_index=step_index + 1))
+        if not moved.rowcount:
+            return Effects()
+        session.execute(
+            update(WorkerTask)
+            .where(
+                WorkerTask.execution_id == execution_id,
+                WorkerTask.step_index == step_index + 1,
+                WorkerTask.status == WorkerTaskStatus.WAITING,
+            )
+            .values(status=WorkerTaskStatus.QUEUED, queued_at=now)
+        )
+        return Effects(dispatch=[_queued_group(session, execution, step_index + 1)])
+    status = ExecutionStatus.FAILED if outcome.verdict is Verdict.FAIL else ExecutionStatus.COMPLETED
+    return _finish_execution(session, execution, guard, status, error=outcome.error, now=now)
+
+
+def _queued_group(session: Session, execution: ScheduleExecution, step_index: int) -> GroupDispatch:
+    specs = {s["name"]: StepSpec.from_json(s) for s in execution.plan[step_index]}
+    tasks = session.execute(
+        select(WorkerTask.id, WorkerTask.attempt, WorkerTask.step_name)
+        .where(
+            WorkerTask.execution_id == execution.id,
+            WorkerTask.step_index == step_index,
+            WorkerTask.status == WorkerTaskStatus.QUEUED,
+        )
+        .order_by(WorkerTask.id)
+    ).all()
+    return GroupDispatch(execution.id, step_index, tuple(StepDispatch(i, a, specs[n]) for i, a, n in tasks))
+
+
+def _finish_execution(
+    session: Session, execution: ScheduleExecution, guard: Any, status: ExecutionStatus, *,
+    error: str | None, now: datetime,
+) -> Effects:
+    done = session.execute(
+        update(ScheduleExecution)
+        .where(*guard)
+        .values(status=status, error=error, completed_at=now, exclusive_key=None)
+    ).rowcount
+    if not done:
+        return Effects()
+    session.execute(delete(WorkerTask).where(WorkerTask.execution_id == execution.id))
+    if status is ExecutionStatus.FAILED:
+        logger.warning("execution %s of %r failed: %s", execution.id, execution.schedule_name, error)
+    else:
+        logger.info("execution %s of %r %s", execution.id, execution.schedule_name, status.value)
+    return _after_execution(session, execution, status, error=error, now=now)
+
+
+def _after_execution(
+    session: Session, execution: ScheduleExecution, status: ExecutionStatus, *, error: str | None, now: datetime
+) -> Effects:
+    """Schedule bookkeeping once an execution ends: counters, repeats, retries, buffered runs."""
+    if execution.schedule_id is None:
+        return Effects()
+    schedule = session.get(Schedule, execution.schedule_id)
+    if schedule is None:
+        return Effects()
+    by_id = Schedule.id == schedule.id
+    if status is ExecutionStatus.COMPLETED:
+        session.execute(update(Schedule).where(by_id).values(
+            run_count=Schedule.run_count + 1, current_retry=0, retry_at=None))
+        session.refresh(schedule)
+        if schedule.total_repeats and schedule.run_count >= schedule.total_repeats:
+            session.execute(update(Schedule).where(by_id, Schedule.status == ScheduleStatus.ACTIVE).values(
+                status=ScheduleStatus.DONE, next_run_at=None, buffered=False))
+            logger.info("schedule %r is done after %s runs", schedule.name, schedule.run_count)
+    elif status is ExecutionStatus.FAILED:
+        session.execute(update(Schedule).where(by_id).values(error_count=Schedule.error_count + 1, last_error=error))
+        session.refresh(schedule)
+        if schedule.max_retries and schedule.status is ScheduleStatus.ACTIVE:
+            if schedule.current_retry < schedule.max_retries:
+                retry = schedule.current_retry + 1
+                delay = retry_delay_s(definition_of(schedule).retry_base_s, retry)
+                session.execute(update(Schedule).where(by_id).values(
+                    current_retry=retry, retry_at=now + timedelta(seconds=delay)))
+                logger.info("schedule %r: retry %s in %.0fs", schedule.name, retry, delay)
+            else:
+                session.execute(update(Schedule).where(by_id, Schedule.status == ScheduleStatus.ACTIVE).values(
+                    status=ScheduleStatus.DEAD, retry_at=None, next_run_at=None, buffered=False))
+                logger.error("schedule %r is dead: %s consecutive failures", schedule.name, schedule.current_retry + 1)
+    session.refresh(schedule)
+    if schedule.buffered and schedule.status is ScheduleStatus.ACTIVE:
+        taken = session.execute(update(Schedule).where(by_id, Schedule.buffered.is_(True)).values(buffered=False))
+        if taken.rowcount:
+            started = start_execution(session, schedule, trigger=execution.trigger, now=now,
+                                      run_key=f"{schedule.name}:after:{execution.id}")
+            return started.effects
+    return Effects()
+
+
+# --- cancelling -------------------------------------------------------------------------------
+
+
+def cancel_execution(
+    session: Session, execution_id: int, *, now: datetime, reason: str = "cancelled",
+    status: ExecutionStatus = ExecutionStatus.CANCELLED,
+) -> Effects:
+    """Stop an in-progress execution; a finished one is left as it is.
+
+    ``status`` is ``failed`` when the cancel is a timeout, so the run counts as a failure.
+    """
+    execution = session.get(ScheduleExecution, execution_id)
+    if execution is None:
+        raise NotFound(f"execution {execution_id} does not exist")
+    if execution.status is not ExecutionStatus.IN_PROGRESS:
+        return Effects()
+    guard = (ScheduleExecution.id == execution_id, ScheduleExecution.status == ExecutionStatus.IN_PROGRESS)
+    running = session.execute(
+        select(WorkerTask.id, WorkerTask.attempt).where(
+            WorkerTask.execution_id == execution_id, WorkerTask.status != WorkerTaskStatus.WAITING
+        )
+    ).all()
+    session.execute(
+        update(Activity)
+        .where(Activity.execution_id == execution_id, Activity.status == ActivityStatus.IN_PROGRESS)
+        .values(status=ActivityStatus.CANCELLED, completed_at=now, error=reason)
+    )
+    effects = _finish_execution(session, execution, guard, status, error=reason, now=now)
+    effects.cancelled.append(execution_id)
+    effects.revoke += [keys.runner_task_id(i, a) for i, a in running]
+    return effects

@@ -1,0 +1,45 @@
+"""How a step task reports something other than plain success without raising.
+
+A step task fails by raising. To complete with a warning or an error, it returns one of these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models.states import ActivityStatus
+
+OUTCOME_KEY = "chordbeat_outcome"
+
+
+def warning(message: str) -> dict[str, Any]:
+    """Return this from a step task to record ``complete_with_warning``."""
+    return {OUTCOME_KEY: ActivityStatus.COMPLETE_WITH_WARNING.value, "message": message}
+
+
+def error(message: str) -> dict[str, Any]:
+    """Return this to record ``complete_with_error`` (stops the run unless continue_on_failure)."""
+    return {OUTCOME_KEY: ActivityStatus.COMPLETE_WITH_ERROR.value, "message": message}
+
+
+def classify(result: Any) -> tuple[ActivityStatus, str | None]:
+    """The activity status and message a step's return value stands for."""
+    if isinstance(result, dict) and OUTCOME_KEY in result:
+        try:
+            status = ActivityStatus(result[OUTCOME_KEY])
+        except ValueError:
+            return ActivityStatus.COMPLETE_WITH_ERROR, f"unknown outcome {result[OUTCOME_KEY]!r}"
+        message = result.get("message")
+        return status, None if message is None else str(message)
+    return ActivityStatus.COMPLETE, summarize(result)
+
+
+#: Characters of a step's return value kept on its activity.
+SUMMARY_CHARS = 500
+
+
+def summarize(result: Any) -> str | None:
+    if result is None:
+        return None
+    text = repr(result)
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 3] + "..."

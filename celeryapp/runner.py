@@ -1,0 +1,113 @@
+"""The step runner: claim an attempt, run its task in-process, record the outcome.
+
+It never lets an exception escape (soft time limits and cancels included), so the group's chord
+body always runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy import update
+
+from celeryapp import keys
+from celeryapp.app import ChordbeatCelery
+from celeryapp.context import StepContext, _current
+from celeryapp.errors import StepCancelled
+from celeryapp.heartbeat import StepWatch
+from celeryapp.lifecycle import Claim, claim_step, finish_step
+from celeryapp.outcome import classify
+from celeryapp.redis_client import get_redis
+from models import Activity, ActivityStatus, transaction, utcnow
+
+logger = logging.getLogger(__name__)
+
+#: Characters of an error message kept on the activity.
+ERROR_CHARS = 2000
+#: Tries at recording an outcome before falling back to a bare update.
+RECORD_TRIES = 3
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:ERROR_CHARS]
+
+
+def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> tuple[ActivityStatus, str | None, str | None]:
+    """Run the step's task; return (status, error, message)."""
+    task = app.tasks.get(claim.spec.task)
+    try:
+        try:
+            if task is None:
+                return ActivityStatus.FAILED_WITH_ERROR, f"task {claim.spec.task!r} is not registered in this worker", None
+            result = task(*claim.spec.args, **claim.spec.kwargs)
+        finally:
+            watch.disarm()
+    except StepCancelled:
+        return ActivityStatus.CANCELLED, "cancelled", None
+    except SoftTimeLimitExceeded:
+        return ActivityStatus.FAILED_WITH_ERROR, f"timed out after {claim.spec.timeout_s:g}s", None
+    except Exception as exc:  # the step's own failure, recorded as its outcome
+        logger.info("step %r of execution %s failed: %s", claim.spec.name, claim.execution_id, exc)
+        return ActivityStatus.FAILED_WITH_ERROR, _error_text(exc), None
+    status, message = classify(result)
+    error = message if status.failed else None
+    return status, error, None if status.failed else message
+
+
+def _record(app: ChordbeatCelery, claim: Claim, status: ActivityStatus, error: str | None, message: str | None) -> bool:
+    url = app.settings.database_url
+    for attempt in range(1, RECORD_TRIES + 1):
+        try:
+            with transaction(url) as session:
+                return finish_step(session, claim, status, now=utcnow(), error=error, message=message)
+        except Exception:
+            logger.exception("recording outcome of %s attempt %s failed (try %s)", claim.spec.name, claim.attempt, attempt)
+            time.sleep(0.2 * attempt)
+    # SafeFail: never leave the activity in progress. A bare update in a fresh session; if even
+    # that fails, heartbeat recovery will fail and re-queue the attempt.
+    try:
+        with transaction(url) as session:
+            session.execute(
+                update(Activity)
+                .where(Activity.id == claim.activity_id, Activity.status == ActivityStatus.IN_PROGRESS)
+                .values(status=ActivityStatus.FAILED_WITH_ERROR, completed_at=utcnow(),
+                        error=f"outcome could not be recorded (was {status.value})")
+            )
+    except Exception:
+        logger.critical("activity %s is left in progress: database unreachable", claim.activity_id, exc_info=True)
+    return False
+
+
+def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: str) -> dict[str, Any]:
+    settings = app.settings
+    try:
+        with transaction(settings.database_url) as session:
+            claim = claim_step(session, worker_task_id, attempt, node=node, now=utcnow())
+    except Exception:
+        logger.exception("could not claim worker task %s attempt %s", worker_task_id, attempt)
+        return {"status": "unclaimed"}
+    if claim is None:
+        logger.info("worker task %s attempt %s is not runnable here (duplicate or fenced)", worker_task_id, attempt)
+        return {"status": "skipped"}
+    token = _current.set(StepContext(claim.execution_id, claim.schedule_name, claim.spec.name, claim.step_index,
+                                     claim.attempt, claim.payload))
+    watch = StepWatch(
+        get_redis(settings.broker_url),
+        heartbeat_key=keys.heartbeat_key(worker_task_id, attempt),
+        cancel_key=keys.cancel_key(claim.execution_id),
+        ttl_s=settings.heartbeat_ttl_s,
+    )
+    try:
+        with watch:
+            status, error, message = execute_step(app, claim, watch)
+    except StepCancelled:
+        # Landed between the step's return and the watch's stop.
+        status, error, message = ActivityStatus.CANCELLED, "cancelled", None
+    finally:
+        _current.reset(token)
+    recorded = _record(app, claim, status, error, message)
+    return {"status": status.value if recorded else "fenced"}

@@ -1,0 +1,145 @@
+"""The operations behind the public service tasks; JSON in, JSON out.
+
+Each opens one transaction, and sends what it decided (chords, cancels) only after commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import select, update
+
+from celeryapp.app import ChordbeatCelery
+from celeryapp.definition import parse_definition
+from celeryapp.dispatch import apply_effects
+from celeryapp.errors import InvalidTransition, NotFound
+from celeryapp.lifecycle import cancel_execution as cancel_in_db
+from celeryapp.lifecycle import start_execution
+from celeryapp.store import find_schedule, next_fire_after, upsert_schedule, definition_of
+from celeryapp.views import execution_json, schedule_json
+from models import (
+    ExecutionStatus,
+    Schedule,
+    ScheduleExecution,
+    ScheduleSource,
+    ScheduleStatus,
+    Trigger,
+    transaction,
+    utcnow,
+)
+
+#: Most executions one ``list_executions`` call returns.
+MAX_LIST_LIMIT = 1000
+
+
+def known_task(app: ChordbeatCelery) -> Any:
+    return lambda name: name in app.tasks
+
+
+def apply_schedule(app: ChordbeatCelery, definition: Any, *, source: ScheduleSource = ScheduleSource.API) -> dict[str, Any]:
+    parsed = parse_definition(definition, known_task=known_task(app))
+    with transaction(app.settings.database_url) as session:
+        schedule, _change = upsert_schedule(session, parsed, source=source, now=utcnow())
+        return schedule_json(schedule)
+
+
+def delete_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
+    with transaction(app.settings.database_url) as session:
+        schedule = find_schedule(session, name)
+        session.delete(schedule)
+    return {"name": name, "deleted": True}
+
+
+def get_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
+    with transaction(app.settings.database_url) as session:
+        return schedule_json(find_schedule(session, name))
+
+
+def list_schedules(app: ChordbeatCelery) -> list[dict[str, Any]]:
+    with transaction(app.settings.database_url) as session:
+        return [schedule_json(s) for s in session.scalars(select(Schedule).order_by(Schedule.name))]
+
+
+def pause_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
+    with transaction(app.settings.database_url) as session:
+        schedule = find_schedule(session, name)
+        if schedule.status is not ScheduleStatus.PAUSED:
+            paused = session.execute(
+                update(Schedule)
+                .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.ACTIVE)
+                .values(status=ScheduleStatus.PAUSED, next_run_at=None, retry_at=None, buffered=False)
+            ).rowcount
+            if not paused:
+                raise InvalidTransition(f"schedule {name!r} is {schedule.status.value}; only an active schedule can be paused")
+            session.refresh(schedule)
+        return schedule_json(schedule)
+
+
+def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
+    with transaction(app.settings.database_url) as session:
+        schedule = find_schedule(session, name)
+        if schedule.status is not ScheduleStatus.ACTIVE:
+            now = utcnow()
+            resumed = session.execute(
+                update(Schedule)
+                .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.PAUSED)
+                .values(status=ScheduleStatus.ACTIVE, next_run_at=next_fire_after(definition_of(schedule), now))
+            ).rowcount
+            if not resumed:
+                raise InvalidTransition(f"schedule {name!r} is {schedule.status.value}; only a paused schedule can be resumed")
+            session.refresh(schedule)
+        return schedule_json(schedule)
+
+
+def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    if payload is not None and not isinstance(payload, dict):
+        raise ValueError("payload: must be an object")
+    with transaction(app.settings.database_url) as session:
+        schedule = find_schedule(session, name)
+        result = start_execution(session, schedule, trigger=Trigger.MANUAL, now=utcnow(), payload=payload,
+                                 run_key=f"{name}:manual:{uuid.uuid4().hex}")
+    apply_effects(app, result.effects)
+    if result.execution_id is None or result.skipped:
+        return {"execution_id": None, "skipped": result.skipped}
+    return {"execution_id": result.execution_id, "status": ExecutionStatus.IN_PROGRESS.value}
+
+
+def cancel_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
+    with transaction(app.settings.database_url) as session:
+        effects = cancel_in_db(session, int(execution_id), now=utcnow())
+    apply_effects(app, effects)
+    return get_execution(app, execution_id)
+
+
+def get_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
+    with transaction(app.settings.database_url) as session:
+        execution = session.get(ScheduleExecution, int(execution_id))
+        if execution is None:
+            raise NotFound(f"execution {execution_id} does not exist")
+        return execution_json(session, execution)
+
+
+def list_executions(
+    app: ChordbeatCelery, schedule: str | None = None, status: str | None = None, limit: int = 50
+) -> list[dict[str, Any]]:
+    if status is not None:
+        try:
+            status = ExecutionStatus(status).value
+        except ValueError:
+            raise ValueError(f"status: must be one of {', '.join(s.value for s in ExecutionStatus)}") from None
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
+        raise ValueError(f"limit: must be an integer between 1 and {MAX_LIST_LIMIT}")
+    query = select(ScheduleExecution).order_by(ScheduleExecution.id.desc()).limit(limit)
+    if schedule is not None:
+        query = query.where(ScheduleExecution.schedule_name == schedule)
+    if status is not None:
+        query = query.where(ScheduleExecution.status == ExecutionStatus(status))
+    with transaction(app.settings.database_url) as session:
+        return [execution_json(session, e) for e in session.scalars(query).all()]
+
+
+__all__ = [
+    "apply_schedule", "cancel_execution", "delete_schedule", "get_execution", "get_schedule",
+    "list_executions", "list_schedules", "pause_schedule", "resume_schedule", "trigger_schedule",
+]

@@ -1,0 +1,72 @@
+"""The JSON objects of the contract: schedule objects and execution objects."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from celeryapp.store import definition_of
+from models import Activity, Schedule, ScheduleExecution, WorkerTask
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO 8601 in UTC with a ``Z``, as the contract shows."""
+    if value is None:
+        return None
+    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def schedule_json(schedule: Schedule) -> dict[str, Any]:
+    out = definition_of(schedule).to_json()
+    out.update(
+        status=schedule.status.value,
+        run_count=schedule.run_count,
+        error_count=schedule.error_count,
+        current_retry=schedule.current_retry,
+        last_error=schedule.last_error,
+        last_run_at=iso(schedule.last_run_at),
+        next_run_at=iso(schedule.retry_at or schedule.next_run_at),
+    )
+    return out
+
+
+def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, Any]:
+    activities = session.scalars(
+        select(Activity).where(Activity.execution_id == execution.id).order_by(Activity.step_index, Activity.id)
+    ).all()
+    tasks = session.scalars(
+        select(WorkerTask).where(WorkerTask.execution_id == execution.id).order_by(WorkerTask.step_index, WorkerTask.id)
+    ).all()
+    return {
+        "id": execution.id,
+        "schedule": execution.schedule_name,
+        "status": execution.status.value,
+        "trigger": execution.trigger.value,
+        "run_key": execution.run_key,
+        "current_step_index": execution.current_step_index,
+        "started_at": iso(execution.started_at),
+        "completed_at": iso(execution.completed_at),
+        "error": execution.error,
+        "payload": execution.payload,
+        "activities": [
+            {
+                "step_index": a.step_index,
+                "step": a.step_name,
+                "status": a.status.value,
+                "attempt": a.attempt,
+                "started_at": iso(a.started_at),
+                "completed_at": iso(a.completed_at),
+                "error": a.error,
+                "message": a.message,
+                "worker": a.worker,
+            }
+            for a in activities
+        ],
+        "tasks": [
+            {"step_index": t.step_index, "step": t.step_name, "status": t.status.value, "attempt": t.attempt}
+            for t in tasks
+        ],
+    }

@@ -1,0 +1,36 @@
+"""Database models: typed SQLAlchemy 2 tables, state enums and transactions."""
+
+from models.base import Base, utcnow
+from models.session import get_engine, transaction
+from models.states import (
+    ActivityStatus,
+    ExecutionStatus,
+    Overlap,
+    ScheduleSource,
+    ScheduleStatus,
+    SlotOutcome,
+    Trigger,
+    WorkerTaskStatus,
+)
+from models.tables import Activity, Schedule, ScheduleExecution, ScheduleStep, SlotRecord, WorkerTask
+
+__all__ = [
+    "Activity",
+    "ActivityStatus",
+    "Base",
+    "ExecutionStatus",
+    "Overlap",
+    "Schedule",
+    "ScheduleExecution",
+    "ScheduleSource",
+    "ScheduleStatus",
+    "ScheduleStep",
+    "SlotOutcome",
+    "SlotRecord",
+    "Trigger",
+    "WorkerTask",
+    "WorkerTaskStatus",
+    "get_engine",
+    "transaction",
+    "utcnow",
+]

@@ -1,0 +1,82 @@
+"""Engines and transactions, one engine per database URL and process."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+#: Milliseconds a SQLite writer waits for another process's write lock before giving up.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+_lock = threading.Lock()
+_engines: dict[tuple[int, str], tuple[Engine, sessionmaker[Session]]] = {}
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not the driver, open transactions (see _on_begin).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        # WAL lets readers go on while one process writes; the busy timeout makes several worker
+        # processes queue for the write lock instead of failing with "database is locked".
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # Take the write lock up front: a deferred transaction that reads and then writes can fail
+        # at once with SQLITE_BUSY instead of waiting, which would break compare-and-set updates.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def get_engine(url: str) -> Engine:
+    return _get(url)[0]
+
+
+def _get(url: str) -> tuple[Engine, sessionmaker[Session]]:
+    # Keyed by pid: a connection pool must never cross a fork (prefork worker children).
+    key = (os.getpid(), url)
+    with _lock:
+        found = _engines.get(key)
+        if found is None:
+            kwargs: dict[str, Any] = {"pool_pre_ping": True}
+            if url.startswith("sqlite"):
+                kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}}
+            else:
+                kwargs["pool_size"] = 5
+            engine = create_engine(url, **kwargs)
+            if engine.dialect.name == "sqlite":
+                _configure_sqlite(engine)
+            found = (engine, sessionmaker(engine, expire_on_commit=False))
+            _engines[key] = found
+    return found
+
+
+@contextmanager
+def transaction(url: str) -> Iterator[Session]:
+    """A session whose work is committed when the block ends and rolled back if it raises."""
+    session = _get(url)[1]()
+    try:
+        with session.begin():
+            yield session
+    finally:
+        session.close()
+
+
+def dispose_all() -> None:
+    """Drop every engine of this process (tests and shutdown)."""
+    with _lock:
+        for (pid, _url), (engine, _maker) in list(_engines.items()):
+            if pid == os.getpid():
+                engine.dispose()
+        _engines.clear()

@@ -1,0 +1,79 @@
+"""State names; each value is exactly what the database stores."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ScheduleStatus(str, Enum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    DONE = "done"
+    DEAD = "dead"
+
+
+class ExecutionStatus(str, Enum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self is not ExecutionStatus.IN_PROGRESS
+
+
+class WorkerTaskStatus(str, Enum):
+    WAITING = "waiting_for_previous_step"
+    QUEUED = "queued"
+    PROCESSING = "processing"
+
+
+class ActivityStatus(str, Enum):
+    IN_PROGRESS = "in_progress"
+    COMPLETE = "complete"
+    COMPLETE_WITH_WARNING = "complete_with_warning"
+    COMPLETE_WITH_ERROR = "complete_with_error"
+    FAILED_WITH_ERROR = "failed_with_error"
+    CANCELLED = "cancelled"
+
+    @property
+    def failed(self) -> bool:
+        """Whether this outcome stops a group whose step does not allow ``continue_on_failure``."""
+        return self in _FAILED_ACTIVITY
+
+
+_FAILED_ACTIVITY = frozenset(
+    {ActivityStatus.COMPLETE_WITH_ERROR, ActivityStatus.FAILED_WITH_ERROR, ActivityStatus.CANCELLED}
+)
+
+
+class Trigger(str, Enum):
+    CRON = "cron"
+    INTERVAL = "interval"
+    MANUAL = "manual"
+    RETRY = "retry"
+
+
+class Overlap(str, Enum):
+    SKIP = "skip"
+    BUFFER_ONE = "buffer_one"
+    CANCEL_PREVIOUS = "cancel_previous"
+    ALLOW = "allow"
+
+
+class ScheduleSource(str, Enum):
+    """Where a schedule's definition came from; the schedule file only prunes its own."""
+
+    API = "api"
+    FILE = "file"
+
+
+class SlotOutcome(str, Enum):
+    """What became of one due time of a schedule."""
+
+    FIRED = "fired"
+    SKIPPED_OVERLAP = "skipped_overlap"
+    SKIPPED_PAUSED = "skipped_paused"
+    BUFFERED = "buffered"
+    RETRY = "retry"

@@ -1,0 +1,192 @@
+"""The tables: schedules and their steps, executions, worker tasks, activities and slots."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from models.base import Base, UTCDateTime, utcnow
+from models.states import (
+    ActivityStatus,
+    ExecutionStatus,
+    Overlap,
+    ScheduleSource,
+    ScheduleStatus,
+    SlotOutcome,
+    Trigger,
+    WorkerTaskStatus,
+)
+
+NAME_LENGTH = 200
+
+
+def _enum_column(enum: type[Any], **kw: Any) -> Any:
+    # Stored as plain strings (not native enums) so that adding a state is a code change, not
+    # an ALTER TYPE; the values are the enums' values.
+    from sqlalchemy import Enum as SAEnum
+
+    return mapped_column(
+        SAEnum(enum, native_enum=False, length=32, values_callable=lambda e: [m.value for m in e],
+               validate_strings=True, create_constraint=False),
+        **kw,
+    )
+
+
+class Schedule(Base):
+    __tablename__ = "schedules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
+    source: Mapped[ScheduleSource] = _enum_column(ScheduleSource, default=ScheduleSource.API)
+    status: Mapped[ScheduleStatus] = _enum_column(ScheduleStatus, default=ScheduleStatus.ACTIVE)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    cron: Mapped[str | None] = mapped_column(String(200), default=None)
+    every_s: Mapped[float | None] = mapped_column(Float, default=None)
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC")
+    overlap: Mapped[Overlap] = _enum_column(Overlap, default=Overlap.SKIP)
+    max_retries: Mapped[int] = mapped_column(Integer, default=0)
+    retry_delay_s: Mapped[float] = mapped_column(Float, default=60.0)
+    total_repeats: Mapped[int] = mapped_column(Integer, default=0)
+    timeout_s: Mapped[float | None] = mapped_column(Float, default=None)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+    run_count: Mapped[int] = mapped_column(Integer, default=0)
+    error_count: Mapped[int] = mapped_column(Integer, default=0)
+    current_retry: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    last_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    next_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    #: When a retry of a failed execution is due; while set it replaces the regular cadence.
+    retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    #: A ``buffer_one`` run waiting for the active execution to end.
+    buffered: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Bumped on every definition change; beat entries carry it to detect drift.
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    steps: Mapped[list[ScheduleStep]] = relationship(
+        back_populates="schedule",
+        cascade="all, delete-orphan",
+        order_by="(ScheduleStep.step_index, ScheduleStep.position)",
+        lazy="selectin",
+    )
+
+
+class ScheduleStep(Base):
+    __tablename__ = "schedule_steps"
+    __table_args__ = (UniqueConstraint("schedule_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    schedule_id: Mapped[int] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"))
+    #: Position of the step's group in the schedule; steps sharing it run in parallel.
+    step_index: Mapped[int] = mapped_column(Integer)
+    #: Position inside the group, to give the definition back as it was written.
+    position: Mapped[int] = mapped_column(Integer, default=0)
+    #: Whether the group was written as a list (a one-step list stays a list on the way back).
+    in_list: Mapped[bool] = mapped_column(Boolean, default=False)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    task: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    args: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    kwargs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    continue_on_failure: Mapped[bool] = mapped_column(Boolean, default=False)
+    timeout_s: Mapped[float | None] = mapped_column(Float, default=None)
+    queue: Mapped[str | None] = mapped_column(String(NAME_LENGTH), default=None)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+
+    schedule: Mapped[Schedule] = relationship(back_populates="steps")
+
+
+class ScheduleExecution(Base):
+    __tablename__ = "schedule_executions"
+    __table_args__ = (Index("ix_schedule_executions_status_started", "status", "started_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: Kept when the schedule is deleted (history outlives its schedule); the name stays readable.
+    schedule_id: Mapped[int | None] = mapped_column(
+        ForeignKey("schedules.id", ondelete="SET NULL"), index=True, default=None
+    )
+    schedule_name: Mapped[str] = mapped_column(String(NAME_LENGTH), index=True)
+    status: Mapped[ExecutionStatus] = _enum_column(ExecutionStatus, default=ExecutionStatus.IN_PROGRESS)
+    trigger: Mapped[Trigger] = _enum_column(Trigger)
+    #: Deterministic identity of the run (schedule, nominal slot, retry): one execution per key.
+    run_key: Mapped[str] = mapped_column(String(400), unique=True)
+    #: Set to the schedule id while a non-``allow`` execution is in progress; the unique constraint
+    #: makes "one active execution per schedule" a database guarantee, not a read-then-write race.
+    exclusive_key: Mapped[int | None] = mapped_column(Integer, unique=True, default=None)
+    current_step_index: Mapped[int] = mapped_column(Integer, default=0)
+    #: The step groups as they were when the run started; later edits of the schedule do not
+    #: change a run in flight.
+    plan: Mapped[list[list[dict[str, Any]]]] = mapped_column(JSON)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+class WorkerTask(Base):
+    """A step of an execution that has not finished yet; deleted when it finishes."""
+
+    __tablename__ = "worker_tasks"
+    __table_args__ = (
+        UniqueConstraint("execution_id", "step_name"),
+        Index("ix_worker_tasks_status", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    execution_id: Mapped[int] = mapped_column(ForeignKey("schedule_executions.id", ondelete="CASCADE"))
+    step_index: Mapped[int] = mapped_column(Integer)
+    step_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    status: Mapped[WorkerTaskStatus] = _enum_column(WorkerTaskStatus)
+    #: Attempt the current message belongs to; a message of an older attempt is fenced off.
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    node: Mapped[str | None] = mapped_column(String(NAME_LENGTH), default=None)
+    queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+
+
+class Activity(Base):
+    """Audit row of one attempt of one step; immutable once finished."""
+
+    __tablename__ = "activities"
+    __table_args__ = (UniqueConstraint("execution_id", "step_name", "attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    execution_id: Mapped[int] = mapped_column(
+        ForeignKey("schedule_executions.id", ondelete="CASCADE"), index=True
+    )
+    step_index: Mapped[int] = mapped_column(Integer)
+    step_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    attempt: Mapped[int] = mapped_column(Integer)
+    status: Mapped[ActivityStatus] = _enum_column(ActivityStatus, default=ActivityStatus.IN_PROGRESS)
+    worker: Mapped[str | None] = mapped_column(String(NAME_LENGTH), default=None)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    #: Warning text, or a short summary of what the step returned.
+    message: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+class SlotRecord(Base):
+    """What happened at one nominal fire time of a schedule, so a missing run has an answer."""
+
+    __tablename__ = "schedule_slots"
+    __table_args__ = (Index("ix_schedule_slots_schedule_nominal", "schedule_name", "nominal_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    schedule_id: Mapped[int | None] = mapped_column(
+        ForeignKey("schedules.id", ondelete="SET NULL"), default=None
+    )
+    schedule_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    nominal_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    trigger: Mapped[Trigger] = _enum_column(Trigger)
+    outcome: Mapped[SlotOutcome] = _enum_column(SlotOutcome)
+    execution_id: Mapped[int | None] = mapped_column(
+        ForeignKey("schedule_executions.id", ondelete="SET NULL"), default=None
+    )
+    detail: Mapped[str | None] = mapped_column(Text, default=None)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

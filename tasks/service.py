@@ -1,0 +1,57 @@
+"""The tasks other services call by name with ``send_task``; JSON in, JSON out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celeryapp import app, service
+
+
+@app.task(name="chordbeat.apply_schedule")
+def apply_schedule(definition: dict[str, Any]) -> dict[str, Any]:
+    return service.apply_schedule(app, definition)
+
+
+@app.task(name="chordbeat.delete_schedule")
+def delete_schedule(name: str) -> dict[str, Any]:
+    return service.delete_schedule(app, name)
+
+
+@app.task(name="chordbeat.get_schedule")
+def get_schedule(name: str) -> dict[str, Any]:
+    return service.get_schedule(app, name)
+
+
+@app.task(name="chordbeat.list_schedules")
+def list_schedules() -> list[dict[str, Any]]:
+    return service.list_schedules(app)
+
+
+@app.task(name="chordbeat.pause_schedule")
+def pause_schedule(name: str) -> dict[str, Any]:
+    return service.pause_schedule(app, name)
+
+
+@app.task(name="chordbeat.resume_schedule")
+def resume_schedule(name: str) -> dict[str, Any]:
+    return service.resume_schedule(app, name)
+
+
+@app.task(name="chordbeat.trigger_schedule")
+def trigger_schedule(name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    return service.trigger_schedule(app, name, payload)
+
+
+@app.task(name="chordbeat.cancel_execution")
+def cancel_execution(execution_id: int) -> dict[str, Any]:
+    return service.cancel_execution(app, execution_id)
+
+
+@app.task(name="chordbeat.get_execution")
+def get_execution(execution_id: int) -> dict[str, Any]:
+    return service.get_execution(app, execution_id)
+
+
+@app.task(name="chordbeat.list_executions")
+def list_executions(schedule: str | None = None, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    return service.list_executions(app, schedule, status, limit)

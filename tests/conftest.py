@@ -1,0 +1,134 @@
+"""Fixtures: real Redis, real PostgreSQL and SQLite databases, real in-process Celery workers."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from sqlalchemy import create_engine, text
+
+from celeryapp import app as chordbeat_app
+from celeryapp.app import ChordbeatCelery
+from celeryapp.config import Settings
+from celeryapp.redis_client import reset_clients
+from models.migrate import upgrade
+from models.session import dispose_all
+from tests.servers import PostgresServer, RedisServer, wait_for
+
+pytest_plugins = ("celery.contrib.pytest",)
+
+TEMPLATE_DB = "chordbeat_template"
+_db_numbers = itertools.count(1)
+#: Result finalizers that run after Redis is stopped give up at once instead of retrying 20 s.
+FAST_GIVE_UP = {"retry_policy": {"max_retries": 1, "interval_start": 0, "interval_step": 0.1}}
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    gc.collect()
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    server.start()
+    engine = create_engine(server.url(), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {TEMPLATE_DB}"))
+    engine.dispose()
+    upgrade(server.url(TEMPLATE_DB))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sqlite") / "template.db"
+    upgrade(f"sqlite:///{path}")
+    dispose_all()
+    return path
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> Iterator[str]:
+    """A freshly migrated database per test, on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        path = tmp_path / "chordbeat.db"
+        shutil.copy(sqlite_template, path)
+        yield f"sqlite:///{path}"
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        name = f"test_{next(_db_numbers)}"
+        engine = create_engine(server.url(), isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}"))
+        engine.dispose()
+        yield server.url(name)
+    dispose_all()
+
+
+@pytest.fixture
+def settings(redis_server: RedisServer, database_url: str) -> Settings:
+    return Settings(
+        broker_url=redis_server.url,
+        result_backend=redis_server.url,
+        redbeat_url=redis_server.url,
+        database_url=database_url,
+        heartbeat_ttl_s=3,
+        recovery_interval_s=1,
+    )
+
+
+@pytest.fixture
+def app(settings: Settings, redis_server: RedisServer) -> Iterator[ChordbeatCelery]:
+    """The real chordbeat app, pointed at this test's Redis and database."""
+    redis.Redis.from_url(redis_server.url).flushall()
+    reset_clients()
+    previous = chordbeat_app.settings
+    chordbeat_app.apply_settings(settings)
+    chordbeat_app.conf.result_backend_transport_options = {**chordbeat_app.conf.result_backend_transport_options,
+                                                           **FAST_GIVE_UP}
+    chordbeat_app.loader.import_default_modules()
+    yield chordbeat_app
+    gc.collect()
+    chordbeat_app.apply_settings(previous)
+
+
+@pytest.fixture
+def worker(app: ChordbeatCelery) -> Iterator[Any]:
+    """A real Celery worker in this process: thread pool, both queues."""
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30,
+                      loglevel="WARNING") as w:
+        yield w
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[Celery]:
+    """What another service has: plain Celery and the URLs, none of chordbeat's code."""
+    client = Celery("other-service", broker=settings.broker_url, backend=settings.result_backend, set_as_current=False)
+    client.conf.update(task_serializer="json", accept_content=["json"], result_accept_content=["json"],
+                       result_backend_transport_options=FAST_GIVE_UP)
+    yield client
+    # Drop pending results now: their finalizers talk to Redis, which may be gone later.
+    gc.collect()
+    client.close()
+
+
+def call(client: Celery, task_name: str, /, **kwargs: Any) -> Any:
+    """Call a chordbeat service task by name and wait for its JSON answer."""
+    return client.send_task(task_name, kwargs=kwargs).get(timeout=20)
+
+
+__all__ = ["call", "wait_for"]

@@ -23,9 +23,13 @@ def cancel_key(execution_id: int) -> str:
     return f"{PREFIX}:cancel:{execution_id}"
 
 
-def runner_task_id(worker_task_id: int, attempt: int) -> str:
-    """Deterministic Celery task id of a step runner: revocable and recognisable when redelivered."""
-    return f"{PREFIX}-wt{worker_task_id}-a{attempt}"
+def runner_task_id(execution_id: int, worker_task_id: int, attempt: int) -> str:
+    """Deterministic Celery task id of a step runner: revocable and recognisable when redelivered.
+
+    Ids are never reused (tables are AUTOINCREMENT on SQLite too), so a revoked id cannot hit a
+    later run.
+    """
+    return f"{PREFIX}-e{execution_id}-wt{worker_task_id}-a{attempt}"
 
 
 def redbeat_entry_name(schedule_name: str) -> str:

@@ -42,13 +42,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StepDispatch:
+    execution_id: int
     worker_task_id: int
     attempt: int
     spec: StepSpec
 
     @property
     def celery_task_id(self) -> str:
-        return keys.runner_task_id(self.worker_task_id, self.attempt)
+        return keys.runner_task_id(self.execution_id, self.worker_task_id, self.attempt)
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ def start_execution(
             session.add(task)
             session.flush()
             if index == 0:
-                first.append(StepDispatch(task.id, 1, step))
+                first.append(StepDispatch(execution.id, task.id, 1, step))
     session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
     record_slot(session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now,
                 execution_id=execution.id)
@@ -338,7 +339,7 @@ def _queued_group(session: Session, execution: ScheduleExecution, step_index: in
         )
         .order_by(WorkerTask.id)
     ).all()
-    return GroupDispatch(execution.id, step_index, tuple(StepDispatch(i, a, specs[n]) for i, a, n in tasks))
+    return GroupDispatch(execution.id, step_index, tuple(StepDispatch(execution.id, i, a, specs[n]) for i, a, n in tasks))
 
 
 def _finish_execution(
@@ -431,5 +432,5 @@ def cancel_execution(
     )
     effects = _finish_execution(session, execution, guard, status, error=reason, now=now)
     effects.cancelled.append(execution_id)
-    effects.revoke += [keys.runner_task_id(i, a) for i, a in running]
+    effects.revoke += [keys.runner_task_id(execution_id, i, a) for i, a in running]
     return effects

@@ -37,6 +37,7 @@ def _enum_column(enum: type[Any], **kw: Any) -> Any:
 
 class Schedule(Base):
     __tablename__ = "schedules"
+    __table_args__ = ({"sqlite_autoincrement": True},)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
@@ -78,7 +79,7 @@ class Schedule(Base):
 
 class ScheduleStep(Base):
     __tablename__ = "schedule_steps"
-    __table_args__ = (UniqueConstraint("schedule_id", "name"),)
+    __table_args__ = (UniqueConstraint("schedule_id", "name"), {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     schedule_id: Mapped[int] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"))
@@ -102,7 +103,8 @@ class ScheduleStep(Base):
 
 class ScheduleExecution(Base):
     __tablename__ = "schedule_executions"
-    __table_args__ = (Index("ix_schedule_executions_status_started", "status", "started_at"),)
+    __table_args__ = (Index("ix_schedule_executions_status_started", "status", "started_at"),
+                      {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     #: Kept when the schedule is deleted (history outlives its schedule); the name stays readable.
@@ -135,6 +137,7 @@ class WorkerTask(Base):
     __table_args__ = (
         UniqueConstraint("execution_id", "step_name"),
         Index("ix_worker_tasks_status", "status"),
+        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -153,7 +156,7 @@ class Activity(Base):
     """Audit row of one attempt of one step; immutable once finished."""
 
     __tablename__ = "activities"
-    __table_args__ = (UniqueConstraint("execution_id", "step_name", "attempt"),)
+    __table_args__ = (UniqueConstraint("execution_id", "step_name", "attempt"), {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     execution_id: Mapped[int] = mapped_column(
@@ -175,7 +178,8 @@ class SlotRecord(Base):
     """What happened at one nominal fire time of a schedule, so a missing run has an answer."""
 
     __tablename__ = "schedule_slots"
-    __table_args__ = (Index("ix_schedule_slots_schedule_nominal", "schedule_name", "nominal_at"),)
+    __table_args__ = (Index("ix_schedule_slots_schedule_nominal", "schedule_name", "nominal_at"),
+                      {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     schedule_id: Mapped[int | None] = mapped_column(

@@ -13,6 +13,7 @@ import pytest
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from celery.worker import state as worker_state
 from sqlalchemy import create_engine, text
 
 from celeryapp import app as chordbeat_app
@@ -108,7 +109,9 @@ def app(settings: Settings, redis_server: RedisServer) -> Iterator[ChordbeatCele
 
 @pytest.fixture
 def worker(app: ChordbeatCelery) -> Iterator[Any]:
-    """A real Celery worker in this process: thread pool, both queues."""
+    """A real Celery worker in this process: thread pool, all of chordbeat's queues."""
+    # Revoked ids live in process memory; each test starts from fresh databases.
+    worker_state.revoked.clear()
     with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30,
                       loglevel="WARNING") as w:
         yield w

@@ -75,3 +75,70 @@ def test_nightly_hr_sync_runs_groups_in_order_and_parallel_steps_overlap(
     assert execution["trigger"] == "manual" and execution["payload"] == {"initiator": "hr"}
     schedule = call(client, "chordbeat.get_schedule", name="nightly-hr-sync")
     assert schedule["run_count"] == 1 and schedule["last_run_at"] is not None
+
+
+def step(name: str, task: str = "chordbeat.examples.sleep", **extra: Any) -> dict[str, Any]:
+    kwargs = {"seconds": 0.05} if task.endswith("sleep") else {"message": f"{name} says so"}
+    return {"name": name, "task": task, "kwargs": extra.pop("kwargs", kwargs), **extra}
+
+
+def run_once(client: Celery, definition: dict[str, Any]) -> dict[str, Any]:
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    started = call(client, "chordbeat.trigger_schedule", name=definition["name"])
+    return finished(client, started["execution_id"])
+
+
+def test_failed_step_without_continue_on_failure_fails_the_run_and_drops_later_groups(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    execution = run_once(client, {
+        "name": "fails", "every": 3600,
+        "steps": [step("first"), [step("ok"), step("broken", "chordbeat.examples.fail")], step("never")],
+    })
+    assert execution["status"] == "failed"
+    assert execution["error"] == "step 'broken' failed: StepFailed: broken says so"
+    assert execution["tasks"] == []
+    assert {a["step"]: a["status"] for a in execution["activities"]} == {
+        "first": "complete", "ok": "complete", "broken": "failed_with_error"}
+    schedule = call(client, "chordbeat.get_schedule", name="fails")
+    assert schedule["error_count"] == 1 and schedule["last_error"] == execution["error"]
+    assert schedule["run_count"] == 0
+
+
+def test_failed_step_with_continue_on_failure_lets_the_run_go_on(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    execution = run_once(client, {
+        "name": "tolerant", "every": 3600,
+        "steps": [[step("ok"), step("broken", "chordbeat.examples.fail", continue_on_failure=True)], step("after")],
+    })
+    assert execution["status"] == "completed", execution["error"]
+    statuses = {a["step"]: a["status"] for a in execution["activities"]}
+    assert statuses == {"ok": "complete", "broken": "failed_with_error", "after": "complete"}
+
+
+def test_warning_completes_the_step_and_keeps_the_message(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    execution = run_once(client, {
+        "name": "warns", "every": 60, "steps": [step("careful", "chordbeat.examples.warn"), step("next")],
+    })
+    assert execution["status"] == "completed"
+    careful = execution["activities"][0]
+    assert careful["status"] == "complete_with_warning"
+    assert careful["message"] == "careful says so" and careful["error"] is None
+
+
+def test_unregistered_task_at_run_time_fails_the_step_not_the_worker(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    call(client, "chordbeat.apply_schedule", definition={"name": "gone", "every": 60, "steps": [step("s")]})
+    # Simulate a deploy that removed the task after the schedule was stored.
+    from sqlalchemy import update
+
+    from models import ScheduleStep, transaction
+
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(ScheduleStep).values(task="no.such.task"))
+    started = call(client, "chordbeat.trigger_schedule", name="gone")
+    execution = finished(client, started["execution_id"])
+    assert execution["status"] == "failed"
+    assert "not registered" in execution["error"]

@@ -45,7 +45,8 @@ def upgrade() -> None:
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_schedules')),
-    sa.UniqueConstraint('name', name=op.f('uq_schedules_name'))
+    sa.UniqueConstraint('name', name=op.f('uq_schedules_name')),
+    sqlite_autoincrement=True,
     )
     op.create_table('schedule_executions',
     sa.Column('id', sa.Integer(), nullable=False),
@@ -65,7 +66,8 @@ def upgrade() -> None:
     sa.ForeignKeyConstraint(['schedule_id'], ['schedules.id'], name=op.f('fk_schedule_executions_schedule_id_schedules'), ondelete='SET NULL'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_schedule_executions')),
     sa.UniqueConstraint('exclusive_key', name=op.f('uq_schedule_executions_exclusive_key')),
-    sa.UniqueConstraint('run_key', name=op.f('uq_schedule_executions_run_key'))
+    sa.UniqueConstraint('run_key', name=op.f('uq_schedule_executions_run_key')),
+    sqlite_autoincrement=True,
     )
     with op.batch_alter_table('schedule_executions', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_schedule_executions_schedule_id'), ['schedule_id'], unique=False)
@@ -88,7 +90,8 @@ def upgrade() -> None:
     sa.Column('max_attempts', sa.Integer(), nullable=False),
     sa.ForeignKeyConstraint(['schedule_id'], ['schedules.id'], name=op.f('fk_schedule_steps_schedule_id_schedules'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_schedule_steps')),
-    sa.UniqueConstraint('schedule_id', 'name', name=op.f('uq_schedule_steps_schedule_id_name'))
+    sa.UniqueConstraint('schedule_id', 'name', name=op.f('uq_schedule_steps_schedule_id_name')),
+    sqlite_autoincrement=True,
     )
     op.create_table('activities',
     sa.Column('id', sa.Integer(), nullable=False),
@@ -104,7 +107,8 @@ def upgrade() -> None:
     sa.Column('message', sa.Text(), nullable=True),
     sa.ForeignKeyConstraint(['execution_id'], ['schedule_executions.id'], name=op.f('fk_activities_execution_id_schedule_executions'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_activities')),
-    sa.UniqueConstraint('execution_id', 'step_name', 'attempt', name=op.f('uq_activities_execution_id_step_name_attempt'))
+    sa.UniqueConstraint('execution_id', 'step_name', 'attempt', name=op.f('uq_activities_execution_id_step_name_attempt')),
+    sqlite_autoincrement=True,
     )
     with op.batch_alter_table('activities', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_activities_execution_id'), ['execution_id'], unique=False)
@@ -121,7 +125,8 @@ def upgrade() -> None:
     sa.Column('recorded_at', sa.DateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['execution_id'], ['schedule_executions.id'], name=op.f('fk_schedule_slots_execution_id_schedule_executions'), ondelete='SET NULL'),
     sa.ForeignKeyConstraint(['schedule_id'], ['schedules.id'], name=op.f('fk_schedule_slots_schedule_id_schedules'), ondelete='SET NULL'),
-    sa.PrimaryKeyConstraint('id', name=op.f('pk_schedule_slots'))
+    sa.PrimaryKeyConstraint('id', name=op.f('pk_schedule_slots')),
+    sqlite_autoincrement=True,
     )
     with op.batch_alter_table('schedule_slots', schema=None) as batch_op:
         batch_op.create_index('ix_schedule_slots_schedule_nominal', ['schedule_name', 'nominal_at'], unique=False)
@@ -138,7 +143,8 @@ def upgrade() -> None:
     sa.Column('started_at', sa.DateTime(timezone=True), nullable=True),
     sa.ForeignKeyConstraint(['execution_id'], ['schedule_executions.id'], name=op.f('fk_worker_tasks_execution_id_schedule_executions'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_worker_tasks')),
-    sa.UniqueConstraint('execution_id', 'step_name', name=op.f('uq_worker_tasks_execution_id_step_name'))
+    sa.UniqueConstraint('execution_id', 'step_name', name=op.f('uq_worker_tasks_execution_id_step_name')),
+    sqlite_autoincrement=True,
     )
     with op.batch_alter_table('worker_tasks', schema=None) as batch_op:
         batch_op.create_index('ix_worker_tasks_status', ['status'], unique=False)

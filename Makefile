@@ -1,0 +1,37 @@
+# Two commands for a fresh Debian/Ubuntu machine with only Python: `make run` and `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+STAMP := $(VENV)/.installed-stamp
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: run test lint typecheck system-deps bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,postgres,run]'
+	touch $@
+
+# Redis and PostgreSQL server binaries from Debian's packages (installed when missing, as root).
+system-deps:
+	@bash deploy/local/system-deps.sh
+
+run: $(STAMP) system-deps
+	@bash deploy/local/run.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) system-deps lint typecheck
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: $(STAMP) system-deps
+	$(BIN)/python -m bench.run
+
+clean:
+	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,96 @@
+"""The declarative schedule file: its schedules override stored ones, with a logged diff."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from celeryapp.definition import ScheduleDefinition, parse_definitions
+from celeryapp.errors import DefinitionError
+from celeryapp.store import Change, definition_of, upsert_schedule
+from models import Schedule, ScheduleSource, utcnow
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FileDiff:
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.changed or self.removed)
+
+    def as_json(self) -> dict[str, list[str]]:
+        return {"added": self.added, "changed": self.changed, "removed": self.removed, "unchanged": self.unchanged}
+
+    def summary(self) -> str:
+        parts = [f"{label} {', '.join(names)}" for label, names in
+                 (("added", self.added), ("changed", self.changed), ("removed", self.removed)) if names]
+        return "; ".join(parts) if parts else "no changes"
+
+
+def load_file(path: str | Path, *, known_task: Callable[[str], bool] | None) -> list[ScheduleDefinition]:
+    """Read and validate a whole schedule file; raise :class:`DefinitionError` on the first problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DefinitionError(str(path), f"cannot be read ({exc.strerror})") from None
+    try:
+        document: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise DefinitionError(str(path), f"is not valid YAML ({exc})") from None
+    if document is None:
+        document = {"schedules": []}
+    if not isinstance(document, dict) or set(document) - {"schedules"}:
+        raise DefinitionError(str(path), "must be a mapping with a single key 'schedules'")
+    items = document.get("schedules") or []
+    if not isinstance(items, list):
+        raise DefinitionError("schedules", "must be a list of schedule definitions")
+    return parse_definitions(items, known_task=known_task)
+
+
+def apply_definitions(session: Session, definitions: list[ScheduleDefinition], *, dry_run: bool = False) -> FileDiff:
+    """Make the stored file-sourced schedules match ``definitions``.
+
+    Schedules created through the API are left alone unless the file names them, in which case
+    the file wins and they become file-sourced. Removed schedules keep their execution history.
+    """
+    now = utcnow()
+    diff = FileDiff()
+    stored = {s.name: s for s in session.scalars(select(Schedule))}
+    wanted = {d.name for d in definitions}
+    for definition in definitions:
+        current = stored.get(definition.name)
+        if dry_run:
+            if current is None:
+                diff.added.append(definition.name)
+            elif definition_of(current) != definition:
+                diff.changed.append(definition.name)
+            else:
+                diff.unchanged.append(definition.name)
+            continue
+        _schedule, change = upsert_schedule(session, definition, source=ScheduleSource.FILE, now=now)
+        {Change.ADDED: diff.added, Change.CHANGED: diff.changed, Change.UNCHANGED: diff.unchanged}[change].append(
+            definition.name
+        )
+    for name, schedule in sorted(stored.items()):
+        if schedule.source is ScheduleSource.FILE and name not in wanted:
+            diff.removed.append(name)
+            if not dry_run:
+                session.delete(schedule)
+    session.flush()
+    if not dry_run:
+        log = logger.info if diff.empty else logger.warning
+        log("schedule file applied: %s", diff.summary())
+    return diff

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Makes sure redis-server and the PostgreSQL server binaries exist; installs Debian's packages
+# when they are missing and we are root, otherwise says what to install.
+set -euo pipefail
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing ${missing[*]} from Debian's packages"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The packages may start system services; the project runs its own servers.
+  service redis-server stop >/dev/null 2>&1 || true
+else
+  echo "missing: ${missing[*]}; install them with: sudo apt-get install ${missing[*]}" >&2
+  exit 1
+fi

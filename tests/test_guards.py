@@ -1,0 +1,128 @@
+"""Overlap, cancellation and the compare-and-set guards against duplicate messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import func, select
+
+from celeryapp.app import ChordbeatCelery
+from models import Activity, SlotOutcome, SlotRecord, WorkerTask, WorkerTaskStatus, transaction
+from tests.conftest import call, wait_for
+from tests.test_lifecycle import finished, step
+
+
+def slow(name: str, seconds: float = 30) -> dict[str, Any]:
+    return step(name, kwargs={"seconds": seconds})
+
+
+def execution(client: Celery, execution_id: int) -> dict[str, Any]:
+    result: dict[str, Any] = call(client, "chordbeat.get_execution", execution_id=execution_id)
+    return result
+
+
+def running(client: Celery, execution_id: int, step_name: str) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        for activity in execution(client, execution_id)["activities"]:
+            if activity["step"] == step_name and activity["status"] == "in_progress":
+                return activity
+        return None
+
+    found = wait_for(check, 20, interval=0.05, what=f"{step_name} to run")
+    assert isinstance(found, dict)
+    return found
+
+
+def worker_task(app: ChordbeatCelery, execution_id: int, step_name: str) -> WorkerTask:
+    with transaction(app.settings.database_url) as session:
+        task = session.scalar(
+            select(WorkerTask).where(WorkerTask.execution_id == execution_id, WorkerTask.step_name == step_name))
+        assert task is not None
+        return task
+
+
+def activity_count(app: ChordbeatCelery, execution_id: int) -> int:
+    with transaction(app.settings.database_url) as session:
+        return session.scalar(select(func.count()).where(Activity.execution_id == execution_id)) or 0
+
+
+def test_overlapping_trigger_is_skipped_and_recorded(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    call(client, "chordbeat.apply_schedule", definition={"name": "long", "every": 60, "steps": [slow("wait", 1)]})
+    first = call(client, "chordbeat.trigger_schedule", name="long")
+    second = call(client, "chordbeat.trigger_schedule", name="long")
+    assert second == {"execution_id": None, "skipped": f"overlap: execution {first['execution_id']} is in progress"}
+    with transaction(app.settings.database_url) as session:
+        outcomes = [r.outcome for r in session.scalars(select(SlotRecord).order_by(SlotRecord.id))]
+    assert outcomes == [SlotOutcome.FIRED, SlotOutcome.SKIPPED_OVERLAP]
+    assert finished(client, first["execution_id"])["status"] == "completed"
+    # Once the first run ended, a new one may start.
+    assert call(client, "chordbeat.trigger_schedule", name="long")["status"] == "in_progress"
+
+
+def test_allow_overlap_runs_concurrently(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    call(client, "chordbeat.apply_schedule",
+         definition={"name": "many", "every": 60, "overlap": "allow", "steps": [slow("wait", 0.3)]})
+    ids = [call(client, "chordbeat.trigger_schedule", name="many")["execution_id"] for _ in range(2)]
+    assert None not in ids and ids[0] != ids[1]
+    assert [finished(client, i)["status"] for i in ids] == ["completed", "completed"]
+
+
+def test_cancel_mid_step_stops_the_step_and_nothing_runs_afterwards(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    call(client, "chordbeat.apply_schedule",
+         definition={"name": "cancel-me", "every": 60, "steps": [slow("long"), step("after")]})
+    started = call(client, "chordbeat.trigger_schedule", name="cancel-me")
+    execution_id = started["execution_id"]
+    running(client, execution_id, "long")
+
+    cancelled = call(client, "chordbeat.cancel_execution", execution_id=execution_id)
+    assert cancelled["status"] == "cancelled"
+    assert cancelled["tasks"] == []
+    assert [(a["step"], a["status"]) for a in cancelled["activities"]] == [("long", "cancelled")]
+
+    # The 30 s step is interrupted: its runner ends (heartbeat key removed) well before.
+    from celeryapp import keys
+    from celeryapp.redis_client import get_redis
+
+    redis = get_redis(app.settings.broker_url)
+    wait_for(lambda: not redis.keys(f"{keys.PREFIX}:hb:*"), 10, what="the cancelled step to stop")
+    # Cancelling again is a no-op that returns the same execution.
+    assert call(client, "chordbeat.cancel_execution", execution_id=execution_id)["status"] == "cancelled"
+    assert activity_count(app, execution_id) == 1
+    after = execution(client, execution_id)
+    assert after["activities"][0]["status"] == "cancelled" and after["current_step_index"] == 0
+
+
+def test_duplicate_callbacks_and_redelivered_step_messages_change_nothing(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    call(client, "chordbeat.apply_schedule",
+         definition={"name": "dupes", "every": 60, "steps": [step("first"), slow("second", 1.5), step("third")]})
+    execution_id = call(client, "chordbeat.trigger_schedule", name="dupes")["execution_id"]
+    running(client, execution_id, "second")
+    second = worker_task(app, execution_id, "second")
+    assert second.status is WorkerTaskStatus.PROCESSING
+
+    # The group-0 callback delivered again, twice, while group 1 runs: no second advancement.
+    app.send_task("chordbeat.advance_execution", args=(execution_id, 0)).get(timeout=10)
+    app.send_task("chordbeat.advance_execution", args=(execution_id, 0)).get(timeout=10)
+    # Group 1's callback arriving early (its step still runs): it waits.
+    app.send_task("chordbeat.advance_execution", args=(execution_id, 1)).get(timeout=10)
+    # The running step's message redelivered, and the finished step's too: both skipped.
+    assert app.send_task("chordbeat.run_step", args=(second.id, 1)).get(timeout=10) == {"status": "skipped"}
+    now = execution(client, execution_id)
+    assert now["current_step_index"] == 1
+    assert [a["step"] for a in now["activities"]] == ["first", "second"]
+
+    done = finished(client, execution_id)
+    assert done["status"] == "completed"
+    assert [(a["step"], a["attempt"]) for a in done["activities"]] == [("first", 1), ("second", 1), ("third", 1)]
+    # After the end, late duplicates of every kind are still no-ops.
+    for index in range(3):
+        app.send_task("chordbeat.advance_execution", args=(execution_id, index)).get(timeout=10)
+    assert app.send_task("chordbeat.run_step", args=(second.id, 1)).get(timeout=10) == {"status": "skipped"}
+    assert execution(client, execution_id) == done
+    schedule = call(client, "chordbeat.get_schedule", name="dupes")
+    assert schedule["run_count"] == 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from typing import Any
 
 import click
@@ -27,7 +26,9 @@ def _echo_json(value: Any) -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level.")
 def main(verbose: bool) -> None:
     """Scheduled multi-step executions on Celery."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
 
 
 @main.group()
@@ -67,5 +68,3 @@ def apply_cmd(path: str, dry_run: bool, as_json: bool) -> None:
         return
     prefix = "would change" if dry_run else "applied"
     click.echo(f"{prefix}: {diff.summary()}")
-
-

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
-_MONTHS = {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(), 1)}
-_DAYS = {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())}
+_MONTHS = {
+    m: i for i, m in enumerate(["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], 1)
+}
+_DAYS = {d: i for i, d in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])}
 #: Years searched for a matching day before an expression is declared impossible (e.g. 30 Feb).
 _SEARCH_YEARS = 8
 #: Largest UTC offset change of any zone's transition, bounding the DST look-around.

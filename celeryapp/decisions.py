@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from celeryapp.definition import StepSpec
 from models.states import ActivityStatus
@@ -16,7 +16,7 @@ from models.states import ActivityStatus
 BACKOFF_CAP_FACTOR = 10
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     WAIT = "wait"
     FAIL = "fail"
     ADVANCE = "advance"
@@ -71,7 +71,7 @@ def _describe(status: ActivityStatus) -> str:
 
 
 def retry_delay_s(base_s: float, retry: int) -> float:
-    """Delay before retry number ``retry`` (1-based): min(base·2^(retry−1), base·10)."""
+    """Delay before retry number ``retry`` (1-based): min(base·2^(retry-1), base·10)."""
     if retry < 1:
         raise ValueError("retry numbers start at 1")
     return float(min(base_s * 2 ** (retry - 1), base_s * BACKOFF_CAP_FACTOR))

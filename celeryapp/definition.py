@@ -27,12 +27,22 @@ MAX_ATTEMPTS_LIMIT = 100
 MAX_JSON_BYTES = 64 * 1024
 
 SCHEDULE_FIELDS = frozenset(
-    {"name", "cron", "every", "timezone", "enabled", "overlap", "max_retries", "retry_delay",
-     "total_repeats", "timeout", "payload", "steps"}
+    {
+        "name",
+        "cron",
+        "every",
+        "timezone",
+        "enabled",
+        "overlap",
+        "max_retries",
+        "retry_delay",
+        "total_repeats",
+        "timeout",
+        "payload",
+        "steps",
+    }
 )
-STEP_FIELDS = frozenset(
-    {"name", "task", "args", "kwargs", "continue_on_failure", "timeout", "queue", "max_attempts"}
-)
+STEP_FIELDS = frozenset({"name", "task", "args", "kwargs", "continue_on_failure", "timeout", "queue", "max_attempts"})
 
 
 @dataclass(frozen=True)
@@ -205,9 +215,7 @@ def _json_value(value: Any, path: str) -> None:
         raise DefinitionError(path, f"is {size} bytes of JSON, more than {MAX_JSON_BYTES}")
 
 
-def _parse_step(
-    raw: Any, path: str, known_task: Callable[[str], bool] | None
-) -> StepSpec:
+def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -> StepSpec:
     raw = _require_mapping(raw, path)
     _refuse_unknown(raw, STEP_FIELDS, path)
     name = _string(raw, "name", f"{path}.name", required=True)
@@ -233,8 +241,9 @@ def _parse_step(
         continue_on_failure=_bool(raw, "continue_on_failure", f"{path}.continue_on_failure", False),
         timeout_s=_seconds(raw, "timeout", f"{path}.timeout", None),
         queue=_string(raw, "queue", f"{path}.queue"),
-        max_attempts=_int(raw, "max_attempts", f"{path}.max_attempts", DEFAULT_MAX_ATTEMPTS,
-                          low=1, high=MAX_ATTEMPTS_LIMIT),
+        max_attempts=_int(
+            raw, "max_attempts", f"{path}.max_attempts", DEFAULT_MAX_ATTEMPTS, low=1, high=MAX_ATTEMPTS_LIMIT
+        ),
     )
 
 
@@ -278,8 +287,9 @@ def parse_definition(
     assert name is not None
     if not NAME_PATTERN.match(name):
         raise DefinitionError(
-            "name", "must start with a letter or digit and hold only letters, digits, '.', '_' and '-' "
-            "(at most 200 characters)"
+            "name",
+            "must start with a letter or digit and hold only letters, digits, '.', '_' and '-' "
+            "(at most 200 characters)",
         )
     timezone = _string(raw, "timezone", "timezone") or "UTC"
     try:
@@ -325,16 +335,16 @@ def parse_definition(
         enabled=_bool(raw, "enabled", "enabled", True),
         overlap=overlap,
         max_retries=_int(raw, "max_retries", "max_retries", 0, low=0, high=1000),
-        retry_delay_s=_seconds(raw, "retry_delay", "retry_delay", DEFAULT_RETRY_DELAY_S)
-        or DEFAULT_RETRY_DELAY_S,
+        retry_delay_s=_seconds(raw, "retry_delay", "retry_delay", DEFAULT_RETRY_DELAY_S) or DEFAULT_RETRY_DELAY_S,
         total_repeats=_int(raw, "total_repeats", "total_repeats", 0, low=0, high=10**9),
         timeout_s=_seconds(raw, "timeout", "timeout", None),
         payload=dict(payload),
     )
 
 
-def parse_definitions(items: Sequence[Any], *, known_task: Callable[[str], bool] | None = None
-                      ) -> list[ScheduleDefinition]:
+def parse_definitions(
+    items: Sequence[Any], *, known_task: Callable[[str], bool] | None = None
+) -> list[ScheduleDefinition]:
     """Validate a list of definitions (a schedule file); errors say which schedule is wrong."""
     parsed: list[ScheduleDefinition] = []
     names: set[str] = set()

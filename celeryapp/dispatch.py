@@ -30,8 +30,7 @@ def _runner(app: Celery, step: StepDispatch) -> Signature:
 
 
 def _advance(app: Celery, group: GroupDispatch) -> Signature:
-    return app.signature(ADVANCE, args=(group.execution_id, group.step_index), immutable=True,
-                         queue=keys.CONTROL_QUEUE)
+    return app.signature(ADVANCE, args=(group.execution_id, group.step_index), immutable=True, queue=keys.CONTROL_QUEUE)
 
 
 def send_group(app: Celery, group: GroupDispatch) -> None:

@@ -53,8 +53,9 @@ class StepWatch:
         with self._lock:
             self._armed = False
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.disarm()
         self._stop.set()
         self._thread.join()

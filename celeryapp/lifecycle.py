@@ -36,6 +36,7 @@ from models import (
     WorkerTask,
     WorkerTaskStatus,
 )
+from models.session import affected
 
 logger = logging.getLogger(__name__)
 
@@ -91,22 +92,37 @@ class StartResult:
 def _active_execution_ids(session: Session, schedule_id: int) -> list[int]:
     return list(
         session.scalars(
-            select(ScheduleExecution.id).where(
+            select(ScheduleExecution.id)
+            .where(
                 ScheduleExecution.schedule_id == schedule_id,
                 ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
-            ).order_by(ScheduleExecution.id)
+            )
+            .order_by(ScheduleExecution.id)
         )
     )
 
 
 def record_slot(
-    session: Session, schedule: Schedule, outcome: SlotOutcome, *, trigger: Trigger,
-    nominal_at: datetime | None, now: datetime, execution_id: int | None = None, detail: str | None = None,
+    session: Session,
+    schedule: Schedule,
+    outcome: SlotOutcome,
+    *,
+    trigger: Trigger,
+    nominal_at: datetime | None,
+    now: datetime,
+    execution_id: int | None = None,
+    detail: str | None = None,
 ) -> None:
     session.execute(
         insert(SlotRecord).values(
-            schedule_id=schedule.id, schedule_name=schedule.name, nominal_at=nominal_at, trigger=trigger,
-            outcome=outcome, execution_id=execution_id, detail=detail, recorded_at=now,
+            schedule_id=schedule.id,
+            schedule_name=schedule.name,
+            nominal_at=nominal_at,
+            trigger=trigger,
+            outcome=outcome,
+            execution_id=execution_id,
+            detail=detail,
+            recorded_at=now,
         )
     )
 
@@ -176,26 +192,46 @@ def start_execution(
             if index == 0:
                 first.append(StepDispatch(execution.id, task.id, 1, step))
     session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
-    record_slot(session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now,
-                execution_id=execution.id)
+    record_slot(
+        session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution.id
+    )
     effects.dispatch.append(GroupDispatch(execution.id, 0, tuple(first)))
     logger.info("execution %s of schedule %r started (%s)", execution.id, schedule.name, trigger.value)
     return StartResult(execution.id, effects=effects)
 
 
 def _overlapped(
-    session: Session, schedule: Schedule, active_id: int | None, *, trigger: Trigger,
-    nominal_at: datetime | None, now: datetime,
+    session: Session,
+    schedule: Schedule,
+    active_id: int | None,
+    *,
+    trigger: Trigger,
+    nominal_at: datetime | None,
+    now: datetime,
 ) -> StartResult:
     running = f"execution {active_id}" if active_id is not None else "another execution"
     if schedule.overlap is Overlap.BUFFER_ONE:
         session.execute(update(Schedule).where(Schedule.id == schedule.id).values(buffered=True))
-        record_slot(session, schedule, SlotOutcome.BUFFERED, trigger=trigger, nominal_at=nominal_at, now=now,
-                    detail=f"{running} is in progress; runs when it ends")
+        record_slot(
+            session,
+            schedule,
+            SlotOutcome.BUFFERED,
+            trigger=trigger,
+            nominal_at=nominal_at,
+            now=now,
+            detail=f"{running} is in progress; runs when it ends",
+        )
         logger.info("schedule %r: %s is in progress, run buffered", schedule.name, running)
         return StartResult(None, skipped=f"buffered: {running} is in progress")
-    record_slot(session, schedule, SlotOutcome.SKIPPED_OVERLAP, trigger=trigger, nominal_at=nominal_at, now=now,
-                detail=f"{running} is in progress")
+    record_slot(
+        session,
+        schedule,
+        SlotOutcome.SKIPPED_OVERLAP,
+        trigger=trigger,
+        nominal_at=nominal_at,
+        now=now,
+        detail=f"{running} is in progress",
+    )
     logger.warning("schedule %r: %s is still in progress, run skipped", schedule.name, running)
     return StartResult(None, skipped=f"overlap: {running} is in progress")
 
@@ -223,7 +259,8 @@ def claim_step(session: Session, worker_task_id: int, attempt: int, *, node: str
     ``None`` covers every message that must do nothing: a redelivery of an attempt already
     running or finished, an attempt fenced off by a newer one, a cancelled or finished execution.
     """
-    claimed = session.execute(
+    claimed = affected(
+        session,
         update(WorkerTask)
         .where(
             WorkerTask.id == worker_task_id,
@@ -234,33 +271,53 @@ def claim_step(session: Session, worker_task_id: int, attempt: int, *, node: str
                 ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
             ),
         )
-        .values(status=WorkerTaskStatus.PROCESSING, node=node, started_at=now)
-    ).rowcount
+        .values(status=WorkerTaskStatus.PROCESSING, node=node, started_at=now),
+    )
     if not claimed:
         return None
     task = session.get_one(WorkerTask, worker_task_id)
     execution = session.get_one(ScheduleExecution, task.execution_id)
     spec = next(StepSpec.from_json(s) for s in execution.plan[task.step_index] if s["name"] == task.step_name)
-    activity_id = session.execute(
-        insert(Activity).values(
-            execution_id=execution.id, step_index=task.step_index, step_name=task.step_name, attempt=attempt,
-            status=ActivityStatus.IN_PROGRESS, worker=node, started_at=now,
-        )
-    ).inserted_primary_key[0]
-    return Claim(worker_task_id, attempt, execution.id, task.step_index, spec, activity_id,
-                 execution.schedule_name, dict(execution.payload))
+    activity = Activity(
+        execution_id=execution.id,
+        step_index=task.step_index,
+        step_name=task.step_name,
+        attempt=attempt,
+        status=ActivityStatus.IN_PROGRESS,
+        worker=node,
+        started_at=now,
+    )
+    session.add(activity)
+    session.flush()
+    activity_id = activity.id
+    return Claim(
+        worker_task_id,
+        attempt,
+        execution.id,
+        task.step_index,
+        spec,
+        activity_id,
+        execution.schedule_name,
+        dict(execution.payload),
+    )
 
 
 def finish_step(
-    session: Session, claim: Claim, status: ActivityStatus, *, now: datetime,
-    error: str | None = None, message: str | None = None,
+    session: Session,
+    claim: Claim,
+    status: ActivityStatus,
+    *,
+    now: datetime,
+    error: str | None = None,
+    message: str | None = None,
 ) -> bool:
     """Record an attempt's outcome and delete its worker task; False if it was fenced meanwhile."""
-    recorded = session.execute(
+    recorded = affected(
+        session,
         update(Activity)
         .where(Activity.id == claim.activity_id, Activity.status == ActivityStatus.IN_PROGRESS)
-        .values(status=status, error=error, message=message, completed_at=now)
-    ).rowcount
+        .values(status=status, error=error, message=message, completed_at=now),
+    )
     session.execute(
         delete(WorkerTask).where(
             WorkerTask.id == claim.worker_task_id,
@@ -292,12 +349,15 @@ def advance_execution(session: Session, execution_id: int, step_index: int, *, n
         or execution.current_step_index != step_index
     ):
         return Effects()
-    unfinished = session.scalar(
-        select(func.count()).where(
-            WorkerTask.execution_id == execution_id,
-            WorkerTask.step_index == step_index,
+    unfinished = (
+        session.scalar(
+            select(func.count()).where(
+                WorkerTask.execution_id == execution_id,
+                WorkerTask.step_index == step_index,
+            )
         )
-    ) or 0
+        or 0
+    )
     steps = [StepSpec.from_json(s) for s in execution.plan[step_index]]
     has_next = step_index + 1 < len(execution.plan)
     outcome = decide_after_group(
@@ -311,8 +371,8 @@ def advance_execution(session: Session, execution_id: int, step_index: int, *, n
     if outcome.verdict is Verdict.WAIT:
         return Effects()
     if outcome.verdict is Verdict.ADVANCE:
-        moved = session.execute(update(ScheduleExecution).where(*guard).values(current_step_index=step_index + 1))
-        if not moved.rowcount:
+        moved = affected(session, update(ScheduleExecution).where(*guard).values(current_step_index=step_index + 1))
+        if not moved:
             return Effects()
         session.execute(
             update(WorkerTask)
@@ -339,18 +399,26 @@ def _queued_group(session: Session, execution: ScheduleExecution, step_index: in
         )
         .order_by(WorkerTask.id)
     ).all()
-    return GroupDispatch(execution.id, step_index, tuple(StepDispatch(execution.id, i, a, specs[n]) for i, a, n in tasks))
+    return GroupDispatch(
+        execution.id, step_index, tuple(StepDispatch(execution.id, i, a, specs[n]) for i, a, n in tasks)
+    )
 
 
 def _finish_execution(
-    session: Session, execution: ScheduleExecution, guard: Any, status: ExecutionStatus, *,
-    error: str | None, now: datetime,
+    session: Session,
+    execution: ScheduleExecution,
+    guard: Any,
+    status: ExecutionStatus,
+    *,
+    error: str | None,
+    now: datetime,
 ) -> Effects:
-    done = session.execute(
+    done = affected(
+        session,
         update(ScheduleExecution)
         .where(*guard)
-        .values(status=status, error=error, completed_at=now, exclusive_key=None)
-    ).rowcount
+        .values(status=status, error=error, completed_at=now, exclusive_key=None),
+    )
     if not done:
         return Effects()
     session.execute(delete(WorkerTask).where(WorkerTask.execution_id == execution.id))
@@ -372,12 +440,16 @@ def _after_execution(
         return Effects()
     by_id = Schedule.id == schedule.id
     if status is ExecutionStatus.COMPLETED:
-        session.execute(update(Schedule).where(by_id).values(
-            run_count=Schedule.run_count + 1, current_retry=0, retry_at=None))
+        session.execute(
+            update(Schedule).where(by_id).values(run_count=Schedule.run_count + 1, current_retry=0, retry_at=None)
+        )
         session.refresh(schedule)
         if schedule.total_repeats and schedule.run_count >= schedule.total_repeats:
-            session.execute(update(Schedule).where(by_id, Schedule.status == ScheduleStatus.ACTIVE).values(
-                status=ScheduleStatus.DONE, next_run_at=None, buffered=False))
+            session.execute(
+                update(Schedule)
+                .where(by_id, Schedule.status == ScheduleStatus.ACTIVE)
+                .values(status=ScheduleStatus.DONE, next_run_at=None, buffered=False)
+            )
             logger.info("schedule %r is done after %s runs", schedule.name, schedule.run_count)
     elif status is ExecutionStatus.FAILED:
         session.execute(update(Schedule).where(by_id).values(error_count=Schedule.error_count + 1, last_error=error))
@@ -386,19 +458,24 @@ def _after_execution(
             if schedule.current_retry < schedule.max_retries:
                 retry = schedule.current_retry + 1
                 delay = retry_delay_s(definition_of(schedule).retry_base_s, retry)
-                session.execute(update(Schedule).where(by_id).values(
-                    current_retry=retry, retry_at=now + timedelta(seconds=delay)))
+                session.execute(
+                    update(Schedule).where(by_id).values(current_retry=retry, retry_at=now + timedelta(seconds=delay))
+                )
                 logger.info("schedule %r: retry %s in %.0fs", schedule.name, retry, delay)
             else:
-                session.execute(update(Schedule).where(by_id, Schedule.status == ScheduleStatus.ACTIVE).values(
-                    status=ScheduleStatus.DEAD, retry_at=None, next_run_at=None, buffered=False))
+                session.execute(
+                    update(Schedule)
+                    .where(by_id, Schedule.status == ScheduleStatus.ACTIVE)
+                    .values(status=ScheduleStatus.DEAD, retry_at=None, next_run_at=None, buffered=False)
+                )
                 logger.error("schedule %r is dead: %s consecutive failures", schedule.name, schedule.current_retry + 1)
     session.refresh(schedule)
     if schedule.buffered and schedule.status is ScheduleStatus.ACTIVE:
-        taken = session.execute(update(Schedule).where(by_id, Schedule.buffered.is_(True)).values(buffered=False))
-        if taken.rowcount:
-            started = start_execution(session, schedule, trigger=execution.trigger, now=now,
-                                      run_key=f"{schedule.name}:after:{execution.id}")
+        taken = affected(session, update(Schedule).where(by_id, Schedule.buffered.is_(True)).values(buffered=False))
+        if taken:
+            started = start_execution(
+                session, schedule, trigger=execution.trigger, now=now, run_key=f"{schedule.name}:after:{execution.id}"
+            )
             return started.effects
     return Effects()
 
@@ -407,7 +484,11 @@ def _after_execution(
 
 
 def cancel_execution(
-    session: Session, execution_id: int, *, now: datetime, reason: str = "cancelled",
+    session: Session,
+    execution_id: int,
+    *,
+    now: datetime,
+    reason: str = "cancelled",
     status: ExecutionStatus = ExecutionStatus.CANCELLED,
 ) -> Effects:
     """Stop an in-progress execution; a finished one is left as it is.

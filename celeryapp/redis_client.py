@@ -17,8 +17,12 @@ def get_redis(url: str) -> redis.Redis:
         client = _clients.get(key)
         if client is None:
             client = redis.Redis.from_url(
-                url, decode_responses=True, socket_timeout=10, socket_connect_timeout=5,
-                health_check_interval=25, retry_on_timeout=True,
+                url,
+                decode_responses=True,
+                socket_timeout=10,
+                socket_connect_timeout=5,
+                health_check_interval=25,
+                retry_on_timeout=True,
             )
             _clients[key] = client
     return client

@@ -42,7 +42,11 @@ def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> tuple[
     try:
         try:
             if task is None:
-                return ActivityStatus.FAILED_WITH_ERROR, f"task {claim.spec.task!r} is not registered in this worker", None
+                return (
+                    ActivityStatus.FAILED_WITH_ERROR,
+                    f"task {claim.spec.task!r} is not registered in this worker",
+                    None,
+                )
             result = task(*claim.spec.args, **claim.spec.kwargs)
         finally:
             watch.disarm()
@@ -65,7 +69,9 @@ def _record(app: ChordbeatCelery, claim: Claim, status: ActivityStatus, error: s
             with transaction(url) as session:
                 return finish_step(session, claim, status, now=utcnow(), error=error, message=message)
         except Exception:
-            logger.exception("recording outcome of %s attempt %s failed (try %s)", claim.spec.name, claim.attempt, attempt)
+            logger.exception(
+                "recording outcome of %s attempt %s failed (try %s)", claim.spec.name, claim.attempt, attempt
+            )
             time.sleep(0.2 * attempt)
     # SafeFail: never leave the activity in progress. A bare update in a fresh session; if even
     # that fails, heartbeat recovery will fail and re-queue the attempt.
@@ -74,8 +80,11 @@ def _record(app: ChordbeatCelery, claim: Claim, status: ActivityStatus, error: s
             session.execute(
                 update(Activity)
                 .where(Activity.id == claim.activity_id, Activity.status == ActivityStatus.IN_PROGRESS)
-                .values(status=ActivityStatus.FAILED_WITH_ERROR, completed_at=utcnow(),
-                        error=f"outcome could not be recorded (was {status.value})")
+                .values(
+                    status=ActivityStatus.FAILED_WITH_ERROR,
+                    completed_at=utcnow(),
+                    error=f"outcome could not be recorded (was {status.value})",
+                )
             )
     except Exception:
         logger.critical("activity %s is left in progress: database unreachable", claim.activity_id, exc_info=True)
@@ -93,8 +102,11 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
     if claim is None:
         logger.info("worker task %s attempt %s is not runnable here (duplicate or fenced)", worker_task_id, attempt)
         return {"status": "skipped"}
-    token = _current.set(StepContext(claim.execution_id, claim.schedule_name, claim.spec.name, claim.step_index,
-                                     claim.attempt, claim.payload))
+    token = _current.set(
+        StepContext(
+            claim.execution_id, claim.schedule_name, claim.spec.name, claim.step_index, claim.attempt, claim.payload
+        )
+    )
     watch = StepWatch(
         get_redis(settings.broker_url),
         heartbeat_key=keys.heartbeat_key(worker_task_id, attempt),

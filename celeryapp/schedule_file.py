@@ -35,8 +35,11 @@ class FileDiff:
         return {"added": self.added, "changed": self.changed, "removed": self.removed, "unchanged": self.unchanged}
 
     def summary(self) -> str:
-        parts = [f"{label} {', '.join(names)}" for label, names in
-                 (("added", self.added), ("changed", self.changed), ("removed", self.removed)) if names]
+        parts = [
+            f"{label} {', '.join(names)}"
+            for label, names in (("added", self.added), ("changed", self.changed), ("removed", self.removed))
+            if names
+        ]
         return "; ".join(parts) if parts else "no changes"
 
 

@@ -16,7 +16,7 @@ from celeryapp.dispatch import apply_effects
 from celeryapp.errors import InvalidTransition, NotFound
 from celeryapp.lifecycle import cancel_execution as cancel_in_db
 from celeryapp.lifecycle import start_execution
-from celeryapp.store import find_schedule, next_fire_after, upsert_schedule, definition_of
+from celeryapp.store import definition_of, find_schedule, next_fire_after, upsert_schedule
 from celeryapp.views import execution_json, schedule_json
 from models import (
     ExecutionStatus,
@@ -28,6 +28,7 @@ from models import (
     transaction,
     utcnow,
 )
+from models.session import affected
 
 #: Most executions one ``list_executions`` call returns.
 MAX_LIST_LIMIT = 1000
@@ -37,7 +38,9 @@ def known_task(app: ChordbeatCelery) -> Any:
     return lambda name: name in app.tasks
 
 
-def apply_schedule(app: ChordbeatCelery, definition: Any, *, source: ScheduleSource = ScheduleSource.API) -> dict[str, Any]:
+def apply_schedule(
+    app: ChordbeatCelery, definition: Any, *, source: ScheduleSource = ScheduleSource.API
+) -> dict[str, Any]:
     parsed = parse_definition(definition, known_task=known_task(app))
     with transaction(app.settings.database_url) as session:
         schedule, _change = upsert_schedule(session, parsed, source=source, now=utcnow())
@@ -65,13 +68,16 @@ def pause_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
     with transaction(app.settings.database_url) as session:
         schedule = find_schedule(session, name)
         if schedule.status is not ScheduleStatus.PAUSED:
-            paused = session.execute(
+            paused = affected(
+                session,
                 update(Schedule)
                 .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.ACTIVE)
-                .values(status=ScheduleStatus.PAUSED, next_run_at=None, retry_at=None, buffered=False)
-            ).rowcount
+                .values(status=ScheduleStatus.PAUSED, next_run_at=None, retry_at=None, buffered=False),
+            )
             if not paused:
-                raise InvalidTransition(f"schedule {name!r} is {schedule.status.value}; only an active schedule can be paused")
+                raise InvalidTransition(
+                    f"schedule {name!r} is {schedule.status.value}; only an active schedule can be paused"
+                )
             session.refresh(schedule)
         return schedule_json(schedule)
 
@@ -81,13 +87,16 @@ def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
         schedule = find_schedule(session, name)
         if schedule.status is not ScheduleStatus.ACTIVE:
             now = utcnow()
-            resumed = session.execute(
+            resumed = affected(
+                session,
                 update(Schedule)
                 .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.PAUSED)
-                .values(status=ScheduleStatus.ACTIVE, next_run_at=next_fire_after(definition_of(schedule), now))
-            ).rowcount
+                .values(status=ScheduleStatus.ACTIVE, next_run_at=next_fire_after(definition_of(schedule), now)),
+            )
             if not resumed:
-                raise InvalidTransition(f"schedule {name!r} is {schedule.status.value}; only a paused schedule can be resumed")
+                raise InvalidTransition(
+                    f"schedule {name!r} is {schedule.status.value}; only a paused schedule can be resumed"
+                )
             session.refresh(schedule)
         return schedule_json(schedule)
 
@@ -97,8 +106,14 @@ def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | 
         raise ValueError("payload: must be an object")
     with transaction(app.settings.database_url) as session:
         schedule = find_schedule(session, name)
-        result = start_execution(session, schedule, trigger=Trigger.MANUAL, now=utcnow(), payload=payload,
-                                 run_key=f"{name}:manual:{uuid.uuid4().hex}")
+        result = start_execution(
+            session,
+            schedule,
+            trigger=Trigger.MANUAL,
+            now=utcnow(),
+            payload=payload,
+            run_key=f"{name}:manual:{uuid.uuid4().hex}",
+        )
     apply_effects(app, result.effects)
     if result.execution_id is None or result.skipped:
         return {"execution_id": None, "skipped": result.skipped}
@@ -140,6 +155,14 @@ def list_executions(
 
 
 __all__ = [
-    "apply_schedule", "cancel_execution", "delete_schedule", "get_execution", "get_schedule",
-    "list_executions", "list_schedules", "pause_schedule", "resume_schedule", "trigger_schedule",
+    "apply_schedule",
+    "cancel_execution",
+    "delete_schedule",
+    "get_execution",
+    "get_schedule",
+    "list_executions",
+    "list_schedules",
+    "pause_schedule",
+    "resume_schedule",
+    "trigger_schedule",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from enum import Enum
+from enum import StrEnum
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -14,7 +14,7 @@ from celeryapp.errors import NotFound
 from models import Schedule, ScheduleSource, ScheduleStatus, ScheduleStep
 
 
-class Change(str, Enum):
+class Change(StrEnum):
     ADDED = "added"
     CHANGED = "changed"
     UNCHANGED = "unchanged"
@@ -30,8 +30,13 @@ def definition_of(schedule: Schedule) -> ScheduleDefinition:
         groups=tuple(
             tuple(
                 StepSpec(
-                    name=s.name, task=s.task, args=tuple(s.args), kwargs=dict(s.kwargs),
-                    continue_on_failure=s.continue_on_failure, timeout_s=s.timeout_s, queue=s.queue,
+                    name=s.name,
+                    task=s.task,
+                    args=tuple(s.args),
+                    kwargs=dict(s.kwargs),
+                    continue_on_failure=s.continue_on_failure,
+                    timeout_s=s.timeout_s,
+                    queue=s.queue,
                     max_attempts=s.max_attempts,
                 )
                 for s in group
@@ -80,9 +85,17 @@ def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> Non
     schedule.payload = dict(definition.payload)
     schedule.steps = [
         ScheduleStep(
-            step_index=index, position=position, in_list=is_list, name=step.name, task=step.task,
-            args=list(step.args), kwargs=dict(step.kwargs), continue_on_failure=step.continue_on_failure,
-            timeout_s=step.timeout_s, queue=step.queue, max_attempts=step.max_attempts,
+            step_index=index,
+            position=position,
+            in_list=is_list,
+            name=step.name,
+            task=step.task,
+            args=list(step.args),
+            kwargs=dict(step.kwargs),
+            continue_on_failure=step.continue_on_failure,
+            timeout_s=step.timeout_s,
+            queue=step.queue,
+            max_attempts=step.max_attempts,
         )
         for index, (group, is_list) in enumerate(zip(definition.groups, definition.group_is_list, strict=True))
         for position, step in enumerate(group)
@@ -105,8 +118,9 @@ def upsert_schedule(
         return schedule, Change.UNCHANGED
     change = Change.CHANGED
     if schedule is None:
-        schedule = Schedule(name=definition.name, created_at=now, version=0, run_count=0, error_count=0,
-                            current_retry=0, buffered=False)
+        schedule = Schedule(
+            name=definition.name, created_at=now, version=0, run_count=0, error_count=0, current_retry=0, buffered=False
+        )
         session.add(schedule)
         change = Change.ADDED
     session.flush()

@@ -6,9 +6,9 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, Executable, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 #: Milliseconds a SQLite writer waits for another process's write lock before giving up.
@@ -80,3 +80,13 @@ def dispose_all() -> None:
             if pid == os.getpid():
                 engine.dispose()
         _engines.clear()
+
+
+def affected(session: Session, statement: Executable) -> int:
+    """Run an UPDATE or DELETE and return how many rows it changed.
+
+    A guarded ``UPDATE ... WHERE <expected state>`` is how every transition is made: 0 rows
+    means someone else got there first, and the caller must do nothing.
+    """
+    result = cast(CursorResult[Any], session.execute(statement))
+    return int(result.rowcount)

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class ScheduleStatus(str, Enum):
+class ScheduleStatus(StrEnum):
     ACTIVE = "active"
     PAUSED = "paused"
     DONE = "done"
     DEAD = "dead"
 
 
-class ExecutionStatus(str, Enum):
+class ExecutionStatus(StrEnum):
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
     FAILED = "failed"
@@ -23,13 +23,13 @@ class ExecutionStatus(str, Enum):
         return self is not ExecutionStatus.IN_PROGRESS
 
 
-class WorkerTaskStatus(str, Enum):
+class WorkerTaskStatus(StrEnum):
     WAITING = "waiting_for_previous_step"
     QUEUED = "queued"
     PROCESSING = "processing"
 
 
-class ActivityStatus(str, Enum):
+class ActivityStatus(StrEnum):
     IN_PROGRESS = "in_progress"
     COMPLETE = "complete"
     COMPLETE_WITH_WARNING = "complete_with_warning"
@@ -48,28 +48,28 @@ _FAILED_ACTIVITY = frozenset(
 )
 
 
-class Trigger(str, Enum):
+class Trigger(StrEnum):
     CRON = "cron"
     INTERVAL = "interval"
     MANUAL = "manual"
     RETRY = "retry"
 
 
-class Overlap(str, Enum):
+class Overlap(StrEnum):
     SKIP = "skip"
     BUFFER_ONE = "buffer_one"
     CANCEL_PREVIOUS = "cancel_previous"
     ALLOW = "allow"
 
 
-class ScheduleSource(str, Enum):
+class ScheduleSource(StrEnum):
     """Where a schedule's definition came from; the schedule file only prunes its own."""
 
     API = "api"
     FILE = "file"
 
 
-class SlotOutcome(str, Enum):
+class SlotOutcome(StrEnum):
     """What became of one due time of a schedule."""
 
     FIRED = "fired"

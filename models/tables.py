@@ -29,8 +29,14 @@ def _enum_column(enum: type[Any], **kw: Any) -> Any:
     from sqlalchemy import Enum as SAEnum
 
     return mapped_column(
-        SAEnum(enum, native_enum=False, length=32, values_callable=lambda e: [m.value for m in e],
-               validate_strings=True, create_constraint=False),
+        SAEnum(
+            enum,
+            native_enum=False,
+            length=32,
+            values_callable=lambda e: [m.value for m in e],
+            validate_strings=True,
+            create_constraint=False,
+        ),
         **kw,
     )
 
@@ -103,8 +109,10 @@ class ScheduleStep(Base):
 
 class ScheduleExecution(Base):
     __tablename__ = "schedule_executions"
-    __table_args__ = (Index("ix_schedule_executions_status_started", "status", "started_at"),
-                      {"sqlite_autoincrement": True})
+    __table_args__ = (
+        Index("ix_schedule_executions_status_started", "status", "started_at"),
+        {"sqlite_autoincrement": True},
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     #: Kept when the schedule is deleted (history outlives its schedule); the name stays readable.
@@ -159,9 +167,7 @@ class Activity(Base):
     __table_args__ = (UniqueConstraint("execution_id", "step_name", "attempt"), {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    execution_id: Mapped[int] = mapped_column(
-        ForeignKey("schedule_executions.id", ondelete="CASCADE"), index=True
-    )
+    execution_id: Mapped[int] = mapped_column(ForeignKey("schedule_executions.id", ondelete="CASCADE"), index=True)
     step_index: Mapped[int] = mapped_column(Integer)
     step_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     attempt: Mapped[int] = mapped_column(Integer)
@@ -178,13 +184,13 @@ class SlotRecord(Base):
     """What happened at one nominal fire time of a schedule, so a missing run has an answer."""
 
     __tablename__ = "schedule_slots"
-    __table_args__ = (Index("ix_schedule_slots_schedule_nominal", "schedule_name", "nominal_at"),
-                      {"sqlite_autoincrement": True})
+    __table_args__ = (
+        Index("ix_schedule_slots_schedule_nominal", "schedule_name", "nominal_at"),
+        {"sqlite_autoincrement": True},
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    schedule_id: Mapped[int | None] = mapped_column(
-        ForeignKey("schedules.id", ondelete="SET NULL"), default=None
-    )
+    schedule_id: Mapped[int | None] = mapped_column(ForeignKey("schedules.id", ondelete="SET NULL"), default=None)
     schedule_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     nominal_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     trigger: Mapped[Trigger] = _enum_column(Trigger)

@@ -6,8 +6,7 @@ from typing import Any
 
 from celery import Task
 
-from celeryapp import app
-from celeryapp import runner
+from celeryapp import app, runner
 
 
 @app.task(name="chordbeat.run_step", bind=True, acks_late=True, reject_on_worker_lost=True)

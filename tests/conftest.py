@@ -99,8 +99,10 @@ def app(settings: Settings, redis_server: RedisServer) -> Iterator[ChordbeatCele
     reset_clients()
     previous = chordbeat_app.settings
     chordbeat_app.apply_settings(settings)
-    chordbeat_app.conf.result_backend_transport_options = {**chordbeat_app.conf.result_backend_transport_options,
-                                                           **FAST_GIVE_UP}
+    chordbeat_app.conf.result_backend_transport_options = {
+        **chordbeat_app.conf.result_backend_transport_options,
+        **FAST_GIVE_UP,
+    }
     chordbeat_app.loader.import_default_modules()
     yield chordbeat_app
     gc.collect()
@@ -112,8 +114,9 @@ def worker(app: ChordbeatCelery) -> Iterator[Any]:
     """A real Celery worker in this process: thread pool, all of chordbeat's queues."""
     # Revoked ids live in process memory; each test starts from fresh databases.
     worker_state.revoked.clear()
-    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30,
-                      loglevel="WARNING") as w:
+    with start_worker(
+        app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30, loglevel="WARNING"
+    ) as w:
         yield w
 
 
@@ -121,8 +124,12 @@ def worker(app: ChordbeatCelery) -> Iterator[Any]:
 def client(settings: Settings) -> Iterator[Celery]:
     """What another service has: plain Celery and the URLs, none of chordbeat's code."""
     client = Celery("other-service", broker=settings.broker_url, backend=settings.result_backend, set_as_current=False)
-    client.conf.update(task_serializer="json", accept_content=["json"], result_accept_content=["json"],
-                       result_backend_transport_options=FAST_GIVE_UP)
+    client.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        result_backend_transport_options=FAST_GIVE_UP,
+    )
     yield client
     # Drop pending results now: their finalizers talk to Redis, which may be gone later.
     gc.collect()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -54,8 +55,23 @@ class RedisServer:
         if binary is None:
             raise RuntimeError("redis-server is not installed (make test installs it)")
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-             "--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"],
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "warning",
+            ],
             stdout=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self.port)
@@ -99,16 +115,16 @@ class PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
         self._run("initdb", "-D", str(self.data), "-U", self.user, "-A", "trust", "--no-sync", "-E", "UTF8")
-        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off " \
-                  "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        options = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "log"), "-w", "start")
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{database}"
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "stop")
-        except subprocess.CalledProcessError:
-            pass
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -37,7 +37,8 @@ def running(client: Celery, execution_id: int, step_name: str) -> dict[str, Any]
 def worker_task(app: ChordbeatCelery, execution_id: int, step_name: str) -> WorkerTask:
     with transaction(app.settings.database_url) as session:
         task = session.scalar(
-            select(WorkerTask).where(WorkerTask.execution_id == execution_id, WorkerTask.step_name == step_name))
+            select(WorkerTask).where(WorkerTask.execution_id == execution_id, WorkerTask.step_name == step_name)
+        )
         assert task is not None
         return task
 
@@ -61,8 +62,11 @@ def test_overlapping_trigger_is_skipped_and_recorded(app: ChordbeatCelery, worke
 
 
 def test_allow_overlap_runs_concurrently(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
-    call(client, "chordbeat.apply_schedule",
-         definition={"name": "many", "every": 60, "overlap": "allow", "steps": [slow("wait", 0.3)]})
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "many", "every": 60, "overlap": "allow", "steps": [slow("wait", 0.3)]},
+    )
     ids = [call(client, "chordbeat.trigger_schedule", name="many")["execution_id"] for _ in range(2)]
     assert None not in ids and ids[0] != ids[1]
     assert [finished(client, i)["status"] for i in ids] == ["completed", "completed"]
@@ -71,8 +75,11 @@ def test_allow_overlap_runs_concurrently(app: ChordbeatCelery, worker: Any, clie
 def test_cancel_mid_step_stops_the_step_and_nothing_runs_afterwards(
     app: ChordbeatCelery, worker: Any, client: Celery
 ) -> None:
-    call(client, "chordbeat.apply_schedule",
-         definition={"name": "cancel-me", "every": 60, "steps": [slow("long"), step("after")]})
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "cancel-me", "every": 60, "steps": [slow("long"), step("after")]},
+    )
     started = call(client, "chordbeat.trigger_schedule", name="cancel-me")
     execution_id = started["execution_id"]
     running(client, execution_id, "long")
@@ -98,8 +105,11 @@ def test_cancel_mid_step_stops_the_step_and_nothing_runs_afterwards(
 def test_duplicate_callbacks_and_redelivered_step_messages_change_nothing(
     app: ChordbeatCelery, worker: Any, client: Celery
 ) -> None:
-    call(client, "chordbeat.apply_schedule",
-         definition={"name": "dupes", "every": 60, "steps": [step("first"), slow("second", 1.5), step("third")]})
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "dupes", "every": 60, "steps": [step("first"), slow("second", 1.5), step("third")]},
+    )
     execution_id = call(client, "chordbeat.trigger_schedule", name="dupes")["execution_id"]
     running(client, execution_id, "second")
     second = worker_task(app, execution_id, "second")

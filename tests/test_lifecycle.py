@@ -91,15 +91,22 @@ def run_once(client: Celery, definition: dict[str, Any]) -> dict[str, Any]:
 def test_failed_step_without_continue_on_failure_fails_the_run_and_drops_later_groups(
     app: ChordbeatCelery, worker: Any, client: Celery
 ) -> None:
-    execution = run_once(client, {
-        "name": "fails", "every": 3600,
-        "steps": [step("first"), [step("ok"), step("broken", "chordbeat.examples.fail")], step("never")],
-    })
+    execution = run_once(
+        client,
+        {
+            "name": "fails",
+            "every": 3600,
+            "steps": [step("first"), [step("ok"), step("broken", "chordbeat.examples.fail")], step("never")],
+        },
+    )
     assert execution["status"] == "failed"
     assert execution["error"] == "step 'broken' failed: StepFailed: broken says so"
     assert execution["tasks"] == []
     assert {a["step"]: a["status"] for a in execution["activities"]} == {
-        "first": "complete", "ok": "complete", "broken": "failed_with_error"}
+        "first": "complete",
+        "ok": "complete",
+        "broken": "failed_with_error",
+    }
     schedule = call(client, "chordbeat.get_schedule", name="fails")
     assert schedule["error_count"] == 1 and schedule["last_error"] == execution["error"]
     assert schedule["run_count"] == 0
@@ -108,19 +115,28 @@ def test_failed_step_without_continue_on_failure_fails_the_run_and_drops_later_g
 def test_failed_step_with_continue_on_failure_lets_the_run_go_on(
     app: ChordbeatCelery, worker: Any, client: Celery
 ) -> None:
-    execution = run_once(client, {
-        "name": "tolerant", "every": 3600,
-        "steps": [[step("ok"), step("broken", "chordbeat.examples.fail", continue_on_failure=True)], step("after")],
-    })
+    execution = run_once(
+        client,
+        {
+            "name": "tolerant",
+            "every": 3600,
+            "steps": [[step("ok"), step("broken", "chordbeat.examples.fail", continue_on_failure=True)], step("after")],
+        },
+    )
     assert execution["status"] == "completed", execution["error"]
     statuses = {a["step"]: a["status"] for a in execution["activities"]}
     assert statuses == {"ok": "complete", "broken": "failed_with_error", "after": "complete"}
 
 
 def test_warning_completes_the_step_and_keeps_the_message(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
-    execution = run_once(client, {
-        "name": "warns", "every": 60, "steps": [step("careful", "chordbeat.examples.warn"), step("next")],
-    })
+    execution = run_once(
+        client,
+        {
+            "name": "warns",
+            "every": 60,
+            "steps": [step("careful", "chordbeat.examples.warn"), step("next")],
+        },
+    )
     assert execution["status"] == "completed"
     careful = execution["activities"][0]
     assert careful["status"] == "complete_with_warning"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
 from models.base import Base
 
@@ -13,7 +13,7 @@ assert url, "sqlalchemy.url must be set"
 connectable = config.attributes.get("connection")
 
 
-def _run(connection: object) -> None:
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=Base.metadata,

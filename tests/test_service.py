@@ -19,8 +19,9 @@ SCHEDULE_KEYS = {
 
 
 def test_schedule_crud_pause_and_resume(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
-    created = call(client, "chordbeat.apply_schedule",
-                   definition={"name": "b-daily", "cron": "0 6 * * *", "steps": [step("s")]})
+    created = call(
+        client, "chordbeat.apply_schedule", definition={"name": "b-daily", "cron": "0 6 * * *", "steps": [step("s")]}
+    )
     assert set(created) == SCHEDULE_KEYS
     assert created["status"] == "active" and created["next_run_at"].endswith("06:00:00.000Z")
     call(client, "chordbeat.apply_schedule", definition={"name": "a-often", "every": 30, "steps": [step("s")]})
@@ -44,9 +45,12 @@ def test_schedule_crud_pause_and_resume(app: ChordbeatCelery, worker: Any, clien
 
 def test_executions_are_listed_newest_first_and_filtered(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
     call(client, "chordbeat.apply_schedule", definition={"name": "ok", "every": 60, "steps": [step("s")]})
-    call(client, "chordbeat.apply_schedule",
-         definition={"name": "bad", "every": 60, "steps": [step("s", "chordbeat.examples.fail")]})
-    ids = []
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "bad", "every": 60, "steps": [step("s", "chordbeat.examples.fail")]},
+    )
+    ids: list[int] = []
     for name in ("ok", "bad", "ok"):
         started = call(client, "chordbeat.trigger_schedule", name=name, payload={"run": len(ids)})
         ids.append(started["execution_id"])

@@ -21,6 +21,8 @@ REDBEAT_LOCK_TIMEOUT_S = 30
 #: re-queued by heartbeat recovery much sooner; this is only the broker's last resort, so it is
 #: kept well above any step's run time to avoid duplicate deliveries of long steps.
 VISIBILITY_TIMEOUT_S = 6 * 3600
+#: Seconds between two repairs of beat entries from the database.
+RECONCILE_INTERVAL_S = 60.0
 
 
 class ChordbeatCelery(Celery):  # type: ignore[misc]
@@ -68,7 +70,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": True,
         "timezone": "UTC",
         "enable_utc": True,
-        "beat_scheduler": "redbeat.RedBeatScheduler",
+        "beat_scheduler": "celeryapp.beat:ChordbeatScheduler",
+        # Internal periodic tasks; every schedule of the database gets its own dynamic entry.
+        "beat_schedule": {
+            "chordbeat-reconcile": {
+                "task": "chordbeat.reconcile_beat",
+                "schedule": RECONCILE_INTERVAL_S,
+                "options": {"queue": CONTROL_QUEUE, "expires": RECONCILE_INTERVAL_S},
+            },
+        },
         "beat_max_loop_interval": BEAT_MAX_LOOP_INTERVAL_S,
         "redbeat_redis_url": settings.redbeat_url,
         "redbeat_key_prefix": "chordbeat:redbeat:",

@@ -52,15 +52,11 @@ def db_upgrade() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the diff as JSON.")
 def apply_cmd(path: str, dry_run: bool, as_json: bool) -> None:
     """Apply a declarative schedule file (file schedules override stored ones)."""
-    from celeryapp.schedule_file import apply_definitions, load_file
-    from celeryapp.service import known_task
-    from models import transaction
+    from celeryapp.schedule_file import apply_file
 
     app = _app()
     try:
-        definitions = load_file(path, known_task=known_task(app))
-        with transaction(app.settings.database_url) as session:
-            diff = apply_definitions(session, definitions, dry_run=dry_run)
+        diff = apply_file(app, path, dry_run=dry_run)
     except ChordbeatError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

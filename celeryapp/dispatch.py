@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import redis
 from celery import Celery, chord
 from celery.canvas import Signature
 
@@ -60,3 +61,10 @@ def apply_effects(app: Celery, effects: Effects) -> None:
         app.control.revoke(effects.revoke)
     for group in effects.dispatch:
         send_group(app, group)
+    if effects.resync:
+        from celeryapp.beat_entries import sync_schedules
+
+        try:
+            sync_schedules(app, effects.resync)
+        except redis.RedisError:
+            logger.exception("beat entries of %s not synced; the periodic reconcile will", effects.resync)

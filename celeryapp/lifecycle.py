@@ -71,11 +71,14 @@ class Effects:
     dispatch: list[GroupDispatch] = field(default_factory=list)
     cancelled: list[int] = field(default_factory=list)
     revoke: list[str] = field(default_factory=list)
+    #: Schedules whose beat entry must be rewritten (retry due, done, dead).
+    resync: list[str] = field(default_factory=list)
 
     def merge(self, other: Effects) -> Effects:
         self.dispatch += other.dispatch
         self.cancelled += other.cancelled
         self.revoke += other.revoke
+        self.resync += other.resync
         return self
 
 
@@ -470,14 +473,16 @@ def _after_execution(
                 )
                 logger.error("schedule %r is dead: %s consecutive failures", schedule.name, schedule.current_retry + 1)
     session.refresh(schedule)
+    # Retry time, done or dead: the beat entry follows (syncing an unchanged entry writes nothing).
+    effects = Effects(resync=[schedule.name])
     if schedule.buffered and schedule.status is ScheduleStatus.ACTIVE:
         taken = affected(session, update(Schedule).where(by_id, Schedule.buffered.is_(True)).values(buffered=False))
         if taken:
             started = start_execution(
                 session, schedule, trigger=execution.trigger, now=now, run_key=f"{schedule.name}:after:{execution.id}"
             )
-            return started.effects
-    return Effects()
+            effects.merge(started.effects)
+    return effects
 
 
 # --- cancelling -------------------------------------------------------------------------------

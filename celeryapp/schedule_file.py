@@ -8,14 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from celeryapp.app import ChordbeatCelery
 from celeryapp.definition import ScheduleDefinition, parse_definitions
 from celeryapp.errors import DefinitionError
 from celeryapp.store import Change, definition_of, upsert_schedule
-from models import Schedule, ScheduleSource, utcnow
+from models import Schedule, ScheduleSource, transaction, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -96,4 +98,19 @@ def apply_definitions(session: Session, definitions: list[ScheduleDefinition], *
     if not dry_run:
         log = logger.info if diff.empty else logger.warning
         log("schedule file applied: %s", diff.summary())
+    return diff
+
+
+def apply_file(app: ChordbeatCelery, path: str | Path, *, dry_run: bool = False) -> FileDiff:
+    """Validate and apply a schedule file in one transaction: all of it or nothing."""
+    definitions = load_file(path, known_task=lambda name: name in app.tasks)
+    with transaction(app.settings.database_url) as session:
+        diff = apply_definitions(session, definitions, dry_run=dry_run)
+    if not dry_run:
+        from celeryapp.beat_entries import sync_schedules
+
+        try:
+            sync_schedules(app, diff.added + diff.changed + diff.removed)
+        except redis.RedisError as exc:
+            logger.warning("beat entries not updated (%s); beat repairs them when it starts", exc)
     return diff

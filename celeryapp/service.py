@@ -14,8 +14,8 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.definition import parse_definition
 from celeryapp.dispatch import apply_effects
 from celeryapp.errors import InvalidTransition, NotFound
+from celeryapp.lifecycle import Effects, start_execution
 from celeryapp.lifecycle import cancel_execution as cancel_in_db
-from celeryapp.lifecycle import start_execution
 from celeryapp.store import definition_of, find_schedule, next_fire_after, upsert_schedule
 from celeryapp.views import execution_json, schedule_json
 from models import (
@@ -44,13 +44,20 @@ def apply_schedule(
     parsed = parse_definition(definition, known_task=known_task(app))
     with transaction(app.settings.database_url) as session:
         schedule, _change = upsert_schedule(session, parsed, source=source, now=utcnow())
-        return schedule_json(schedule)
+        result = schedule_json(schedule)
+    _sync(app, parsed.name)
+    return result
+
+
+def _sync(app: ChordbeatCelery, name: str) -> None:
+    apply_effects(app, Effects(resync=[name]))
 
 
 def delete_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
     with transaction(app.settings.database_url) as session:
         schedule = find_schedule(session, name)
         session.delete(schedule)
+    _sync(app, name)
     return {"name": name, "deleted": True}
 
 
@@ -79,7 +86,9 @@ def pause_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
                     f"schedule {name!r} is {schedule.status.value}; only an active schedule can be paused"
                 )
             session.refresh(schedule)
-        return schedule_json(schedule)
+        result = schedule_json(schedule)
+    _sync(app, name)
+    return result
 
 
 def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
@@ -98,7 +107,9 @@ def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
                     f"schedule {name!r} is {schedule.status.value}; only a paused schedule can be resumed"
                 )
             session.refresh(schedule)
-        return schedule_json(schedule)
+        result = schedule_json(schedule)
+    _sync(app, name)
+    return result
 
 
 def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:

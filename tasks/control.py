@@ -1,11 +1,14 @@
-"""Advancement: the body of every step group's chord (and the link of re-queued steps)."""
+"""Control tasks: advancement (every chord's body), firing schedules, repairing beat entries."""
 
 from __future__ import annotations
 
-from celeryapp import app
+from datetime import datetime
+from typing import Any
+
+from celeryapp import app, beat_entries, firing
 from celeryapp.dispatch import apply_effects
 from celeryapp.lifecycle import advance_execution as advance_in_db
-from models import transaction, utcnow
+from models import Trigger, transaction, utcnow
 
 
 @app.task(name="chordbeat.advance_execution", acks_late=True, reject_on_worker_lost=True)
@@ -13,3 +16,17 @@ def advance_execution(execution_id: int, step_index: int, *_results: object) -> 
     with transaction(app.settings.database_url) as session:
         effects = advance_in_db(session, execution_id, step_index, now=utcnow())
     apply_effects(app, effects)
+
+
+@app.task(name="chordbeat.fire_schedule", acks_late=True, reject_on_worker_lost=True)
+def fire_schedule(name: str, nominal_at: str | None = None, trigger: str | None = None) -> dict[str, Any]:
+    """Sent by beat; ``nominal_at`` is the slot it fires (absent: now, e.g. a hand-made message)."""
+    when = datetime.fromisoformat(nominal_at) if nominal_at else utcnow()
+    return firing.fire(app, name, nominal_at=when, trigger=Trigger(trigger or Trigger.CRON.value))
+
+
+@app.task(name="chordbeat.reconcile_beat")
+def reconcile_beat() -> dict[str, list[str]]:
+    """Periodic repair of RedBeat entries from the database (both ways)."""
+    changes = beat_entries.reconcile(app)
+    return {"written": changes.written, "removed": changes.removed}

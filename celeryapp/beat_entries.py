@@ -1,0 +1,239 @@
+"""RedBeat entries of schedules: a schedule type RedBeat can store, and syncing entries with the DB.
+
+Every active schedule has exactly one dynamic RedBeat entry (``<prefix>schedule:<name>``) that
+sends ``chordbeat.fire_schedule``. Entries are written whenever a schedule changes and repaired
+by :func:`reconcile`, so the database stays the source of truth.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from celery import Celery
+from celery.schedules import BaseSchedule, schedstate
+from redbeat.decoder import RedBeatJSONDecoder, RedBeatJSONEncoder
+from redbeat.schedulers import RedBeatSchedulerEntry, ensure_conf, get_redis
+from sqlalchemy import select
+
+from celeryapp import keys
+from celeryapp.cadence import Cadence, Due, next_due
+from models import Schedule, ScheduleStatus, transaction
+
+logger = logging.getLogger(__name__)
+
+FIRE_TASK = "chordbeat.fire_schedule"
+ENTRY_PREFIX = "schedule:"
+#: Tag of chordbeat's schedule type inside RedBeat's JSON.
+SCHEDULE_TYPE = "chordbeat_cadence"
+
+
+class CadenceSchedule(BaseSchedule):  # type: ignore[misc]
+    """A Celery schedule over a :class:`Cadence` (cron in a zone, or anchored interval) and a retry."""
+
+    def __init__(self, cadence: Cadence, retry_at: datetime | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cadence = cadence
+        self.retry_at = retry_at
+
+    def due(self, last_run_at: datetime) -> Due:
+        return next_due(self.cadence, last_fired=_aware(last_run_at), retry_at=self.retry_at)
+
+    def remaining_estimate(self, last_run_at: datetime) -> timedelta:
+        now: datetime = self.now()
+        return self.due(last_run_at).at - now
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        now: datetime = self.now()
+        due = self.due(last_run_at)
+        if due.at <= now:
+            return schedstate(True, max((self.due(now).at - now).total_seconds(), 0.1))
+        return schedstate(False, (due.at - now).total_seconds())
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "__type__": SCHEDULE_TYPE,
+            "cron": self.cadence.cron,
+            "every": self.cadence.every_s,
+            "timezone": self.cadence.timezone,
+            "anchor": self.cadence.anchor.timestamp(),
+            "retry_at": self.retry_at.timestamp() if self.retry_at else None,
+        }
+
+    @classmethod
+    def decode(cls, data: dict[str, Any]) -> CadenceSchedule:
+        cadence = Cadence(
+            cron=data["cron"],
+            every_s=data["every"],
+            timezone=data["timezone"],
+            anchor=datetime.fromtimestamp(data["anchor"], UTC),
+        )
+        retry = data.get("retry_at")
+        return cls(cadence, datetime.fromtimestamp(retry, UTC) if retry is not None else None)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CadenceSchedule) and self.encode() == other.encode()
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.encode(), sort_keys=True))
+
+    def __repr__(self) -> str:
+        what = self.cadence.cron and f"cron {self.cadence.cron!r} {self.cadence.timezone}"
+        return f"<CadenceSchedule {what or f'every {self.cadence.every_s}s'}>"
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+class EntryEncoder(RedBeatJSONEncoder):  # type: ignore[misc]
+    def default(self, obj: Any) -> Any:
+        if isinstance(obj, CadenceSchedule):
+            return obj.encode()
+        return super().default(obj)
+
+
+class EntryDecoder(RedBeatJSONDecoder):  # type: ignore[misc]
+    def dict_to_object(self, d: dict[str, Any]) -> Any:
+        if d.get("__type__") == SCHEDULE_TYPE:
+            return CadenceSchedule.decode(d)
+        return super().dict_to_object(d)
+
+
+class ScheduleEntry(RedBeatSchedulerEntry):  # type: ignore[misc]
+    """RedBeat's entry, storing :class:`CadenceSchedule` and scoring it by its exact due time."""
+
+    @staticmethod
+    def decode_definition(definition: str) -> Any:
+        return json.loads(definition, cls=EntryDecoder)
+
+    @property
+    def due_at(self) -> datetime | None:
+        if not isinstance(self.schedule, CadenceSchedule):
+            return super().due_at  # type: ignore[no-any-return]
+        if self.last_run_at is None:
+            return self._default_now()  # type: ignore[no-any-return]
+        return self.schedule.due(self.last_run_at).at
+
+    def definition_json(self) -> str:
+        return json.dumps(
+            {
+                "name": self.name,
+                "task": self.task,
+                "args": self.args,
+                "kwargs": self.kwargs,
+                "options": self.options,
+                "schedule": self.schedule,
+                "enabled": self.enabled,
+            },
+            cls=EntryEncoder,
+        )
+
+    def save(self, *, reset_last_run: bool = False) -> ScheduleEntry:
+        """Write the definition; keep the last fire time unless ``reset_last_run`` (new cadence)."""
+        meta = json.dumps({"last_run_at": self.last_run_at}, cls=EntryEncoder)
+        with get_redis(self.app).pipeline() as pipe:
+            pipe.hset(self.key, "definition", self.definition_json())
+            if reset_last_run:
+                pipe.hset(self.key, "meta", meta)
+            else:
+                pipe.hsetnx(self.key, "meta", meta)
+            pipe.execute()
+        # Score from what is stored now (the kept last fire time), in whole seconds as RedBeat needs.
+        stored = ScheduleEntry.from_key(self.key, app=self.app)
+        get_redis(self.app).zadd(self.app.redbeat_conf.schedule_key, {self.key: stored.score})
+        return self
+
+
+def entry_name(schedule_name: str) -> str:
+    return ENTRY_PREFIX + schedule_name
+
+
+def cadence_of(schedule: Schedule) -> Cadence:
+    return Cadence(cron=schedule.cron, every_s=schedule.every_s, timezone=schedule.timezone, anchor=schedule.updated_at)
+
+
+def desired_entry(app: Celery, schedule: Schedule, now: datetime) -> ScheduleEntry | None:
+    if schedule.status is not ScheduleStatus.ACTIVE:
+        return None
+    return ScheduleEntry(
+        name=entry_name(schedule.name),
+        task=FIRE_TASK,
+        schedule=CadenceSchedule(cadence_of(schedule), schedule.retry_at),
+        kwargs={"name": schedule.name},
+        options={"queue": keys.CONTROL_QUEUE},
+        last_run_at=now,
+        app=app,
+    )
+
+
+@dataclass
+class EntryChanges:
+    written: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.written or self.removed)
+
+
+def _write(app: Celery, schedule_name: str, desired: ScheduleEntry | None, changes: EntryChanges) -> None:
+    client = get_redis(app)
+    key = ScheduleEntry.generate_key(app, entry_name(schedule_name))
+    stored = client.hget(key, "definition")
+    if desired is None:
+        if stored is not None or client.zscore(app.redbeat_conf.schedule_key, key) is not None:
+            with client.pipeline() as pipe:
+                pipe.zrem(app.redbeat_conf.schedule_key, key)
+                pipe.delete(key)
+                pipe.execute()
+            changes.removed.append(schedule_name)
+        return
+    wanted = desired.definition_json()
+    if stored == wanted and client.zscore(app.redbeat_conf.schedule_key, key) is not None:
+        return
+    new_cadence = stored is None or _cadence_part(stored) != _cadence_part(wanted)
+    desired.save(reset_last_run=new_cadence)
+    changes.written.append(schedule_name)
+
+
+def _cadence_part(definition: str) -> Any:
+    schedule = json.loads(definition).get("schedule", {})
+    return {k: v for k, v in schedule.items() if k != "retry_at"} if isinstance(schedule, dict) else schedule
+
+
+def sync_schedules(app: Celery, names: Iterable[str]) -> EntryChanges:
+    """Bring the RedBeat entries of these schedules in line with the database."""
+    ensure_conf(app)
+    names = sorted(set(names))
+    changes = EntryChanges()
+    if not names:
+        return changes
+    now = datetime.now(UTC)
+    with transaction(app.settings.database_url) as session:
+        found = {s.name: s for s in session.scalars(select(Schedule).where(Schedule.name.in_(names)))}
+        desired = {name: desired_entry(app, found[name], now) if name in found else None for name in names}
+    for name, entry in desired.items():
+        _write(app, name, entry, changes)
+    return changes
+
+
+def reconcile(app: Celery) -> EntryChanges:
+    """Repair drift both ways: missing or stale entries written, orphaned ones removed."""
+    ensure_conf(app)
+    client = get_redis(app)
+    prefix = app.redbeat_conf.key_prefix + ENTRY_PREFIX
+    present = {key[len(prefix) :] for key in client.scan_iter(match=prefix + "*", count=500)}
+    present |= {
+        key[len(prefix) :] for key in client.zrange(app.redbeat_conf.schedule_key, 0, -1) if key.startswith(prefix)
+    }
+    with transaction(app.settings.database_url) as session:
+        active = list(session.scalars(select(Schedule.name).where(Schedule.status == ScheduleStatus.ACTIVE)))
+    changes = sync_schedules(app, present | set(active))
+    if not changes.empty:
+        logger.warning("beat entries repaired: written %s; removed %s", changes.written or "-", changes.removed or "-")
+    return changes

@@ -13,8 +13,8 @@ from zoneinfo import ZoneInfo
 
 from celeryapp.cron import CronExpression
 
-#: Bound on slots walked to find the latest missed one after downtime (then the walk jumps).
-MAX_SLOT_WALK = 10_000
+#: First look-back window when searching the latest missed cron slot.
+LOOKBACK_START = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -47,16 +47,23 @@ class Cadence:
             k = math.floor((now - self.anchor) / step)
             slot = self.anchor + step * k
             return slot if slot > since and slot <= now else None
-        slot = self.slot_after(since)
-        if slot > now:
-            return None
-        for _ in range(MAX_SLOT_WALK):
-            following = self.slot_after(slot)
-            if following > now:
+        # Look back over a growing window rather than walking every missed slot from ``since``:
+        # a minutely schedule after a month of downtime would otherwise walk 43,200 slots.
+        window = LOOKBACK_START
+        while True:
+            start = max(since, now - window)
+            slot = self._last_in(start, now)
+            if slot is not None or start == since:
                 return slot
-            slot = following
-        # A very long outage of a very frequent schedule: restart the walk close to now.
-        return self.latest_slot(now, since=max(slot, now - timedelta(days=1)))
+            window *= 4
+
+    def _last_in(self, start: datetime, end: datetime) -> datetime | None:
+        found = None
+        slot = self.slot_after(start)
+        while slot <= end:
+            found = slot
+            slot = self.slot_after(slot)
+        return found
 
 
 @dataclass(frozen=True)

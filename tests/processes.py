@@ -1,0 +1,84 @@
+"""Real ``celery`` processes (beat, prefork workers) for tests that crash things."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from celeryapp.config import Settings
+
+CELERY = str(Path(sys.executable).with_name("celery"))
+
+
+def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHORDBEAT_")}
+    env.update(
+        CHORDBEAT_BROKER_URL=settings.broker_url,
+        CHORDBEAT_RESULT_BACKEND=settings.result_backend,
+        CHORDBEAT_REDBEAT_URL=settings.redbeat_url,
+        CHORDBEAT_DATABASE_URL=settings.database_url,
+        CHORDBEAT_HEARTBEAT_TTL=str(settings.heartbeat_ttl_s),
+        CHORDBEAT_RECOVERY_INTERVAL=str(settings.recovery_interval_s),
+        CHORDBEAT_HEALTH_DIR=settings.health_dir,
+        PYTHONUNBUFFERED="1",
+    )
+    if settings.schedules_file:
+        env["CHORDBEAT_SCHEDULES_FILE"] = settings.schedules_file
+    env.update(extra)
+    return env
+
+
+class Process:
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._file = log.open("wb")
+        # Own process group: SIGKILL of the group kills pool children too.
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._file, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no cleanup, no lock release, no message restore."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._file.close()
+
+
+@contextmanager
+def beat(settings: Settings, tmp: Path, name: str = "beat") -> Iterator[Process]:
+    argv = [CELERY, "-A", "celeryapp", "beat", "-l", "INFO", "--schedule", str(tmp / f"{name}-schedule")]
+    process = Process(argv, settings_env(settings), tmp / f"{name}.log")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@contextmanager
+def worker(settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2) -> Iterator[Process]:
+    argv = [CELERY, "-A", "celeryapp", "worker", "-l", "INFO", "-P", "prefork", "-c", str(concurrency),
+            "-n", f"{name}@%h", "--without-mingle", "--without-gossip"]  # fmt: skip
+    process = Process(argv, settings_env(settings), tmp / f"{name}.log")
+    try:
+        yield process
+    finally:
+        process.stop()

@@ -45,16 +45,16 @@ class Cadence:
             assert self.every_s is not None
             step = timedelta(seconds=self.every_s)
             k = math.floor((now - self.anchor) / step)
-            slot = self.anchor + step * k
-            return slot if slot > since and slot <= now else None
+            latest = self.anchor + step * k
+            return latest if since < latest <= now else None
         # Look back over a growing window rather than walking every missed slot from ``since``:
         # a minutely schedule after a month of downtime would otherwise walk 43,200 slots.
         window = LOOKBACK_START
         while True:
             start = max(since, now - window)
-            slot = self._last_in(start, now)
-            if slot is not None or start == since:
-                return slot
+            found = self._last_in(start, now)
+            if found is not None or start == since:
+                return found
             window *= 4
 
     def _last_in(self, start: datetime, end: datetime) -> datetime | None:

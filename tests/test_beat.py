@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ def test_beat_fires_interval_schedules_with_one_execution_per_slot(
     nominal = [s.nominal_at for s in fired]
     assert len(nominal) == len(set(nominal)) and all(n is not None for n in nominal)
     # Anchored slots: consecutive fires are whole intervals apart.
-    gaps = {round((b - a).total_seconds(), 3) for a, b in zip(nominal, nominal[1:], strict=False) if a and b}
+    gaps = {round((b - a).total_seconds(), 3) for a, b in itertools.pairwise(nominal) if a and b}
     assert gaps <= {1.0, 2.0, 3.0}
 
 

@@ -19,9 +19,10 @@ from celery.worker import state as worker_state
 from sqlalchemy import create_engine, text
 
 from celeryapp import app as chordbeat_app
+from celeryapp import keys
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.redis_client import reset_clients
+from celeryapp.redis_client import get_redis, reset_clients
 from models.migrate import upgrade
 from models.session import dispose_all
 from tests.servers import PostgresServer, RedisServer, wait_for
@@ -125,6 +126,10 @@ def worker(app: ChordbeatCelery) -> Iterator[Any]:
         app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30, loglevel="WARNING"
     ) as w:
         yield w
+        # Let steps still running (a cancelled one stopping, say) finish against this test's
+        # database before the settings change under them.
+        client = get_redis(app.settings.broker_url)
+        wait_for(lambda: not client.keys(f"{keys.PREFIX}:hb:*"), 20, what="running steps to end")
 
 
 @pytest.fixture

@@ -75,8 +75,22 @@ def beat(settings: Settings, tmp: Path, name: str = "beat") -> Iterator[Process]
 
 @contextmanager
 def worker(settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2) -> Iterator[Process]:
-    argv = [CELERY, "-A", "celeryapp", "worker", "-l", "INFO", "-P", "prefork", "-c", str(concurrency),
-            "-n", f"{name}@%h", "--without-mingle", "--without-gossip"]  # fmt: skip
+    argv = [
+        CELERY,
+        "-A",
+        "celeryapp",
+        "worker",
+        "-l",
+        "INFO",
+        "-P",
+        "prefork",
+        "-c",
+        str(concurrency),
+        "-n",
+        f"{name}@%h",
+        "--without-mingle",
+        "--without-gossip",
+    ]
     process = Process(argv, settings_env(settings), tmp / f"{name}.log")
     try:
         yield process

@@ -104,3 +104,47 @@ def test_two_beats_fire_each_slot_once_and_a_killed_holder_is_replaced(
     assert len({e.run_key for e in runs}) == len(runs)
     fired = [s.nominal_at for s in slots(app) if s.outcome is SlotOutcome.FIRED]
     assert len(fired) == len(set(fired)) == len(runs)
+
+
+def schedule_of(client: Celery, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = call(client, "chordbeat.get_schedule", name=name)
+    return result
+
+
+def test_failures_are_retried_with_backoff_then_the_schedule_dies(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "flaky", "every": 1, "max_retries": 2, "steps": [step("s", "chordbeat.examples.fail")]},
+    )
+    with processes.beat(settings, tmp_path):
+        wait_for(lambda: schedule_of(client, "flaky")["status"] == "dead", 40, interval=0.2, what="dead")
+    runs = executions(app)
+    assert [e.trigger.value for e in runs] == ["interval", "retry", "retry"]
+    assert all(e.status.value == "failed" for e in runs)
+    # Backoff: retry 1 after 1 s (base = every), retry 2 after 2 s.
+    gaps = [(b.started_at - a.completed_at).total_seconds() for a, b in itertools.pairwise(runs) if a.completed_at]
+    assert 0.9 <= gaps[0] < 2.5 and 1.9 <= gaps[1] < 3.5, gaps
+    schedule = schedule_of(client, "flaky")
+    assert schedule["error_count"] == 3 and schedule["next_run_at"] is None
+    assert not entry_exists(app, "flaky")
+    # Regular slots that came due while a retry was pending are recorded as replaced by it.
+    assert {s.outcome for s in slots(app)} <= {SlotOutcome.FIRED, SlotOutcome.RETRY}
+
+
+def test_total_repeats_ends_the_schedule_as_done(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "twice", "every": 1, "total_repeats": 2, "steps": [step("s")]},
+    )
+    with processes.beat(settings, tmp_path):
+        wait_for(lambda: schedule_of(client, "twice")["status"] == "done", 30, interval=0.2, what="done")
+    schedule = schedule_of(client, "twice")
+    assert schedule["run_count"] == 2 and schedule["next_run_at"] is None
+    assert not entry_exists(app, "twice")
+    assert [e.status.value for e in executions(app)] == ["completed", "completed"]

@@ -136,3 +136,40 @@ def test_duplicate_callbacks_and_redelivered_step_messages_change_nothing(
     assert execution(client, execution_id) == done
     schedule = call(client, "chordbeat.get_schedule", name="dupes")
     assert schedule["run_count"] == 1
+
+
+def test_buffer_one_keeps_one_run_for_when_the_active_one_ends(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "buf", "every": 60, "overlap": "buffer_one", "steps": [slow("wait", 0.5)]},
+    )
+    first = call(client, "chordbeat.trigger_schedule", name="buf")["execution_id"]
+    for _ in range(2):
+        skipped = call(client, "chordbeat.trigger_schedule", name="buf")
+        assert skipped == {"execution_id": None, "skipped": f"buffered: execution {first} is in progress"}
+    assert finished(client, first)["status"] == "completed"
+    runs = wait_for(
+        lambda: [e for e in call(client, "chordbeat.list_executions") if e["id"] != first], 10, what="the buffered run"
+    )
+    assert isinstance(runs, list) and len(runs) == 1
+    assert finished(client, runs[0]["id"])["status"] == "completed"
+    assert len(call(client, "chordbeat.list_executions")) == 2
+
+
+def test_cancel_previous_cancels_the_active_run_and_starts(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "fresh", "every": 60, "overlap": "cancel_previous", "steps": [slow("wait", 30)]},
+    )
+    first = call(client, "chordbeat.trigger_schedule", name="fresh")["execution_id"]
+    running(client, first, "wait")
+    second = call(client, "chordbeat.trigger_schedule", name="fresh")["execution_id"]
+    assert second is not None and second != first
+    old = execution(client, first)
+    assert old["status"] == "cancelled" and old["error"] == "cancelled: a new run started"
+    running(client, second, "wait")
+    call(client, "chordbeat.cancel_execution", execution_id=second)

@@ -12,10 +12,25 @@ from tests.conftest import call
 from tests.test_lifecycle import finished, step
 
 SCHEDULE_KEYS = {
-    "name", "cron", "timezone", "enabled", "overlap", "max_retries", "retry_delay", "total_repeats", "timeout",
-    "payload", "steps", "status", "run_count", "error_count", "current_retry", "last_error", "last_run_at",
+    "name",
+    "cron",
+    "timezone",
+    "enabled",
+    "overlap",
+    "max_retries",
+    "retry_delay",
+    "total_repeats",
+    "timeout",
+    "payload",
+    "steps",
+    "status",
+    "run_count",
+    "error_count",
+    "current_retry",
+    "last_error",
+    "last_run_at",
     "next_run_at",
-}  # fmt: skip
+}
 
 
 def test_schedule_crud_pause_and_resume(app: ChordbeatCelery, worker: Any, client: Celery) -> None:

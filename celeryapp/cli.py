@@ -1,14 +1,26 @@
-"""The ``chordbeat`` command."""
+"""The ``chordbeat`` command: operations through the same service tasks other services call.
+
+``db upgrade`` and ``apply`` work on the database directly: they run before any worker exists
+(deploy jobs, ``make run``). ``health`` reads local liveness files.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
+import time
+from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import click
+from rich.console import Console, Group
+from rich.table import Table
 
 from celeryapp.errors import ChordbeatError
+
+console = Console()
 
 
 def _app() -> Any:
@@ -18,8 +30,28 @@ def _app() -> Any:
     return app
 
 
+def _client() -> Any:
+    from celeryapp.client import ChordbeatClient
+
+    settings = _app().settings
+    return ChordbeatClient(settings.broker_url, settings.result_backend)
+
+
+def _call(method: str, *args: Any, **kwargs: Any) -> Any:
+    client = _client()
+    try:
+        return getattr(client, method)(*args, **kwargs)
+    except Exception as exc:  # the worker's message names what is wrong
+        raise click.ClickException(str(exc)) from None
+    finally:
+        client.close()
+
+
 def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=False))
+    click.echo(json.dumps(value, indent=2))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
 @click.group()
@@ -41,26 +73,261 @@ def db_upgrade() -> None:
     """Create or migrate the schema (idempotent)."""
     from models.migrate import upgrade
 
-    app = _app()
-    upgrade(app.settings.database_url)
+    upgrade(_app().settings.database_url)
     click.echo("database is up to date")
 
 
 @main.command("apply")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the diff as JSON.")
+@json_option
 def apply_cmd(path: str, dry_run: bool, as_json: bool) -> None:
     """Apply a declarative schedule file (file schedules override stored ones)."""
     from celeryapp.schedule_file import apply_file
 
-    app = _app()
     try:
-        diff = apply_file(app, path, dry_run=dry_run)
+        diff = apply_file(_app(), path, dry_run=dry_run)
     except ChordbeatError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
         _echo_json({"dry_run": dry_run, **diff.as_json()})
         return
-    prefix = "would change" if dry_run else "applied"
-    click.echo(f"{prefix}: {diff.summary()}")
+    for label, names, style in (("+", diff.added, "green"), ("~", diff.changed, "yellow"), ("-", diff.removed, "red")):
+        for name in names:
+            console.print(f"[{style}]{label} {name}[/{style}]")
+    click.echo(f"{'would change' if dry_run else 'applied'}: {diff.summary()}")
+
+
+def upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
+    """The schedule's next fire times, in its own time zone."""
+    from celeryapp.cron import CronExpression
+
+    zone = ZoneInfo(schedule["timezone"])
+    first = schedule.get("next_run_at")
+    if first is None:
+        return []
+    start = datetime.fromisoformat(first.replace("Z", "+00:00"))
+    if schedule.get("cron"):
+        times = [start, *CronExpression.parse(schedule["cron"]).upcoming(start, zone, count - 1)]
+    else:
+        times = [start + timedelta(seconds=schedule["every"] * i) for i in range(count)]
+    return [t.astimezone(zone) for t in times[:count]]
+
+
+@main.command("list")
+@json_option
+def list_cmd(as_json: bool) -> None:
+    """List schedules."""
+    schedules = _call("list_schedules")
+    if as_json:
+        _echo_json(schedules)
+        return
+    table = Table("name", "when", "status", "runs", "errors", "next run")
+    for s in schedules:
+        when = f"cron {s['cron']} {s['timezone']}" if s.get("cron") else f"every {s['every']}s"
+        table.add_row(s["name"], when, s["status"], str(s["run_count"]), str(s["error_count"]), s["next_run_at"] or "-")
+    console.print(table)
+
+
+@main.command("show")
+@click.argument("name")
+@json_option
+def show_cmd(name: str, as_json: bool) -> None:
+    """A schedule: definition, status, next fire times, recent executions and slots."""
+    schedule = _call("get_schedule", name)
+    executions = _call("list_executions", schedule=name, limit=10)
+    slots = _call("list_slots", name, limit=10)
+    if as_json:
+        _echo_json(
+            {
+                "schedule": schedule,
+                "next": [t.isoformat() for t in upcoming(schedule, 5)],
+                "executions": executions,
+                "slots": slots,
+            }
+        )
+        return
+    console.print(
+        f"[bold]{name}[/bold]  {schedule['status']}  runs {schedule['run_count']}, "
+        f"errors {schedule['error_count']}, retry {schedule['current_retry']}"
+    )
+    if schedule["last_error"]:
+        console.print(f"last error: [red]{schedule['last_error']}[/red]")
+    console.print_json(
+        json.dumps({k: schedule[k] for k in ("cron", "every", "timezone", "overlap", "steps") if k in schedule})
+    )
+    console.print("next: " + ", ".join(t.isoformat() for t in upcoming(schedule, 5)) or "-")
+    table = Table("id", "trigger", "status", "started", "error", title="recent executions")
+    for e in executions:
+        table.add_row(str(e["id"]), e["trigger"], e["status"], e["started_at"], e["error"] or "")
+    console.print(table)
+    table = Table("nominal", "trigger", "outcome", "execution", "detail", title="recent slots")
+    for s in slots:
+        table.add_row(
+            s["nominal_at"] or "-", s["trigger"], s["outcome"], str(s["execution_id"] or "-"), s["detail"] or ""
+        )
+    console.print(table)
+
+
+@main.command("next")
+@click.argument("name")
+@click.option("-n", "count", default=10, show_default=True, type=click.IntRange(1, 1000))
+@json_option
+def next_cmd(name: str, count: int, as_json: bool) -> None:
+    """The coming fire times, in the schedule's zone with their UTC offsets."""
+    times = upcoming(_call("get_schedule", name), count)
+    if as_json:
+        _echo_json([t.isoformat() for t in times])
+        return
+    for t in times:
+        click.echo(f"{t.isoformat()}  ({t.tzname()})")
+
+
+def _group_table(execution: dict[str, Any]) -> Table:
+    table = Table("group", "step", "state", "attempt", title=f"execution {execution['id']}: {execution['status']}")
+    for a in execution["activities"]:
+        table.add_row(str(a["step_index"]), a["step"], a["status"], str(a["attempt"]))
+    for t in execution["tasks"]:
+        table.add_row(str(t["step_index"]), t["step"], t["status"], str(t["attempt"]))
+    return table
+
+
+def _watch(execution_id: int) -> dict[str, Any]:
+    """Live view until the run ends: a progress bar per step group and each step's state."""
+    from rich.live import Live
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    client = _client()
+    try:
+        first = client.get_execution(execution_id)
+        groups = sorted(
+            {a["step_index"] for a in first["activities"]} | {t["step_index"] for t in first["tasks"]}
+        )
+        sizes = {
+            g: sum(1 for t in first["tasks"] if t["step_index"] == g)
+            + sum(1 for a in first["activities"] if a["step_index"] == g and a["attempt"] == 1)
+            for g in groups
+        }
+        progress = Progress(
+            TextColumn("group {task.fields[group]}"), BarColumn(), TextColumn("{task.completed}/{task.total}")
+        )
+        bars = {g: progress.add_task("", total=sizes[g], group=g) for g in groups}
+        with Live(progress, console=console, refresh_per_second=8, transient=False) as live:
+            while True:
+                execution: dict[str, Any] = client.get_execution(execution_id)
+                for g in groups:
+                    done = {
+                        a["step"]
+                        for a in execution["activities"]
+                        if a["step_index"] == g and a["status"] != "in_progress"
+                    }
+                    pending = {t["step"] for t in execution["tasks"] if t["step_index"] == g}
+                    progress.update(bars[g], completed=len(done - pending))
+                live.update(Group(progress, _group_table(execution)))
+                if execution["status"] != "in_progress":
+                    return execution
+                time.sleep(0.25)
+    finally:
+        client.close()
+
+
+@main.command("run")
+@click.argument("name")
+@click.option("--payload", default=None, help="JSON object merged into the schedule's payload.")
+@click.option("--wait", is_flag=True, help="Show live progress; exit 0 only if the run completes.")
+@json_option
+def run_cmd(name: str, payload: str | None, wait: bool, as_json: bool) -> None:
+    """Start a run now."""
+    try:
+        data = json.loads(payload) if payload else None
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
+    started = _call("trigger_schedule", name, payload=data)
+    if started.get("execution_id") is None:
+        if as_json:
+            _echo_json(started)
+        raise click.ClickException(f"not started: {started['skipped']}")
+    if not wait:
+        _echo_json(started) if as_json else click.echo(f"execution {started['execution_id']} started")
+        return
+    execution = _watch(started["execution_id"]) if not as_json else _wait_quietly(started["execution_id"])
+    if as_json:
+        _echo_json(execution)
+    elif execution["error"]:
+        console.print(f"[red]{execution['error']}[/red]")
+    sys.exit(0 if execution["status"] == "completed" else 1)
+
+
+def _wait_quietly(execution_id: int) -> dict[str, Any]:
+    while True:
+        execution: dict[str, Any] = _call("get_execution", execution_id)
+        if execution["status"] != "in_progress":
+            return execution
+        time.sleep(0.25)
+
+
+@main.command("executions")
+@click.option("--schedule", default=None)
+@click.option("--status", default=None)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
+@json_option
+def executions_cmd(schedule: str | None, status: str | None, limit: int, as_json: bool) -> None:
+    """Recent executions, newest first."""
+    executions = _call("list_executions", schedule=schedule, status=status, limit=limit)
+    if as_json:
+        _echo_json(executions)
+        return
+    table = Table("id", "schedule", "trigger", "status", "step", "started", "error")
+    for e in executions:
+        table.add_row(
+            str(e["id"]),
+            e["schedule"],
+            e["trigger"],
+            e["status"],
+            str(e["current_step_index"]),
+            e["started_at"],
+            e["error"] or "",
+        )
+    console.print(table)
+
+
+@main.command("cancel")
+@click.argument("execution_id", type=int)
+@json_option
+def cancel_cmd(execution_id: int, as_json: bool) -> None:
+    """Cancel a running execution."""
+    execution = _call("cancel_execution", execution_id)
+    _echo_json(execution) if as_json else click.echo(f"execution {execution_id}: {execution['status']}")
+
+
+@main.command("pause")
+@click.argument("name")
+@json_option
+def pause_cmd(name: str, as_json: bool) -> None:
+    """Pause a schedule (runs already on their way do nothing)."""
+    schedule = _call("pause_schedule", name)
+    _echo_json(schedule) if as_json else click.echo(f"{name}: {schedule['status']}")
+
+
+@main.command("resume")
+@click.argument("name")
+@json_option
+def resume_cmd(name: str, as_json: bool) -> None:
+    """Resume a paused schedule from its next slot (no make-up runs)."""
+    schedule = _call("resume_schedule", name)
+    _echo_json(schedule) if as_json else click.echo(f"{name}: {schedule['status']}, next {schedule['next_run_at']}")
+
+
+@main.command("health")
+@click.argument("process", type=click.Choice(["worker", "beat"]))
+def health_cmd(process: str) -> None:
+    """Exit non-zero when the process's liveness file is stale or missing (for healthchecks)."""
+    from celeryapp.config import Settings
+    from celeryapp.health import STALE_AFTER_S, age_s
+
+    age = age_s(Settings.from_env(), process)
+    limit = STALE_AFTER_S[process]
+    if age is None or age > limit:
+        click.echo(f"{process}: unhealthy ({'no liveness file' if age is None else f'last beat {age:.0f}s ago'})")
+        sys.exit(1)
+    click.echo(f"{process}: healthy (last beat {age:.1f}s ago)")

@@ -11,19 +11,21 @@ from typing import Any
 from sqlalchemy import select, update
 
 from celeryapp.app import ChordbeatCelery
+from celeryapp.beat_entries import cadence_of
 from celeryapp.definition import parse_definition
 from celeryapp.dispatch import apply_effects
 from celeryapp.errors import InvalidTransition, NotFound
 from celeryapp.lifecycle import Effects, start_execution
 from celeryapp.lifecycle import cancel_execution as cancel_in_db
-from celeryapp.store import definition_of, find_schedule, next_fire_after, upsert_schedule
-from celeryapp.views import execution_json, schedule_json
+from celeryapp.store import find_schedule, upsert_schedule
+from celeryapp.views import execution_json, iso, schedule_json
 from models import (
     ExecutionStatus,
     Schedule,
     ScheduleExecution,
     ScheduleSource,
     ScheduleStatus,
+    SlotRecord,
     Trigger,
     transaction,
     utcnow,
@@ -100,7 +102,7 @@ def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
                 session,
                 update(Schedule)
                 .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.PAUSED)
-                .values(status=ScheduleStatus.ACTIVE, next_run_at=next_fire_after(definition_of(schedule), now)),
+                .values(status=ScheduleStatus.ACTIVE, next_run_at=cadence_of(schedule).slot_after(now)),
             )
             if not resumed:
                 raise InvalidTransition(
@@ -154,8 +156,7 @@ def list_executions(
             status = ExecutionStatus(status).value
         except ValueError:
             raise ValueError(f"status: must be one of {', '.join(s.value for s in ExecutionStatus)}") from None
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
-        raise ValueError(f"limit: must be an integer between 1 and {MAX_LIST_LIMIT}")
+    _check_limit(limit)
     query = select(ScheduleExecution).order_by(ScheduleExecution.id.desc()).limit(limit)
     if schedule is not None:
         query = query.where(ScheduleExecution.schedule_name == schedule)
@@ -163,6 +164,34 @@ def list_executions(
         query = query.where(ScheduleExecution.status == ExecutionStatus(status))
     with transaction(app.settings.database_url) as session:
         return [execution_json(session, e) for e in session.scalars(query).all()]
+
+
+def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[str, Any]]:
+    """What became of the schedule's recent due times, newest first: why a run did or did not happen."""
+    _check_limit(limit)
+    with transaction(app.settings.database_url) as session:
+        rows = session.scalars(
+            select(SlotRecord).where(SlotRecord.schedule_name == name).order_by(SlotRecord.id.desc()).limit(limit)
+        ).all()
+        if not rows:
+            find_schedule(session, name)
+        return [
+            {
+                "schedule": r.schedule_name,
+                "nominal_at": iso(r.nominal_at),
+                "trigger": r.trigger.value,
+                "outcome": r.outcome.value,
+                "execution_id": r.execution_id,
+                "detail": r.detail,
+                "recorded_at": iso(r.recorded_at),
+            }
+            for r in rows
+        ]
+
+
+def _check_limit(limit: Any) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
+        raise ValueError(f"limit: must be an integer between 1 and {MAX_LIST_LIMIT}")
 
 
 __all__ = [
@@ -173,6 +202,7 @@ __all__ = [
     "get_schedule",
     "list_executions",
     "list_schedules",
+    "list_slots",
     "pause_schedule",
     "resume_schedule",
     "trigger_schedule",

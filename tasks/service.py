@@ -55,3 +55,8 @@ def get_execution(execution_id: int) -> dict[str, Any]:
 @app.task(name="chordbeat.list_executions")
 def list_executions(schedule: str | None = None, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     return service.list_executions(app, schedule, status, limit)
+
+
+@app.task(name="chordbeat.list_slots")
+def list_slots(name: str, limit: int = 50) -> list[dict[str, Any]]:
+    return service.list_slots(app, name, limit)

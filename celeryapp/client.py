@@ -1,0 +1,88 @@
+"""A small typed client for other Python services: calls chordbeat's tasks by name.
+
+It needs only ``celery`` (it imports nothing else from this project at run time)::
+
+    from celeryapp.client import ChordbeatClient
+
+    chordbeat = ChordbeatClient(broker_url="redis://…", backend_url="redis://…")
+    run = chordbeat.trigger_schedule("nightly-hr-sync", payload={"initiator": "hr"})
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+#: Queue the service tasks are consumed from by every worker (Celery's default queue).
+SERVICE_QUEUE = "celery"
+DEFAULT_TIMEOUT_S = 30.0
+
+Json = dict[str, Any]
+
+
+class ChordbeatClient:
+    """Calls the contract's service tasks and waits for their JSON answers.
+
+    Errors raised by a task (an invalid definition, an unknown name) are raised here with the
+    worker's message, which names the field and the reason.
+    """
+
+    def __init__(
+        self,
+        broker_url: str | None = None,
+        backend_url: str | None = None,
+        *,
+        app: Celery | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        if app is None:
+            app = Celery("chordbeat-client", broker=broker_url, backend=backend_url or broker_url, set_as_current=False)
+            app.conf.update(task_serializer="json", accept_content=["json"], result_accept_content=["json"])
+        self.app = app
+        self.timeout_s = timeout_s
+
+    def call(self, task: str, **kwargs: Any) -> Any:
+        result = self.app.send_task(task, kwargs=kwargs, queue=SERVICE_QUEUE)
+        try:
+            return result.get(timeout=self.timeout_s)
+        finally:
+            result.forget()
+
+    def apply_schedule(self, definition: Json) -> Json:
+        return self.call("chordbeat.apply_schedule", definition=definition)  # type: ignore[no-any-return]
+
+    def delete_schedule(self, name: str) -> Json:
+        return self.call("chordbeat.delete_schedule", name=name)  # type: ignore[no-any-return]
+
+    def get_schedule(self, name: str) -> Json:
+        return self.call("chordbeat.get_schedule", name=name)  # type: ignore[no-any-return]
+
+    def list_schedules(self) -> list[Json]:
+        return self.call("chordbeat.list_schedules")  # type: ignore[no-any-return]
+
+    def pause_schedule(self, name: str) -> Json:
+        return self.call("chordbeat.pause_schedule", name=name)  # type: ignore[no-any-return]
+
+    def resume_schedule(self, name: str) -> Json:
+        return self.call("chordbeat.resume_schedule", name=name)  # type: ignore[no-any-return]
+
+    def trigger_schedule(self, name: str, payload: Json | None = None) -> Json:
+        return self.call("chordbeat.trigger_schedule", name=name, payload=payload)  # type: ignore[no-any-return]
+
+    def cancel_execution(self, execution_id: int) -> Json:
+        return self.call("chordbeat.cancel_execution", execution_id=execution_id)  # type: ignore[no-any-return]
+
+    def get_execution(self, execution_id: int) -> Json:
+        return self.call("chordbeat.get_execution", execution_id=execution_id)  # type: ignore[no-any-return]
+
+    def list_executions(self, schedule: str | None = None, status: str | None = None, limit: int = 50) -> list[Json]:
+        return self.call(  # type: ignore[no-any-return]
+            "chordbeat.list_executions", schedule=schedule, status=status, limit=limit
+        )
+
+    def list_slots(self, name: str, limit: int = 50) -> list[Json]:
+        return self.call("chordbeat.list_slots", name=name, limit=limit)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.app.close()

@@ -23,6 +23,8 @@ REDBEAT_LOCK_TIMEOUT_S = 30
 VISIBILITY_TIMEOUT_S = 6 * 3600
 #: Seconds between two repairs of beat entries from the database.
 RECONCILE_INTERVAL_S = 60.0
+#: Seconds between two housekeeping passes.
+HOUSEKEEPING_INTERVAL_S = 3600.0
 
 
 class ChordbeatCelery(Celery):  # type: ignore[misc]
@@ -78,6 +80,16 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                 "schedule": RECONCILE_INTERVAL_S,
                 "options": {"queue": CONTROL_QUEUE, "expires": RECONCILE_INTERVAL_S},
             },
+            "chordbeat-recover": {
+                "task": "chordbeat.recover",
+                "schedule": settings.recovery_interval_s,
+                "options": {"queue": CONTROL_QUEUE, "expires": settings.recovery_interval_s},
+            },
+            "chordbeat-housekeeping": {
+                "task": "chordbeat.housekeeping",
+                "schedule": HOUSEKEEPING_INTERVAL_S,
+                "options": {"queue": CONTROL_QUEUE, "expires": HOUSEKEEPING_INTERVAL_S},
+            },
         },
         "beat_max_loop_interval": BEAT_MAX_LOOP_INTERVAL_S,
         "redbeat_redis_url": settings.redbeat_url,
@@ -90,4 +102,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 def create_app(settings: Settings | None = None) -> ChordbeatCelery:
     app = ChordbeatCelery("chordbeat", include=list(TASK_MODULES), set_as_current=True)
     app.apply_settings(settings or Settings.from_env())
+    from celeryapp.signals import HealthStep
+
+    app.steps["consumer"].add(HealthStep)
     return app

@@ -200,9 +200,7 @@ def _watch(execution_id: int) -> dict[str, Any]:
     client = _client()
     try:
         first = client.get_execution(execution_id)
-        groups = sorted(
-            {a["step_index"] for a in first["activities"]} | {t["step_index"] for t in first["tasks"]}
-        )
+        groups = sorted({a["step_index"] for a in first["activities"]} | {t["step_index"] for t in first["tasks"]})
         sizes = {
             g: sum(1 for t in first["tasks"] if t["step_index"] == g)
             + sum(1 for a in first["activities"] if a["step_index"] == g and a["attempt"] == 1)

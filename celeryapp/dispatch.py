@@ -9,6 +9,7 @@ from celery import Celery, chord
 from celery.canvas import Signature
 
 from celeryapp import keys
+from celeryapp.app import VISIBILITY_TIMEOUT_S
 from celeryapp.lifecycle import Effects, GroupDispatch, StepDispatch
 from celeryapp.redis_client import get_redis
 
@@ -18,6 +19,8 @@ RUN_STEP = "chordbeat.run_step"
 ADVANCE = "chordbeat.advance_execution"
 #: How long a cancel flag outlives the cancel: longer than any message can wait for a worker.
 CANCEL_FLAG_TTL_S = 7 * 24 * 3600
+#: A dispatch marker lives as long as the broker may keep the message unacked.
+MARKER_TTL_S = VISIBILITY_TIMEOUT_S
 
 
 def _runner(app: Celery, step: StepDispatch) -> Signature:
@@ -35,16 +38,22 @@ def _advance(app: Celery, group: GroupDispatch) -> Signature:
 
 
 def send_group(app: Celery, group: GroupDispatch) -> None:
-    if not group.steps:
-        # Nothing left to run in this group (all re-queued elsewhere): just check advancement.
-        _advance(app, group).apply_async()
-        return
     if group.requeue:
+        # The group's chord already fired or is gone: each attempt advances by itself when done.
         for step in group.steps:
             _runner(app, step).apply_async(link=_advance(app, group))
-        return
-    # The chord body is the advancement check; runners never fail, so it always runs.
-    chord([_runner(app, step) for step in group.steps], _advance(app, group)).apply_async()
+    else:
+        # The chord body is the advancement check; runners never fail, so it always runs.
+        chord([_runner(app, step) for step in group.steps], _advance(app, group)).apply_async()
+    _mark_sent(app, group)
+
+
+def _mark_sent(app: Celery, group: GroupDispatch) -> None:
+    """Markers after publishing: a queued attempt without one is re-sent by recovery."""
+    with get_redis(app.settings.broker_url).pipeline(transaction=False) as pipe:
+        for step in group.steps:
+            pipe.set(keys.dispatch_marker_key(step.worker_task_id, step.attempt), "1", ex=MARKER_TTL_S)
+        pipe.execute()
 
 
 def apply_effects(app: Celery, effects: Effects) -> None:

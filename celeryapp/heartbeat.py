@@ -29,10 +29,21 @@ class StepWatch:
     Python bytecode, so a step blocked in a long C call stops when that call returns.
     """
 
-    def __init__(self, client: redis.Redis, *, heartbeat_key: str, cancel_key: str, ttl_s: float) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        heartbeat_key: str,
+        cancel_key: str,
+        ttl_s: float,
+        timeout_s: float | None = None,
+        done_keys: tuple[str, ...] = (),
+    ) -> None:
         self._client = client
         self._heartbeat_key = heartbeat_key
         self._cancel_key = cancel_key
+        self._deadline = time.monotonic() + timeout_s if timeout_s else None
+        self._done_keys = done_keys
         self._ttl_ms = int(ttl_s * 1000)
         self._refresh_s = ttl_s / 3
         self._target = threading.get_ident()
@@ -41,6 +52,7 @@ class StepWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chordbeat-step-watch", daemon=True)
         self.cancelled = False
+        self.timed_out = False
 
     def __enter__(self) -> StepWatch:
         self._beat()
@@ -60,7 +72,7 @@ class StepWatch:
         self._stop.set()
         self._thread.join()
         try:
-            self._client.delete(self._heartbeat_key)
+            self._client.delete(self._heartbeat_key, *self._done_keys)
         except redis.RedisError:
             logger.warning("could not delete heartbeat key %s; it expires by itself", self._heartbeat_key)
 
@@ -73,6 +85,10 @@ class StepWatch:
     def _run(self) -> None:
         last_beat = time.monotonic()
         while not self._stop.wait(CANCEL_POLL_S):
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                # Also in thread pools and inside code that swallows the soft time limit.
+                self._fire("timed_out")
+                return
             if time.monotonic() - last_beat >= self._refresh_s:
                 self._beat()
                 last_beat = time.monotonic()
@@ -81,9 +97,12 @@ class StepWatch:
             except redis.RedisError:
                 continue
             if cancelled:
-                with self._lock:
-                    if self._armed:
-                        self.cancelled = True
-                        self._armed = False
-                        _interrupt(self._target)
+                self._fire("cancelled")
                 return
+
+    def _fire(self, why: str) -> None:
+        with self._lock:
+            if self._armed:
+                setattr(self, why, True)
+                self._armed = False
+                _interrupt(self._target)

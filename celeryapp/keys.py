@@ -18,6 +18,12 @@ def heartbeat_key(worker_task_id: int, attempt: int) -> str:
     return f"{PREFIX}:hb:{worker_task_id}:{attempt}"
 
 
+def dispatch_marker_key(worker_task_id: int, attempt: int) -> str:
+    """Set when an attempt's message is published; its absence for a queued attempt means the
+    message never left or Redis lost it, and recovery sends it again."""
+    return f"{PREFIX}:sent:{worker_task_id}:{attempt}"
+
+
 def cancel_key(execution_id: int) -> str:
     """Key whose presence tells running steps of an execution to stop."""
     return f"{PREFIX}:cancel:{execution_id}"

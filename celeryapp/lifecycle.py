@@ -242,6 +242,11 @@ def _overlapped(
 # --- steps ------------------------------------------------------------------------------------
 
 
+def _spec_of(execution: ScheduleExecution, task: WorkerTask) -> StepSpec:
+    """The step as it was when the run started (from the execution's plan)."""
+    return next(StepSpec.from_json(s) for s in execution.plan[task.step_index] if s["name"] == task.step_name)
+
+
 @dataclass(frozen=True)
 class Claim:
     """A step attempt a runner now owns."""
@@ -280,7 +285,7 @@ def claim_step(session: Session, worker_task_id: int, attempt: int, *, node: str
         return None
     task = session.get_one(WorkerTask, worker_task_id)
     execution = session.get_one(ScheduleExecution, task.execution_id)
-    spec = next(StepSpec.from_json(s) for s in execution.plan[task.step_index] if s["name"] == task.step_name)
+    spec = _spec_of(execution, task)
     activity = Activity(
         execution_id=execution.id,
         step_index=task.step_index,
@@ -520,3 +525,69 @@ def cancel_execution(
     effects.cancelled.append(execution_id)
     effects.revoke += [keys.runner_task_id(execution_id, i, a) for i, a in running]
     return effects
+
+
+# --- recovery ---------------------------------------------------------------------------------
+
+
+def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reason: str, now: datetime) -> Effects:
+    """An attempt's worker is gone: fail its activity, then run it again or, out of attempts, fail it.
+
+    Fenced by the attempt number, so a late message of the interrupted attempt finds nothing to
+    claim, and two recoveries racing each other requeue once.
+    """
+    task = session.get(WorkerTask, worker_task_id)
+    if task is None or task.attempt != attempt or task.status is not WorkerTaskStatus.PROCESSING:
+        return Effects()
+    execution = session.get_one(ScheduleExecution, task.execution_id)
+    spec = _spec_of(execution, task)
+    session.execute(
+        update(Activity)
+        .where(
+            Activity.execution_id == execution.id,
+            Activity.step_name == task.step_name,
+            Activity.attempt == attempt,
+            Activity.status == ActivityStatus.IN_PROGRESS,
+        )
+        .values(status=ActivityStatus.FAILED_WITH_ERROR, completed_at=now, error=reason)
+    )
+    fenced = (
+        WorkerTask.id == worker_task_id,
+        WorkerTask.attempt == attempt,
+        WorkerTask.status == WorkerTaskStatus.PROCESSING,
+    )
+    if attempt < spec.max_attempts:
+        moved = affected(
+            session,
+            update(WorkerTask)
+            .where(*fenced)
+            .values(status=WorkerTaskStatus.QUEUED, attempt=attempt + 1, node=None, started_at=None, queued_at=now),
+        )
+        if not moved:
+            return Effects()
+        logger.warning(
+            "step %r of execution %s: %s; re-queued as attempt %s", task.step_name, execution.id, reason, attempt + 1
+        )
+        step = StepDispatch(execution.id, worker_task_id, attempt + 1, spec)
+        return Effects(dispatch=[GroupDispatch(execution.id, task.step_index, (step,), requeue=True)])
+    if not affected(session, delete(WorkerTask).where(*fenced)):
+        return Effects()
+    logger.error("step %r of execution %s: %s; no attempts left", task.step_name, execution.id, reason)
+    return advance_execution(session, execution.id, task.step_index, now=now)
+
+
+def resend_queued(session: Session, worker_task_id: int, *, now: datetime) -> Effects:
+    """Send again a queued attempt whose message is gone (Redis lost data, or a crash before publish).
+
+    A second message for the same attempt is harmless: only one runner can claim it.
+    """
+    task = session.get(WorkerTask, worker_task_id)
+    if task is None or task.status is not WorkerTaskStatus.QUEUED:
+        return Effects()
+    execution = session.get_one(ScheduleExecution, task.execution_id)
+    if execution.status is not ExecutionStatus.IN_PROGRESS:
+        return Effects()
+    spec = _spec_of(execution, task)
+    session.execute(update(WorkerTask).where(WorkerTask.id == worker_task_id).values(queued_at=now))
+    step = StepDispatch(execution.id, worker_task_id, task.attempt, spec)
+    return Effects(dispatch=[GroupDispatch(execution.id, task.step_index, (step,), requeue=True)])

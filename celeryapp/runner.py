@@ -36,7 +36,19 @@ def _error_text(exc: BaseException) -> str:
     return text[:ERROR_CHARS]
 
 
-def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> tuple[ActivityStatus, str | None, str | None]:
+Outcome = tuple[ActivityStatus, str | None, str | None]
+
+
+def _timed_out(claim: Claim) -> Outcome:
+    return ActivityStatus.FAILED_WITH_ERROR, f"timed out after {claim.spec.timeout_s:g}s", None
+
+
+def _interrupted(claim: Claim, watch: StepWatch) -> Outcome:
+    """The watch interrupted the step: its timeout passed, or its execution was cancelled."""
+    return _timed_out(claim) if watch.timed_out else (ActivityStatus.CANCELLED, "cancelled", None)
+
+
+def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcome:
     """Run the step's task; return (status, error, message)."""
     task = app.tasks.get(claim.spec.task)
     try:
@@ -51,9 +63,9 @@ def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> tuple[
         finally:
             watch.disarm()
     except StepCancelled:
-        return ActivityStatus.CANCELLED, "cancelled", None
+        return _interrupted(claim, watch)
     except SoftTimeLimitExceeded:
-        return ActivityStatus.FAILED_WITH_ERROR, f"timed out after {claim.spec.timeout_s:g}s", None
+        return _timed_out(claim)
     except Exception as exc:  # the step's own failure, recorded as its outcome
         logger.info("step %r of execution %s failed: %s", claim.spec.name, claim.execution_id, exc)
         return ActivityStatus.FAILED_WITH_ERROR, _error_text(exc), None
@@ -112,13 +124,15 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         heartbeat_key=keys.heartbeat_key(worker_task_id, attempt),
         cancel_key=keys.cancel_key(claim.execution_id),
         ttl_s=settings.heartbeat_ttl_s,
+        timeout_s=claim.spec.timeout_s,
+        done_keys=(keys.dispatch_marker_key(worker_task_id, attempt),),
     )
     try:
         with watch:
             status, error, message = execute_step(app, claim, watch)
     except StepCancelled:
         # Landed between the step's return and the watch's stop.
-        status, error, message = ActivityStatus.CANCELLED, "cancelled", None
+        status, error, message = _interrupted(claim, watch)
     finally:
         _current.reset(token)
     recorded = _record(app, claim, status, error, message)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from celeryapp import app, beat_entries, firing
+from celeryapp import app, beat_entries, firing, recovery
 from celeryapp.dispatch import apply_effects
+from celeryapp.housekeeping import purge
 from celeryapp.lifecycle import advance_execution as advance_in_db
 from models import Trigger, transaction, utcnow
 
@@ -30,3 +31,22 @@ def reconcile_beat() -> dict[str, list[str]]:
     """Periodic repair of RedBeat entries from the database (both ways)."""
     changes = beat_entries.reconcile(app)
     return {"written": changes.written, "removed": changes.removed}
+
+
+@app.task(name="chordbeat.recover")
+def recover() -> dict[str, Any]:
+    """Periodic recovery: lost workers, lost messages, stuck executions, timeouts."""
+    report = recovery.recover(app)
+    return {
+        "requeued": report.requeued,
+        "resent": report.resent,
+        "unstuck": report.unstuck,
+        "timed_out": report.timed_out,
+        "redis_reset": report.redis_reset,
+    }
+
+
+@app.task(name="chordbeat.housekeeping")
+def housekeeping() -> dict[str, int]:
+    """Delete finished executions and slot records past the retention."""
+    return purge(app)

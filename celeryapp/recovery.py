@@ -1,0 +1,194 @@
+"""Recovery: nothing is lost or stuck when workers crash, messages vanish or Redis loses data.
+
+Runs periodically (``chordbeat.recover``) and when a worker starts. Every repair goes through the
+same compare-and-set transitions as normal work, so racing a slow worker or a second recovery is
+harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import redis
+from sqlalchemy import and_, exists, select
+
+from celeryapp import keys
+from celeryapp.app import ChordbeatCelery
+from celeryapp.dispatch import apply_effects
+from celeryapp.lifecycle import Effects, advance_execution, cancel_execution, requeue_attempt, resend_queued
+from celeryapp.redis_client import get_redis
+from models import ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction, utcnow
+
+logger = logging.getLogger(__name__)
+
+#: A queued attempt without a dispatch marker is re-sent only after this long (publish races).
+RESEND_GRACE_S = 5.0
+#: Executions with nothing queued or running are advanced after this long (the chord body is faster).
+STUCK_GRACE_S = 2.0
+#: Present while Redis keeps its data; its absence means Redis restarted empty or failed over.
+EPOCH_KEY = f"{keys.PREFIX}:epoch"
+
+
+@dataclass
+class RecoveryReport:
+    requeued: list[int] = field(default_factory=list)
+    resent: list[int] = field(default_factory=list)
+    unstuck: list[int] = field(default_factory=list)
+    timed_out: list[int] = field(default_factory=list)
+    redis_reset: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not (self.requeued or self.resent or self.unstuck or self.timed_out or self.redis_reset)
+
+
+def _apply(app: ChordbeatCelery, effects: Effects) -> None:
+    try:
+        apply_effects(app, effects)
+    except Exception:
+        # The database already says what must happen; the next pass sends it again.
+        logger.exception("recovery could not send its repairs; the next pass retries")
+
+
+def recover_stale_steps(
+    app: ChordbeatCelery, now: datetime, report: RecoveryReport, *, node: str | None = None
+) -> None:
+    """Re-queue processing attempts whose heartbeat expired (or, with ``node``, all of that node's)."""
+    settings = app.settings
+    query = select(WorkerTask.id, WorkerTask.attempt, WorkerTask.node).where(
+        WorkerTask.status == WorkerTaskStatus.PROCESSING
+    )
+    if node is not None:
+        query = query.where(WorkerTask.node == node)
+    else:
+        query = query.where(WorkerTask.started_at < now - timedelta(seconds=settings.heartbeat_ttl_s))
+    with transaction(settings.database_url) as session:
+        candidates = session.execute(query).all()
+    if not candidates:
+        return
+    if node is None:
+        client = get_redis(settings.broker_url)
+        with client.pipeline(transaction=False) as pipe:
+            for task_id, attempt, _node in candidates:
+                pipe.exists(keys.heartbeat_key(task_id, attempt))
+            alive = pipe.execute()
+        candidates = [c for c, beating in zip(candidates, alive, strict=True) if not beating]
+    for task_id, attempt, owner in candidates:
+        reason = f"worker lost: {owner} restarted" if node is not None else f"worker lost: no heartbeat from {owner}"
+        with transaction(settings.database_url) as session:
+            effects = requeue_attempt(session, task_id, attempt, reason=reason, now=now)
+        if effects.dispatch or effects.resync:
+            report.requeued.append(task_id)
+        _apply(app, effects)
+
+
+def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+    settings = app.settings
+    with transaction(settings.database_url) as session:
+        queued = session.execute(
+            select(WorkerTask.id, WorkerTask.attempt).where(
+                WorkerTask.status == WorkerTaskStatus.QUEUED,
+                WorkerTask.queued_at < now - timedelta(seconds=RESEND_GRACE_S),
+            )
+        ).all()
+    if not queued:
+        return
+    client = get_redis(settings.broker_url)
+    with client.pipeline(transaction=False) as pipe:
+        for task_id, attempt in queued:
+            pipe.exists(keys.dispatch_marker_key(task_id, attempt))
+        sent = pipe.execute()
+    for (task_id, _attempt), present in zip(queued, sent, strict=True):
+        if present:
+            continue
+        with transaction(settings.database_url) as session:
+            effects = resend_queued(session, task_id, now=now)
+        if effects.dispatch:
+            report.resent.append(task_id)
+            logger.warning("worker task %s was queued but its message is gone; sent again", task_id)
+        _apply(app, effects)
+
+
+def time_out_executions(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+    with transaction(app.settings.database_url) as session:
+        overdue = session.execute(
+            select(ScheduleExecution.id, ScheduleExecution.started_at, ScheduleExecution.deadline_at).where(
+                ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
+                ScheduleExecution.deadline_at < now,
+            )
+        ).all()
+    for execution_id, started_at, deadline_at in overdue:
+        assert deadline_at is not None  # selected by deadline_at < now
+        limit = (deadline_at - started_at).total_seconds()
+        with transaction(app.settings.database_url) as session:
+            effects = cancel_execution(
+                session, execution_id, now=now, status=ExecutionStatus.FAILED,
+                reason=f"execution timed out after {limit:g}s",
+            )  # fmt: skip
+        if effects.cancelled:
+            report.timed_out.append(execution_id)
+            logger.warning("execution %s timed out after %gs; cancelled and failed", execution_id, limit)
+        _apply(app, effects)
+
+
+def unstick_executions(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+    """In-progress executions with nothing queued or running: their advancement was lost."""
+    active_task = exists().where(
+        WorkerTask.execution_id == ScheduleExecution.id,
+        WorkerTask.status != WorkerTaskStatus.WAITING,
+    )
+    with transaction(app.settings.database_url) as session:
+        stuck = session.execute(
+            select(ScheduleExecution.id, ScheduleExecution.current_step_index).where(
+                and_(
+                    ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
+                    ScheduleExecution.started_at < now - timedelta(seconds=STUCK_GRACE_S),
+                    ~active_task,
+                )
+            )
+        ).all()
+    for execution_id, step_index in stuck:
+        with transaction(app.settings.database_url) as session:
+            effects = advance_execution(session, execution_id, step_index, now=now)
+        if effects.dispatch or effects.resync:
+            report.unstuck.append(execution_id)
+            logger.warning("execution %s was stuck after group %s; advanced by recovery", execution_id, step_index)
+        _apply(app, effects)
+
+
+def check_redis_epoch(app: ChordbeatCelery, report: RecoveryReport) -> None:
+    """Rebuild beat entries at once when Redis lost its data (instead of at the next reconcile)."""
+    client = get_redis(app.settings.redbeat_url)
+    if client.set(EPOCH_KEY, utcnow().isoformat(), nx=True):
+        from celeryapp.beat_entries import reconcile
+
+        report.redis_reset = True
+        reconcile(app)
+
+
+def recover(app: ChordbeatCelery, *, now: datetime | None = None) -> RecoveryReport:
+    """One recovery pass."""
+    now = now or utcnow()
+    report = RecoveryReport()
+    try:
+        check_redis_epoch(app, report)
+    except redis.RedisError:
+        logger.exception("recovery: Redis unreachable; database repairs go on")
+    time_out_executions(app, now, report)
+    recover_stale_steps(app, now, report)
+    resend_lost_messages(app, now, report)
+    unstick_executions(app, now, report)
+    if not report.empty:
+        logger.warning("recovery: %s", report)
+    return report
+
+
+def recover_node(app: ChordbeatCelery, node: str) -> RecoveryReport:
+    """At worker start: this node runs nothing yet, so its processing attempts are orphans."""
+    report = RecoveryReport()
+    recover_stale_steps(app, utcnow(), report, node=node)
+    if report.requeued:
+        logger.warning("worker %s started: re-queued %s orphaned steps", node, len(report.requeued))
+    return report

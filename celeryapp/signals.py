@@ -1,0 +1,50 @@
+"""Worker wiring: startup recovery of this node's orphaned steps, and the liveness file."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+from celery.signals import worker_ready
+
+from celeryapp.health import touch
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two touches of the worker's liveness file (stale after 60 s).
+HEALTH_INTERVAL_S = 10.0
+
+
+class HealthStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Touches the liveness file from the consumer's event loop: a hung loop goes stale."""
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._timer: Any = None
+
+    def start(self, parent: Any) -> None:
+        settings = parent.app.settings
+        touch(settings, "worker")
+        self._timer = parent.timer.call_repeatedly(HEALTH_INTERVAL_S, touch, (settings, "worker"), priority=10)
+
+    def stop(self, parent: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+@worker_ready.connect
+def recover_own_steps(sender: Any = None, **_: Any) -> None:
+    """A starting node runs nothing yet: steps recorded as processing on it are orphans."""
+    from celeryapp.recovery import recover_node
+
+    app = sender.app
+    node = sender.hostname
+    try:
+        recover_node(app, node)
+    except Exception:
+        # Signal receivers' errors are swallowed by Celery; say it loudly.
+        logger.exception("startup recovery of %s failed; the periodic recovery will handle its steps", node)

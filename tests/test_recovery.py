@@ -1,0 +1,229 @@
+"""Recovery without crashing processes: stuck executions, lost messages, timeouts, own-node recovery."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import select, update
+
+from celeryapp import recovery
+from celeryapp.app import ChordbeatCelery
+from celeryapp.housekeeping import purge
+from celeryapp.lifecycle import claim_step, finish_step, start_execution
+from celeryapp.redis_client import get_redis
+from models import (
+    Activity,
+    ActivityStatus,
+    Schedule,
+    ScheduleExecution,
+    Trigger,
+    WorkerTask,
+    transaction,
+    utcnow,
+)
+from tests.conftest import call, wait_for
+from tests.test_guards import execution, running
+from tests.test_lifecycle import finished, step
+
+
+def start_without_dispatch(app: ChordbeatCelery, name: str) -> int:
+    """An execution recorded in the database whose first chord was never sent (a crash after commit)."""
+    with transaction(app.settings.database_url) as session:
+        schedule = session.scalar(select(Schedule).where(Schedule.name == name))
+        assert schedule is not None
+        result = start_execution(session, schedule, trigger=Trigger.MANUAL, run_key=f"{name}:lost", now=utcnow())
+    assert result.execution_id is not None
+    return result.execution_id
+
+
+def backdate(app: ChordbeatCelery, execution_id: int, seconds: float = 60) -> None:
+    from datetime import timedelta
+
+    with transaction(app.settings.database_url) as session:
+        past = utcnow() - timedelta(seconds=seconds)
+        session.execute(update(ScheduleExecution).where(ScheduleExecution.id == execution_id).values(started_at=past))
+        session.execute(
+            update(WorkerTask).where(WorkerTask.execution_id == execution_id).values(queued_at=past, started_at=past)
+        )
+
+
+def test_a_queued_step_whose_message_never_left_is_sent_again(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    call(client, "chordbeat.apply_schedule", definition={"name": "lost", "every": 60, "steps": [step("a"), step("b")]})
+    execution_id = start_without_dispatch(app, "lost")
+    backdate(app, execution_id)
+    report = recovery.recover(app)
+    assert len(report.resent) == 1
+    done = finished(client, execution_id)
+    assert done["status"] == "completed"
+    assert [(a["step"], a["attempt"]) for a in done["activities"]] == [("a", 1), ("b", 1)]
+    assert recovery.recover(app).resent == []
+
+
+def test_a_stuck_execution_is_advanced_by_recovery(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    call(client, "chordbeat.apply_schedule", definition={"name": "stuck", "every": 60, "steps": [step("a"), step("b")]})
+    execution_id = start_without_dispatch(app, "stuck")
+    # Group 0 ran and recorded its outcome, but the chord body (advancement) was lost.
+    with transaction(app.settings.database_url) as session:
+        task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.step_name == "a"))
+        assert task_id is not None
+        claim = claim_step(session, task_id, 1, node="gone@host", now=utcnow())
+        assert claim is not None
+        finish_step(session, claim, ActivityStatus.COMPLETE, now=utcnow())
+    backdate(app, execution_id)
+    assert execution(client, execution_id)["current_step_index"] == 0
+    report = recovery.recover(app)
+    assert report.unstuck == [execution_id]
+    done = finished(client, execution_id)
+    assert done["status"] == "completed" and [a["step"] for a in done["activities"]] == ["a", "b"]
+
+
+def test_a_processing_step_without_heartbeat_is_requeued_and_its_late_message_does_nothing(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    call(client, "chordbeat.apply_schedule", definition={"name": "lostworker", "every": 60, "steps": [step("a")]})
+    execution_id = start_without_dispatch(app, "lostworker")
+    with transaction(app.settings.database_url) as session:
+        task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.execution_id == execution_id))
+        assert task_id is not None
+        assert claim_step(session, task_id, 1, node="crashed@host", now=utcnow()) is not None
+    backdate(app, execution_id)
+    report = recovery.recover(app)
+    assert report.requeued == [task_id]
+    done = finished(client, execution_id)
+    assert done["status"] == "completed"
+    assert [(a["attempt"], a["status"], a["error"]) for a in done["activities"]] == [
+        (1, "failed_with_error", "worker lost: no heartbeat from crashed@host"),
+        (2, "complete", None),
+    ]
+    # The interrupted attempt's message, redelivered late by the broker: fenced off.
+    assert app.send_task("chordbeat.run_step", args=(task_id, 1)).get(timeout=10) == {"status": "skipped"}
+    assert execution(client, execution_id) == done
+
+
+def test_a_step_out_of_attempts_fails_under_the_normal_rules(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "poison", "every": 60, "steps": [step("a", max_attempts=1), step("b")]},
+    )
+    execution_id = start_without_dispatch(app, "poison")
+    with transaction(app.settings.database_url) as session:
+        task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.step_name == "a"))
+        assert task_id is not None
+        claim_step(session, task_id, 1, node="crashed@host", now=utcnow())
+    backdate(app, execution_id)
+    recovery.recover(app)
+    failed = execution(client, execution_id)
+    assert failed["status"] == "failed"
+    assert failed["error"] == "step 'a' failed: worker lost: no heartbeat from crashed@host"
+    assert failed["tasks"] == []
+
+
+def test_a_live_heartbeat_keeps_a_long_step_running(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "long", "every": 60, "steps": [step("a", kwargs={"seconds": 30})]},
+    )
+    execution_id = call(client, "chordbeat.trigger_schedule", name="long")["execution_id"]
+    running(client, execution_id, "a")
+    backdate(app, execution_id)
+    assert recovery.recover(app).requeued == []
+    call(client, "chordbeat.cancel_execution", execution_id=execution_id)
+
+
+def test_execution_timeout_cancels_and_fails_the_run(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={
+            "name": "slowrun",
+            "every": 60,
+            "timeout": 1,
+            "steps": [step("a", kwargs={"seconds": 30}), step("b")],
+        },
+    )
+    execution_id = call(client, "chordbeat.trigger_schedule", name="slowrun")["execution_id"]
+    running(client, execution_id, "a")
+    wait_for(lambda: recovery.recover(app).timed_out, 10, interval=0.2, what="the execution deadline")
+    result = execution(client, execution_id)
+    assert result["status"] == "failed" and result["error"] == "execution timed out after 1s"
+    assert [a["status"] for a in result["activities"]] == ["cancelled"]
+    schedule = call(client, "chordbeat.get_schedule", name="slowrun")
+    assert schedule["error_count"] == 1
+
+
+def test_step_timeout_fails_the_step_with_a_clear_error(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "slowstep", "every": 60, "steps": [step("a", kwargs={"seconds": 30}, timeout=0.5)]},
+    )
+    execution_id = call(client, "chordbeat.trigger_schedule", name="slowstep")["execution_id"]
+    result = finished(client, execution_id, timeout=10)
+    assert result["status"] == "failed"
+    assert result["error"] == "step 'a' failed: timed out after 0.5s"
+
+
+def test_startup_recovery_takes_only_the_starting_nodes_steps(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "nodes", "every": 60, "overlap": "allow", "steps": [step("a")]},
+    )
+    ids = [start_without_dispatch(app, "nodes") if i == 0 else _second(app) for i in range(2)]
+    with transaction(app.settings.database_url) as session:
+        tasks = list(session.scalars(select(WorkerTask).order_by(WorkerTask.id)))
+        claim_step(session, tasks[0].id, 1, node="me@host", now=utcnow())
+        claim_step(session, tasks[1].id, 1, node="other@host", now=utcnow())
+    report = recovery.recover_node(app, "me@host")
+    assert report.requeued == [tasks[0].id]
+    assert finished(client, ids[0])["status"] == "completed"
+    other = execution(client, ids[1])
+    assert other["status"] == "in_progress" and other["tasks"][0]["status"] == "processing"
+
+
+def _second(app: ChordbeatCelery) -> int:
+    with transaction(app.settings.database_url) as session:
+        schedule = session.scalar(select(Schedule).where(Schedule.name == "nodes"))
+        assert schedule is not None
+        result = start_execution(session, schedule, trigger=Trigger.MANUAL, run_key="nodes:two", now=utcnow())
+    assert result.execution_id is not None
+    return result.execution_id
+
+
+def test_housekeeping_deletes_old_finished_runs_in_batches(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    from datetime import timedelta
+
+    call(client, "chordbeat.apply_schedule", definition={"name": "old", "every": 60, "steps": [step("a")]})
+    ids = [call(client, "chordbeat.trigger_schedule", name="old")["execution_id"]]
+    finished(client, ids[0])
+    ids.append(call(client, "chordbeat.trigger_schedule", name="old")["execution_id"])
+    finished(client, ids[1])
+    with transaction(app.settings.database_url) as session:
+        session.execute(
+            update(ScheduleExecution)
+            .where(ScheduleExecution.id == ids[0])
+            .values(completed_at=utcnow() - timedelta(days=91))
+        )
+    assert purge(app, batch=1)["executions"] == 1
+    with transaction(app.settings.database_url) as session:
+        assert list(session.scalars(select(ScheduleExecution.id))) == [ids[1]]
+        assert {a.execution_id for a in session.scalars(select(Activity))} == {ids[1]}
+
+
+def test_redis_epoch_loss_rebuilds_beat_entries(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    from tests.test_beat import entry_exists
+
+    call(client, "chordbeat.apply_schedule", definition={"name": "kept", "every": 60, "steps": [step("a")]})
+    recovery.recover(app)
+    get_redis(app.settings.redbeat_url).flushall()
+    assert not entry_exists(app, "kept")
+    assert recovery.recover(app).redis_reset
+    assert entry_exists(app, "kept")
+    assert not recovery.recover(app).redis_reset

@@ -95,6 +95,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "redbeat_redis_url": settings.redbeat_url,
         "redbeat_key_prefix": "chordbeat:redbeat:",
         "redbeat_lock_timeout": REDBEAT_LOCK_TIMEOUT_S,
+        "redbeat_redis_options": {"socket_timeout": 30, "socket_connect_timeout": 5, "health_check_interval": 25},
         "imports": settings.task_modules,
     }
 

@@ -29,6 +29,7 @@ LOCK_RETRY_S = 1.0
 
 class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
     Entry = ScheduleEntry
+    _needs_repair = False
 
     def setup_schedule(self) -> None:
         super().setup_schedule()
@@ -60,6 +61,17 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             entry.kwargs = {**entry.kwargs, "nominal_at": nominal.isoformat(), "trigger": trigger.value}
         return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
 
+    def _repair(self) -> None:
+        """After the lock was lost Redis may have lost everything: internal entries included."""
+        try:
+            self.update_from_dict(self.app.redbeat_conf.schedule)
+            reconcile(self.app)
+        except redis.RedisError:
+            logger.exception("beat: repairing entries after re-taking the lock failed; the next tick retries")
+            self._needs_repair = True
+        else:
+            self._needs_repair = False
+
     def _take_lock(self) -> None:
         """Block until this beat holds the lock: standby beats wait here."""
         client = get_redis(self.app)
@@ -89,10 +101,9 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
                 logger.warning("beat: lost the lock (%s); waiting to take it again", exc)
                 self.lock = None
                 self._take_lock()
-                try:
-                    reconcile(self.app)
-                except redis.RedisError:
-                    logger.exception("beat: reconcile after re-taking the lock failed")
+                self._needs_repair = True
+        if self._needs_repair:
+            self._repair()
         try:
             return float(super().tick(min=min, **kwargs))
         except redis.RedisError as exc:

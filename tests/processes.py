@@ -54,8 +54,9 @@ class Process:
         self.proc.wait(10)
 
     def stop(self) -> None:
+        """Warm shutdown: SIGTERM to the main process only, which stops its pool itself."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            os.kill(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -89,14 +90,17 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template
 
 
 @pytest.fixture
-def settings(redis_server: RedisServer, database_url: str) -> Settings:
+def settings(redis_server: RedisServer, database_url: str, tmp_path: Path) -> Settings:
     return Settings(
         broker_url=redis_server.url,
         result_backend=redis_server.url,
         redbeat_url=redis_server.url,
         database_url=database_url,
-        heartbeat_ttl_s=3,
-        recovery_interval_s=1,
+        # Short timings keep crash tests fast; CHORDBEAT_TEST_DEFAULT_TIMINGS=1 measures the defaults.
+        **(
+            {} if os.environ.get("CHORDBEAT_TEST_DEFAULT_TIMINGS") else {"heartbeat_ttl_s": 3, "recovery_interval_s": 1}
+        ),
+        health_dir=str(tmp_path),
     )
 
 

@@ -329,3 +329,14 @@ def health_cmd(process: str) -> None:
         click.echo(f"{process}: unhealthy ({'no liveness file' if age is None else f'last beat {age:.0f}s ago'})")
         sys.exit(1)
     click.echo(f"{process}: healthy (last beat {age:.1f}s ago)")
+
+
+@main.command("metrics")
+@click.option("--port", default=9808, show_default=True, type=int)
+@click.option("--address", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+def metrics_cmd(port: int, address: str) -> None:
+    """Serve Prometheus metrics about executions on /metrics."""
+    from celeryapp.metrics import serve
+
+    click.echo(f"serving metrics on http://{address}:{port}/metrics")
+    serve(_app(), port, address)

@@ -10,6 +10,7 @@ It needs only ``celery`` (it imports nothing else from this project at run time)
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from celery import Celery
@@ -85,4 +86,13 @@ class ChordbeatClient:
         return self.call("chordbeat.list_slots", name=name, limit=limit)  # type: ignore[no-any-return]
 
     def close(self) -> None:
+        # Finalize finished results now, while the backend connection still works; left to
+        # interpreter shutdown their finalizers fail noisily.
+        gc.collect()
         self.app.close()
+
+    def __enter__(self) -> ChordbeatClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

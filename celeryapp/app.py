@@ -11,7 +11,7 @@ from celeryapp.config import Settings
 from celeryapp.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 
 #: Modules holding chordbeat's own tasks; a worker imports them at start.
-TASK_MODULES = ("tasks.steps", "tasks.control", "tasks.service", "tasks.examples")
+TASK_MODULES = ("tasks.steps", "tasks.control", "tasks.service", "tasks.builtin", "tasks.examples")
 
 #: Beat sleeps at most this long between ticks, so new and changed entries are seen quickly.
 BEAT_MAX_LOOP_INTERVAL_S = 5

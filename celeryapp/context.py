@@ -15,6 +15,8 @@ class StepContext:
     step_index: int
     attempt: int
     payload: dict[str, Any]
+    #: The step's timeout in seconds, if it has one.
+    timeout_s: float | None = None
 
 
 _current: ContextVar[StepContext | None] = ContextVar("chordbeat_step", default=None)

@@ -42,11 +42,23 @@ SCHEDULE_FIELDS = frozenset(
         "steps",
     }
 )
-STEP_FIELDS = frozenset({"name", "task", "args", "kwargs", "continue_on_failure", "timeout", "queue", "max_attempts"})
+COMMON_STEP_FIELDS = frozenset({"name", "kind", "continue_on_failure", "timeout", "queue", "max_attempts"})
+#: Fields of each step kind, and the built-in task that runs the non-task kinds.
+KIND_FIELDS = {
+    "task": frozenset({"task", "args", "kwargs"}),
+    "executable": frozenset({"argv", "cwd", "env"}),
+    "sql": frozenset({"script", "database_env"}),
+}
+KIND_TASKS = {"executable": "chordbeat.steps.executable", "sql": "chordbeat.steps.sql"}
+KIND_OF_TASK = {task: kind for kind, task in KIND_TASKS.items()}
+#: Environment variable names (executable ``env`` keys, a sql step's ``database_env``).
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
 class StepSpec:
+    """One step. ``executable`` and ``sql`` steps run a built-in task whose kwargs are their fields."""
+
     name: str
     task: str
     args: tuple[Any, ...] = ()
@@ -55,13 +67,19 @@ class StepSpec:
     timeout_s: float | None = None
     queue: str | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    kind: str = "task"
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "task": self.task}
-        if self.args:
-            out["args"] = list(self.args)
-        if self.kwargs:
-            out["kwargs"] = dict(self.kwargs)
+        out: dict[str, Any] = {"name": self.name}
+        if self.kind != "task":
+            out["kind"] = self.kind
+            out.update(self.kwargs)
+        else:
+            out["task"] = self.task
+            if self.args:
+                out["args"] = list(self.args)
+            if self.kwargs:
+                out["kwargs"] = dict(self.kwargs)
         if self.continue_on_failure:
             out["continue_on_failure"] = True
         if self.timeout_s is not None:
@@ -75,11 +93,17 @@ class StepSpec:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> StepSpec:
         """Rebuild from :meth:`to_json` output (already validated, e.g. an execution's plan)."""
+        kind = raw.get("kind", "task")
+        if kind == "task":
+            task, args, kwargs = raw["task"], tuple(raw.get("args", ())), dict(raw.get("kwargs", {}))
+        else:
+            task, args, kwargs = KIND_TASKS[kind], (), {k: raw[k] for k in KIND_FIELDS[kind] if k in raw}
         return cls(
             name=raw["name"],
-            task=raw["task"],
-            args=tuple(raw.get("args", ())),
-            kwargs=dict(raw.get("kwargs", {})),
+            task=task,
+            kind=kind,
+            args=args,
+            kwargs=kwargs,
             continue_on_failure=bool(raw.get("continue_on_failure", False)),
             timeout_s=raw.get("timeout"),
             queue=raw.get("queue"),
@@ -217,27 +241,21 @@ def _json_value(value: Any, path: str) -> None:
 
 def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -> StepSpec:
     raw = _require_mapping(raw, path)
-    _refuse_unknown(raw, STEP_FIELDS, path)
+    kind = raw.get("kind", "task")
+    if kind not in KIND_FIELDS:
+        raise DefinitionError(f"{path}.kind", f"must be one of {', '.join(KIND_FIELDS)}, got {kind!r}")
+    _refuse_unknown(raw, COMMON_STEP_FIELDS | KIND_FIELDS[kind], path)
     name = _string(raw, "name", f"{path}.name", required=True)
-    task = _string(raw, "task", f"{path}.task", required=True)
-    assert name is not None and task is not None
+    assert name is not None
     if len(name) > 200:
         raise DefinitionError(f"{path}.name", "must be at most 200 characters")
-    if known_task is not None and not known_task(task):
-        raise DefinitionError(f"{path}.task", f"task {task!r} is not registered in the worker")
-    args = raw.get("args", [])
-    if not isinstance(args, list):
-        raise DefinitionError(f"{path}.args", f"must be a list, got {_type_name(args)}")
-    _json_value(args, f"{path}.args")
-    kwargs = raw.get("kwargs", {})
-    if not isinstance(kwargs, Mapping):
-        raise DefinitionError(f"{path}.kwargs", f"must be an object, got {_type_name(kwargs)}")
-    _json_value(kwargs, f"{path}.kwargs")
+    task, args, kwargs = _parse_kind(raw, kind, path, known_task)
     return StepSpec(
         name=name,
         task=task,
-        args=tuple(args),
-        kwargs=dict(kwargs),
+        kind=kind,
+        args=args,
+        kwargs=kwargs,
         continue_on_failure=_bool(raw, "continue_on_failure", f"{path}.continue_on_failure", False),
         timeout_s=_seconds(raw, "timeout", f"{path}.timeout", None),
         queue=_string(raw, "queue", f"{path}.queue"),
@@ -245,6 +263,48 @@ def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -
             raw, "max_attempts", f"{path}.max_attempts", DEFAULT_MAX_ATTEMPTS, low=1, high=MAX_ATTEMPTS_LIMIT
         ),
     )
+
+
+def _parse_kind(
+    raw: Mapping[str, Any], kind: str, path: str, known_task: Callable[[str], bool] | None
+) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """The task, args and kwargs a step of this kind runs."""
+    if kind == "executable":
+        argv = raw.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:
+            raise DefinitionError(f"{path}.argv", "must be a non-empty list of strings (program first)")
+        kwargs: dict[str, Any] = {"argv": list(argv)}
+        if raw.get("cwd") is not None:
+            kwargs["cwd"] = _string(raw, "cwd", f"{path}.cwd")
+        env = raw.get("env")
+        if env is not None:
+            if not isinstance(env, Mapping) or not all(
+                isinstance(k, str) and ENV_NAME.match(k) and isinstance(v, str) for k, v in env.items()
+            ):
+                raise DefinitionError(f"{path}.env", "must be an object of variable names to string values")
+            kwargs["env"] = dict(env)
+        return KIND_TASKS[kind], (), kwargs
+    if kind == "sql":
+        script = _string(raw, "script", f"{path}.script", required=True)
+        variable = _string(raw, "database_env", f"{path}.database_env", required=True)
+        if variable is None or not ENV_NAME.match(variable):
+            raise DefinitionError(f"{path}.database_env", "must name an environment variable holding the URL")
+        return KIND_TASKS[kind], (), {"script": script, "database_env": variable}
+    task = _string(raw, "task", f"{path}.task", required=True)
+    assert task is not None
+    if task in KIND_OF_TASK:
+        raise DefinitionError(f"{path}.task", f'use "kind": "{KIND_OF_TASK[task]}" instead of the task {task!r}')
+    if known_task is not None and not known_task(task):
+        raise DefinitionError(f"{path}.task", f"task {task!r} is not registered in the worker")
+    args = raw.get("args", [])
+    if not isinstance(args, list):
+        raise DefinitionError(f"{path}.args", f"must be a list, got {_type_name(args)}")
+    _json_value(args, f"{path}.args")
+    task_kwargs = raw.get("kwargs", {})
+    if not isinstance(task_kwargs, Mapping):
+        raise DefinitionError(f"{path}.kwargs", f"must be an object, got {_type_name(task_kwargs)}")
+    _json_value(task_kwargs, f"{path}.kwargs")
+    return task, tuple(args), dict(task_kwargs)
 
 
 def _parse_groups(

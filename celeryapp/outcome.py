@@ -22,6 +22,11 @@ def error(message: str) -> dict[str, Any]:
     return {OUTCOME_KEY: ActivityStatus.COMPLETE_WITH_ERROR.value, "message": message}
 
 
+def completed(message: str) -> dict[str, Any]:
+    """Return this to complete normally with ``message`` kept on the activity."""
+    return {OUTCOME_KEY: ActivityStatus.COMPLETE.value, "message": message}
+
+
 def classify(result: Any) -> tuple[ActivityStatus, str | None]:
     """The activity status and message a step's return value stands for."""
     if isinstance(result, dict) and OUTCOME_KEY in result:

@@ -116,7 +116,13 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         return {"status": "skipped"}
     token = _current.set(
         StepContext(
-            claim.execution_id, claim.schedule_name, claim.spec.name, claim.step_index, claim.attempt, claim.payload
+            claim.execution_id,
+            claim.schedule_name,
+            claim.spec.name,
+            claim.step_index,
+            claim.attempt,
+            claim.payload,
+            claim.spec.timeout_s,
         )
     )
     watch = StepWatch(

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celeryapp.cron import CronExpression
-from celeryapp.definition import ScheduleDefinition, StepSpec
+from celeryapp.definition import KIND_OF_TASK, ScheduleDefinition, StepSpec
 from celeryapp.errors import NotFound
 from models import Schedule, ScheduleSource, ScheduleStatus, ScheduleStep
 
@@ -31,6 +31,7 @@ def definition_of(schedule: Schedule) -> ScheduleDefinition:
             tuple(
                 StepSpec(
                     name=s.name,
+                    kind=KIND_OF_TASK.get(s.task, "task"),
                     task=s.task,
                     args=tuple(s.args),
                     kwargs=dict(s.kwargs),

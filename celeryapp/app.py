@@ -60,12 +60,18 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "visibility_timeout": VISIBILITY_TIMEOUT_S,
             "socket_timeout": 30,
             "health_check_interval": 25,
+            # Workers take from their queues in the order given (control first, then service
+            # calls, then steps) and, within a queue, by message priority (0 first). Steps of later
+            # groups get higher priority: runs already under way finish before new ones start,
+            # so a next group never waits behind a backlog of other runs' first steps.
+            "queue_order_strategy": "priority",
+            "priority_steps": list(range(10)),
         },
         "result_backend_transport_options": {"result_chord_ordered": True},
         "result_expires": 24 * 3600,
         "task_default_queue": STEPS_QUEUE,
         # "celery" is where a plain ``send_task`` from another service lands (it knows no routes).
-        "task_queues": tuple(Queue(name) for name in (STEPS_QUEUE, CONTROL_QUEUE, PUBLIC_QUEUE)),  # type: ignore[no-untyped-call]
+        "task_queues": tuple(Queue(name) for name in (CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE)),  # type: ignore[no-untyped-call]
         "task_routes": {"chordbeat.*": {"queue": CONTROL_QUEUE}, "chordbeat.run_step": {"queue": STEPS_QUEUE}},
         "task_track_started": True,
         "worker_send_task_events": True,

@@ -23,8 +23,12 @@ CANCEL_FLAG_TTL_S = 7 * 24 * 3600
 MARKER_TTL_S = VISIBILITY_TIMEOUT_S
 
 
-def _runner(app: Celery, step: StepDispatch) -> Signature:
-    options: dict[str, object] = {"task_id": step.celery_task_id, "queue": step.spec.queue or keys.STEPS_QUEUE}
+def _runner(app: Celery, step: StepDispatch, step_index: int) -> Signature:
+    options: dict[str, object] = {
+        "task_id": step.celery_task_id,
+        "queue": step.spec.queue or keys.STEPS_QUEUE,
+        "priority": keys.step_priority(step_index),
+    }
     if step.spec.timeout_s:
         # The runner catches the soft limit and records a timeout; the hard limit is only a
         # backstop for a step that ignores it, and heartbeat recovery handles what follows.
@@ -41,10 +45,10 @@ def send_group(app: Celery, group: GroupDispatch) -> None:
     if group.requeue:
         # The group's chord already fired or is gone: each attempt advances by itself when done.
         for step in group.steps:
-            _runner(app, step).apply_async(link=_advance(app, group))
+            _runner(app, step, group.step_index).apply_async(link=_advance(app, group))
     else:
         # The chord body is the advancement check; runners never fail, so it always runs.
-        chord([_runner(app, step) for step in group.steps], _advance(app, group)).apply_async()
+        chord([_runner(app, step, group.step_index) for step in group.steps], _advance(app, group)).apply_async()
     _mark_sent(app, group)
 
 

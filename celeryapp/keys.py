@@ -13,6 +13,15 @@ CONTROL_QUEUE = "chordbeat.control"
 PUBLIC_QUEUE = "celery"
 
 
+#: Lowest message priority on Redis (0 is the highest).
+LOWEST_PRIORITY = 9
+
+
+def step_priority(step_index: int) -> int:
+    """Later groups go first: 9 for group 0, 8 for group 1, ... 0 from group 9 on."""
+    return max(0, LOWEST_PRIORITY - step_index)
+
+
 def heartbeat_key(worker_task_id: int, attempt: int) -> str:
     """Key a running step refreshes; its expiry means the attempt's worker is gone."""
     return f"{PREFIX}:hb:{worker_task_id}:{attempt}"

@@ -22,6 +22,15 @@ DEFAULT_TIMEOUT_S = 30.0
 Json = dict[str, Any]
 
 
+def redact(value: Any) -> Any:
+    """A copy with every ``payload`` and ``env`` value replaced, for display only."""
+    if isinstance(value, dict):
+        return {k: "<hidden>" if k in {"payload", "env"} and v else redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
 class ChordbeatClient:
     """Calls the contract's service tasks and waits for their JSON answers.
 
@@ -44,7 +53,8 @@ class ChordbeatClient:
         self.timeout_s = timeout_s
 
     def call(self, task: str, **kwargs: Any) -> Any:
-        result = self.app.send_task(task, kwargs=kwargs, queue=SERVICE_QUEUE)
+        # Flower and worker logs show kwargsrepr: payloads may carry credentials, so they are hidden.
+        result = self.app.send_task(task, kwargs=kwargs, queue=SERVICE_QUEUE, kwargsrepr=repr(redact(kwargs)))
         try:
             return result.get(timeout=self.timeout_s)
         finally:

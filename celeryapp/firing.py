@@ -18,9 +18,10 @@ from models import Schedule, ScheduleStatus, SlotOutcome, Trigger, transaction, 
 logger = logging.getLogger(__name__)
 
 
-def run_key(name: str, trigger: Trigger, nominal_at: datetime) -> str:
-    """The same slot always gives the same key: two beats or a redelivery make one execution."""
-    return f"{name}:{trigger.value}:{iso(nominal_at)}"
+def run_key(name: str, trigger: Trigger, nominal_at: datetime, retry: int = 0) -> str:
+    """The same slot (and retry) always gives the same key: two beats or a redelivery make one run."""
+    kind = f"retry{retry}" if trigger is Trigger.RETRY else trigger.value
+    return f"{name}:{kind}:{iso(nominal_at)}"
 
 
 def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trigger) -> dict[str, Any]:
@@ -61,7 +62,7 @@ def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trig
             trigger=trigger,
             now=now,
             nominal_at=nominal_at,
-            run_key=run_key(name, trigger, nominal_at),
+            run_key=run_key(name, trigger, nominal_at, schedule.current_retry),
         )
         effects.merge(result.effects)
         session.execute(

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import ScheduleEntry, entry_name
 from celeryapp.config import Settings
+from celeryapp.health import age_s
 from celeryapp.redis_client import get_redis
 from models import ScheduleExecution, SlotOutcome, SlotRecord, transaction
 from tests import processes
@@ -45,6 +46,8 @@ def test_beat_fires_interval_schedules_with_one_execution_per_slot(
     assert entry_exists(app, "tick")
     with processes.beat(settings, tmp_path):
         wait_for(lambda: len(executions(app)) >= 3, 30, interval=0.2, what="three fired executions")
+        beat_age = age_s(settings, "beat")
+        assert beat_age is not None and beat_age < 10, "beat keeps its liveness file fresh"
     runs = executions(app)
     assert {e.trigger.value for e in runs} == {"interval"}
     assert len({e.run_key for e in runs}) == len(runs)

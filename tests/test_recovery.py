@@ -227,3 +227,38 @@ def test_redis_epoch_loss_rebuilds_beat_entries(app: ChordbeatCelery, worker: An
     assert recovery.recover(app).redis_reset
     assert entry_exists(app, "kept")
     assert not recovery.recover(app).redis_reset
+
+
+def test_safefail_never_leaves_an_activity_in_progress(
+    app: ChordbeatCelery, worker: Any, client: Celery, monkeypatch: Any
+) -> None:
+    from celeryapp import runner
+
+    def broken(*_args: Any, **_kwargs: Any) -> bool:
+        raise RuntimeError("database hiccup while recording")
+
+    monkeypatch.setattr(runner, "finish_step", broken)
+    monkeypatch.setattr(runner.time, "sleep", lambda _s: None)
+    call(client, "chordbeat.apply_schedule", definition={"name": "safe", "every": 60, "steps": [step("a")]})
+    execution_id = call(client, "chordbeat.trigger_schedule", name="safe")["execution_id"]
+
+    def recorded() -> dict[str, Any] | None:
+        activities = execution(client, execution_id)["activities"]
+        return activities[0] if activities and activities[0]["status"] != "in_progress" else None
+
+    activity = wait_for(recorded, 10, what="the fallback to record the outcome")
+    assert isinstance(activity, dict)
+    assert activity["status"] == "failed_with_error"
+    assert activity["error"] == "outcome could not be recorded (was complete)"
+    # Its worker task is still 'processing': heartbeat recovery runs the step again.
+    backdate(app, execution_id)
+    monkeypatch.undo()
+    assert recovery.recover(app).requeued
+    assert finished(client, execution_id)["status"] == "completed"
+
+
+def test_the_worker_keeps_its_liveness_file_fresh(app: ChordbeatCelery, worker: Any) -> None:
+    from celeryapp.health import age_s
+
+    age = age_s(app.settings, "worker")
+    assert age is not None and age < 15

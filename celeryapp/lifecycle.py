@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, exists, func, insert, select, update
+from sqlalchemy import CursorResult, bindparam, delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -261,53 +261,84 @@ class Claim:
     payload: dict[str, Any]
 
 
+# The step path runs for every step of every run: its statements are built once, with bind
+# parameters, instead of per call (building SQLAlchemy expressions costs more than executing them).
+_CLAIM = (
+    update(WorkerTask)
+    .where(
+        WorkerTask.id == bindparam("p_task_id"),
+        WorkerTask.attempt == bindparam("p_attempt"),
+        WorkerTask.status == WorkerTaskStatus.QUEUED,
+        exists().where(
+            ScheduleExecution.id == WorkerTask.execution_id,
+            ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
+        ),
+    )
+    .values(status=WorkerTaskStatus.PROCESSING, node=bindparam("p_node"), started_at=bindparam("p_now"))
+    .returning(WorkerTask.execution_id, WorkerTask.step_index, WorkerTask.step_name)
+)
+_RUN_OF = select(ScheduleExecution.plan, ScheduleExecution.schedule_name, ScheduleExecution.payload).where(
+    ScheduleExecution.id == bindparam("p_execution_id")
+)
+_OPEN_ACTIVITY = (
+    insert(Activity)
+    .values(
+        execution_id=bindparam("p_execution_id"),
+        step_index=bindparam("p_step_index"),
+        step_name=bindparam("p_step_name"),
+        attempt=bindparam("p_attempt"),
+        status=ActivityStatus.IN_PROGRESS,
+        worker=bindparam("p_node"),
+        started_at=bindparam("p_now"),
+    )
+    .returning(Activity.id)
+)
+_CLOSE_ACTIVITY = (
+    update(Activity)
+    .where(Activity.id == bindparam("p_activity_id"), Activity.status == ActivityStatus.IN_PROGRESS)
+    .values(
+        status=bindparam("p_outcome"),
+        error=bindparam("p_error"),
+        message=bindparam("p_message"),
+        completed_at=bindparam("p_now"),
+    )
+)
+_DROP_TASK = delete(WorkerTask).where(
+    WorkerTask.id == bindparam("p_task_id"),
+    WorkerTask.attempt == bindparam("p_attempt"),
+    WorkerTask.status == WorkerTaskStatus.PROCESSING,
+)
+_NO_SYNC = {"synchronize_session": False}
+
+
 def claim_step(session: Session, worker_task_id: int, attempt: int, *, node: str, now: datetime) -> Claim | None:
     """Move a queued attempt to ``processing`` and open its activity; ``None`` if not ours to run.
 
     ``None`` covers every message that must do nothing: a redelivery of an attempt already
     running or finished, an attempt fenced off by a newer one, a cancelled or finished execution.
     """
-    claimed = affected(
-        session,
-        update(WorkerTask)
-        .where(
-            WorkerTask.id == worker_task_id,
-            WorkerTask.attempt == attempt,
-            WorkerTask.status == WorkerTaskStatus.QUEUED,
-            exists().where(
-                ScheduleExecution.id == WorkerTask.execution_id,
-                ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
-            ),
-        )
-        .values(status=WorkerTaskStatus.PROCESSING, node=node, started_at=now),
-    )
-    if not claimed:
+    claimed = session.execute(
+        _CLAIM,
+        {"p_task_id": worker_task_id, "p_attempt": attempt, "p_node": node, "p_now": now},
+        execution_options=_NO_SYNC,
+    ).first()
+    if claimed is None:
         return None
-    task = session.get_one(WorkerTask, worker_task_id)
-    execution = session.get_one(ScheduleExecution, task.execution_id)
-    spec = _spec_of(execution, task)
-    activity = Activity(
-        execution_id=execution.id,
-        step_index=task.step_index,
-        step_name=task.step_name,
-        attempt=attempt,
-        status=ActivityStatus.IN_PROGRESS,
-        worker=node,
-        started_at=now,
-    )
-    session.add(activity)
-    session.flush()
-    activity_id = activity.id
-    return Claim(
-        worker_task_id,
-        attempt,
-        execution.id,
-        task.step_index,
-        spec,
-        activity_id,
-        execution.schedule_name,
-        dict(execution.payload),
-    )
+    execution_id, step_index, step_name = claimed
+    plan, schedule_name, payload = session.execute(_RUN_OF, {"p_execution_id": execution_id}).one()
+    spec = next(StepSpec.from_json(s) for s in plan[step_index] if s["name"] == step_name)
+    activity_id = session.execute(
+        _OPEN_ACTIVITY,
+        {
+            "p_execution_id": execution_id,
+            "p_step_index": step_index,
+            "p_step_name": step_name,
+            "p_attempt": attempt,
+            "p_node": node,
+            "p_now": now,
+        },
+    ).scalar_one()
+    return Claim(worker_task_id, attempt, execution_id, step_index, spec, activity_id, schedule_name, dict(payload))
 
 
 def finish_step(
@@ -320,20 +351,15 @@ def finish_step(
     message: str | None = None,
 ) -> bool:
     """Record an attempt's outcome and delete its worker task; False if it was fenced meanwhile."""
-    recorded = affected(
-        session,
-        update(Activity)
-        .where(Activity.id == claim.activity_id, Activity.status == ActivityStatus.IN_PROGRESS)
-        .values(status=status, error=error, message=message, completed_at=now),
+    closed = session.execute(
+        _CLOSE_ACTIVITY,
+        {"p_activity_id": claim.activity_id, "p_outcome": status, "p_error": error, "p_message": message, "p_now": now},
+        execution_options=_NO_SYNC,
     )
     session.execute(
-        delete(WorkerTask).where(
-            WorkerTask.id == claim.worker_task_id,
-            WorkerTask.attempt == claim.attempt,
-            WorkerTask.status == WorkerTaskStatus.PROCESSING,
-        )
+        _DROP_TASK, {"p_task_id": claim.worker_task_id, "p_attempt": claim.attempt}, execution_options=_NO_SYNC
     )
-    return bool(recorded)
+    return bool(cast(CursorResult[Any], closed).rowcount)
 
 
 # --- advancing --------------------------------------------------------------------------------

@@ -142,6 +142,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--database", choices=["sqlite", "postgresql"], default="sqlite")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--runs", type=int, default=3, help="repetitions; medians are reported")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="chordbeat-bench-"))
     redis_server = RedisServer()
@@ -169,25 +170,34 @@ def main() -> None:
         os.environ.update(settings_env(settings))
         with worker(settings, tmp / "worker.log") as process, ChordbeatClient(redis_server.url, timeout_s=60) as client:
             wait_for(lambda: client.list_schedules() is not None, 60, what="the worker")
-            results = [
-                measure(settings, client, process.pid, "one-pipeline-20x4", groups=20, width=4, executions=1),
-                measure(settings, client, process.pid, "one-pipeline-20x1", groups=20, width=1, executions=1),
-                measure(settings, client, process.pid, "100-pipelines-5x2", groups=5, width=2, executions=100),
+            runs = [
+                [
+                    measure(settings, client, process.pid, f"one-pipeline-20x4-{n}", groups=20, width=4, executions=1),
+                    measure(settings, client, process.pid, f"one-pipeline-20x1-{n}", groups=20, width=1, executions=1),
+                    measure(settings, client, process.pid, f"100-pipelines-5x2-{n}", groups=5, width=2, executions=100),
+                ]
+                for n in range(args.runs)
             ]
     finally:
         redis_server.close()
         if pg:
             pg.close()
     if args.json:
-        print(json.dumps([r.__dict__ for r in results], indent=2))
+        print(json.dumps([[r.__dict__ for r in run] for run in runs], indent=2))
         return
-    print(f"\nchordbeat on {args.database}, prefork -c 2, Redis on loopback\n")
-    print("| scenario | executions | steps | wall s | steps/s | advance p50 ms | advance p95 ms | worker RSS MiB |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in results:
+    print(f"\nchordbeat on {args.database}, prefork -c 2, Redis on loopback; median of {args.runs} runs [min-max]\n")
+    print("| scenario | executions | steps | steps/s | advance p50 ms | advance p95 ms | worker RSS MiB |")
+    print("|---|---|---|---|---|---|---|")
+    for column in zip(*runs, strict=True):
+        first = column[0]
+
+        def spread(field: str, rows: tuple[Result, ...] = column) -> str:
+            values = [getattr(r, field) for r in rows]
+            return f"{statistics.median(values):g} [{min(values):g}-{max(values):g}]"
+
         print(
-            f"| {r.scenario} | {r.executions} | {r.steps} | {r.wall_s} | {r.steps_per_s} | {r.advance_p50_ms} | "
-            f"{r.advance_p95_ms} | {r.worker_rss_mib} |"
+            f"| {first.scenario.rsplit('-', 1)[0]} | {first.executions} | {first.steps} | {spread('steps_per_s')} | "
+            f"{spread('advance_p50_ms')} | {spread('advance_p95_ms')} | {column[-1].worker_rss_mib} |"
         )
 
 

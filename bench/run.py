@@ -10,7 +10,9 @@ the database's activity timestamps. Prints a markdown table; compare with
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -179,6 +181,11 @@ def main() -> None:
                 for n in range(args.runs)
             ]
     finally:
+        # Pending results' finalizers would otherwise retry against the stopped Redis at exit.
+        gc.collect()
+        sys.unraisablehook = lambda _unraisable: None
+        logging.getLogger("celery.backends.asynchronous").disabled = True
+        logging.getLogger("celery.backends.redis").disabled = True
         redis_server.close()
         if pg:
             pg.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -25,3 +27,13 @@ _current: ContextVar[StepContext | None] = ContextVar("chordbeat_step", default=
 def current_step() -> StepContext | None:
     """The step being run in this thread, or ``None`` outside a chordbeat step."""
     return _current.get()
+
+
+@contextmanager
+def running_step(context: StepContext) -> Iterator[None]:
+    """Make ``context`` the current step for the duration of the block (used by the runner)."""
+    token = _current.set(context)
+    try:
+        yield
+    finally:
+        _current.reset(token)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
-from zoneinfo import ZoneInfo
 
 _MONTHS = {
     m: i for i, m in enumerate(["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], 1)
@@ -190,7 +189,3 @@ def _transition_between(before: datetime, after: datetime, zone: tzinfo) -> date
         else:
             low = mid
     return high
-
-
-def zone_of(name: str) -> ZoneInfo:
-    return ZoneInfo(name)

@@ -45,7 +45,3 @@ def runner_task_id(execution_id: int, worker_task_id: int, attempt: int) -> str:
     later run.
     """
     return f"{PREFIX}-e{execution_id}-wt{worker_task_id}-a{attempt}"
-
-
-def redbeat_entry_name(schedule_name: str) -> str:
-    return f"{PREFIX}:{schedule_name}"

@@ -15,7 +15,7 @@ from sqlalchemy import update
 
 from celeryapp import keys
 from celeryapp.app import ChordbeatCelery
-from celeryapp.context import StepContext, _current
+from celeryapp.context import StepContext, running_step
 from celeryapp.errors import StepCancelled
 from celeryapp.heartbeat import StepWatch
 from celeryapp.lifecycle import Claim, claim_step, finish_step
@@ -114,16 +114,14 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
     if claim is None:
         logger.info("worker task %s attempt %s is not runnable here (duplicate or fenced)", worker_task_id, attempt)
         return {"status": "skipped"}
-    token = _current.set(
-        StepContext(
-            claim.execution_id,
-            claim.schedule_name,
-            claim.spec.name,
-            claim.step_index,
-            claim.attempt,
-            claim.payload,
-            claim.spec.timeout_s,
-        )
+    context = StepContext(
+        claim.execution_id,
+        claim.schedule_name,
+        claim.spec.name,
+        claim.step_index,
+        claim.attempt,
+        claim.payload,
+        claim.spec.timeout_s,
     )
     watch = StepWatch(
         get_redis(settings.broker_url),
@@ -134,12 +132,10 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         done_keys=(keys.dispatch_marker_key(worker_task_id, attempt),),
     )
     try:
-        with watch:
+        with running_step(context), watch:
             status, error, message = execute_step(app, claim, watch)
     except StepCancelled:
         # Landed between the step's return and the watch's stop.
         status, error, message = _interrupted(claim, watch)
-    finally:
-        _current.reset(token)
     recorded = _record(app, claim, status, error, message)
     return {"status": status.value if recorded else "fenced"}

@@ -6,6 +6,7 @@ Each opens one transaction, and sends what it decided (chords, cancels) only aft
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select, update
@@ -36,7 +37,8 @@ from models.session import affected
 MAX_LIST_LIMIT = 1000
 
 
-def known_task(app: ChordbeatCelery) -> Any:
+def known_task(app: ChordbeatCelery) -> Callable[[str], bool]:
+    """Whether a task name is registered in this process (the worker's, for service calls)."""
     return lambda name: name in app.tasks
 
 

@@ -13,7 +13,7 @@ from models import Trigger, transaction, utcnow
 
 
 @app.task(name="chordbeat.advance_execution", acks_late=True, reject_on_worker_lost=True)
-def advance_execution(execution_id: int, step_index: int, *_results: object) -> None:
+def advance_execution(execution_id: int, step_index: int) -> None:
     with transaction(app.settings.database_url) as session:
         effects = advance_in_db(session, execution_id, step_index, now=utcnow())
     apply_effects(app, effects)

@@ -7,7 +7,10 @@ from typing import Any
 
 from celery import Celery
 
+from celeryapp import app as chordbeat_app
+from celeryapp import outcome
 from celeryapp.app import ChordbeatCelery
+from celeryapp.context import current_step
 from tests.conftest import call, wait_for
 
 
@@ -158,3 +161,26 @@ def test_unregistered_task_at_run_time_fails_the_step_not_the_worker(
     execution = finished(client, started["execution_id"])
     assert execution["status"] == "failed"
     assert "not registered" in execution["error"]
+
+
+@chordbeat_app.task(name="tests.report_context")
+def report_context() -> dict[str, Any]:
+    context = current_step()
+    assert context is not None
+    return outcome.completed(f"{context.schedule}/{context.step}#{context.attempt} payload={context.payload}")
+
+
+def test_a_step_sees_its_run_and_the_merged_payload(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={
+            "name": "ctx",
+            "every": 60,
+            "payload": {"initiator": "hr", "mode": "full"},
+            "steps": [{"name": "look", "task": "tests.report_context"}],
+        },
+    )
+    started = call(client, "chordbeat.trigger_schedule", name="ctx", payload={"mode": "delta"})
+    done = finished(client, started["execution_id"])
+    assert done["activities"][0]["message"] == "ctx/look#1 payload={'initiator': 'hr', 'mode': 'delta'}"

@@ -222,6 +222,46 @@ def sync_schedules(app: Celery, names: Iterable[str]) -> EntryChanges:
     return changes
 
 
+#: A slot beat has passed but the database never saw fired is re-fired after this long.
+LOST_FIRE_GRACE = timedelta(seconds=30)
+
+
+def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
+    """Fire again the slots beat moved past whose fire message never arrived.
+
+    RedBeat records a fire before publishing it, so a failed publish (or Redis losing the message,
+    or entries rebuilt after a Redis restart) would lose that run. The database knows the slot
+    was due (``next_run_at`` in the past) and the entry knows beat moved past it: the same run
+    key makes a late original and this re-fire one execution.
+    """
+    now = now or datetime.now(UTC)
+    with transaction(app.settings.database_url) as session:
+        overdue = session.execute(
+            select(Schedule.name, Schedule.next_run_at, Schedule.cron).where(
+                Schedule.status == ScheduleStatus.ACTIVE,
+                Schedule.retry_at.is_(None),
+                Schedule.next_run_at < now - LOST_FIRE_GRACE,
+            )
+        ).all()
+    refired = []
+    for name, slot, cron in overdue:
+        assert slot is not None  # selected by next_run_at < ...
+        key = ScheduleEntry.generate_key(app, entry_name(name))
+        last_run_at = ScheduleEntry.load_meta(key, app=app).get("last_run_at")
+        if last_run_at is None or _aware(last_run_at) < slot:
+            continue  # beat has not reached the slot yet (it is down, or behind): it will fire it
+        trigger = "cron" if cron else "interval"
+        app.send_task(
+            FIRE_TASK,
+            kwargs={"name": name, "nominal_at": slot.isoformat(), "trigger": trigger},
+            queue=keys.CONTROL_QUEUE,
+        )
+        refired.append(name)
+    if refired:
+        logger.warning("re-fired slots whose fire message was lost: %s", ", ".join(refired))
+    return refired
+
+
 def reconcile(app: Celery) -> EntryChanges:
     """Repair drift both ways: missing or stale entries written, orphaned ones removed."""
     ensure_conf(app)

@@ -30,7 +30,8 @@ def fire_schedule(name: str, nominal_at: str | None = None, trigger: str | None 
 def reconcile_beat() -> dict[str, list[str]]:
     """Periodic repair of RedBeat entries from the database (both ways)."""
     changes = beat_entries.reconcile(app)
-    return {"written": changes.written, "removed": changes.removed}
+    refired = beat_entries.refire_lost_slots(app)
+    return {"written": changes.written, "removed": changes.removed, "refired": refired}
 
 
 @app.task(name="chordbeat.recover")

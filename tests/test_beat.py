@@ -151,3 +151,35 @@ def test_total_repeats_ends_the_schedule_as_done(
     assert schedule["run_count"] == 2 and schedule["next_run_at"] is None
     assert not entry_exists(app, "twice")
     assert [e.status.value for e in executions(app)] == ["completed", "completed"]
+
+
+def test_a_slot_whose_fire_message_was_lost_is_fired_again_once(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from models import Schedule
+
+    call(client, "chordbeat.apply_schedule", definition={"name": "lost-fire", "every": 60, "steps": [step("s")]})
+    key = ScheduleEntry.generate_key(app, entry_name("lost-fire"))
+    slot = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=2)
+
+    def overdue_by_database() -> None:
+        with transaction(app.settings.database_url) as session:
+            session.execute(update(Schedule).values(next_run_at=slot))
+
+    # Beat has not reached the slot (down or behind): it will fire it itself; nothing is re-fired.
+    ScheduleEntry.from_key(key, app=app).reschedule(last_run_at=slot - timedelta(seconds=5))
+    overdue_by_database()
+    assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == []
+    # Beat moved past the slot (it recorded the fire) but the message never arrived: re-fired.
+    ScheduleEntry.from_key(key, app=app).reschedule(last_run_at=slot + timedelta(seconds=1))
+    assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == ["lost-fire"]
+    run = wait_for(lambda: executions(app), 10, what="the re-fired run")
+    assert (
+        isinstance(run, list) and run[0].run_key == f"lost-fire:interval:{slot.isoformat().replace('+00:00', '.000Z')}"
+    )
+    # The slot is now known as fired: the next reconcile leaves it alone.
+    assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == []

@@ -19,6 +19,8 @@ DEFAULT_DATABASE_URL = "sqlite:///chordbeat.db"
 DEFAULT_HEARTBEAT_TTL_S = 15.0
 #: Seconds between two runs of the recovery task.
 DEFAULT_RECOVERY_INTERVAL_S = 10.0
+#: Every step kind; executable and SQL steps run code on workers, so they can be switched off.
+STEP_KINDS = frozenset({"task", "executable", "sql"})
 #: Days finished executions and their activities are kept.
 DEFAULT_RETENTION_DAYS = 90.0
 
@@ -52,12 +54,17 @@ class Settings:
     task_modules: tuple[str, ...] = field(default_factory=tuple)
     #: Where worker and beat write their liveness timestamps.
     health_dir: str = "/tmp"
+    #: Step kinds definitions may use; ``task`` alone refuses executable and SQL steps.
+    step_kinds: frozenset[str] = STEP_KINDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         broker = env.get("CHORDBEAT_BROKER_URL") or DEFAULT_BROKER_URL
         modules = tuple(m.strip() for m in env.get("CHORDBEAT_TASK_MODULES", "").split(",") if m.strip())
+        kinds = frozenset(k.strip() for k in env.get("CHORDBEAT_STEP_KINDS", ",".join(sorted(STEP_KINDS))).split(","))
+        if not kinds <= STEP_KINDS or "task" not in kinds:
+            raise ConfigError(f"CHORDBEAT_STEP_KINDS: a comma-separated subset of {sorted(STEP_KINDS)} with 'task'")
         return cls(
             broker_url=broker,
             result_backend=env.get("CHORDBEAT_RESULT_BACKEND") or broker,
@@ -71,4 +78,5 @@ class Settings:
             retention_days=_env_float(env, "CHORDBEAT_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, minimum=0),
             task_modules=modules,
             health_dir=env.get("CHORDBEAT_HEALTH_DIR") or "/tmp",
+            step_kinds=kinds,
         )

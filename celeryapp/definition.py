@@ -269,6 +269,8 @@ def _parse_kind(
     raw: Mapping[str, Any], kind: str, path: str, known_task: Callable[[str], bool] | None
 ) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     """The task, args and kwargs a step of this kind runs."""
+    if kind in KIND_TASKS and known_task is not None and not known_task(KIND_TASKS[kind]):
+        raise DefinitionError(f"{path}.kind", f"{kind} steps are not enabled on the workers (CHORDBEAT_STEP_KINDS)")
     if kind == "executable":
         argv = raw.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:

@@ -103,7 +103,9 @@ def apply_definitions(session: Session, definitions: list[ScheduleDefinition], *
 
 def apply_file(app: ChordbeatCelery, path: str | Path, *, dry_run: bool = False) -> FileDiff:
     """Validate and apply a schedule file in one transaction: all of it or nothing."""
-    definitions = load_file(path, known_task=lambda name: name in app.tasks)
+    from celeryapp.service import known_task
+
+    definitions = load_file(path, known_task=known_task(app))
     with transaction(app.settings.database_url) as session:
         diff = apply_definitions(session, definitions, dry_run=dry_run)
     if not dry_run:

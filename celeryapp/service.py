@@ -13,7 +13,7 @@ from sqlalchemy import select, update
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import cadence_of
-from celeryapp.definition import parse_definition
+from celeryapp.definition import KIND_OF_TASK, parse_definition
 from celeryapp.dispatch import apply_effects
 from celeryapp.errors import InvalidTransition, NotFound
 from celeryapp.lifecycle import Effects, start_execution
@@ -38,8 +38,10 @@ MAX_LIST_LIMIT = 1000
 
 
 def known_task(app: ChordbeatCelery) -> Callable[[str], bool]:
-    """Whether a task name is registered in this process (the worker's, for service calls)."""
-    return lambda name: name in app.tasks
+    """Whether a task may be used by a step: registered here (the worker, for service calls) and,
+    for the built-in executable and sql tasks, of an enabled step kind."""
+    kinds = app.settings.step_kinds
+    return lambda name: name in app.tasks and KIND_OF_TASK.get(name, "task") in kinds
 
 
 def apply_schedule(

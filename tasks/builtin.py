@@ -7,11 +7,19 @@ from typing import Any
 from celeryapp import app, step_kinds
 
 
+def _require(kind: str) -> None:
+    # Checked again here: a definition stored while the kind was enabled must not run after.
+    if kind not in app.settings.step_kinds:
+        raise step_kinds.StepError(f"{kind} steps are not enabled on this worker (CHORDBEAT_STEP_KINDS)")
+
+
 @app.task(name="chordbeat.steps.executable")
 def executable(argv: list[str], cwd: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    _require("executable")
     return step_kinds.run_executable(argv, cwd, env)
 
 
 @app.task(name="chordbeat.steps.sql")
 def sql(script: str, database_env: str) -> dict[str, Any]:
+    _require("sql")
     return step_kinds.run_sql(script, database_env)

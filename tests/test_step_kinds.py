@@ -122,3 +122,15 @@ def test_statements_split_at_their_ends_only() -> None:
         "-- comment\nupdate t set x = 1\n where y = 2;",
         "select 1",
     ]
+
+
+def test_step_kinds_can_be_switched_off(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    from dataclasses import replace
+
+    app.apply_settings(replace(app.settings, step_kinds=frozenset({"task"})))
+    with pytest.raises(Exception, match=r"steps\[0\]\.kind: executable steps are not enabled on the workers"):
+        call(
+            client,
+            "chordbeat.apply_schedule",
+            definition={"name": "x", "every": 60, "steps": [{"name": "s", "kind": "executable", "argv": ["true"]}]},
+        )

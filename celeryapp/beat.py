@@ -41,6 +41,8 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             # Refuse the whole file but keep scheduling what is stored: a crash-looping beat
             # would stop every schedule, not just the broken one.
             logger.error("beat: schedule file %s NOT applied, nothing changed: %s", settings.schedules_file, exc)
+        except Exception:
+            logger.exception("beat: schedule file %s NOT applied (database or Redis trouble)", settings.schedules_file)
         try:
             reconcile(self.app)
         except redis.RedisError:

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 import yaml
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from celeryapp.app import ChordbeatCelery
@@ -106,8 +107,13 @@ def apply_file(app: ChordbeatCelery, path: str | Path, *, dry_run: bool = False)
     from celeryapp.service import known_task
 
     definitions = load_file(path, known_task=known_task(app))
-    with transaction(app.settings.database_url) as session:
-        diff = apply_definitions(session, definitions, dry_run=dry_run)
+    try:
+        with transaction(app.settings.database_url) as session:
+            diff = apply_definitions(session, definitions, dry_run=dry_run)
+    except IntegrityError:
+        # Another beat applied the same file at the same moment; the second pass sees its rows.
+        with transaction(app.settings.database_url) as session:
+            diff = apply_definitions(session, definitions, dry_run=dry_run)
     if not dry_run:
         from celeryapp.beat_entries import sync_schedules
 

@@ -492,8 +492,11 @@ def _after_execution(
             if schedule.current_retry < schedule.max_retries:
                 retry = schedule.current_retry + 1
                 delay = retry_delay_s(definition_of(schedule).retry_base_s, retry)
+                # Guarded: two failing runs of an `allow` schedule schedule one retry, not two.
                 session.execute(
-                    update(Schedule).where(by_id).values(current_retry=retry, retry_at=now + timedelta(seconds=delay))
+                    update(Schedule)
+                    .where(by_id, Schedule.current_retry == schedule.current_retry)
+                    .values(current_retry=retry, retry_at=now + timedelta(seconds=delay))
                 )
                 logger.info("schedule %r: retry %s in %.0fs", schedule.name, retry, delay)
             else:
@@ -614,6 +617,10 @@ def resend_queued(session: Session, worker_task_id: int, *, now: datetime) -> Ef
     if execution.status is not ExecutionStatus.IN_PROGRESS:
         return Effects()
     spec = _spec_of(execution, task)
-    session.execute(update(WorkerTask).where(WorkerTask.id == worker_task_id).values(queued_at=now))
+    session.execute(
+        update(WorkerTask)
+        .where(WorkerTask.id == worker_task_id, WorkerTask.status == WorkerTaskStatus.QUEUED)
+        .values(queued_at=now)
+    )
     step = StepDispatch(execution.id, worker_task_id, task.attempt, spec)
     return Effects(dispatch=[GroupDispatch(execution.id, task.step_index, (step,), requeue=True)])

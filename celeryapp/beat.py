@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, get_redis
+from celery.signals import beat_init
+from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, acquire_distributed_beat_lock, get_redis
 
 from celeryapp import health
 from celeryapp.beat_entries import CadenceSchedule, ScheduleEntry, reconcile
@@ -111,3 +112,15 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         except redis.RedisError as exc:
             logger.warning("beat: Redis error during tick (%s); retrying shortly", exc)
             return LOCK_RETRY_S
+
+
+# RedBeat's own start-up handler polls for the lock every beat_max_loop_interval (5 s); ours polls
+# every second, so a standby takes over sooner after the holder dies.
+beat_init.disconnect(acquire_distributed_beat_lock)
+
+
+@beat_init.connect
+def take_lock_at_start(sender: Any = None, **_: Any) -> None:
+    scheduler = sender.scheduler
+    if isinstance(scheduler, ChordbeatScheduler) and scheduler.lock_key:
+        scheduler._take_lock()

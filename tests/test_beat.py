@@ -55,8 +55,8 @@ def test_beat_fires_interval_schedules_with_one_execution_per_slot(
     nominal = [s.nominal_at for s in fired]
     assert len(nominal) == len(set(nominal)) and all(n is not None for n in nominal)
     # Anchored slots: consecutive fires are whole intervals apart.
-    gaps = {round((b - a).total_seconds(), 3) for a, b in itertools.pairwise(nominal) if a and b}
-    assert gaps <= {1.0, 2.0, 3.0}
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(nominal) if a and b]
+    assert gaps and all(g >= 1 and g == round(g) for g in gaps), gaps
 
 
 def test_pause_removes_the_entry_and_a_fire_already_sent_does_nothing(
@@ -91,7 +91,7 @@ def test_two_beats_fire_each_slot_once_and_a_killed_holder_is_replaced(
     with processes.beat(settings, tmp_path, "beat-a") as a, processes.beat(settings, tmp_path, "beat-b") as b:
         wait_for(lambda: len(executions(app)) >= 3, 30, interval=0.2, what="fires with two beats")
         holder = wait_for(
-            lambda: next((p for p in (a, b) if "Acquired lock" in p.output()), None), 10, what="a lock holder"
+            lambda: next((p for p in (a, b) if "acquired lock" in p.output()), None), 10, what="a lock holder"
         )
         assert isinstance(holder, processes.Process)
         standby = b if holder is a else a
@@ -129,7 +129,7 @@ def test_failures_are_retried_with_backoff_then_the_schedule_dies(
     assert all(e.status.value == "failed" for e in runs)
     # Backoff: retry 1 after 1 s (base = every), retry 2 after 2 s.
     gaps = [(b.started_at - a.completed_at).total_seconds() for a, b in itertools.pairwise(runs) if a.completed_at]
-    assert 0.9 <= gaps[0] < 2.5 and 1.9 <= gaps[1] < 3.5, gaps
+    assert 0.9 <= gaps[0] < 4 and 1.9 <= gaps[1] < 5, gaps
     schedule = schedule_of(client, "flaky")
     assert schedule["error_count"] == 3 and schedule["next_run_at"] is None
     assert not entry_exists(app, "flaky")

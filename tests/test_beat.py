@@ -70,6 +70,10 @@ def test_pause_removes_the_entry_and_a_fire_already_sent_does_nothing(
     assert [s.outcome for s in slots(app)] == [SlotOutcome.SKIPPED_PAUSED]
     call(client, "chordbeat.resume_schedule", name="p")
     assert entry_exists(app, "p")
+    # A changed cadence rewrites the entry at once.
+    call(client, "chordbeat.apply_schedule", definition={"name": "p", "every": 15, "steps": [step("s")]})
+    entry = ScheduleEntry.from_key(ScheduleEntry.generate_key(app, entry_name("p")), app=app)
+    assert entry.schedule.cadence.every_s == 15
     call(client, "chordbeat.delete_schedule", name="p")
     assert not entry_exists(app, "p")
 

@@ -87,3 +87,12 @@ def test_deleting_a_schedule_keeps_its_history(app: ChordbeatCelery, worker: Any
     call(client, "chordbeat.delete_schedule", name="gone")
     kept = call(client, "chordbeat.get_execution", execution_id=execution_id)
     assert kept["schedule"] == "gone" and kept["status"] == "completed"
+
+
+def test_the_client_hides_payloads_and_env_from_task_reprs() -> None:
+    from celeryapp.client import redact
+
+    definition = {"name": "x", "payload": {"token": "s3cret"}, "steps": [{"name": "e", "env": {"PASSWORD": "p"}}]}
+    shown = repr(redact({"definition": definition}))
+    assert "s3cret" not in shown and "PASSWORD" not in shown and "'name': 'x'" in shown
+    assert redact({"payload": None}) == {"payload": None}

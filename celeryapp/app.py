@@ -73,9 +73,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # "celery" is where a plain ``send_task`` from another service lands (it knows no routes).
         "task_queues": tuple(Queue(name) for name in (CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE)),  # type: ignore[no-untyped-call]
         "task_routes": {"chordbeat.*": {"queue": CONTROL_QUEUE}, "chordbeat.run_step": {"queue": STEPS_QUEUE}},
-        "task_track_started": True,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # Task events stay off unless someone watches: Flower switches them on in the workers
+        # while it runs (enable_events). Publishing them costs ~15% of a worker's CPU per task.
+        "worker_send_task_events": False,
         "timezone": "UTC",
         "enable_utc": True,
         "beat_scheduler": "celeryapp.beat:ChordbeatScheduler",

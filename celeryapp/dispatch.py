@@ -38,7 +38,14 @@ def _runner(app: Celery, step: StepDispatch, step_index: int) -> Signature:
 
 
 def _advance(app: Celery, group: GroupDispatch) -> Signature:
-    return app.signature(ADVANCE, args=(group.execution_id, group.step_index), immutable=True, queue=keys.CONTROL_QUEUE)
+    # Nobody reads an advancement's result: skip storing it (a Redis write per group).
+    return app.signature(
+        ADVANCE,
+        args=(group.execution_id, group.step_index),
+        immutable=True,
+        queue=keys.CONTROL_QUEUE,
+        ignore_result=True,
+    )
 
 
 def send_group(app: Celery, group: GroupDispatch) -> None:

@@ -172,8 +172,8 @@ def start_execution(
             session.add(execution)
             session.flush()
     except IntegrityError:
-        # Lost a race: the same run key, or another active run of an exclusive schedule.
-        session.expunge(execution)
+        # Lost a race: the same run key, or another active run of an exclusive schedule. (Rolling
+        # back the savepoint already took the new execution out of the session.)
         winner = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
         if winner is not None:
             return StartResult(winner, skipped="duplicate")

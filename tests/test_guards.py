@@ -173,3 +173,46 @@ def test_cancel_previous_cancels_the_active_run_and_starts(app: ChordbeatCelery,
     assert old["status"] == "cancelled" and old["error"] == "cancelled: a new run started"
     running(client, second, "wait")
     call(client, "chordbeat.cancel_execution", execution_id=second)
+
+
+def test_two_starts_racing_make_one_execution(app: ChordbeatCelery) -> None:
+    """Two transactions start the same exclusive schedule at once: the database lets one win."""
+    import threading
+    import time
+
+    from celeryapp.definition import parse_definition
+    from celeryapp.lifecycle import StartResult, start_execution
+    from celeryapp.store import upsert_schedule
+    from models import Schedule, ScheduleSource, Trigger, utcnow
+
+    url = app.settings.database_url
+    with transaction(url) as session:
+        definition = parse_definition({"name": "race", "every": 60, "steps": [step("a")]})
+        upsert_schedule(session, definition, source=ScheduleSource.API, now=utcnow())
+    results: dict[str, StartResult] = {}
+    first_inserted = threading.Event()
+
+    def start(label: str, run_key: str) -> None:
+        with transaction(url) as session:
+            schedule = session.scalar(select(Schedule))
+            assert schedule is not None
+            results[label] = start_execution(session, schedule, trigger=Trigger.MANUAL, run_key=run_key, now=utcnow())
+            if label == "first":
+                first_inserted.set()
+                # Hold the transaction open so the second one collides with it, not with its result.
+                time.sleep(0.5)
+
+    def second() -> None:
+        first_inserted.wait(10)
+        start("second", "race:b")
+
+    threads = [threading.Thread(target=start, args=("first", "race:a")), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert results["first"].execution_id is not None and results["first"].skipped is None
+    assert results["second"].execution_id is None and results["second"].skipped is not None
+    assert results["second"].skipped.startswith("overlap")
+    with transaction(url) as session:
+        assert session.scalar(select(func.count()).select_from(SlotRecord)) == 2

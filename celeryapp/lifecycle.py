@@ -419,7 +419,7 @@ def advance_execution(session: Session, execution_id: int, step_index: int, *, n
         )
         return Effects(dispatch=[_queued_group(session, execution, step_index + 1)])
     status = ExecutionStatus.FAILED if outcome.verdict is Verdict.FAIL else ExecutionStatus.COMPLETED
-    return _finish_execution(session, execution, guard, status, error=outcome.error, now=now)
+    return _finish_execution(session, execution, guard, status, error=outcome.error, now=now) or Effects()
 
 
 def _queued_group(session: Session, execution: ScheduleExecution, step_index: int) -> GroupDispatch:
@@ -446,7 +446,8 @@ def _finish_execution(
     *,
     error: str | None,
     now: datetime,
-) -> Effects:
+) -> Effects | None:
+    """End the execution if ``guard`` still holds; ``None`` if someone else changed it first."""
     done = affected(
         session,
         update(ScheduleExecution)
@@ -454,7 +455,7 @@ def _finish_execution(
         .values(status=status, error=error, completed_at=now, exclusive_key=None),
     )
     if not done:
-        return Effects()
+        return None
     session.execute(delete(WorkerTask).where(WorkerTask.execution_id == execution.id))
     if status is ExecutionStatus.FAILED:
         logger.warning("execution %s of %r failed: %s", execution.id, execution.schedule_name, error)
@@ -545,12 +546,14 @@ def cancel_execution(
             WorkerTask.execution_id == execution_id, WorkerTask.status != WorkerTaskStatus.WAITING
         )
     ).all()
+    effects = _finish_execution(session, execution, guard, status, error=reason, now=now)
+    if effects is None:
+        return Effects()  # it ended meanwhile: nothing to cancel
     session.execute(
         update(Activity)
         .where(Activity.execution_id == execution_id, Activity.status == ActivityStatus.IN_PROGRESS)
         .values(status=ActivityStatus.CANCELLED, completed_at=now, error=reason)
     )
-    effects = _finish_execution(session, execution, guard, status, error=reason, now=now)
     effects.cancelled.append(execution_id)
     effects.revoke += [keys.runner_task_id(execution_id, i, a) for i, a in running]
     return effects

@@ -45,6 +45,9 @@ def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trig
                     detail="schedule is paused",
                 )
             return {"execution_id": None, "skipped": f"schedule is {schedule.status.value}"}
+        if trigger is Trigger.RETRY and schedule.retry_at is None:
+            # A run succeeded since the retry was planned (a manual one, say): nothing to retry.
+            return {"execution_id": None, "skipped": "no retry is pending"}
         if trigger is not Trigger.RETRY and schedule.retry_at is not None:
             record_slot(
                 session,

@@ -86,6 +86,12 @@ def test_a_redelivered_fire_message_makes_one_execution(app: ChordbeatCelery, wo
     assert first["status"] == "in_progress"
     assert again == {"execution_id": None, "skipped": "duplicate"}
     assert len(executions(app)) == 1
+    stale_retry = {**message, "trigger": "retry"}
+    assert app.send_task("chordbeat.fire_schedule", kwargs=stale_retry).get(timeout=10) == {
+        "execution_id": None,
+        "skipped": "no retry is pending",
+    }
+    assert len(executions(app)) == 1
 
 
 def test_two_beats_fire_each_slot_once_and_a_killed_holder_is_replaced(

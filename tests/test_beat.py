@@ -193,3 +193,34 @@ def test_a_slot_whose_fire_message_was_lost_is_fired_again_once(
     )
     # The slot is now known as fired: the next reconcile leaves it alone.
     assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == []
+
+
+def test_after_beat_downtime_a_schedule_runs_once_then_keeps_its_cadence(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    call(client, "chordbeat.apply_schedule", definition={"name": "downtime", "every": 1, "steps": [step("s")]})
+    with processes.beat(settings, tmp_path, "beat-1") as first:
+        wait_for(lambda: executions(app), 30, interval=0.2, what="a first fire")
+        first.kill()
+    stopped = datetime.now(UTC)
+    # As after an outage longer than the lock's 30 s: the dead beat's lock is gone.
+    get_redis(app.settings.redbeat_url).delete(app.conf.redbeat_key_prefix + ":lock")
+    # The outage: wait until at least four slots have passed with no beat running.
+    wait_for(lambda: datetime.now(UTC) - stopped > timedelta(seconds=4), 10, interval=0.2, what="missed slots")
+    fired_before = len([s for s in slots(app) if s.outcome is SlotOutcome.FIRED])
+    with processes.beat(settings, tmp_path, "beat-2"):
+        restarted = datetime.now(UTC)
+        wait_for(
+            lambda: len([s for s in slots(app) if s.outcome is SlotOutcome.FIRED]) >= fired_before + 3,
+            30,
+            interval=0.2,
+            what="fires after the restart",
+        )
+    after = [s.nominal_at for s in slots(app) if s.outcome is SlotOutcome.FIRED][fired_before:]
+    assert all(n is not None for n in after)
+    # No make-up runs: nothing fired for the slots of the outage, except the latest one.
+    in_outage = [n for n in after if n and stopped + timedelta(seconds=1) < n < restarted - timedelta(seconds=1)]
+    assert in_outage == [], in_outage
+    assert len(after) == len(set(after))

@@ -101,14 +101,14 @@ def measure(
     ids = [client.trigger_schedule(name)["execution_id"] for _ in range(executions)]
 
     def all_done() -> bool:
-        with transaction(settings.database_url) as session:
+        with transaction(settings.database_url, read_only=True) as session:
             statuses = session.scalars(select(ScheduleExecution.status).where(ScheduleExecution.id.in_(ids))).all()
         return all(s is not ExecutionStatus.IN_PROGRESS for s in statuses)
 
     wait_for(all_done, 600, interval=0.1, what=f"{name} to finish")
     wall = time.monotonic() - started
     rss = rss_mib(pid)
-    with transaction(settings.database_url) as session:
+    with transaction(settings.database_url, read_only=True) as session:
         rows = session.execute(
             select(Activity.execution_id, Activity.step_index, Activity.started_at, Activity.completed_at).where(
                 Activity.execution_id.in_(ids)

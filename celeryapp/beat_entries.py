@@ -214,7 +214,7 @@ def sync_schedules(app: Celery, names: Iterable[str]) -> EntryChanges:
     if not names:
         return changes
     now = datetime.now(UTC)
-    with transaction(app.settings.database_url) as session:
+    with transaction(app.settings.database_url, read_only=True) as session:
         found = {s.name: s for s in session.scalars(select(Schedule).where(Schedule.name.in_(names)))}
         desired = {name: desired_entry(app, found[name], now) if name in found else None for name in names}
     for name, entry in desired.items():
@@ -235,7 +235,7 @@ def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
     key makes a late original and this re-fire one execution.
     """
     now = now or datetime.now(UTC)
-    with transaction(app.settings.database_url) as session:
+    with transaction(app.settings.database_url, read_only=True) as session:
         overdue = session.execute(
             select(Schedule.name, Schedule.next_run_at, Schedule.cron).where(
                 Schedule.status == ScheduleStatus.ACTIVE,
@@ -271,7 +271,7 @@ def reconcile(app: Celery) -> EntryChanges:
     present |= {
         key[len(prefix) :] for key in client.zrange(app.redbeat_conf.schedule_key, 0, -1) if key.startswith(prefix)
     }
-    with transaction(app.settings.database_url) as session:
+    with transaction(app.settings.database_url, read_only=True) as session:
         active = list(session.scalars(select(Schedule.name).where(Schedule.status == ScheduleStatus.ACTIVE)))
     changes = sync_schedules(app, present | set(active))
     if not changes.empty:

@@ -51,7 +51,7 @@ class ExecutionCollector(Collector):
         self.app = app
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
-        with transaction(self.app.settings.database_url) as session:
+        with transaction(self.app.settings.database_url, read_only=True) as session:
             yield from self._counts(session)
             yield from self._durations(session)
 

@@ -64,7 +64,7 @@ def recover_stale_steps(
         query = query.where(WorkerTask.node == node)
     else:
         query = query.where(WorkerTask.started_at < now - timedelta(seconds=settings.heartbeat_ttl_s))
-    with transaction(settings.database_url) as session:
+    with transaction(settings.database_url, read_only=True) as session:
         candidates = session.execute(query).all()
     if not candidates:
         return
@@ -86,7 +86,7 @@ def recover_stale_steps(
 
 def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
     settings = app.settings
-    with transaction(settings.database_url) as session:
+    with transaction(settings.database_url, read_only=True) as session:
         queued = session.execute(
             select(WorkerTask.id, WorkerTask.attempt).where(
                 WorkerTask.status == WorkerTaskStatus.QUEUED,
@@ -112,7 +112,7 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
 
 
 def time_out_executions(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
-    with transaction(app.settings.database_url) as session:
+    with transaction(app.settings.database_url, read_only=True) as session:
         overdue = session.execute(
             select(ScheduleExecution.id, ScheduleExecution.started_at, ScheduleExecution.deadline_at).where(
                 ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
@@ -139,7 +139,7 @@ def unstick_executions(app: ChordbeatCelery, now: datetime, report: RecoveryRepo
         WorkerTask.execution_id == ScheduleExecution.id,
         WorkerTask.status != WorkerTaskStatus.WAITING,
     )
-    with transaction(app.settings.database_url) as session:
+    with transaction(app.settings.database_url, read_only=True) as session:
         stuck = session.execute(
             select(ScheduleExecution.id, ScheduleExecution.current_step_index).where(
                 and_(

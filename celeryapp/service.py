@@ -68,12 +68,12 @@ def delete_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
 
 
 def get_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
-    with transaction(app.settings.database_url) as session:
+    with transaction(app.settings.database_url, read_only=True) as session:
         return schedule_json(find_schedule(session, name))
 
 
 def list_schedules(app: ChordbeatCelery) -> list[dict[str, Any]]:
-    with transaction(app.settings.database_url) as session:
+    with transaction(app.settings.database_url, read_only=True) as session:
         return [schedule_json(s) for s in session.scalars(select(Schedule).order_by(Schedule.name))]
 
 
@@ -145,7 +145,7 @@ def cancel_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
 
 
 def get_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
-    with transaction(app.settings.database_url) as session:
+    with transaction(app.settings.database_url, read_only=True) as session:
         execution = session.get(ScheduleExecution, int(execution_id))
         if execution is None:
             raise NotFound(f"execution {execution_id} does not exist")
@@ -166,14 +166,14 @@ def list_executions(
         query = query.where(ScheduleExecution.schedule_name == schedule)
     if status is not None:
         query = query.where(ScheduleExecution.status == ExecutionStatus(status))
-    with transaction(app.settings.database_url) as session:
+    with transaction(app.settings.database_url, read_only=True) as session:
         return [execution_json(session, e) for e in session.scalars(query).all()]
 
 
 def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[str, Any]]:
     """What became of the schedule's recent due times, newest first: why a run did or did not happen."""
     _check_limit(limit)
-    with transaction(app.settings.database_url) as session:
+    with transaction(app.settings.database_url, read_only=True) as session:
         rows = session.scalars(
             select(SlotRecord).where(SlotRecord.schedule_name == name).order_by(SlotRecord.id.desc()).limit(limit)
         ).all()

@@ -15,7 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 _lock = threading.Lock()
-_engines: dict[tuple[int, str], tuple[Engine, sessionmaker[Session]]] = {}
+_engines: dict[tuple[int, str], tuple[Engine, sessionmaker[Session], sessionmaker[Session]]] = {}
+#: Execution option marking a read-only transaction (SQLite then begins without the write lock).
+READ_ONLY = "chordbeat_read_only"
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -36,14 +38,15 @@ def _configure_sqlite(engine: Engine) -> None:
     def _on_begin(conn: Any) -> None:
         # Take the write lock up front: a deferred transaction that reads and then writes can fail
         # at once with SQLITE_BUSY instead of waiting, which would break compare-and-set updates.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Read-only transactions need no lock: with WAL they read beside a writer.
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
 
 def get_engine(url: str) -> Engine:
     return _get(url)[0]
 
 
-def _get(url: str) -> tuple[Engine, sessionmaker[Session]]:
+def _get(url: str) -> tuple[Engine, sessionmaker[Session], sessionmaker[Session]]:
     # Keyed by pid: a connection pool must never cross a fork (prefork worker children).
     key = (os.getpid(), url)
     with _lock:
@@ -57,15 +60,20 @@ def _get(url: str) -> tuple[Engine, sessionmaker[Session]]:
             engine = create_engine(url, **kwargs)
             if engine.dialect.name == "sqlite":
                 _configure_sqlite(engine)
-            found = (engine, sessionmaker(engine, expire_on_commit=False))
+            reader = engine.execution_options(**{READ_ONLY: True})
+            found = (engine, sessionmaker(engine, expire_on_commit=False), sessionmaker(reader, expire_on_commit=False))
             _engines[key] = found
     return found
 
 
 @contextmanager
-def transaction(url: str) -> Iterator[Session]:
-    """A session whose work is committed when the block ends and rolled back if it raises."""
-    session = _get(url)[1]()
+def transaction(url: str, *, read_only: bool = False) -> Iterator[Session]:
+    """A session whose work is committed when the block ends and rolled back if it raises.
+
+    ``read_only`` transactions must not write; on SQLite they do not wait for the write lock.
+    """
+    _engine, writer, reader = _get(url)
+    session = (reader if read_only else writer)()
     try:
         with session.begin():
             yield session
@@ -76,7 +84,7 @@ def transaction(url: str) -> Iterator[Session]:
 def dispose_all() -> None:
     """Drop every engine of this process (tests and shutdown)."""
     with _lock:
-        for (pid, _url), (engine, _maker) in list(_engines.items()):
+        for (pid, _url), (engine, _writer, _reader) in list(_engines.items()):
             if pid == os.getpid():
                 engine.dispose()
         _engines.clear()

@@ -183,13 +183,28 @@ def next_cmd(name: str, count: int, as_json: bool) -> None:
         click.echo(f"{t.isoformat()}  ({t.tzname()})")
 
 
-def _group_table(execution: dict[str, Any]) -> Table:
-    table = Table("group", "step", "state", "attempt", title=f"execution {execution['id']}: {execution['status']}")
-    for a in execution["activities"]:
-        table.add_row(str(a["step_index"]), a["step"], a["status"], str(a["attempt"]))
+def step_states(execution: dict[str, Any]) -> dict[tuple[int, str], tuple[str, int]]:
+    """Each step's current state and attempt, in run order: its open task or its latest activity."""
+    states: dict[tuple[int, str], tuple[str, int]] = {}
+    for a in execution["activities"]:  # ordered by attempt within a step
+        states[(a["step_index"], a["step"])] = (a["status"], a["attempt"])
     for t in execution["tasks"]:
-        table.add_row(str(t["step_index"]), t["step"], t["status"], str(t["attempt"]))
+        key = (t["step_index"], t["step"])
+        running = states.get(key, ("", 0))
+        # A processing task's running attempt already shows as its in-progress activity.
+        if not (running[0] == "in_progress" and running[1] == t["attempt"]):
+            states[key] = (t["status"], t["attempt"])
+    return dict(sorted(states.items(), key=lambda item: item[0][0]))
+
+
+def _group_table(states: dict[tuple[int, str], tuple[str, int]], title: str) -> Table:
+    table = Table("group", "step", "state", "attempt", title=title)
+    for (group, step), (state, attempt) in states.items():
+        table.add_row(str(group), step, state, str(attempt))
     return table
+
+
+FINISHED_STEP = {"complete", "complete_with_warning", "complete_with_error", "failed_with_error", "cancelled"}
 
 
 def _watch(execution_id: int) -> dict[str, Any]:
@@ -199,29 +214,23 @@ def _watch(execution_id: int) -> dict[str, Any]:
 
     client = _client()
     try:
-        first = client.get_execution(execution_id)
-        groups = sorted({a["step_index"] for a in first["activities"]} | {t["step_index"] for t in first["tasks"]})
-        sizes = {
-            g: sum(1 for t in first["tasks"] if t["step_index"] == g)
-            + sum(1 for a in first["activities"] if a["step_index"] == g and a["attempt"] == 1)
-            for g in groups
-        }
+        first = step_states(client.get_execution(execution_id))
+        sizes: dict[int, int] = {}
+        for group, _step in first:
+            sizes[group] = sizes.get(group, 0) + 1
         progress = Progress(
             TextColumn("group {task.fields[group]}"), BarColumn(), TextColumn("{task.completed}/{task.total}")
         )
-        bars = {g: progress.add_task("", total=sizes[g], group=g) for g in groups}
+        bars = {g: progress.add_task("", total=n, group=g) for g, n in sorted(sizes.items())}
         with Live(progress, console=console, refresh_per_second=8, transient=False) as live:
             while True:
                 execution: dict[str, Any] = client.get_execution(execution_id)
-                for g in groups:
-                    done = {
-                        a["step"]
-                        for a in execution["activities"]
-                        if a["step_index"] == g and a["status"] != "in_progress"
-                    }
-                    pending = {t["step"] for t in execution["tasks"] if t["step_index"] == g}
-                    progress.update(bars[g], completed=len(done - pending))
-                live.update(Group(progress, _group_table(execution)))
+                states = step_states(execution)
+                for group, bar in bars.items():
+                    done = sum(1 for (g, _s), (state, _a) in states.items() if g == group and state in FINISHED_STEP)
+                    progress.update(bar, completed=done)
+                title = f"execution {execution_id}: {execution['status']}"
+                live.update(Group(progress, _group_table(states, title)))
                 if execution["status"] != "in_progress":
                     return execution
                 time.sleep(0.25)

@@ -80,3 +80,26 @@ def test_health_reports_stale_and_fresh_liveness_files(tmp_path: Any, monkeypatc
     path = tmp_path / "chordbeat-worker.health"
     os.utime(path, (0, 0))
     assert "unhealthy" in cli("health", "worker").output
+
+
+def test_the_live_view_shows_each_step_once_with_its_current_attempt() -> None:
+    from celeryapp.cli import step_states
+
+    execution = {
+        "activities": [
+            {"step_index": 0, "step": "a", "status": "complete", "attempt": 1},
+            {"step_index": 1, "step": "b", "status": "failed_with_error", "attempt": 1},
+            {"step_index": 1, "step": "c", "status": "in_progress", "attempt": 1},
+        ],
+        "tasks": [
+            {"step_index": 1, "step": "b", "status": "queued", "attempt": 2},
+            {"step_index": 1, "step": "c", "status": "processing", "attempt": 1},
+            {"step_index": 2, "step": "d", "status": "waiting_for_previous_step", "attempt": 1},
+        ],
+    }
+    assert step_states(execution) == {
+        (0, "a"): ("complete", 1),
+        (1, "b"): ("queued", 2),
+        (1, "c"): ("in_progress", 1),
+        (2, "d"): ("waiting_for_previous_step", 1),
+    }

@@ -156,7 +156,7 @@ def show_cmd(name: str, as_json: bool) -> None:
     console.print_json(
         json.dumps({k: schedule[k] for k in ("cron", "every", "timezone", "overlap", "steps") if k in schedule})
     )
-    console.print("next: " + ", ".join(t.isoformat() for t in upcoming(schedule, 5)) or "-")
+    console.print("next: " + (", ".join(t.isoformat() for t in upcoming(schedule, 5)) or "-"))
     table = Table("id", "trigger", "status", "started", "error", title="recent executions")
     for e in executions:
         table.add_row(str(e["id"]), e["trigger"], e["status"], e["started_at"], e["error"] or "")

@@ -11,6 +11,7 @@ if [ -z "${FLOWER_BASIC_AUTH:-}" ]; then
   echo "Flower: http://127.0.0.1:5555 (user chordbeat, password chordbeat-local; set FLOWER_BASIC_AUTH to change)"
 fi
 export FLOWER_COOKIE_SECRET="${FLOWER_COOKIE_SECRET:-local-development-only}"
+export FLOWER_DB="${FLOWER_DB:-$PWD/.run/flower.db}"
 broker="${CHORDBEAT_BROKER_URL:-redis://127.0.0.1:6379/0}"
 processes="worker beat flower"
 if ! python -c "import redis,sys; redis.Redis.from_url(sys.argv[1], socket_connect_timeout=1).ping()" "$broker" 2>/dev/null; then

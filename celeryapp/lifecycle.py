@@ -474,49 +474,66 @@ def _after_execution(
     if schedule is None:
         return Effects()
     by_id = Schedule.id == schedule.id
+    # Counters change with atomic increments whose new values come back (RETURNING), so nothing is
+    # re-read; every status change is guarded on the status it leaves.
     if status is ExecutionStatus.COMPLETED:
-        session.execute(
-            update(Schedule).where(by_id).values(run_count=Schedule.run_count + 1, current_retry=0, retry_at=None)
-        )
-        session.refresh(schedule)
-        if schedule.total_repeats and schedule.run_count >= schedule.total_repeats:
+        run_count = session.execute(
+            update(Schedule)
+            .where(by_id)
+            .values(run_count=Schedule.run_count + 1, current_retry=0, retry_at=None)
+            .returning(Schedule.run_count),
+            execution_options=_NO_SYNC,
+        ).scalar_one()
+        if schedule.total_repeats and run_count >= schedule.total_repeats:
             session.execute(
                 update(Schedule)
                 .where(by_id, Schedule.status == ScheduleStatus.ACTIVE)
-                .values(status=ScheduleStatus.DONE, next_run_at=None, buffered=False)
+                .values(status=ScheduleStatus.DONE, next_run_at=None, buffered=False),
+                execution_options=_NO_SYNC,
             )
-            logger.info("schedule %r is done after %s runs", schedule.name, schedule.run_count)
+            logger.info("schedule %r is done after %s runs", schedule.name, run_count)
     elif status is ExecutionStatus.FAILED:
-        session.execute(update(Schedule).where(by_id).values(error_count=Schedule.error_count + 1, last_error=error))
-        session.refresh(schedule)
-        if schedule.max_retries and schedule.status is ScheduleStatus.ACTIVE:
-            if schedule.current_retry < schedule.max_retries:
-                retry = schedule.current_retry + 1
+        current_retry, schedule_status = session.execute(
+            update(Schedule)
+            .where(by_id)
+            .values(error_count=Schedule.error_count + 1, last_error=error)
+            .returning(Schedule.current_retry, Schedule.status),
+            execution_options=_NO_SYNC,
+        ).one()
+        if schedule.max_retries and schedule_status is ScheduleStatus.ACTIVE:
+            if current_retry < schedule.max_retries:
+                retry = current_retry + 1
                 delay = retry_delay_s(definition_of(schedule).retry_base_s, retry)
                 # Guarded: two failing runs of an `allow` schedule schedule one retry, not two.
                 session.execute(
                     update(Schedule)
-                    .where(by_id, Schedule.current_retry == schedule.current_retry)
-                    .values(current_retry=retry, retry_at=now + timedelta(seconds=delay))
+                    .where(by_id, Schedule.current_retry == current_retry)
+                    .values(current_retry=retry, retry_at=now + timedelta(seconds=delay)),
+                    execution_options=_NO_SYNC,
                 )
                 logger.info("schedule %r: retry %s in %.0fs", schedule.name, retry, delay)
             else:
                 session.execute(
                     update(Schedule)
                     .where(by_id, Schedule.status == ScheduleStatus.ACTIVE)
-                    .values(status=ScheduleStatus.DEAD, retry_at=None, next_run_at=None, buffered=False)
+                    .values(status=ScheduleStatus.DEAD, retry_at=None, next_run_at=None, buffered=False),
+                    execution_options=_NO_SYNC,
                 )
-                logger.error("schedule %r is dead: %s consecutive failures", schedule.name, schedule.current_retry + 1)
-    session.refresh(schedule)
+                logger.error("schedule %r is dead: %s consecutive failures", schedule.name, current_retry + 1)
     # Retry time, done or dead: the beat entry follows (syncing an unchanged entry writes nothing).
     effects = Effects(resync=[schedule.name])
-    if schedule.buffered and schedule.status is ScheduleStatus.ACTIVE:
-        taken = affected(session, update(Schedule).where(by_id, Schedule.buffered.is_(True)).values(buffered=False))
-        if taken:
-            started = start_execution(
-                session, schedule, trigger=execution.trigger, now=now, run_key=f"{schedule.name}:after:{execution.id}"
-            )
-            effects.merge(started.effects)
+    taken = affected(
+        session,
+        update(Schedule)
+        .where(by_id, Schedule.buffered.is_(True), Schedule.status == ScheduleStatus.ACTIVE)
+        .values(buffered=False)
+        .execution_options(synchronize_session=False),
+    )
+    if taken:
+        started = start_execution(
+            session, schedule, trigger=execution.trigger, now=now, run_key=f"{schedule.name}:after:{execution.id}"
+        )
+        effects.merge(started.effects)
     return effects
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 from kombu.entity import Queue
 
+from celeryapp.broker import TRANSPORT
 from celeryapp.config import Settings
 from celeryapp.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 
@@ -31,17 +34,36 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
     """A Celery app that carries chordbeat's settings."""
 
     settings: Settings
+    amqp_cls = "celeryapp.broker:ChordbeatAMQP"
 
     def apply_settings(self, settings: Settings) -> None:
         self.settings = settings
         self.conf.update(celery_config(settings))
 
 
+def _broker_ssl(url: str) -> dict[str, Any] | None:
+    """Certificates are verified on ``rediss://`` unless the URL says otherwise.
+
+    (kombu would default to no verification, and only for its own transport name.)
+    """
+    if not url.startswith("rediss://"):
+        return None
+    query = parse_qs(urlsplit(url).query)
+    required = query.get("ssl_cert_reqs", ["required"])[0].lower()
+    levels = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+    return {"ssl_cert_reqs": levels.get(required.removeprefix("cert_"), ssl.CERT_REQUIRED)}
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     return {
         "broker_url": settings.broker_url,
         "result_backend": settings.result_backend,
+        # Workers and beat ride out a Redis outage of any length: they never give up reconnecting,
+        # and the transport survives losing its connection with messages in flight (see broker.py).
+        "broker_transport": TRANSPORT,
+        "broker_use_ssl": _broker_ssl(settings.broker_url),
         "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
         # JSON only: nothing on the broker can make a worker unpickle attacker-controlled bytes.
         "accept_content": ["json"],
         "result_accept_content": ["json"],

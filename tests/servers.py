@@ -6,6 +6,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -45,6 +46,8 @@ class RedisServer:
         self.dir = Path(tempfile.mkdtemp(prefix="chordbeat-redis-"))
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        #: With persistence (append-only file) a graceful restart keeps every key, as in production.
+        self.persistent = False
 
     @property
     def url(self) -> str:
@@ -66,7 +69,9 @@ class RedisServer:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes" if self.persistent else "no",
+                "--appendfsync",
+                "always",
                 "--daemonize",
                 "no",
                 "--loglevel",
@@ -83,10 +88,54 @@ class RedisServer:
             self.proc.wait(10)
             self.proc = None
 
+    def stop_gracefully(self) -> None:
+        """SIGTERM, as ``systemctl stop`` does: Redis closes its clients and exits."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(20)
+            self.proc = None
+
     def restart(self) -> None:
         """Kill and start again: without persistence every key is gone, as after a failover."""
         self.stop()
         self.start()
+
+    def outage(self, seconds: float, *, how: str = "graceful", keep_data: bool = False) -> None:
+        """Take Redis away for ``seconds``, then bring it back on the same port.
+
+        ``how``: ``graceful`` (SIGTERM), ``kill`` (SIGKILL) or ``freeze`` (SIGSTOP/SIGCONT: the
+        server keeps its sockets but answers nothing, like a stalled host). ``keep_data`` restarts
+        from the append-only file; otherwise Redis comes back empty.
+        """
+        assert self.proc is not None
+        if how == "freeze":
+            self.proc.send_signal(signal.SIGSTOP)
+            time.sleep(seconds)  # the fault's length, not a synchronisation
+            self.proc.send_signal(signal.SIGCONT)
+            return
+        client = redis.Redis(port=self.port)
+        if keep_data:
+            # Switch the append-only file on and wait until it holds everything.
+            client.config_set("appendonly", "yes")
+            wait_for(
+                lambda: (
+                    client.info("persistence")["aof_rewrite_in_progress"] == 0
+                    and client.info("persistence")["aof_enabled"] == 1
+                ),
+                20,
+                what="the append-only file to be written",
+            )
+        client.close()
+        (self.stop_gracefully if how == "graceful" else self.stop)()
+        if not keep_data:
+            for path in self.dir.iterdir():
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        time.sleep(seconds)  # the fault's length, not a synchronisation
+        self.persistent = keep_data
+        self.start()
+        if keep_data:
+            self.persistent = False
+            redis.Redis(port=self.port).config_set("appendonly", "no")
 
     def close(self) -> None:
         self.stop()

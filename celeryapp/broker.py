@@ -1,0 +1,78 @@
+"""The broker connection: kombu's Redis transport, made to ride out a Redis outage.
+
+Two things in kombu 5.7 stop a worker from surviving a Redis restart with an outage:
+
+* When the consumer loses its connection, Celery first ``collect()``s it, which detaches the
+  transport (``transport.client = None``) but leaves the default channel open when closing it
+  failed mid-way (Redis is down). The following ``close()`` closes that channel again; its
+  ``restore_unacked`` needs a fresh connection pool, builds it from ``transport.client`` and
+  raises ``AttributeError: 'NoneType' object has no attribute 'hostname'``. That is not a
+  connection error, so it escapes ``ignore_errors`` and the worker exits with "Unrecoverable
+  error". Our channel reports a detached transport as what it is, a lost connection, which the
+  consumer ignores while it reconnects. (The unacked messages it could not restore stay in
+  Redis; chordbeat's recovery re-sends their steps long before kombu's visibility timeout.)
+* Reconnection backs off to 30 s between tries, so after a 60 s outage a worker may idle for
+  another 16 s. Ours backs off to :data:`RECONNECT_INTERVAL_MAX_S`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from celery.app.amqp import AMQP
+from kombu import Connection
+from kombu.transport import redis as kombu_redis
+
+#: Longest pause between two reconnection attempts of a worker's or beat's broker connection.
+RECONNECT_INTERVAL_MAX_S = 2.0
+
+
+class Channel(kombu_redis.Channel):  # type: ignore[misc]
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        if self.connection is None or self.connection.client is None:
+            raise redis.exceptions.ConnectionError("the broker connection was closed")
+        return super()._connparams(asynchronous=asynchronous)  # type: ignore[no-any-return]
+
+
+class Transport(kombu_redis.Transport):  # type: ignore[misc]
+    Channel = Channel
+
+
+class ReconnectingConnection(Connection):  # type: ignore[misc]
+    """A broker connection that retries forever, at most a couple of seconds apart."""
+
+    def _ensure_connection(
+        self,
+        errback: Any = None,
+        max_retries: int | None = None,
+        interval_start: float = 0.5,
+        interval_step: float = 0.5,
+        interval_max: float = RECONNECT_INTERVAL_MAX_S,
+        callback: Any = None,
+        reraise_as_library_errors: bool = True,
+        timeout: float | None = None,
+    ) -> Any:
+        return super()._ensure_connection(
+            errback,
+            max_retries,
+            interval_start,
+            interval_step,
+            min(interval_max, RECONNECT_INTERVAL_MAX_S),
+            callback,
+            reraise_as_library_errors,
+            timeout,
+        )
+
+    def as_uri(self, *args: Any, **kwargs: Any) -> str:
+        # Logs name the broker by its URL scheme, not by the transport class path.
+        uri: str = super().as_uri(*args, **kwargs)
+        return uri.replace(f"{TRANSPORT}://", "rediss://" if self.ssl else "redis://", 1)
+
+
+class ChordbeatAMQP(AMQP):  # type: ignore[misc]
+    Connection = ReconnectingConnection
+
+
+#: ``broker_transport`` value selecting :class:`Transport` (the URL keeps its redis:// scheme).
+TRANSPORT = f"{__name__}:Transport"

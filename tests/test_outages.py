@@ -1,0 +1,97 @@
+"""Redis goes away for a while, the way it does in production: workers and beat ride it out.
+
+A graceful restart (SIGTERM, as ``systemctl restart`` does) with an outage of several seconds,
+a SIGKILL, and a frozen server (SIGSTOP: sockets open, no answers). Afterwards the same worker and
+beat processes must still be running, answer the service tasks, finish the run that was in flight
+and go on firing.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from celeryapp import service
+from celeryapp.app import ChordbeatCelery
+from celeryapp.config import Settings
+from tests import processes
+from tests.conftest import call, wait_for
+from tests.servers import RedisServer
+from tests.test_crashes import db_execution
+from tests.test_guards import running
+from tests.test_lifecycle import step, ts
+
+pytestmark = pytest.mark.slow
+
+#: Long enough that a worker's first reconnection attempts fail, as in a real restart.
+OUTAGE_S = 6.0
+
+
+@pytest.mark.parametrize(
+    ("how", "keep_data"),
+    [("graceful", False), ("graceful", True), ("kill", False), ("freeze", True)],
+    ids=["graceful-restart-empty", "graceful-restart-with-data", "sigkill", "frozen"],
+)
+def test_worker_and_beat_ride_out_a_redis_outage(
+    app: ChordbeatCelery,
+    client: Celery,
+    settings: Settings,
+    tmp_path: Path,
+    redis_server: RedisServer,
+    how: str,
+    keep_data: bool,
+) -> None:
+    with processes.worker(settings, tmp_path, "w1") as worker, processes.beat(settings, tmp_path) as beat:
+        call(
+            client,
+            "chordbeat.apply_schedule",
+            definition={
+                "name": "through",
+                "every": 3600,
+                "steps": [step("before"), step("long", kwargs={"seconds": 3}), step("after")],
+            },
+        )
+        call(client, "chordbeat.apply_schedule", definition={"name": "ticker", "every": 1, "steps": [step("t")]})
+        execution_id = call(client, "chordbeat.trigger_schedule", name="through")["execution_id"]
+        running(client, execution_id, "long")
+        redis_server.outage(OUTAGE_S, how=how, keep_data=keep_data)
+        back = datetime.now(UTC)
+        done = wait_for(
+            lambda: (e := db_execution(app, execution_id))["status"] != "in_progress" and e,
+            90,
+            interval=0.3,
+            what="the run in flight to finish after the outage",
+        )
+        # Beat fires again, and its runs complete.
+        fresh = wait_for(
+            lambda: [
+                e
+                for e in service.list_executions(app, "ticker")
+                if ts(e["started_at"]) > back and e["status"] == "completed"
+            ],
+            90,
+            interval=0.3,
+            what="a run fired by beat after the outage to complete",
+        )
+        # The same worker answers the service tasks.
+        assert call(client, "chordbeat.get_execution", execution_id=execution_id)["status"] == "completed"
+        assert worker.proc.poll() is None, f"worker exited:\n{worker.output()[-3000:]}"
+        assert beat.proc.poll() is None, f"beat exited:\n{beat.output()[-3000:]}"
+        assert "Unrecoverable error" not in worker.output()
+    assert isinstance(done, dict) and done["status"] == "completed", done
+    per_step: dict[str, list[str]] = {}
+    for activity in done["activities"]:
+        per_step.setdefault(activity["step"], []).append(activity["status"])
+    # What had finished before the outage ran exactly once; nothing was left in progress.
+    assert per_step["before"] == ["complete"]
+    assert per_step["after"] == ["complete"]
+    assert "in_progress" not in per_step["long"] and per_step["long"][-1] == "complete"
+    assert isinstance(fresh, list)
+    first_step = min(ts(a["started_at"]) for e in fresh for a in e["activities"])
+    print(
+        f"\nRedis back ({how}, data {'kept' if keep_data else 'lost'}) to a fired step running: "
+        f"{(first_step - back).total_seconds():.1f}s"
+    )

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 from celery.app.amqp import AMQP
-from kombu import Connection
+from kombu.connection import Connection
 from kombu.transport import redis as kombu_redis
 
 #: Longest pause between two reconnection attempts of a worker's or beat's broker connection.
@@ -32,7 +32,7 @@ class Channel(kombu_redis.Channel):  # type: ignore[misc]
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         if self.connection is None or self.connection.client is None:
             raise redis.exceptions.ConnectionError("the broker connection was closed")
-        return super()._connparams(asynchronous=asynchronous)  # type: ignore[no-any-return]
+        return super()._connparams(asynchronous=asynchronous)  # type: ignore[no-any-return,no-untyped-call]
 
 
 class Transport(kombu_redis.Transport):  # type: ignore[misc]
@@ -53,7 +53,7 @@ class ReconnectingConnection(Connection):  # type: ignore[misc]
         reraise_as_library_errors: bool = True,
         timeout: float | None = None,
     ) -> Any:
-        return super()._ensure_connection(
+        return super()._ensure_connection(  # type: ignore[no-untyped-call]
             errback,
             max_retries,
             interval_start,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from celeryapp.definition import StepSpec
@@ -75,3 +76,29 @@ def retry_delay_s(base_s: float, retry: int) -> float:
     if retry < 1:
         raise ValueError("retry numbers start at 1")
     return float(min(base_s * 2 ** (retry - 1), base_s * BACKOFF_CAP_FACTOR))
+
+
+@dataclass(frozen=True)
+class LostAttempt:
+    """What becomes of a step attempt whose worker is gone."""
+
+    #: Run it again as the next attempt; otherwise the step fails with ``error``.
+    requeue: bool
+    #: The error recorded on the lost attempt's activity.
+    error: str
+
+
+def decide_lost_attempt(
+    attempt: int,
+    max_attempts: int,
+    *,
+    started_at: datetime | None,
+    timeout_s: float | None,
+    now: datetime,
+    reason: str,
+) -> LostAttempt:
+    """A lost attempt runs again while attempts are left, unless it outlived its timeout: then the
+    loss is the timeout's hard kill (or a step that ignored its interrupt), and it timed out."""
+    if timeout_s is not None and started_at is not None and now - started_at >= timedelta(seconds=timeout_s):
+        return LostAttempt(requeue=False, error=f"timed out after {timeout_s:g}s")
+    return LostAttempt(requeue=attempt < max_attempts, error=reason)

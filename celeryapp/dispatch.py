@@ -59,21 +59,41 @@ def send_group(app: Celery, group: GroupDispatch) -> None:
     _mark_sent(app, group)
 
 
+#: KEYS: marker, pickup lease, marker, pickup lease, ...; ARGV[1]: the marker's TTL. A worker may
+#: already have taken the message (its pickup lease exists): then the attempt is past needing one.
+_MARK_SENT_LUA = """
+for i = 1, #KEYS, 2 do
+  if redis.call('EXISTS', KEYS[i + 1]) == 0 then
+    redis.call('SET', KEYS[i], '1', 'EX', ARGV[1])
+  end
+end
+"""
+
+
 def _mark_sent(app: Celery, group: GroupDispatch) -> None:
-    """Markers after publishing: a queued attempt without one is re-sent by recovery."""
-    with get_redis(app.settings.broker_url).pipeline(transaction=False) as pipe:
-        for step in group.steps:
-            pipe.set(keys.dispatch_marker_key(step.worker_task_id, step.attempt), "1", ex=MARKER_TTL_S)
-        pipe.execute()
+    """Markers after publishing (a queued attempt without one is re-sent by recovery), unless a
+    worker was quicker and already took the message."""
+    client = get_redis(app.settings.broker_url)
+    names = [
+        key
+        for step in group.steps
+        for key in (
+            keys.dispatch_marker_key(step.worker_task_id, step.attempt),
+            keys.pickup_key(step.worker_task_id, step.attempt),
+        )
+    ]
+    client.eval(_MARK_SENT_LUA, len(names), *names, MARKER_TTL_S)
 
 
 def apply_effects(app: Celery, effects: Effects) -> None:
     """Carry out, after commit, what a lifecycle function decided."""
-    if effects.cancelled:
+    if effects.cancelled or effects.fenced:
         client = get_redis(app.settings.broker_url)
         with client.pipeline(transaction=False) as pipe:
             for execution_id in effects.cancelled:
                 pipe.set(keys.cancel_key(execution_id), "1", ex=CANCEL_FLAG_TTL_S)
+            for worker_task_id, attempt in effects.fenced:
+                pipe.set(keys.fenced_key(worker_task_id, attempt), "1", ex=CANCEL_FLAG_TTL_S)
             pipe.execute()
     if effects.revoke:
         # Drops messages still queued; running steps stop through the cancel flag instead of a

@@ -23,10 +23,13 @@ def _interrupt(thread_id: int) -> None:
 
 
 class StepWatch:
-    """Keeps ``heartbeat_key`` alive while a step runs and interrupts the step when cancelled.
+    """Keeps ``heartbeat_key`` alive while a step runs and interrupts the step when it must stop:
+    its execution was cancelled, its timeout passed, or recovery gave its attempt up (``fenced_key``).
 
     The interrupt is :class:`StepCancelled` raised inside the step's thread; it lands at the next
-    Python bytecode, so a step blocked in a long C call stops when that call returns.
+    Python bytecode, so a step blocked in a long C call stops when that call returns. The heartbeat
+    goes on until the step has really returned: a step that unwinds slowly after the interrupt is
+    still running, and must not look like a lost worker whose attempt recovery runs again.
     """
 
     def __init__(
@@ -35,6 +38,7 @@ class StepWatch:
         *,
         heartbeat_key: str,
         cancel_key: str,
+        fenced_key: str | None = None,
         ttl_s: float,
         timeout_s: float | None = None,
         done_keys: tuple[str, ...] = (),
@@ -42,6 +46,7 @@ class StepWatch:
         self._client = client
         self._heartbeat_key = heartbeat_key
         self._cancel_key = cancel_key
+        self._stop_keys = (cancel_key,) if fenced_key is None else (cancel_key, fenced_key)
         self._deadline = time.monotonic() + timeout_s if timeout_s else None
         self._done_keys = done_keys
         self._ttl_ms = int(ttl_s * 1000)
@@ -53,6 +58,7 @@ class StepWatch:
         self._thread = threading.Thread(target=self._run, name="chordbeat-step-watch", daemon=True)
         self.cancelled = False
         self.timed_out = False
+        self.fenced = False
 
     def __enter__(self) -> StepWatch:
         self._beat()
@@ -76,33 +82,49 @@ class StepWatch:
         except redis.RedisError:
             logger.warning("could not delete heartbeat key %s; it expires by itself", self._heartbeat_key)
 
-    def _beat(self) -> None:
+    def _beat(self) -> bool:
         try:
             self._client.set(self._heartbeat_key, "1", px=self._ttl_ms)
         except redis.RedisError as exc:
             logger.warning("heartbeat %s not refreshed: %s", self._heartbeat_key, exc)
+            return False
+        return True
+
+    def _must_stop(self) -> str | None:
+        """Why the step must stop now (``cancelled`` or ``fenced``), if it must."""
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                for key in self._stop_keys:
+                    pipe.exists(key)
+                cancelled, *fenced = pipe.execute()
+        except redis.RedisError:
+            return None
+        if fenced and fenced[0]:
+            return "fenced"
+        return "cancelled" if cancelled else None
 
     def _run(self) -> None:
         last_beat = time.monotonic()
+        fired = False
         while not self._stop.wait(CANCEL_POLL_S):
+            # A failed refresh (Redis away) is tried again at the next poll, not a period later, so
+            # the key is back as soon as Redis is.
+            if time.monotonic() - last_beat >= self._refresh_s and self._beat():
+                last_beat = time.monotonic()
+            if fired:
+                continue  # interrupted: only keep the heartbeat until the step has returned
             if self._deadline is not None and time.monotonic() >= self._deadline:
                 # Also in thread pools and inside code that swallows the soft time limit.
-                self._fire("timed_out")
-                return
-            if time.monotonic() - last_beat >= self._refresh_s:
-                self._beat()
-                last_beat = time.monotonic()
-            try:
-                cancelled = bool(self._client.exists(self._cancel_key))
-            except redis.RedisError:
+                fired = self._fire("timed_out")
                 continue
-            if cancelled:
-                self._fire("cancelled")
-                return
+            why = self._must_stop()
+            if why is not None:
+                fired = self._fire(why)
 
-    def _fire(self, why: str) -> None:
+    def _fire(self, why: str) -> bool:
         with self._lock:
             if self._armed:
                 setattr(self, why, True)
                 self._armed = False
                 _interrupt(self._target)
+        return True

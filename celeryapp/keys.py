@@ -33,6 +33,20 @@ def dispatch_marker_key(worker_task_id: int, attempt: int) -> str:
     return f"{PREFIX}:sent:{worker_task_id}:{attempt}"
 
 
+def pickup_key(worker_task_id: int, attempt: int) -> str:
+    """Set, with the heartbeat's TTL, when a worker takes an attempt's message and until its claim
+    commits. The dispatch marker gives way to it: a worker dying (or its claim failing) between
+    taking the message and committing the claim lets it expire, and recovery sends the attempt
+    again instead of waiting for the broker's visibility timeout."""
+    return f"{PREFIX}:pickup:{worker_task_id}:{attempt}"
+
+
+def fenced_key(worker_task_id: int, attempt: int) -> str:
+    """Set by recovery when it gives an attempt up (its heartbeat stopped): if that attempt is in
+    fact still running somewhere (a frozen worker, a Redis stall), its watch stops it."""
+    return f"{PREFIX}:fenced:{worker_task_id}:{attempt}"
+
+
 def cancel_key(execution_id: int) -> str:
     """Key whose presence tells running steps of an execution to stop."""
     return f"{PREFIX}:cancel:{execution_id}"

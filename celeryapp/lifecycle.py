@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from celeryapp import keys
-from celeryapp.decisions import StepResult, Verdict, decide_after_group, retry_delay_s
+from celeryapp.decisions import StepResult, Verdict, decide_after_group, decide_lost_attempt, retry_delay_s
 from celeryapp.definition import StepSpec
 from celeryapp.errors import NotFound
 from celeryapp.store import definition_of
@@ -73,12 +73,15 @@ class Effects:
     revoke: list[str] = field(default_factory=list)
     #: Schedules whose beat entry must be rewritten (retry due, done, dead).
     resync: list[str] = field(default_factory=list)
+    #: Attempts given up by recovery (worker task id, attempt): if still running anywhere, they stop.
+    fenced: list[tuple[int, int]] = field(default_factory=list)
 
     def merge(self, other: Effects) -> Effects:
         self.dispatch += other.dispatch
         self.cancelled += other.cancelled
         self.revoke += other.revoke
         self.resync += other.resync
+        self.fenced += other.fenced
         return self
 
 
@@ -580,16 +583,21 @@ def cancel_execution(
 
 
 def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reason: str, now: datetime) -> Effects:
-    """An attempt's worker is gone: fail its activity, then run it again or, out of attempts, fail it.
+    """An attempt's worker is gone: fail its activity, then run it again or, out of attempts (or past
+    its timeout: a crash then is the timeout's hard kill, not bad luck), fail the step.
 
     Fenced by the attempt number, so a late message of the interrupted attempt finds nothing to
-    claim, and two recoveries racing each other requeue once.
+    claim, and two recoveries racing each other requeue once. The attempt is also fenced in Redis,
+    so that if it is in fact still running (a frozen worker), it stops.
     """
     task = session.get(WorkerTask, worker_task_id)
     if task is None or task.attempt != attempt or task.status is not WorkerTaskStatus.PROCESSING:
         return Effects()
     execution = session.get_one(ScheduleExecution, task.execution_id)
     spec = _spec_of(execution, task)
+    verdict = decide_lost_attempt(
+        attempt, spec.max_attempts, started_at=task.started_at, timeout_s=spec.timeout_s, now=now, reason=reason
+    )
     session.execute(
         update(Activity)
         .where(
@@ -598,14 +606,14 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
             Activity.attempt == attempt,
             Activity.status == ActivityStatus.IN_PROGRESS,
         )
-        .values(status=ActivityStatus.FAILED_WITH_ERROR, completed_at=now, error=reason)
+        .values(status=ActivityStatus.FAILED_WITH_ERROR, completed_at=now, error=verdict.error)
     )
     fenced = (
         WorkerTask.id == worker_task_id,
         WorkerTask.attempt == attempt,
         WorkerTask.status == WorkerTaskStatus.PROCESSING,
     )
-    if attempt < spec.max_attempts:
+    if verdict.requeue:
         moved = affected(
             session,
             update(WorkerTask)
@@ -618,11 +626,16 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
             "step %r of execution %s: %s; re-queued as attempt %s", task.step_name, execution.id, reason, attempt + 1
         )
         step = StepDispatch(execution.id, worker_task_id, attempt + 1, spec)
-        return Effects(dispatch=[GroupDispatch(execution.id, task.step_index, (step,), requeue=True)])
+        return Effects(
+            dispatch=[GroupDispatch(execution.id, task.step_index, (step,), requeue=True)],
+            fenced=[(worker_task_id, attempt)],
+        )
     if not affected(session, delete(WorkerTask).where(*fenced)):
         return Effects()
-    logger.error("step %r of execution %s: %s; no attempts left", task.step_name, execution.id, reason)
-    return advance_execution(session, execution.id, task.step_index, now=now)
+    logger.error("step %r of execution %s: %s; not run again", task.step_name, execution.id, verdict.error)
+    effects = advance_execution(session, execution.id, task.step_index, now=now)
+    effects.fenced.append((worker_task_id, attempt))
+    return effects
 
 
 def resend_queued(session: Session, worker_task_id: int, *, now: datetime) -> Effects:

@@ -8,11 +8,14 @@ harmless.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 
 import redis
 from sqlalchemy import and_, exists, select
+from sqlalchemy.orm import Session
 
 from celeryapp import keys
 from celeryapp.app import ChordbeatCelery
@@ -52,6 +55,19 @@ def _apply(app: ChordbeatCelery, effects: Effects) -> None:
         logger.exception("recovery could not send its repairs; the next pass retries")
 
 
+def _repair(app: ChordbeatCelery, what: str, repair: Callable[[Session], Effects]) -> Effects:
+    """One item's repair in its own transaction. A failure (a corrupt plan, an overflow) is logged
+    loudly and skipped: one bad row must not stop the pass for every other run."""
+    try:
+        with transaction(app.settings.database_url) as session:
+            effects = repair(session)
+    except Exception:
+        logger.exception("recovery: repairing %s failed; skipped, the other repairs go on", what)
+        return Effects()
+    _apply(app, effects)
+    return effects
+
+
 def recover_stale_steps(
     app: ChordbeatCelery, now: datetime, report: RecoveryReport, *, node: str | None = None
 ) -> None:
@@ -77,11 +93,13 @@ def recover_stale_steps(
         candidates = [c for c, beating in zip(candidates, alive, strict=True) if not beating]
     for task_id, attempt, owner in candidates:
         reason = f"worker lost: {owner} restarted" if node is not None else f"worker lost: no heartbeat from {owner}"
-        with transaction(settings.database_url) as session:
-            effects = requeue_attempt(session, task_id, attempt, reason=reason, now=now)
-        if effects.dispatch or effects.resync:
+        effects = _repair(
+            app,
+            f"worker task {task_id}",
+            partial(requeue_attempt, worker_task_id=task_id, attempt=attempt, reason=reason, now=now),
+        )
+        if effects.fenced:
             report.requeued.append(task_id)
-        _apply(app, effects)
 
 
 def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
@@ -98,17 +116,16 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
     client = get_redis(settings.broker_url)
     with client.pipeline(transaction=False) as pipe:
         for task_id, attempt in queued:
-            pipe.exists(keys.dispatch_marker_key(task_id, attempt))
+            # On its way (marker) or in a worker's hands until its claim commits (pickup lease).
+            pipe.exists(keys.dispatch_marker_key(task_id, attempt), keys.pickup_key(task_id, attempt))
         sent = pipe.execute()
     for (task_id, _attempt), present in zip(queued, sent, strict=True):
         if present:
             continue
-        with transaction(settings.database_url) as session:
-            effects = resend_queued(session, task_id, now=now)
+        effects = _repair(app, f"worker task {task_id}", partial(resend_queued, worker_task_id=task_id, now=now))
         if effects.dispatch:
             report.resent.append(task_id)
             logger.warning("worker task %s was queued but its message is gone; sent again", task_id)
-        _apply(app, effects)
 
 
 def time_out_executions(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
@@ -122,15 +139,20 @@ def time_out_executions(app: ChordbeatCelery, now: datetime, report: RecoveryRep
     for execution_id, started_at, deadline_at in overdue:
         assert deadline_at is not None  # selected by deadline_at < now
         limit = (deadline_at - started_at).total_seconds()
-        with transaction(app.settings.database_url) as session:
-            effects = cancel_execution(
-                session, execution_id, now=now, status=ExecutionStatus.FAILED,
+        effects = _repair(
+            app,
+            f"execution {execution_id}",
+            partial(
+                cancel_execution,
+                execution_id=execution_id,
+                now=now,
+                status=ExecutionStatus.FAILED,
                 reason=f"execution timed out after {limit:g}s",
-            )  # fmt: skip
+            ),
+        )
         if effects.cancelled:
             report.timed_out.append(execution_id)
             logger.warning("execution %s timed out after %gs; cancelled and failed", execution_id, limit)
-        _apply(app, effects)
 
 
 def unstick_executions(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
@@ -150,12 +172,14 @@ def unstick_executions(app: ChordbeatCelery, now: datetime, report: RecoveryRepo
             )
         ).all()
     for execution_id, step_index in stuck:
-        with transaction(app.settings.database_url) as session:
-            effects = advance_execution(session, execution_id, step_index, now=now)
+        effects = _repair(
+            app,
+            f"execution {execution_id}",
+            partial(advance_execution, execution_id=execution_id, step_index=step_index, now=now),
+        )
         if effects.dispatch or effects.resync:
             report.unstuck.append(execution_id)
             logger.warning("execution %s was stuck after group %s; advanced by recovery", execution_id, step_index)
-        _apply(app, effects)
 
 
 def check_redis_epoch(app: ChordbeatCelery, report: RecoveryReport) -> None:

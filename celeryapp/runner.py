@@ -6,10 +6,12 @@ body always runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
 
+import redis
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import update
 
@@ -29,6 +31,8 @@ logger = logging.getLogger(__name__)
 ERROR_CHARS = 2000
 #: Tries at recording an outcome before falling back to a bare update.
 RECORD_TRIES = 3
+#: Pauses after each failed claim (a database blip); then the attempt is left to recovery.
+CLAIM_RETRY_DELAYS_S = (0.2, 0.5, 0)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -44,8 +48,13 @@ def _timed_out(claim: Claim) -> Outcome:
 
 
 def _interrupted(claim: Claim, watch: StepWatch) -> Outcome:
-    """The watch interrupted the step: its timeout passed, or its execution was cancelled."""
-    return _timed_out(claim) if watch.timed_out else (ActivityStatus.CANCELLED, "cancelled", None)
+    """The watch interrupted the step: its timeout passed, its execution was cancelled, or recovery
+    gave the attempt up (its outcome is then fenced off and changes nothing)."""
+    if watch.timed_out:
+        return _timed_out(claim)
+    if watch.fenced:
+        return ActivityStatus.CANCELLED, "stopped: recovery gave this attempt up", None
+    return ActivityStatus.CANCELLED, "cancelled", None
 
 
 def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcome:
@@ -66,8 +75,10 @@ def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcom
         return _interrupted(claim, watch)
     except SoftTimeLimitExceeded:
         return _timed_out(claim)
-    except Exception as exc:  # the step's own failure, recorded as its outcome
-        logger.info("step %r of execution %s failed: %s", claim.spec.name, claim.execution_id, exc)
+    except BaseException as exc:  # the step's own failure (SystemExit too), recorded as its outcome
+        # Only a cancel is not the step's failure. Anything else escaping would kill the pool
+        # process, and the message would come back for another try of a step that failed.
+        logger.info("step %r of execution %s failed: %r", claim.spec.name, claim.execution_id, exc)
         return ActivityStatus.FAILED_WITH_ERROR, _error_text(exc), None
     status, message = classify(result)
     error = message if status.failed else None
@@ -103,17 +114,52 @@ def _record(app: ChordbeatCelery, claim: Claim, status: ActivityStatus, error: s
     return False
 
 
+def _take_message(app: ChordbeatCelery, worker_task_id: int, attempt: int) -> None:
+    """This attempt's message is in a worker's hands: its dispatch marker gives way to a pickup
+    lease that lives only as long as a heartbeat (see :func:`keys.pickup_key`)."""
+    try:
+        with get_redis(app.settings.broker_url).pipeline(transaction=False) as pipe:
+            pipe.set(keys.pickup_key(worker_task_id, attempt), "1", px=int(app.settings.heartbeat_ttl_s * 1000))
+            pipe.delete(keys.dispatch_marker_key(worker_task_id, attempt))
+            pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("pickup of worker task %s attempt %s not recorded: %s", worker_task_id, attempt, exc)
+
+
+def _drop_pickup(app: ChordbeatCelery, worker_task_id: int, attempt: int) -> None:
+    with contextlib.suppress(redis.RedisError):
+        get_redis(app.settings.broker_url).delete(keys.pickup_key(worker_task_id, attempt))
+
+
+def _claim(app: ChordbeatCelery, worker_task_id: int, attempt: int, node: str) -> Claim | Exception | None:
+    error: Exception | None = None
+    for delay in CLAIM_RETRY_DELAYS_S:
+        try:
+            with transaction(app.settings.database_url) as session:
+                return claim_step(session, worker_task_id, attempt, node=node, now=utcnow())
+        except Exception as exc:
+            error = exc
+            logger.warning("claiming worker task %s attempt %s failed: %s", worker_task_id, attempt, exc)
+            time.sleep(delay)
+    assert error is not None
+    return error
+
+
 def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: str) -> dict[str, Any]:
     settings = app.settings
-    try:
-        with transaction(settings.database_url) as session:
-            claim = claim_step(session, worker_task_id, attempt, node=node, now=utcnow())
-    except Exception:
-        logger.exception("could not claim worker task %s attempt %s", worker_task_id, attempt)
+    _take_message(app, worker_task_id, attempt)
+    claim = _claim(app, worker_task_id, attempt, node)
+    if not isinstance(claim, Claim):
+        # Nothing was claimed, so nothing runs here; the attempt is still queued in the database.
+        # Without the pickup lease, recovery sends it again once the database answers.
+        _drop_pickup(app, worker_task_id, attempt)
+        if claim is None:
+            logger.info("worker task %s attempt %s is not runnable here (duplicate or fenced)", worker_task_id, attempt)
+            return {"status": "skipped"}
+        logger.error(
+            "could not claim worker task %s attempt %s (%s); recovery sends it again", worker_task_id, attempt, claim
+        )
         return {"status": "unclaimed"}
-    if claim is None:
-        logger.info("worker task %s attempt %s is not runnable here (duplicate or fenced)", worker_task_id, attempt)
-        return {"status": "skipped"}
     context = StepContext(
         claim.execution_id,
         claim.schedule_name,
@@ -127,9 +173,10 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         get_redis(settings.broker_url),
         heartbeat_key=keys.heartbeat_key(worker_task_id, attempt),
         cancel_key=keys.cancel_key(claim.execution_id),
+        fenced_key=keys.fenced_key(worker_task_id, attempt),
         ttl_s=settings.heartbeat_ttl_s,
         timeout_s=claim.spec.timeout_s,
-        done_keys=(keys.dispatch_marker_key(worker_task_id, attempt),),
+        done_keys=(keys.pickup_key(worker_task_id, attempt),),
     )
     try:
         with running_step(context), watch:

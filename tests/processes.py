@@ -13,6 +13,9 @@ from pathlib import Path
 from celeryapp.config import Settings
 
 CELERY = str(Path(sys.executable).with_name("celery"))
+ROOT = str(Path(__file__).resolve().parent.parent)
+#: Environment of workers that also run the fault tests' step tasks.
+FAULT_TASKS_ENV = {"CHORDBEAT_TASK_MODULES": "tests.fault_tasks", "PYTHONPATH": ROOT}
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
@@ -75,7 +78,9 @@ def beat(settings: Settings, tmp: Path, name: str = "beat") -> Iterator[Process]
 
 
 @contextmanager
-def worker(settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2) -> Iterator[Process]:
+def worker(
+    settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2, env: dict[str, str] | None = None
+) -> Iterator[Process]:
     argv = [
         CELERY,
         "-A",
@@ -92,7 +97,7 @@ def worker(settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2
         "--without-mingle",
         "--without-gossip",
     ]
-    process = Process(argv, settings_env(settings), tmp / f"{name}.log")
+    process = Process(argv, settings_env(settings, **(env or {})), tmp / f"{name}.log")
     try:
         yield process
     finally:

@@ -54,3 +54,21 @@ def test_backoff_doubles_and_caps_at_ten_times_the_base(base: float, retry: int,
 def test_retry_numbers_start_at_one() -> None:
     with pytest.raises(ValueError):
         retry_delay_s(60, 0)
+
+
+def test_a_lost_attempt_runs_again_while_attempts_are_left() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from celeryapp.decisions import decide_lost_attempt
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    started = now - timedelta(seconds=5)
+    again = decide_lost_attempt(1, 3, started_at=started, timeout_s=None, now=now, reason="worker lost")
+    assert (again.requeue, again.error) == (True, "worker lost")
+    last = decide_lost_attempt(3, 3, started_at=started, timeout_s=None, now=now, reason="worker lost")
+    assert (last.requeue, last.error) == (False, "worker lost")
+    # Lost after its timeout: the hard kill (or an ignored interrupt), so it timed out.
+    late = decide_lost_attempt(1, 3, started_at=started, timeout_s=5, now=now, reason="worker lost")
+    assert (late.requeue, late.error) == (False, "timed out after 5s")
+    early = decide_lost_attempt(1, 3, started_at=started, timeout_s=5.5, now=now, reason="worker lost")
+    assert early.requeue

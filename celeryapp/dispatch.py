@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import redis
@@ -83,6 +84,24 @@ def _mark_sent(app: Celery, group: GroupDispatch) -> None:
         )
     ]
     client.eval(_MARK_SENT_LUA, len(names), *names, MARKER_TTL_S)
+
+
+def take_message(app: Celery, worker_task_id: int, attempt: int) -> None:
+    """An attempt's message reached a worker: its dispatch marker gives way to a pickup lease that
+    lives only as long as a heartbeat (see :func:`keys.pickup_key`)."""
+    try:
+        with get_redis(app.settings.broker_url).pipeline(transaction=False) as pipe:
+            pipe.set(keys.pickup_key(worker_task_id, attempt), "1", px=int(app.settings.heartbeat_ttl_s * 1000))
+            pipe.delete(keys.dispatch_marker_key(worker_task_id, attempt))
+            pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("pickup of worker task %s attempt %s not recorded: %s", worker_task_id, attempt, exc)
+
+
+def drop_pickup(app: Celery, worker_task_id: int, attempt: int) -> None:
+    """Nothing was claimed: without the lease, recovery sends the attempt again."""
+    with contextlib.suppress(redis.RedisError):
+        get_redis(app.settings.broker_url).delete(keys.pickup_key(worker_task_id, attempt))
 
 
 def apply_effects(app: Celery, effects: Effects) -> None:

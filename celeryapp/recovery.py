@@ -32,6 +32,10 @@ RESEND_GRACE_S = 5.0
 STUCK_GRACE_S = 2.0
 #: Present while Redis keeps its data; its absence means Redis restarted empty or failed over.
 EPOCH_KEY = f"{keys.PREFIX}:epoch"
+#: Lives a little longer than two recovery intervals: missing, recovery has not run for a while.
+RECOVERY_SEEN_KEY = f"{keys.PREFIX}:recovery:seen"
+#: While present, missing heartbeats are not yet taken for lost workers (see heartbeats_trusted).
+HEARTBEAT_GRACE_KEY = f"{keys.PREFIX}:recovery:heartbeat-grace"
 
 
 @dataclass
@@ -192,6 +196,22 @@ def check_redis_epoch(app: ChordbeatCelery, report: RecoveryReport) -> None:
         reconcile(app)
 
 
+def heartbeats_trusted(app: ChordbeatCelery) -> bool:
+    """Whether a missing heartbeat now means a lost worker.
+
+    Not for one TTL after recovery itself could not run (Redis was away, or beat was): running
+    steps' heartbeat keys expired meanwhile or vanished with Redis's data, and their watches need
+    a moment to write them again. Re-queueing then would stop and re-run steps that are fine.
+    """
+    settings = app.settings
+    client = get_redis(settings.broker_url)
+    gap_ms = int((2 * settings.recovery_interval_s + settings.heartbeat_ttl_s) * 1000)
+    if client.set(RECOVERY_SEEN_KEY, "1", px=gap_ms, get=True) is None:
+        client.set(HEARTBEAT_GRACE_KEY, "1", px=int(settings.heartbeat_ttl_s * 1000))
+        return False
+    return not client.exists(HEARTBEAT_GRACE_KEY)
+
+
 def recover(app: ChordbeatCelery, *, now: datetime | None = None) -> RecoveryReport:
     """One recovery pass."""
     now = now or utcnow()
@@ -201,8 +221,12 @@ def recover(app: ChordbeatCelery, *, now: datetime | None = None) -> RecoveryRep
     except redis.RedisError:
         logger.exception("recovery: Redis unreachable; database repairs go on")
     time_out_executions(app, now, report)
-    recover_stale_steps(app, now, report)
-    resend_lost_messages(app, now, report)
+    try:
+        if heartbeats_trusted(app):
+            recover_stale_steps(app, now, report)
+        resend_lost_messages(app, now, report)
+    except redis.RedisError:
+        logger.exception("recovery: Redis unreachable; lost workers and messages are looked for next time")
     unstick_executions(app, now, report)
     if not report.empty:
         logger.warning("recovery: %s", report)

@@ -6,18 +6,17 @@ body always runs.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import Any
 
-import redis
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import update
 
 from celeryapp import keys
 from celeryapp.app import ChordbeatCelery
 from celeryapp.context import StepContext, running_step
+from celeryapp.dispatch import drop_pickup, take_message
 from celeryapp.errors import StepCancelled
 from celeryapp.heartbeat import StepWatch
 from celeryapp.lifecycle import Claim, claim_step, finish_step
@@ -114,23 +113,6 @@ def _record(app: ChordbeatCelery, claim: Claim, status: ActivityStatus, error: s
     return False
 
 
-def _take_message(app: ChordbeatCelery, worker_task_id: int, attempt: int) -> None:
-    """This attempt's message is in a worker's hands: its dispatch marker gives way to a pickup
-    lease that lives only as long as a heartbeat (see :func:`keys.pickup_key`)."""
-    try:
-        with get_redis(app.settings.broker_url).pipeline(transaction=False) as pipe:
-            pipe.set(keys.pickup_key(worker_task_id, attempt), "1", px=int(app.settings.heartbeat_ttl_s * 1000))
-            pipe.delete(keys.dispatch_marker_key(worker_task_id, attempt))
-            pipe.execute()
-    except redis.RedisError as exc:
-        logger.warning("pickup of worker task %s attempt %s not recorded: %s", worker_task_id, attempt, exc)
-
-
-def _drop_pickup(app: ChordbeatCelery, worker_task_id: int, attempt: int) -> None:
-    with contextlib.suppress(redis.RedisError):
-        get_redis(app.settings.broker_url).delete(keys.pickup_key(worker_task_id, attempt))
-
-
 def _claim(app: ChordbeatCelery, worker_task_id: int, attempt: int, node: str) -> Claim | Exception | None:
     error: Exception | None = None
     for delay in CLAIM_RETRY_DELAYS_S:
@@ -147,12 +129,14 @@ def _claim(app: ChordbeatCelery, worker_task_id: int, attempt: int, node: str) -
 
 def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: str) -> dict[str, Any]:
     settings = app.settings
-    _take_message(app, worker_task_id, attempt)
+    # Usually done already when the worker received the message (signals.py); again here for
+    # pools and callers that skip that signal.
+    take_message(app, worker_task_id, attempt)
     claim = _claim(app, worker_task_id, attempt, node)
     if not isinstance(claim, Claim):
         # Nothing was claimed, so nothing runs here; the attempt is still queued in the database.
         # Without the pickup lease, recovery sends it again once the database answers.
-        _drop_pickup(app, worker_task_id, attempt)
+        drop_pickup(app, worker_task_id, attempt)
         if claim is None:
             logger.info("worker task %s attempt %s is not runnable here (duplicate or fenced)", worker_task_id, attempt)
             return {"status": "skipped"}

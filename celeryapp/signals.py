@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from celery import bootsteps
-from celery.signals import worker_ready
+from celery.signals import task_received, worker_ready
 
 from celeryapp.health import touch
 
@@ -48,3 +48,17 @@ def recover_own_steps(sender: Any = None, **_: Any) -> None:
     except Exception:
         # Signal receivers' errors are swallowed by Celery; say it loudly.
         logger.exception("startup recovery of %s failed; the periodic recovery will handle its steps", node)
+
+
+@task_received.connect
+def take_step_message(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A step message reached this worker: from now on, its loss shows within a heartbeat's TTL."""
+    from celeryapp.dispatch import RUN_STEP, take_message
+
+    if request is None or request.name != RUN_STEP:
+        return
+    try:
+        worker_task_id, attempt = request.args
+        take_message(request.task.app, int(worker_task_id), int(attempt))
+    except Exception:
+        logger.exception("could not record the pickup of %s", request.id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import Celery
@@ -48,6 +49,13 @@ def backdate(app: ChordbeatCelery, execution_id: int, seconds: float = 60) -> No
         )
 
 
+def recovery_has_been_running(app: ChordbeatCelery) -> None:
+    """As if the periodic recovery had been running all along (no gap, so heartbeats count)."""
+    client = get_redis(app.settings.broker_url)
+    client.set(recovery.RECOVERY_SEEN_KEY, "1", ex=60)
+    client.delete(recovery.HEARTBEAT_GRACE_KEY)
+
+
 def test_a_queued_step_whose_message_never_left_is_sent_again(
     app: ChordbeatCelery, worker: Any, client: Celery
 ) -> None:
@@ -90,6 +98,7 @@ def test_a_processing_step_without_heartbeat_is_requeued_and_its_late_message_do
         assert task_id is not None
         assert claim_step(session, task_id, 1, node="crashed@host", now=utcnow()) is not None
     backdate(app, execution_id)
+    recovery_has_been_running(app)
     report = recovery.recover(app)
     assert report.requeued == [task_id]
     done = finished(client, execution_id)
@@ -101,6 +110,25 @@ def test_a_processing_step_without_heartbeat_is_requeued_and_its_late_message_do
     # The interrupted attempt's message, redelivered late by the broker: fenced off.
     assert app.send_task("chordbeat.run_step", args=(task_id, 1)).get(timeout=10) == {"status": "skipped"}
     assert execution(client, execution_id) == done
+
+
+def test_missing_heartbeats_count_only_a_ttl_after_recovery_could_run_again(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    """After Redis (or beat) was away, running steps need a moment to write their heartbeats again."""
+    call(client, "chordbeat.apply_schedule", definition={"name": "gap", "every": 60, "steps": [step("a")]})
+    execution_id = start_without_dispatch(app, "gap")
+    with transaction(app.settings.database_url) as session:
+        task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.execution_id == execution_id))
+        assert task_id is not None
+        claim_step(session, task_id, 1, node="crashed@host", now=utcnow())
+    backdate(app, execution_id)
+    # Redis was just flushed: this is recovery's first pass after a gap.
+    started = time.monotonic()
+    assert recovery.recover(app).requeued == []
+    wait_for(lambda: recovery.recover(app).requeued == [task_id], 10, interval=0.2, what="the grace to end")
+    assert time.monotonic() - started >= app.settings.heartbeat_ttl_s - 0.5
+    assert finished(client, execution_id)["status"] == "completed"
 
 
 def test_a_step_out_of_attempts_fails_under_the_normal_rules(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
@@ -115,6 +143,7 @@ def test_a_step_out_of_attempts_fails_under_the_normal_rules(app: ChordbeatCeler
         assert task_id is not None
         claim_step(session, task_id, 1, node="crashed@host", now=utcnow())
     backdate(app, execution_id)
+    recovery_has_been_running(app)
     recovery.recover(app)
     failed = execution(client, execution_id)
     assert failed["status"] == "failed"
@@ -253,6 +282,7 @@ def test_safefail_never_leaves_an_activity_in_progress(
     # Its worker task is still 'processing': heartbeat recovery runs the step again.
     backdate(app, execution_id)
     monkeypatch.undo()
+    recovery_has_been_running(app)
     assert recovery.recover(app).requeued
     assert finished(client, execution_id)["status"] == "completed"
 

@@ -123,8 +123,8 @@ def executable_refusal(
                 return None
         elif real == resolve(entry):
             return None
-    shown = program if real == program else f"{program} (really {real})"
-    return f"the program {shown} is not in CHORDBEAT_EXECUTABLE_ALLOW"
+    # The resolved path is not shown: it would let a caller map the worker's file system.
+    return f"the program {program} is not in CHORDBEAT_EXECUTABLE_ALLOW (compared once symlinks and '..' are resolved)"
 
 
 def env_name_refusal(name: str) -> str | None:

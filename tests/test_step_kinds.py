@@ -237,15 +237,23 @@ def test_operators_restrict_step_tasks_by_pattern(enable: Enable, worker: Any, c
 
 
 def test_a_stored_plan_is_checked_again_by_the_worker_that_runs_it(enable: Enable, worker: Any, client: Celery) -> None:
-    enable()
-    steps = [{"name": "e", "kind": "executable", "argv": [ENV]}]
-    apply(client, *steps, name="program")
+    enable(executable_allow=(SH, ENV))
+    apply(client, {"name": "e", "kind": "executable", "argv": [ENV]}, name="program")
     apply(client, {"name": "t", "task": "chordbeat.examples.sleep"}, name="task")
-    # Forged in the database (or stored by an older release): a Celery built-in as a step.
+    sql = {"name": "q", "kind": "sql", "script": "select 1", "database_env": "CHORDBEAT_SQL_REPORTING"}
+    apply(client, sql, name="sql")
+    # Forged in the database (or stored by an older release): a Celery built-in as a step, a
+    # loader variable in a program's environment.
     apply(client, {"name": "s", "task": "chordbeat.examples.sleep"}, name="forged")
-    app = enable(executable_allow=(SH,), step_tasks=("hr.*",))
+    apply(client, {"name": "l", "kind": "executable", "argv": [SH, "-c", "true"]}, name="loader")
+    app = enable(executable_allow=(SH,), step_tasks=("hr.*",), sql_env_prefix="REPORTS_")
     with transaction(app.settings.database_url) as session:
         session.execute(update(ScheduleStep).where(ScheduleStep.name == "s").values(task="celery.starmap"))
+        session.execute(
+            update(ScheduleStep)
+            .where(ScheduleStep.name == "l")
+            .values(kwargs={"argv": [SH, "-c", "true"], "env": {"LD_PRELOAD": "/tmp/evil.so"}})
+        )
 
     def trigger(name: str) -> dict[str, Any]:
         return finished(client, call(client, "chordbeat.trigger_schedule", name=name)["execution_id"])
@@ -257,6 +265,8 @@ def test_a_stored_plan_is_checked_again_by_the_worker_that_runs_it(enable: Enabl
     assert "refused on this worker: task 'chordbeat.examples.sleep' is not allowed as a step here" in task["error"]
     forged = trigger("forged")
     assert "refused on this worker: task 'celery.starmap' is one of Celery's own tasks" in forged["error"]
+    assert "database_env: CHORDBEAT_SQL_REPORTING does not start with REPORTS_" in trigger("sql")["error"]
+    assert "env: LD_PRELOAD may not be set" in trigger("loader")["error"]
     enable(step_kinds=frozenset({"task"}))
     off = trigger("program")
     assert "refused on this worker: executable steps are not enabled" in off["error"]

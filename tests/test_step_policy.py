@@ -68,7 +68,6 @@ def test_programs_are_resolved_before_the_allowlist_is_checked(tmp_path: Path) -
     for escape in (f"{allowed}/../../../../bin/sh", f"{allowed}/shell", f"{allowed}/../hr-other/x"):
         refusal = executable_refusal(escape, allow)
         assert refusal is not None and "not in CHORDBEAT_EXECUTABLE_ALLOW" in refusal, escape
-    assert f"(really {SH})" in (executable_refusal(f"{allowed}/shell", allow) or "")
     # A directory entry does not allow a sibling whose name merely starts the same way.
     assert executable_refusal(f"{allowed}-evil/x", allow) is not None
     # The directory itself is no program.

@@ -16,6 +16,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celeryapp.cron import CronError, CronExpression
 from celeryapp.errors import DefinitionError
+from celeryapp.step_policy import (
+    StepRules,
+    env_name_refusal,
+    program_refusal,
+    sql_env_refusal,
+    step_task_refusal,
+)
 from models.states import Overlap
 
 #: Schedule names end up in Redis keys, CLI arguments and metric labels: keep them plain.
@@ -51,8 +58,6 @@ KIND_FIELDS = {
 }
 KIND_TASKS = {"executable": "chordbeat.steps.executable", "sql": "chordbeat.steps.sql"}
 KIND_OF_TASK = {task: kind for kind, task in KIND_TASKS.items()}
-#: Environment variable names (executable ``env`` keys, a sql step's ``database_env``).
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -268,34 +273,29 @@ def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -
 def _parse_kind(
     raw: Mapping[str, Any], kind: str, path: str, known_task: Callable[[str], bool] | None
 ) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-    """The task, args and kwargs a step of this kind runs."""
-    if kind in KIND_TASKS and known_task is not None and not known_task(KIND_TASKS[kind]):
-        raise DefinitionError(f"{path}.kind", f"{kind} steps are not enabled on the workers (CHORDBEAT_STEP_KINDS)")
+    """The task, args and kwargs a step of this kind runs.
+
+    A :class:`StepRules` as ``known_task`` also applies the workers' policy (allowed programs,
+    SQL variables, step tasks); the rules that need no settings apply whatever ``known_task`` is.
+    """
+    rules = known_task if isinstance(known_task, StepRules) else None
+    if kind in KIND_TASKS:
+        refusal = rules.spec_refusal(kind, KIND_TASKS[kind]) if rules else None
+        if rules is None and known_task is not None and not known_task(KIND_TASKS[kind]):
+            refusal = f"{kind} steps are not enabled on the workers (CHORDBEAT_STEP_KINDS)"
+        if refusal:
+            raise DefinitionError(f"{path}.kind", refusal)
     if kind == "executable":
-        argv = raw.get("argv")
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:
-            raise DefinitionError(f"{path}.argv", "must be a non-empty list of strings (program first)")
-        kwargs: dict[str, Any] = {"argv": list(argv)}
-        if raw.get("cwd") is not None:
-            kwargs["cwd"] = _string(raw, "cwd", f"{path}.cwd")
-        env = raw.get("env")
-        if env is not None:
-            if not isinstance(env, Mapping) or not all(
-                isinstance(k, str) and ENV_NAME.match(k) and isinstance(v, str) for k, v in env.items()
-            ):
-                raise DefinitionError(f"{path}.env", "must be an object of variable names to string values")
-            kwargs["env"] = dict(env)
-        return KIND_TASKS[kind], (), kwargs
+        return KIND_TASKS[kind], (), _parse_executable(raw, path, rules)
     if kind == "sql":
-        script = _string(raw, "script", f"{path}.script", required=True)
-        variable = _string(raw, "database_env", f"{path}.database_env", required=True)
-        if variable is None or not ENV_NAME.match(variable):
-            raise DefinitionError(f"{path}.database_env", "must name an environment variable holding the URL")
-        return KIND_TASKS[kind], (), {"script": script, "database_env": variable}
+        return KIND_TASKS[kind], (), _parse_sql(raw, path, rules)
     task = _string(raw, "task", f"{path}.task", required=True)
     assert task is not None
     if task in KIND_OF_TASK:
         raise DefinitionError(f"{path}.task", f'use "kind": "{KIND_OF_TASK[task]}" instead of the task {task!r}')
+    refusal = rules.task_refusal(task) if rules else step_task_refusal(task, ("*",))
+    if refusal:
+        raise DefinitionError(f"{path}.task", refusal)
     if known_task is not None and not known_task(task):
         raise DefinitionError(f"{path}.task", f"task {task!r} is not registered in the worker")
     args = raw.get("args", [])
@@ -307,6 +307,47 @@ def _parse_kind(
         raise DefinitionError(f"{path}.kwargs", f"must be an object, got {_type_name(task_kwargs)}")
     _json_value(task_kwargs, f"{path}.kwargs")
     return task, tuple(args), dict(task_kwargs)
+
+
+def _parse_executable(raw: Mapping[str, Any], path: str, rules: StepRules | None) -> dict[str, Any]:
+    argv = raw.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:
+        raise DefinitionError(f"{path}.argv", "must be a non-empty list of strings (program first)")
+    if any("\0" in a for a in argv):
+        raise DefinitionError(f"{path}.argv", "must not contain NUL characters")
+    _json_value(argv, f"{path}.argv")
+    refusal = rules.executable_refusal(argv[0]) if rules else program_refusal(argv[0])
+    if refusal:
+        raise DefinitionError(f"{path}.argv", refusal)
+    kwargs: dict[str, Any] = {"argv": list(argv)}
+    if raw.get("cwd") is not None:
+        kwargs["cwd"] = _string(raw, "cwd", f"{path}.cwd")
+        if "\0" in kwargs["cwd"]:
+            raise DefinitionError(f"{path}.cwd", "must not contain NUL characters")
+    env = raw.get("env")
+    if env is not None:
+        if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise DefinitionError(f"{path}.env", "must be an object of variable names to string values")
+        for name, value in env.items():
+            refusal = env_name_refusal(name)
+            if refusal:
+                raise DefinitionError(f"{path}.env.{name}", refusal)
+            if "\0" in value:
+                raise DefinitionError(f"{path}.env.{name}", "must not contain NUL characters")
+        _json_value(env, f"{path}.env")
+        kwargs["env"] = dict(env)
+    return kwargs
+
+
+def _parse_sql(raw: Mapping[str, Any], path: str, rules: StepRules | None) -> dict[str, Any]:
+    script = _string(raw, "script", f"{path}.script", required=True)
+    _json_value(script, f"{path}.script")
+    variable = _string(raw, "database_env", f"{path}.database_env", required=True)
+    assert script is not None and variable is not None
+    refusal = rules.sql_env_refusal(variable) if rules else sql_env_refusal(variable, None)
+    if refusal:
+        raise DefinitionError(f"{path}.database_env", refusal)
+    return {"script": script, "database_env": variable}
 
 
 def _parse_groups(

@@ -22,6 +22,7 @@ from celeryapp.heartbeat import StepWatch
 from celeryapp.lifecycle import Claim, claim_step, finish_step
 from celeryapp.outcome import classify
 from celeryapp.redis_client import get_redis
+from celeryapp.step_policy import StepRules
 from models import Activity, ActivityStatus, transaction, utcnow
 
 logger = logging.getLogger(__name__)
@@ -57,17 +58,17 @@ def _interrupted(claim: Claim, watch: StepWatch) -> Outcome:
 
 
 def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcome:
-    """Run the step's task; return (status, error, message)."""
-    task = app.tasks.get(claim.spec.task)
+    """Run the step's task; return (status, error, message).
+
+    The task is checked against this worker's rules first: a plan stored before the policy
+    tightened, or a step of a kind switched off since, fails instead of running.
+    """
+    refusal = StepRules(app.settings, app.tasks.__contains__).spec_refusal(claim.spec.kind, claim.spec.task)
     try:
         try:
-            if task is None:
-                return (
-                    ActivityStatus.FAILED_WITH_ERROR,
-                    f"task {claim.spec.task!r} is not registered in this worker",
-                    None,
-                )
-            result = task(*claim.spec.args, **claim.spec.kwargs)
+            if refusal is not None:
+                return ActivityStatus.FAILED_WITH_ERROR, f"refused on this worker: {refusal}", None
+            result = app.tasks[claim.spec.task](*claim.spec.args, **claim.spec.kwargs)
         finally:
             watch.disarm()
     except StepCancelled:

@@ -6,18 +6,18 @@ Each opens one transaction, and sends what it decided (chords, cancels) only aft
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select, update
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import cadence_of
-from celeryapp.definition import KIND_OF_TASK, parse_definition
+from celeryapp.definition import parse_definition
 from celeryapp.dispatch import apply_effects
 from celeryapp.errors import InvalidTransition, NotFound
 from celeryapp.lifecycle import Effects, start_execution
 from celeryapp.lifecycle import cancel_execution as cancel_in_db
+from celeryapp.step_policy import StepRules
 from celeryapp.store import find_schedule, upsert_schedule
 from celeryapp.views import execution_json, iso, schedule_json
 from models import (
@@ -37,11 +37,10 @@ from models.session import affected
 MAX_LIST_LIMIT = 1000
 
 
-def known_task(app: ChordbeatCelery) -> Callable[[str], bool]:
-    """Whether a task may be used by a step: registered here (the worker, for service calls) and,
-    for the built-in executable and sql tasks, of an enabled step kind."""
-    kinds = app.settings.step_kinds
-    return lambda name: name in app.tasks and KIND_OF_TASK.get(name, "task") in kinds
+def known_task(app: ChordbeatCelery) -> StepRules:
+    """What steps may do, as this process (the worker, for service calls) sees it: tasks that are
+    registered here and allowed as steps, enabled kinds, allowed programs and SQL variables."""
+    return StepRules(app.settings, registered=app.tasks.__contains__)
 
 
 def apply_schedule(

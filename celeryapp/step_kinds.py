@@ -1,6 +1,8 @@
 """Step kinds beyond Celery tasks: an executable (argv) and a SQL script.
 
 They run inside the step runner like any step task, so heartbeats, cancels and timeouts apply.
+What they may run is checked here again against this worker's settings (``step_policy``): a
+definition stored under a looser policy must not run.
 """
 
 from __future__ import annotations
@@ -8,21 +10,33 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sqlite3
 import subprocess
-from collections.abc import Mapping
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import sqlparse
 from sqlalchemy import Engine, create_engine, event
 
 from celeryapp import outcome
 from celeryapp.context import current_step
+from celeryapp.step_policy import env_name_refusal, executable_refusal, sql_env_refusal
 
 #: Characters of an executable's combined output kept on its activity (the end of it).
 OUTPUT_CHARS = 4000
-#: Variables an executable inherits from the worker; everything else comes from its definition,
-#: so secrets in the worker's environment do not leak into scripts.
-INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "HOME", "TZ", "TMPDIR")
+#: Where a program looks for the programs it starts itself.
+PROGRAM_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: A program's whole environment besides its step's ``env``. Nothing comes from the worker's,
+#: which holds the database and broker URLs.
+BASE_ENV = {"PATH": PROGRAM_PATH, "LANG": "C.UTF-8"}
+#: Runs the program and kills its process group when it ends or the worker dies (see there).
+SUPERVISOR = Path(__file__).with_name("step_supervisor.py")
+#: Seconds between two looks for a cancel or timeout while a program runs.
+POLL_S = 0.25
+#: Seconds the supervisor gets to kill the program's group before it is killed itself.
+STOP_WAIT_S = 5.0
 
 
 class StepError(Exception):
@@ -33,56 +47,101 @@ def tail(text: str, limit: int = OUTPUT_CHARS) -> str:
     return text if len(text) <= limit else "..." + text[-(limit - 3) :]
 
 
-def _kill_group(process: subprocess.Popen[str]) -> str:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    output, _ = process.communicate()
+def program_environment(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The program's environment: :data:`BASE_ENV` and its step's ``env``, checked again here."""
+    for name in env or {}:
+        refusal = env_name_refusal(name)
+        if refusal:
+            raise StepError(f"env: {refusal}")
+    return {**BASE_ENV, **(env or {})}
+
+
+def _stop(process: subprocess.Popen[str], watch: int) -> str:
+    """Stop the program: closing the watch pipe makes the supervisor kill its group."""
+    with contextlib.suppress(OSError):
+        os.close(watch)
+    try:
+        output, _ = process.communicate(timeout=STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
     return output or ""
 
 
-def run_executable(argv: list[str], cwd: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Run ``argv``; exit code 0 completes the step with the output's tail, anything else fails it."""
+def _wait(process: subprocess.Popen[str], timeout: float | None) -> str:
+    """The program's output once it ends; raises ``TimeoutExpired`` after ``timeout`` seconds.
+
+    Short waits in a loop, so a cancel (an exception raised in this thread) lands within
+    :data:`POLL_S` instead of when the program ends.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait_s = POLL_S if deadline is None else min(POLL_S, max(deadline - time.monotonic(), 0))
+        try:
+            output, _ = process.communicate(timeout=wait_s)
+            return output or ""
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+
+
+def run_executable(
+    argv: list[str], cwd: str | None = None, env: Mapping[str, str] | None = None, *, allow: Sequence[str]
+) -> dict[str, Any]:
+    """Run ``argv`` if ``allow`` lists its program; exit code 0 completes the step, anything else fails it."""
+    refusal = executable_refusal(argv[0], allow)
+    if refusal:
+        raise StepError(f"argv: {refusal}")
+    environment = program_environment(env)
+    # The resolved path is what was checked, so that is what runs (argv[0] stays as written).
+    program = os.path.realpath(argv[0])
+    if not os.access(program, os.X_OK) or not os.path.isfile(program):
+        reason = "not an executable file" if os.path.exists(program) else "no such file"
+        raise StepError(f"cannot start {argv[0]!r}: {reason}")
     context = current_step()
     timeout = context.timeout_s if context else None
-    environment = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
-    environment.update(env or {})
+    watch_read, watch = os.pipe()
     try:
         process = subprocess.Popen(
-            argv,
+            [sys.executable, "-I", "-S", str(SUPERVISOR), str(watch_read), program, *argv],
             cwd=cwd,
             env=environment,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # its own process group: a timeout or cancel kills its children too
+            encoding="utf-8",
+            errors="replace",
+            pass_fds=(watch_read,),
+            start_new_session=True,
         )
     except OSError as exc:
-        raise StepError(f"cannot start {argv[0]!r}: {exc.strerror}") from None
+        os.close(watch)
+        where = f" (cwd {cwd!r})" if cwd else ""
+        raise StepError(f"cannot start {argv[0]!r}{where}: {exc.strerror}") from None
+    finally:
+        os.close(watch_read)
     try:
-        output, _ = process.communicate(timeout=timeout)
+        output = _wait(process, timeout)
     except subprocess.TimeoutExpired:
-        output = _kill_group(process)
+        output = _stop(process, watch)
         raise StepError(f"timed out after {timeout:g}s; output: {tail(output, 1000)}") from None
     except BaseException:  # cancelled (StepCancelled) or the worker shutting down: leave nothing behind
-        _kill_group(process)
+        _stop(process, watch)
         raise
+    with contextlib.suppress(OSError):
+        os.close(watch)
     if process.returncode != 0:
         raise StepError(f"exit code {process.returncode}: {tail(output, 1000)}")
     return {"exit_code": 0, "output": tail(output)}
 
 
 def split_statements(script: str) -> list[str]:
-    """Split a script into statements at the semicolons that end them (not those inside quotes)."""
-    statements: list[str] = []
-    current = ""
-    for line in script.splitlines(keepends=True):
-        current += line
-        if sqlite3.complete_statement(current):
-            statements.append(current.strip())
-            current = ""
-    if current.strip():
-        statements.append(current.strip())
-    return [s for s in statements if s.rstrip(";").strip()]
+    """The script's statements, split by a SQL tokenizer: semicolons inside quotes, comments,
+    dollar-quoted bodies (``$$ ... $$``, ``$fn$ ... $fn$``) and trigger bodies do not end one.
+    Statements holding nothing but comments are dropped."""
+    statements = (s.strip() for s in sqlparse.split(script))
+    return [s for s in statements if sqlparse.format(s, strip_comments=True).strip().rstrip(";").strip()]
 
 
 def _transactional_ddl(engine: Engine) -> None:
@@ -97,9 +156,15 @@ def _transactional_ddl(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN")
 
 
-def run_sql(script: str, database_env: str) -> dict[str, Any]:
-    """Run the script's statements in one transaction against the URL in ``$database_env``."""
-    url = os.environ.get(database_env)
+def run_sql(script: str, database_env: str, *, urls: Mapping[str, str], prefix: str) -> dict[str, Any]:
+    """Run the script's statements in one transaction against the URL in ``$database_env``.
+
+    ``urls`` are the worker's variables under ``prefix`` (``Settings.sql_urls``).
+    """
+    refusal = sql_env_refusal(database_env, prefix)
+    if refusal:
+        raise StepError(f"database_env: {refusal}")
+    url = urls.get(database_env)
     if not url:
         raise StepError(f"database_env: the variable {database_env} is not set on this worker")
     statements = split_statements(script)
@@ -109,9 +174,14 @@ def run_sql(script: str, database_env: str) -> dict[str, Any]:
     rows = 0
     try:
         with engine.begin() as connection:
-            for statement in statements:
-                result = connection.exec_driver_sql(statement)
-                rows += max(result.rowcount, 0)
+            # The driver's own cursor, without parameters: a '%' in the script is SQL, not a placeholder.
+            cursor = connection.connection.cursor()
+            try:
+                for statement in statements:
+                    cursor.execute(statement)
+                    rows += max(cursor.rowcount, 0)
+            finally:
+                cursor.close()
     except Exception as exc:
         raise StepError(f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
     finally:

@@ -28,8 +28,13 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
         CHORDBEAT_HEARTBEAT_TTL=str(settings.heartbeat_ttl_s),
         CHORDBEAT_RECOVERY_INTERVAL=str(settings.recovery_interval_s),
         CHORDBEAT_HEALTH_DIR=settings.health_dir,
+        CHORDBEAT_STEP_KINDS=",".join(sorted(settings.step_kinds)),
+        CHORDBEAT_STEP_TASKS=",".join(settings.step_tasks),
+        CHORDBEAT_EXECUTABLE_ALLOW=",".join(settings.executable_allow),
+        CHORDBEAT_SQL_ENV_PREFIX=settings.sql_env_prefix,
         PYTHONUNBUFFERED="1",
     )
+    env.update(settings.sql_urls)
     if settings.schedules_file:
         env["CHORDBEAT_SCHEDULES_FILE"] = settings.schedules_file
     env.update(extra)

@@ -68,7 +68,7 @@ def test_a_valid_definition_reads_back_as_written() -> None:
         ("overlap", "sometimes", "overlap", "must be one of skip, buffer_one, cancel_previous, allow"),
         ("max_retries", -1, "max_retries", "between 0 and 1000"),
         ("max_retries", "3", "max_retries", "must be an integer"),
-        ("timeout", 0, "timeout", "greater than 0"),
+        ("timeout", 0, "timeout", "must be between 0.1 and 604800 seconds (7 days), got 0"),
         ("enabled", "yes", "enabled", "true or false"),
         ("payload", [1], "payload", "must be an object"),
         ("colour", "blue", "colour", "unknown field"),

@@ -282,8 +282,8 @@ def _pattern(raw: Mapping[str, Any], key: str, path: str, pattern: re.Pattern[st
 def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -> StepSpec:
     raw = _require_mapping(raw, path)
     kind = raw.get("kind", "task")
-    if kind not in KIND_FIELDS:
-        raise DefinitionError(f"{path}.kind", f"must be one of {', '.join(KIND_FIELDS)}, got {kind!r}")
+    if not isinstance(kind, str) or kind not in KIND_FIELDS:
+        raise DefinitionError(f"{path}.kind", f"must be one of {', '.join(KIND_FIELDS)}, got {shown(kind)}")
     _refuse_unknown(raw, COMMON_STEP_FIELDS | KIND_FIELDS[kind], path)
     name = _step_name(raw, f"{path}.name")
     if kind == "task":

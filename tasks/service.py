@@ -8,7 +8,7 @@ from typing import Any
 from celery import Task
 
 from celeryapp import app, service
-from celeryapp.errors import InvalidArgument
+from celeryapp.errors import ChordbeatError, InvalidArgument
 
 
 class ServiceTask(Task):  # type: ignore[misc]
@@ -17,6 +17,9 @@ class ServiceTask(Task):  # type: ignore[misc]
     A plain ``send_task`` is not checked against the signature by the caller; without this the
     caller would get a bare ``TypeError`` from deep inside the worker.
     """
+
+    #: Refusals are answers, not worker faults: logged without a traceback.
+    throws = (ChordbeatError,)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -136,7 +136,7 @@ class _Walk:
                 self.budget -= 1
                 if self.budget < 0:
                     return None
-                if not isinstance(key, str) or not _is_unicode(key):
+                if not isinstance(key, str) or not is_unicode(key):
                     return path, f"must have string keys, got {shown(key)}"
                 problem = self.problem(item, _key_path(path, key), depth + 1)
                 if problem is not None or self.budget < 0:
@@ -152,10 +152,10 @@ def _scalar_problem(value: bool | int | float | str | None, path: str) -> tuple[
         return None if -(2**63) <= value < 2**63 else (path, "must be an integer of at most 64 bits")
     if isinstance(value, float):
         return None if math.isfinite(value) else (path, f"must be a finite number, got {value}")
-    return None if _is_unicode(value) else (path, "must be valid Unicode text (it holds a lone surrogate)")
+    return None if is_unicode(value) else (path, "must be valid Unicode text (it holds a lone surrogate)")
 
 
-def _is_unicode(text: str) -> bool:
+def is_unicode(text: str) -> bool:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -26,6 +26,7 @@ from celeryapp.limits import (
     MAX_LIST_LIMIT,
     MAX_NAME_CHARS,
     check_json,
+    is_unicode,
     shown,
     type_name,
 )
@@ -217,6 +218,9 @@ def _name(value: Any, field: str = "name") -> str:
         raise InvalidArgument(field, f"must be a schedule name (a string), got {type_name(value)}")
     if not 1 <= len(value) <= MAX_NAME_CHARS:
         raise InvalidArgument(field, f"must be 1 to {MAX_NAME_CHARS} characters, got {len(value)}")
+    # No stored name holds these, and the database drivers refuse them with a traceback.
+    if "\x00" in value or not is_unicode(value):
+        raise InvalidArgument(field, "must not hold NUL characters or lone surrogates")
     return value
 
 

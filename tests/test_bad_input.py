@@ -288,6 +288,11 @@ ARGUMENTS: list[tuple[str, str, dict[str, Any], str, str]] = [
         )
     ],
     *[(f"{task}-empty-name", task, {"name": ""}, "name", "got 0") for task in ("get_schedule", "delete_schedule")],
+    # The database drivers choke on these (PostgreSQL: NUL; both: lone surrogates).
+    ("get-name-nul", "get_schedule", {"name": "kept\x00"}, "name", "must not hold NUL characters"),
+    ("pause-name-surrogate", "pause_schedule", {"name": "\ud800"}, "name", "lone surrogates"),
+    ("slots-name-surrogate", "list_slots", {"name": "k\udfff"}, "name", "lone surrogates"),
+    ("list-schedule-nul", "list_executions", {"schedule": "\x00"}, "schedule", "must not hold NUL"),
     *[
         (f"{task}-{label}", task, {"execution_id": value}, "execution_id", reason)
         for task in ID_TASKS

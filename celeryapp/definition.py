@@ -1,21 +1,25 @@
 """Schedule definitions: validation of the contract's JSON shape into typed, immutable values.
 
 Validation is complete before anything is stored, and every error names the field and the reason.
+Every number has a range and every size a cap (celeryapp/limits.py), and the cadence is computed
+here once, so nothing stored can fail later.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import re
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from celeryapp import limits
+from celeryapp.cadence import Cadence
 from celeryapp.cron import CronError, CronExpression
 from celeryapp.errors import DefinitionError
+from celeryapp.limits import MAX_JSON_BYTES, shown
 from celeryapp.step_policy import (
     StepRules,
     env_name_refusal,
@@ -23,15 +27,24 @@ from celeryapp.step_policy import (
     sql_env_refusal,
     step_task_refusal,
 )
+from celeryapp.zones import canonical_zone_problem
 from models.states import Overlap
 
 #: Schedule names end up in Redis keys, CLI arguments and metric labels: keep them plain.
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+#: (Matched whole: ``$`` would also match before a trailing newline.)
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+#: Queues a step may name: what Celery and the ``-Q`` option take without quoting.
+QUEUE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
+#: Celery task names: printable ASCII, no spaces.
+TASK_PATTERN = re.compile(r"[!-~]{1,200}")
 DEFAULT_RETRY_DELAY_S = 60.0
 DEFAULT_MAX_ATTEMPTS = 3
-MAX_ATTEMPTS_LIMIT = 100
-#: Largest payload/args/kwargs accepted, serialized, so a definition cannot bloat every message.
-MAX_JSON_BYTES = 64 * 1024
+MAX_ATTEMPTS_LIMIT = limits.MAX_ATTEMPTS
+#: Unicode categories refused in step names: controls, format characters (zero-width, bidi
+#: overrides), surrogates, private use, unassigned, line and paragraph separators.
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+#: The longest time zone name (the column is 64 characters).
+MAX_ZONE_CHARS = 64
 
 SCHEDULE_FIELDS = frozenset(
     {
@@ -56,6 +69,7 @@ KIND_FIELDS = {
     "executable": frozenset({"argv", "cwd", "env"}),
     "sql": frozenset({"script", "database_env"}),
 }
+ALL_STEP_FIELDS = COMMON_STEP_FIELDS.union(*KIND_FIELDS.values())
 KIND_TASKS = {"executable": "chordbeat.steps.executable", "sql": "chordbeat.steps.sql"}
 KIND_OF_TASK = {task: kind for kind, task in KIND_TASKS.items()}
 
@@ -184,17 +198,16 @@ def _require_mapping(value: Any, path: str) -> Mapping[str, Any]:
     return value
 
 
-def _type_name(value: Any) -> str:
-    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), type(value).__name__
-    )
+_type_name = limits.type_name
 
 
 def _refuse_unknown(raw: Mapping[str, Any], allowed: frozenset[str], path: str) -> None:
-    unknown = sorted(str(k) for k in raw if k not in allowed)
+    unknown = sorted((k for k in raw if k not in allowed), key=str)
     if unknown:
         where = f"{path}." if path else ""
-        raise DefinitionError(f"{where}{unknown[0]}", f"unknown field (allowed: {', '.join(sorted(allowed))})")
+        first = unknown[0]
+        label = first if isinstance(first, str) and NAME_PATTERN.fullmatch(first) else shown(first)
+        raise DefinitionError(f"{where}{label}", f"unknown field (allowed: {', '.join(sorted(allowed))})")
 
 
 def _string(raw: Mapping[str, Any], key: str, path: str, *, required: bool = False) -> str | None:
@@ -220,40 +233,66 @@ def _int(raw: Mapping[str, Any], key: str, path: str, default: int, *, low: int,
     if isinstance(value, bool) or not isinstance(value, int):
         raise DefinitionError(path, f"must be an integer, got {_type_name(value)}")
     if not low <= value <= high:
-        raise DefinitionError(path, f"must be between {low} and {high}, got {value}")
+        raise DefinitionError(path, f"must be between {low} and {high}, got {shown(value)}")
     return value
 
 
-def _seconds(raw: Mapping[str, Any], key: str, path: str, default: float | None) -> float | None:
+def _seconds(
+    raw: Mapping[str, Any], key: str, path: str, default: float | None, *, low: float, high: float
+) -> float | None:
     value = raw.get(key, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise DefinitionError(path, f"must be a number of seconds, got {_type_name(value)}")
-    if value <= 0:
-        raise DefinitionError(path, f"must be greater than 0, got {value}")
+    # Compared before float(): an int too large for a float is just out of range.
+    if isinstance(value, float) and value != value:
+        raise DefinitionError(path, "must be a number of seconds, got NaN")
+    if not low <= value <= high:
+        bounds = f"{limits.seconds_text(low).removesuffix(' seconds')} and {limits.seconds_text(high)}"
+        raise DefinitionError(path, f"must be between {bounds}, got {shown(value)}")
     return float(value)
 
 
 def _json_value(value: Any, path: str) -> None:
-    try:
-        size = len(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise DefinitionError(path, f"must be plain JSON ({exc})") from None
-    if size > MAX_JSON_BYTES:
-        raise DefinitionError(path, f"is {size} bytes of JSON, more than {MAX_JSON_BYTES}")
+    limits.check_json(value, path, DefinitionError)
+
+
+def _step_name(raw: Mapping[str, Any], path: str) -> str:
+    """Step names are shown to people: no invisible characters that make look-alikes."""
+    name = _string(raw, "name", path, required=True)
+    assert name is not None
+    if len(name) > limits.MAX_NAME_CHARS:
+        raise DefinitionError(path, f"must be at most {limits.MAX_NAME_CHARS} characters, got {len(name)}")
+    if name != name.strip():
+        raise DefinitionError(path, "must not start or end with white space")
+    for char in name:
+        category = unicodedata.category(char)
+        if category in INVISIBLE_CATEGORIES or (category == "Zs" and char != " "):
+            raise DefinitionError(
+                path, f"must not hold control, invisible or special space characters (U+{ord(char):04X})"
+            )
+    if unicodedata.normalize("NFC", name) != name:
+        raise DefinitionError(path, "must be in Unicode normal form NFC")
+    return name
+
+
+def _pattern(raw: Mapping[str, Any], key: str, path: str, pattern: re.Pattern[str], what: str) -> str | None:
+    value = _string(raw, key, path)
+    if value is not None and not pattern.fullmatch(value):
+        raise DefinitionError(path, f"{shown(value)} is not {what}")
+    return value
 
 
 def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -> StepSpec:
     raw = _require_mapping(raw, path)
     kind = raw.get("kind", "task")
-    if kind not in KIND_FIELDS:
-        raise DefinitionError(f"{path}.kind", f"must be one of {', '.join(KIND_FIELDS)}, got {kind!r}")
+    if not isinstance(kind, str) or kind not in KIND_FIELDS:
+        raise DefinitionError(f"{path}.kind", f"must be one of {', '.join(KIND_FIELDS)}, got {shown(kind)}")
     _refuse_unknown(raw, COMMON_STEP_FIELDS | KIND_FIELDS[kind], path)
-    name = _string(raw, "name", f"{path}.name", required=True)
-    assert name is not None
-    if len(name) > 200:
-        raise DefinitionError(f"{path}.name", "must be at most 200 characters")
+    name = _step_name(raw, f"{path}.name")
+    if kind == "task":
+        _pattern(raw, "task", f"{path}.task", TASK_PATTERN, "a Celery task name (printable, no spaces)")
     task, args, kwargs = _parse_kind(raw, kind, path, known_task)
     return StepSpec(
         name=name,
@@ -262,8 +301,12 @@ def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -
         args=args,
         kwargs=kwargs,
         continue_on_failure=_bool(raw, "continue_on_failure", f"{path}.continue_on_failure", False),
-        timeout_s=_seconds(raw, "timeout", f"{path}.timeout", None),
-        queue=_string(raw, "queue", f"{path}.queue"),
+        timeout_s=_seconds(
+            raw, "timeout", f"{path}.timeout", None, low=limits.MIN_TIMEOUT_S, high=limits.MAX_TIMEOUT_S
+        ),
+        queue=_pattern(
+            raw, "queue", f"{path}.queue", QUEUE_PATTERN, "a queue name (letters, digits, '.', '_', '-', ':')"
+        ),
         max_attempts=_int(
             raw, "max_attempts", f"{path}.max_attempts", DEFAULT_MAX_ATTEMPTS, low=1, high=MAX_ATTEMPTS_LIMIT
         ),
@@ -350,6 +393,56 @@ def _parse_sql(raw: Mapping[str, Any], path: str, rules: StepRules | None) -> di
     return {"script": script, "database_env": variable}
 
 
+def _check_step_counts(raw: Any) -> None:
+    """Counted before any step is looked at: starting a run writes one row per step."""
+    if not isinstance(raw, list):
+        return
+    if len(raw) > limits.MAX_GROUPS:
+        raise DefinitionError("steps", f"must hold at most {limits.MAX_GROUPS} step groups, got {len(raw)}")
+    total = 0
+    for index, group in enumerate(raw):
+        count = len(group) if isinstance(group, list) else 1
+        if count > limits.MAX_GROUP_STEPS:
+            raise DefinitionError(
+                f"steps[{index}]", f"a parallel group holds at most {limits.MAX_GROUP_STEPS} steps, got {count}"
+            )
+        total += count
+    if total > limits.MAX_STEPS:
+        raise DefinitionError("steps", f"must hold at most {limits.MAX_STEPS} steps in all, got {total}")
+
+
+def _check_size(raw: Mapping[str, Any]) -> None:
+    """The whole definition's size, checked before it is walked field by field. When one part is
+    over its own cap, the error names that part."""
+    try:
+        size = limits.json_size(raw)
+    except (RecursionError, ValueError):
+        return  # the field-by-field checks find and name what is wrong
+    if size <= limits.MAX_DEFINITION_BYTES:
+        return
+    for path, part in _parts(raw):
+        try:
+            part_size = limits.json_size(part)
+        except (RecursionError, ValueError):
+            continue
+        if part_size > MAX_JSON_BYTES:
+            raise DefinitionError(path, f"is {part_size} bytes of JSON, more than {MAX_JSON_BYTES}")
+    raise DefinitionError("definition", f"is {size} bytes of JSON, more than {limits.MAX_DEFINITION_BYTES}")
+
+
+def _parts(raw: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    parts: list[tuple[str, Any]] = [(key, raw[key]) for key in sorted(SCHEDULE_FIELDS - {"steps"}) if key in raw]
+    steps = raw.get("steps")
+    if isinstance(steps, list):
+        for index, group in enumerate(steps):
+            members = enumerate(group) if isinstance(group, list) else [(None, group)]
+            for position, step in members:
+                path = f"steps[{index}]" if position is None else f"steps[{index}][{position}]"
+                if isinstance(step, Mapping):
+                    parts.extend((f"{path}.{key}", step[key]) for key in sorted(ALL_STEP_FIELDS) if key in step)
+    return parts
+
+
 def _parse_groups(
     raw: Any, known_task: Callable[[str], bool] | None
 ) -> tuple[tuple[tuple[StepSpec, ...], ...], tuple[bool, ...]]:
@@ -377,6 +470,68 @@ def _parse_groups(
     return tuple(groups), tuple(is_list)
 
 
+def _schedule_name(raw: Mapping[str, Any]) -> str:
+    name = _string(raw, "name", "name", required=True)
+    assert name is not None
+    if not NAME_PATTERN.fullmatch(name):
+        raise DefinitionError(
+            "name",
+            "must start with a letter or digit and hold only letters, digits, '.', '_' and '-' "
+            f"(at most {limits.MAX_NAME_CHARS} characters), got {shown(name)}",
+        )
+    return name
+
+
+def _timezone(raw: Mapping[str, Any]) -> tuple[str, ZoneInfo]:
+    timezone = _string(raw, "timezone", "timezone") or "UTC"
+    problem = (
+        f"must be at most {MAX_ZONE_CHARS} characters"
+        if len(timezone) > MAX_ZONE_CHARS
+        else canonical_zone_problem(timezone)
+    )
+    if problem is not None:
+        raise DefinitionError("timezone", problem)
+    try:
+        return timezone, ZoneInfo(timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise DefinitionError("timezone", f"{timezone!r} is not an IANA time zone name") from None
+
+
+def _cadence(raw: Mapping[str, Any]) -> tuple[str | None, float | None]:
+    cron = raw.get("cron")
+    every = raw.get("every")
+    if (cron is None) == (every is None):
+        raise DefinitionError("cron", "exactly one of 'cron' and 'every' is required")
+    if cron is None:
+        return None, _seconds(raw, "every", "every", None, low=limits.MIN_EVERY_S, high=limits.MAX_EVERY_S)
+    if not isinstance(cron, str):
+        raise DefinitionError("cron", f"must be a string, got {_type_name(cron)}")
+    if len(cron) > limits.MAX_CRON_CHARS:
+        raise DefinitionError("cron", f"must be at most {limits.MAX_CRON_CHARS} characters, got {len(cron)}")
+    try:
+        return CronExpression.parse(cron).text, None
+    except CronError as exc:
+        raise DefinitionError("cron", str(exc)) from None
+
+
+def _check_fire_times(definition: ScheduleDefinition, now: datetime) -> None:
+    """Compute, once, every instant the stored schedule will need, the way beat, firing and
+    retries compute them: what passes here cannot fail later."""
+    from celeryapp.decisions import retry_delay_s  # decisions imports this module
+
+    field_name = "cron" if definition.cron is not None else "every"
+    try:
+        cadence = Cadence(definition.cron, definition.every_s, definition.timezone, anchor=now)
+        first = cadence.slot_after(now)
+        second = cadence.slot_after(first)
+        cadence.latest_slot(second, since=now)
+        # The farthest instants a retry and the execution's deadline will ask for.
+        longest_retry = retry_delay_s(definition.retry_base_s, max(definition.max_retries, 1))
+        _ = now + timedelta(seconds=longest_retry), now + timedelta(seconds=definition.timeout_s or 0)
+    except (CronError, ArithmeticError, ValueError) as exc:
+        raise DefinitionError(field_name, f"its fire times cannot be computed ({exc})") from None
+
+
 def parse_definition(
     raw: Any, *, known_task: Callable[[str], bool] | None = None, now: datetime | None = None
 ) -> ScheduleDefinition:
@@ -386,41 +541,17 @@ def parse_definition(
     """
     raw = _require_mapping(raw, "definition")
     _refuse_unknown(raw, SCHEDULE_FIELDS, "")
-    name = _string(raw, "name", "name", required=True)
-    assert name is not None
-    if not NAME_PATTERN.match(name):
-        raise DefinitionError(
-            "name",
-            "must start with a letter or digit and hold only letters, digits, '.', '_' and '-' "
-            "(at most 200 characters)",
-        )
-    timezone = _string(raw, "timezone", "timezone") or "UTC"
-    try:
-        zone = ZoneInfo(timezone)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise DefinitionError("timezone", f"{timezone!r} is not an IANA time zone name") from None
-    cron = raw.get("cron")
-    every = raw.get("every")
-    if (cron is None) == (every is None):
-        raise DefinitionError("cron", "exactly one of 'cron' and 'every' is required")
-    every_s: float | None = None
-    if cron is not None:
-        if not isinstance(cron, str):
-            raise DefinitionError("cron", f"must be a string, got {_type_name(cron)}")
-        try:
-            expression = CronExpression.parse(cron)
-            expression.next_after(now or datetime.now(UTC), zone)
-        except CronError as exc:
-            raise DefinitionError("cron", str(exc)) from None
-        cron = expression.text
-    else:
-        every_s = _seconds(raw, "every", "every", None)
+    _check_step_counts(raw.get("steps"))
+    _check_size(raw)
+    name = _schedule_name(raw)
+    timezone, _zone = _timezone(raw)
+    cron, every_s = _cadence(raw)
     overlap_raw = raw.get("overlap", Overlap.SKIP.value)
     try:
         overlap = Overlap(overlap_raw)
     except ValueError:
         choices = ", ".join(o.value for o in Overlap)
-        raise DefinitionError("overlap", f"must be one of {choices}, got {overlap_raw!r}") from None
+        raise DefinitionError("overlap", f"must be one of {choices}, got {shown(overlap_raw)}") from None
     payload = raw.get("payload", {})
     if payload is None:
         payload = {}
@@ -428,7 +559,7 @@ def parse_definition(
         raise DefinitionError("payload", f"must be an object, got {_type_name(payload)}")
     _json_value(payload, "payload")
     groups, group_is_list = _parse_groups(raw.get("steps"), known_task)
-    return ScheduleDefinition(
+    definition = ScheduleDefinition(
         name=name,
         groups=groups,
         group_is_list=group_is_list,
@@ -437,12 +568,25 @@ def parse_definition(
         timezone=timezone,
         enabled=_bool(raw, "enabled", "enabled", True),
         overlap=overlap,
-        max_retries=_int(raw, "max_retries", "max_retries", 0, low=0, high=1000),
-        retry_delay_s=_seconds(raw, "retry_delay", "retry_delay", DEFAULT_RETRY_DELAY_S) or DEFAULT_RETRY_DELAY_S,
-        total_repeats=_int(raw, "total_repeats", "total_repeats", 0, low=0, high=10**9),
-        timeout_s=_seconds(raw, "timeout", "timeout", None),
+        max_retries=_int(raw, "max_retries", "max_retries", 0, low=0, high=limits.MAX_RETRIES),
+        retry_delay_s=_seconds(
+            raw,
+            "retry_delay",
+            "retry_delay",
+            DEFAULT_RETRY_DELAY_S,
+            low=limits.MIN_RETRY_DELAY_S,
+            high=limits.MAX_RETRY_DELAY_S,
+        )
+        or DEFAULT_RETRY_DELAY_S,
+        total_repeats=_int(raw, "total_repeats", "total_repeats", 0, low=0, high=limits.MAX_TOTAL_REPEATS),
+        timeout_s=_seconds(raw, "timeout", "timeout", None, low=limits.MIN_TIMEOUT_S, high=limits.MAX_TIMEOUT_S),
         payload=dict(payload),
     )
+    size = limits.json_size(definition.to_json())
+    if size > limits.MAX_DEFINITION_BYTES:
+        raise DefinitionError("definition", f"is {size} bytes of JSON, more than {limits.MAX_DEFINITION_BYTES}")
+    _check_fire_times(definition, now or datetime.now(UTC))
+    return definition
 
 
 def parse_definitions(
@@ -453,7 +597,9 @@ def parse_definitions(
     names: set[str] = set()
     for index, raw in enumerate(items):
         label = raw.get("name") if isinstance(raw, Mapping) else None
-        where = f"schedules[{index}]" + (f" ({label})" if isinstance(label, str) else "")
+        # Only a valid name labels the place: an invalid one may be huge or hold control characters.
+        shown_label = isinstance(label, str) and NAME_PATTERN.fullmatch(label)
+        where = f"schedules[{index}]" + (f" ({label})" if shown_label else "")
         try:
             definition = parse_definition(raw, known_task=known_task)
         except DefinitionError as exc:

@@ -11,13 +11,25 @@ class ConfigError(ChordbeatError):
     """Raised when a ``CHORDBEAT_*`` variable holds a value that cannot be used."""
 
 
-class DefinitionError(ChordbeatError, ValueError):
-    """Raised when a schedule definition is invalid; the message names the field and the reason."""
+class FieldError(ChordbeatError, ValueError):
+    """Base of the errors about one input field; the message is ``"<field>: <reason>"``."""
 
-    def __init__(self, field: str, reason: str) -> None:
+    def __init__(self, field: str, reason: str | None = None) -> None:
+        if reason is None:
+            # Rebuilt from the message alone: a Celery result backend keeps only ``args``, and a
+            # client that has this class calls it with them.
+            field, _, reason = field.partition(": ")
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
+
+
+class DefinitionError(FieldError):
+    """Raised when a schedule definition (or schedule file) is invalid."""
+
+
+class InvalidArgument(FieldError):
+    """Raised when a service task is called with an argument of the wrong type, size or range."""
 
 
 class NotFound(ChordbeatError, LookupError):

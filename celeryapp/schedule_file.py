@@ -1,4 +1,8 @@
-"""The declarative schedule file: its schedules override stored ones, with a logged diff."""
+"""The declarative schedule file: its schedules override stored ones, with a logged diff.
+
+The file is YAML written by operators, read strictly: at most ``MAX_FILE_BYTES``, no anchors,
+aliases, merge keys or duplicate keys; errors name the file and the line.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from sqlalchemy.orm import Session
 from celeryapp.app import ChordbeatCelery
 from celeryapp.definition import ScheduleDefinition, parse_definitions
 from celeryapp.errors import DefinitionError
+from celeryapp.limits import MAX_FILE_BYTES, shown
 from celeryapp.store import Change, definition_of, upsert_schedule
 from models import Schedule, ScheduleSource, transaction, utcnow
 
@@ -46,20 +51,85 @@ class FileDiff:
         return "; ".join(parts) if parts else "no changes"
 
 
+#: Nesting of the file's YAML collections; a definition needs about 40.
+MAX_YAML_DEPTH = 64
+
+
+class _Refused(Exception):
+    """A construct the schedule file may not use, at a place in the file."""
+
+    def __init__(self, mark: Any, reason: str) -> None:
+        super().__init__(reason)
+        self.mark = mark
+        self.reason = reason
+
+
+class StrictLoader(yaml.SafeLoader):
+    """``safe_load`` without what makes a file say something other than what it shows.
+
+    Refused: anchors and aliases (``*name`` copies a subtree; nested, they expand a small file
+    into gigabytes), merge keys (``<<``), duplicate keys (YAML keeps the last one silently) and
+    nesting deeper than :data:`MAX_YAML_DEPTH`.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            raise _Refused(event.start_mark, f"YAML aliases (*{event.anchor}) are not allowed; write the value out")
+        if getattr(event, "anchor", None) is not None:
+            raise _Refused(event.start_mark, f"YAML anchors (&{event.anchor}) are not allowed")
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            raise _Refused(event.start_mark, f"nested more than {MAX_YAML_DEPTH} levels deep")
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-any-return,return-value]
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise _Refused(key_node.start_mark, "YAML merge keys (<<) are not allowed")
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:
+                continue  # an unhashable key: the constructor refuses it with its own message
+            if first is not key_node.start_mark:
+                raise _Refused(key_node.start_mark, f"duplicate key {shown(key)} (first on line {first.line + 1})")
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+
+
 def load_file(path: str | Path, *, known_task: Callable[[str], bool] | None) -> list[ScheduleDefinition]:
     """Read and validate a whole schedule file; raise :class:`DefinitionError` on the first problem."""
+    where = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise DefinitionError(str(path), f"cannot be read ({exc.strerror})") from None
+        raise DefinitionError(where, f"cannot be read ({exc.strerror})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise DefinitionError(where, f"is larger than {MAX_FILE_BYTES} bytes")
     try:
-        document: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise DefinitionError(str(path), f"is not valid YAML ({exc})") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DefinitionError(where, f"is not UTF-8 text (byte {exc.start})") from None
+    try:
+        document: Any = yaml.load(text, Loader=StrictLoader)
+    except _Refused as exc:
+        place = f"line {exc.mark.line + 1}, column {exc.mark.column + 1}: " if exc.mark else ""
+        raise DefinitionError(where, f"{place}{exc.reason}") from None
+    except (yaml.YAMLError, ValueError) as exc:
+        raise DefinitionError(where, f"is not valid YAML ({exc})") from None
     if document is None:
         document = {"schedules": []}
     if not isinstance(document, dict) or set(document) - {"schedules"}:
-        raise DefinitionError(str(path), "must be a mapping with a single key 'schedules'")
+        raise DefinitionError(where, "must be a mapping with a single key 'schedules'")
     items = document.get("schedules") or []
     if not isinstance(items, list):
         raise DefinitionError("schedules", "must be a list of schedule definitions")

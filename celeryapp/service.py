@@ -1,6 +1,8 @@
 """The operations behind the public service tasks; JSON in, JSON out.
 
-Each opens one transaction, and sends what it decided (chords, cancels) only after commit.
+Each checks every argument before it opens its one transaction (anyone who can publish to the
+broker can call these: a wrong argument raises :class:`InvalidArgument` naming it, and nothing is
+written), and sends what it decided (chords, cancels) only after commit.
 """
 
 from __future__ import annotations
@@ -14,12 +16,22 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import cadence_of
 from celeryapp.definition import parse_definition
 from celeryapp.dispatch import apply_effects
-from celeryapp.errors import InvalidTransition, NotFound
+from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
 from celeryapp.lifecycle import Effects, start_execution
 from celeryapp.lifecycle import cancel_execution as cancel_in_db
+from celeryapp.limits import (
+    LIST_PAYLOAD_BYTES,
+    MAX_ID,
+    MAX_LIST_LIMIT,
+    MAX_NAME_CHARS,
+    check_json,
+    is_unicode,
+    shown,
+    type_name,
+)
 from celeryapp.step_policy import StepRules
 from celeryapp.store import find_schedule, upsert_schedule
-from celeryapp.views import execution_json, iso, schedule_json
+from celeryapp.views import execution_json, execution_list_json, iso, schedule_json
 from models import (
     ExecutionStatus,
     Schedule,
@@ -32,9 +44,6 @@ from models import (
     utcnow,
 )
 from models.session import affected
-
-#: Most executions one ``list_executions`` call returns.
-MAX_LIST_LIMIT = 1000
 
 
 def known_task(app: ChordbeatCelery) -> StepRules:
@@ -59,6 +68,7 @@ def _sync(app: ChordbeatCelery, name: str) -> None:
 
 
 def delete_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
+    name = _name(name)
     with transaction(app.settings.database_url) as session:
         schedule = find_schedule(session, name)
         session.delete(schedule)
@@ -67,6 +77,7 @@ def delete_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
 
 
 def get_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
+    name = _name(name)
     with transaction(app.settings.database_url, read_only=True) as session:
         return schedule_json(find_schedule(session, name))
 
@@ -77,6 +88,7 @@ def list_schedules(app: ChordbeatCelery) -> list[dict[str, Any]]:
 
 
 def pause_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
+    name = _name(name)
     with transaction(app.settings.database_url) as session:
         schedule = find_schedule(session, name)
         if schedule.status is not ScheduleStatus.PAUSED:
@@ -97,6 +109,7 @@ def pause_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
 
 
 def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
+    name = _name(name)
     with transaction(app.settings.database_url) as session:
         schedule = find_schedule(session, name)
         if schedule.status is not ScheduleStatus.ACTIVE:
@@ -118,8 +131,8 @@ def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
 
 
 def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-    if payload is not None and not isinstance(payload, dict):
-        raise ValueError("payload: must be an object")
+    name = _name(name)
+    payload = _payload(payload)
     with transaction(app.settings.database_url) as session:
         schedule = find_schedule(session, name)
         result = start_execution(
@@ -137,15 +150,17 @@ def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | 
 
 
 def cancel_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
+    execution_id = _execution_id(execution_id)
     with transaction(app.settings.database_url) as session:
-        effects = cancel_in_db(session, int(execution_id), now=utcnow())
+        effects = cancel_in_db(session, execution_id, now=utcnow())
     apply_effects(app, effects)
     return get_execution(app, execution_id)
 
 
 def get_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
+    execution_id = _execution_id(execution_id)
     with transaction(app.settings.database_url, read_only=True) as session:
-        execution = session.get(ScheduleExecution, int(execution_id))
+        execution = session.get(ScheduleExecution, execution_id)
         if execution is None:
             raise NotFound(f"execution {execution_id} does not exist")
         return execution_json(session, execution)
@@ -154,24 +169,24 @@ def get_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
 def list_executions(
     app: ChordbeatCelery, schedule: str | None = None, status: str | None = None, limit: int = 50
 ) -> list[dict[str, Any]]:
-    if status is not None:
-        try:
-            status = ExecutionStatus(status).value
-        except ValueError:
-            raise ValueError(f"status: must be one of {', '.join(s.value for s in ExecutionStatus)}") from None
-    _check_limit(limit)
+    """Newest first. Payloads over ``LIST_PAYLOAD_BYTES`` and long activity texts are left out or
+    cut (``get_execution`` has them whole), so a list's size is bounded by ``limit``."""
+    schedule = None if schedule is None else _name(schedule, "schedule")
+    wanted = _status(status)
+    limit = _limit(limit)
     query = select(ScheduleExecution).order_by(ScheduleExecution.id.desc()).limit(limit)
     if schedule is not None:
         query = query.where(ScheduleExecution.schedule_name == schedule)
-    if status is not None:
-        query = query.where(ScheduleExecution.status == ExecutionStatus(status))
+    if wanted is not None:
+        query = query.where(ScheduleExecution.status == wanted)
     with transaction(app.settings.database_url, read_only=True) as session:
-        return [execution_json(session, e) for e in session.scalars(query).all()]
+        return [execution_list_json(session, e, LIST_PAYLOAD_BYTES) for e in session.scalars(query).all()]
 
 
 def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[str, Any]]:
     """What became of the schedule's recent due times, newest first: why a run did or did not happen."""
-    _check_limit(limit)
+    name = _name(name)
+    limit = _limit(limit)
     with transaction(app.settings.database_url, read_only=True) as session:
         rows = session.scalars(
             select(SlotRecord).where(SlotRecord.schedule_name == name).order_by(SlotRecord.id.desc()).limit(limit)
@@ -192,9 +207,56 @@ def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[st
         ]
 
 
-def _check_limit(limit: Any) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
-        raise ValueError(f"limit: must be an integer between 1 and {MAX_LIST_LIMIT}")
+# --- arguments -----------------------------------------------------------------------------------
+
+
+def _name(value: Any, field: str = "name") -> str:
+    """A schedule to look up. Not held to the name pattern, so a schedule stored before a rule
+    tightened can still be found, paused and deleted."""
+    if not isinstance(value, str):
+        raise InvalidArgument(field, f"must be a schedule name (a string), got {type_name(value)}")
+    if not 1 <= len(value) <= MAX_NAME_CHARS:
+        raise InvalidArgument(field, f"must be 1 to {MAX_NAME_CHARS} characters, got {len(value)}")
+    # No stored name holds these, and the database drivers refuse them with a traceback.
+    if "\x00" in value or not is_unicode(value):
+        raise InvalidArgument(field, "must not hold NUL characters or lone surrogates")
+    return value
+
+
+def _execution_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument("execution_id", f"must be an integer (an execution id), got {type_name(value)}")
+    if not 1 <= value <= MAX_ID:
+        raise InvalidArgument("execution_id", f"must be between 1 and {MAX_ID}, got {shown(value)}")
+    return value
+
+
+def _limit(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIST_LIMIT:
+        got = shown(value) if isinstance(value, int) and not isinstance(value, bool) else type_name(value)
+        raise InvalidArgument("limit", f"must be an integer between 1 and {MAX_LIST_LIMIT}, got {got}")
+    return value
+
+
+def _status(value: Any) -> ExecutionStatus | None:
+    if value is None:
+        return None
+    choices = ", ".join(s.value for s in ExecutionStatus)
+    if not isinstance(value, str):
+        raise InvalidArgument("status", f"must be one of {choices}, got {type_name(value)}")
+    try:
+        return ExecutionStatus(value)
+    except ValueError:
+        raise InvalidArgument("status", f"must be one of {choices}, got {shown(value)}") from None
+
+
+def _payload(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidArgument("payload", f"must be an object, got {type_name(value)}")
+    check_json(value, "payload", InvalidArgument)
+    return value
 
 
 __all__ = [

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import copy
+import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from celeryapp.app import ChordbeatCelery
-from celeryapp.definition import parse_definition
+from celeryapp.beat_entries import CadenceSchedule
+from celeryapp.cadence import Cadence
+from celeryapp.decisions import retry_delay_s
+from celeryapp.definition import ScheduleDefinition, StepSpec, parse_definition
 from celeryapp.errors import DefinitionError
+from celeryapp.store import next_fire_after
 from tests.conftest import call
 
 KNOWN = {"chordbeat.examples.sleep", "chordbeat.examples.fail"}
@@ -68,7 +76,7 @@ def test_a_valid_definition_reads_back_as_written() -> None:
         ("overlap", "sometimes", "overlap", "must be one of skip, buffer_one, cancel_previous, allow"),
         ("max_retries", -1, "max_retries", "between 0 and 1000"),
         ("max_retries", "3", "max_retries", "must be an integer"),
-        ("timeout", 0, "timeout", "greater than 0"),
+        ("timeout", 0, "timeout", "must be between 0.1 and 604800 seconds (7 days), got 0"),
         ("enabled", "yes", "enabled", "true or false"),
         ("payload", [1], "payload", "must be an object"),
         ("colour", "blue", "colour", "unknown field"),
@@ -119,3 +127,117 @@ def test_unknown_names_give_clear_errors(app: ChordbeatCelery, worker: Any, clie
         call(client, "chordbeat.get_execution", execution_id=404)
     with pytest.raises(Exception, match="status: must be one of"):
         call(client, "chordbeat.list_executions", status="exploded")
+
+
+# --- properties -------------------------------------------------------------------------------
+
+DAY = 24 * 3600
+UTC_TIMES = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC))
+SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+JSON_VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+#: Numbers around every bound, and anything else a number can be.
+NUMBERS = (
+    st.sampled_from([0, 0.0999, 0.1, 0.999, 1, 1e-7, 2.5, 7 * DAY, 7 * DAY + 1, 366 * DAY, 366 * DAY + 1e-6, 1e300])
+    | st.integers()
+    | st.floats()
+    | st.booleans()
+    | st.none()
+)
+CRON_FIELDS = st.sampled_from(["*", "*/7", "0", "5", "1-5", "0,30", "13", "29", "2", "mon", "jan", "1-31/2", "60", "x"])
+CRONS = st.lists(CRON_FIELDS, min_size=4, max_size=6).map(" ".join) | st.text(max_size=30)
+ZONES = st.sampled_from(["UTC", "Europe/London", "America/New_York", "Australia/Lord_Howe", "Asia/Kathmandu"]) | (
+    st.text(max_size=20)
+)
+NAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,10}", fullmatch=True) | st.text(max_size=12)
+SCHEDULE_FIELDS_FUZZ = {
+    "name": NAMES,
+    "every": NUMBERS,
+    "cron": CRONS,
+    "timezone": ZONES,
+    "timeout": NUMBERS,
+    "retry_delay": NUMBERS,
+    "max_retries": NUMBERS,
+    "total_repeats": NUMBERS,
+    "overlap": st.sampled_from(["skip", "allow", "buffer_one", "cancel_previous"]) | JSON_VALUES,
+    "enabled": JSON_VALUES,
+    "payload": JSON_VALUES,
+    "steps": JSON_VALUES,
+}
+STEP_FIELDS_FUZZ = {
+    "name": NAMES,
+    "task": st.sampled_from(sorted(KNOWN)) | st.text(max_size=12),
+    "timeout": NUMBERS,
+    "max_attempts": NUMBERS,
+    "queue": NAMES,
+    "args": JSON_VALUES,
+    "kwargs": JSON_VALUES,
+    "continue_on_failure": JSON_VALUES,
+    "kind": st.sampled_from(["task", "executable", "sql"]) | JSON_VALUES,
+}
+
+
+@st.composite
+def near_valid(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid definition with some of its fields (and its first step's) replaced by fuzz."""
+    definition = valid()
+    if draw(st.booleans()):
+        del definition["cron"]
+        definition["every"] = 60
+    for key in draw(st.lists(st.sampled_from(sorted(SCHEDULE_FIELDS_FUZZ)), max_size=3, unique=True)):
+        value = draw(SCHEDULE_FIELDS_FUZZ[key])
+        if key in ("cron", "every") and draw(st.booleans()):
+            definition.pop("every" if key == "cron" else "cron", None)
+        definition[key] = value
+    if isinstance(definition.get("steps"), list) and definition["steps"]:
+        step = definition["steps"][0]
+        if isinstance(step, dict):
+            for key in draw(st.lists(st.sampled_from(sorted(STEP_FIELDS_FUZZ)), max_size=3, unique=True)):
+                step[key] = draw(STEP_FIELDS_FUZZ[key])
+    return definition
+
+
+def assert_fire_times_computable(definition: ScheduleDefinition, at: datetime) -> None:
+    """Everything beat, firing, retries and recovery compute from a stored definition."""
+    cadence = Cadence(definition.cron, definition.every_s, definition.timezone, anchor=at)
+    upcoming = [cadence.slot_after(at)]
+    for _ in range(3):
+        upcoming.append(cadence.slot_after(upcoming[-1]))
+    assert upcoming == sorted(set(upcoming)) and upcoming[0] > at
+    assert cadence.latest_slot(upcoming[-1], since=at) == upcoming[-1]
+    assert next_fire_after(definition, at) > at
+    entry = CadenceSchedule.decode(CadenceSchedule(cadence).encode())
+    assert entry.due(at).at == upcoming[0]
+    for retry in {1, max(definition.max_retries, 1)}:
+        assert at + timedelta(seconds=retry_delay_s(definition.retry_base_s, retry)) > at
+    for timeout in [definition.timeout_s] + [s.timeout_s for group in definition.groups for s in group]:
+        if timeout is not None:
+            assert at + timedelta(seconds=timeout + 30) > at
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=JSON_VALUES | near_valid())
+def test_parsing_anything_raises_only_definition_errors(raw: Any) -> None:
+    try:
+        parse_definition(raw, known_task=KNOWN.__contains__)
+    except DefinitionError as exc:
+        assert exc.field and exc.reason and len(str(exc)) < 600
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(raw=near_valid(), now=UTC_TIMES, later=UTC_TIMES)
+def test_a_definition_that_parses_can_always_compute_its_fire_times(raw: Any, now: datetime, later: datetime) -> None:
+    try:
+        parsed = parse_definition(raw, known_task=KNOWN.__contains__, now=now)
+    except DefinitionError:
+        assume(False)
+        return
+    assert_fire_times_computable(parsed, now)
+    assert_fire_times_computable(parsed, later)
+    # What is stored reads back as the same definition, as plain JSON.
+    stored = json.loads(json.dumps(parsed.to_json(), allow_nan=False))
+    assert parse_definition(stored, known_task=KNOWN.__contains__, now=later) == parsed
+    assert [[StepSpec.from_json(s) for s in group] for group in parsed.plan()] == [list(g) for g in parsed.groups]

@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celeryapp.cron import CronError, CronExpression
 from celeryapp.errors import DefinitionError
+from celeryapp.keys import CONTROL_QUEUES
 from models.states import Overlap
 
 #: Schedule names end up in Redis keys, CLI arguments and metric labels: keep them plain.
@@ -250,6 +251,9 @@ def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -
     if len(name) > 200:
         raise DefinitionError(f"{path}.name", "must be at most 200 characters")
     task, args, kwargs = _parse_kind(raw, kind, path, known_task)
+    queue = _string(raw, "queue", f"{path}.queue")
+    if queue in CONTROL_QUEUES:
+        raise DefinitionError(f"{path}.queue", f"{queue!r} is a control queue; steps run on their own queues")
     return StepSpec(
         name=name,
         task=task,
@@ -258,7 +262,7 @@ def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -
         kwargs=kwargs,
         continue_on_failure=_bool(raw, "continue_on_failure", f"{path}.continue_on_failure", False),
         timeout_s=_seconds(raw, "timeout", f"{path}.timeout", None),
-        queue=_string(raw, "queue", f"{path}.queue"),
+        queue=queue,
         max_attempts=_int(
             raw, "max_attempts", f"{path}.max_attempts", DEFAULT_MAX_ATTEMPTS, low=1, high=MAX_ATTEMPTS_LIMIT
         ),

@@ -11,8 +11,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from celeryapp.config import Settings
+from celeryapp.keys import CONTROL_QUEUE, PUBLIC_QUEUE
 
 CELERY = str(Path(sys.executable).with_name("celery"))
+#: ``-Q`` of the control worker in every deploy file.
+CONTROL_WORKER_QUEUES = f"{CONTROL_QUEUE},{PUBLIC_QUEUE}"
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
@@ -75,7 +78,10 @@ def beat(settings: Settings, tmp: Path, name: str = "beat") -> Iterator[Process]
 
 
 @contextmanager
-def worker(settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2) -> Iterator[Process]:
+def worker(
+    settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2, queues: str | None = None
+) -> Iterator[Process]:
+    """A prefork worker; by default on every queue, with ``queues`` (``-Q``) a step worker."""
     argv = [
         CELERY,
         "-A",
@@ -87,6 +93,35 @@ def worker(settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2
         "prefork",
         "-c",
         str(concurrency),
+        "-n",
+        f"{name}@%h",
+        "--without-mingle",
+        "--without-gossip",
+        *(["-Q", queues] if queues else []),
+    ]
+    process = Process(argv, settings_env(settings), tmp / f"{name}.log")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@contextmanager
+def control_worker(settings: Settings, tmp: Path, name: str = "control") -> Iterator[Process]:
+    """The control worker of the deploy files: control and service calls only, in threads."""
+    argv = [
+        CELERY,
+        "-A",
+        "celeryapp",
+        "worker",
+        "-l",
+        "INFO",
+        "-Q",
+        CONTROL_WORKER_QUEUES,
+        "-P",
+        "threads",
+        "-c",
+        "4",
         "-n",
         f"{name}@%h",
         "--without-mingle",

@@ -4,59 +4,69 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery import Task
+
 from celeryapp import app, service
+from celeryapp.redaction import RedactedResult
 
 
-@app.task(name="chordbeat.apply_schedule")
+class ServiceTask(Task):  # type: ignore[misc]
+    """Answers reach the caller whole; worker logs and Flower see payloads and ``env`` values hidden."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> RedactedResult:
+        return RedactedResult(super().__call__(*args, **kwargs))
+
+
+@app.task(base=ServiceTask, name="chordbeat.apply_schedule")
 def apply_schedule(definition: dict[str, Any]) -> dict[str, Any]:
     return service.apply_schedule(app, definition)
 
 
-@app.task(name="chordbeat.delete_schedule")
+@app.task(base=ServiceTask, name="chordbeat.delete_schedule")
 def delete_schedule(name: str) -> dict[str, Any]:
     return service.delete_schedule(app, name)
 
 
-@app.task(name="chordbeat.get_schedule")
+@app.task(base=ServiceTask, name="chordbeat.get_schedule")
 def get_schedule(name: str) -> dict[str, Any]:
     return service.get_schedule(app, name)
 
 
-@app.task(name="chordbeat.list_schedules")
+@app.task(base=ServiceTask, name="chordbeat.list_schedules")
 def list_schedules() -> list[dict[str, Any]]:
     return service.list_schedules(app)
 
 
-@app.task(name="chordbeat.pause_schedule")
+@app.task(base=ServiceTask, name="chordbeat.pause_schedule")
 def pause_schedule(name: str) -> dict[str, Any]:
     return service.pause_schedule(app, name)
 
 
-@app.task(name="chordbeat.resume_schedule")
+@app.task(base=ServiceTask, name="chordbeat.resume_schedule")
 def resume_schedule(name: str) -> dict[str, Any]:
     return service.resume_schedule(app, name)
 
 
-@app.task(name="chordbeat.trigger_schedule")
+@app.task(base=ServiceTask, name="chordbeat.trigger_schedule")
 def trigger_schedule(name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
     return service.trigger_schedule(app, name, payload)
 
 
-@app.task(name="chordbeat.cancel_execution")
+@app.task(base=ServiceTask, name="chordbeat.cancel_execution")
 def cancel_execution(execution_id: int) -> dict[str, Any]:
     return service.cancel_execution(app, execution_id)
 
 
-@app.task(name="chordbeat.get_execution")
+@app.task(base=ServiceTask, name="chordbeat.get_execution")
 def get_execution(execution_id: int) -> dict[str, Any]:
     return service.get_execution(app, execution_id)
 
 
-@app.task(name="chordbeat.list_executions")
+@app.task(base=ServiceTask, name="chordbeat.list_executions")
 def list_executions(schedule: str | None = None, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     return service.list_executions(app, schedule, status, limit)
 
 
-@app.task(name="chordbeat.list_slots")
+@app.task(base=ServiceTask, name="chordbeat.list_slots")
 def list_slots(name: str, limit: int = 50) -> list[dict[str, Any]]:
     return service.list_slots(app, name, limit)

@@ -66,6 +66,12 @@ class Process:
                 self.kill()
         self._file.close()
 
+    def __enter__(self) -> Process:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
 
 @contextmanager
 def beat(settings: Settings, tmp: Path, name: str = "beat") -> Iterator[Process]:

@@ -67,8 +67,10 @@ def test_control_and_service_calls_answer_while_every_step_slot_is_busy(
         timings.append(cancel_s)
         # The cancel flag stops the step: the slot frees well before the minute is over.
         wait_for(
-            lambda: call(client, "chordbeat.get_execution", execution_id=execution_id)["activities"][0]["status"]
-            == "cancelled",
+            lambda: (
+                call(client, "chordbeat.get_execution", execution_id=execution_id)["activities"][0]["status"]
+                == "cancelled"
+            ),
             20,
             interval=0.2,
             what="the running step to stop",

@@ -350,12 +350,14 @@ def resume_cmd(name: str, as_json: bool) -> None:
 def health_cmd(process: str) -> None:
     """Exit non-zero when the process's liveness file is stale or missing (for healthchecks)."""
     from celeryapp.config import Settings
-    from celeryapp.health import STALE_AFTER_S, age_s
+    from celeryapp.health import STALE_AFTER_S, age_s, problem
 
-    age = age_s(Settings.from_env(), process)
+    settings = Settings.from_env()
+    age = age_s(settings, process)
     limit = STALE_AFTER_S[process]
     if age is None or age > limit:
-        click.echo(f"{process}: unhealthy ({'no liveness file' if age is None else f'last beat {age:.0f}s ago'})")
+        why = f"last beat {age:.0f}s ago" if age is not None else problem(settings) or "no liveness file"
+        click.echo(printable(f"{process}: unhealthy ({why})"))
         sys.exit(1)
     click.echo(f"{process}: healthy (last beat {age:.1f}s ago)")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import re
 import subprocess
 import urllib.error
@@ -15,6 +16,7 @@ from celery import Celery
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.health import age_s, problem, touch
 from tests import processes
 from tests.conftest import call, wait_for
 from tests.servers import free_port
@@ -86,3 +88,54 @@ def test_metrics_endpoint_reports_executions(
     assert 'chordbeat_advance_latency_seconds_count{schedule="m"} 1.0' in text
     assert re.search(r'chordbeat_step_duration_seconds_count\{schedule="m"\} [23]\.0', text)
     assert "chordbeat_recovery_requeues_total 0.0" in text
+
+
+def test_liveness_files_in_a_shared_directory_go_to_a_private_subdirectory(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    settings = Settings(health_dir=str(shared))
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    # Another user plants a symlink where the file's temporary copy would go, and a fresh file
+    # that would answer for a worker that never ran.
+    (shared / "chordbeat-worker.health.tmp").symlink_to(victim)
+    (shared / "chordbeat-worker.health").write_text("9999999999\n")
+    assert age_s(settings, "worker") is None
+    touch(settings, "worker")
+    assert victim.read_text() == "precious\n"
+    private = shared / f"chordbeat-{os.geteuid()}"
+    assert private.is_dir() and not private.is_symlink() and private.stat().st_mode & 0o777 == 0o700
+    assert (private / "chordbeat-worker.health").is_file()
+    age = age_s(settings, "worker")
+    assert age is not None and age < 5
+
+
+@pytest.mark.parametrize("plant", ["symlink", "open-mode"])
+def test_a_private_liveness_directory_that_is_not_private_is_refused(tmp_path: Path, plant: str) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    private = shared / f"chordbeat-{os.geteuid()}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    if plant == "symlink":
+        private.symlink_to(elsewhere)
+    else:
+        private.mkdir()
+        private.chmod(0o777)
+    settings = Settings(health_dir=str(shared))
+    touch(settings, "worker")
+    assert not list(elsewhere.iterdir()) and not (private / "chordbeat-worker.health").exists()
+    assert age_s(settings, "worker") is None
+    reason = problem(settings)
+    assert reason is not None and private.name in reason
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a directory to another user")
+def test_a_liveness_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)
+    reason = problem(Settings(health_dir=str(theirs)))
+    assert reason is not None and "owned by uid 65534" in reason

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shutil
+import signal
 import subprocess
 import urllib.error
 import urllib.request
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
 from celeryapp.app import ChordbeatCelery
@@ -19,7 +22,7 @@ from celeryapp.config import Settings
 from celeryapp.health import age_s, problem, touch
 from tests import processes
 from tests.conftest import call, wait_for
-from tests.servers import free_port
+from tests.servers import RedisServer, free_port
 from tests.test_lifecycle import finished, step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,13 +51,15 @@ def test_flower_refuses_anonymous_access_and_admits_its_users(settings: Settings
         f"--port={port}",
         f"--db={tmp_path / 'flower.db'}",
     ]
-    env = processes.settings_env(settings, FLOWER_BASIC_AUTH="ops:s3cret", FLOWER_COOKIE_SECRET="test-secret")
+    env = processes.settings_env(
+        settings, FLOWER_BASIC_AUTH="ops:s3cret-Pw-91kQ", FLOWER_COOKIE_SECRET="Zt4q-8LmN0vR2xW6yB1cD9eF3gH5jK7a"
+    )
     flower = processes.Process(argv, env, tmp_path / "flower.log")
     try:
         wait_for(lambda: get(f"http://127.0.0.1:{port}/healthcheck")[0] == 200, 30, interval=0.2, what="Flower")
         assert get(f"http://127.0.0.1:{port}/")[0] == 401
         assert get(f"http://127.0.0.1:{port}/", auth="ops:wrong")[0] == 401
-        assert get(f"http://127.0.0.1:{port}/", auth="ops:s3cret")[0] == 200
+        assert get(f"http://127.0.0.1:{port}/", auth="ops:s3cret-Pw-91kQ")[0] == 200
         assert get(f"http://127.0.0.1:{port}/api/workers")[0] == 401
     finally:
         flower.stop()
@@ -62,6 +67,10 @@ def test_flower_refuses_anonymous_access_and_admits_its_users(settings: Settings
     no_auth = {k: v for k, v in env.items() if k != "FLOWER_BASIC_AUTH"}
     refused = subprocess.run(argv, env=no_auth, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert refused.returncode != 0 and "refusing to start without authentication" in refused.stderr
+    # Nor with the password `make run` used to ship.
+    placeholder = {**env, "FLOWER_BASIC_AUTH": "chordbeat:chordbeat-local"}
+    refused = subprocess.run(argv, env=placeholder, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert refused.returncode != 0 and "is a placeholder" in refused.stderr
 
 
 def test_metrics_endpoint_reports_executions(
@@ -139,3 +148,83 @@ def test_a_liveness_directory_owned_by_another_user_is_refused(tmp_path: Path) -
     os.chown(theirs, 65534, 65534)
     reason = problem(Settings(health_dir=str(theirs)))
     assert reason is not None and "owned by uid 65534" in reason
+
+
+def started_by(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``marker`` (those a test started)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in environ and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.slow
+def test_make_run_restarts_a_killed_worker_and_ctrl_c_stops_everything(
+    redis_server: RedisServer, sqlite_template: Path, tmp_path: Path
+) -> None:
+    redis.Redis.from_url(redis_server.url).flushall()
+    shutil.copy(sqlite_template, tmp_path / "chordbeat.db")
+    settings = Settings(
+        broker_url=redis_server.url,
+        result_backend=redis_server.url,
+        redbeat_url=redis_server.url,
+        database_url=f"sqlite:///{tmp_path / 'chordbeat.db'}",
+        health_dir=str(tmp_path),
+    )
+    run_dir = tmp_path / "run"
+    marker = f"CHORDBEAT_RUN_DIR={run_dir}"
+    env = processes.settings_env(
+        settings,
+        CHORDBEAT_RUN_DIR=str(run_dir),
+        FLOWER_PORT=str(free_port()),
+        PATH=f"{Path(processes.CELERY).parent}:{os.environ['PATH']}",
+    )
+    log = tmp_path / "make-run.log"
+    inspector = Celery("inspector", broker=settings.broker_url, set_as_current=False)
+
+    def worker_pids() -> dict[str, int]:
+        stats = inspector.control.inspect(timeout=1).stats() or {}
+        return {node.split("@")[0]: info["pid"] for node, info in stats.items()}
+
+    with log.open("wb") as out:
+        run = subprocess.Popen(
+            ["bash", str(ROOT / "deploy" / "local" / "run.sh")], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        first = wait_for(lambda: (p := worker_pids()).keys() >= {"steps1", "control1"} and p, 120, interval=0.5)
+        assert isinstance(first, dict)
+        os.kill(first["steps1"], signal.SIGKILL)
+        again = wait_for(
+            lambda: (p := worker_pids()).get("steps1", first["steps1"]) != first["steps1"] and p,
+            60,
+            interval=0.5,
+            what="a new step worker to answer",
+        )
+        assert isinstance(again, dict)
+        assert again["control1"] == first["control1"] and run.poll() is None, log.read_text()
+        assert "respawn: celery exited with status -9" in log.read_text()
+        # Ctrl-C: the terminal sends SIGINT to honcho, which stops every process.
+        run.send_signal(signal.SIGINT)
+        run.wait(60)
+        wait_for(lambda: not started_by(marker), 30, interval=0.2, what="every make run process to stop")
+    finally:
+        inspector.close()
+        if run.poll() is None:
+            run.kill()
+            run.wait(10)
+        for pid in started_by(marker):
+            os.kill(pid, signal.SIGKILL)
+    local_env = run_dir / "local.env"
+    assert local_env.stat().st_mode & 0o777 == 0o600
+    password = dict(line.split("=", 1) for line in local_env.read_text().split())["LOCAL_FLOWER_PASSWORD"]
+    assert len(password) >= 20 and f"password {password};" in log.read_text()
+    # flower.cfg accepted the generated credentials.
+    assert "Visit me at http://127.0.0.1:" in log.read_text()

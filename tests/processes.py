@@ -10,12 +10,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from celeryapp import keys
 from celeryapp.config import Settings
-from celeryapp.keys import CONTROL_QUEUE, PUBLIC_QUEUE
 
 CELERY = str(Path(sys.executable).with_name("celery"))
-#: ``-Q`` of the control worker in every deploy file.
-CONTROL_WORKER_QUEUES = f"{CONTROL_QUEUE},{PUBLIC_QUEUE}"
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
@@ -84,10 +82,7 @@ def beat(settings: Settings, tmp: Path, name: str = "beat") -> Iterator[Process]
 
 
 @contextmanager
-def worker(
-    settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2, queues: str | None = None
-) -> Iterator[Process]:
-    """A prefork worker; by default on every queue, with ``queues`` (``-Q``) a step worker."""
+def worker(settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2) -> Iterator[Process]:
     argv = [
         CELERY,
         "-A",
@@ -103,7 +98,40 @@ def worker(
         f"{name}@%h",
         "--without-mingle",
         "--without-gossip",
-        *(["-Q", queues] if queues else []),
+    ]
+    process = Process(argv, settings_env(settings), tmp / f"{name}.log")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+#: ``-Q`` of the control worker in every deploy file.
+CONTROL_WORKER_QUEUES = f"{keys.CONTROL_QUEUE},{keys.PUBLIC_QUEUE}"
+
+
+@contextmanager
+def step_worker(
+    settings: Settings, tmp: Path, name: str = "steps", concurrency: int = 2, queues: str = keys.STEPS_QUEUE
+) -> Iterator[Process]:
+    """A step worker of the deploy files: prefork, the steps queue (``-Q``) only."""
+    argv = [
+        CELERY,
+        "-A",
+        "celeryapp",
+        "worker",
+        "-l",
+        "INFO",
+        "-Q",
+        queues,
+        "-P",
+        "prefork",
+        "-c",
+        str(concurrency),
+        "-n",
+        f"{name}@%h",
+        "--without-mingle",
+        "--without-gossip",
     ]
     process = Process(argv, settings_env(settings), tmp / f"{name}.log")
     try:

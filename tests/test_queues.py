@@ -46,7 +46,7 @@ def test_control_and_service_calls_answer_while_every_step_slot_is_busy(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
     with (
-        processes.worker(settings, tmp_path, "steps", concurrency=1, queues=STEPS_QUEUE),
+        processes.step_worker(settings, tmp_path, concurrency=1),
         processes.control_worker(settings, tmp_path),
     ):
         call(
@@ -84,7 +84,7 @@ def test_a_step_message_on_a_control_queue_is_moved_to_the_steps_queue_and_compl
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
     with (
-        processes.worker(settings, tmp_path, "steps", queues=STEPS_QUEUE),
+        processes.step_worker(settings, tmp_path),
         processes.control_worker(settings, tmp_path) as control,
     ):
         definition = {"name": "moved", "every": 3600, "steps": [step("a"), step("b")]}

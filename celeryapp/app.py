@@ -12,6 +12,7 @@ from kombu.entity import Queue
 from celeryapp.broker import TRANSPORT
 from celeryapp.config import Settings
 from celeryapp.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
+from celeryapp.redaction import credentials_apart
 
 #: Modules holding chordbeat's own tasks; a worker imports them at start.
 TASK_MODULES = ("tasks.steps", "tasks.control", "tasks.service", "tasks.builtin", "tasks.examples")
@@ -55,6 +56,9 @@ def _broker_ssl(url: str) -> dict[str, Any] | None:
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
+    # ``celery inspect conf`` and Flower show the settings, masking only what Celery knows by name:
+    # RedBeat's URL goes without its password, which travels in the (masked) options.
+    redbeat_url, redbeat_credentials = credentials_apart(settings.redbeat_url)
     return {
         "broker_url": settings.broker_url,
         "result_backend": settings.result_backend,
@@ -120,10 +124,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             },
         },
         "beat_max_loop_interval": BEAT_MAX_LOOP_INTERVAL_S,
-        "redbeat_redis_url": settings.redbeat_url,
+        "redbeat_redis_url": redbeat_url,
         "redbeat_key_prefix": "chordbeat:redbeat:",
         "redbeat_lock_timeout": REDBEAT_LOCK_TIMEOUT_S,
-        "redbeat_redis_options": {"socket_timeout": 30, "socket_connect_timeout": 5, "health_check_interval": 25},
+        "redbeat_redis_options": {
+            "socket_timeout": 30,
+            "socket_connect_timeout": 5,
+            "health_check_interval": 25,
+            **redbeat_credentials,
+        },
         "imports": settings.task_modules,
     }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from datetime import datetime, timedelta
@@ -17,10 +18,33 @@ from zoneinfo import ZoneInfo
 import click
 from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from celeryapp.errors import ChordbeatError
 
 console = Console()
+
+#: Characters that steer a terminal or reorder text (C0 and C1 controls but tab and newline, line
+#: and paragraph separators, bidi controls). Names, errors and outputs are data: shown as escapes.
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def printable(value: object) -> str:
+    """``value`` as inert text: terminal controls and bidi overrides become visible escapes."""
+    return UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(value))
+
+
+def text_of(value: object, style: str = "") -> Text:
+    """A table cell or line from data: a Text is never parsed for markup (``[/]``, ``[link=…]``)."""
+    return Text(printable(value), style=style)
+
+
+def _printable_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {printable(k): _printable_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable_json(v) for v in value]
+    return printable(value) if isinstance(value, str) else value
 
 
 def _app() -> Any:
@@ -42,7 +66,7 @@ def _call(method: str, *args: Any, **kwargs: Any) -> Any:
     try:
         return getattr(client, method)(*args, **kwargs)
     except Exception as exc:  # the worker's message names what is wrong
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(printable(exc)) from None
     finally:
         client.close()
 
@@ -88,14 +112,14 @@ def apply_cmd(path: str, dry_run: bool, as_json: bool) -> None:
     try:
         diff = apply_file(_app(), path, dry_run=dry_run)
     except ChordbeatError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(printable(exc)) from None
     if as_json:
         _echo_json({"dry_run": dry_run, **diff.as_json()})
         return
     for label, names, style in (("+", diff.added, "green"), ("~", diff.changed, "yellow"), ("-", diff.removed, "red")):
         for name in names:
-            console.print(f"[{style}]{label} {name}[/{style}]")
-    click.echo(f"{'would change' if dry_run else 'applied'}: {diff.summary()}")
+            console.print(text_of(f"{label} {name}", style))
+    click.echo(printable(f"{'would change' if dry_run else 'applied'}: {diff.summary()}"))
 
 
 def upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
@@ -125,7 +149,8 @@ def list_cmd(as_json: bool) -> None:
     table = Table("name", "when", "status", "runs", "errors", "next run")
     for s in schedules:
         when = f"cron {s['cron']} {s['timezone']}" if s.get("cron") else f"every {s['every']}s"
-        table.add_row(s["name"], when, s["status"], str(s["run_count"]), str(s["error_count"]), s["next_run_at"] or "-")
+        row = (s["name"], when, s["status"], s["run_count"], s["error_count"], s["next_run_at"] or "-")
+        table.add_row(*map(text_of, row))
     console.print(table)
 
 
@@ -148,24 +173,25 @@ def show_cmd(name: str, as_json: bool) -> None:
         )
         return
     console.print(
-        f"[bold]{name}[/bold]  {schedule['status']}  runs {schedule['run_count']}, "
-        f"errors {schedule['error_count']}, retry {schedule['current_retry']}"
+        text_of(name, "bold"),
+        text_of(
+            f" {schedule['status']}  runs {schedule['run_count']}, "
+            f"errors {schedule['error_count']}, retry {schedule['current_retry']}"
+        ),
     )
     if schedule["last_error"]:
-        console.print(f"last error: [red]{schedule['last_error']}[/red]")
-    console.print_json(
-        json.dumps({k: schedule[k] for k in ("cron", "every", "timezone", "overlap", "steps") if k in schedule})
-    )
-    console.print("next: " + (", ".join(t.isoformat() for t in upcoming(schedule, 5)) or "-"))
+        console.print(Text("last error: "), text_of(schedule["last_error"], "red"), sep="")
+    shown = {k: schedule[k] for k in ("cron", "every", "timezone", "overlap", "steps") if k in schedule}
+    console.print_json(json.dumps(_printable_json(shown)))
+    console.print(text_of("next: " + (", ".join(t.isoformat() for t in upcoming(schedule, 5)) or "-")))
     table = Table("id", "trigger", "status", "started", "error", title="recent executions")
     for e in executions:
-        table.add_row(str(e["id"]), e["trigger"], e["status"], e["started_at"], e["error"] or "")
+        table.add_row(*map(text_of, (e["id"], e["trigger"], e["status"], e["started_at"], e["error"] or "")))
     console.print(table)
     table = Table("nominal", "trigger", "outcome", "execution", "detail", title="recent slots")
     for s in slots:
-        table.add_row(
-            s["nominal_at"] or "-", s["trigger"], s["outcome"], str(s["execution_id"] or "-"), s["detail"] or ""
-        )
+        row = (s["nominal_at"] or "-", s["trigger"], s["outcome"], s["execution_id"] or "-", s["detail"] or "")
+        table.add_row(*map(text_of, row))
     console.print(table)
 
 
@@ -198,9 +224,9 @@ def step_states(execution: dict[str, Any]) -> dict[tuple[int, str], tuple[str, i
 
 
 def _group_table(states: dict[tuple[int, str], tuple[str, int]], title: str) -> Table:
-    table = Table("group", "step", "state", "attempt", title=title)
+    table = Table("group", "step", "state", "attempt", title=text_of(title))
     for (group, step), (state, attempt) in states.items():
-        table.add_row(str(group), step, state, str(attempt))
+        table.add_row(*map(text_of, (group, step, state, attempt)))
     return table
 
 
@@ -253,7 +279,7 @@ def run_cmd(name: str, payload: str | None, wait: bool, as_json: bool) -> None:
     if started.get("execution_id") is None:
         if as_json:
             _echo_json(started)
-        raise click.ClickException(f"not started: {started['skipped']}")
+        raise click.ClickException(printable(f"not started: {started['skipped']}"))
     if not wait:
         _echo_json(started) if as_json else click.echo(f"execution {started['execution_id']} started")
         return
@@ -261,7 +287,7 @@ def run_cmd(name: str, payload: str | None, wait: bool, as_json: bool) -> None:
     if as_json:
         _echo_json(execution)
     elif execution["error"]:
-        console.print(f"[red]{execution['error']}[/red]")
+        console.print(text_of(execution["error"], "red"))
     sys.exit(0 if execution["status"] == "completed" else 1)
 
 
@@ -286,15 +312,8 @@ def executions_cmd(schedule: str | None, status: str | None, limit: int, as_json
         return
     table = Table("id", "schedule", "trigger", "status", "step", "started", "error")
     for e in executions:
-        table.add_row(
-            str(e["id"]),
-            e["schedule"],
-            e["trigger"],
-            e["status"],
-            str(e["current_step_index"]),
-            e["started_at"],
-            e["error"] or "",
-        )
+        row = (e["id"], e["schedule"], e["trigger"], e["status"], e["current_step_index"], e["started_at"])
+        table.add_row(*map(text_of, (*row, e["error"] or "")))
     console.print(table)
 
 
@@ -304,7 +323,7 @@ def executions_cmd(schedule: str | None, status: str | None, limit: int, as_json
 def cancel_cmd(execution_id: int, as_json: bool) -> None:
     """Cancel a running execution."""
     execution = _call("cancel_execution", execution_id)
-    _echo_json(execution) if as_json else click.echo(f"execution {execution_id}: {execution['status']}")
+    _echo_json(execution) if as_json else click.echo(printable(f"execution {execution_id}: {execution['status']}"))
 
 
 @main.command("pause")
@@ -313,7 +332,7 @@ def cancel_cmd(execution_id: int, as_json: bool) -> None:
 def pause_cmd(name: str, as_json: bool) -> None:
     """Pause a schedule (runs already on their way do nothing)."""
     schedule = _call("pause_schedule", name)
-    _echo_json(schedule) if as_json else click.echo(f"{name}: {schedule['status']}")
+    _echo_json(schedule) if as_json else click.echo(printable(f"{name}: {schedule['status']}"))
 
 
 @main.command("resume")
@@ -322,7 +341,8 @@ def pause_cmd(name: str, as_json: bool) -> None:
 def resume_cmd(name: str, as_json: bool) -> None:
     """Resume a paused schedule from its next slot (no make-up runs)."""
     schedule = _call("resume_schedule", name)
-    _echo_json(schedule) if as_json else click.echo(f"{name}: {schedule['status']}, next {schedule['next_run_at']}")
+    shown = f"{name}: {schedule['status']}, next {schedule['next_run_at']}"
+    _echo_json(schedule) if as_json else click.echo(printable(shown))
 
 
 @main.command("health")
@@ -330,12 +350,14 @@ def resume_cmd(name: str, as_json: bool) -> None:
 def health_cmd(process: str) -> None:
     """Exit non-zero when the process's liveness file is stale or missing (for healthchecks)."""
     from celeryapp.config import Settings
-    from celeryapp.health import STALE_AFTER_S, age_s
+    from celeryapp.health import STALE_AFTER_S, age_s, problem
 
-    age = age_s(Settings.from_env(), process)
+    settings = Settings.from_env()
+    age = age_s(settings, process)
     limit = STALE_AFTER_S[process]
     if age is None or age > limit:
-        click.echo(f"{process}: unhealthy ({'no liveness file' if age is None else f'last beat {age:.0f}s ago'})")
+        why = f"last beat {age:.0f}s ago" if age is not None else problem(settings) or "no liveness file"
+        click.echo(printable(f"{process}: unhealthy ({why})"))
         sys.exit(1)
     click.echo(f"{process}: healthy (last beat {age:.1f}s ago)")
 

@@ -19,6 +19,7 @@ from celeryapp import limits
 from celeryapp.cadence import Cadence
 from celeryapp.cron import CronError, CronExpression
 from celeryapp.errors import DefinitionError
+from celeryapp.keys import CONTROL_QUEUES
 from celeryapp.limits import MAX_JSON_BYTES, shown
 from celeryapp.step_policy import (
     StepRules,
@@ -294,6 +295,9 @@ def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -
     if kind == "task":
         _pattern(raw, "task", f"{path}.task", TASK_PATTERN, "a Celery task name (printable, no spaces)")
     task, args, kwargs = _parse_kind(raw, kind, path, known_task)
+    queue = _pattern(raw, "queue", f"{path}.queue", QUEUE_PATTERN, "a queue name (letters, digits, '.', '_', '-', ':')")
+    if queue in CONTROL_QUEUES:
+        raise DefinitionError(f"{path}.queue", f"{queue!r} is a control queue; steps run on their own queues")
     return StepSpec(
         name=name,
         task=task,
@@ -304,9 +308,7 @@ def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -
         timeout_s=_seconds(
             raw, "timeout", f"{path}.timeout", None, low=limits.MIN_TIMEOUT_S, high=limits.MAX_TIMEOUT_S
         ),
-        queue=_pattern(
-            raw, "queue", f"{path}.queue", QUEUE_PATTERN, "a queue name (letters, digits, '.', '_', '-', ':')"
-        ),
+        queue=queue,
         max_attempts=_int(
             raw, "max_attempts", f"{path}.max_attempts", DEFAULT_MAX_ATTEMPTS, low=1, high=MAX_ATTEMPTS_LIMIT
         ),

@@ -11,6 +11,9 @@ STEPS_QUEUE = "chordbeat"
 CONTROL_QUEUE = "chordbeat.control"
 #: Celery's default queue: where other services' ``send_task`` calls arrive without routing.
 PUBLIC_QUEUE = "celery"
+#: Queues of the control worker. No step may run there: a long step would hold the slot a service
+#: call or an advancement is waiting for.
+CONTROL_QUEUES = frozenset({CONTROL_QUEUE, PUBLIC_QUEUE})
 
 
 #: Lowest message priority on Redis (0 is the highest).

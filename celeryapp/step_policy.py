@@ -19,7 +19,7 @@ from fnmatch import fnmatchcase
 from celeryapp.config import OWN_VARIABLES, Settings
 
 #: Environment variable names (executable ``env`` keys, a sql step's ``database_env``).
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Task names no step may run, whatever ``CHORDBEAT_STEP_TASKS`` says: Celery's built-ins
 #: (``celery.starmap`` and friends call any task by name) and chordbeat's own control and
 #: service tasks. The executable and sql tasks are reached through their ``kind`` only.
@@ -129,7 +129,7 @@ def executable_refusal(
 
 def env_name_refusal(name: str) -> str | None:
     """Whether an executable step's ``env`` may set ``name``."""
-    if not ENV_NAME.match(name):
+    if not ENV_NAME.fullmatch(name):
         return f"{name!r} is not an environment variable name"
     upper = name.upper()
     if upper in DENIED_ENV_NAMES or upper.startswith(DENIED_ENV_PREFIXES):
@@ -143,7 +143,7 @@ def sql_env_refusal(name: str, prefix: str | None) -> str | None:
     Only variables under the operator's ``prefix`` qualify; the worker's own settings and
     Flower's are refused by name whatever the prefix. ``prefix=None`` checks only the latter.
     """
-    if not ENV_NAME.match(name):
+    if not ENV_NAME.fullmatch(name):
         return "must name an environment variable holding the URL"
     if name in OWN_VARIABLES or name.upper().startswith(SECRET_ENV_PREFIXES):
         return f"{name} is one of the worker's own settings, never a sql step's database"

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celeryapp.limits import LIST_TEXT_CHARS, json_size
+from celeryapp.redaction import hide_env_values
 from celeryapp.store import definition_of
 from models import Activity, Schedule, ScheduleExecution, WorkerTask
 
@@ -22,6 +23,8 @@ def iso(value: datetime | None) -> str | None:
 
 def schedule_json(schedule: Schedule) -> dict[str, Any]:
     out = definition_of(schedule).to_json()
+    # Executables' env values may be credentials: they stay on the workers, only names are shown.
+    out["steps"] = hide_env_values(out["steps"])
     out.update(
         status=schedule.status.value,
         run_count=schedule.run_count,

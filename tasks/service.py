@@ -9,24 +9,27 @@ from celery import Task
 
 from celeryapp import app, service
 from celeryapp.errors import ChordbeatError, InvalidArgument
+from celeryapp.redaction import RedactedResult
 
 
 class ServiceTask(Task):  # type: ignore[misc]
-    """Refuses arguments a task does not take, or lacks, with :class:`InvalidArgument`.
+    """A service task: arguments checked against its signature, answers redacted for logs.
 
-    A plain ``send_task`` is not checked against the signature by the caller; without this the
-    caller would get a bare ``TypeError`` from deep inside the worker.
+    A plain ``send_task`` is not checked against the signature by the caller; without the check the
+    caller would get a bare ``TypeError`` from deep inside the worker, so it raises
+    :class:`InvalidArgument`. Answers reach the caller whole; worker logs and Flower see payloads
+    and ``env`` values hidden.
     """
 
     #: Refusals are answers, not worker faults: logged without a traceback.
     throws = (ChordbeatError,)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> RedactedResult:
         try:
             inspect.signature(self.run).bind(*args, **kwargs)
         except TypeError as exc:
             raise InvalidArgument("arguments", str(exc)) from None
-        return super().__call__(*args, **kwargs)
+        return RedactedResult(super().__call__(*args, **kwargs))
 
 
 @app.task(base=ServiceTask, name="chordbeat.apply_schedule")

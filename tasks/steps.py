@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Ignore
 
-from celeryapp import app, runner
+from celeryapp import app, keys, runner
+
+logger = logging.getLogger(__name__)
 
 
 @app.task(name="chordbeat.run_step", bind=True, acks_late=True, reject_on_worker_lost=True)
 def run_step(self: Task, worker_task_id: int, attempt: int) -> dict[str, Any]:
+    queue = (self.request.delivery_info or {}).get("routing_key")
+    if queue in keys.CONTROL_QUEUES:
+        # Published there by hand or by a definition stored before such queues were refused. Run
+        # here, it would make control and service calls wait; moved with the same id and chord,
+        # it completes its group as usual (a duplicate is skipped by the claim).
+        self.signature_from_request(queue=keys.STEPS_QUEUE).apply_async()
+        logger.warning(
+            "worker task %s attempt %s arrived on %r: moved to %r", worker_task_id, attempt, queue, keys.STEPS_QUEUE
+        )
+        raise Ignore()
     return runner.run_step(app, worker_task_id, attempt, node=self.request.hostname or "unknown")

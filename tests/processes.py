@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from celeryapp import keys
 from celeryapp.config import Settings
 
 CELERY = str(Path(sys.executable).with_name("celery"))
@@ -71,6 +72,12 @@ class Process:
                 self.kill()
         self._file.close()
 
+    def __enter__(self) -> Process:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
 
 @contextmanager
 def beat(settings: Settings, tmp: Path, name: str = "beat") -> Iterator[Process]:
@@ -103,6 +110,68 @@ def worker(
         "--without-gossip",
     ]
     process = Process(argv, settings_env(settings, **(env or {})), tmp / f"{name}.log")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+#: ``-Q`` of the control worker in every deploy file.
+CONTROL_WORKER_QUEUES = f"{keys.CONTROL_QUEUE},{keys.PUBLIC_QUEUE}"
+
+
+@contextmanager
+def step_worker(
+    settings: Settings, tmp: Path, name: str = "steps", concurrency: int = 2, queues: str = keys.STEPS_QUEUE
+) -> Iterator[Process]:
+    """A step worker of the deploy files: prefork, the steps queue (``-Q``) only."""
+    argv = [
+        CELERY,
+        "-A",
+        "celeryapp",
+        "worker",
+        "-l",
+        "INFO",
+        "-Q",
+        queues,
+        "-P",
+        "prefork",
+        "-c",
+        str(concurrency),
+        "-n",
+        f"{name}@%h",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+    process = Process(argv, settings_env(settings), tmp / f"{name}.log")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@contextmanager
+def control_worker(settings: Settings, tmp: Path, name: str = "control") -> Iterator[Process]:
+    """The control worker of the deploy files: control and service calls only, in threads."""
+    argv = [
+        CELERY,
+        "-A",
+        "celeryapp",
+        "worker",
+        "-l",
+        "INFO",
+        "-Q",
+        CONTROL_WORKER_QUEUES,
+        "-P",
+        "threads",
+        "-c",
+        "4",
+        "-n",
+        f"{name}@%h",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+    process = Process(argv, settings_env(settings), tmp / f"{name}.log")
     try:
         yield process
     finally:

@@ -42,16 +42,19 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: f
 
 
 class RedisServer:
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="chordbeat-redis-"))
         self.port = free_port()
+        #: With a password the server refuses unauthenticated clients (``--requirepass``).
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
         #: With persistence (append-only file) a graceful restart keeps every key, as in production.
         self.persistent = False
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         binary = shutil.which("redis-server")
@@ -76,10 +79,11 @@ class RedisServer:
                 "no",
                 "--loglevel",
                 "warning",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
         )
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, password=self.password)
         wait_for(client.ping, 10, what="redis-server to answer")
 
     def stop(self) -> None:

@@ -2,22 +2,79 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.cli import main
 from celeryapp.config import Settings
 from celeryapp.health import touch
+from tests import processes
 from tests.conftest import call
-from tests.test_lifecycle import step
+from tests.test_lifecycle import finished, step
+
+CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
+#: Markup, an SGR colour, a screen clear, an OSC 8 hyperlink, a carriage return and a bidi override.
+HOSTILE = "[/] [link=http://x]x[/link] \x1b[31mred \x1b[2J \x1b]8;;http://evil\x1b\\e\x1b]8;;\x1b\\ a\rb \u202eevil"
+#: What the terminal must show of it instead: the text, with every control as a visible escape.
+SHOWN = ("[/]", "[link=http://x]x[/link]", "\\x1b[31mred", "\\x1b[2J", "\\x1b]8;;http://evil", "a\\rb", "\\u202eevil")
+#: Rich's own styling (SGR) in a colour terminal; anything else that steers the terminal came from data.
+RICH_STYLE = re.compile(r"\x1b\[[0-9;]*m")
+CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def cli(*args: str) -> Result:
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def in_terminal(settings: Settings, *args: str, columns: int = 80, timeout: float = 60) -> tuple[int, str]:
+    """Run the real ``chordbeat`` in a pseudo-terminal ``columns`` wide: exit status and output."""
+    env = processes.settings_env(settings, TERM="xterm-256color")
+    for name in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        env.pop(name, None)
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    attrs = termios.tcgetattr(follower)
+    attrs[1] &= ~termios.OPOST  # bytes as written: a carriage return in the output came from the program
+    termios.tcsetattr(follower, termios.TCSANOW, attrs)
+    proc = subprocess.Popen([CHORDBEAT, *args], stdin=follower, stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    output = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 0.5)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the program has closed the terminal
+                break
+            if not chunk:
+                break
+            output += chunk
+        return proc.wait(10), output.decode("utf-8", "replace")
+    finally:
+        os.close(leader)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def test_run_wait_exits_zero_only_for_a_completed_run(app: ChordbeatCelery, worker: Any, client: Any) -> None:
@@ -103,3 +160,35 @@ def test_the_live_view_shows_each_step_once_with_its_current_attempt() -> None:
         (1, "c"): ("in_progress", 1),
         (2, "d"): ("waiting_for_previous_step", 1),
     }
+
+
+@pytest.fixture
+def hostile(app: ChordbeatCelery, worker: Any, client: Any) -> int:
+    """A schedule whose step name and error carry markup and terminal controls; one failed run."""
+    bad_step = step(f"s {HOSTILE}", "chordbeat.examples.fail", kwargs={"message": HOSTILE})
+    call(client, "chordbeat.apply_schedule", definition={"name": "hostile", "every": 3600, "steps": [bad_step]})
+    execution_id: int = call(client, "chordbeat.trigger_schedule", name="hostile")["execution_id"]
+    assert finished(client, execution_id)["status"] == "failed"
+    return execution_id
+
+
+@pytest.mark.parametrize("command", [("show", "hostile"), ("executions", "--schedule", "hostile")])
+def test_the_cli_prints_names_and_errors_as_text_never_as_markup_or_terminal_controls(
+    hostile: int, settings: Settings, command: tuple[str, ...]
+) -> None:
+    status, output = in_terminal(settings, *command)
+    assert status == 0, output
+    assert "Traceback" not in output and "Error" not in output, output
+    assert "\x1b]8;" not in output, "a hyperlink reached the terminal"
+    text = RICH_STYLE.sub("", output)
+    assert not CONTROL.findall(text), CONTROL.findall(text)
+    if command[0] == "show":
+        for shown in SHOWN:
+            assert shown in text, (shown, text)
+
+
+def test_the_live_view_shows_hostile_step_names_as_text(hostile: int, settings: Settings) -> None:
+    status, output = in_terminal(settings, "run", "hostile", "--wait")
+    assert status == 1, output
+    assert "Traceback" not in output and "\x1b]8;" not in output, output
+    assert "\\x1b[2J" in output and "\x1b[2J" not in output, output

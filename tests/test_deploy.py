@@ -1,9 +1,14 @@
-"""Deploy files agree with the real commands and variables (no container engine here to run them)."""
+"""Deploy files agree with the real commands and variables, and keep the hardening rules of
+docs/security-deploy.md (no container engine here to run them: they are parsed)."""
 
 from __future__ import annotations
 
 import re
+import runpy
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +17,35 @@ import pytest
 import yaml
 
 from celeryapp.cli import main as chordbeat_cli
+from celeryapp.keys import CONTROL_QUEUES, STEPS_QUEUE
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 #: Variables read by the settings object, the contract's and chordbeat's own.
 KNOWN_VARS = set(re.findall(r'"(CHORDBEAT_[A-Z_]+)"', (ROOT / "celeryapp" / "config.py").read_text()))
-#: Deploy-only: tells the image's HEALTHCHECK which liveness file to read.
-DEPLOY_VARS = {"CHORDBEAT_ROLE"}
+#: Deploy-only: which liveness file the image's HEALTHCHECK reads; where `make run` keeps its state.
+DEPLOY_VARS = {"CHORDBEAT_ROLE", "CHORDBEAT_RUN_DIR"}
 CELERY_ROLES = {"worker", "beat", "flower"}
+#: The control worker's command line in every deploy file.
+CONTROL_WORKER = ["-Q", "chordbeat.control,celery", "-P", "threads", "-c", "4"]
+RESPAWN = ["python", "deploy/local/respawn.py"]
+SYSTEMD_SANDBOX = {
+    "NoNewPrivileges": "yes",
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "PrivateTmp": "yes",
+    "PrivateDevices": "yes",
+    "CapabilityBoundingSet": "",
+    "AmbientCapabilities": "",
+    "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
+    "RestrictSUIDSGID": "yes",
+    "RestrictNamespaces": "yes",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectControlGroups": "yes",
+    "SystemCallFilter": "@system-service",
+    "UMask": "0077",
+}
 
 
 def check_command(argv: list[str]) -> str:
@@ -44,14 +70,57 @@ def check_command(argv: list[str]) -> str:
     return argv[1]
 
 
+def worker_kind(argv: list[str]) -> str:
+    """``control`` or ``steps``: every worker we ship has its queues, and no step worker takes a
+    control queue (a long step would make service calls wait)."""
+    assert "-Q" in argv, f"{argv}: a worker without -Q takes every queue"
+    queues = argv[argv.index("-Q") + 1].split(",")
+    if set(queues) & CONTROL_QUEUES:
+        assert argv[argv.index("-Q") :][: len(CONTROL_WORKER)] == CONTROL_WORKER, argv
+        return "control"
+    assert STEPS_QUEUE in queues, argv
+    return "steps"
+
+
 def variables(text: str) -> set[str]:
     return set(re.findall(r"\bCHORDBEAT_[A-Z_]+\b", text))
+
+
+def compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    return loaded
+
+
+def k8s_documents() -> list[dict[str, Any]]:
+    return [d for path in sorted((DEPLOY / "k8s").glob("*.yaml")) for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def systemd_units() -> dict[str, dict[str, list[str]]]:
+    """Each unit's ``[Service]`` (and ``[Unit]``) keys with all their values, in order."""
+    units = {}
+    for path in sorted((DEPLOY / "systemd").glob("*.service")):
+        keys: dict[str, list[str]] = {}
+        for line in path.read_text().splitlines():
+            if "=" in line and not line.startswith(("#", "[")):
+                key, value = line.split("=", 1)
+                keys.setdefault(key, []).append(value)
+        units[path.name] = keys
+    return units
+
+
+def env_file(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if line and not line.startswith("#"))
+
+
+def procfile() -> dict[str, list[str]]:
+    lines = (DEPLOY / "local" / "Procfile").read_text().splitlines()
+    return {name: shlex.split(command) for name, command in (line.split(":", 1) for line in lines if line)}
 
 
 def test_documented_variables_are_exactly_those_the_settings_read() -> None:
     readme = (ROOT / "README.md").read_text()
     assert {"CHORDBEAT_BROKER_URL", "CHORDBEAT_DATABASE_URL", "CHORDBEAT_HEARTBEAT_TTL"} <= KNOWN_VARS
-    for name in KNOWN_VARS:
+    for name in KNOWN_VARS | DEPLOY_VARS - {"CHORDBEAT_ROLE"}:
         assert f"`{name}`" in readme, f"{name} is not documented in README.md"
     for path in DEPLOY.rglob("*"):
         if path.is_file():
@@ -60,8 +129,7 @@ def test_documented_variables_are_exactly_those_the_settings_read() -> None:
 
 
 def test_compose_services_run_real_commands_with_healthchecks() -> None:
-    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    services: dict[str, Any] = compose["services"]
+    services: dict[str, Any] = compose()["services"]
     roles = {}
     for name, service in services.items():
         if "command" in service and service.get("build"):
@@ -71,12 +139,14 @@ def test_compose_services_run_real_commands_with_healthchecks() -> None:
     assert roles == {
         "migrate": "db upgrade",
         "worker": "worker",
+        "control": "worker",
         "beat-a": "beat",
         "beat-b": "beat",
         "flower": "flower",
         "metrics": "metrics",
     }
     assert services["worker"]["healthcheck"]["test"] == ["CMD", "chordbeat", "health", "worker"]
+    assert services["control"]["healthcheck"]["test"] == ["CMD", "chordbeat", "health", "worker"]
     assert services["beat-a"]["healthcheck"]["test"] == ["CMD", "chordbeat", "health", "beat"]
     redis = services["redis"]["command"]
     assert redis[redis.index("--appendonly") + 1] == "yes"
@@ -85,11 +155,17 @@ def test_compose_services_run_real_commands_with_healthchecks() -> None:
 
 
 def test_kubernetes_manifests_run_real_commands_with_probes() -> None:
-    docs = [d for path in sorted((DEPLOY / "k8s").glob("*.yaml")) for d in yaml.safe_load_all(path.read_text()) if d]
+    docs = k8s_documents()
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    assert {("ConfigMap", "chordbeat"), ("Secret", "chordbeat"), ("Job", "chordbeat-migrate")} <= kinds
+    assert {("ConfigMap", "chordbeat"), ("Job", "chordbeat-migrate")} <= kinds
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
-    assert set(deployments) == {"chordbeat-worker", "chordbeat-beat", "chordbeat-flower", "chordbeat-metrics"}
+    assert set(deployments) == {
+        "chordbeat-worker",
+        "chordbeat-control",
+        "chordbeat-beat",
+        "chordbeat-flower",
+        "chordbeat-metrics",
+    }
     assert deployments["chordbeat-beat"]["spec"]["replicas"] == 2
     for name, deployment in deployments.items():
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -104,18 +180,153 @@ def test_kubernetes_manifests_run_real_commands_with_probes() -> None:
 
 def test_systemd_units_run_real_commands() -> None:
     roles = set()
-    for unit in sorted((DEPLOY / "systemd").glob("*.service")):
-        exec_start = next(line for line in unit.read_text().splitlines() if line.startswith("ExecStart="))
-        argv = shlex.split(exec_start.removeprefix("ExecStart="))
-        roles.add(check_command(argv))
-        assert "EnvironmentFile=/etc/chordbeat/chordbeat.env" in unit.read_text()
+    for name, unit in systemd_units().items():
+        (exec_start,) = unit["ExecStart"]
+        roles.add(check_command(shlex.split(exec_start)))
+        assert unit["EnvironmentFile"][0] == "/etc/chordbeat/chordbeat.env", name
     assert roles == {"db upgrade", "worker", "beat", "flower", "metrics"}
 
 
-def test_the_image_runs_as_a_user_and_checks_its_health() -> None:
+def test_make_run_runs_real_commands_each_restarted_when_it_dies() -> None:
+    lines = procfile()
+    assert set(lines) == {"redis", "worker", "control", "beat", "flower"}
+    for name, argv in lines.items():
+        assert argv[:2] == RESPAWN, f"{name} is not restarted when it dies"
+        if name != "redis":
+            check_command(argv[2:])
+    redis = (DEPLOY / "local" / "run.sh").read_text()
+    assert "requirepass $LOCAL_REDIS_PASSWORD" in redis and "--requirepass" not in redis
+
+
+def test_every_worker_runs_steps_or_control_never_both() -> None:
+    """Step workers take the steps queue, one control worker per deploy takes the control queues."""
+    workers = {
+        "compose": [s["command"] for s in compose()["services"].values() if s.get("command", [""])[3:4] == ["worker"]],
+        "k8s": [
+            c["command"]
+            for d in k8s_documents()
+            if d["kind"] == "Deployment"
+            for c in d["spec"]["template"]["spec"]["containers"]
+            if c["command"][3:4] == ["worker"]
+        ],
+        "systemd": [
+            shlex.split(u["ExecStart"][0])[1:] for u in systemd_units().values() if " worker " in u["ExecStart"][0]
+        ],
+        "make run": [argv[2:] for argv in procfile().values() if argv[5:6] == ["worker"]],
+    }
+    for where, commands in workers.items():
+        kinds = sorted(worker_kind(argv) for argv in commands)
+        assert kinds == ["control", "steps"], f"{where}: {kinds}"
+
+
+def test_compose_is_hardened() -> None:
+    text = (DEPLOY / "compose.yaml").read_text()
+    services: dict[str, Any] = compose()["services"]
+    for name, service in services.items():
+        assert service["restart"] == ("no" if name == "migrate" else "unless-stopped"), name
+        assert "env_file" not in service, f"{name} would see every secret of deploy/.env"
+        if service.get("build"):
+            assert service["read_only"] is True and service["cap_drop"] == ["ALL"], name
+            assert "no-new-privileges:true" in service["security_opt"], name
+            env = service["environment"]
+            assert env["CHORDBEAT_BROKER_URL"].startswith("redis://:${REDIS_PASSWORD:?"), name
+            role = re.match(r"postgresql\+psycopg://(\w+):", env["CHORDBEAT_DATABASE_URL"])
+            assert role is not None and role.group(1) == ("chordbeat_migrate" if name == "migrate" else "chordbeat_app")
+            assert ("FLOWER_BASIC_AUTH" in env) == (name == "flower"), name
+    redis = services["redis"]["command"]
+    assert redis[redis.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
+    postgres = services["postgres"]
+    assert "POSTGRES_USER" not in postgres["environment"], "the superuser must not be the application's role"
+    assert "./postgres:/docker-entrypoint-initdb.d:ro" in postgres["volumes"]
+    # Every secret is required: compose refuses to start with one unset or empty.
+    for secret in re.findall(r"\$\{((?:REDIS|POSTGRES|FLOWER)_[A-Z_]+)([^}]*)\}", text):
+        assert secret[1].startswith(":?"), secret
+    example = env_file(DEPLOY / "env.example")
+    assert all(example[k] == "" for k in example if not k.startswith("CHORDBEAT_")), "env.example ships a value"
+
+
+def test_kubernetes_pods_are_hardened_and_ship_no_secret_values() -> None:
+    docs = k8s_documents()
+    assert not [d for d in docs if d["kind"] == "Secret"], "applying the manifests would overwrite a real Secret"
+    documented = (DEPLOY / "k8s" / "config.yaml").read_text()
+    for doc in docs:
+        if doc["kind"] not in {"Deployment", "Job"}:
+            continue
+        name, pod = doc["metadata"]["name"], doc["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False, name
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True and context["runAsUser"] != 0, name
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        tmp = next(v["name"] for v in pod["volumes"] if "emptyDir" in v)
+        for container in pod["containers"]:
+            security = container["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True, name
+            assert security["allowPrivilegeEscalation"] is False, name
+            assert security["capabilities"] == {"drop": ["ALL"]}, name
+            assert {"name": tmp, "mountPath": "/tmp"} in container["volumeMounts"], f"{name}: no writable /tmp"
+            secrets = {s["secretRef"]["name"] for s in container["envFrom"] if "secretRef" in s}
+            assert secrets == {"chordbeat-migrate"} if doc["kind"] == "Job" else "chordbeat" in secrets, name
+            assert ("chordbeat-flower" in secrets) == (name == "chordbeat-flower"), name
+            for secret in secrets:
+                assert f"kubectl create secret generic {secret} " in documented, f"{secret} is not documented"
+    assert "CHORDBEAT_BROKER_URL='redis://:REDIS_PASSWORD@" in documented
+    assert "chordbeat_app:APP_PASSWORD@" in documented and "chordbeat_migrate:MIGRATE_PASSWORD@" in documented
+
+
+def test_systemd_units_are_sandboxed_and_restart() -> None:
+    units = systemd_units()
+    assert "chordbeat-control.service" in units
+    for name, unit in units.items():
+        for key, value in SYSTEMD_SANDBOX.items():
+            assert unit.get(key) == [value], f"{name}: {key}={unit.get(key)}"
+        if unit.get("Type") != ["oneshot"]:
+            assert unit["Restart"] == ["always"] and float(unit["RestartSec"][0]) <= 10, name
+        role = check_command(shlex.split(unit["ExecStart"][0]))
+        if role in {"worker", "beat"}:
+            # The liveness files and beat's state need one writable directory: /run/chordbeat.
+            assert unit["RuntimeDirectory"] == ["chordbeat"] and unit["RuntimeDirectoryPreserve"] == ["yes"], name
+        if role == "flower":
+            assert unit["StateDirectory"] == ["chordbeat-flower"], name
+            assert "FLOWER_DB=/var/lib/chordbeat-flower/flower.db" in unit["Environment"], name
+        assert ("/etc/chordbeat/migrate.env" in unit["EnvironmentFile"]) == (role == "db upgrade"), name
+        assert ("/etc/chordbeat/flower.env" in unit["EnvironmentFile"]) == (role == "flower"), name
+    env = env_file(DEPLOY / "systemd" / "chordbeat.env")
+    assert env["CHORDBEAT_BROKER_URL"].startswith("redis://:REDIS_PASSWORD@")
+    assert env["CHORDBEAT_DATABASE_URL"].startswith("postgresql+psycopg://chordbeat_app:")
+    assert env["CHORDBEAT_HEALTH_DIR"] == "/run/chordbeat"
+    migrate = env_file(DEPLOY / "systemd" / "migrate.env")
+    assert migrate["CHORDBEAT_DATABASE_URL"].startswith("postgresql+psycopg://chordbeat_migrate:")
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_accepts_the_units_and_rates_them_ok(tmp_path: Path) -> None:
+    venv = Path(sys.executable).parent
+    for unit in (DEPLOY / "systemd").glob("*.service"):
+        # Real paths on this machine, so verify checks the directives, not our install layout.
+        text = unit.read_text().replace("/opt/chordbeat/.venv/bin/", f"{venv}/").replace("/opt/chordbeat", str(ROOT))
+        (tmp_path / unit.name.replace("@.", "@1.")).write_text(text)
+    units = sorted(str(p) for p in tmp_path.iterdir())
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *units], capture_output=True, text=True, timeout=120
+    )
+    assert verify.returncode == 0 and not verify.stderr.strip(), verify.stderr
+    for unit in units:
+        security = subprocess.run(
+            ["systemd-analyze", "security", "--offline=yes", unit], capture_output=True, text=True, timeout=120
+        )
+        exposure = re.search(r"Overall exposure level for \S+: ([\d.]+)", security.stdout)
+        assert exposure is not None and float(exposure.group(1)) <= 2.0, security.stdout[-500:]
+
+
+def test_the_image_runs_as_a_user_that_cannot_change_its_code() -> None:
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     user = re.search(r"^USER (\S+)", dockerfile, re.M)
-    assert user is not None and user.group(1) not in {"root", "0"}
+    assert user is not None and user.group(1).split(":")[0] not in {"root", "0"}
+    uid = user.group(1).split(":")[0]
+    assert uid.isdigit(), "a numeric USER lets Kubernetes check runAsNonRoot"
+    # Code is copied and installed as root; nothing hands it to the runtime user.
+    assert "--chown" not in dockerfile and not re.search(rf"chown\b[^\n]*(chordbeat|{uid})\S* +/app", dockerfile)
+    assert dockerfile.index("COPY celeryapp") < dockerfile.index("USER ")
     assert 'CMD chordbeat health "$CHORDBEAT_ROLE"' in dockerfile
     cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.M)
     assert cmd is not None and check_command(yaml.safe_load(cmd.group(1))) == "worker"
@@ -123,7 +334,68 @@ def test_the_image_runs_as_a_user_and_checks_its_health() -> None:
         assert (ROOT / copied).exists(), copied
 
 
+GOOD_PASSWORD = "ops:Vq3-x81Lz0pP2mNs"
+GOOD_COOKIE = "3Gk9wQ_p1Zr8Tt0vY6uB4nM2cX7aL5sD"
+
+
+@pytest.mark.parametrize(
+    ("basic_auth", "cookie", "refused"),
+    [
+        (GOOD_PASSWORD, GOOD_COOKIE, None),
+        ("", GOOD_COOKIE, "without authentication"),
+        ("ops:short-pw", GOOD_COOKIE, "shorter than 12"),
+        ("ops:chordbeat-local", GOOD_COOKIE, "placeholder"),
+        ("ops:change-me-now-please", GOOD_COOKIE, "placeholder"),
+        ("operations-team:operations-team", GOOD_COOKIE, "placeholder"),
+        ("ops:password1234", GOOD_COOKIE, "placeholder"),
+        (f"{GOOD_PASSWORD},ops2:weak", GOOD_COOKIE, "'ops2'"),
+        ("ops:FLOWER_PASSWORD", GOOD_COOKIE, "placeholder"),
+        (GOOD_PASSWORD, "", "FLOWER_COOKIE_SECRET"),
+        (GOOD_PASSWORD, "local-development-only", "FLOWER_COOKIE_SECRET"),
+        (GOOD_PASSWORD, "change-me-to-a-long-random-string", "FLOWER_COOKIE_SECRET"),
+    ],
+)
+def test_flower_refuses_placeholder_and_short_credentials(
+    monkeypatch: pytest.MonkeyPatch, basic_auth: str, cookie: str, refused: str | None
+) -> None:
+    monkeypatch.delenv("FLOWER_AUTH", raising=False)
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", basic_auth)
+    monkeypatch.setenv("FLOWER_COOKIE_SECRET", cookie)
+    if refused is None:
+        config = runpy.run_path(str(ROOT / "flower.cfg"))
+        assert config["cookie_secret"] == cookie and config["address"] == "127.0.0.1"
+        return
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(ROOT / "flower.cfg"))
+    assert refused in str(exit_.value), exit_.value
+
+
+def test_the_shipped_example_credentials_do_not_start_flower(monkeypatch: pytest.MonkeyPatch) -> None:
+    examples = env_file(DEPLOY / "systemd" / "flower.env")
+    for variable, good in (("FLOWER_BASIC_AUTH", GOOD_PASSWORD), ("FLOWER_COOKIE_SECRET", GOOD_COOKIE)):
+        monkeypatch.setenv("FLOWER_BASIC_AUTH", GOOD_PASSWORD)
+        monkeypatch.setenv("FLOWER_COOKIE_SECRET", GOOD_COOKIE)
+        runpy.run_path(str(ROOT / "flower.cfg"))
+        monkeypatch.setenv(variable, examples[variable])
+        with pytest.raises(SystemExit, match=variable):
+            runpy.run_path(str(ROOT / "flower.cfg"))
+        monkeypatch.setenv(variable, good)
+
+
 @pytest.mark.parametrize("argv", [["celery", "-A", "other", "worker"], ["chordbeat", "nope"]])
 def test_the_checker_rejects_commands_that_do_not_exist(argv: list[str]) -> None:
     with pytest.raises(AssertionError):
         check_command(argv)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["celery", "-A", "celeryapp", "worker", "-l", "INFO"],
+        ["celery", "-A", "celeryapp", "worker", "-Q", "chordbeat,celery"],
+        ["celery", "-A", "celeryapp", "worker", "-Q", "chordbeat.control,celery", "-c", "1"],
+    ],
+)
+def test_the_checker_rejects_workers_that_mix_steps_and_control(argv: list[str]) -> None:
+    with pytest.raises(AssertionError):
+        worker_kind(argv)

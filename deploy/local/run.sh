@@ -1,23 +1,60 @@
 #!/usr/bin/env bash
-# `make run`: Redis (if none answers), worker, beat and Flower in the foreground; Ctrl-C stops all.
+# `make run`: step worker, control worker, beat and Flower (and Redis if none answers) in the
+# foreground. Each process is started again when it dies (deploy/local/respawn.py); Ctrl-C stops
+# them all. State and generated local credentials live in $CHORDBEAT_RUN_DIR (default .run/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/.venv/bin:$PATH"
-mkdir -p .run
+export CHORDBEAT_RUN_DIR="${CHORDBEAT_RUN_DIR:-$PWD/.run}"
+run_dir=$CHORDBEAT_RUN_DIR
+umask 077
+mkdir -p "$run_dir"
+chmod 700 "$run_dir"
 export CHORDBEAT_SCHEDULES_FILE="${CHORDBEAT_SCHEDULES_FILE:-$PWD/examples/schedules.yaml}"
-export CHORDBEAT_HEALTH_DIR="${CHORDBEAT_HEALTH_DIR:-$PWD/.run}"
+export CHORDBEAT_HEALTH_DIR="${CHORDBEAT_HEALTH_DIR:-$run_dir}"
+export FLOWER_DB="${FLOWER_DB:-$run_dir/flower.db}"
+
+# Random local credentials, made once and reused so a browser login survives restarts.
+if [ ! -s "$run_dir/local.env" ]; then
+  python - > "$run_dir/local.env" <<'PY'
+import secrets
+print(f"LOCAL_FLOWER_PASSWORD={secrets.token_urlsafe(18)}")
+print(f"LOCAL_FLOWER_COOKIE_SECRET={secrets.token_urlsafe(32)}")
+print(f"LOCAL_REDIS_PASSWORD={secrets.token_urlsafe(24)}")
+PY
+fi
+# shellcheck source=/dev/null
+. "$run_dir/local.env"
 if [ -z "${FLOWER_BASIC_AUTH:-}" ]; then
-  export FLOWER_BASIC_AUTH="chordbeat:chordbeat-local"
-  echo "Flower: http://127.0.0.1:5555 (user chordbeat, password chordbeat-local; set FLOWER_BASIC_AUTH to change)"
+  export FLOWER_BASIC_AUTH="chordbeat:$LOCAL_FLOWER_PASSWORD"
+  echo "Flower: http://127.0.0.1:${FLOWER_PORT:-5555} (user chordbeat, password $LOCAL_FLOWER_PASSWORD; in $run_dir/local.env)"
 fi
-export FLOWER_COOKIE_SECRET="${FLOWER_COOKIE_SECRET:-local-development-only}"
-export FLOWER_DB="${FLOWER_DB:-$PWD/.run/flower.db}"
-broker="${CHORDBEAT_BROKER_URL:-redis://127.0.0.1:6379/0}"
-processes="worker beat flower"
-if ! python -c "import redis,sys; redis.Redis.from_url(sys.argv[1], socket_connect_timeout=1).ping()" "$broker" 2>/dev/null; then
-  echo "no Redis answers at $broker: starting one (data in .run/)"
-  processes="redis $processes"
+export FLOWER_COOKIE_SECRET="${FLOWER_COOKIE_SECRET:-$LOCAL_FLOWER_COOKIE_SECRET}"
+
+masked() { sed -E 's#(://[^:/@]*):[^@/]*@#\1:**@#' <<<"$1"; }
+answers() { python -c "import redis,sys; redis.Redis.from_url(sys.argv[1], socket_connect_timeout=1).ping()" "$1" 2>/dev/null; }
+processes="worker control beat flower"
+if [ -z "${CHORDBEAT_BROKER_URL:-}" ]; then
+  ours="redis://:$LOCAL_REDIS_PASSWORD@127.0.0.1:6379/0"
+  if answers "$ours"; then
+    export CHORDBEAT_BROKER_URL="$ours"
+  elif answers "redis://127.0.0.1:6379/0"; then
+    export CHORDBEAT_BROKER_URL="redis://127.0.0.1:6379/0"
+  else
+    echo "no Redis answers at 127.0.0.1:6379: starting one with a password (data in $run_dir)"
+    cat > "$run_dir/redis.conf" <<CONF
+port 6379
+bind 127.0.0.1
+dir "$run_dir"
+appendonly yes
+maxmemory-policy noeviction
+requirepass $LOCAL_REDIS_PASSWORD
+CONF
+    export CHORDBEAT_BROKER_URL="$ours"
+    processes="redis $processes"
+  fi
 fi
+echo "broker: $(masked "$CHORDBEAT_BROKER_URL")"
 chordbeat db upgrade
 chordbeat apply "$CHORDBEAT_SCHEDULES_FILE"
 exec honcho -f deploy/local/Procfile start $processes

@@ -1,0 +1,75 @@
+"""What secrets look like when shown: URLs without passwords, payload and ``env`` values hidden.
+
+Task results travel to their caller in full; only their *representation* (worker logs, the
+``task-succeeded`` event Flower shows) is redacted. Executable steps' ``env`` values never leave
+in a schedule object at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+
+from celeryapp.client import redact
+
+#: What replaces a hidden value.
+HIDDEN = "<hidden>"
+
+
+class RedactedResult:
+    """A task's return value whose repr hides payloads and ``env`` values.
+
+    Celery logs ``saferepr(result)`` and puts it in the ``task-succeeded`` event; the result backend
+    serializes it with kombu's JSON encoder, which calls ``__json__``, so the caller gets it whole.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __json__(self) -> Any:
+        return self.value
+
+    def __repr__(self) -> str:
+        return repr(redact(self.value))
+
+
+def hide_env_values(steps: list[Any]) -> list[Any]:
+    """Step groups (as a schedule object shows them) with every ``env`` value replaced."""
+
+    def hide(step: Any) -> Any:
+        if isinstance(step, list):
+            return [hide(s) for s in step]
+        if isinstance(step, Mapping) and isinstance(step.get("env"), Mapping):
+            return {**step, "env": dict.fromkeys(step["env"], HIDDEN)}
+        return step
+
+    return [hide(group) for group in steps]
+
+
+def credentials_apart(url: str) -> tuple[str, dict[str, str]]:
+    """A Redis URL without its user name and password, and those as redis-py connection options.
+
+    Celery masks settings by name (``*password*``) but shows ``redbeat_redis_url`` as it is; kept
+    apart, the password sits in ``redbeat_redis_options`` where ``celery inspect conf`` masks it.
+    """
+    parts = urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    options: dict[str, str] = {}
+    if at:
+        user, _colon, password = userinfo.partition(":")
+        if user:
+            options["username"] = unquote(user)
+        if password:
+            options["password"] = unquote(password)
+    for key, value in query:
+        if key in {"username", "password"} and value:
+            options[key] = value
+    if not options:
+        return url, {}
+    kept = urlencode([(k, v) for k, v in query if k not in {"username", "password"}])
+    # Spelled out: urlunsplit drops the "//" of an empty host (unix:///path), which redis-py refuses.
+    return f"{parts.scheme}://{host}{parts.path}" + (f"?{kept}" if kept else ""), options

@@ -46,7 +46,8 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             logger.exception("beat: schedule file %s NOT applied (database or Redis trouble)", settings.schedules_file)
         try:
             reconcile(self.app)
-        except redis.RedisError:
+        except Exception:
+            # Redis or the database away at start: beat still starts; the periodic reconcile repairs.
             logger.exception("beat: could not repair entries at start; the periodic reconcile will")
 
     def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
@@ -69,7 +70,8 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         try:
             self.update_from_dict(self.app.redbeat_conf.schedule)
             reconcile(self.app)
-        except redis.RedisError:
+        except Exception:
+            # Redis or the database still away: beat must outlive both, so it retries next tick.
             logger.exception("beat: repairing entries after re-taking the lock failed; the next tick retries")
             self._needs_repair = True
         else:
@@ -98,13 +100,20 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
                 if self.lock is None:
                     raise redis.exceptions.LockError("no lock held")
                 self.lock.extend(int(self.lock_timeout))
-            except redis.RedisError as exc:
-                # Lock lost (expired, taken over, or Redis restarted without data): go back to
+            except redis.exceptions.LockError as exc:
+                # Lost for good (expired, taken over, or Redis came back without it): go back to
                 # standby instead of exiting, and repair entries once the lock is ours again.
                 logger.warning("beat: lost the lock (%s); waiting to take it again", exc)
                 self.lock = None
                 self._take_lock()
                 self._needs_repair = True
+            except redis.RedisError as exc:
+                # Redis unreachable: keep the lock (its token). If Redis comes back with its data
+                # before the lock expires, extending it goes on as if nothing happened; taking a
+                # new one would wait for our own old lock to expire first.
+                logger.warning("beat: cannot reach Redis to extend the lock (%s); retrying", exc)
+                self._needs_repair = True
+                return LOCK_RETRY_S
         if self._needs_repair:
             self._repair()
         try:

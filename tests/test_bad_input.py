@@ -167,7 +167,7 @@ DEFINITIONS = [
     ("max_attempts-float", change("steps/0/max_attempts", 3.5), "steps[0].max_attempts", "got float"),
     # cron
     ("cron-six-fields", cron("* * * * * *"), "cron", "expected 5 fields"),
-    ("cron-never-fires", cron("0 0 30 2 *"), "cron", "never fires"),
+    ("cron-never-fires", cron("0 0 30 2 *"), "cron", "never occurs in month"),
     ("cron-too-long", cron("0," * 100 + "0 * * * *"), "cron", "at most 200 characters, got 209"),
     ("cron-number", cron(5), "cron", "must be a string, got int"),
     ("cron-and-every", change("cron", "* * * * *"), "cron", "exactly one of 'cron' and 'every'"),

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.engine import make_url
@@ -121,6 +120,12 @@ def claims_blocked(database_url: str) -> Iterator[None]:
     engine.dispose()
 
 
+def active_on(app: ChordbeatCelery, node: str) -> list[dict[str, Any]]:
+    """The tasks a worker's pool is running, as the worker itself reports them."""
+    replies = app.control.inspect(timeout=1).active() or {}
+    return [task for name, tasks in replies.items() if name.startswith(f"{node}@") for task in tasks]
+
+
 def start_and_hold(app: ChordbeatCelery, name: str) -> tuple[int, Any]:
     """Record a run; return it with the effects (its first chord) still to be sent."""
     with transaction(app.settings.database_url) as session:
@@ -135,14 +140,17 @@ def start_and_hold(app: ChordbeatCelery, name: str) -> tuple[int, Any]:
 def test_a_worker_killed_while_its_claim_waits_on_the_database_strands_nothing(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
-    unacked = redis.Redis.from_url(settings.broker_url)
     with processes.worker(settings, tmp_path, "w1") as w1:
         call(client, "chordbeat.apply_schedule", definition={"name": "held", "every": 3600, "steps": [step("a")]})
         execution_id, effects = start_and_hold(app, "held")
         with claims_blocked(settings.database_url):
             apply_effects(app, effects)
-            # The worker took the message (kombu keeps it as unacked) and its claim now waits.
-            wait_for(lambda: unacked.hlen("unacked") >= 1, 30, what="the worker to take the step message")
+            # The worker's pool runs the step's runner, whose claim now waits on the database.
+            wait_for(
+                lambda: any(w.get("name") == "chordbeat.run_step" for w in active_on(app, "w1")),
+                30,
+                what="the runner to be waiting on its claim",
+            )
             w1.kill()
     with processes.worker(settings, tmp_path, "w2"), processes.beat(settings, tmp_path):
         done = final(app, execution_id, timeout=60)

@@ -7,6 +7,7 @@ import json
 import shutil
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,10 @@ def flower_tasks(port: int) -> dict[str, Any]:
 def test_flower_and_worker_logs_show_answers_without_payloads_or_env_values(
     secret_settings: Settings, tmp_path: Path
 ) -> None:
+    # Executable steps are off by default; this test needs one whose env values must stay hidden.
+    secret_settings = replace(
+        secret_settings, step_kinds=frozenset({"task", "executable"}), executable_allow=(sys.executable,)
+    )
     port = free_port()
     argv = [processes.CELERY, "-A", "celeryapp", "flower", "--conf=flower.cfg", f"--port={port}"]
     flower_env = processes.settings_env(

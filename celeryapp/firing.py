@@ -28,7 +28,8 @@ def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trig
     now = utcnow()
     effects = Effects()
     with transaction(app.settings.database_url) as session:
-        schedule = session.scalar(select(Schedule).where(Schedule.name == name))
+        # The row lock orders this fire after any run of the schedule that is ending right now.
+        schedule = session.scalar(select(Schedule).where(Schedule.name == name).with_for_update())
         if schedule is None:
             logger.info("fire of %r ignored: the schedule no longer exists", name)
             return {"execution_id": None, "skipped": "schedule does not exist"}

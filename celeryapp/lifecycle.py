@@ -92,6 +92,17 @@ class StartResult:
 # --- starting ---------------------------------------------------------------------------------
 
 
+def lock_schedule(session: Session, schedule_id: int) -> None:
+    """Take the schedule's row lock until commit (PostgreSQL; SQLite's writers exclude each other).
+
+    Whatever starts or ends a run of the schedule takes it first. A fire therefore reads the
+    schedule's runs only after an ending run committed (it cannot see that run as active and
+    buffer a run nobody will start), and locks are always taken schedule first, then execution,
+    so starts and ends cannot deadlock each other.
+    """
+    session.execute(select(Schedule.id).where(Schedule.id == schedule_id).with_for_update())
+
+
 def _active_execution_ids(session: Session, schedule_id: int) -> list[int]:
     return list(
         session.scalars(
@@ -141,6 +152,7 @@ def start_execution(
     nominal_at: datetime | None = None,
 ) -> StartResult:
     """Create an execution with all its worker tasks, honouring the schedule's overlap policy."""
+    lock_schedule(session, schedule.id)
     existing = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
     if existing is not None:
         return StartResult(existing, skipped="duplicate")
@@ -151,7 +163,9 @@ def start_execution(
             for execution_id in active:
                 effects.merge(cancel_execution(session, execution_id, now=now, reason="cancelled: a new run started"))
         else:
-            return _overlapped(session, schedule, active[0], trigger=trigger, nominal_at=nominal_at, now=now)
+            overlapped = _overlapped(session, schedule, active[0], trigger=trigger, nominal_at=nominal_at, now=now)
+            if overlapped is not None:
+                return overlapped
 
     definition = definition_of(schedule)
     execution = ScheduleExecution(
@@ -177,7 +191,8 @@ def start_execution(
         winner = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
         if winner is not None:
             return StartResult(winner, skipped="duplicate")
-        return _overlapped(session, schedule, None, trigger=trigger, nominal_at=nominal_at, now=now)
+        overlapped = _overlapped(session, schedule, None, trigger=trigger, nominal_at=nominal_at, now=now)
+        return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
 
     first: list[StepDispatch] = []
     for index, group in enumerate(definition.groups):
@@ -211,10 +226,17 @@ def _overlapped(
     trigger: Trigger,
     nominal_at: datetime | None,
     now: datetime,
-) -> StartResult:
+) -> StartResult | None:
+    """Record why the run does not start; ``None`` if the active run ended meanwhile: start it."""
     running = f"execution {active_id}" if active_id is not None else "another execution"
     if schedule.overlap is Overlap.BUFFER_ONE:
-        session.execute(update(Schedule).where(Schedule.id == schedule.id).values(buffered=True))
+        still_running = exists().where(
+            ScheduleExecution.schedule_id == schedule.id, ScheduleExecution.status == ExecutionStatus.IN_PROGRESS
+        )
+        if not affected(
+            session, update(Schedule).where(Schedule.id == schedule.id, still_running).values(buffered=True)
+        ):
+            return None
         record_slot(
             session,
             schedule,
@@ -448,6 +470,8 @@ def _finish_execution(
     now: datetime,
 ) -> Effects | None:
     """End the execution if ``guard`` still holds; ``None`` if someone else changed it first."""
+    if execution.schedule_id is not None:
+        lock_schedule(session, execution.schedule_id)
     done = affected(
         session,
         update(ScheduleExecution)

@@ -22,11 +22,15 @@ from sqlalchemy import select
 
 from celeryapp import keys
 from celeryapp.cadence import Cadence, Due, next_due
-from models import Schedule, ScheduleStatus, transaction
+from models import Schedule, ScheduleStatus, Trigger, transaction
 
 logger = logging.getLogger(__name__)
 
 FIRE_TASK = "chordbeat.fire_schedule"
+#: A regular slot's fire message expires this long after the next slot is due. By then it is
+#: superseded anyway (:func:`celeryapp.decisions.decide_fire`); the grace lets a late one still
+#: record its slot as superseded, and covers clock differences between beat and workers.
+FIRE_EXPIRY_GRACE = timedelta(minutes=1)
 ENTRY_PREFIX = "schedule:"
 #: Tag of chordbeat's schedule type inside RedBeat's JSON.
 SCHEDULE_TYPE = "chordbeat_cadence"
@@ -231,29 +235,34 @@ def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
 
     RedBeat records a fire before publishing it, so a failed publish (or Redis losing the message,
     or entries rebuilt after a Redis restart) would lose that run. The database knows the slot
-    was due (``next_run_at`` in the past) and the entry knows beat moved past it: the same run
-    key makes a late original and this re-fire one execution.
+    was due (``next_run_at`` in the past) and the entry knows beat moved past it. The latest slot
+    beat passed is fired (an older one would be superseded by it); the same run key makes a late
+    original and this re-fire one execution.
     """
     now = now or datetime.now(UTC)
     with transaction(app.settings.database_url, read_only=True) as session:
-        overdue = session.execute(
-            select(Schedule.name, Schedule.next_run_at, Schedule.cron).where(
-                Schedule.status == ScheduleStatus.ACTIVE,
-                Schedule.retry_at.is_(None),
-                Schedule.next_run_at < now - LOST_FIRE_GRACE,
+        overdue = [
+            (schedule.name, cadence_of(schedule), schedule.next_run_at)
+            for schedule in session.scalars(
+                select(Schedule).where(
+                    Schedule.status == ScheduleStatus.ACTIVE,
+                    Schedule.retry_at.is_(None),
+                    Schedule.next_run_at < now - LOST_FIRE_GRACE,
+                )
             )
-        ).all()
+        ]
     refired = []
-    for name, slot, cron in overdue:
+    for name, cadence, slot in overdue:
         assert slot is not None  # selected by next_run_at < ...
         key = ScheduleEntry.generate_key(app, entry_name(name))
         last_run_at = ScheduleEntry.load_meta(key, app=app).get("last_run_at")
         if last_run_at is None or _aware(last_run_at) < slot:
             continue  # beat has not reached the slot yet (it is down, or behind): it will fire it
-        trigger = "cron" if cron else "interval"
+        nominal = cadence.latest_slot(_aware(last_run_at), since=slot - timedelta(microseconds=1)) or slot
+        trigger = Trigger.CRON if cadence.cron else Trigger.INTERVAL
         app.send_task(
             FIRE_TASK,
-            kwargs={"name": name, "nominal_at": slot.isoformat(), "trigger": trigger},
+            kwargs={"name": name, "nominal_at": nominal.isoformat(), "trigger": trigger.value},
             queue=keys.CONTROL_QUEUE,
         )
         refired.append(name)

@@ -22,6 +22,7 @@ from celeryapp.decisions import StepResult, Verdict, decide_after_group, retry_d
 from celeryapp.definition import StepSpec
 from celeryapp.errors import NotFound
 from celeryapp.store import definition_of
+from celeryapp.views import iso
 from models import (
     Activity,
     ActivityStatus,
@@ -90,6 +91,12 @@ class StartResult:
 
 
 # --- starting ---------------------------------------------------------------------------------
+
+
+def run_key(name: str, trigger: Trigger, nominal_at: datetime, retry: int = 0) -> str:
+    """The same slot (and retry) always gives the same key: two beats or a redelivery make one run."""
+    kind = f"retry{retry}" if trigger is Trigger.RETRY else trigger.value
+    return f"{name}:{kind}:{iso(nominal_at)}"
 
 
 def lock_schedule(session: Session, schedule_id: int) -> None:

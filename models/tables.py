@@ -66,6 +66,9 @@ class Schedule(Base):
     last_error: Mapped[str | None] = mapped_column(Text, default=None)
     last_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     next_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    #: The newest regular slot whose fire message was processed; an older slot's fire arriving
+    #: later is superseded, so a backlog of fire messages never becomes a burst of make-up runs.
+    last_slot_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     #: When a retry of a failed execution is due; while set it replaces the regular cadence.
     retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     #: A ``buffer_one`` run waiting for the active execution to end.

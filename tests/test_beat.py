@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
+import json
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
-from sqlalchemy import select
+from sqlalchemy import select, update
 
+from celeryapp import keys, service
 from celeryapp.app import ChordbeatCelery
-from celeryapp.beat_entries import ScheduleEntry, entry_name
+from celeryapp.beat_entries import FIRE_EXPIRY_GRACE, ScheduleEntry, cadence_of, entry_name
 from celeryapp.config import Settings
 from celeryapp.health import age_s
 from celeryapp.redis_client import get_redis
-from models import ScheduleExecution, SlotOutcome, SlotRecord, transaction
+from celeryapp.views import iso
+from models import Schedule, ScheduleExecution, SlotOutcome, SlotRecord, transaction
 from tests import processes
 from tests.conftest import call, wait_for
 from tests.test_lifecycle import step
@@ -37,6 +42,13 @@ def slots(app: ChordbeatCelery) -> list[SlotRecord]:
 def entry_exists(app: ChordbeatCelery, name: str) -> bool:
     key = ScheduleEntry.generate_key(app, entry_name(name))
     return bool(get_redis(app.settings.redbeat_url).exists(key))
+
+
+def stored_schedule(app: ChordbeatCelery, name: str) -> Schedule:
+    with transaction(app.settings.database_url) as session:
+        schedule = session.scalar(select(Schedule).where(Schedule.name == name))
+        assert schedule is not None
+        return schedule
 
 
 def test_beat_fires_interval_schedules_with_one_execution_per_slot(
@@ -80,7 +92,9 @@ def test_pause_removes_the_entry_and_a_fire_already_sent_does_nothing(
 
 def test_a_redelivered_fire_message_makes_one_execution(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
     call(client, "chordbeat.apply_schedule", definition={"name": "once", "every": 60, "steps": [step("s")]})
-    message = {"name": "once", "nominal_at": "2026-11-21T02:00:00+00:00", "trigger": "interval"}
+    # The interval's anchor is a slot, and the latest one until a minute has passed.
+    latest = stored_schedule(app, "once").updated_at
+    message = {"name": "once", "nominal_at": latest.isoformat(), "trigger": "interval"}
     first = app.send_task("chordbeat.fire_schedule", kwargs=message).get(timeout=10)
     again = app.send_task("chordbeat.fire_schedule", kwargs=message).get(timeout=10)
     assert first["status"] == "in_progress"
@@ -143,8 +157,9 @@ def test_failures_are_retried_with_backoff_then_the_schedule_dies(
     schedule = schedule_of(client, "flaky")
     assert schedule["error_count"] == 3 and schedule["next_run_at"] is None
     assert not entry_exists(app, "flaky")
-    # Regular slots that came due while a retry was pending are recorded as replaced by it.
-    assert {s.outcome for s in slots(app)} <= {SlotOutcome.FIRED, SlotOutcome.RETRY}
+    # Regular slots that came due while a retry was pending are recorded as replaced by it (or,
+    # when the machine lags a whole interval behind, as superseded by the next one).
+    assert {s.outcome for s in slots(app)} <= {SlotOutcome.FIRED, SlotOutcome.RETRY, SlotOutcome.SKIPPED_SUPERSEDED}
 
 
 def test_total_repeats_ends_the_schedule_as_done(
@@ -166,15 +181,11 @@ def test_total_repeats_ends_the_schedule_as_done(
 def test_a_slot_whose_fire_message_was_lost_is_fired_again_once(
     app: ChordbeatCelery, worker: Any, client: Celery
 ) -> None:
-    from datetime import UTC, datetime, timedelta
-
-    from sqlalchemy import update
-
-    from models import Schedule
-
-    call(client, "chordbeat.apply_schedule", definition={"name": "lost-fire", "every": 60, "steps": [step("s")]})
+    # An hourly slot two minutes ago: the latest slot, past the re-fire grace.
+    slot = (datetime.now(UTC) - timedelta(minutes=2)).replace(second=0, microsecond=0)
+    definition = {"name": "lost-fire", "cron": f"{slot.minute} * * * *", "steps": [step("s")]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
     key = ScheduleEntry.generate_key(app, entry_name("lost-fire"))
-    slot = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=2)
 
     def overdue_by_database() -> None:
         with transaction(app.settings.database_url) as session:
@@ -188,11 +199,62 @@ def test_a_slot_whose_fire_message_was_lost_is_fired_again_once(
     ScheduleEntry.from_key(key, app=app).reschedule(last_run_at=slot + timedelta(seconds=1))
     assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == ["lost-fire"]
     run = wait_for(lambda: executions(app), 10, what="the re-fired run")
-    assert (
-        isinstance(run, list) and run[0].run_key == f"lost-fire:interval:{slot.isoformat().replace('+00:00', '.000Z')}"
-    )
+    assert isinstance(run, list) and run[0].run_key == f"lost-fire:cron:{iso(slot)}"
     # The slot is now known as fired: the next reconcile leaves it alone.
     assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == []
+
+
+def queued_fires(app: ChordbeatCelery) -> list[tuple[datetime, datetime]]:
+    """(nominal slot, expiry) of the fire messages waiting in the control queue."""
+    fires = []
+    for raw in get_redis(app.settings.broker_url).lrange(keys.CONTROL_QUEUE, 0, -1):
+        message = json.loads(raw)
+        if message["headers"]["task"] == "chordbeat.fire_schedule":
+            _args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+            expires = datetime.fromisoformat(message["headers"]["expires"])
+            fires.append((datetime.fromisoformat(kwargs["nominal_at"]), expires))
+    return fires
+
+
+def test_after_a_worker_outage_a_schedule_runs_once_then_keeps_its_cadence(
+    app: ChordbeatCelery, settings: Settings, tmp_path: Path
+) -> None:
+    service.apply_schedule(app, {"name": "outage", "every": 1, "overlap": "allow", "steps": [step("s")]})
+    cadence = cadence_of(stored_schedule(app, "outage"))
+    with processes.beat(settings, tmp_path):
+        # No worker: beat sends a fire per slot and they wait in the queue.
+        wait_for(lambda: len(queued_fires(app)) >= 8, 60, interval=0.2, what="fire messages piling up")
+        backlog = queued_fires(app)
+        for nominal, expires in backlog:
+            expected = cadence.slot_after(nominal) + FIRE_EXPIRY_GRACE
+            assert abs(expires - expected) < timedelta(milliseconds=1), (nominal, expires)
+        worker_up = datetime.now(UTC)
+        with processes.worker(settings, tmp_path):
+            wait_for(
+                lambda: len([s for s in slots(app) if s.outcome is SlotOutcome.FIRED and s.nominal_at > worker_up]) > 1,
+                60,
+                interval=0.2,
+                what="the cadence to resume",
+            )
+    records = {s.nominal_at: s for s in slots(app)}
+    assert all(nominal in records for nominal, _ in backlog), "every queued fire was taken and recorded"
+    # When the first worker took the first fire, every slot up to then had been missed.
+    drained_at = min(s.recorded_at for s in records.values())
+    missed = [s for s in records.values() if s.nominal_at is not None and s.nominal_at <= drained_at]
+    ran = len([s for s in missed if s.outcome is SlotOutcome.FIRED])
+    superseded = len([s for s in missed if s.outcome is SlotOutcome.SKIPPED_SUPERSEDED])
+    print(f"\nworker outage: {len(missed)} missed slots, {ran} ran, {superseded} superseded")
+    # The latest missed slot runs if it is still the latest when its fire is taken; otherwise the
+    # next slot runs: one run either way, none for the older slots.
+    assert len(missed) >= len(backlog) and ran <= 1 and superseded == len(missed) - ran
+    first_run = min(e.started_at for e in executions(app))
+    assert first_run - drained_at < timedelta(seconds=3), "the cadence resumes at once"
+    by_id = {e.id: e for e in executions(app)}
+    for record in records.values():
+        if record.outcome is SlotOutcome.FIRED:
+            assert record.nominal_at is not None and record.execution_id is not None
+            started = by_id[record.execution_id].started_at
+            assert started < cadence.slot_after(record.nominal_at), "a run started for a slot already superseded"
 
 
 def test_after_beat_downtime_a_schedule_runs_once_then_keeps_its_cadence(

@@ -1,4 +1,4 @@
-"""Pure decision logic: what a fire does, what happens after a step group, and when retrying.
+"""Pure decision logic: what a fire does, what happens after a step group and after an execution.
 
 No I/O here; the firing and lifecycle modules feed these functions what they read (under the
 schedule's row lock) and apply what they say with compare-and-set updates.
@@ -14,7 +14,7 @@ from enum import StrEnum
 from celeryapp.cadence import Cadence
 from celeryapp.definition import StepSpec
 from celeryapp.views import iso
-from models.states import ActivityStatus, ScheduleStatus, SlotOutcome, Trigger
+from models.states import ActivityStatus, ExecutionStatus, ScheduleStatus, SlotOutcome, Trigger
 
 #: Retry delays never grow past this many times the base delay.
 BACKOFF_CAP_FACTOR = 10
@@ -95,7 +95,7 @@ class ScheduleState:
     status: ScheduleStatus
     #: Number of the retry pending or running (0: none since the last success).
     current_retry: int
-    #: When retry ``current_retry`` is due.
+    #: When retry ``current_retry`` is due; set until that retry's run ends.
     retry_at: datetime | None
     #: The newest regular slot whose fire was processed.
     last_slot_at: datetime | None = None
@@ -158,3 +158,83 @@ def decide_fire(
             claims_slot=True,
         )
     return FireDecision(start=True, claims_slot=True)
+
+
+# --- after an execution -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_retries: int
+    total_repeats: int
+    #: Backoff base in seconds (see :func:`retry_delay_s`).
+    retry_base_s: float
+
+
+class NextRun(StrEnum):
+    """A run that starts because the ended one made room for it."""
+
+    #: The pending retry, overdue, waited for the ended run (it met it as an overlap, or its fire
+    #: was lost): it starts now.
+    RETRY = "retry"
+    #: The ``buffer_one`` run kept while the ended one was in progress.
+    BUFFERED = "buffered"
+
+
+@dataclass(frozen=True)
+class AfterExecution:
+    """The schedule's retry state and status once one of its executions ended, and what starts."""
+
+    current_retry: int
+    retry_at: datetime | None
+    status: ScheduleStatus
+    #: Whether this failure moved the retry counter.
+    counted: bool = False
+    start: NextRun | None = None
+
+
+def decide_after_execution(
+    state: ScheduleState,
+    policy: RetryPolicy,
+    *,
+    ended: ExecutionStatus,
+    is_pending_retry: bool,
+    pending_retry_started: bool,
+    run_count: int,
+    buffered: bool,
+    now: datetime,
+) -> AfterExecution:
+    """Retries, ``done`` and ``dead`` after an execution ended ``ended``.
+
+    One retry at a time: while a retry is pending or running, only that retry's own failure moves
+    to the next one; failures of other runs (overlapping ``allow`` runs, manual runs) are counted
+    as errors but add no retry. ``is_pending_retry``: the ended run is the pending retry's.
+    ``pending_retry_started``: the pending retry's run exists (running or ended).
+    """
+    retry, retry_at, status = state.current_retry, state.retry_at, state.status
+    counted = False
+    active = status is ScheduleStatus.ACTIVE
+    if ended is ExecutionStatus.COMPLETED:
+        retry, retry_at = 0, None
+        if active and policy.total_repeats and run_count >= policy.total_repeats:
+            status = ScheduleStatus.DONE
+    elif ended is ExecutionStatus.FAILED:
+        if active and policy.max_retries and (retry_at is None or is_pending_retry):
+            counted = True
+            if retry < policy.max_retries:
+                retry += 1
+                retry_at = now + timedelta(seconds=retry_delay_s(policy.retry_base_s, retry))
+            else:
+                retry_at, status = None, ScheduleStatus.DEAD
+    elif is_pending_retry:
+        # The retry was cancelled: it has had its run. The failure streak stays, so the next
+        # failure schedules the next retry.
+        retry_at = None
+    start = None
+    if status is ScheduleStatus.ACTIVE:
+        if retry_at is not None and retry_at <= now and not pending_retry_started:
+            start = NextRun.RETRY
+        elif buffered and retry_at is None:
+            # A pending retry goes first; the buffered run waits for a run that leaves none.
+            start = NextRun.BUFFERED
+    return AfterExecution(retry, retry_at, status, counted, start)

@@ -14,17 +14,19 @@ import pytest
 from celery import Celery
 from sqlalchemy import select, update
 
-from celeryapp import keys, service
+from celeryapp import app as chordbeat_app
+from celeryapp import keys, outcome, service
 from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import FIRE_EXPIRY_GRACE, ScheduleEntry, cadence_of, entry_name
 from celeryapp.config import Settings
+from celeryapp.context import current_step
 from celeryapp.health import age_s
 from celeryapp.redis_client import get_redis
 from celeryapp.views import iso
-from models import Schedule, ScheduleExecution, SlotOutcome, SlotRecord, transaction
+from models import ExecutionStatus, Schedule, ScheduleExecution, SlotOutcome, SlotRecord, Trigger, transaction
 from tests import processes
 from tests.conftest import call, wait_for
-from tests.test_lifecycle import step
+from tests.test_lifecycle import finished, step
 
 pytestmark = pytest.mark.slow
 
@@ -49,6 +51,27 @@ def stored_schedule(app: ChordbeatCelery, name: str) -> Schedule:
         schedule = session.scalar(select(Schedule).where(Schedule.name == name))
         assert schedule is not None
         return schedule
+
+
+@chordbeat_app.task(name="tests.fails_first_then_ok")
+def fails_first_then_ok(counter: str) -> dict[str, Any]:
+    """Fails the first time it runs for ``counter``, then completes; ``hold`` in the payload: sleeps
+    that long first (and counts for nothing), so a manual run can stand in the way."""
+    context = current_step()
+    assert context is not None
+    hold = float(context.payload.get("hold", 0))
+    deadline = time.monotonic() + hold
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+    if hold:
+        return outcome.completed("held")
+    if get_redis(chordbeat_app.settings.broker_url).incr(f"tests:{counter}") == 1:
+        raise RuntimeError("the first run fails")
+    return outcome.completed("ok")
+
+
+def fails_first(counter: str) -> dict[str, Any]:
+    return {"name": "s", "task": "tests.fails_first_then_ok", "kwargs": {"counter": counter}}
 
 
 def test_beat_fires_interval_schedules_with_one_execution_per_slot(
@@ -202,6 +225,94 @@ def test_a_slot_whose_fire_message_was_lost_is_fired_again_once(
     assert isinstance(run, list) and run[0].run_key == f"lost-fire:cron:{iso(slot)}"
     # The slot is now known as fired: the next reconcile leaves it alone.
     assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == []
+
+
+def test_a_retry_whose_fire_message_was_lost_is_fired_again_once(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    definition = {"name": "lost-retry", "every": 3600, "max_retries": 2, "steps": [fails_first("lost-retry")]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    manual = call(client, "chordbeat.trigger_schedule", name="lost-retry")
+    assert finished(client, manual["execution_id"])["status"] == "failed"
+    assert stored_schedule(app, "lost-retry").retry_at is not None
+    # As if retry 1 came due two minutes ago and beat fired it, but the message never arrived.
+    due = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=2)
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(Schedule).values(retry_at=due))
+    key = ScheduleEntry.generate_key(app, entry_name("lost-retry"))
+    ScheduleEntry.from_key(key, app=app).reschedule(last_run_at=due + timedelta(seconds=1))
+    assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == ["lost-retry"]
+    retry = wait_for(lambda: [e for e in executions(app) if e.trigger is Trigger.RETRY], 10, what="the retry")
+    assert isinstance(retry, list) and retry[0].run_key == f"lost-retry:retry1:{iso(due)}"
+    assert finished(client, retry[0].id)["status"] == "completed"
+    # It ran: the retry is over, nothing is re-fired again, the regular cadence is back.
+    assert stored_schedule(app, "lost-retry").retry_at is None
+    assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == []
+    assert [e.trigger for e in executions(app)] == [Trigger.MANUAL, Trigger.RETRY]
+
+
+def test_a_retry_due_while_beat_entries_were_lost_still_runs(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    definition = {
+        "name": "wiped",
+        "cron": "0 0 1 1 *",
+        "retry_delay": 1,
+        "max_retries": 1,
+        "steps": [fails_first("wiped")],
+    }
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    manual = call(client, "chordbeat.trigger_schedule", name="wiped")
+    assert finished(client, manual["execution_id"])["status"] == "failed"
+    retry_at = stored_schedule(app, "wiped").retry_at
+    assert retry_at is not None
+    # No beat runs while the retry comes due, and Redis loses beat's entries meanwhile.
+    wait_for(lambda: datetime.now(UTC) > retry_at, 10, interval=0.1, what="the retry to come due")
+    redbeat = get_redis(app.settings.redbeat_url)
+    lost = list(redbeat.scan_iter(match=app.conf.redbeat_key_prefix + "*"))
+    assert lost
+    redbeat.delete(*lost)
+    with processes.beat(settings, tmp_path):
+        retry = wait_for(
+            lambda: [e for e in executions(app) if e.trigger is Trigger.RETRY], 30, interval=0.2, what="the retry"
+        )
+    assert isinstance(retry, list) and len(retry) == 1
+    assert finished(client, retry[0].id)["status"] == "completed"
+    assert stored_schedule(app, "wiped").retry_at is None
+
+
+def test_a_retry_that_met_a_manual_run_runs_once_when_it_ends_and_the_cadence_resumes(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    definition = {"name": "blocked", "every": 4, "max_retries": 2, "steps": [fails_first("blocked")]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    with processes.beat(settings, tmp_path):
+        wait_for(lambda: schedule_of(client, "blocked")["current_retry"] == 1, 30, interval=0.1, what="a failure")
+        # Retry 1 is due 4 s after the failure; a long manual run is in its way.
+        manual = call(client, "chordbeat.trigger_schedule", name="blocked", payload={"hold": 60})
+        assert manual.get("status") == "in_progress", manual
+        wait_for(
+            lambda: [s for s in slots(app) if s.trigger is Trigger.RETRY], 30, interval=0.2, what="the retry's fire"
+        )
+        call(client, "chordbeat.cancel_execution", execution_id=manual["execution_id"])
+        # The retry runs when the manual run ends; then regular slots run again.
+        wait_for(
+            lambda: (Trigger.INTERVAL, ExecutionStatus.COMPLETED) in [(e.trigger, e.status) for e in executions(app)],
+            40,
+            interval=0.2,
+            what="a regular run after the retry",
+        )
+    runs = [(e.trigger, e.status) for e in executions(app)]
+    assert runs[:3] == [
+        (Trigger.INTERVAL, ExecutionStatus.FAILED),
+        (Trigger.MANUAL, ExecutionStatus.CANCELLED),
+        (Trigger.RETRY, ExecutionStatus.COMPLETED),
+    ], runs
+    assert {trigger for trigger, _ in runs[3:]} == {Trigger.INTERVAL}
+    waited = [s for s in slots(app) if s.trigger is Trigger.RETRY and s.outcome is not SlotOutcome.FIRED]
+    assert [s.outcome for s in waited] == [SlotOutcome.BUFFERED]
+    assert waited[0].detail == f"execution {manual['execution_id']} is in progress; retry 1 runs when it ends"
+    assert schedule_of(client, "blocked")["current_retry"] == 0
 
 
 def queued_fires(app: ChordbeatCelery) -> list[tuple[datetime, datetime]]:

@@ -9,18 +9,22 @@ import pytest
 
 from celeryapp.cadence import Cadence
 from celeryapp.decisions import (
+    AfterExecution,
     FireDecision,
     GroupOutcome,
+    NextRun,
+    RetryPolicy,
     ScheduleState,
     StepResult,
     Verdict,
+    decide_after_execution,
     decide_after_group,
     decide_fire,
     retry_delay_s,
 )
 from celeryapp.definition import StepSpec
 from models.states import ActivityStatus as A
-from models.states import ScheduleStatus, SlotOutcome, Trigger
+from models.states import ExecutionStatus, ScheduleStatus, SlotOutcome, Trigger
 
 STRICT = StepSpec("strict", "t")
 LENIENT = StepSpec("lenient", "t", continue_on_failure=True)
@@ -132,3 +136,92 @@ def test_a_retry_fire_starts_only_the_pending_retry() -> None:
 )
 def test_an_inactive_schedule_starts_nothing(status: ScheduleStatus, expected: FireDecision) -> None:
     assert fire(replace(ACTIVE, status=status), at(60), at(60.1)) == expected
+
+
+# --- after an execution -----------------------------------------------------------------------
+
+POLICY = RetryPolicy(max_retries=2, total_repeats=0, retry_base_s=60)
+
+
+def after(
+    state: ScheduleState,
+    ended: ExecutionStatus,
+    *,
+    is_pending_retry: bool = False,
+    started: bool = False,
+    buffered: bool = False,
+    policy: RetryPolicy = POLICY,
+    run_count: int = 1,
+    now: datetime = T0,
+) -> AfterExecution:
+    return decide_after_execution(
+        state,
+        policy,
+        ended=ended,
+        is_pending_retry=is_pending_retry,
+        pending_retry_started=started or is_pending_retry,
+        run_count=run_count,
+        buffered=buffered,
+        now=now,
+    )
+
+
+def test_a_failure_schedules_retries_with_backoff_then_the_schedule_dies() -> None:
+    first = after(ACTIVE, ExecutionStatus.FAILED)
+    assert first == AfterExecution(1, at(60), ScheduleStatus.ACTIVE, counted=True)
+    second = after(replace(ACTIVE, current_retry=1, retry_at=at(60)), ExecutionStatus.FAILED, is_pending_retry=True)
+    assert second == AfterExecution(2, at(120), ScheduleStatus.ACTIVE, counted=True)
+    last = after(replace(ACTIVE, current_retry=2, retry_at=at(120)), ExecutionStatus.FAILED, is_pending_retry=True)
+    assert last == AfterExecution(2, None, ScheduleStatus.DEAD, counted=True)
+
+
+def test_without_retries_failures_never_kill_the_schedule() -> None:
+    no_retries = RetryPolicy(max_retries=0, total_repeats=0, retry_base_s=60)
+    assert after(ACTIVE, ExecutionStatus.FAILED, policy=no_retries) == AfterExecution(0, None, ScheduleStatus.ACTIVE)
+
+
+def test_one_retry_at_a_time_other_runs_failures_add_none() -> None:
+    pending = replace(ACTIVE, current_retry=1, retry_at=at(60))
+    # Overlapping `allow` runs (or a manual run) failing while retry 1 is pending or running.
+    for _ in range(3):
+        assert after(pending, ExecutionStatus.FAILED, now=at(10)) == AfterExecution(1, at(60), ScheduleStatus.ACTIVE)
+    # At the last retry too: they do not make the schedule dead.
+    last = replace(ACTIVE, current_retry=2, retry_at=at(120))
+    assert after(last, ExecutionStatus.FAILED, started=True).status is ScheduleStatus.ACTIVE
+
+
+def test_success_resets_retries_and_total_repeats_ends_the_schedule() -> None:
+    pending = replace(ACTIVE, current_retry=1, retry_at=at(60))
+    assert after(pending, ExecutionStatus.COMPLETED) == AfterExecution(0, None, ScheduleStatus.ACTIVE)
+    twice = RetryPolicy(max_retries=0, total_repeats=2, retry_base_s=60)
+    assert after(ACTIVE, ExecutionStatus.COMPLETED, policy=twice, run_count=1).status is ScheduleStatus.ACTIVE
+    assert after(ACTIVE, ExecutionStatus.COMPLETED, policy=twice, run_count=2).status is ScheduleStatus.DONE
+
+
+def test_a_cancelled_retry_has_had_its_run_and_the_next_failure_moves_on() -> None:
+    running = replace(ACTIVE, current_retry=1, retry_at=at(60))
+    cancelled = after(running, ExecutionStatus.CANCELLED, is_pending_retry=True, now=at(61))
+    assert cancelled == AfterExecution(1, None, ScheduleStatus.ACTIVE)
+    next_failure = after(replace(ACTIVE, current_retry=1), ExecutionStatus.FAILED, now=at(100))
+    assert next_failure == AfterExecution(2, at(220), ScheduleStatus.ACTIVE, counted=True)
+
+
+def test_an_overdue_retry_that_never_ran_starts_when_a_run_ends() -> None:
+    overdue = replace(ACTIVE, current_retry=1, retry_at=at(60))
+    # The retry's fire met a manual run in progress; the manual run is cancelled.
+    assert after(overdue, ExecutionStatus.CANCELLED, now=at(70)).start is NextRun.RETRY
+    # ... or fails: no retry is added, the pending one starts.
+    failed = after(overdue, ExecutionStatus.FAILED, now=at(70))
+    assert failed == AfterExecution(1, at(60), ScheduleStatus.ACTIVE, start=NextRun.RETRY)
+    # Not yet due, or already started: nothing starts.
+    assert after(overdue, ExecutionStatus.CANCELLED, now=at(59)).start is None
+    assert after(overdue, ExecutionStatus.CANCELLED, started=True, now=at(70)).start is None
+
+
+def test_a_buffered_run_starts_when_no_retry_is_pending() -> None:
+    assert after(ACTIVE, ExecutionStatus.COMPLETED, buffered=True).start is NextRun.BUFFERED
+    assert after(ACTIVE, ExecutionStatus.CANCELLED, buffered=True).start is NextRun.BUFFERED
+    # The run failed and a retry is due later: the retry goes first, the buffered run waits.
+    assert after(ACTIVE, ExecutionStatus.FAILED, buffered=True).start is None
+    dead = after(replace(ACTIVE, current_retry=2, retry_at=at(0)), ExecutionStatus.FAILED, is_pending_retry=True)
+    assert dead.status is ScheduleStatus.DEAD and dead.start is None

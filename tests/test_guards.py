@@ -286,3 +286,25 @@ def test_a_fire_reading_the_active_run_while_it_ends_still_runs_the_buffered_slo
             select(ScheduleExecution.id).where(ScheduleExecution.status == ExecutionStatus.IN_PROGRESS)
         ).all()
     assert running_now == [fired["result"]["execution_id"]]
+
+
+def test_overlapping_failures_of_allow_runs_schedule_one_retry(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={
+            "name": "many-fail",
+            "every": 3600,
+            "overlap": "allow",
+            "max_retries": 2,
+            "steps": [slow("wait", 0.5), step("boom", "chordbeat.examples.fail")],
+        },
+    )
+    ids = [call(client, "chordbeat.trigger_schedule", name="many-fail")["execution_id"] for _ in range(3)]
+    assert [finished(client, i)["status"] for i in ids] == ["failed"] * 3
+    schedule = call(client, "chordbeat.get_schedule", name="many-fail")
+    # One retry for the three: the runs failed before it was planned, so they do not count again.
+    assert (schedule["status"], schedule["current_retry"], schedule["error_count"]) == ("active", 1, 3)
+    assert schedule["next_run_at"] is not None

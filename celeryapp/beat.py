@@ -17,7 +17,7 @@ from celery.signals import beat_init
 from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, acquire_distributed_beat_lock, get_redis
 
 from celeryapp import health
-from celeryapp.beat_entries import CadenceSchedule, ScheduleEntry, reconcile
+from celeryapp.beat_entries import FIRE_EXPIRY_GRACE, CadenceSchedule, ScheduleEntry, reconcile
 from celeryapp.errors import DefinitionError
 from celeryapp.schedule_file import apply_file
 from models import Trigger
@@ -62,6 +62,10 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             else:
                 nominal = schedule.cadence.latest_slot(now, since=last) or due.at
                 trigger = Trigger.CRON if schedule.cadence.cron else Trigger.INTERVAL
+                # Once the next slot is due, this fire is superseded (decide_fire); a backlog of
+                # them after a worker outage is dropped by the broker instead of being worked off.
+                expires = schedule.cadence.slot_after(nominal) + FIRE_EXPIRY_GRACE
+                entry.options = {**entry.options, "expires": expires}
             entry.kwargs = {**entry.kwargs, "nominal_at": nominal.isoformat(), "trigger": trigger.value}
         return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
 

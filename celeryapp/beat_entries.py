@@ -18,15 +18,23 @@ from celery import Celery
 from celery.schedules import BaseSchedule, schedstate
 from redbeat.decoder import RedBeatJSONDecoder, RedBeatJSONEncoder
 from redbeat.schedulers import RedBeatSchedulerEntry, ensure_conf, get_redis
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 
 from celeryapp import keys
 from celeryapp.cadence import Cadence, Due, next_due
-from models import Schedule, ScheduleStatus, transaction
+from celeryapp.lifecycle import run_key
+from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleStatus, Trigger, transaction
 
 logger = logging.getLogger(__name__)
 
 FIRE_TASK = "chordbeat.fire_schedule"
+#: A regular slot's fire message expires this long after the next slot is due. By then it is
+#: superseded anyway (:func:`celeryapp.decisions.decide_fire`); the grace lets a late one still
+#: record its slot as superseded, and covers clock differences between beat and workers.
+FIRE_EXPIRY_GRACE = timedelta(minutes=1)
+#: A rebuilt entry whose retry is overdue gets a last fire time this much before the retry, so
+#: beat fires the retry at once instead of moving past it.
+RETRY_LEAD = timedelta(milliseconds=1)
 ENTRY_PREFIX = "schedule:"
 #: Tag of chordbeat's schedule type inside RedBeat's JSON.
 SCHEDULE_TYPE = "chordbeat_cadence"
@@ -158,15 +166,19 @@ def cadence_of(schedule: Schedule) -> Cadence:
 
 
 def desired_entry(app: Celery, schedule: Schedule, now: datetime) -> ScheduleEntry | None:
+    """The entry the schedule should have; its last fire time is used only for a new entry."""
     if schedule.status is not ScheduleStatus.ACTIVE:
         return None
+    # A new entry starts at ``now`` (no make-up run), except that an overdue retry (entries lost
+    # with Redis while it was due) must still fire.
+    last_run_at = min(now, schedule.retry_at - RETRY_LEAD) if schedule.retry_at is not None else now
     return ScheduleEntry(
         name=entry_name(schedule.name),
         task=FIRE_TASK,
         schedule=CadenceSchedule(cadence_of(schedule), schedule.retry_at),
         kwargs={"name": schedule.name},
         options={"queue": keys.CONTROL_QUEUE},
-        last_run_at=now,
+        last_run_at=last_run_at,
         app=app,
     )
 
@@ -227,33 +239,58 @@ LOST_FIRE_GRACE = timedelta(seconds=30)
 
 
 def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
-    """Fire again the slots beat moved past whose fire message never arrived.
+    """Fire again the slots and retries beat moved past whose fire message never arrived.
 
     RedBeat records a fire before publishing it, so a failed publish (or Redis losing the message,
-    or entries rebuilt after a Redis restart) would lose that run. The database knows the slot
-    was due (``next_run_at`` in the past) and the entry knows beat moved past it: the same run
-    key makes a late original and this re-fire one execution.
+    or entries rebuilt after a Redis restart) would lose that run. The database knows it was due
+    (``next_run_at``, or a pending retry's ``retry_at``, in the past) and the entry knows beat moved
+    past it. A regular slot is re-fired as the latest slot beat passed (an older one would be
+    superseded by it); a retry only when no run of the schedule is in progress (the end of that
+    run starts it). Run keys make a late original and this re-fire one execution.
     """
     now = now or datetime.now(UTC)
+    horizon = now - LOST_FIRE_GRACE
+    due: list[tuple[str, Cadence, datetime, bool]] = []
     with transaction(app.settings.database_url, read_only=True) as session:
-        overdue = session.execute(
-            select(Schedule.name, Schedule.next_run_at, Schedule.cron).where(
+        overdue = session.scalars(
+            select(Schedule).where(
                 Schedule.status == ScheduleStatus.ACTIVE,
-                Schedule.retry_at.is_(None),
-                Schedule.next_run_at < now - LOST_FIRE_GRACE,
+                or_(
+                    and_(Schedule.retry_at.is_(None), Schedule.next_run_at < horizon),
+                    Schedule.retry_at < horizon,
+                ),
             )
         ).all()
+        for schedule in overdue:
+            if schedule.retry_at is None:
+                assert schedule.next_run_at is not None  # selected by next_run_at < ...
+                due.append((schedule.name, cadence_of(schedule), schedule.next_run_at, False))
+                continue
+            key = run_key(schedule.name, Trigger.RETRY, schedule.retry_at, schedule.current_retry)
+            ran_or_busy = session.scalar(
+                select(ScheduleExecution.id)
+                .where(
+                    ScheduleExecution.schedule_id == schedule.id,
+                    or_(ScheduleExecution.run_key == key, ScheduleExecution.status == ExecutionStatus.IN_PROGRESS),
+                )
+                .limit(1)
+            )
+            if ran_or_busy is None:
+                due.append((schedule.name, cadence_of(schedule), schedule.retry_at, True))
     refired = []
-    for name, slot, cron in overdue:
-        assert slot is not None  # selected by next_run_at < ...
+    for name, cadence, slot, retry in due:
         key = ScheduleEntry.generate_key(app, entry_name(name))
         last_run_at = ScheduleEntry.load_meta(key, app=app).get("last_run_at")
         if last_run_at is None or _aware(last_run_at) < slot:
             continue  # beat has not reached the slot yet (it is down, or behind): it will fire it
-        trigger = "cron" if cron else "interval"
+        if retry:
+            nominal, trigger = slot, Trigger.RETRY
+        else:
+            nominal = cadence.latest_slot(_aware(last_run_at), since=slot - timedelta(microseconds=1)) or slot
+            trigger = Trigger.CRON if cadence.cron else Trigger.INTERVAL
         app.send_task(
             FIRE_TASK,
-            kwargs={"name": name, "nominal_at": slot.isoformat(), "trigger": trigger},
+            kwargs={"name": name, "nominal_at": nominal.isoformat(), "trigger": trigger.value},
             queue=keys.CONTROL_QUEUE,
         )
         refired.append(name)

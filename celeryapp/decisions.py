@@ -1,6 +1,7 @@
-"""Pure decision logic: what happens after a step group, after an execution, and when retrying.
+"""Pure decision logic: what a fire does, what happens after a step group and after an execution.
 
-No I/O here; the lifecycle module feeds these functions what it read and applies what they say.
+No I/O here; the firing and lifecycle modules feed these functions what they read (under the
+schedule's row lock) and apply what they say with compare-and-set updates.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from celeryapp.cadence import Cadence
 from celeryapp.definition import StepSpec
-from models.states import ActivityStatus
+from celeryapp.views import iso
+from models.states import ActivityStatus, ExecutionStatus, ScheduleStatus, SlotOutcome, Trigger
 
 #: Retry delays never grow past this many times the base delay.
 BACKOFF_CAP_FACTOR = 10
@@ -102,3 +105,162 @@ def decide_lost_attempt(
     if timeout_s is not None and started_at is not None and now - started_at >= timedelta(seconds=timeout_s):
         return LostAttempt(requeue=False, error=f"timed out after {timeout_s:g}s")
     return LostAttempt(requeue=attempt < max_attempts, error=reason)
+
+
+# --- firing -----------------------------------------------------------------------------------
+
+#: A retry's fire message carries the retry's due time; within this much it is the pending retry
+#: (beat's entry stores the time as a float, which can be a microsecond off).
+SAME_INSTANT = timedelta(milliseconds=1)
+
+
+@dataclass(frozen=True)
+class ScheduleState:
+    """The schedule row's state, as read under its row lock."""
+
+    status: ScheduleStatus
+    #: Number of the retry pending or running (0: none since the last success).
+    current_retry: int
+    #: When retry ``current_retry`` is due; set until that retry's run ends.
+    retry_at: datetime | None
+    #: The newest regular slot whose fire was processed.
+    last_slot_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class FireDecision:
+    """What one fire message does."""
+
+    #: Start a run (for a retry fire: the pending retry's run).
+    start: bool = False
+    #: The slot's outcome to record when nothing starts; ``None`` records nothing.
+    outcome: SlotOutcome | None = None
+    #: Why nothing starts: the fire's ``skipped`` answer and the slot record's detail.
+    reason: str | None = None
+    #: A regular slot's fire was processed: the schedule's last slot moves up to it.
+    claims_slot: bool = False
+
+
+def decide_fire(
+    state: ScheduleState, *, trigger: Trigger, nominal_at: datetime, now: datetime, cadence: Cadence
+) -> FireDecision:
+    """What the fire of ``nominal_at`` does.
+
+    A regular slot runs only while it is the schedule's latest: once the slot after it is due
+    (downtime, fire messages queued while no worker ran) a newer fire exists or beat sends one,
+    so a backlog of fires makes one run, not one per missed slot.
+    """
+    if state.status is not ScheduleStatus.ACTIVE:
+        if state.status is ScheduleStatus.PAUSED:
+            # Pause is non-destructive: a fire message already on its way does nothing.
+            return FireDecision(outcome=SlotOutcome.SKIPPED_PAUSED, reason="schedule is paused")
+        return FireDecision(reason=f"schedule is {state.status.value}")
+    if trigger is Trigger.RETRY:
+        if state.retry_at is None:
+            # A run succeeded since the retry was planned (a manual one, say): nothing to retry.
+            return FireDecision(reason="no retry is pending")
+        if abs(nominal_at - state.retry_at) >= SAME_INSTANT:
+            # A late fire of an earlier retry: the pending one has a fire of its own.
+            return FireDecision(reason=f"retry {state.current_retry} is due at {iso(state.retry_at)}")
+        return FireDecision(start=True)
+    if state.last_slot_at is not None and nominal_at <= state.last_slot_at:
+        if nominal_at == state.last_slot_at:
+            return FireDecision(reason="duplicate")
+        return FireDecision(
+            outcome=SlotOutcome.SKIPPED_SUPERSEDED,
+            reason=f"superseded: the slot at {iso(state.last_slot_at)} was fired after it",
+        )
+    following = cadence.slot_after(nominal_at)
+    if now >= following:
+        return FireDecision(
+            outcome=SlotOutcome.SKIPPED_SUPERSEDED,
+            reason=f"superseded: the slot at {iso(following)} is already due",
+            claims_slot=True,
+        )
+    if state.retry_at is not None:
+        return FireDecision(
+            outcome=SlotOutcome.RETRY,
+            reason=f"retry {state.current_retry} is pending; it replaces this run",
+            claims_slot=True,
+        )
+    return FireDecision(start=True, claims_slot=True)
+
+
+# --- after an execution -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_retries: int
+    total_repeats: int
+    #: Backoff base in seconds (see :func:`retry_delay_s`).
+    retry_base_s: float
+
+
+class NextRun(StrEnum):
+    """A run that starts because the ended one made room for it."""
+
+    #: The pending retry, overdue, waited for the ended run (it met it as an overlap, or its fire
+    #: was lost): it starts now.
+    RETRY = "retry"
+    #: The ``buffer_one`` run kept while the ended one was in progress.
+    BUFFERED = "buffered"
+
+
+@dataclass(frozen=True)
+class AfterExecution:
+    """The schedule's retry state and status once one of its executions ended, and what starts."""
+
+    current_retry: int
+    retry_at: datetime | None
+    status: ScheduleStatus
+    #: Whether this failure moved the retry counter.
+    counted: bool = False
+    start: NextRun | None = None
+
+
+def decide_after_execution(
+    state: ScheduleState,
+    policy: RetryPolicy,
+    *,
+    ended: ExecutionStatus,
+    is_pending_retry: bool,
+    pending_retry_started: bool,
+    run_count: int,
+    buffered: bool,
+    now: datetime,
+) -> AfterExecution:
+    """Retries, ``done`` and ``dead`` after an execution ended ``ended``.
+
+    One retry at a time: while a retry is pending or running, only that retry's own failure moves
+    to the next one; failures of other runs (overlapping ``allow`` runs, manual runs) are counted
+    as errors but add no retry. ``is_pending_retry``: the ended run is the pending retry's.
+    ``pending_retry_started``: the pending retry's run exists (running or ended).
+    """
+    retry, retry_at, status = state.current_retry, state.retry_at, state.status
+    counted = False
+    active = status is ScheduleStatus.ACTIVE
+    if ended is ExecutionStatus.COMPLETED:
+        retry, retry_at = 0, None
+        if active and policy.total_repeats and run_count >= policy.total_repeats:
+            status = ScheduleStatus.DONE
+    elif ended is ExecutionStatus.FAILED:
+        if active and policy.max_retries and (retry_at is None or is_pending_retry):
+            counted = True
+            if retry < policy.max_retries:
+                retry += 1
+                retry_at = now + timedelta(seconds=retry_delay_s(policy.retry_base_s, retry))
+            else:
+                retry_at, status = None, ScheduleStatus.DEAD
+    elif is_pending_retry:
+        # The retry was cancelled: it has had its run. The failure streak stays, so the next
+        # failure schedules the next retry.
+        retry_at = None
+    start = None
+    if status is ScheduleStatus.ACTIVE:
+        if retry_at is not None and retry_at <= now and not pending_retry_started:
+            start = NextRun.RETRY
+        elif buffered and retry_at is None:
+            # A pending retry goes first; the buffered run waits for a run that leaves none.
+            start = NextRun.BUFFERED
+    return AfterExecution(retry, retry_at, status, counted, start)

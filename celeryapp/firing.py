@@ -6,59 +6,49 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import cadence_of
+from celeryapp.decisions import ScheduleState, decide_fire
 from celeryapp.dispatch import apply_effects
-from celeryapp.lifecycle import Effects, record_slot, start_execution
-from celeryapp.views import iso
-from models import Schedule, ScheduleStatus, SlotOutcome, Trigger, transaction, utcnow
+from celeryapp.lifecycle import Effects, record_slot, run_key, start_execution
+from models import Schedule, Trigger, transaction, utcnow
+from models.session import affected
 
 logger = logging.getLogger(__name__)
-
-
-def run_key(name: str, trigger: Trigger, nominal_at: datetime, retry: int = 0) -> str:
-    """The same slot (and retry) always gives the same key: two beats or a redelivery make one run."""
-    kind = f"retry{retry}" if trigger is Trigger.RETRY else trigger.value
-    return f"{name}:{kind}:{iso(nominal_at)}"
 
 
 def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trigger) -> dict[str, Any]:
     now = utcnow()
     effects = Effects()
     with transaction(app.settings.database_url) as session:
-        schedule = session.scalar(select(Schedule).where(Schedule.name == name))
+        # The row lock orders this fire after any run of the schedule that is ending right now.
+        schedule = session.scalar(select(Schedule).where(Schedule.name == name).with_for_update())
         if schedule is None:
             logger.info("fire of %r ignored: the schedule no longer exists", name)
             return {"execution_id": None, "skipped": "schedule does not exist"}
-        if schedule.status is not ScheduleStatus.ACTIVE:
-            # Pause is non-destructive: a fire message already on its way does nothing.
-            if schedule.status is ScheduleStatus.PAUSED:
-                record_slot(
-                    session,
-                    schedule,
-                    SlotOutcome.SKIPPED_PAUSED,
-                    trigger=trigger,
-                    nominal_at=nominal_at,
-                    now=now,
-                    detail="schedule is paused",
-                )
-            return {"execution_id": None, "skipped": f"schedule is {schedule.status.value}"}
-        if trigger is Trigger.RETRY and schedule.retry_at is None:
-            # A run succeeded since the retry was planned (a manual one, say): nothing to retry.
-            return {"execution_id": None, "skipped": "no retry is pending"}
-        if trigger is not Trigger.RETRY and schedule.retry_at is not None:
+        state = ScheduleState(schedule.status, schedule.current_retry, schedule.retry_at, schedule.last_slot_at)
+        decision = decide_fire(state, trigger=trigger, nominal_at=nominal_at, now=now, cadence=cadence_of(schedule))
+        if decision.claims_slot and not _claim_slot(session, schedule, nominal_at, now):
+            return {"execution_id": None, "skipped": "duplicate"}
+        if decision.outcome is not None:
             record_slot(
                 session,
                 schedule,
-                SlotOutcome.RETRY,
+                decision.outcome,
                 trigger=trigger,
                 nominal_at=nominal_at,
                 now=now,
-                detail=f"retry {schedule.current_retry} is pending; it replaces this run",
+                detail=decision.reason,
             )
-            return {"execution_id": None, "skipped": "a retry replaces this run"}
+        if not decision.start:
+            logger.info("fire of %r for %s: %s", name, nominal_at.isoformat(), decision.reason)
+            return {"execution_id": None, "skipped": decision.reason}
+        if trigger is Trigger.RETRY and schedule.retry_at is not None:
+            # The stored time names the retry (the message's may be a microsecond off).
+            nominal_at = schedule.retry_at
         result = start_execution(
             session,
             schedule,
@@ -68,12 +58,23 @@ def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trig
             run_key=run_key(name, trigger, nominal_at, schedule.current_retry),
         )
         effects.merge(result.effects)
-        session.execute(
-            update(Schedule)
-            .where(Schedule.id == schedule.id)
-            .values(next_run_at=cadence_of(schedule).slot_after(max(now, nominal_at)))
-        )
     apply_effects(app, effects)
     if result.skipped:
         return {"execution_id": None, "skipped": result.skipped}
     return {"execution_id": result.execution_id, "status": "in_progress"}
+
+
+def _claim_slot(session: Session, schedule: Schedule, nominal_at: datetime, now: datetime) -> bool:
+    """Move the schedule's last processed slot up to ``nominal_at``; False if it is there already."""
+    return bool(
+        affected(
+            session,
+            update(Schedule)
+            .where(
+                Schedule.id == schedule.id,
+                or_(Schedule.last_slot_at.is_(None), Schedule.last_slot_at < nominal_at),
+            )
+            .values(last_slot_at=nominal_at, next_run_at=cadence_of(schedule).slot_after(max(now, nominal_at)))
+            .execution_options(synchronize_session=False),
+        )
+    )

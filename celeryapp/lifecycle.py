@@ -18,10 +18,21 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from celeryapp import keys
-from celeryapp.decisions import StepResult, Verdict, decide_after_group, decide_lost_attempt, retry_delay_s
+from celeryapp.decisions import (
+    AfterExecution,
+    NextRun,
+    RetryPolicy,
+    ScheduleState,
+    StepResult,
+    Verdict,
+    decide_after_execution,
+    decide_after_group,
+    decide_lost_attempt,
+)
 from celeryapp.definition import StepSpec
 from celeryapp.errors import NotFound
 from celeryapp.store import definition_of
+from celeryapp.views import iso
 from models import (
     Activity,
     ActivityStatus,
@@ -95,6 +106,23 @@ class StartResult:
 # --- starting ---------------------------------------------------------------------------------
 
 
+def run_key(name: str, trigger: Trigger, nominal_at: datetime, retry: int = 0) -> str:
+    """The same slot (and retry) always gives the same key: two beats or a redelivery make one run."""
+    kind = f"retry{retry}" if trigger is Trigger.RETRY else trigger.value
+    return f"{name}:{kind}:{iso(nominal_at)}"
+
+
+def lock_schedule(session: Session, schedule_id: int) -> None:
+    """Take the schedule's row lock until commit (PostgreSQL; SQLite's writers exclude each other).
+
+    Whatever starts or ends a run of the schedule takes it first. A fire therefore reads the
+    schedule's runs only after an ending run committed (it cannot see that run as active and
+    buffer a run nobody will start), and locks are always taken schedule first, then execution,
+    so starts and ends cannot deadlock each other.
+    """
+    session.execute(select(Schedule.id).where(Schedule.id == schedule_id).with_for_update())
+
+
 def _active_execution_ids(session: Session, schedule_id: int) -> list[int]:
     return list(
         session.scalars(
@@ -144,6 +172,7 @@ def start_execution(
     nominal_at: datetime | None = None,
 ) -> StartResult:
     """Create an execution with all its worker tasks, honouring the schedule's overlap policy."""
+    lock_schedule(session, schedule.id)
     existing = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
     if existing is not None:
         return StartResult(existing, skipped="duplicate")
@@ -154,7 +183,9 @@ def start_execution(
             for execution_id in active:
                 effects.merge(cancel_execution(session, execution_id, now=now, reason="cancelled: a new run started"))
         else:
-            return _overlapped(session, schedule, active[0], trigger=trigger, nominal_at=nominal_at, now=now)
+            overlapped = _overlapped(session, schedule, active[0], trigger=trigger, nominal_at=nominal_at, now=now)
+            if overlapped is not None:
+                return overlapped
 
     definition = definition_of(schedule)
     execution = ScheduleExecution(
@@ -180,7 +211,8 @@ def start_execution(
         winner = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
         if winner is not None:
             return StartResult(winner, skipped="duplicate")
-        return _overlapped(session, schedule, None, trigger=trigger, nominal_at=nominal_at, now=now)
+        overlapped = _overlapped(session, schedule, None, trigger=trigger, nominal_at=nominal_at, now=now)
+        return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
 
     first: list[StepDispatch] = []
     for index, group in enumerate(definition.groups):
@@ -214,10 +246,25 @@ def _overlapped(
     trigger: Trigger,
     nominal_at: datetime | None,
     now: datetime,
-) -> StartResult:
+) -> StartResult | None:
+    """Record why the run does not start; ``None`` if the active run ended meanwhile: start it."""
     running = f"execution {active_id}" if active_id is not None else "another execution"
+    if trigger is Trigger.RETRY:
+        # The retry stays pending: the end of the active run starts it (see _after_execution).
+        detail = f"{running} is in progress; retry {schedule.current_retry} runs when it ends"
+        record_slot(
+            session, schedule, SlotOutcome.BUFFERED, trigger=trigger, nominal_at=nominal_at, now=now, detail=detail
+        )
+        logger.info("schedule %r: %s", schedule.name, detail)
+        return StartResult(None, skipped=f"retry waits: {running} is in progress")
     if schedule.overlap is Overlap.BUFFER_ONE:
-        session.execute(update(Schedule).where(Schedule.id == schedule.id).values(buffered=True))
+        still_running = exists().where(
+            ScheduleExecution.schedule_id == schedule.id, ScheduleExecution.status == ExecutionStatus.IN_PROGRESS
+        )
+        if not affected(
+            session, update(Schedule).where(Schedule.id == schedule.id, still_running).values(buffered=True)
+        ):
+            return None
         record_slot(
             session,
             schedule,
@@ -451,6 +498,8 @@ def _finish_execution(
     now: datetime,
 ) -> Effects | None:
     """End the execution if ``guard`` still holds; ``None`` if someone else changed it first."""
+    if execution.schedule_id is not None:
+        lock_schedule(session, execution.schedule_id)
     done = affected(
         session,
         update(ScheduleExecution)
@@ -470,74 +519,118 @@ def _finish_execution(
 def _after_execution(
     session: Session, execution: ScheduleExecution, status: ExecutionStatus, *, error: str | None, now: datetime
 ) -> Effects:
-    """Schedule bookkeeping once an execution ends: counters, repeats, retries, buffered runs."""
+    """Schedule bookkeeping once an execution ends: counters, repeats, retries, a run that waited.
+
+    The schedule's row lock is held (taken by :func:`_finish_execution`), so what is read here is
+    current; the changes are still made as compare-and-set updates.
+    """
     if execution.schedule_id is None:
         return Effects()
     schedule = session.get(Schedule, execution.schedule_id)
     if schedule is None:
         return Effects()
     by_id = Schedule.id == schedule.id
-    # Counters change with atomic increments whose new values come back (RETURNING), so nothing is
-    # re-read; every status change is guarded on the status it leaves.
+    read = (Schedule.status, Schedule.current_retry, Schedule.retry_at, Schedule.run_count, Schedule.buffered)
+    counters: dict[str, Any] = {}
     if status is ExecutionStatus.COMPLETED:
-        run_count = session.execute(
-            update(Schedule)
-            .where(by_id)
-            .values(run_count=Schedule.run_count + 1, current_retry=0, retry_at=None)
-            .returning(Schedule.run_count),
-            execution_options=_NO_SYNC,
-        ).scalar_one()
-        if schedule.total_repeats and run_count >= schedule.total_repeats:
-            session.execute(
-                update(Schedule)
-                .where(by_id, Schedule.status == ScheduleStatus.ACTIVE)
-                .values(status=ScheduleStatus.DONE, next_run_at=None, buffered=False),
-                execution_options=_NO_SYNC,
-            )
-            logger.info("schedule %r is done after %s runs", schedule.name, run_count)
+        counters = {"run_count": Schedule.run_count + 1}
     elif status is ExecutionStatus.FAILED:
-        current_retry, schedule_status = session.execute(
-            update(Schedule)
-            .where(by_id)
-            .values(error_count=Schedule.error_count + 1, last_error=error)
-            .returning(Schedule.current_retry, Schedule.status),
-            execution_options=_NO_SYNC,
+        counters = {"error_count": Schedule.error_count + 1, "last_error": error}
+    # Counters change with atomic increments whose new values come back (RETURNING).
+    if counters:
+        row = session.execute(
+            update(Schedule).where(by_id).values(**counters).returning(*read), execution_options=_NO_SYNC
         ).one()
-        if schedule.max_retries and schedule_status is ScheduleStatus.ACTIVE:
-            if current_retry < schedule.max_retries:
-                retry = current_retry + 1
-                delay = retry_delay_s(definition_of(schedule).retry_base_s, retry)
-                # Guarded: two failing runs of an `allow` schedule schedule one retry, not two.
-                session.execute(
-                    update(Schedule)
-                    .where(by_id, Schedule.current_retry == current_retry)
-                    .values(current_retry=retry, retry_at=now + timedelta(seconds=delay)),
-                    execution_options=_NO_SYNC,
-                )
-                logger.info("schedule %r: retry %s in %.0fs", schedule.name, retry, delay)
-            else:
-                session.execute(
-                    update(Schedule)
-                    .where(by_id, Schedule.status == ScheduleStatus.ACTIVE)
-                    .values(status=ScheduleStatus.DEAD, retry_at=None, next_run_at=None, buffered=False),
-                    execution_options=_NO_SYNC,
-                )
-                logger.error("schedule %r is dead: %s consecutive failures", schedule.name, current_retry + 1)
+    else:
+        row = session.execute(select(*read).where(by_id)).one()
+    state = ScheduleState(row.status, row.current_retry, row.retry_at)
+    pending_key = run_key(schedule.name, Trigger.RETRY, state.retry_at, state.current_retry) if state.retry_at else None
+    is_pending_retry = execution.run_key == pending_key
+    definition = definition_of(schedule)
+    after = decide_after_execution(
+        state,
+        RetryPolicy(definition.max_retries, definition.total_repeats, definition.retry_base_s),
+        ended=status,
+        is_pending_retry=is_pending_retry,
+        pending_retry_started=is_pending_retry or _pending_retry_started(session, state, pending_key, now),
+        run_count=row.run_count,
+        buffered=row.buffered,
+        now=now,
+    )
     # Retry time, done or dead: the beat entry follows (syncing an unchanged entry writes nothing).
     effects = Effects(resync=[schedule.name])
-    taken = affected(
+    if not _apply_after(session, schedule, state, after):
+        logger.warning("schedule %r changed while execution %s ended; left as it is", schedule.name, execution.id)
+        return effects
+    _log_after(schedule.name, state, after, run_count=row.run_count, is_pending_retry=is_pending_retry, ended=status)
+    if after.start is NextRun.RETRY and state.retry_at is not None and pending_key is not None:
+        started = start_execution(
+            session, schedule, trigger=Trigger.RETRY, now=now, nominal_at=state.retry_at, run_key=pending_key
+        )
+        effects.merge(started.effects)
+    elif after.start is NextRun.BUFFERED and affected(
         session,
         update(Schedule)
         .where(by_id, Schedule.buffered.is_(True), Schedule.status == ScheduleStatus.ACTIVE)
         .values(buffered=False)
         .execution_options(synchronize_session=False),
-    )
-    if taken:
+    ):
         started = start_execution(
             session, schedule, trigger=execution.trigger, now=now, run_key=f"{schedule.name}:after:{execution.id}"
         )
         effects.merge(started.effects)
     return effects
+
+
+def _pending_retry_started(session: Session, state: ScheduleState, key: str | None, now: datetime) -> bool:
+    """Whether the pending retry's run exists; only asked once the retry is due."""
+    if state.retry_at is None or key is None or state.retry_at > now:
+        return False
+    return session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == key)) is not None
+
+
+def _apply_after(session: Session, schedule: Schedule, state: ScheduleState, after: AfterExecution) -> bool:
+    """Write the decided retry state and status, guarded on what the decision read."""
+    changes: dict[str, Any] = {}
+    if (after.current_retry, after.retry_at) != (state.current_retry, state.retry_at):
+        changes.update(current_retry=after.current_retry, retry_at=after.retry_at)
+    if after.status is not state.status:
+        changes.update(status=after.status, retry_at=None, next_run_at=None, buffered=False)
+    if not changes:
+        return True
+    return bool(
+        affected(
+            session,
+            update(Schedule)
+            .where(
+                Schedule.id == schedule.id,
+                Schedule.status == state.status,
+                Schedule.current_retry == state.current_retry,
+                Schedule.retry_at.is_not_distinct_from(state.retry_at),
+            )
+            .values(**changes)
+            .execution_options(synchronize_session=False),
+        )
+    )
+
+
+def _log_after(
+    name: str,
+    state: ScheduleState,
+    after: AfterExecution,
+    *,
+    run_count: int,
+    is_pending_retry: bool,
+    ended: ExecutionStatus,
+) -> None:
+    if after.status is ScheduleStatus.DONE:
+        logger.info("schedule %r is done after %s runs", name, run_count)
+    elif after.status is ScheduleStatus.DEAD:
+        logger.error("schedule %r is dead: %s consecutive failures", name, state.current_retry + 1)
+    elif after.counted and after.retry_at is not None:
+        logger.info("schedule %r: retry %s at %s", name, after.current_retry, iso(after.retry_at))
+    elif ended is ExecutionStatus.FAILED and state.retry_at is not None and not is_pending_retry:
+        logger.info("schedule %r: retry %s is already pending; no retry added", name, state.current_retry)
 
 
 # --- cancelling -------------------------------------------------------------------------------

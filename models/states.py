@@ -75,5 +75,8 @@ class SlotOutcome(StrEnum):
     FIRED = "fired"
     SKIPPED_OVERLAP = "skipped_overlap"
     SKIPPED_PAUSED = "skipped_paused"
+    #: The fire came after a newer slot was already due or fired (downtime, a backlog of fire
+    #: messages): the newer slot runs instead, so a backlog makes no make-up runs.
+    SKIPPED_SUPERSEDED = "skipped_superseded"
     BUFFERED = "buffered"
     RETRY = "retry"

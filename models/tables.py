@@ -66,7 +66,11 @@ class Schedule(Base):
     last_error: Mapped[str | None] = mapped_column(Text, default=None)
     last_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     next_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
-    #: When a retry of a failed execution is due; while set it replaces the regular cadence.
+    #: The newest regular slot whose fire message was processed; an older slot's fire arriving
+    #: later is superseded, so a backlog of fire messages never becomes a burst of make-up runs.
+    last_slot_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    #: When retry ``current_retry`` of a failed execution is due; set until that retry's run ends.
+    #: While set it replaces the regular cadence.
     retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     #: A ``buffer_one`` run waiting for the active execution to end.
     buffered: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
+import json
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
-from sqlalchemy import select
+from sqlalchemy import select, update
 
+from celeryapp import app as chordbeat_app
+from celeryapp import keys, outcome, service
 from celeryapp.app import ChordbeatCelery
-from celeryapp.beat_entries import ScheduleEntry, entry_name
+from celeryapp.beat_entries import FIRE_EXPIRY_GRACE, ScheduleEntry, cadence_of, entry_name
 from celeryapp.config import Settings
+from celeryapp.context import current_step
 from celeryapp.health import age_s
 from celeryapp.redis_client import get_redis
-from models import ScheduleExecution, SlotOutcome, SlotRecord, transaction
+from celeryapp.views import iso
+from models import ExecutionStatus, Schedule, ScheduleExecution, SlotOutcome, SlotRecord, Trigger, transaction
 from tests import processes
 from tests.conftest import call, wait_for
-from tests.test_lifecycle import step
+from tests.test_lifecycle import finished, step
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +44,34 @@ def slots(app: ChordbeatCelery) -> list[SlotRecord]:
 def entry_exists(app: ChordbeatCelery, name: str) -> bool:
     key = ScheduleEntry.generate_key(app, entry_name(name))
     return bool(get_redis(app.settings.redbeat_url).exists(key))
+
+
+def stored_schedule(app: ChordbeatCelery, name: str) -> Schedule:
+    with transaction(app.settings.database_url) as session:
+        schedule = session.scalar(select(Schedule).where(Schedule.name == name))
+        assert schedule is not None
+        return schedule
+
+
+@chordbeat_app.task(name="tests.fails_first_then_ok")
+def fails_first_then_ok(counter: str) -> dict[str, Any]:
+    """Fails the first time it runs for ``counter``, then completes; ``hold`` in the payload: sleeps
+    that long first (and counts for nothing), so a manual run can stand in the way."""
+    context = current_step()
+    assert context is not None
+    hold = float(context.payload.get("hold", 0))
+    deadline = time.monotonic() + hold
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+    if hold:
+        return outcome.completed("held")
+    if get_redis(chordbeat_app.settings.broker_url).incr(f"tests:{counter}") == 1:
+        raise RuntimeError("the first run fails")
+    return outcome.completed("ok")
+
+
+def fails_first(counter: str) -> dict[str, Any]:
+    return {"name": "s", "task": "tests.fails_first_then_ok", "kwargs": {"counter": counter}}
 
 
 def test_beat_fires_interval_schedules_with_one_execution_per_slot(
@@ -80,7 +115,9 @@ def test_pause_removes_the_entry_and_a_fire_already_sent_does_nothing(
 
 def test_a_redelivered_fire_message_makes_one_execution(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
     call(client, "chordbeat.apply_schedule", definition={"name": "once", "every": 60, "steps": [step("s")]})
-    message = {"name": "once", "nominal_at": "2026-11-21T02:00:00+00:00", "trigger": "interval"}
+    # The interval's anchor is a slot, and the latest one until a minute has passed.
+    latest = stored_schedule(app, "once").updated_at
+    message = {"name": "once", "nominal_at": latest.isoformat(), "trigger": "interval"}
     first = app.send_task("chordbeat.fire_schedule", kwargs=message).get(timeout=10)
     again = app.send_task("chordbeat.fire_schedule", kwargs=message).get(timeout=10)
     assert first["status"] == "in_progress"
@@ -143,8 +180,9 @@ def test_failures_are_retried_with_backoff_then_the_schedule_dies(
     schedule = schedule_of(client, "flaky")
     assert schedule["error_count"] == 3 and schedule["next_run_at"] is None
     assert not entry_exists(app, "flaky")
-    # Regular slots that came due while a retry was pending are recorded as replaced by it.
-    assert {s.outcome for s in slots(app)} <= {SlotOutcome.FIRED, SlotOutcome.RETRY}
+    # Regular slots that came due while a retry was pending are recorded as replaced by it (or,
+    # when the machine lags a whole interval behind, as superseded by the next one).
+    assert {s.outcome for s in slots(app)} <= {SlotOutcome.FIRED, SlotOutcome.RETRY, SlotOutcome.SKIPPED_SUPERSEDED}
 
 
 def test_total_repeats_ends_the_schedule_as_done(
@@ -166,15 +204,11 @@ def test_total_repeats_ends_the_schedule_as_done(
 def test_a_slot_whose_fire_message_was_lost_is_fired_again_once(
     app: ChordbeatCelery, worker: Any, client: Celery
 ) -> None:
-    from datetime import UTC, datetime, timedelta
-
-    from sqlalchemy import update
-
-    from models import Schedule
-
-    call(client, "chordbeat.apply_schedule", definition={"name": "lost-fire", "every": 60, "steps": [step("s")]})
+    # An hourly slot two minutes ago: the latest slot, past the re-fire grace.
+    slot = (datetime.now(UTC) - timedelta(minutes=2)).replace(second=0, microsecond=0)
+    definition = {"name": "lost-fire", "cron": f"{slot.minute} * * * *", "steps": [step("s")]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
     key = ScheduleEntry.generate_key(app, entry_name("lost-fire"))
-    slot = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=2)
 
     def overdue_by_database() -> None:
         with transaction(app.settings.database_url) as session:
@@ -188,11 +222,150 @@ def test_a_slot_whose_fire_message_was_lost_is_fired_again_once(
     ScheduleEntry.from_key(key, app=app).reschedule(last_run_at=slot + timedelta(seconds=1))
     assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == ["lost-fire"]
     run = wait_for(lambda: executions(app), 10, what="the re-fired run")
-    assert (
-        isinstance(run, list) and run[0].run_key == f"lost-fire:interval:{slot.isoformat().replace('+00:00', '.000Z')}"
-    )
+    assert isinstance(run, list) and run[0].run_key == f"lost-fire:cron:{iso(slot)}"
     # The slot is now known as fired: the next reconcile leaves it alone.
     assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == []
+
+
+def test_a_retry_whose_fire_message_was_lost_is_fired_again_once(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    definition = {"name": "lost-retry", "every": 3600, "max_retries": 2, "steps": [fails_first("lost-retry")]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    manual = call(client, "chordbeat.trigger_schedule", name="lost-retry")
+    assert finished(client, manual["execution_id"])["status"] == "failed"
+    assert stored_schedule(app, "lost-retry").retry_at is not None
+    # As if retry 1 came due two minutes ago and beat fired it, but the message never arrived.
+    due = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=2)
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(Schedule).values(retry_at=due))
+    key = ScheduleEntry.generate_key(app, entry_name("lost-retry"))
+    ScheduleEntry.from_key(key, app=app).reschedule(last_run_at=due + timedelta(seconds=1))
+    assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == ["lost-retry"]
+    retry = wait_for(lambda: [e for e in executions(app) if e.trigger is Trigger.RETRY], 10, what="the retry")
+    assert isinstance(retry, list) and retry[0].run_key == f"lost-retry:retry1:{iso(due)}"
+    assert finished(client, retry[0].id)["status"] == "completed"
+    # It ran: the retry is over, nothing is re-fired again, the regular cadence is back.
+    assert stored_schedule(app, "lost-retry").retry_at is None
+    assert app.send_task("chordbeat.reconcile_beat").get(timeout=10)["refired"] == []
+    assert [e.trigger for e in executions(app)] == [Trigger.MANUAL, Trigger.RETRY]
+
+
+def test_a_retry_due_while_beat_entries_were_lost_still_runs(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    definition = {
+        "name": "wiped",
+        "cron": "0 0 1 1 *",
+        "retry_delay": 1,
+        "max_retries": 1,
+        "steps": [fails_first("wiped")],
+    }
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    manual = call(client, "chordbeat.trigger_schedule", name="wiped")
+    assert finished(client, manual["execution_id"])["status"] == "failed"
+    retry_at = stored_schedule(app, "wiped").retry_at
+    assert retry_at is not None
+    # No beat runs while the retry comes due, and Redis loses beat's entries meanwhile.
+    wait_for(lambda: datetime.now(UTC) > retry_at, 10, interval=0.1, what="the retry to come due")
+    redbeat = get_redis(app.settings.redbeat_url)
+    lost = list(redbeat.scan_iter(match=app.conf.redbeat_key_prefix + "*"))
+    assert lost
+    redbeat.delete(*lost)
+    with processes.beat(settings, tmp_path):
+        retry = wait_for(
+            lambda: [e for e in executions(app) if e.trigger is Trigger.RETRY], 30, interval=0.2, what="the retry"
+        )
+    assert isinstance(retry, list) and len(retry) == 1
+    assert finished(client, retry[0].id)["status"] == "completed"
+    assert stored_schedule(app, "wiped").retry_at is None
+
+
+def test_a_retry_that_met_a_manual_run_runs_once_when_it_ends_and_the_cadence_resumes(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    definition = {"name": "blocked", "every": 4, "max_retries": 2, "steps": [fails_first("blocked")]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    with processes.beat(settings, tmp_path):
+        wait_for(lambda: schedule_of(client, "blocked")["current_retry"] == 1, 30, interval=0.1, what="a failure")
+        # Retry 1 is due 4 s after the failure; a long manual run is in its way.
+        manual = call(client, "chordbeat.trigger_schedule", name="blocked", payload={"hold": 60})
+        assert manual.get("status") == "in_progress", manual
+        wait_for(
+            lambda: [s for s in slots(app) if s.trigger is Trigger.RETRY], 30, interval=0.2, what="the retry's fire"
+        )
+        call(client, "chordbeat.cancel_execution", execution_id=manual["execution_id"])
+        # The retry runs when the manual run ends; then regular slots run again.
+        wait_for(
+            lambda: (Trigger.INTERVAL, ExecutionStatus.COMPLETED) in [(e.trigger, e.status) for e in executions(app)],
+            40,
+            interval=0.2,
+            what="a regular run after the retry",
+        )
+    runs = [(e.trigger, e.status) for e in executions(app)]
+    assert runs[:3] == [
+        (Trigger.INTERVAL, ExecutionStatus.FAILED),
+        (Trigger.MANUAL, ExecutionStatus.CANCELLED),
+        (Trigger.RETRY, ExecutionStatus.COMPLETED),
+    ], runs
+    assert {trigger for trigger, _ in runs[3:]} == {Trigger.INTERVAL}
+    waited = [s for s in slots(app) if s.trigger is Trigger.RETRY and s.outcome is not SlotOutcome.FIRED]
+    assert [s.outcome for s in waited] == [SlotOutcome.BUFFERED]
+    assert waited[0].detail == f"execution {manual['execution_id']} is in progress; retry 1 runs when it ends"
+    assert schedule_of(client, "blocked")["current_retry"] == 0
+
+
+def queued_fires(app: ChordbeatCelery) -> list[tuple[datetime, datetime]]:
+    """(nominal slot, expiry) of the fire messages waiting in the control queue."""
+    fires = []
+    for raw in get_redis(app.settings.broker_url).lrange(keys.CONTROL_QUEUE, 0, -1):
+        message = json.loads(raw)
+        if message["headers"]["task"] == "chordbeat.fire_schedule":
+            _args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+            expires = datetime.fromisoformat(message["headers"]["expires"])
+            fires.append((datetime.fromisoformat(kwargs["nominal_at"]), expires))
+    return fires
+
+
+def test_after_a_worker_outage_a_schedule_runs_once_then_keeps_its_cadence(
+    app: ChordbeatCelery, settings: Settings, tmp_path: Path
+) -> None:
+    service.apply_schedule(app, {"name": "outage", "every": 1, "overlap": "allow", "steps": [step("s")]})
+    cadence = cadence_of(stored_schedule(app, "outage"))
+    with processes.beat(settings, tmp_path):
+        # No worker: beat sends a fire per slot and they wait in the queue.
+        wait_for(lambda: len(queued_fires(app)) >= 8, 60, interval=0.2, what="fire messages piling up")
+        backlog = queued_fires(app)
+        for nominal, expires in backlog:
+            expected = cadence.slot_after(nominal) + FIRE_EXPIRY_GRACE
+            assert abs(expires - expected) < timedelta(milliseconds=1), (nominal, expires)
+        worker_up = datetime.now(UTC)
+        with processes.worker(settings, tmp_path):
+            wait_for(
+                lambda: len([s for s in slots(app) if s.outcome is SlotOutcome.FIRED and s.nominal_at > worker_up]) > 1,
+                60,
+                interval=0.2,
+                what="the cadence to resume",
+            )
+    records = {s.nominal_at: s for s in slots(app)}
+    assert all(nominal in records for nominal, _ in backlog), "every queued fire was taken and recorded"
+    # When the first worker took the first fire, every slot up to then had been missed.
+    drained_at = min(s.recorded_at for s in records.values())
+    missed = [s for s in records.values() if s.nominal_at is not None and s.nominal_at <= drained_at]
+    ran = len([s for s in missed if s.outcome is SlotOutcome.FIRED])
+    superseded = len([s for s in missed if s.outcome is SlotOutcome.SKIPPED_SUPERSEDED])
+    print(f"\nworker outage: {len(missed)} missed slots, {ran} ran, {superseded} superseded")
+    # The latest missed slot runs if it is still the latest when its fire is taken; otherwise the
+    # next slot runs: one run either way, none for the older slots.
+    assert len(missed) >= len(backlog) and ran <= 1 and superseded == len(missed) - ran
+    first_run = min(e.started_at for e in executions(app))
+    assert first_run - drained_at < timedelta(seconds=3), "the cadence resumes at once"
+    by_id = {e.id: e for e in executions(app)}
+    for record in records.values():
+        if record.outcome is SlotOutcome.FIRED:
+            assert record.nominal_at is not None and record.execution_id is not None
+            started = by_id[record.execution_id].started_at
+            assert started < cadence.slot_after(record.nominal_at), "a run started for a slot already superseded"
 
 
 def test_after_beat_downtime_a_schedule_runs_once_then_keeps_its_cadence(

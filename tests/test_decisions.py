@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
-from celeryapp.decisions import GroupOutcome, StepResult, Verdict, decide_after_group, retry_delay_s
+from celeryapp.cadence import Cadence
+from celeryapp.decisions import (
+    AfterExecution,
+    FireDecision,
+    GroupOutcome,
+    NextRun,
+    RetryPolicy,
+    ScheduleState,
+    StepResult,
+    Verdict,
+    decide_after_execution,
+    decide_after_group,
+    decide_fire,
+    retry_delay_s,
+)
 from celeryapp.definition import StepSpec
 from models.states import ActivityStatus as A
+from models.states import ExecutionStatus, ScheduleStatus, SlotOutcome, Trigger
 
 STRICT = StepSpec("strict", "t")
 LENIENT = StepSpec("lenient", "t", continue_on_failure=True)
@@ -72,3 +90,156 @@ def test_a_lost_attempt_runs_again_while_attempts_are_left() -> None:
     assert (late.requeue, late.error) == (False, "timed out after 5s")
     early = decide_lost_attempt(1, 3, started_at=started, timeout_s=5.5, now=now, reason="worker lost")
     assert early.requeue
+
+
+# --- firing -----------------------------------------------------------------------------------
+
+T0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+MINUTELY = Cadence(cron=None, every_s=60, timezone="UTC", anchor=T0)
+ACTIVE = ScheduleState(ScheduleStatus.ACTIVE, current_retry=0, retry_at=None)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def fire(state: ScheduleState, nominal: datetime, now: datetime, trigger: Trigger = Trigger.INTERVAL) -> FireDecision:
+    return decide_fire(state, trigger=trigger, nominal_at=nominal, now=now, cadence=MINUTELY)
+
+
+def test_a_fresh_slot_starts_and_claims_the_slot() -> None:
+    assert fire(ACTIVE, at(60), at(60.2)) == FireDecision(start=True, claims_slot=True)
+    # Late, but still before the next slot: it is the latest slot, so it runs.
+    assert fire(ACTIVE, at(60), at(119.9)).start
+
+
+def test_a_fire_processed_once_the_next_slot_is_due_is_superseded() -> None:
+    decision = fire(ACTIVE, at(60), at(120))
+    assert not decision.start and decision.outcome is SlotOutcome.SKIPPED_SUPERSEDED and decision.claims_slot
+    assert decision.reason == "superseded: the slot at 2026-11-21T12:02:00.000Z is already due"
+
+
+def test_an_older_slot_than_one_already_fired_is_superseded_and_the_same_slot_is_a_duplicate() -> None:
+    state = replace(ACTIVE, last_slot_at=at(120))
+    older = fire(state, at(60), at(120.5))
+    assert older.outcome is SlotOutcome.SKIPPED_SUPERSEDED and not older.start and not older.claims_slot
+    assert fire(state, at(120), at(120.5)) == FireDecision(reason="duplicate")
+    assert fire(state, at(180), at(180.1)) == FireDecision(start=True, claims_slot=True)
+
+
+def test_a_pending_retry_replaces_a_regular_slot() -> None:
+    state = replace(ACTIVE, current_retry=1, retry_at=at(90))
+    decision = fire(state, at(60), at(60.1))
+    assert decision.outcome is SlotOutcome.RETRY and not decision.start and decision.claims_slot
+    assert decision.reason == "retry 1 is pending; it replaces this run"
+
+
+def test_a_retry_fire_starts_only_the_pending_retry() -> None:
+    pending = replace(ACTIVE, current_retry=2, retry_at=at(90))
+    assert fire(pending, at(90), at(500), Trigger.RETRY) == FireDecision(start=True)
+    # The entry stores the time as a float: a microsecond off is still the same retry.
+    assert fire(pending, at(90.000001), at(500), Trigger.RETRY).start
+    stale = fire(pending, at(30), at(500), Trigger.RETRY)
+    assert not stale.start and stale.outcome is None and stale.reason == "retry 2 is due at 2026-11-21T12:01:30.000Z"
+    assert fire(ACTIVE, at(90), at(91), Trigger.RETRY) == FireDecision(reason="no retry is pending")
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (ScheduleStatus.PAUSED, FireDecision(outcome=SlotOutcome.SKIPPED_PAUSED, reason="schedule is paused")),
+        (ScheduleStatus.DONE, FireDecision(reason="schedule is done")),
+        (ScheduleStatus.DEAD, FireDecision(reason="schedule is dead")),
+    ],
+)
+def test_an_inactive_schedule_starts_nothing(status: ScheduleStatus, expected: FireDecision) -> None:
+    assert fire(replace(ACTIVE, status=status), at(60), at(60.1)) == expected
+
+
+# --- after an execution -----------------------------------------------------------------------
+
+POLICY = RetryPolicy(max_retries=2, total_repeats=0, retry_base_s=60)
+
+
+def after(
+    state: ScheduleState,
+    ended: ExecutionStatus,
+    *,
+    is_pending_retry: bool = False,
+    started: bool = False,
+    buffered: bool = False,
+    policy: RetryPolicy = POLICY,
+    run_count: int = 1,
+    now: datetime = T0,
+) -> AfterExecution:
+    return decide_after_execution(
+        state,
+        policy,
+        ended=ended,
+        is_pending_retry=is_pending_retry,
+        pending_retry_started=started or is_pending_retry,
+        run_count=run_count,
+        buffered=buffered,
+        now=now,
+    )
+
+
+def test_a_failure_schedules_retries_with_backoff_then_the_schedule_dies() -> None:
+    first = after(ACTIVE, ExecutionStatus.FAILED)
+    assert first == AfterExecution(1, at(60), ScheduleStatus.ACTIVE, counted=True)
+    second = after(replace(ACTIVE, current_retry=1, retry_at=at(60)), ExecutionStatus.FAILED, is_pending_retry=True)
+    assert second == AfterExecution(2, at(120), ScheduleStatus.ACTIVE, counted=True)
+    last = after(replace(ACTIVE, current_retry=2, retry_at=at(120)), ExecutionStatus.FAILED, is_pending_retry=True)
+    assert last == AfterExecution(2, None, ScheduleStatus.DEAD, counted=True)
+
+
+def test_without_retries_failures_never_kill_the_schedule() -> None:
+    no_retries = RetryPolicy(max_retries=0, total_repeats=0, retry_base_s=60)
+    assert after(ACTIVE, ExecutionStatus.FAILED, policy=no_retries) == AfterExecution(0, None, ScheduleStatus.ACTIVE)
+
+
+def test_one_retry_at_a_time_other_runs_failures_add_none() -> None:
+    pending = replace(ACTIVE, current_retry=1, retry_at=at(60))
+    # Overlapping `allow` runs (or a manual run) failing while retry 1 is pending or running.
+    for _ in range(3):
+        assert after(pending, ExecutionStatus.FAILED, now=at(10)) == AfterExecution(1, at(60), ScheduleStatus.ACTIVE)
+    # At the last retry too: they do not make the schedule dead.
+    last = replace(ACTIVE, current_retry=2, retry_at=at(120))
+    assert after(last, ExecutionStatus.FAILED, started=True).status is ScheduleStatus.ACTIVE
+
+
+def test_success_resets_retries_and_total_repeats_ends_the_schedule() -> None:
+    pending = replace(ACTIVE, current_retry=1, retry_at=at(60))
+    assert after(pending, ExecutionStatus.COMPLETED) == AfterExecution(0, None, ScheduleStatus.ACTIVE)
+    twice = RetryPolicy(max_retries=0, total_repeats=2, retry_base_s=60)
+    assert after(ACTIVE, ExecutionStatus.COMPLETED, policy=twice, run_count=1).status is ScheduleStatus.ACTIVE
+    assert after(ACTIVE, ExecutionStatus.COMPLETED, policy=twice, run_count=2).status is ScheduleStatus.DONE
+
+
+def test_a_cancelled_retry_has_had_its_run_and_the_next_failure_moves_on() -> None:
+    running = replace(ACTIVE, current_retry=1, retry_at=at(60))
+    cancelled = after(running, ExecutionStatus.CANCELLED, is_pending_retry=True, now=at(61))
+    assert cancelled == AfterExecution(1, None, ScheduleStatus.ACTIVE)
+    next_failure = after(replace(ACTIVE, current_retry=1), ExecutionStatus.FAILED, now=at(100))
+    assert next_failure == AfterExecution(2, at(220), ScheduleStatus.ACTIVE, counted=True)
+
+
+def test_an_overdue_retry_that_never_ran_starts_when_a_run_ends() -> None:
+    overdue = replace(ACTIVE, current_retry=1, retry_at=at(60))
+    # The retry's fire met a manual run in progress; the manual run is cancelled.
+    assert after(overdue, ExecutionStatus.CANCELLED, now=at(70)).start is NextRun.RETRY
+    # ... or fails: no retry is added, the pending one starts.
+    failed = after(overdue, ExecutionStatus.FAILED, now=at(70))
+    assert failed == AfterExecution(1, at(60), ScheduleStatus.ACTIVE, start=NextRun.RETRY)
+    # Not yet due, or already started: nothing starts.
+    assert after(overdue, ExecutionStatus.CANCELLED, now=at(59)).start is None
+    assert after(overdue, ExecutionStatus.CANCELLED, started=True, now=at(70)).start is None
+
+
+def test_a_buffered_run_starts_when_no_retry_is_pending() -> None:
+    assert after(ACTIVE, ExecutionStatus.COMPLETED, buffered=True).start is NextRun.BUFFERED
+    assert after(ACTIVE, ExecutionStatus.CANCELLED, buffered=True).start is NextRun.BUFFERED
+    # The run failed and a retry is due later: the retry goes first, the buffered run waits.
+    assert after(ACTIVE, ExecutionStatus.FAILED, buffered=True).start is None
+    dead = after(replace(ACTIVE, current_retry=2, retry_at=at(0)), ExecutionStatus.FAILED, is_pending_retry=True)
+    assert dead.status is ScheduleStatus.DEAD and dead.start is None

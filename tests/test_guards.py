@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from celery import Celery
 from sqlalchemy import func, select
 
@@ -216,3 +217,94 @@ def test_two_starts_racing_make_one_execution(app: ChordbeatCelery) -> None:
     assert results["second"].skipped.startswith("overlap")
     with transaction(url) as session:
         assert session.scalar(select(func.count()).select_from(SlotRecord)) == 2
+
+
+def test_a_fire_reading_the_active_run_while_it_ends_still_runs_the_buffered_slot(
+    app: ChordbeatCelery, database_url: str
+) -> None:
+    """PostgreSQL, read committed: the fire must not buffer behind a run whose end is committing."""
+    import threading
+
+    from sqlalchemy import text
+
+    from celeryapp import firing
+    from celeryapp.definition import parse_definition
+    from celeryapp.lifecycle import cancel_execution, start_execution
+    from celeryapp.store import upsert_schedule
+    from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleSource, Trigger, utcnow
+
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite runs one writing transaction at a time: nothing to interleave")
+    url = app.settings.database_url
+    with transaction(url) as session:
+        definition = parse_definition(
+            {"name": "buf-race", "every": 60, "overlap": "buffer_one", "steps": [slow("wait")]}
+        )
+        schedule, _ = upsert_schedule(session, definition, source=ScheduleSource.API, now=utcnow())
+        active = start_execution(session, schedule, trigger=Trigger.MANUAL, run_key="buf-race:a", now=utcnow())
+        # The anchor of the interval is a slot, the latest one for a minute.
+        slot = schedule.updated_at
+    assert active.execution_id is not None
+    ended, release = threading.Event(), threading.Event()
+    fired: dict[str, Any] = {}
+
+    def end_the_active_run() -> None:
+        with transaction(url) as session:
+            cancel_execution(session, active.execution_id or 0, now=utcnow())
+            ended.set()
+            release.wait(30)  # the end stays uncommitted until the fire has read what it could
+
+    def fire_a_slot() -> None:
+        fired["result"] = firing.fire(app, "buf-race", nominal_at=slot, trigger=Trigger.INTERVAL)
+
+    def fire_waits_for_a_lock() -> bool:
+        with transaction(url, read_only=True) as session:
+            waiting = session.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+            )
+        return bool(waiting)
+
+    ending = threading.Thread(target=end_the_active_run)
+    ending.start()
+    assert ended.wait(20)
+    firing_thread = threading.Thread(target=fire_a_slot)
+    firing_thread.start()
+    # The fire reads the active run now: it either finishes (it saw the run as still active) or
+    # waits for the ending transaction's lock. Only then does the end commit.
+    wait_for(lambda: not firing_thread.is_alive() or fire_waits_for_a_lock(), 20, what="the fire to read")
+    release.set()
+    ending.join(30)
+    firing_thread.join(30)
+    assert fired["result"].get("status") == "in_progress", fired["result"]
+    with transaction(url) as session:
+        stored = session.scalar(select(Schedule))
+        assert stored is not None and stored.buffered is False
+        running_now = session.scalars(
+            select(ScheduleExecution.id).where(ScheduleExecution.status == ExecutionStatus.IN_PROGRESS)
+        ).all()
+    assert running_now == [fired["result"]["execution_id"]]
+
+
+def test_overlapping_failures_of_allow_runs_schedule_one_retry(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={
+            "name": "many-fail",
+            "every": 3600,
+            "overlap": "allow",
+            "max_retries": 2,
+            "steps": [slow("wait", 0.5), step("boom", "chordbeat.examples.fail")],
+        },
+    )
+    ids = [call(client, "chordbeat.trigger_schedule", name="many-fail")["execution_id"] for _ in range(3)]
+    assert [finished(client, i)["status"] for i in ids] == ["failed"] * 3
+    schedule = call(client, "chordbeat.get_schedule", name="many-fail")
+    # One retry for the three: the runs failed before it was planned, so they do not count again.
+    assert (schedule["status"], schedule["current_retry"], schedule["error_count"]) == ("active", 1, 3)
+    assert schedule["next_run_at"] is not None

@@ -41,9 +41,13 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: f
 
 
 class RedisServer:
-    def __init__(self) -> None:
+    """``persistent`` keeps an append-only file in ``dir`` (fsync every second, as production
+    Redis commonly runs), so a graceful stop and start gives the data back."""
+
+    def __init__(self, *, persistent: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="chordbeat-redis-"))
         self.port = free_port()
+        self.persistent = persistent
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -66,7 +70,9 @@ class RedisServer:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes" if self.persistent else "no",
+                "--appendfsync",
+                "everysec",
                 "--daemonize",
                 "no",
                 "--loglevel",
@@ -87,6 +93,26 @@ class RedisServer:
         """Kill and start again: without persistence every key is gone, as after a failover."""
         self.stop()
         self.start()
+
+    def terminate(self) -> None:
+        """Graceful stop (SIGTERM): clients are disconnected and a persistent server syncs its file."""
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+            self.proc = None
+
+    def clear_data(self) -> None:
+        """Delete what a stopped server persisted: the next start is a fresh, empty server."""
+        assert self.proc is None, "stop the server first"
+        for path in self.dir.iterdir():
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
 
     def close(self) -> None:
         self.stop()
@@ -115,11 +141,19 @@ class PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
         self._run("initdb", "-D", str(self.data), "-U", self.user, "-A", "trust", "--no-sync", "-E", "UTF8")
+        self.start_server()
+
+    def start_server(self) -> None:
+        """Start the initialised cluster (again) on the same port and wait until it accepts connections."""
         options = (
             f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
         )
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "log"), "-w", "start")
+
+    def stop_server(self, mode: str = "fast") -> None:
+        """``pg_ctl stop``: ``fast`` rolls back open transactions and closes every connection."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{database}"

@@ -155,14 +155,18 @@ class Context:
         return f"+{t - self.started:.1f}s"
 
     def near(self, t: float) -> str:
-        """The fault around ``t`` (during it or in the 40 s after), else the one just before."""
-        around = [a for a in self.applied if a.started - 2 <= t <= (a.ended or t) + 40]
-        if not around:
-            before = [a for a in self.applied if a.started <= t]
-            if not before:
-                return "no fault before it"
-            around = before[-1:]
-        return "; ".join(f"{a.fault.kind} {a.fault.target} {self.rel(a.started)}..{self.rel(a.ended)}" for a in around)
+        """The fault going on at ``t``, else the last one before it."""
+        during = [a for a in self.applied if a.started - 1 <= t <= (a.ended or t) + 1]
+        if during:
+            return "during " + "; ".join(self._fault(a) for a in during)
+        before = [a for a in self.applied if a.started <= t]
+        if not before:
+            return "before any fault"
+        return f"{t - before[-1].ended:.1f}s after {self._fault(before[-1])}"
+
+    def _fault(self, applied: Applied) -> str:
+        fault = applied.fault
+        return f"{fault.kind} {fault.target} {self.rel(applied.started)}..{self.rel(applied.ended)}"
 
     def body_end(self, run: BodyRun) -> tuple[float, str]:
         if run.end is not None:
@@ -200,7 +204,7 @@ def check_final(ctx: Context) -> list[Violation]:
                     "every execution ends",
                     f"execution {e.id} ({e.schedule_name}, {e.trigger.value}, started {ctx.rel(ts(e.started_at))}) "
                     f"still in_progress {ctx.settled - ctx.firing_end:.0f}s after schedules were paused; "
-                    f"group {e.current_step_index}, tasks {tasks}; near: {ctx.near(ts(e.started_at))}",
+                    f"group {e.current_step_index}, tasks {tasks}; {ctx.near(ts(e.started_at))}",
                 )
             )
         elif e.completed_at is not None and ts(e.completed_at) - ts(e.started_at) > ctx.execution_bound_s:
@@ -209,7 +213,7 @@ def check_final(ctx: Context) -> list[Violation]:
                 Violation(
                     "every execution ends",
                     f"execution {e.id} ({e.schedule_name}) took {took:.0f}s (bound {ctx.execution_bound_s:.0f}s), "
-                    f"{e.status.value}: {e.error}; near: {ctx.near(ts(e.started_at))}",
+                    f"{e.status.value}: {e.error}; {ctx.near(ts(e.started_at))}",
                 )
             )
     return out
@@ -225,7 +229,7 @@ def check_leftovers(ctx: Context) -> list[Violation]:
                     "nothing left in progress",
                     f"activity {a.step_name} attempt {a.attempt} of execution {a.execution_id} ({status}) still "
                     f"in_progress, started {ctx.rel(ts(a.started_at))} on {a.worker}; "
-                    f"near: {ctx.near(ts(a.started_at))}",
+                    f"{ctx.near(ts(a.started_at))}",
                 )
             )
     for t in ctx.snapshot.tasks:
@@ -263,7 +267,7 @@ def check_no_concurrent_bodies(ctx: Context) -> list[Violation]:
                         f"execution {execution_id} step {step!r}: attempt {first.attempt} (pid {first.pid}, "
                         f"{ctx.rel(first.start)}..{ctx.rel(end)} [{why}], {_describe(a1)}) overlaps attempt "
                         f"{second.attempt} (pid {second.pid}, from {ctx.rel(second.start)}, {_describe(a2)}) "
-                        f"by {end - second.start:.1f}s; near: {ctx.near(second.start)}",
+                        f"by {end - second.start:.1f}s; {ctx.near(second.start)}",
                     )
                 )
     return out
@@ -279,7 +283,7 @@ def check_attempts(ctx: Context) -> list[Violation]:
                 Violation(
                     "every body run is a recorded attempt",
                     f"execution {execution_id} step {step!r} attempt {attempt} ran (from {ctx.rel(first)}) "
-                    f"without an activity row; near: {ctx.near(first)}",
+                    f"without an activity row; {ctx.near(first)}",
                 )
             )
         if count > 1:
@@ -287,7 +291,7 @@ def check_attempts(ctx: Context) -> list[Violation]:
                 Violation(
                     "every body run is a recorded attempt",
                     f"execution {execution_id} step {step!r} attempt {attempt} ran its body {count} times "
-                    f"(a redelivered message re-ran it), first at {ctx.rel(first)}; near: {ctx.near(first)}",
+                    f"(a redelivered message re-ran it), first at {ctx.rel(first)}; {ctx.near(first)}",
                 )
             )
     attempts: dict[tuple[int, str], list[Activity]] = defaultdict(list)
@@ -302,7 +306,7 @@ def check_attempts(ctx: Context) -> list[Violation]:
                 Violation(
                     "a finished step runs again only as a new attempt",
                     f"execution {execution_id} step {step!r} finished in attempt {done[0].attempt} "
-                    f"({done[0].status.value}) yet ran again: {later}; near: {ctx.near(ts(done[0].started_at))}",
+                    f"({done[0].status.value}) yet ran again: {later}; {ctx.near(ts(done[0].started_at))}",
                 )
             )
     return out
@@ -387,7 +391,7 @@ def _decided_slots(ctx: Context, schedule: Schedule, out: list[Violation]) -> tu
             out.append(
                 Violation(
                     "no slot fires twice",
-                    f"{schedule.name}: slot {ctx.rel(t)} decided twice: {whats}; near: {ctx.near(t)}",
+                    f"{schedule.name}: slot {ctx.rel(t)} decided twice: {whats}; {ctx.near(t)}",
                 )
             )
     return seen, late
@@ -417,7 +421,7 @@ def check_slots(ctx: Context) -> tuple[list[Violation], dict[str, Any]]:
                 Violation(
                     "no due slot vanishes",
                     f"{schedule.name}: slot {datetime.fromtimestamp(t, UTC).isoformat(timespec='milliseconds')} "
-                    f"({ctx.rel(t)}) has neither an execution nor a slot record; near: {ctx.near(t)}",
+                    f"({ctx.rel(t)}) has neither an execution nor a slot record; {ctx.near(t)}",
                 )
             )
     return out, stats
@@ -438,7 +442,7 @@ def check_nothing_after_final(ctx: Context) -> list[Violation]:
                 Violation(
                     "nothing changes after final",
                     f"activity {a.step_name} attempt {a.attempt} of execution {e.id} ({e.status.value} at "
-                    f"{ctx.rel(end)}) opened {ts(a.started_at) - end:.2f}s later; near: {ctx.near(end)}",
+                    f"{ctx.rel(end)}) opened {ts(a.started_at) - end:.2f}s later; {ctx.near(end)}",
                 )
             )
         if a.completed_at is not None and ts(a.completed_at) > end + WRITE_SLACK_S:
@@ -447,7 +451,7 @@ def check_nothing_after_final(ctx: Context) -> list[Violation]:
                     "nothing changes after final",
                     f"activity {a.step_name} attempt {a.attempt} of execution {e.id} ({e.status.value} at "
                     f"{ctx.rel(end)}) closed {ts(a.completed_at) - end:.1f}s later as {a.status.value}; "
-                    f"near: {ctx.near(end)}",
+                    f"{ctx.near(end)}",
                 )
             )
         if _worker_lost(a) and a.status is not ActivityStatus.FAILED_WITH_ERROR:
@@ -466,7 +470,7 @@ def check_nothing_after_final(ctx: Context) -> list[Violation]:
                     "nothing changes after final",
                     f"step {run.step!r} attempt {run.attempt} of execution {e.id} started its body "
                     f"{run.start - ts(e.completed_at):.1f}s after the execution ended ({e.status.value}); "
-                    f"near: {ctx.near(run.start)}",
+                    f"{ctx.near(run.start)}",
                 )
             )
     return out
@@ -495,7 +499,7 @@ def check_outcomes(ctx: Context) -> list[Violation]:
                         "groups run in order",
                         f"execution {e.id} ({e.schedule_name}): group {index} started at {ctx.rel(opened)} before "
                         f"group {index - 1} finished ({[(a.step_name, a.attempt, a.status.value) for a in previous]}); "
-                        f"near: {ctx.near(opened)}",
+                        f"{ctx.near(opened)}",
                     )
                 )
         if e.status is not ExecutionStatus.COMPLETED:
@@ -508,7 +512,7 @@ def check_outcomes(ctx: Context) -> list[Violation]:
                         Violation(
                             "final state matches the activities",
                             f"execution {e.id} ({e.schedule_name}) completed but step {spec['name']!r} ended "
-                            f"{_describe(a)}; near: {ctx.near(ts(e.started_at))}",
+                            f"{_describe(a)}; {ctx.near(ts(e.started_at))}",
                         )
                     )
     return out
@@ -522,7 +526,7 @@ def check_processes(ctx: Context) -> list[Violation]:
             Violation(
                 "no process crashes",
                 f"{exit.name} (pid {exit.pid}) exited with code {exit.code} at {ctx.rel(exit.at)}; "
-                f"near: {ctx.near(exit.at)}; log tail: {' | '.join(lines)}",
+                f"{ctx.near(exit.at)}; log tail: {' | '.join(lines)}",
             )
         )
     return out

@@ -59,7 +59,7 @@ SHORT_PLAN_KINDS = WORKER_KINDS + BEAT_KINDS + REDIS_KINDS + ("db_outage",)
 #: Seconds a fault lasts (down time before restart, or stop time before SIGCONT): (min, max).
 DURATIONS_S = {
     "worker_kill": (0.5, 4.0),
-    "worker_stop": (1.0, 6.0),
+    "worker_stop": (1.0, 8.0),
     "beat_kill": (0.5, 3.0),
     "beat_stop": (1.0, 8.0),
     "redis_restart_data": (1.0, 6.0),
@@ -112,7 +112,7 @@ def make_plan(seed: int, seconds: float, kinds: tuple[str, ...], workers: tuple[
         return []
     rng = random.Random(seed)
     weights = [WEIGHTS[k] for k in kinds]
-    faults = []
+    faults: list[Fault] = []
     t = WARMUP_S
     while True:
         t += rng.uniform(*GAP_S)

@@ -14,7 +14,8 @@ Rules that need a precise reading:
   execution (run key) or a slot record. No make-up runs means slots may pass without a record only
   while firing was impossible: inside a *blackout* of a beat, Redis or database fault, from 0.5 s
   before the fault to an allowance after it ends (beat or Redis: 40 s, as beat may wait for
-  RedBeat's 30 s lock to expire before it fires again; SIGSTOPped beat: 8 s; database: 10 s),
+  RedBeat's 30 s lock to expire before it fires again, except after an empty Redis: 10 s;
+  SIGSTOPped beat: 8 s; database: 10 s),
   and while a retry of a failed run is pending (from the failed run's end until its retry
   starts: the retry replaces the cadence). Worker faults excuse nothing: a fire message lost with
   a SIGKILLed worker is a lost slot. Whether the latest missed slot ran after a blackout is not
@@ -53,7 +54,7 @@ BLACKOUT_AFTER_S = {
     "beat_kill": 40.0,
     "beat_stop": 8.0,
     "redis_restart_data": 40.0,
-    "redis_restart_empty": 40.0,
+    "redis_restart_empty": 10.0,
     "db_outage": 10.0,
     "db_outage_long": 10.0,
 }
@@ -463,13 +464,13 @@ def check_nothing_after_final(ctx: Context) -> list[Violation]:
                 )
             )
     for run in ctx.runs:
-        e = ctx.execution_of.get(run.execution_id)
-        if e is not None and e.completed_at is not None and run.start > ts(e.completed_at) + WRITE_SLACK_S:
+        owner = ctx.execution_of.get(run.execution_id)
+        if owner is not None and owner.completed_at is not None and run.start > ts(owner.completed_at) + WRITE_SLACK_S:
             out.append(
                 Violation(
                     "nothing changes after final",
-                    f"step {run.step!r} attempt {run.attempt} of execution {e.id} started its body "
-                    f"{run.start - ts(e.completed_at):.1f}s after the execution ended ({e.status.value}); "
+                    f"step {run.step!r} attempt {run.attempt} of execution {owner.id} started its body "
+                    f"{run.start - ts(owner.completed_at):.1f}s after the execution ended ({owner.status.value}); "
                     f"{ctx.near(run.start)}",
                 )
             )
@@ -506,13 +507,46 @@ def check_outcomes(ctx: Context) -> list[Violation]:
             continue
         for group in e.plan:
             for spec in group:
-                a = latest.get(spec["name"])
-                if a is None or not (a.status in SUCCEEDED or (spec.get("continue_on_failure") and a.status.failed)):
+                last = latest.get(spec["name"])
+                if last is None or not (
+                    last.status in SUCCEEDED or (spec.get("continue_on_failure") and last.status.failed)
+                ):
                     out.append(
                         Violation(
                             "final state matches the activities",
                             f"execution {e.id} ({e.schedule_name}) completed but step {spec['name']!r} ended "
-                            f"{_describe(a)}; {ctx.near(ts(e.started_at))}",
+                            f"{_describe(last)}; {ctx.near(ts(e.started_at))}",
+                        )
+                    )
+    return out
+
+
+def check_bodies_in_group_order(ctx: Context) -> list[Violation]:
+    """No body of a group still runs when the next group's first body starts (fenced attempts too)."""
+    out = []
+    by_execution: dict[int, list[BodyRun]] = defaultdict(list)
+    for run in ctx.runs:
+        by_execution[run.execution_id].append(run)
+    for execution_id, runs in by_execution.items():
+        e = ctx.execution_of.get(execution_id)
+        if e is None:
+            continue
+        index_of = {spec["name"]: i for i, group in enumerate(e.plan) for spec in group}
+        for index in range(1, len(e.plan)):
+            current = [r for r in runs if index_of.get(r.step) == index]
+            if not current:
+                continue
+            opened = min(r.start for r in current)
+            for run in (r for r in runs if index_of.get(r.step) == index - 1):
+                end, why = ctx.body_end(run)
+                if end > opened + 0.001:
+                    out.append(
+                        Violation(
+                            "groups run in order",
+                            f"execution {e.id} ({e.schedule_name}): step {run.step!r} attempt {run.attempt} "
+                            f"(pid {run.pid}) of group {index - 1} ran until {ctx.rel(end)} [{why}], after group "
+                            f"{index} started at {ctx.rel(opened)}; "
+                            f"{_describe(ctx.activity_of.get((e.id, run.step, run.attempt)))}; {ctx.near(opened)}",
                         )
                     )
     return out
@@ -542,6 +576,7 @@ def check_all(ctx: Context) -> tuple[list[Violation], dict[str, Any]]:
         *slot_violations,
         *check_nothing_after_final(ctx),
         *check_outcomes(ctx),
+        *check_bodies_in_group_order(ctx),
         *check_processes(ctx),
     ]
     return violations, slot_stats
@@ -555,15 +590,11 @@ def measurements(ctx: Context) -> dict[str, Any]:
             after = [r.start for r in ctx.runs if r.start >= a.ended]
             first = min(after) - a.ended if after else None
             redis_recovery.append({"fault": a.fault.kind, "at": ctx.rel(a.started), "first_step_s": first})
-    fenced_late = sum(
-        1
-        for r in ctx.runs
-        if (a := ctx.activity_of.get((r.execution_id, r.step, r.attempt))) is not None
-        and _worker_lost(a)
-        and r.end is not None
-        and a.completed_at is not None
-        and r.end > ts(a.completed_at)
-    )
+    fenced_late = 0
+    for r in ctx.runs:
+        row = ctx.activity_of.get((r.execution_id, r.step, r.attempt))
+        if row is not None and _worker_lost(row) and r.end is not None and row.completed_at is not None:
+            fenced_late += r.end > ts(row.completed_at)
     return {
         "executions": len(ctx.snapshot.executions),
         "executions_by_status": dict(Counter(e.status.value for e in ctx.snapshot.executions)),

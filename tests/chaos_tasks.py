@@ -54,7 +54,7 @@ def record(log: str, event: str, context: StepContext, **extra: Any) -> None:
         os.close(fd)
 
 
-@app.task(name=STEP_TASK)
+@app.task(name=STEP_TASK)  # type: ignore[untyped-decorator]
 def step(
     log: str, seed: int = 0, sleep_min: float = 0.0, sleep_max: float = 0.5, fail_rate: float = 0.0
 ) -> dict[str, Any]:

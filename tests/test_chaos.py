@@ -89,8 +89,8 @@ SEED = base_seed()
 
 
 def schedules(log: Path, seed: int) -> list[dict[str, Any]]:
-    def step(name: str, sleep_max: float = 0.6, fail_rate: float = 0.0, **extra: Any) -> dict[str, Any]:
-        kwargs = {"log": str(log), "seed": seed, "sleep_min": 0.05, "sleep_max": sleep_max, "fail_rate": fail_rate}
+    def step(name: str, sleep_max: float = 1.5, fail_rate: float = 0.0, **extra: Any) -> dict[str, Any]:
+        kwargs = {"log": str(log), "seed": seed, "sleep_min": 0.2, "sleep_max": sleep_max, "fail_rate": fail_rate}
         return {"name": name, "task": STEP_TASK, "kwargs": kwargs, **extra}
 
     return [
@@ -117,7 +117,7 @@ def schedules(log: Path, seed: int) -> list[dict[str, Any]]:
             "name": "chaos-allow",
             "every": 3,
             "overlap": "allow",
-            "steps": [[step("solo", sleep_max=1.5, fail_rate=0.1)]],
+            "steps": [[step("solo", sleep_max=2.5, fail_rate=0.1)]],
         },
         {
             "name": "chaos-buffer",

@@ -20,6 +20,9 @@ Rules that need a precise reading:
   starts: the retry replaces the cadence). Worker faults excuse nothing: a fire message lost with
   a SIGKILLed worker is a lost slot. Whether the latest missed slot ran after a blackout is not
   asserted (the lost-fire re-fire only covers a slot no later fire superseded), only reported.
+- **Stalls.** An in-progress execution may run no step body for at most 15 s, not counting
+  time inside a fault's recovery window (worker faults: 10 s after; beat or Redis with data:
+  40 s; others as for slots). An execution timeout ending a stranded run does not hide it.
 - **Nothing after final.** No activity opened after its execution ended, none closed more than
   2 s after it (timestamps are taken before commit: a recovery pass's clock can lag its writes),
   no step body started more than 2 s after its execution ended.
@@ -58,6 +61,21 @@ BLACKOUT_AFTER_S = {
     "db_outage": 10.0,
     "db_outage_long": 10.0,
 }
+#: Seconds after a fault during which an execution may sit with no step body running (recovery
+#: needs the heartbeat TTL and a recovery pass; with beat down or waiting for its lock it does
+#: not run at all).
+STALL_AFTER_S = {
+    "worker_kill": 10.0,
+    "worker_stop": 10.0,
+    "beat_kill": 40.0,
+    "beat_stop": 8.0,
+    "redis_restart_data": 40.0,
+    "redis_restart_empty": 15.0,
+    "db_outage": 10.0,
+    "db_outage_long": 10.0,
+}
+#: Seconds an in-progress execution may sit with no step body running, outside those windows.
+STALL_S = 15.0
 #: Slack for timestamps taken before a commit (see "Nothing after final").
 WRITE_SLACK_S = 2.0
 #: A nominal time within this of a grid point is that slot (run keys keep milliseconds).
@@ -552,6 +570,55 @@ def check_bodies_in_group_order(ctx: Context) -> list[Violation]:
     return out
 
 
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for lo, hi in sorted(intervals):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _covered(lo: float, hi: float, windows: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(hi, w_hi) - max(lo, w_lo)) for w_lo, w_hi in windows)
+
+
+def check_no_stalls(ctx: Context) -> list[Violation]:
+    """An execution never sits with no step body running for long, faults' recovery time aside.
+
+    This is what catches a stranded step even when an execution timeout ends the run later.
+    """
+    out = []
+    excused = _merged([(a.started - 0.5, a.ended + STALL_AFTER_S[a.fault.kind]) for a in ctx.applied])
+    bodies: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for run in ctx.runs:
+        bodies[run.execution_id].append((run.start, ctx.body_end(run)[0]))
+    for e in ctx.snapshot.executions:
+        begin = ts(e.started_at)
+        end = ts(e.completed_at) if e.completed_at is not None else ctx.settled
+        cursor = begin
+        idle = []
+        for lo, hi in _merged(bodies[e.id]):
+            if lo > cursor:
+                idle.append((cursor, lo))
+            cursor = max(cursor, hi)
+        if end > cursor:
+            idle.append((cursor, end))
+        for lo, hi in idle:
+            uncovered = (hi - lo) - _covered(lo, hi, excused)
+            if uncovered > STALL_S:
+                out.append(
+                    Violation(
+                        "no execution stalls",
+                        f"execution {e.id} ({e.schedule_name}, {e.status.value}: {e.error or '-'}) ran no step body "
+                        f"from {ctx.rel(lo)} to {ctx.rel(hi)} ({uncovered:.0f}s outside fault recovery windows); "
+                        f"{ctx.near(lo)}",
+                    )
+                )
+    return out
+
+
 def check_processes(ctx: Context) -> list[Violation]:
     out = []
     for exit in ctx.exits:
@@ -577,6 +644,7 @@ def check_all(ctx: Context) -> tuple[list[Violation], dict[str, Any]]:
         *check_nothing_after_final(ctx),
         *check_outcomes(ctx),
         *check_bodies_in_group_order(ctx),
+        *check_no_stalls(ctx),
         *check_processes(ctx),
     ]
     return violations, slot_stats
@@ -598,6 +666,7 @@ def measurements(ctx: Context) -> dict[str, Any]:
     return {
         "executions": len(ctx.snapshot.executions),
         "executions_by_status": dict(Counter(e.status.value for e in ctx.snapshot.executions)),
+        "executions_timed_out": sum("timed out" in (e.error or "") for e in ctx.snapshot.executions),
         "activities": len(ctx.snapshot.activities),
         "activities_by_status": dict(Counter(a.status.value for a in ctx.snapshot.activities)),
         "slot_records_by_outcome": dict(Counter(s.outcome.value for s in ctx.snapshot.slots)),

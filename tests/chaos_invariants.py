@@ -174,14 +174,13 @@ class Context:
         return f"+{t - self.started:.1f}s"
 
     def near(self, t: float) -> str:
-        """The fault going on at ``t``, else the last one before it."""
+        """The faults going on at ``t``, and the last one that ended in the 15 s before it."""
         during = [a for a in self.applied if a.started - 1 <= t <= (a.ended or t) + 1]
-        if during:
-            return "during " + "; ".join(self._fault(a) for a in during)
-        before = [a for a in self.applied if a.started <= t]
-        if not before:
-            return "before any fault"
-        return f"{t - before[-1].ended:.1f}s after {self._fault(before[-1])}"
+        before = [a for a in self.applied if a.ended < t - 1 and a not in during]
+        parts = [f"during {self._fault(a)}" for a in during]
+        if before and (not during or t - before[-1].ended <= 15):
+            parts.append(f"{t - before[-1].ended:.1f}s after {self._fault(before[-1])}")
+        return "; ".join(parts) or "before any fault"
 
     def _fault(self, applied: Applied) -> str:
         fault = applied.fault

@@ -41,7 +41,7 @@ import pytest
 from sqlalchemy import create_engine, func, select, text
 
 from celeryapp.config import Settings
-from models import Activity, ExecutionStatus, ScheduleExecution, WorkerTask, transaction
+from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTask, transaction
 from models.migrate import upgrade
 from models.session import dispose_all
 from tests.chaos import (
@@ -162,7 +162,7 @@ def unfinished(url: str) -> int:
         in_progress = session.scalar(
             select(func.count()).where(ScheduleExecution.status == ExecutionStatus.IN_PROGRESS)
         )
-        open_activities = session.scalar(select(func.count()).where(Activity.status == "in_progress"))
+        open_activities = session.scalar(select(func.count()).where(Activity.status == ActivityStatus.IN_PROGRESS))
         tasks = session.scalar(select(func.count()).select_from(WorkerTask))
     return (in_progress or 0) + (open_activities or 0) + (tasks or 0)
 
@@ -198,9 +198,9 @@ def run_plan(kind: str, index: int, seed: int, kinds: tuple[str, ...], root: Pat
     workers = ("w1", "w2")
     plan = make_plan(seed, SECONDS, kinds, workers)
     print(
-        f"\n=== chaos plan {index} on {kind}: seed {seed} (replay: CHORDBEAT_CHAOS_SEED={seed - index}"
-        f"{f' CHORDBEAT_CHAOS_SECONDS={SECONDS:g}' if SECONDS != 60 else ''}), {SECONDS:g}s, kinds {','.join(kinds)}"
-        f"\n{plan_text(plan)}",
+        f"\n=== chaos plan {index} on {kind}: seed {seed}, {SECONDS:g}s; replay with "
+        f"CHORDBEAT_CHAOS_SEED={seed - index} CHORDBEAT_CHAOS_SECONDS={SECONDS:g} "
+        f"CHORDBEAT_CHAOS_FAULTS={','.join(kinds)}\n{plan_text(plan)}",
         flush=True,
     )
     redis = RedisServer(persistent=True)
@@ -258,6 +258,10 @@ def run_plan(kind: str, index: int, seed: int, kinds: tuple[str, ...], root: Pat
         "plan": index,
         "seed": seed,
         "faults": [a.as_json() for a in cluster.applied],
+        "deaths": {str(pid): at for pid, at in cluster.deaths.items()},
+        "exits": [{"name": x.name, "pid": x.pid, "code": x.code, "at": x.at} for x in cluster.exits],
+        "started": started,
+        "firing_end": firing_end,
         "fault_count": len(cluster.applied),
         "settle_s": round(settled - firing_end, 1),
         **measurements(ctx),
@@ -298,7 +302,7 @@ def test_invariants_hold_under_a_seeded_fault_plan(
         f"report: {tmp_path / 'chaos-report.json'}"
     )
     for r in results:
-        print(json.dumps({k: v for k, v in r.items() if k not in ("violations", "faults")}))
+        print(json.dumps({k: v for k, v in r.items() if k not in ("violations", "faults", "deaths", "exits")}))
     violations = [f"plan {r['plan']} (seed {r['seed']}): {v}" for r in results for v in r["violations"]]
     for line in violations:
         print(line)

@@ -13,16 +13,17 @@ Rules that need a precise reading:
   last slot due at least 1.5 s before its schedule was paused for settling must have an
   execution (run key) or a slot record. No make-up runs means slots may pass without a record only
   while firing was impossible: inside a *blackout* of a beat, Redis or database fault, from 0.5 s
-  before the fault to an allowance after it ends (beat or Redis: 40 s, as beat may wait for
-  RedBeat's 30 s lock to expire before it fires again, except after an empty Redis: 10 s;
-  SIGSTOPped beat: 8 s; database: 10 s),
-  and while a retry of a failed run is pending (from the failed run's end until its retry
-  starts: the retry replaces the cadence). Worker faults excuse nothing: a fire message lost with
-  a SIGKILLed worker is a lost slot. Whether the latest missed slot ran after a blackout is not
-  asserted (the lost-fire re-fire only covers a slot no later fire superseded), only reported.
+  before the fault to an allowance after it ends (beat killed or Redis back with its data: 40 s,
+  as beat may wait for RedBeat's 30 s lock to expire before it fires again; Redis back empty:
+  10 s; beat SIGSTOPped: 8 s; database: 10 s), and while a retry of a failed run is pending (from
+  the failed run's end until its retry starts: the retry replaces the cadence). Worker faults
+  excuse nothing: a fire message lost with a SIGKILLed worker is a lost slot. Whether the latest
+  missed slot ran after a blackout is not asserted (the lost-fire re-fire only covers a slot no
+  later fire superseded); the report counts excused slots and late slot records.
 - **Stalls.** An in-progress execution may run no step body for at most 15 s, not counting
-  time inside a fault's recovery window (worker faults: 10 s after; beat or Redis with data:
-  40 s; others as for slots). An execution timeout ending a stranded run does not hide it.
+  time inside a fault's recovery window (:data:`STALL_AFTER_S` after it ends: worker faults 10 s,
+  beat killed or Redis back with its data 40 s, Redis back empty 15 s, beat SIGSTOPped 8 s,
+  database 10 s). An execution timeout ending a stranded run does not hide it.
 - **Nothing after final.** No activity opened after its execution ended, none closed more than
   2 s after it (timestamps are taken before commit: a recovery pass's clock can lag its writes),
   no step body started more than 2 s after its execution ended.

@@ -38,14 +38,17 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
     env.update(settings.sql_urls)
     if settings.schedules_file:
         env["CHORDBEAT_SCHEDULES_FILE"] = settings.schedules_file
+    if settings.task_modules:
+        env["CHORDBEAT_TASK_MODULES"] = ",".join(settings.task_modules)
     env.update(extra)
     return env
 
 
 class Process:
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, *, append: bool = False) -> None:
         self.log = log
-        self._file = log.open("wb")
+        # A restarted process (same name) appends to its predecessor's log.
+        self._file = log.open("ab" if append else "wb")
         # Own process group: SIGKILL of the group kills pool children too.
         self.proc = subprocess.Popen(argv, env=env, stdout=self._file, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -56,11 +59,21 @@ class Process:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to the process and its pool children (SIGSTOP freezes the whole worker)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signum)
+
     def kill(self) -> None:
         """SIGKILL the whole process group: no cleanup, no lock release, no message restore."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
+        self._file.close()
 
     def stop(self) -> None:
         """Warm shutdown: SIGTERM to the main process only, which stops its pool itself."""
@@ -79,20 +92,30 @@ class Process:
         self.stop()
 
 
+def start_beat(settings: Settings, tmp: Path, name: str = "beat", *, append: bool = False) -> Process:
+    argv = [CELERY, "-A", "celeryapp", "beat", "-l", "INFO", "--schedule", str(tmp / f"{name}-schedule")]
+    return Process(argv, settings_env(settings), tmp / f"{name}.log", append=append)
+
+
 @contextmanager
 def beat(settings: Settings, tmp: Path, name: str = "beat") -> Iterator[Process]:
-    argv = [CELERY, "-A", "celeryapp", "beat", "-l", "INFO", "--schedule", str(tmp / f"{name}-schedule")]
-    process = Process(argv, settings_env(settings), tmp / f"{name}.log")
+    process = start_beat(settings, tmp, name)
     try:
         yield process
     finally:
         process.stop()
 
 
-@contextmanager
-def worker(
-    settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2, env: dict[str, str] | None = None
-) -> Iterator[Process]:
+def start_worker(
+    settings: Settings,
+    tmp: Path,
+    name: str = "w1",
+    concurrency: int = 2,
+    *,
+    append: bool = False,
+    env: dict[str, str] | None = None,
+) -> Process:
+    """A prefork worker named ``name@<host>``; the same name again is the same node restarting."""
     argv = [
         CELERY,
         "-A",
@@ -109,7 +132,14 @@ def worker(
         "--without-mingle",
         "--without-gossip",
     ]
-    process = Process(argv, settings_env(settings, **(env or {})), tmp / f"{name}.log")
+    return Process(argv, settings_env(settings, **(env or {})), tmp / f"{name}.log", append=append)
+
+
+@contextmanager
+def worker(
+    settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2, env: dict[str, str] | None = None
+) -> Iterator[Process]:
+    process = start_worker(settings, tmp, name, concurrency, env=env)
     try:
         yield process
     finally:

@@ -42,14 +42,16 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: f
 
 
 class RedisServer:
-    def __init__(self, password: str | None = None) -> None:
+    """``persistent`` keeps an append-only file in ``dir`` (fsync every second, as production
+    Redis commonly runs), so a graceful stop and start gives the data back."""
+
+    def __init__(self, password: str | None = None, *, persistent: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="chordbeat-redis-"))
         self.port = free_port()
         #: With a password the server refuses unauthenticated clients (``--requirepass``).
         self.password = password
+        self.persistent = persistent
         self.proc: subprocess.Popen[bytes] | None = None
-        #: With persistence (append-only file) a graceful restart keeps every key, as in production.
-        self.persistent = False
 
     @property
     def url(self) -> str:
@@ -74,7 +76,7 @@ class RedisServer:
                 "--appendonly",
                 "yes" if self.persistent else "no",
                 "--appendfsync",
-                "always",
+                "everysec",
                 "--daemonize",
                 "no",
                 "--loglevel",
@@ -92,17 +94,30 @@ class RedisServer:
             self.proc.wait(10)
             self.proc = None
 
-    def stop_gracefully(self) -> None:
-        """SIGTERM, as ``systemctl stop`` does: Redis closes its clients and exits."""
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(20)
-            self.proc = None
-
     def restart(self) -> None:
         """Kill and start again: without persistence every key is gone, as after a failover."""
         self.stop()
         self.start()
+
+    def terminate(self) -> None:
+        """Graceful stop (SIGTERM): clients are disconnected and a persistent server syncs its file."""
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+            self.proc = None
+
+    def clear_data(self) -> None:
+        """Delete what a stopped server persisted: the next start is a fresh, empty server."""
+        assert self.proc is None, "stop the server first"
+        for path in self.dir.iterdir():
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
 
     def outage(self, seconds: float, *, how: str = "graceful", keep_data: bool = False) -> None:
         """Take Redis away for ``seconds``, then bring it back on the same port.
@@ -117,7 +132,7 @@ class RedisServer:
             time.sleep(seconds)  # the fault's length, not a synchronisation
             self.proc.send_signal(signal.SIGCONT)
             return
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, password=self.password)
         if keep_data:
             # Switch the append-only file on and wait until it holds everything.
             client.config_set("appendonly", "yes")
@@ -130,16 +145,15 @@ class RedisServer:
                 what="the append-only file to be written",
             )
         client.close()
-        (self.stop_gracefully if how == "graceful" else self.stop)()
+        (self.terminate if how == "graceful" else self.stop)()
         if not keep_data:
-            for path in self.dir.iterdir():
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
+            self.clear_data()
         time.sleep(seconds)  # the fault's length, not a synchronisation
-        self.persistent = keep_data
+        was_persistent, self.persistent = self.persistent, keep_data
         self.start()
-        if keep_data:
+        if keep_data and not was_persistent:
             self.persistent = False
-            redis.Redis(port=self.port).config_set("appendonly", "no")
+            redis.Redis(port=self.port, password=self.password).config_set("appendonly", "no")
 
     def close(self) -> None:
         self.stop()
@@ -168,11 +182,19 @@ class PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
         self._run("initdb", "-D", str(self.data), "-U", self.user, "-A", "trust", "--no-sync", "-E", "UTF8")
+        self.start_server()
+
+    def start_server(self) -> None:
+        """Start the initialised cluster (again) on the same port and wait until it accepts connections."""
         options = (
             f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
         )
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "log"), "-w", "start")
+
+    def stop_server(self, mode: str = "fast") -> None:
+        """``pg_ctl stop``: ``fast`` rolls back open transactions and closes every connection."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{database}"

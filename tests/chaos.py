@@ -136,6 +136,8 @@ class Applied:
     fault: Fault
     started: float
     ended: float = 0.0
+    #: Main pid of the worker or beat a kill or stop hit (the step log's ``ppid``).
+    pid: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"fault": self.fault.describe(), "started": self.started, "ended": self.ended}
@@ -273,6 +275,7 @@ class Cluster:
             with self._lock:
                 self._held.add(target)
                 victim = self._procs[target]
+                applied.pid = victim.pid
                 applied.started = time.time()
                 victim.kill()
                 self.deaths[victim.pid] = applied.started
@@ -284,6 +287,7 @@ class Cluster:
             with self._lock:
                 self._held.add(target)
                 victim = self._procs[target]
+                applied.pid = victim.pid
                 applied.started = time.time()
                 victim.signal_group(signal.SIGSTOP)
             sleep(duration)

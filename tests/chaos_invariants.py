@@ -8,7 +8,10 @@ Rules that need a precise reading:
 - **A body's interval.** A step log ``start`` without an ``end`` ran until its worker died (the
   harness's SIGKILL time, or the time the supervisor saw it exit), else until its activity was
   closed (unless that close was recovery's "worker lost", which says nothing about the body),
-  else until the end of the test. A SIGSTOPped body counts as running while it is stopped.
+  else until the end of the test. A body does not run while its worker is SIGSTOPped (a frozen
+  process executes nothing): that time is not counted when two attempts' intervals overlap, nor
+  after the next group started. Once its worker wakes, a body fenced meanwhile must stop within
+  :data:`WAKE_TOLERANCE_S` (its watch looks at the fence at once, then the interrupt lands).
 - **Vanished slots.** For each schedule, every nominal slot from its first recorded slot to the
   last slot due at least 1.5 s before its schedule was paused for settling must have an
   execution (run key) or a slot record. No make-up runs means slots may pass without a record only
@@ -198,6 +201,19 @@ class Context:
         return self.settled, "never ended"
 
 
+#: How long a fenced body may go on after its frozen worker wakes (the watch's next look, and the
+#: interrupt landing in the body's thread).
+WAKE_TOLERANCE_S = 0.5
+
+
+def running_within(ctx: Context, run: BodyRun, lo: float, hi: float) -> float:
+    """Seconds of [lo, hi] during which ``run``'s worker was not stopped (so the body could run)."""
+    if hi <= lo:
+        return 0.0
+    frozen = [(a.started, a.ended or hi) for a in ctx.applied if a.fault.kind == "worker_stop" and a.pid == run.ppid]
+    return (hi - lo) - _covered(lo, hi, _merged(frozen))
+
+
 def _worker_lost(activity: Activity) -> bool:
     return (activity.error or "").startswith("worker lost")
 
@@ -278,6 +294,8 @@ def check_no_concurrent_bodies(ctx: Context) -> list[Violation]:
             for second in runs[i + 1 :]:
                 if second.start >= end:
                     break
+                if running_within(ctx, first, second.start, end) <= WAKE_TOLERANCE_S:
+                    continue  # frozen meanwhile, and stopped at once when it woke
                 a1 = ctx.activity_of.get((execution_id, step, first.attempt))
                 a2 = ctx.activity_of.get((execution_id, step, second.attempt))
                 out.append(
@@ -557,7 +575,7 @@ def check_bodies_in_group_order(ctx: Context) -> list[Violation]:
             opened = min(r.start for r in current)
             for run in (r for r in runs if index_of.get(r.step) == index - 1):
                 end, why = ctx.body_end(run)
-                if end > opened + 0.001:
+                if end > opened + 0.001 and running_within(ctx, run, opened, end) > WAKE_TOLERANCE_S:
                     out.append(
                         Violation(
                             "groups run in order",

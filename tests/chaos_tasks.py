@@ -21,6 +21,7 @@ from typing import Any
 
 from celeryapp import app
 from celeryapp.context import StepContext, current_step
+from celeryapp.errors import StepCancelled
 
 STEP_TASK = "chordbeat_chaos.step"
 
@@ -81,4 +82,9 @@ def step(
             ended = type(exc).__name__
         raise
     finally:
-        record(log, "end", context, outcome=ended)
+        try:
+            record(log, "end", context, outcome=ended)
+        except StepCancelled:
+            # The watch's interrupt can land anywhere, this cleanup included: the body ends here.
+            record(log, "end", context, outcome="StepCancelled")
+            raise

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import or_, select, update
@@ -13,11 +13,46 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import cadence_of
 from celeryapp.decisions import ScheduleState, decide_fire
 from celeryapp.dispatch import apply_effects
+from celeryapp.errors import InvalidArgument
 from celeryapp.lifecycle import Effects, record_slot, run_key, start_execution
+from celeryapp.limits import MAX_NAME_CHARS, shown
 from models import Schedule, Trigger, transaction, utcnow
 from models.session import affected
 
 logger = logging.getLogger(__name__)
+
+
+#: A fire message's slot may lie this far in the future of the worker's clock (beat's clock skew);
+#: further, it is forged: claiming it would make every real slot before it look superseded.
+MAX_SLOT_AHEAD = timedelta(seconds=60)
+#: What beat (and the lost-fire re-fire) send; manual runs go through ``trigger_schedule``.
+FIRE_TRIGGERS = (Trigger.CRON, Trigger.INTERVAL, Trigger.RETRY)
+
+
+def fire_arguments(name: Any, nominal_at: Any, trigger: Any, *, now: datetime) -> tuple[str, datetime, Trigger]:
+    """Check a fire message's arguments: anyone who can publish can send one."""
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_CHARS:
+        raise InvalidArgument("name", f"must be a schedule name (a string of 1 to {MAX_NAME_CHARS} characters)")
+    if trigger is None:
+        kind = Trigger.CRON
+    else:
+        choices = ", ".join(t.value for t in FIRE_TRIGGERS)
+        if not isinstance(trigger, str) or trigger not in {t.value for t in FIRE_TRIGGERS}:
+            raise InvalidArgument("trigger", f"must be one of {choices}, got {shown(trigger)}")
+        kind = Trigger(trigger)
+    if nominal_at is None:
+        return name, now, kind
+    try:
+        when = datetime.fromisoformat(nominal_at) if isinstance(nominal_at, str) and len(nominal_at) <= 40 else None
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise InvalidArgument("nominal_at", f"must be an ISO 8601 time with its UTC offset, got {shown(nominal_at)}")
+    if when > now + MAX_SLOT_AHEAD:
+        raise InvalidArgument(
+            "nominal_at", f"{when.isoformat()} is in the future; a fire stands for a slot that is due"
+        )
+    return name, when, kind
 
 
 def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trigger) -> dict[str, Any]:

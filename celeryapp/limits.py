@@ -166,3 +166,12 @@ def is_unicode(text: str) -> bool:
 def _key_path(path: str, key: str) -> str:
     plain = 0 < len(key) <= 40 and key.isascii() and key.replace("_", "a").replace("-", "a").isalnum()
     return f"{path}.{key}" if plain else f"{path}[{shown(key)}]"
+
+
+def check_int(value: Any, field: str, error: type[FieldError], *, low: int = 1, high: int = MAX_ID) -> int:
+    """An integer argument within [low, high]; booleans are not integers."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise error(field, f"must be an integer, got {type_name(value)}")
+    if not low <= value <= high:
+        raise error(field, f"must be between {low} and {high}, got {shown(value)}")
+    return value

@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from celeryapp import app, beat_entries, firing, recovery
 from celeryapp.dispatch import apply_effects
+from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.housekeeping import purge
 from celeryapp.lifecycle import advance_execution as advance_in_db
-from models import Trigger, transaction, utcnow
+from celeryapp.limits import check_int
+from models import transaction, utcnow
 
 
-@app.task(name="chordbeat.advance_execution", acks_late=True, reject_on_worker_lost=True)
+@app.task(name="chordbeat.advance_execution", acks_late=True, reject_on_worker_lost=True, throws=(ChordbeatError,))
 def advance_execution(execution_id: int, step_index: int) -> None:
+    check_int(execution_id, "execution_id", InvalidArgument)
+    check_int(step_index, "step_index", InvalidArgument, low=0)
     with transaction(app.settings.database_url) as session:
         effects = advance_in_db(session, execution_id, step_index, now=utcnow())
     apply_effects(app, effects)
 
 
-@app.task(name="chordbeat.fire_schedule", acks_late=True, reject_on_worker_lost=True)
+@app.task(name="chordbeat.fire_schedule", acks_late=True, reject_on_worker_lost=True, throws=(ChordbeatError,))
 def fire_schedule(name: str, nominal_at: str | None = None, trigger: str | None = None) -> dict[str, Any]:
     """Sent by beat; ``nominal_at`` is the slot it fires (absent: now, e.g. a hand-made message)."""
-    when = datetime.fromisoformat(nominal_at) if nominal_at else utcnow()
-    return firing.fire(app, name, nominal_at=when, trigger=Trigger(trigger or Trigger.CRON.value))
+    name, when, kind = firing.fire_arguments(name, nominal_at, trigger, now=utcnow())
+    return firing.fire(app, name, nominal_at=when, trigger=kind)
 
 
 @app.task(name="chordbeat.reconcile_beat")

@@ -9,12 +9,16 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from celeryapp import app, keys, runner
+from celeryapp.errors import InvalidArgument
+from celeryapp.limits import check_int
 
 logger = logging.getLogger(__name__)
 
 
 @app.task(name="chordbeat.run_step", bind=True, acks_late=True, reject_on_worker_lost=True)
 def run_step(self: Task, worker_task_id: int, attempt: int) -> dict[str, Any]:
+    check_int(worker_task_id, "worker_task_id", InvalidArgument)
+    check_int(attempt, "attempt", InvalidArgument, high=1000)
     queue = (self.request.delivery_info or {}).get("routing_key")
     if queue in keys.CONTROL_QUEUES:
         # Published there by hand or by a definition stored before such queues were refused. Run

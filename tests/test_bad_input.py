@@ -351,6 +351,22 @@ ARGUMENTS: list[tuple[str, str, dict[str, Any], str, str]] = [
     ("unknown-argument", "get_execution", {"execution_id": 1, "colour": "x"}, "arguments", "unexpected keyword"),
     ("no-definition", "apply_schedule", {}, "arguments", "missing a required argument: 'definition'"),
     ("list-schedules-argument", "list_schedules", {"name": "kept"}, "arguments", "unexpected keyword"),
+    # Internal tasks are reachable by anyone who can publish too.
+    (
+        "fire-future-slot",
+        "fire_schedule",
+        {"name": "kept", "nominal_at": "2999-01-01T00:00:00+00:00"},
+        "nominal_at",
+        "in the future",
+    ),
+    ("fire-naive-slot", "fire_schedule", {"name": "kept", "nominal_at": "2026-01-01T00:00:00"}, "nominal_at", "offset"),
+    ("fire-slot-number", "fire_schedule", {"name": "kept", "nominal_at": 5}, "nominal_at", "ISO 8601"),
+    ("fire-manual-trigger", "fire_schedule", {"name": "kept", "trigger": "manual"}, "trigger", "must be one of"),
+    ("fire-name-list", "fire_schedule", {"name": ["kept"]}, "name", "schedule name"),
+    ("advance-bool", "advance_execution", {"execution_id": True, "step_index": 0}, "execution_id", "got boolean"),
+    ("advance-index", "advance_execution", {"execution_id": 1, "step_index": -1}, "step_index", "between 0"),
+    ("run-step-text", "run_step", {"worker_task_id": "1", "attempt": 1}, "worker_task_id", "must be an integer"),
+    ("run-step-attempt", "run_step", {"worker_task_id": 1, "attempt": 10**30}, "attempt", "between 1 and 1000"),
 ]
 
 

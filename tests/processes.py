@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -92,18 +93,29 @@ class Process:
         self.stop()
 
 
+@contextmanager
+def running(process: Process) -> Iterator[Process]:
+    """Stop ``process`` (warm shutdown) when the block ends."""
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
 def start_beat(settings: Settings, tmp: Path, name: str = "beat", *, append: bool = False) -> Process:
     argv = [CELERY, "-A", "celeryapp", "beat", "-l", "INFO", "--schedule", str(tmp / f"{name}-schedule")]
     return Process(argv, settings_env(settings), tmp / f"{name}.log", append=append)
 
 
-@contextmanager
-def beat(settings: Settings, tmp: Path, name: str = "beat") -> Iterator[Process]:
-    process = start_beat(settings, tmp, name)
-    try:
-        yield process
-    finally:
-        process.stop()
+def beat(settings: Settings, tmp: Path, name: str = "beat") -> contextlib.AbstractContextManager[Process]:
+    return running(start_beat(settings, tmp, name))
+
+
+def worker_argv(name: str, concurrency: int, *, pool: str = "prefork", queues: str | None = None) -> list[str]:
+    """``celery worker`` named ``name@<host>``, consuming ``queues`` (default: all of chordbeat's)."""
+    argv = [CELERY, "-A", "celeryapp", "worker", "-l", "INFO", "-P", pool, "-c", str(concurrency)]
+    argv += ["-n", f"{name}@%h", "--without-mingle", "--without-gossip"]
+    return argv + (["-Q", queues] if queues else [])
 
 
 def start_worker(
@@ -116,93 +128,29 @@ def start_worker(
     env: dict[str, str] | None = None,
 ) -> Process:
     """A prefork worker named ``name@<host>``; the same name again is the same node restarting."""
-    argv = [
-        CELERY,
-        "-A",
-        "celeryapp",
-        "worker",
-        "-l",
-        "INFO",
-        "-P",
-        "prefork",
-        "-c",
-        str(concurrency),
-        "-n",
-        f"{name}@%h",
-        "--without-mingle",
-        "--without-gossip",
-    ]
+    argv = worker_argv(name, concurrency)
     return Process(argv, settings_env(settings, **(env or {})), tmp / f"{name}.log", append=append)
 
 
-@contextmanager
 def worker(
     settings: Settings, tmp: Path, name: str = "w1", concurrency: int = 2, env: dict[str, str] | None = None
-) -> Iterator[Process]:
-    process = start_worker(settings, tmp, name, concurrency, env=env)
-    try:
-        yield process
-    finally:
-        process.stop()
+) -> contextlib.AbstractContextManager[Process]:
+    return running(start_worker(settings, tmp, name, concurrency, env=env))
 
 
 #: ``-Q`` of the control worker in every deploy file.
 CONTROL_WORKER_QUEUES = f"{keys.CONTROL_QUEUE},{keys.PUBLIC_QUEUE}"
 
 
-@contextmanager
 def step_worker(
     settings: Settings, tmp: Path, name: str = "steps", concurrency: int = 2, queues: str = keys.STEPS_QUEUE
-) -> Iterator[Process]:
+) -> contextlib.AbstractContextManager[Process]:
     """A step worker of the deploy files: prefork, the steps queue (``-Q``) only."""
-    argv = [
-        CELERY,
-        "-A",
-        "celeryapp",
-        "worker",
-        "-l",
-        "INFO",
-        "-Q",
-        queues,
-        "-P",
-        "prefork",
-        "-c",
-        str(concurrency),
-        "-n",
-        f"{name}@%h",
-        "--without-mingle",
-        "--without-gossip",
-    ]
-    process = Process(argv, settings_env(settings), tmp / f"{name}.log")
-    try:
-        yield process
-    finally:
-        process.stop()
+    argv = worker_argv(name, concurrency, queues=queues)
+    return running(Process(argv, settings_env(settings), tmp / f"{name}.log"))
 
 
-@contextmanager
-def control_worker(settings: Settings, tmp: Path, name: str = "control") -> Iterator[Process]:
+def control_worker(settings: Settings, tmp: Path, name: str = "control") -> contextlib.AbstractContextManager[Process]:
     """The control worker of the deploy files: control and service calls only, in threads."""
-    argv = [
-        CELERY,
-        "-A",
-        "celeryapp",
-        "worker",
-        "-l",
-        "INFO",
-        "-Q",
-        CONTROL_WORKER_QUEUES,
-        "-P",
-        "threads",
-        "-c",
-        "4",
-        "-n",
-        f"{name}@%h",
-        "--without-mingle",
-        "--without-gossip",
-    ]
-    process = Process(argv, settings_env(settings), tmp / f"{name}.log")
-    try:
-        yield process
-    finally:
-        process.stop()
+    argv = worker_argv(name, 4, pool="threads", queues=CONTROL_WORKER_QUEUES)
+    return running(Process(argv, settings_env(settings), tmp / f"{name}.log"))

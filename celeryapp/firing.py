@@ -16,7 +16,8 @@ from celeryapp.dispatch import apply_effects
 from celeryapp.errors import InvalidArgument
 from celeryapp.lifecycle import Effects, record_slot, run_key, start_execution
 from celeryapp.limits import MAX_NAME_CHARS, shown
-from models import Schedule, Trigger, transaction, utcnow
+from celeryapp.views import iso
+from models import Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from models.session import affected
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,12 @@ def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trig
             return {"execution_id": None, "skipped": "schedule does not exist"}
         state = ScheduleState(schedule.status, schedule.current_retry, schedule.retry_at, schedule.last_slot_at)
         decision = decide_fire(state, trigger=trigger, nominal_at=nominal_at, now=now, cadence=cadence_of(schedule))
-        if decision.claims_slot and not _claim_slot(session, schedule, nominal_at, now):
-            return {"execution_id": None, "skipped": "duplicate"}
+        if decision.claims_slot:
+            if not _claim_slot(session, schedule, nominal_at, now):
+                return {"execution_id": None, "skipped": "duplicate"}
+            _record_missed(session, schedule, since=state.last_slot_at, until=nominal_at, trigger=trigger, now=now)
+        elif decision.outcome is SlotOutcome.SKIPPED_SUPERSEDED and _recorded(session, schedule, nominal_at):
+            return {"execution_id": None, "skipped": decision.reason}  # a later fire recorded it as missed
         if decision.outcome is not None:
             record_slot(
                 session,
@@ -84,6 +89,10 @@ def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trig
         if trigger is Trigger.RETRY and schedule.retry_at is not None:
             # The stored time names the retry (the message's may be a microsecond off).
             nominal_at = schedule.retry_at
+            # The retry replaced the regular slots due meanwhile: they were not missed.
+            replaced = cadence_of(schedule).latest_slot(now, since=state.last_slot_at or schedule.updated_at)
+            if replaced is not None:
+                _claim_slot(session, schedule, replaced, now)
         result = start_execution(
             session,
             schedule,
@@ -97,6 +106,39 @@ def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trig
     if result.skipped:
         return {"execution_id": None, "skipped": result.skipped}
     return {"execution_id": result.execution_id, "status": "in_progress"}
+
+
+#: Missed slots one fire records at most; after long downtime the last record sums up the rest.
+MAX_MISSED_RECORDS = 50
+MISSED = "not fired: beat, Redis or the workers were down, or its fire message was lost; no make-up run"
+
+
+def _record_missed(
+    session: Session, schedule: Schedule, *, since: datetime | None, until: datetime, trigger: Trigger, now: datetime
+) -> None:
+    """Record the regular slots after ``since`` (the last one processed) and before ``until`` that no
+    fire ever processed, so "why didn't it run at 02:00?" has an answer."""
+    if since is None:
+        return
+    cadence = cadence_of(schedule)
+    slot = cadence.slot_after(since)
+    for count in range(MAX_MISSED_RECORDS + 1):
+        if slot >= until:
+            return
+        detail = MISSED if count < MAX_MISSED_RECORDS else f"{MISSED}; nor were the later slots until {iso(until)}"
+        record_slot(session, schedule, SlotOutcome.MISSED, trigger=trigger, nominal_at=slot, now=now, detail=detail)
+        slot = cadence.slot_after(slot)
+
+
+def _recorded(session: Session, schedule: Schedule, nominal_at: datetime) -> bool:
+    return (
+        session.scalar(
+            select(SlotRecord.id)
+            .where(SlotRecord.schedule_id == schedule.id, SlotRecord.nominal_at == nominal_at)
+            .limit(1)
+        )
+        is not None
+    )
 
 
 def _claim_slot(session: Session, schedule: Schedule, nominal_at: datetime, now: datetime) -> bool:

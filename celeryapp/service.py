@@ -118,7 +118,10 @@ def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
                 session,
                 update(Schedule)
                 .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.PAUSED)
-                .values(status=ScheduleStatus.ACTIVE, next_run_at=cadence_of(schedule).slot_after(now)),
+                # Resumed from the next slot: the paused ones were not missed (last_slot_at).
+                .values(
+                    status=ScheduleStatus.ACTIVE, next_run_at=cadence_of(schedule).slot_after(now), last_slot_at=None
+                ),
             )
             if not resumed:
                 raise InvalidTransition(

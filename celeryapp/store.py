@@ -136,5 +136,8 @@ def upsert_schedule(
     schedule.version = (schedule.version or 0) + 1
     schedule.updated_at = now
     schedule.next_run_at = next_fire_after(definition, now) if definition.enabled else None
+    # A changed definition starts a new cadence: none of its slots was processed yet, and none
+    # before now was missed.
+    schedule.last_slot_at = None
     session.flush()
     return schedule, change

@@ -78,5 +78,8 @@ class SlotOutcome(StrEnum):
     #: The fire came after a newer slot was already due or fired (downtime, a backlog of fire
     #: messages): the newer slot runs instead, so a backlog makes no make-up runs.
     SKIPPED_SUPERSEDED = "skipped_superseded"
+    #: No fire message for the slot was ever processed (beat, Redis or the workers were down, or
+    #: the message was lost with a killed worker); recorded by the next slot's fire. No make-up run.
+    MISSED = "missed"
     BUFFERED = "buffered"
     RETRY = "retry"

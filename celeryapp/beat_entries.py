@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import redis
 from celery import Celery
 from celery.schedules import BaseSchedule, schedstate
 from redbeat.decoder import RedBeatJSONDecoder, RedBeatJSONEncoder
@@ -226,11 +227,22 @@ def sync_schedules(app: Celery, names: Iterable[str]) -> EntryChanges:
     if not names:
         return changes
     now = datetime.now(UTC)
+    desired: dict[str, ScheduleEntry | None] = {}
     with transaction(app.settings.database_url, read_only=True) as session:
         found = {s.name: s for s in session.scalars(select(Schedule).where(Schedule.name.in_(names)))}
-        desired = {name: desired_entry(app, found[name], now) if name in found else None for name in names}
+        for name in names:
+            try:
+                desired[name] = desired_entry(app, found[name], now) if name in found else None
+            except Exception:
+                # One unreadable schedule (a corrupt row) must not stop every other entry's repair.
+                logger.exception("beat entry of schedule %r cannot be built; left as it is", name)
     for name, entry in desired.items():
-        _write(app, name, entry, changes)
+        try:
+            _write(app, name, entry, changes)
+        except redis.RedisError:
+            raise  # Redis away: the whole pass is retried later
+        except Exception:
+            logger.exception("beat entry of schedule %r cannot be written; left as it is", name)
     return changes
 
 
@@ -279,24 +291,35 @@ def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
                 due.append((schedule.name, cadence_of(schedule), schedule.retry_at, True))
     refired = []
     for name, cadence, slot, retry in due:
-        key = ScheduleEntry.generate_key(app, entry_name(name))
-        last_run_at = ScheduleEntry.load_meta(key, app=app).get("last_run_at")
-        if last_run_at is None or _aware(last_run_at) < slot:
-            continue  # beat has not reached the slot yet (it is down, or behind): it will fire it
-        if retry:
-            nominal, trigger = slot, Trigger.RETRY
-        else:
-            nominal = cadence.latest_slot(_aware(last_run_at), since=slot - timedelta(microseconds=1)) or slot
-            trigger = Trigger.CRON if cadence.cron else Trigger.INTERVAL
-        app.send_task(
-            FIRE_TASK,
-            kwargs={"name": name, "nominal_at": nominal.isoformat(), "trigger": trigger.value},
-            queue=keys.CONTROL_QUEUE,
-        )
-        refired.append(name)
+        try:
+            if _refire(app, name, cadence, slot, retry):
+                refired.append(name)
+        except redis.RedisError:
+            raise
+        except Exception:
+            logger.exception("lost slot of schedule %r cannot be re-fired; the others are", name)
     if refired:
         logger.warning("re-fired slots whose fire message was lost: %s", ", ".join(refired))
     return refired
+
+
+def _refire(app: Celery, name: str, cadence: Cadence, slot: datetime, retry: bool) -> bool:
+    """Fire ``slot`` again if beat moved past it (the database never saw it fired)."""
+    key = ScheduleEntry.generate_key(app, entry_name(name))
+    last_run_at = ScheduleEntry.load_meta(key, app=app).get("last_run_at")
+    if last_run_at is None or _aware(last_run_at) < slot:
+        return False  # beat has not reached the slot yet (it is down, or behind): it will fire it
+    if retry:
+        nominal, trigger = slot, Trigger.RETRY
+    else:
+        nominal = cadence.latest_slot(_aware(last_run_at), since=slot - timedelta(microseconds=1)) or slot
+        trigger = Trigger.CRON if cadence.cron else Trigger.INTERVAL
+    app.send_task(
+        FIRE_TASK,
+        kwargs={"name": name, "nominal_at": nominal.isoformat(), "trigger": trigger.value},
+        queue=keys.CONTROL_QUEUE,
+    )
+    return True
 
 
 def reconcile(app: Celery) -> EntryChanges:

@@ -15,7 +15,7 @@ from celery import Celery
 from sqlalchemy import select, update
 
 from celeryapp import app as chordbeat_app
-from celeryapp import keys, outcome, service
+from celeryapp import beat_entries, keys, outcome, service
 from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import FIRE_EXPIRY_GRACE, ScheduleEntry, cadence_of, entry_name
 from celeryapp.config import Settings
@@ -429,3 +429,17 @@ def test_slots_no_fire_processed_are_recorded_as_missed_by_the_next_fire(
         SlotOutcome.FIRED,
     ], records
     assert [at for at, _ in records] == [anchor + timedelta(minutes=m) for m in range(5)]
+
+
+def test_one_corrupt_schedule_does_not_stop_the_repair_of_the_others(app: ChordbeatCelery) -> None:
+    for name in ("aaa-corrupt", "good"):
+        service.apply_schedule(app, {"name": name, "every": 60, "steps": [step("s")]})
+    with transaction(app.settings.database_url) as session:
+        # Written by hand (or by an older version): no longer a valid expression.
+        session.execute(update(Schedule).where(Schedule.name == "aaa-corrupt").values(cron="61 * * * *", every_s=None))
+    client = get_redis(app.settings.redbeat_url)
+    for name in ("aaa-corrupt", "good"):
+        client.delete(ScheduleEntry.generate_key(app, entry_name(name)))
+    changes = beat_entries.reconcile(app)
+    assert changes.written == ["good"]
+    assert client.exists(ScheduleEntry.generate_key(app, entry_name("good")))

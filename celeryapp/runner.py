@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any
 
+from billiard.common import terminate_handler_fired
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import update
 
@@ -76,6 +77,10 @@ def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcom
     except SoftTimeLimitExceeded:
         return _timed_out(claim)
     except BaseException as exc:  # the step's own failure (SystemExit too), recorded as its outcome
+        if terminate_handler_fired():
+            # The pool process is being terminated (the worker shuts down): the step did not
+            # fail, it was interrupted. Let the process go; recovery runs the attempt again.
+            raise
         # Only a cancel is not the step's failure. Anything else escaping would kill the pool
         # process, and the message would come back for another try of a step that failed.
         logger.info("step %r of execution %s failed: %r", claim.spec.name, claim.execution_id, exc)

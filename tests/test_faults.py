@@ -261,3 +261,23 @@ def test_one_corrupt_run_does_not_stop_recovery_of_the_others(
     assert report.unstuck == [good]
     assert db_execution(app, good)["status"] == "failed"  # advanced: its lost step counts as failed
     assert db_execution(app, bad)["status"] == "in_progress"
+
+
+@pytest.mark.slow
+def test_a_terminated_pool_process_loses_its_attempt_it_does_not_fail_the_step(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    """SIGTERM to a pool process (the worker shutting it down) is not the step's own SystemExit."""
+    log = tmp_path / "steps.log"
+    with processes.worker(settings, tmp_path, "w1", env=processes.FAULT_TASKS_ENV), processes.beat(settings, tmp_path):
+        call(client, "chordbeat.apply_schedule", definition={"name": "term", "every": 3600, "steps": [tick(log, 4)]})
+        execution_id = call(client, "chordbeat.trigger_schedule", name="term")["execution_id"]
+        started = wait_for(lambda: [e for e in read_log(str(log)) if e["event"] == "tick"], 30, what="the step to run")
+        assert isinstance(started, list)
+        os.kill(started[0]["pid"], signal.SIGTERM)
+        done = final(app, execution_id)
+    assert done["status"] == "completed", done
+    first, second = done["activities"]
+    assert (first["attempt"], first["status"]) == (1, "failed_with_error")
+    assert first["error"].startswith("worker lost"), first["error"]
+    assert (second["attempt"], second["status"]) == (2, "complete")

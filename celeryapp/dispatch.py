@@ -83,7 +83,8 @@ def _mark_sent(app: Celery, group: GroupDispatch) -> None:
             keys.pickup_key(step.worker_task_id, step.attempt),
         )
     ]
-    client.eval(_MARK_SENT_LUA, len(names), *names, MARKER_TTL_S)
+    # EVALSHA: the script's text travels once per Redis server, not with every group.
+    client.register_script(_MARK_SENT_LUA)(keys=names, args=[MARKER_TTL_S])
 
 
 def take_message(app: Celery, worker_task_id: int, attempt: int) -> None:

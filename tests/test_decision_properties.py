@@ -1,0 +1,142 @@
+"""Property tests of the decision core: advancement, backoff, retries, and no make-up runs.
+
+Pure functions, so hypothesis drives them over many inputs in milliseconds; the example-based
+tests beside them (test_decisions.py) pin the exact answers of the cases that matter most.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from celeryapp.cadence import Cadence
+from celeryapp.decisions import (
+    BACKOFF_CAP_FACTOR,
+    RetryPolicy,
+    ScheduleState,
+    StepResult,
+    Verdict,
+    decide_after_execution,
+    decide_after_group,
+    decide_fire,
+    retry_delay_s,
+)
+from celeryapp.definition import StepSpec
+from models.states import ActivityStatus, ExecutionStatus, ScheduleStatus, Trigger
+
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+steps_and_results = st.lists(
+    st.tuples(st.booleans(), st.one_of(st.none(), st.sampled_from(list(ActivityStatus)))), min_size=1, max_size=6
+)
+
+
+@given(steps_and_results, st.integers(min_value=0, max_value=3), st.booleans())
+def test_a_group_fails_exactly_when_a_step_that_may_not_fail_did(
+    spec: list[tuple[bool, ActivityStatus | None]], unfinished: int, has_next: bool
+) -> None:
+    steps = [StepSpec(name=f"s{i}", task="t", continue_on_failure=c) for i, (c, _) in enumerate(spec)]
+    results = {f"s{i}": StepResult(status, "boom") for i, (_, status) in enumerate(spec) if status is not None}
+    outcome = decide_after_group(steps, results, unfinished=unfinished, has_next_group=has_next)
+    if unfinished:
+        assert outcome.verdict is Verdict.WAIT
+        return
+    # A step without an outcome was lost: a failure. In progress counts as not failed (recorded).
+    blocking = [
+        s.name
+        for s, (may_fail, status) in zip(steps, spec, strict=True)
+        if not may_fail and (status is None or status.failed)
+    ]
+    if blocking:
+        assert outcome.verdict is Verdict.FAIL
+        assert outcome.error is not None and f"step {blocking[0]!r}" in outcome.error
+    else:
+        assert outcome.verdict is (Verdict.ADVANCE if has_next else Verdict.COMPLETE)
+
+
+@given(st.floats(min_value=1, max_value=7 * 86400), st.integers(min_value=1, max_value=1000))
+def test_backoff_doubles_from_the_base_and_is_capped_at_ten_times_it(base: float, retry: int) -> None:
+    delay = retry_delay_s(base, retry)
+    assert delay == min(base * 2 ** (retry - 1), base * BACKOFF_CAP_FACTOR)
+    assert base <= delay <= base * BACKOFF_CAP_FACTOR
+    assert retry_delay_s(base, retry + 1) >= delay
+
+
+outcomes = st.sampled_from([ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED])
+
+
+@settings(max_examples=300)
+@given(
+    st.integers(min_value=0, max_value=5),
+    st.lists(st.tuples(outcomes, st.booleans()), min_size=1, max_size=30),
+)
+def test_retries_count_only_the_pending_retrys_own_failures_and_never_exceed_the_limit(
+    max_retries: int, runs: list[tuple[ExecutionStatus, bool]]
+) -> None:
+    """Whatever runs end in whatever order (overlapping ``allow`` runs, manual runs, retries), the
+    schedule goes ``dead`` only after ``max_retries`` retries really ran (failed, or cancelled: a
+    cancelled retry has had its run) since the last success."""
+    policy = RetryPolicy(max_retries=max_retries, total_repeats=0, retry_base_s=60)
+    state = ScheduleState(ScheduleStatus.ACTIVE, current_retry=0, retry_at=None)
+    now = T0
+    retries_failed = 0
+    for ended, is_retry_run in runs:
+        if state.status is not ScheduleStatus.ACTIVE:
+            break
+        # Only a run of the pending retry can be the pending retry's.
+        is_pending_retry = is_retry_run and state.retry_at is not None
+        after = decide_after_execution(
+            state,
+            policy,
+            ended=ended,
+            is_pending_retry=is_pending_retry,
+            pending_retry_started=is_pending_retry,
+            run_count=0,
+            buffered=False,
+            now=now,
+        )
+        if ended is not ExecutionStatus.COMPLETED and is_pending_retry:
+            retries_failed += 1
+        if ended is ExecutionStatus.COMPLETED:
+            assert (after.current_retry, after.retry_at) == (0, None)
+            retries_failed = 0
+        assert 0 <= after.current_retry <= max_retries
+        if after.status is ScheduleStatus.DEAD:
+            assert max_retries and retries_failed == max_retries, (retries_failed, max_retries)
+        if not max_retries:
+            assert after.status is ScheduleStatus.ACTIVE and after.retry_at is None
+        state = ScheduleState(after.status, after.current_retry, after.retry_at)
+        now += timedelta(minutes=1)
+
+
+@settings(max_examples=300)
+@given(
+    st.integers(min_value=1, max_value=3600),
+    st.lists(st.tuples(st.integers(min_value=0, max_value=40), st.floats(min_value=0, max_value=5000)), max_size=40),
+)
+def test_fires_in_any_order_start_each_slot_at_most_once_and_only_the_latest_due(
+    every: int, fires: list[tuple[int, float]]
+) -> None:
+    """No make-up runs: however late, duplicated or out of order fire messages are processed, a
+    run starts only for a slot that is the latest due when processed, never twice, never for a slot
+    older than one already processed."""
+    cadence = Cadence(cron=None, every_s=every, timezone="UTC", anchor=T0)
+    state = ScheduleState(ScheduleStatus.ACTIVE, current_retry=0, retry_at=None)
+    started: list[datetime] = []
+    clock = T0
+    for index, delay in fires:
+        slot = T0 + timedelta(seconds=every * index)
+        clock = max(clock, slot + timedelta(seconds=delay))  # processed at or after its slot
+        decision = decide_fire(state, trigger=Trigger.INTERVAL, nominal_at=slot, now=clock, cadence=cadence)
+        newer = state.last_slot_at is None or slot > state.last_slot_at
+        if decision.claims_slot:
+            assert newer, "a slot older than the last one processed claimed it"
+            state = ScheduleState(state.status, state.current_retry, state.retry_at, last_slot_at=slot)
+        if decision.start:
+            assert newer and decision.claims_slot
+            assert cadence.slot_after(slot) > clock, "a run started for a slot whose next one was due"
+            assert slot not in started
+            started.append(slot)
+    assert started == sorted(started)

@@ -31,6 +31,7 @@ from celeryapp.limits import LIST_PAYLOAD_BYTES, MAX_JSON_BYTES
 from celeryapp.schedule_file import apply_file
 from models import Activity, Schedule, ScheduleExecution, ScheduleStep, SlotRecord, WorkerTask, transaction, utcnow
 from tests.conftest import call
+from tests.test_definition import set_field
 from tests.test_lifecycle import finished
 
 SLEEP = "chordbeat.examples.sleep"
@@ -56,19 +57,7 @@ def change(path: str, value: Any) -> Callable[[], dict[str, Any]]:
     """The base definition with one field (``steps/1/0/name``) set, or removed for ``KeyError``."""
 
     def make() -> dict[str, Any]:
-        definition = base()
-        target: Any = definition
-        keys = path.split("/")
-        for key in keys[:-1]:
-            target = target[int(key)] if key.isdigit() else target[key]
-        last = keys[-1]
-        if value is KeyError:
-            del target[last]
-        elif isinstance(target, list):
-            target[int(last)] = value
-        else:
-            target[last] = value
-        return definition
+        return set_field(base(), path, value)
 
     return make
 

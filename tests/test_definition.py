@@ -40,7 +40,11 @@ def valid() -> dict[str, Any]:
 
 
 def with_change(path: str, value: Any) -> dict[str, Any]:
-    definition = copy.deepcopy(valid())
+    return set_field(copy.deepcopy(valid()), path, value)
+
+
+def set_field(definition: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """Set the field at ``path`` (``steps/1/0/name``) of ``definition``; ``KeyError`` removes it."""
     target: Any = definition
     keys = path.split("/")
     for key in keys[:-1]:

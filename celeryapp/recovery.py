@@ -22,7 +22,7 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.dispatch import apply_effects
 from celeryapp.lifecycle import Effects, advance_execution, cancel_execution, requeue_attempt, resend_queued
 from celeryapp.redis_client import get_redis
-from models import ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction, utcnow
+from models import Activity, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -160,18 +160,26 @@ def time_out_executions(app: ChordbeatCelery, now: datetime, report: RecoveryRep
 
 
 def unstick_executions(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
-    """In-progress executions with nothing queued or running: their advancement was lost."""
+    """In-progress executions with nothing queued or running, and no progress for a while: their
+    advancement was lost.
+
+    The grace counts from the last progress (a step ending), not from the start: under load a
+    long run's advancement may still be queued a moment after its last step ended.
+    """
+    since = now - timedelta(seconds=STUCK_GRACE_S)
     active_task = exists().where(
         WorkerTask.execution_id == ScheduleExecution.id,
         WorkerTask.status != WorkerTaskStatus.WAITING,
     )
+    recent_progress = exists().where(Activity.execution_id == ScheduleExecution.id, Activity.completed_at >= since)
     with transaction(app.settings.database_url, read_only=True) as session:
         stuck = session.execute(
             select(ScheduleExecution.id, ScheduleExecution.current_step_index).where(
                 and_(
                     ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
-                    ScheduleExecution.started_at < now - timedelta(seconds=STUCK_GRACE_S),
+                    ScheduleExecution.started_at < since,
                     ~active_task,
+                    ~recent_progress,
                 )
             )
         ).all()

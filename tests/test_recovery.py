@@ -47,6 +47,12 @@ def backdate(app: ChordbeatCelery, execution_id: int, seconds: float = 60) -> No
         session.execute(
             update(WorkerTask).where(WorkerTask.execution_id == execution_id).values(queued_at=past, started_at=past)
         )
+        session.execute(update(Activity).where(Activity.execution_id == execution_id).values(started_at=past))
+        session.execute(
+            update(Activity)
+            .where(Activity.execution_id == execution_id, Activity.completed_at.is_not(None))
+            .values(completed_at=past)
+        )
 
 
 def recovery_has_been_running(app: ChordbeatCelery) -> None:
@@ -86,6 +92,25 @@ def test_a_stuck_execution_is_advanced_by_recovery(app: ChordbeatCelery, worker:
     assert report.unstuck == [execution_id]
     done = finished(client, execution_id)
     assert done["status"] == "completed" and [a["step"] for a in done["activities"]] == ["a", "b"]
+
+
+def test_a_run_whose_last_step_just_ended_is_not_taken_for_stuck(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    """Under load the advancement may still be queued: the grace counts from the last progress."""
+    call(client, "chordbeat.apply_schedule", definition={"name": "busy", "every": 60, "steps": [step("a"), step("b")]})
+    execution_id = start_without_dispatch(app, "busy")
+    backdate(app, execution_id)  # a run started long ago ...
+    with transaction(app.settings.database_url) as session:
+        task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.step_name == "a"))
+        assert task_id is not None
+        claim = claim_step(session, task_id, 1, node="w@host", now=utcnow())
+        assert claim is not None
+        finish_step(session, claim, ActivityStatus.COMPLETE, now=utcnow())  # ... whose step just ended
+    assert recovery.recover(app).unstuck == []
+    backdate(app, execution_id)  # no progress for a while: now it is stuck
+    assert recovery.recover(app).unstuck == [execution_id]
+    assert finished(client, execution_id)["status"] == "completed"
 
 
 def test_a_processing_step_without_heartbeat_is_requeued_and_its_late_message_does_nothing(

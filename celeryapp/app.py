@@ -105,22 +105,23 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "timezone": "UTC",
         "enable_utc": True,
         "beat_scheduler": "celeryapp.beat:ChordbeatScheduler",
-        # Internal periodic tasks; every schedule of the database gets its own dynamic entry.
+        # Internal periodic tasks; every schedule of the database gets its own dynamic entry. Nobody
+        # reads what beat's messages return: storing it would keep a result key a day per message.
         "beat_schedule": {
             "chordbeat-reconcile": {
                 "task": "chordbeat.reconcile_beat",
                 "schedule": RECONCILE_INTERVAL_S,
-                "options": {"queue": CONTROL_QUEUE, "expires": RECONCILE_INTERVAL_S},
+                "options": {"queue": CONTROL_QUEUE, "expires": RECONCILE_INTERVAL_S, "ignore_result": True},
             },
             "chordbeat-recover": {
                 "task": "chordbeat.recover",
                 "schedule": settings.recovery_interval_s,
-                "options": {"queue": CONTROL_QUEUE, "expires": settings.recovery_interval_s},
+                "options": {"queue": CONTROL_QUEUE, "expires": settings.recovery_interval_s, "ignore_result": True},
             },
             "chordbeat-housekeeping": {
                 "task": "chordbeat.housekeeping",
                 "schedule": HOUSEKEEPING_INTERVAL_S,
-                "options": {"queue": CONTROL_QUEUE, "expires": HOUSEKEEPING_INTERVAL_S},
+                "options": {"queue": CONTROL_QUEUE, "expires": HOUSEKEEPING_INTERVAL_S, "ignore_result": True},
             },
         },
         "beat_max_loop_interval": BEAT_MAX_LOOP_INTERVAL_S,

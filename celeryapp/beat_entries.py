@@ -178,7 +178,8 @@ def desired_entry(app: Celery, schedule: Schedule, now: datetime) -> ScheduleEnt
         task=FIRE_TASK,
         schedule=CadenceSchedule(cadence_of(schedule), schedule.retry_at),
         kwargs={"name": schedule.name},
-        options={"queue": keys.CONTROL_QUEUE},
+        # Nobody reads a fire's answer: no result key kept for a day per slot.
+        options={"queue": keys.CONTROL_QUEUE, "ignore_result": True},
         last_run_at=last_run_at,
         app=app,
     )

@@ -443,3 +443,17 @@ def test_one_corrupt_schedule_does_not_stop_the_repair_of_the_others(app: Chordb
     changes = beat_entries.reconcile(app)
     assert changes.written == ["good"]
     assert client.exists(ScheduleEntry.generate_key(app, entry_name("good")))
+
+
+@pytest.mark.slow
+def test_what_beat_sends_keeps_no_result_in_redis(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    """Fires, recoveries and reconciles answer nobody: a result key for each would live a day."""
+    with processes.worker(settings, tmp_path), processes.beat(settings, tmp_path):
+        call(client, "chordbeat.apply_schedule", definition={"name": "quiet", "every": 1, "steps": [step("s")]})
+        wait_for(lambda: len(service.list_executions(app, "quiet")) >= 3, 30, interval=0.2, what="three fires")
+        redis_client = get_redis(settings.broker_url)
+        results = [json.loads(redis_client.get(key) or "{}") for key in redis_client.scan_iter("celery-task-meta-*")]
+    kept = [r["result"] for r in results if isinstance(r.get("result"), dict)]
+    assert not [r for r in kept if "execution_id" in r or "requeued" in r], kept

@@ -40,6 +40,10 @@ class InvalidTransition(ChordbeatError):
     """Raised when a caller asks for a state change the current state does not allow."""
 
 
+class StepError(ChordbeatError):
+    """Raised when an executable or SQL step fails; the message is the activity's error."""
+
+
 class StepCancelled(BaseException):
     """Raised inside a running step when its execution was cancelled.
 

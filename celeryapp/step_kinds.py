@@ -22,6 +22,7 @@ from sqlalchemy import Engine, create_engine, event
 
 from celeryapp import outcome
 from celeryapp.context import current_step
+from celeryapp.errors import StepError
 from celeryapp.step_policy import env_name_refusal, executable_refusal, sql_env_refusal
 
 #: Characters of an executable's combined output kept on its activity (the end of it).
@@ -37,10 +38,6 @@ SUPERVISOR = Path(__file__).with_name("step_supervisor.py")
 POLL_S = 0.25
 #: Seconds the supervisor gets to kill the program's group before it is killed itself.
 STOP_WAIT_S = 5.0
-
-
-class StepError(Exception):
-    """Raised when an executable or SQL step fails; the message is the activity's error."""
 
 
 def tail(text: str, limit: int = OUTPUT_CHARS) -> str:

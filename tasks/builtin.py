@@ -6,16 +6,17 @@ from typing import Any
 
 from celeryapp import app, step_kinds
 from celeryapp.context import current_step
+from celeryapp.errors import StepError
 
 
 def _require(kind: str) -> None:
     # A broker message naming this task directly (or through celery.starmap and the like) runs
     # outside any step: only the step runner, after its own checks, may run it.
     if current_step() is None:
-        raise step_kinds.StepError(f"{kind} steps run only as a step of an execution")
+        raise StepError(f"{kind} steps run only as a step of an execution")
     # Checked again here: a definition stored while the kind was enabled must not run after.
     if kind not in app.settings.step_kinds:
-        raise step_kinds.StepError(f"{kind} steps are not enabled on this worker (CHORDBEAT_STEP_KINDS)")
+        raise StepError(f"{kind} steps are not enabled on this worker (CHORDBEAT_STEP_KINDS)")
 
 
 @app.task(name="chordbeat.steps.executable")

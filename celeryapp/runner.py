@@ -37,8 +37,16 @@ CLAIM_RETRY_DELAYS_S = (0.2, 0.5, 0)
 
 
 def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return text[:ERROR_CHARS]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _storable(text: str | None) -> str | None:
+    """Step code writes what it likes: keep at most ERROR_CHARS, with NUL (which PostgreSQL refuses
+    in text) and lone surrogates (which no driver can encode) made visible instead."""
+    if text is None:
+        return None
+    visible = text[: ERROR_CHARS * 2].replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return visible[:ERROR_CHARS]
 
 
 Outcome = tuple[ActivityStatus, str | None, str | None]
@@ -92,6 +100,7 @@ def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcom
 
 def _record(app: ChordbeatCelery, claim: Claim, status: ActivityStatus, error: str | None, message: str | None) -> bool:
     url = app.settings.database_url
+    error, message = _storable(error), _storable(message)
     for attempt in range(1, RECORD_TRIES + 1):
         try:
             with transaction(url) as session:

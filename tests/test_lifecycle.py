@@ -184,3 +184,28 @@ def test_a_step_sees_its_run_and_the_merged_payload(app: ChordbeatCelery, worker
     started = call(client, "chordbeat.trigger_schedule", name="ctx", payload={"mode": "delta"})
     done = finished(client, started["execution_id"])
     assert done["activities"][0]["message"] == "ctx/look#1 payload={'initiator': 'hr', 'mode': 'delta'}"
+
+
+@chordbeat_app.task(name="tests.hostile_output")
+def hostile_output(fail: bool) -> dict[str, Any]:
+    text = "a\x00b\ud800c" + "x" * 10_000
+    if fail:
+        raise RuntimeError(text)
+    return outcome.warning(text)
+
+
+def test_a_step_writing_nul_surrogates_or_megabytes_is_recorded_all_the_same(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    """PostgreSQL refuses NUL in text and no driver encodes a lone surrogate: the outcome is kept,
+    cut to size, with those characters made visible."""
+    steps = [
+        {"name": "warns", "task": "tests.hostile_output", "kwargs": {"fail": False}},
+        {"name": "fails", "task": "tests.hostile_output", "kwargs": {"fail": True}},
+    ]
+    call(client, "chordbeat.apply_schedule", definition={"name": "hostile-out", "every": 60, "steps": steps})
+    done = finished(client, call(client, "chordbeat.trigger_schedule", name="hostile-out")["execution_id"])
+    warns, fails = done["activities"]
+    assert warns["status"] == "complete_with_warning" and warns["message"].startswith("a\\x00b\\ud800c")
+    assert fails["status"] == "failed_with_error" and fails["error"].startswith("RuntimeError: a\\x00b\\ud800c")
+    assert len(warns["message"]) <= 2000 and len(fails["error"]) <= 2000

@@ -17,7 +17,7 @@ from sqlalchemy import update
 from celeryapp import keys
 from celeryapp.app import ChordbeatCelery
 from celeryapp.context import StepContext, running_step
-from celeryapp.dispatch import drop_pickup, take_message
+from celeryapp.dispatch import drop_pickup
 from celeryapp.errors import StepCancelled
 from celeryapp.heartbeat import StepWatch
 from celeryapp.lifecycle import Claim, claim_step, finish_step
@@ -144,9 +144,7 @@ def _claim(app: ChordbeatCelery, worker_task_id: int, attempt: int, node: str) -
 
 def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: str) -> dict[str, Any]:
     settings = app.settings
-    # Usually done already when the worker received the message (signals.py); again here for
-    # pools and callers that skip that signal.
-    take_message(app, worker_task_id, attempt)
+    # The pickup lease was taken when the worker received the message (signals.py).
     claim = _claim(app, worker_task_id, attempt, node)
     if not isinstance(claim, Claim):
         # Nothing was claimed, so nothing runs here; the attempt is still queued in the database.

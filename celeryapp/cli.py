@@ -371,3 +371,30 @@ def metrics_cmd(port: int, address: str) -> None:
 
     click.echo(f"serving metrics on http://{address}:{port}/metrics")
     serve(_app(), port, address)
+
+
+@main.group("web", invoke_without_command=True)
+@click.pass_context
+def web_cmd(ctx: click.Context) -> None:
+    """Serve the dashboard (CHORDBEAT_WEB_* settings; refuses to start without accounts)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from celeryapp.web.auth import check_auth_config
+    from celeryapp.web.server import serve
+
+    app = _app()
+    try:
+        check_auth_config(app.settings.web_users, app.settings.web_secret)
+    except ChordbeatError as exc:
+        raise click.ClickException(printable(exc)) from None
+    click.echo(f"dashboard on http://{app.settings.web_address}:{app.settings.web_port}/")
+    serve(app)
+
+
+@web_cmd.command("hash-password")
+@click.password_option()
+def web_hash_password(password: str) -> None:
+    """Print a hash of a password for CHORDBEAT_WEB_USERS."""
+    from celeryapp.web.auth import hash_password
+
+    click.echo(hash_password(password))

@@ -47,8 +47,15 @@ OWN_VARIABLES = frozenset(
         "CHORDBEAT_STEP_TASKS",
         "CHORDBEAT_EXECUTABLE_ALLOW",
         "CHORDBEAT_SQL_ENV_PREFIX",
+        "CHORDBEAT_WEB_USERS",
+        "CHORDBEAT_WEB_SECRET",
+        "CHORDBEAT_WEB_ADDRESS",
+        "CHORDBEAT_WEB_PORT",
     }
 )
+#: Where ``chordbeat web`` listens unless told otherwise: this machine only.
+DEFAULT_WEB_ADDRESS = "127.0.0.1"
+DEFAULT_WEB_PORT = 8180
 _VARIABLE_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -114,6 +121,13 @@ def _env_float(env: Mapping[str, str], name: str, default: float, *, minimum: fl
     return value
 
 
+def _web_port(env: Mapping[str, str]) -> int:
+    raw = env.get("CHORDBEAT_WEB_PORT") or str(DEFAULT_WEB_PORT)
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 65535:
+        raise ConfigError(f"CHORDBEAT_WEB_PORT: expected a TCP port (1-65535), got {raw!r}")
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the processes need to know about their surroundings."""
@@ -140,6 +154,12 @@ class Settings:
     sql_env_prefix: str = DEFAULT_SQL_ENV_PREFIX
     #: The URLs sql steps may use, by variable name (those starting with ``sql_env_prefix``).
     sql_urls: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Dashboard accounts, ``name:role:password`` entries separated by commas (celeryapp/web/auth.py).
+    web_users: str = field(default="", repr=False)
+    #: Key that signs the dashboard's session cookies.
+    web_secret: str = field(default="", repr=False)
+    web_address: str = DEFAULT_WEB_ADDRESS
+    web_port: int = DEFAULT_WEB_PORT
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -170,4 +190,8 @@ class Settings:
                 for name, url in env.items()
                 if name.startswith(sql_prefix) and name != sql_prefix and name not in OWN_VARIABLES and url
             },
+            web_users=env.get("CHORDBEAT_WEB_USERS", ""),
+            web_secret=env.get("CHORDBEAT_WEB_SECRET", ""),
+            web_address=env.get("CHORDBEAT_WEB_ADDRESS") or DEFAULT_WEB_ADDRESS,
+            web_port=_web_port(env),
         )

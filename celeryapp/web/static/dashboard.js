@@ -1,0 +1,65 @@
+// Live parts of the pages: an element with data-live="URL" is re-filled from that URL every
+// data-every milliseconds (server-rendered HTML fragments) until the fragment carries data-final.
+"use strict";
+
+function localTimes(root) {
+  for (const el of root.querySelectorAll("time.local")) {
+    const at = new Date(el.getAttribute("datetime"));
+    if (isNaN(at)) continue;
+    el.textContent = "yours: " + at.toLocaleString(undefined, {
+      year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit",
+      second: "2-digit", timeZoneName: "short",
+    });
+  }
+  for (const el of root.querySelectorAll(".localzone")) {
+    el.textContent = "yours (" + Intl.DateTimeFormat().resolvedOptions().timeZone + ")";
+  }
+}
+
+function live(el) {
+  const every = parseInt(el.dataset.every || "5000", 10);
+  let timer = null;
+  async function refresh() {
+    if (el.querySelector("[data-final]")) return;
+    try {
+      const response = await fetch(el.dataset.live, { credentials: "same-origin", redirect: "manual" });
+      if (response.type === "opaqueredirect" || response.status === 401 || response.status === 403) {
+        window.location.reload(); // logged out: the page shows the login form
+        return;
+      }
+      if (response.ok) {
+        el.innerHTML = await response.text();
+        localTimes(el);
+        el.dataset.refreshed = String(Date.now());
+      }
+    } catch (err) {
+      // Server away for a moment: try again at the next tick.
+    }
+    timer = setTimeout(refresh, document.hidden ? every * 4 : every);
+  }
+  timer = setTimeout(refresh, every);
+}
+
+function details() {
+  const panel = document.getElementById("detail");
+  if (!panel) return;
+  document.addEventListener("click", async (event) => {
+    const close = event.target.closest(".stepdetail .close");
+    if (close) { panel.hidden = true; return; }
+    const cell = event.target.closest("a[data-detail]");
+    if (!cell) return;
+    event.preventDefault();
+    const response = await fetch(cell.dataset.detail, { credentials: "same-origin" });
+    if (!response.ok) { window.location = cell.href; return; }
+    panel.innerHTML = await response.text();
+    panel.hidden = false;
+    localTimes(panel);
+    panel.scrollIntoView({ block: "nearest" });
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  localTimes(document);
+  for (const el of document.querySelectorAll("[data-live]")) live(el);
+  details();
+});

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import tornado.web
-from sqlalchemy import distinct, select
+from sqlalchemy import select
 
 from celeryapp import service
 from celeryapp.app import ChordbeatCelery
@@ -208,7 +208,7 @@ class HealthHandler(BaseHandler):
     async def get(self, fragment: str | None = None) -> None:
         now = datetime.now(UTC)
         view = await self.read(queries.health_view, now)
-        queues = await self.read(lambda s: [q for q in s.scalars(select(distinct(ScheduleStep.queue))).all() if q])
+        queues = await self.read(lambda s: [q for q in s.scalars(select(ScheduleStep.queue).distinct()).all() if q])
         app = self.ctx.app
         state = await asyncio.get_running_loop().run_in_executor(None, broker_state, app, queues)
         beat_file = age_s(app.settings, "beat")

@@ -1,0 +1,110 @@
+"""The dashboard's pure parts: words for cadences and times, accounts and passwords."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from celeryapp.errors import ConfigError
+from celeryapp.web.auth import Role, check_auth_config, check_password, hash_password, parse_users
+from celeryapp.web.humanize import cadence_words, cron_words, in_zone, relative, seconds_words
+from celeryapp.web.queries import next_fire_times
+from models import Schedule, ScheduleStatus
+
+
+@pytest.mark.parametrize(
+    ("cron", "words"),
+    [
+        ("0 2 * * *", "02:00 every day"),
+        ("30 7 * * 1-5", "07:30 on Mon to Fri"),
+        ("0 9 * * 1,3", "09:00 on Mon, Wed"),
+        ("*/15 * * * *", "every 15 min"),
+        ("5 * * * *", "hourly at :05"),
+        ("0 */6 * * *", "every 6 h at :00"),
+        ("* * * * *", "every minute"),
+        ("0 2 1 * *", "cron 0 2 1 * *"),
+        ("0 2-4 * * *", "cron 0 2-4 * * *"),
+    ],
+)
+def test_cron_in_words(cron: str, words: str) -> None:
+    assert cron_words(cron) == words
+
+
+def test_cadence_durations_and_relative_times() -> None:
+    assert cadence_words("0 2 * * *", None, "Europe/London") == "02:00 every day, Europe/London"
+    assert cadence_words(None, 300, "UTC") == "every 5 min"
+    assert seconds_words(5 * 3600 + 12 * 60 + 7) == "5 h 12 min"
+    assert seconds_words(3 * 86400 + 4 * 3600) == "3 d 4 h"
+    assert seconds_words(0.25) == "0.2 s" or seconds_words(0.25) == "0.3 s"
+    now = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+    assert relative(datetime(2026, 11, 22, 15, 12, tzinfo=UTC), now) == "in 5 h 12 min"
+    assert relative(datetime(2026, 11, 22, 9, 57, tzinfo=UTC), now) == "3 min ago"
+    assert in_zone(datetime(2026, 7, 1, 1, 0, tzinfo=UTC), "Europe/London") == "2026-07-01 02:00:00 BST (+01:00)"
+
+
+def test_next_ten_fire_times_cross_dst_with_their_offsets() -> None:
+    schedule = Schedule(
+        name="n",
+        cron="0 2 * * *",
+        every_s=None,
+        timezone="Europe/London",
+        status=ScheduleStatus.ACTIVE,
+        next_run_at=datetime(2026, 10, 20, 1, 0, tzinfo=UTC),
+        retry_at=None,
+    )
+    times = next_fire_times(schedule, datetime(2026, 10, 19, tzinfo=UTC))
+    assert len(times) == 10
+    shown = [in_zone(t, "Europe/London") for t in times]
+    assert shown[0] == "2026-10-20 02:00:00 BST (+01:00)"
+    assert "2026-10-26 02:00:00 GMT (+00:00)" in shown
+    assert all(s.startswith(f"2026-10-{20 + i} 02:00:00") for i, s in enumerate(shown))
+
+
+def test_a_paused_schedule_shows_when_it_would_fire() -> None:
+    schedule = Schedule(
+        name="n",
+        cron=None,
+        every_s=60.0,
+        timezone="UTC",
+        status=ScheduleStatus.PAUSED,
+        next_run_at=None,
+        retry_at=None,
+        updated_at=datetime(2026, 1, 1, tzinfo=UTC),
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    times = next_fire_times(schedule, datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC))
+    assert [t.second for t in times[:2]] == [0, 0] and len(times) == 10
+
+
+def test_users_parse_with_roles_and_both_password_forms() -> None:
+    hashed = hash_password("s3cret:with,colon", iterations=1000)
+    users = parse_users(f"ops:admin:{hashed}, watcher:viewer:plain-pass:with:colons")
+    assert users["ops"].role is Role.ADMIN and users["ops"].may_act
+    # Hashed, a password may hold any character (commas included): only the hash is in the list.
+    assert users["ops"].check("s3cret:with,colon")
+    assert check_password(hash_password("s3cret", iterations=1000), "s3cret")
+    assert not check_password(hash_password("s3cret", iterations=1000), "S3cret")
+    assert users["watcher"].check("plain-pass:with:colons") and not users["watcher"].may_act
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ("ops:root:pw", "role must be admin or viewer"),
+        ("ops:admin", "expected name:role:password"),
+        ("ops:admin:a,ops:viewer:b", "appears twice"),
+    ],
+)
+def test_bad_user_entries_are_refused_by_name(raw: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason) as info:
+        parse_users(raw)
+    assert "CHORDBEAT_WEB_USERS entry" in str(info.value)
+
+
+def test_the_dashboard_refuses_to_start_without_accounts_or_secret() -> None:
+    with pytest.raises(ConfigError, match="no accounts"):
+        check_auth_config("", "x" * 40)
+    with pytest.raises(ConfigError, match="CHORDBEAT_WEB_SECRET"):
+        check_auth_config("ops:admin:pw", "short")
+    assert set(check_auth_config("ops:admin:pw", "x" * 40)) == {"ops"}

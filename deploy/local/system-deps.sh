@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Makes sure redis-server and the PostgreSQL server binaries exist; installs Debian's packages
+# Makes sure redis-server, the PostgreSQL server binaries and Chromium with its driver exist; installs Debian's packages
 # when they are missing and we are root, otherwise says what to install.
 set -euo pipefail
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+# The dashboard's browser tests drive Debian's Chromium through its chromedriver (nothing downloaded).
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${missing[*]} from Debian's packages"

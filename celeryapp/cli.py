@@ -373,12 +373,9 @@ def metrics_cmd(port: int, address: str) -> None:
     serve(_app(), port, address)
 
 
-@main.group("web", invoke_without_command=True)
-@click.pass_context
-def web_cmd(ctx: click.Context) -> None:
+@main.command("web")
+def web_cmd() -> None:
     """Serve the dashboard (CHORDBEAT_WEB_* settings; refuses to start without accounts)."""
-    if ctx.invoked_subcommand is not None:
-        return
     from celeryapp.web.auth import check_auth_config
     from celeryapp.web.server import serve
 
@@ -391,9 +388,9 @@ def web_cmd(ctx: click.Context) -> None:
     serve(app)
 
 
-@web_cmd.command("hash-password")
+@main.command("web-password")
 @click.password_option()
-def web_hash_password(password: str) -> None:
+def web_password_cmd(password: str) -> None:
     """Print a hash of a password for CHORDBEAT_WEB_USERS."""
     from celeryapp.web.auth import hash_password
 

@@ -144,6 +144,7 @@ def test_compose_services_run_real_commands_with_healthchecks() -> None:
         "beat-b": "beat",
         "flower": "flower",
         "metrics": "metrics",
+        "web": "web",
     }
     assert services["worker"]["healthcheck"]["test"] == ["CMD", "chordbeat", "health", "worker"]
     assert services["control"]["healthcheck"]["test"] == ["CMD", "chordbeat", "health", "worker"]
@@ -165,6 +166,7 @@ def test_kubernetes_manifests_run_real_commands_with_probes() -> None:
         "chordbeat-beat",
         "chordbeat-flower",
         "chordbeat-metrics",
+        "chordbeat-web",
     }
     assert deployments["chordbeat-beat"]["spec"]["replicas"] == 2
     for name, deployment in deployments.items():
@@ -184,12 +186,12 @@ def test_systemd_units_run_real_commands() -> None:
         (exec_start,) = unit["ExecStart"]
         roles.add(check_command(shlex.split(exec_start)))
         assert unit["EnvironmentFile"][0] == "/etc/chordbeat/chordbeat.env", name
-    assert roles == {"db upgrade", "worker", "beat", "flower", "metrics"}
+    assert roles == {"db upgrade", "worker", "beat", "flower", "metrics", "web"}
 
 
 def test_make_run_runs_real_commands_each_restarted_when_it_dies() -> None:
     lines = procfile()
-    assert set(lines) == {"redis", "worker", "control", "beat", "flower"}
+    assert set(lines) == {"redis", "worker", "control", "beat", "flower", "web"}
     for name, argv in lines.items():
         assert argv[:2] == RESPAWN, f"{name} is not restarted when it dies"
         if name != "redis":
@@ -233,13 +235,14 @@ def test_compose_is_hardened() -> None:
             role = re.match(r"postgresql\+psycopg://(\w+):", env["CHORDBEAT_DATABASE_URL"])
             assert role is not None and role.group(1) == ("chordbeat_migrate" if name == "migrate" else "chordbeat_app")
             assert ("FLOWER_BASIC_AUTH" in env) == (name == "flower"), name
+            assert ("CHORDBEAT_WEB_USERS" in env) == (name == "web"), name
     redis = services["redis"]["command"]
     assert redis[redis.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
     postgres = services["postgres"]
     assert "POSTGRES_USER" not in postgres["environment"], "the superuser must not be the application's role"
     assert "./postgres:/docker-entrypoint-initdb.d:ro" in postgres["volumes"]
     # Every secret is required: compose refuses to start with one unset or empty.
-    for secret in re.findall(r"\$\{((?:REDIS|POSTGRES|FLOWER)_[A-Z_]+)([^}]*)\}", text):
+    for secret in re.findall(r"\$\{((?:REDIS|POSTGRES|FLOWER|WEB)_[A-Z_]+)([^}]*)\}", text):
         assert secret[1].startswith(":?"), secret
     example = env_file(DEPLOY / "env.example")
     assert all(example[k] == "" for k in example if not k.startswith("CHORDBEAT_")), "env.example ships a value"
@@ -267,6 +270,7 @@ def test_kubernetes_pods_are_hardened_and_ship_no_secret_values() -> None:
             secrets = {s["secretRef"]["name"] for s in container["envFrom"] if "secretRef" in s}
             assert secrets == {"chordbeat-migrate"} if doc["kind"] == "Job" else "chordbeat" in secrets, name
             assert ("chordbeat-flower" in secrets) == (name == "chordbeat-flower"), name
+            assert ("chordbeat-web" in secrets) == (name == "chordbeat-web"), name
             for secret in secrets:
                 assert f"kubectl create secret generic {secret} " in documented, f"{secret} is not documented"
     assert "CHORDBEAT_BROKER_URL='redis://:REDIS_PASSWORD@" in documented
@@ -290,6 +294,7 @@ def test_systemd_units_are_sandboxed_and_restart() -> None:
             assert "FLOWER_DB=/var/lib/chordbeat-flower/flower.db" in unit["Environment"], name
         assert ("/etc/chordbeat/migrate.env" in unit["EnvironmentFile"]) == (role == "db upgrade"), name
         assert ("/etc/chordbeat/flower.env" in unit["EnvironmentFile"]) == (role == "flower"), name
+        assert ("/etc/chordbeat/web.env" in unit["EnvironmentFile"]) == (role == "web"), name
     env = env_file(DEPLOY / "systemd" / "chordbeat.env")
     assert env["CHORDBEAT_BROKER_URL"].startswith("redis://:REDIS_PASSWORD@")
     assert env["CHORDBEAT_DATABASE_URL"].startswith("postgresql+psycopg://chordbeat_app:")

@@ -2,7 +2,8 @@
 
 ``CHORDBEAT_WEB_USERS`` holds ``name:role:password`` entries separated by commas. ``role`` is
 ``admin`` (may run, pause, resume and cancel) or ``viewer`` (may look). ``password`` is a hash made
-by ``chordbeat web hash-password`` (``pbkdf2_sha256$iterations$salt$hex``) or, for a local setup,
+by ``chordbeat web-password`` (``pbkdf2_sha256:iterations:salt:hex``; no ``$``, so
+compose and shells leave it alone) or, for a local setup,
 the password itself.
 """
 
@@ -32,7 +33,7 @@ class Role(StrEnum):
 class WebUser:
     name: str
     role: Role
-    password: str  # a ``pbkdf2_sha256$…`` hash, or the plain password
+    password: str  # a ``pbkdf2_sha256:…`` hash, or the plain password
 
     @property
     def may_act(self) -> bool:
@@ -45,11 +46,11 @@ class WebUser:
 def hash_password(password: str, *, iterations: int = HASH_ITERATIONS) -> str:
     salt = secrets.token_hex(16)
     digest = hashlib.pbkdf2_hmac("sha256", password.encode(), salt.encode(), iterations).hex()
-    return f"{HASH_SCHEME}${iterations}${salt}${digest}"
+    return f"{HASH_SCHEME}:{iterations}:{salt}:{digest}"
 
 
 def check_password(stored: str, given: str) -> bool:
-    parts = stored.split("$")
+    parts = stored.split(":")
     if len(parts) == 4 and parts[0] == HASH_SCHEME and parts[1].isdigit():
         digest = hashlib.pbkdf2_hmac("sha256", given.encode(), parts[2].encode(), int(parts[1])).hex()
         return hmac.compare_digest(digest, parts[3])
@@ -82,7 +83,7 @@ def check_auth_config(users_raw: str, secret: str) -> dict[str, WebUser]:
     if not users:
         raise ConfigError(
             "CHORDBEAT_WEB_USERS: no accounts; the dashboard does not run without a login "
-            "(e.g. 'ops:admin:<hash from chordbeat web hash-password>')"
+            "(e.g. 'ops:admin:<hash from chordbeat web-password>')"
         )
     if len(secret) < MIN_SECRET_CHARS:
         raise ConfigError(

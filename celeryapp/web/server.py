@@ -132,6 +132,13 @@ class LoginHandler(BaseHandler):
         return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/"
 
 
+class AliveHandler(BaseHandler):
+    """For probes: answers without a login and without touching anything."""
+
+    def get(self) -> None:
+        self.write("ok\n")
+
+
 class LogoutHandler(BaseHandler):
     def post(self) -> None:
         self.clear_cookie(SESSION_COOKIE)
@@ -207,10 +214,13 @@ class HealthHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, fragment: str | None = None) -> None:
         now = datetime.now(UTC)
-        view = await self.read(queries.health_view, now)
-        queues = await self.read(lambda s: [q for q in s.scalars(select(ScheduleStep.queue).distinct()).all() if q])
         app = self.ctx.app
-        state = await asyncio.get_running_loop().run_in_executor(None, broker_state, app, queues)
+        queues = await self.read(lambda s: [q for q in s.scalars(select(ScheduleStep.queue).distinct()).all() if q])
+        # The workers' ping takes its whole timeout: the database is read meanwhile.
+        view, state = await asyncio.gather(
+            self.read(queries.health_view, now),
+            asyncio.get_running_loop().run_in_executor(None, broker_state, app, queues),
+        )
         beat_file = age_s(app.settings, "beat")
         args = {"v": view, "b": state, "beat_file_age": beat_file}
         if fragment:
@@ -265,6 +275,7 @@ def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> to
         [
             (r"/login", LoginHandler, ctx),
             (r"/logout", LogoutHandler, ctx),
+            (r"/healthz", AliveHandler, ctx),
             (r"/", SchedulesHandler, ctx),
             (r"/schedules/(fragment)", SchedulesHandler, ctx),
             (r"/schedule", ScheduleHandler, ctx),

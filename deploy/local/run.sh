@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make run`: step worker, control worker, beat and Flower (and Redis if none answers) in the
+# `make run`: step worker, control worker, beat, Flower and the dashboard (and Redis if none answers) in the
 # foreground. Each process is started again when it dies (deploy/local/respawn.py); Ctrl-C stops
 # them all. State and generated local credentials live in $CHORDBEAT_RUN_DIR (default .run/).
 set -euo pipefail
@@ -23,6 +23,14 @@ print(f"LOCAL_FLOWER_COOKIE_SECRET={secrets.token_urlsafe(32)}")
 print(f"LOCAL_REDIS_PASSWORD={secrets.token_urlsafe(24)}")
 PY
 fi
+# Dashboard credentials, added to a local.env made before the dashboard existed.
+if ! grep -q '^LOCAL_WEB_PASSWORD=' "$run_dir/local.env"; then
+  python - >> "$run_dir/local.env" <<'PY'
+import secrets
+print(f"LOCAL_WEB_PASSWORD={secrets.token_urlsafe(18)}")
+print(f"LOCAL_WEB_SECRET={secrets.token_urlsafe(32)}")
+PY
+fi
 # shellcheck source=/dev/null
 . "$run_dir/local.env"
 if [ -z "${FLOWER_BASIC_AUTH:-}" ]; then
@@ -30,10 +38,16 @@ if [ -z "${FLOWER_BASIC_AUTH:-}" ]; then
   echo "Flower: http://127.0.0.1:${FLOWER_PORT:-5555} (user chordbeat, password $LOCAL_FLOWER_PASSWORD; in $run_dir/local.env)"
 fi
 export FLOWER_COOKIE_SECRET="${FLOWER_COOKIE_SECRET:-$LOCAL_FLOWER_COOKIE_SECRET}"
+if [ -z "${CHORDBEAT_WEB_USERS:-}" ]; then
+  # One local admin with a plain password (this machine only; hash passwords anywhere else).
+  export CHORDBEAT_WEB_USERS="admin:admin:$LOCAL_WEB_PASSWORD"
+  echo "Dashboard: http://127.0.0.1:${CHORDBEAT_WEB_PORT:-8180} (user admin, password $LOCAL_WEB_PASSWORD; in $run_dir/local.env)"
+fi
+export CHORDBEAT_WEB_SECRET="${CHORDBEAT_WEB_SECRET:-$LOCAL_WEB_SECRET}"
 
 masked() { sed -E 's#(://[^:/@]*):[^@/]*@#\1:**@#' <<<"$1"; }
 answers() { python -c "import redis,sys; redis.Redis.from_url(sys.argv[1], socket_connect_timeout=1).ping()" "$1" 2>/dev/null; }
-processes="worker control beat flower"
+processes="worker control beat flower web"
 if [ -z "${CHORDBEAT_BROKER_URL:-}" ]; then
   ours="redis://:$LOCAL_REDIS_PASSWORD@127.0.0.1:6379/0"
   if answers "$ours"; then

@@ -29,7 +29,7 @@ SCHEDULES = 10_000
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def seed(url: str, executions: int) -> None:
+def seed(url: str, executions: int, hot: int = 0) -> None:
     engine = create_engine(url)
     now = datetime.now(UTC)
     with engine.begin() as conn:
@@ -81,12 +81,14 @@ def seed(url: str, executions: int) -> None:
             ],
         )
         series, ts = _sql(conn.dialect.name, executions)
+        # The first ``hot`` executions belong to sched-00001 (a busy interval schedule).
+        owner = f"CASE WHEN i <= {hot} THEN 1 ELSE (i % {SCHEDULES}) + 1 END"
         plan = json.dumps([[{"name": f"step-{g}", "task": "chordbeat.examples.sleep"}] for g in (1, 2)])
         conn.execute(
             text(
                 f"""INSERT INTO schedule_executions (id, schedule_id, schedule_name, status, trigger, run_key,
                 current_step_index, plan, payload, started_at, completed_at)
-                SELECT i, (i % {SCHEDULES}) + 1, 'sched-' || substr('0000' || ((i % {SCHEDULES}) + 1), -5, 5),
+                SELECT i, {owner}, 'sched-' || substr('0000' || ({owner}), -5, 5),
                 CASE WHEN i % 17 = 0 THEN 'failed' ELSE 'completed' END, 'cron', 'r' || i, 1, :plan, '{{}}',
                 {ts("i * 30")}, {ts("i * 30 + 20")} FROM {series}"""
             ),
@@ -148,6 +150,7 @@ def main() -> None:
     parser.add_argument("--database", choices=["sqlite", "postgresql"], default="sqlite")
     parser.add_argument("--executions", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--hot", type=int, default=0, help="executions that belong to sched-00001")
     args = parser.parse_args()
     redis_server = RedisServer()
     redis_server.start()
@@ -161,7 +164,7 @@ def main() -> None:
     try:
         upgrade(url)
         started = time.perf_counter()
-        seed(url, args.executions)
+        seed(url, args.executions, args.hot)
         print(f"seeded {SCHEDULES} schedules, {args.executions} executions in {time.perf_counter() - started:.0f} s")
         chordbeat_app.apply_settings(
             Settings(
@@ -178,6 +181,8 @@ def main() -> None:
             "/?status=paused&page=10",
             "/schedules/fragment",
             "/schedule?name=sched-04242",
+            "/schedule?name=sched-00001",
+            "/?q=sched-0000",
             "/schedule/fragment?name=sched-04242",
             f"/execution/{args.executions // 2}",
             f"/execution/{args.executions // 2}/step?step=step-2",

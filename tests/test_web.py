@@ -155,3 +155,8 @@ def test_missing_pages_are_404(web: WebServer) -> None:
     admin = web.session(ADMIN)
     assert admin.get(web.url + "/schedule?name=nope", timeout=10).status_code == 404
     assert admin.get(web.url + "/execution/999", timeout=10).status_code == 404
+    # Beyond what the id column holds, and longer than any name: not found, not a database error.
+    assert admin.get(web.url + "/execution/999999999999", timeout=10).status_code == 404
+    assert admin.get(web.url + "/execution/999999999999/fragment", timeout=10).status_code == 404
+    assert admin.get(web.url + "/schedule", params={"name": "n" * 5000}, timeout=10).status_code == 404
+    assert admin.get(web.url + "/schedule", params={"name": "a\x00b"}, timeout=10).status_code == 404

@@ -24,6 +24,7 @@ from celeryapp import service
 from celeryapp.app import ChordbeatCelery
 from celeryapp.errors import ChordbeatError
 from celeryapp.health import age_s
+from celeryapp.limits import MAX_ID, MAX_NAME_CHARS
 from celeryapp.web import humanize, queries
 from celeryapp.web.auth import WebUser, check_auth_config
 from celeryapp.web.broker_state import broker_state
@@ -183,6 +184,9 @@ class ScheduleHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, fragment: str | None = None) -> None:
         name = self.get_argument("name")
+        # No stored name is longer or holds NUL (which PostgreSQL refuses outright).
+        if len(name) > MAX_NAME_CHARS or "\x00" in name:
+            raise tornado.web.HTTPError(404, reason="no such schedule")
         view = await self.read(queries.schedule_view, name, datetime.now(UTC))
         if view is None:
             raise tornado.web.HTTPError(404, reason="no such schedule")
@@ -195,6 +199,8 @@ class ScheduleHandler(BaseHandler):
 class ExecutionHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, execution_id: str, fragment: str | None = None) -> None:
+        if int(execution_id) > MAX_ID:  # beyond the id column: PostgreSQL would refuse the query
+            raise tornado.web.HTTPError(404, reason="no such execution")
         view = await self.read(queries.execution_view, int(execution_id), datetime.now(UTC))
         if view is None:
             raise tornado.web.HTTPError(404, reason="no such execution")

@@ -63,6 +63,17 @@ def test_wrong_password_and_foreign_next_are_refused(web: WebServer) -> None:
     assert r.headers["Location"] == "/"
 
 
+def test_a_changed_password_or_removed_user_ends_the_session(app: ChordbeatCelery) -> None:
+    with WebServer(app) as before:
+        admin, viewer = before.session(ADMIN), before.session(VIEWER)
+        assert admin.get(before.url + "/", allow_redirects=False, timeout=10).status_code == 200
+    with WebServer(app, users=f"{ADMIN[0]}:admin:new-password,{VIEWER[0]}:viewer:{VIEWER[1]}") as after:
+        assert admin.get(after.url + "/", allow_redirects=False, timeout=10).status_code == 302
+        assert viewer.get(after.url + "/", allow_redirects=False, timeout=10).status_code == 200
+    with WebServer(app, users=f"{ADMIN[0]}:admin:new-password") as after:
+        assert viewer.get(after.url + "/", allow_redirects=False, timeout=10).status_code == 302
+
+
 def test_an_action_without_csrf_token_is_refused(app: ChordbeatCelery, web: WebServer) -> None:
     _define(app, "nightly", [{"name": "a", "task": "chordbeat.examples.sleep"}])
     admin = web.session(ADMIN)

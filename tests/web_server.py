@@ -24,8 +24,9 @@ USERS = f"{ADMIN[0]}:admin:{hash_password(ADMIN[1], iterations=1000)},{VIEWER[0]
 
 
 class WebServer:
-    def __init__(self, app: ChordbeatCelery) -> None:
+    def __init__(self, app: ChordbeatCelery, users: str = USERS) -> None:
         self.app = app
+        self.users = users
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._loop: tornado.ioloop.IOLoop | None = None
@@ -36,7 +37,7 @@ class WebServer:
     def _run(self) -> None:
         asyncio.set_event_loop(asyncio.new_event_loop())
         self._loop = tornado.ioloop.IOLoop.current()
-        self._server = make_app(self.app, parse_users(USERS), SECRET).listen(self.port, address="127.0.0.1")
+        self._server = make_app(self.app, parse_users(self.users), SECRET).listen(self.port, address="127.0.0.1")
         self._ready.set()
         self._loop.start()
 

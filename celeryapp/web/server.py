@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
+import hmac
 import logging
 import os
 from collections.abc import Callable
@@ -36,6 +38,8 @@ SESSION_COOKIE = "chordbeat_session"
 FLASH_COOKIE = "chordbeat_flash"
 #: Days a login lasts.
 SESSION_DAYS = 1
+#: Seconds a wrong password waits before the answer.
+FAILED_LOGIN_DELAY_S = 1.0
 #: Scripts and styles only from here; nothing framed; no referrer leaves.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
@@ -54,6 +58,11 @@ class WebContext:
     users: dict[str, WebUser]
 
 
+def session_stamp(user: WebUser) -> str:
+    """Part of the session cookie that changes with the user's password entry and role."""
+    return hashlib.sha256(f"{user.role.value}:{user.password}".encode()).hexdigest()[:16]
+
+
 def iso_z(value: datetime | None) -> str:
     return "" if value is None else value.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
@@ -70,8 +79,12 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def get_current_user(self) -> WebUser | None:
         raw = self.get_signed_cookie(SESSION_COOKIE, max_age_days=SESSION_DAYS)
-        # A user removed from the configuration is logged out at their next request.
-        return None if raw is None else self.ctx.users.get(raw.decode("utf-8", "replace"))
+        if raw is None:
+            return None
+        name, _, stamp = raw.decode("utf-8", "replace").rpartition(":")
+        user = self.ctx.users.get(name)
+        # A user removed from the configuration, or whose password changed, is logged out.
+        return user if user is not None and hmac.compare_digest(stamp, session_stamp(user)) else None
 
     @property
     def user(self) -> WebUser:
@@ -110,16 +123,21 @@ class LoginHandler(BaseHandler):
     def get(self) -> None:
         self.render("login.html", error=None, next=self._next(), user=None)
 
-    def post(self) -> None:
+    async def post(self) -> None:
         name = self.get_body_argument("username", "")
+        password = self.get_body_argument("password", "")
         user = self.ctx.users.get(name)
-        if user is None or not user.check(self.get_body_argument("password", "")):
+        # A hash check takes a good fraction of a second of CPU: off the event loop.
+        valid = user is not None and await asyncio.get_running_loop().run_in_executor(None, user.check, password)
+        if user is None or not valid:
+            await asyncio.sleep(FAILED_LOGIN_DELAY_S)  # slows down guessing
             self.set_status(401)
             self.render("login.html", error="Wrong user name or password.", next=self._next(), user=None)
             return
+        logger.info("web: %s logged in", user.name)
         self.set_signed_cookie(
             SESSION_COOKIE,
-            user.name,
+            f"{user.name}:{session_stamp(user)}",
             expires_days=SESSION_DAYS,
             httponly=True,
             samesite="Strict",

@@ -14,16 +14,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
 
 from celeryapp import service
 from celeryapp.app import ChordbeatCelery
 from tests.servers import wait_for
 from tests.web_server import ADMIN, VIEWER, WebServer
-
-webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 CHROMIUM = "/usr/bin/chromium"

@@ -16,6 +16,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import click
+from celery.exceptions import TimeoutError as CeleryTimeout
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -61,10 +62,40 @@ def _client() -> Any:
     return ChordbeatClient(settings.broker_url, settings.result_backend)
 
 
+#: Said when no worker answers: the service tasks behind every command but ``apply``, ``db`` and
+#: ``health`` need one.
+NO_WORKER = (
+    "no chordbeat worker is consuming the '{queue}' queue (none answered within {seconds:.0f} s); "
+    "start one: `celery -A celeryapp worker -l INFO` (or `make run`), or a control worker with "
+    "`-Q chordbeat.control,celery`"
+)
+_worker_seen = False
+
+
+def _require_worker(client: Any) -> None:
+    """Fail in seconds, saying what to start, instead of waiting out the call's timeout."""
+    global _worker_seen
+    from celeryapp.client import DEFAULT_PROBE_S, SERVICE_QUEUE
+
+    if _worker_seen:
+        return
+    if not client.worker_listening(DEFAULT_PROBE_S):
+        raise click.ClickException(NO_WORKER.format(queue=SERVICE_QUEUE, seconds=DEFAULT_PROBE_S))
+    _worker_seen = True
+
+
 def _call(method: str, *args: Any, **kwargs: Any) -> Any:
     client = _client()
     try:
+        _require_worker(client)
         return getattr(client, method)(*args, **kwargs)
+    except click.ClickException:
+        raise
+    except CeleryTimeout:
+        raise click.ClickException(
+            f"no answer within {client.timeout_s:.0f} s (workers busy?); a request no worker took by then "
+            "expires and does nothing"
+        ) from None
     except Exception as exc:  # the worker's message names what is wrong
         raise click.ClickException(printable(exc)) from None
     finally:
@@ -82,6 +113,8 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON f
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level.")
 def main(verbose: bool) -> None:
     """Scheduled multi-step executions on Celery."""
+    global _worker_seen
+    _worker_seen = False
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

@@ -200,3 +200,39 @@ def test_the_live_view_shows_hostile_step_names_as_text(hostile: int, settings: 
     assert status == 1, output
     assert "Traceback" not in output and "\x1b]8;" not in output, output
     assert "\\x1b[2J" in output and "\x1b[2J" not in output, output
+
+
+def test_with_no_worker_a_command_fails_in_seconds_saying_what_to_start(app: ChordbeatCelery) -> None:
+    started = time.monotonic()
+    result = CliRunner().invoke(main, ["list"])
+    elapsed = time.monotonic() - started
+    assert result.exit_code == 1, result.output
+    assert "no chordbeat worker is consuming the 'celery' queue" in result.output
+    assert "celery -A celeryapp worker" in result.output
+    assert elapsed < 10, f"took {elapsed:.1f}s"
+
+
+def test_a_call_nobody_answered_expires_instead_of_acting_when_a_worker_appears(
+    app: ChordbeatCelery, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    from celeryapp.client import ChordbeatClient
+    from celeryapp.schedule_file import apply_file
+
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps({"schedules": [{"name": "late", "every": 3600, "steps": [step("s")]}]}))
+    apply_file(app, path)
+    caller = ChordbeatClient(app.settings.broker_url, app.settings.result_backend, timeout_s=1)
+    try:
+        with pytest.raises(CeleryTimeout):
+            caller.trigger_schedule("late")
+        time.sleep(1.5)  # past the message's expiry: what is being tested, not synchronisation
+        request.getfixturevalue("worker")
+        caller.timeout_s = 20
+        assert caller.worker_listening()
+        assert [s["name"] for s in caller.list_schedules()] == ["late"]  # queued behind the expired call
+        assert caller.list_executions(schedule="late") == []
+        assert caller.get_schedule("late")["run_count"] == 0
+    finally:
+        caller.close()

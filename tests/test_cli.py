@@ -26,7 +26,7 @@ from celeryapp.config import Settings
 from celeryapp.health import touch
 from models import transaction
 from tests import processes
-from tests.conftest import call
+from tests.conftest import call, wait_for
 from tests.test_lifecycle import finished, step
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
@@ -236,3 +236,22 @@ def test_a_call_nobody_answered_expires_instead_of_acting_when_a_worker_appears(
         assert caller.get_schedule("late")["run_count"] == 0
     finally:
         caller.close()
+
+
+def test_health_says_unhealthy_once_a_worker_stopped_cleanly(
+    app: ChordbeatCelery, settings: Settings, tmp_path: Path
+) -> None:
+    def health() -> tuple[int, str]:
+        done = subprocess.run(
+            [CHORDBEAT, "health", "worker"], env=processes.settings_env(settings), capture_output=True, text=True
+        )
+        return done.returncode, done.stdout
+
+    process = processes.start_worker(settings, tmp_path)
+    try:
+        wait_for(lambda: health()[0] == 0, 60, what="the worker's liveness file")
+    finally:
+        process.stop()
+    assert process.proc.returncode is not None
+    status, output = health()
+    assert status == 1 and "worker: unhealthy (no liveness file" in output, output

@@ -88,7 +88,7 @@ def test_run_wait_exits_zero_only_for_a_completed_run(app: ChordbeatCelery, work
     )
     ok = cli("run", "good", "--wait", "--payload", '{"who": "cli"}')
     assert ok.exit_code == 0, ok.output
-    assert "execution 1: completed" in ok.output
+    assert "execution 1 of good: completed" in ok.output
     failed = cli("run", "bad", "--wait")
     assert failed.exit_code == 1
     assert "step 'a' failed: StepFailed: a says so" in failed.output
@@ -108,7 +108,7 @@ def test_read_commands_offer_json(app: ChordbeatCelery, worker: Any, client: Any
     assert [s["name"] for s in listed] == ["ny"]
     upcoming = json.loads(cli("next", "ny", "-n", "3", "--json").output)
     assert len(upcoming) == 3 and all(t.endswith("T02:00:00+09:00") for t in upcoming), upcoming
-    assert "T02:00:00+09:00  (JST)" in cli("next", "ny", "-n", "2").output
+    assert "02:00:00 +09:00 JST, in " in cli("next", "ny", "-n", "2").output
     cli("run", "ny", "--wait")
     shown = json.loads(cli("show", "ny", "--json").output)
     assert shown["schedule"]["run_count"] == 1 and len(shown["executions"]) == 1

@@ -8,6 +8,7 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -43,8 +44,13 @@ def cli(*args: str) -> Result:
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
-def in_terminal(settings: Settings, *args: str, columns: int = 80, timeout: float = 60) -> tuple[int, str]:
-    """Run the real ``chordbeat`` in a pseudo-terminal ``columns`` wide: exit status and output."""
+def in_terminal(
+    settings: Settings, *args: str, columns: int = 80, timeout: float = 60, interrupt_on: str | None = None
+) -> tuple[int, str]:
+    """Run the real ``chordbeat`` in a pseudo-terminal ``columns`` wide: exit status and output.
+
+    With ``interrupt_on``, the program gets a SIGINT (Ctrl-C) once its output shows that text.
+    """
     env = processes.settings_env(settings, TERM="xterm-256color")
     for name in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         env.pop(name, None)
@@ -71,6 +77,9 @@ def in_terminal(settings: Settings, *args: str, columns: int = 80, timeout: floa
             if not chunk:
                 break
             output += chunk
+            if interrupt_on is not None and interrupt_on.encode() in output:
+                proc.send_signal(signal.SIGINT)
+                interrupt_on = None
         return proc.wait(10), output.decode("utf-8", "replace")
     finally:
         os.close(leader)
@@ -255,3 +264,74 @@ def test_health_says_unhealthy_once_a_worker_stopped_cleanly(
     assert process.proc.returncode is not None
     status, output = health()
     assert status == 1 and "worker: unhealthy (no liveness file" in output, output
+
+
+#: A time as the CLI shows it: wall time to the second, then (in tables on the next line) the
+#: offset, the zone and how far from now.
+WALL_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+OFFSET_ZONE_RELATIVE = re.compile(r"[+-]\d\d:\d\d [A-Z]{2,5}, (in \d|\d.* ago|now)")
+CURSOR = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def plain_lines(output: str) -> list[str]:
+    return [line for line in CURSOR.sub("", output).replace("\r", "").split("\n")]
+
+
+def test_every_view_fits_80_columns_with_one_time_format_and_no_microseconds(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    slow_steps = [
+        step("HR System - Full Import"),
+        [step("AD - Export"), step("LDAP - Export", "chordbeat.examples.fail", kwargs={"message": "LDAP said no"})],
+        step("Confirm", "chordbeat.examples.warn", kwargs={"message": "3 records skipped"}),
+    ]
+    definition = {"name": "nightly-hr-sync", "cron": "0 2 * * *", "timezone": "Europe/London", "steps": slow_steps}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    warned = [step("a"), step("w", "chordbeat.examples.warn", kwargs={"message": "3 records skipped"})]
+    call(client, "chordbeat.apply_schedule", definition={"name": "every-minute", "every": 60, "steps": warned})
+    failed = finished(client, call(client, "chordbeat.trigger_schedule", name="nightly-hr-sync")["execution_id"])
+    ok = finished(client, call(client, "chordbeat.trigger_schedule", name="every-minute")["execution_id"])
+    views = {}
+    for command in (
+        ("list",),
+        ("show", "nightly-hr-sync"),
+        ("executions",),
+        ("execution", str(failed["id"])),
+        ("execution", str(ok["id"])),
+        ("next", "nightly-hr-sync", "-n", "3"),
+    ):
+        status, output = in_terminal(settings, *command)
+        assert status == 0, output
+        lines = plain_lines(RICH_STYLE.sub("", output))
+        assert all(len(line) <= 80 for line in lines), "\n".join(lines)
+        text = "\n".join(lines)
+        assert WALL_TIME.search(text) and OFFSET_ZONE_RELATIVE.search(text), text
+        assert not re.search(r"\d\d:\d\d:\d\d\.\d", text), f"microseconds in {command}: {text}"
+        assert "T02:00" not in text and "WARNING" not in text, text
+        views[command[0] + (command[1] if command[0] == "execution" else "")] = text
+    assert re.search(r"02:00:00 \+0[01]:00 (GMT|BST), in ", views["next"]), views["next"]
+    failed_view = views[f"execution{failed['id']}"]
+    assert re.search(r"^\s*1\s+HR System - Full Import\s+complete", failed_view, re.M), failed_view
+    assert re.search(r"^\s*2\s+LDAP - Export\s+failed_with_error", failed_view, re.M), failed_view
+    assert "LDAP - Export (try 1): StepFailed: LDAP said no" in failed_view
+    assert "took" in failed_view and "finished" in failed_view
+    assert "warning: 3 records skipped" in views[f"execution{ok['id']}"]
+    assert "to " in views["executions"] and "LDAP said no" in views["executions"]
+    assert "\x1b[" in in_terminal(settings, "executions")[1], "states are coloured in a terminal"
+
+
+def test_ctrl_c_on_run_wait_says_the_run_goes_on_and_how_to_cancel_it(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    definition = {"name": "slow", "every": 3600, "steps": [step("s", kwargs={"seconds": 30})]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    status, output = in_terminal(settings, "run", "slow", "--wait", interrupt_on="group 1")
+    assert status == 130, output
+    text = "\n".join(plain_lines(RICH_STYLE.sub("", output)))
+    assert "stopped watching; execution 1 goes on" in text, text
+    assert "chordbeat execution 1 --watch" in text and "chordbeat cancel 1" in text
+    assert "Traceback" not in text and "Aborted" not in text
+    assert call(client, "chordbeat.get_execution", execution_id=1)["status"] == "in_progress"
+    call(client, "chordbeat.cancel_execution", execution_id=1)
+    status, output = in_terminal(settings, "execution", "1", "--watch")
+    assert status == 1 and "execution 1 of slow: cancelled" in RICH_STYLE.sub("", output), output

@@ -56,5 +56,6 @@ CONF
 fi
 echo "broker: $(masked "$CHORDBEAT_BROKER_URL")"
 chordbeat db upgrade
-chordbeat apply "$CHORDBEAT_SCHEDULES_FILE"
+# Beat applies the same file at start and prunes its dropped schedules without asking; so does this.
+chordbeat apply --prune "$CHORDBEAT_SCHEDULES_FILE"
 exec honcho -f deploy/local/Procfile start $processes

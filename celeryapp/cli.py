@@ -40,14 +40,6 @@ def text_of(value: object, style: str = "") -> Text:
     return Text(printable(value), style=style)
 
 
-def _printable_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {printable(k): _printable_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_printable_json(v) for v in value]
-    return printable(value) if isinstance(value, str) else value
-
-
 def _app() -> Any:
     from celeryapp import app
 
@@ -215,22 +207,21 @@ def _table(*columns: str, title: str | None = None) -> Table:
 
 def _time_cell(value: str | datetime | None, zone: ZoneInfo, now: datetime) -> Text:
     """A time in a table: the zone's wall time, then its offset and zone and how far from now."""
-    from celeryapp.display import parse_time, relative
+    from celeryapp.display import clock, parse_time, relative
 
     moment = parse_time(value) if isinstance(value, str) or value is None else value
     if moment is None:
         return Text("-")
-    local = moment.astimezone(zone)
-    offset = local.strftime("%z")
-    cell = Text(f"{local:%Y-%m-%d %H:%M:%S}\n")
-    cell.append(f"{offset[:3]}:{offset[3:]} {local.tzname()}, {relative(moment, now)}", style="dim")
+    day, wall, offset_zone = clock(moment, zone).split(" ", 2)
+    cell = Text(f"{day} {wall}\n")
+    cell.append(f"{offset_zone}, {relative(moment, now)}", style="dim")
     return cell
 
 
-def _state(state: str, suffix: str = "") -> Text:
+def _state(state: str) -> Text:
     from celeryapp.display import state_style
 
-    return text_of(state + suffix, state_style(state))
+    return text_of(state, state_style(state))
 
 
 def _cadence(schedule: dict[str, Any]) -> str:

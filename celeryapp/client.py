@@ -11,6 +11,7 @@ It needs only ``celery`` (it imports nothing else from this project at run time)
 from __future__ import annotations
 
 import gc
+import time
 from typing import Any
 
 from celery import Celery
@@ -70,7 +71,9 @@ class ChordbeatClient:
         """Whether some worker consumes the service queue, asked over Celery's remote control.
 
         The first such worker's answer ends the wait; ``timeout_s`` without an answer means none
-        (a worker with remote control disabled counts as none).
+        (a worker with remote control disabled counts as none). The question is asked again each
+        second: a broadcast reaches only workers already listening, and one that just started
+        listens a moment after it takes messages.
         """
 
         class Found(Exception):
@@ -81,10 +84,12 @@ class ChordbeatClient:
                 if any(isinstance(q, dict) and q.get("name") == SERVICE_QUEUE for q in queues or ()):
                     raise Found
 
-        try:
-            self.app.control.broadcast("active_queues", reply=True, timeout=timeout_s, callback=check)
-        except Found:
-            return True
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self.app.control.broadcast("active_queues", reply=True, timeout=min(1.0, left), callback=check)
+            except Found:
+                return True
         return False
 
     def apply_schedule(self, definition: Json) -> Json:

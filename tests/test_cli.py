@@ -239,7 +239,8 @@ def test_a_call_nobody_answered_expires_instead_of_acting_when_a_worker_appears(
         time.sleep(1.5)  # past the message's expiry: what is being tested, not synchronisation
         request.getfixturevalue("worker")
         caller.timeout_s = 20
-        assert caller.worker_listening()
+        # The worker answers remote control once its consumer is up, a moment after it started.
+        wait_for(caller.worker_listening, 30, what="the worker to answer remote control")
         assert [s["name"] for s in caller.list_schedules()] == ["late"]  # queued behind the expired call
         assert caller.list_executions(schedule="late") == []
         assert caller.get_schedule("late")["run_count"] == 0

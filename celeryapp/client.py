@@ -11,6 +11,7 @@ It needs only ``celery`` (it imports nothing else from this project at run time)
 from __future__ import annotations
 
 import gc
+import time
 from typing import Any
 
 from celery import Celery
@@ -18,6 +19,8 @@ from celery import Celery
 #: Queue the service tasks are consumed from by every worker (Celery's default queue).
 SERVICE_QUEUE = "celery"
 DEFAULT_TIMEOUT_S = 30.0
+#: Seconds :meth:`ChordbeatClient.worker_listening` waits for a worker's answer.
+DEFAULT_PROBE_S = 2.0
 
 Json = dict[str, Any]
 
@@ -54,11 +57,40 @@ class ChordbeatClient:
 
     def call(self, task: str, **kwargs: Any) -> Any:
         # Flower and worker logs show kwargsrepr: payloads may carry credentials, so they are hidden.
-        result = self.app.send_task(task, kwargs=kwargs, queue=SERVICE_QUEUE, kwargsrepr=repr(redact(kwargs)))
+        # A call nobody answers in time expires with it: a worker that appears later drops it
+        # instead of triggering a run the caller was told failed.
+        result = self.app.send_task(
+            task, kwargs=kwargs, queue=SERVICE_QUEUE, kwargsrepr=repr(redact(kwargs)), expires=self.timeout_s
+        )
         try:
             return result.get(timeout=self.timeout_s)
         finally:
             result.forget()
+
+    def worker_listening(self, timeout_s: float = DEFAULT_PROBE_S) -> bool:
+        """Whether some worker consumes the service queue, asked over Celery's remote control.
+
+        The first such worker's answer ends the wait; ``timeout_s`` without an answer means none
+        (a worker with remote control disabled counts as none). The question is asked again each
+        second: a broadcast reaches only workers already listening, and one that just started
+        listens a moment after it takes messages.
+        """
+
+        class Found(Exception):
+            pass
+
+        def check(reply: dict[str, Any]) -> None:
+            for queues in reply.values():
+                if any(isinstance(q, dict) and q.get("name") == SERVICE_QUEUE for q in queues or ()):
+                    raise Found
+
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self.app.control.broadcast("active_queues", reply=True, timeout=min(1.0, left), callback=check)
+            except Found:
+                return True
+        return False
 
     def apply_schedule(self, definition: Json) -> Json:
         return self.call("chordbeat.apply_schedule", definition=definition)  # type: ignore[no-any-return]

@@ -1,6 +1,6 @@
 """POSIX cron expressions evaluated in a time zone, with deliberate DST behaviour.
 
-Our DST rule (our own, not Vixie cron's; see README "Cron and DST"):
+Our DST rule (our own, not Vixie cron's; see docs/schedules.md "Cron and DST"):
 
 * a wall-clock time that does not exist (spring forward) fires at the first valid instant after
   it, i.e. at the transition; several missing slots collapse into that one fire;

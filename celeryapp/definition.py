@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from celeryapp import limits
 from celeryapp.cadence import Cadence
 from celeryapp.cron import CronError, CronExpression
-from celeryapp.errors import DefinitionError
+from celeryapp.errors import DefinitionError, DefinitionErrors
 from celeryapp.keys import CONTROL_QUEUES
 from celeryapp.limits import MAX_JSON_BYTES, shown
 from celeryapp.step_policy import (
@@ -594,9 +594,14 @@ def parse_definition(
 def parse_definitions(
     items: Sequence[Any], *, known_task: Callable[[str], bool] | None = None
 ) -> list[ScheduleDefinition]:
-    """Validate a list of definitions (a schedule file); errors say which schedule is wrong."""
+    """Validate a list of definitions (a schedule file); errors say which schedule is wrong.
+
+    Every invalid schedule is reported at once (its first problem each, up to
+    ``MAX_REPORTED_ERRORS``), so fixing a file takes one try, not one per mistake.
+    """
     parsed: list[ScheduleDefinition] = []
     names: set[str] = set()
+    errors: list[DefinitionError] = []
     for index, raw in enumerate(items):
         label = raw.get("name") if isinstance(raw, Mapping) else None
         # Only a valid name labels the place: an invalid one may be huge or hold control characters.
@@ -605,9 +610,18 @@ def parse_definitions(
         try:
             definition = parse_definition(raw, known_task=known_task)
         except DefinitionError as exc:
-            raise DefinitionError(f"{where}.{exc.field}", exc.reason) from None
+            errors.append(DefinitionError(f"{where}.{exc.field}", exc.reason))
+            continue
         if definition.name in names:
-            raise DefinitionError(f"{where}.name", f"schedule {definition.name!r} appears twice")
+            errors.append(DefinitionError(f"{where}.name", f"schedule {definition.name!r} appears twice"))
         names.add(definition.name)
         parsed.append(definition)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise DefinitionErrors(errors[:MAX_REPORTED_ERRORS], more=max(0, len(errors) - MAX_REPORTED_ERRORS))
     return parsed
+
+
+#: Errors of one schedule file shown at once; past that, how many more there are.
+MAX_REPORTED_ERRORS = 20

@@ -28,6 +28,24 @@ class DefinitionError(FieldError):
     """Raised when a schedule definition (or schedule file) is invalid."""
 
 
+class DefinitionErrors(DefinitionError):
+    """Every invalid schedule of a file at once, one ``"<field>: <reason>"`` line each.
+
+    ``field`` and ``reason`` are the first error's, for callers that expect one.
+    """
+
+    def __init__(self, errors: list[DefinitionError], more: int = 0) -> None:
+        super().__init__(errors[0].field, errors[0].reason)
+        self.errors = errors
+        self.more = more
+
+    def __str__(self) -> str:
+        lines = [str(e) for e in self.errors]
+        if self.more:
+            lines.append(f"... and {self.more} more")
+        return "\n".join(lines)
+
+
 class InvalidArgument(FieldError):
     """Raised when a service task is called with an argument of the wrong type, size or range."""
 

@@ -93,6 +93,19 @@ def touch(settings: Settings, process: str) -> None:
             logger.warning("liveness file %s not written: %s", name, reason)
 
 
+def remove(settings: Settings, process: str) -> None:
+    """Forget ``process``'s liveness: a process that stopped cleanly is not alive, however recent
+    its last touch."""
+    name = _file_name(process)
+    try:
+        with _directory(settings) as directory:
+            os.unlink(name, dir_fd=directory)
+    except FileNotFoundError:
+        pass
+    except (OSError, UnsafeHealthDir) as exc:
+        logger.warning("liveness file %s not removed: %s", name, exc)
+
+
 def age_s(settings: Settings, process: str) -> float | None:
     """Seconds since ``process`` last touched its file; ``None`` if there is none (or it is unsafe)."""
     try:

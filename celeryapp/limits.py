@@ -1,7 +1,7 @@
 """Bounds and size caps of everything a caller can send, and the checks of plain JSON values.
 
 Anyone who can publish to the broker can call the service tasks, so every number has a range and
-every size a cap; they are documented in README.md and docs/security.md ("Input limits").
+every size a cap; they are documented in docs/schedules.md and docs/security.md ("Input limits").
 """
 
 from __future__ import annotations

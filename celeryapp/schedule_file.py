@@ -1,5 +1,8 @@
 """The declarative schedule file: its schedules override stored ones, with a logged diff.
 
+A file is one *source* (its top-level ``source:``, by default its name without the extension):
+applying it prunes only the schedules that source declared before, never another file's.
+
 The file is YAML written by operators, read strictly: at most ``MAX_FILE_BYTES``, no anchors,
 aliases, merge keys or duplicate keys; errors name the file and the line.
 """
@@ -7,7 +10,7 @@ aliases, merge keys or duplicate keys; errors name the file and the line.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from celeryapp.app import ChordbeatCelery
-from celeryapp.definition import ScheduleDefinition, parse_definitions
+from celeryapp.definition import NAME_PATTERN, ScheduleDefinition, parse_definitions
 from celeryapp.errors import DefinitionError
 from celeryapp.limits import MAX_FILE_BYTES, shown
 from celeryapp.store import Change, definition_of, upsert_schedule
@@ -30,22 +33,43 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class FileDiff:
+    source: str = ""
     added: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    #: This source's schedules the file no longer names, kept because their removal was not confirmed.
+    kept: list[str] = field(default_factory=list)
+    #: Schedules the file names that belonged to the API or another file: name -> previous owner.
+    taken_over: dict[str, str] = field(default_factory=dict)
+    #: Changed schedules: name -> the definition fields that differ.
+    fields: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
         return not (self.added or self.changed or self.removed)
 
-    def as_json(self) -> dict[str, list[str]]:
-        return {"added": self.added, "changed": self.changed, "removed": self.removed, "unchanged": self.unchanged}
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "added": self.added,
+            "changed": self.changed,
+            "removed": self.removed,
+            "unchanged": self.unchanged,
+            "kept": self.kept,
+            "taken_over": self.taken_over,
+            "fields": self.fields,
+        }
 
     def summary(self) -> str:
         parts = [
             f"{label} {', '.join(names)}"
-            for label, names in (("added", self.added), ("changed", self.changed), ("removed", self.removed))
+            for label, names in (
+                ("added", self.added),
+                ("changed", self.changed),
+                ("removed", self.removed),
+                ("kept (not removed)", self.kept),
+            )
             if names
         ]
         return "; ".join(parts) if parts else "no changes"
@@ -105,8 +129,37 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
 
+@dataclass(frozen=True)
+class ScheduleFile:
+    """A validated schedule file: its source name and its schedules."""
+
+    source: str
+    definitions: list[ScheduleDefinition]
+
+
+def source_name(path: str | Path, declared: Any) -> str:
+    """The file's ``source:``, or its name without the extension (``hr.yaml`` is ``hr``)."""
+    if declared is None:
+        stem = Path(path).stem
+        if NAME_PATTERN.fullmatch(stem):
+            return stem
+        raise DefinitionError(
+            "source", f"the file name {shown(stem)} is not a usable source name; add 'source: <name>'"
+        )
+    if not isinstance(declared, str) or not NAME_PATTERN.fullmatch(declared):
+        raise DefinitionError(
+            "source", f"must be a name of letters, digits, '.', '_' and '-' (at most 200), got {shown(declared)}"
+        )
+    return declared
+
+
 def load_file(path: str | Path, *, known_task: Callable[[str], bool] | None) -> list[ScheduleDefinition]:
-    """Read and validate a whole schedule file; raise :class:`DefinitionError` on the first problem."""
+    """Read and validate a whole schedule file's schedules (see :func:`read_file`)."""
+    return read_file(path, known_task=known_task).definitions
+
+
+def read_file(path: str | Path, *, known_task: Callable[[str], bool] | None) -> ScheduleFile:
+    """Read and validate a whole schedule file; raise :class:`DefinitionError` naming every invalid schedule."""
     where = str(path)
     try:
         with open(path, "rb") as stream:
@@ -128,26 +181,45 @@ def load_file(path: str | Path, *, known_task: Callable[[str], bool] | None) -> 
         raise DefinitionError(where, f"is not valid YAML ({exc})") from None
     if document is None:
         document = {"schedules": []}
-    if not isinstance(document, dict) or set(document) - {"schedules"}:
-        raise DefinitionError(where, "must be a mapping with a single key 'schedules'")
+    if not isinstance(document, dict) or set(document) - {"schedules", "source"}:
+        raise DefinitionError(where, "must be a mapping with the keys 'schedules' and (optional) 'source'")
+    source = source_name(path, document.get("source"))
     items = document.get("schedules") or []
     if not isinstance(items, list):
         raise DefinitionError("schedules", "must be a list of schedule definitions")
-    return parse_definitions(items, known_task=known_task)
+    return ScheduleFile(source, parse_definitions(items, known_task=known_task))
 
 
-def apply_definitions(session: Session, definitions: list[ScheduleDefinition], *, dry_run: bool = False) -> FileDiff:
-    """Make the stored file-sourced schedules match ``definitions``.
+def apply_definitions(
+    session: Session,
+    definitions: list[ScheduleDefinition],
+    *,
+    source: str,
+    dry_run: bool = False,
+    remove: bool | Collection[str] = True,
+) -> FileDiff:
+    """Make the stored schedules of the file source ``source`` match ``definitions``.
 
-    Schedules created through the API are left alone unless the file names them, in which case
-    the file wins and they become file-sourced. Removed schedules keep their execution history.
+    Schedules created through the API, or declared by another file, are left alone unless this
+    file names them, in which case the file wins and they become this source's. Removed schedules
+    keep their execution history. ``remove`` says which of this source's schedules that the file
+    no longer names may be deleted: all (``True``), none, or the given names (those confirmed);
+    the others are kept and listed in ``diff.kept``.
     """
     now = utcnow()
-    diff = FileDiff()
+    diff = FileDiff(source=source)
     stored = {s.name: s for s in session.scalars(select(Schedule))}
     wanted = {d.name for d in definitions}
     for definition in definitions:
         current = stored.get(definition.name)
+        if current is not None:
+            owner = current.source_name if current.source is ScheduleSource.FILE else None
+            if owner != source:
+                diff.taken_over[definition.name] = f"source {owner}" if owner else "the API"
+            before, after = definition_of(current).to_json(), definition.to_json()
+            fields = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+            if fields:
+                diff.fields[definition.name] = fields
         if dry_run:
             if current is None:
                 diff.added.append(definition.name)
@@ -155,35 +227,50 @@ def apply_definitions(session: Session, definitions: list[ScheduleDefinition], *
                 diff.changed.append(definition.name)
             else:
                 diff.unchanged.append(definition.name)
-            continue
-        _schedule, change = upsert_schedule(session, definition, source=ScheduleSource.FILE, now=now)
-        {Change.ADDED: diff.added, Change.CHANGED: diff.changed, Change.UNCHANGED: diff.unchanged}[change].append(
-            definition.name
-        )
+        else:
+            _schedule, change = upsert_schedule(
+                session, definition, source=ScheduleSource.FILE, source_name=source, now=now
+            )
+            {Change.ADDED: diff.added, Change.CHANGED: diff.changed, Change.UNCHANGED: diff.unchanged}[change].append(
+                definition.name
+            )
     for name, schedule in sorted(stored.items()):
-        if schedule.source is ScheduleSource.FILE and name not in wanted:
-            diff.removed.append(name)
-            if not dry_run:
-                session.delete(schedule)
+        if schedule.source is ScheduleSource.FILE and schedule.source_name == source and name not in wanted:
+            if remove is True or (remove is not False and name in remove):
+                diff.removed.append(name)
+                if not dry_run:
+                    session.delete(schedule)
+            else:
+                diff.kept.append(name)
     session.flush()
     if not dry_run:
-        log = logger.info if diff.empty else logger.warning
-        log("schedule file applied: %s", diff.summary())
+        logger.info("schedule file (source %s) applied: %s", source, diff.summary())
     return diff
 
 
-def apply_file(app: ChordbeatCelery, path: str | Path, *, dry_run: bool = False) -> FileDiff:
-    """Validate and apply a schedule file in one transaction: all of it or nothing."""
+def apply_file(
+    app: ChordbeatCelery, path: str | Path, *, dry_run: bool = False, remove: bool | Collection[str] = True
+) -> FileDiff:
+    """Validate and apply a schedule file in one transaction: all of it or nothing.
+
+    Only schedules of the file's own source are pruned (see :func:`apply_definitions`).
+    """
     from celeryapp.service import known_task
 
-    definitions = load_file(path, known_task=known_task(app))
+    schedule_file = read_file(path, known_task=known_task(app))
+
+    def apply(session: Session) -> FileDiff:
+        return apply_definitions(
+            session, schedule_file.definitions, source=schedule_file.source, dry_run=dry_run, remove=remove
+        )
+
     try:
         with transaction(app.settings.database_url) as session:
-            diff = apply_definitions(session, definitions, dry_run=dry_run)
+            diff = apply(session)
     except IntegrityError:
         # Another beat applied the same file at the same moment; the second pass sees its rows.
         with transaction(app.settings.database_url) as session:
-            diff = apply_definitions(session, definitions, dry_run=dry_run)
+            diff = apply(session)
     if not dry_run:
         from celeryapp.beat_entries import sync_schedules
 

@@ -6,9 +6,9 @@ import logging
 from typing import Any
 
 from celery import bootsteps
-from celery.signals import task_received, worker_ready
+from celery.signals import task_received, worker_ready, worker_shutdown
 
-from celeryapp.health import touch
+from celeryapp.health import remove, touch
 
 logger = logging.getLogger(__name__)
 
@@ -62,3 +62,10 @@ def take_step_message(sender: Any = None, request: Any = None, **_: Any) -> None
         take_message(request.task.app, int(worker_task_id), int(attempt))
     except Exception:
         logger.exception("could not record the pickup of %s", request.id)
+
+
+@worker_shutdown.connect
+def forget_liveness(sender: Any = None, **_: Any) -> None:
+    """A clean stop is not a live worker: ``chordbeat health worker`` says so at once, not 60 s later."""
+    if sender is not None:
+        remove(sender.app.settings, "worker")

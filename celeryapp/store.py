@@ -104,7 +104,12 @@ def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> Non
 
 
 def upsert_schedule(
-    session: Session, definition: ScheduleDefinition, *, source: ScheduleSource, now: datetime
+    session: Session,
+    definition: ScheduleDefinition,
+    *,
+    source: ScheduleSource,
+    now: datetime,
+    source_name: str | None = None,
 ) -> tuple[Schedule, Change]:
     """Store a validated definition, replacing the stored one of the same name.
 
@@ -114,8 +119,9 @@ def upsert_schedule(
     """
     schedule = session.scalar(select(Schedule).where(Schedule.name == definition.name))
     if schedule is not None and definition_of(schedule) == definition:
-        if schedule.source is not source:
+        if schedule.source is not source or schedule.source_name != source_name:
             schedule.source = source
+            schedule.source_name = source_name
         return schedule, Change.UNCHANGED
     change = Change.CHANGED
     if schedule is None:
@@ -130,6 +136,7 @@ def upsert_schedule(
     session.flush()
     _write_definition(schedule, definition)
     schedule.source = source
+    schedule.source_name = source_name
     schedule.status = ScheduleStatus.ACTIVE if definition.enabled else ScheduleStatus.PAUSED
     schedule.current_retry = 0
     schedule.retry_at = None

@@ -48,6 +48,9 @@ class Schedule(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
     source: Mapped[ScheduleSource] = _enum_column(ScheduleSource, default=ScheduleSource.API)
+    #: For a file-sourced schedule, the file's ``source:`` name: applying a file prunes only the
+    #: schedules of its own source, never those another file declared.
+    source_name: Mapped[str | None] = mapped_column(String(NAME_LENGTH), default=None)
     status: Mapped[ScheduleStatus] = _enum_column(ScheduleStatus, default=ScheduleStatus.ACTIVE)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     cron: Mapped[str | None] = mapped_column(String(200), default=None)

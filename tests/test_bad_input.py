@@ -459,8 +459,8 @@ FILES: list[tuple[str, str | bytes, str]] = [
     ("not-yaml", "schedules: [unclosed\n", "is not valid YAML"),
     ("huge-int", "schedules: [{name: x, every: " + "9" * 5000 + "}]\n", "is not valid YAML"),
     ("python-tag", "schedules: [!!python/object:os.system {}]\n", "is not valid YAML"),
-    ("not-a-mapping", "- name: x\n", "must be a mapping with a single key 'schedules'"),
-    ("extra-key", "schedules: []\nextra: 1\n", "must be a mapping with a single key 'schedules'"),
+    ("not-a-mapping", "- name: x\n", "must be a mapping with the keys 'schedules' and (optional) 'source'"),
+    ("extra-key", "schedules: []\nextra: 1\n", "must be a mapping with the keys 'schedules' and (optional) 'source'"),
     (
         "date-in-payload",
         f"schedules: [{{name: x, every: 5, payload: {{at: 2024-01-01}}, steps: {STEP}}}]\n",

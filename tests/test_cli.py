@@ -8,6 +8,7 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from celeryapp.config import Settings
 from celeryapp.health import touch
 from models import transaction
 from tests import processes
-from tests.conftest import call
+from tests.conftest import call, wait_for
 from tests.test_lifecycle import finished, step
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
@@ -43,8 +44,13 @@ def cli(*args: str) -> Result:
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
-def in_terminal(settings: Settings, *args: str, columns: int = 80, timeout: float = 60) -> tuple[int, str]:
-    """Run the real ``chordbeat`` in a pseudo-terminal ``columns`` wide: exit status and output."""
+def in_terminal(
+    settings: Settings, *args: str, columns: int = 80, timeout: float = 60, interrupt_on: str | None = None
+) -> tuple[int, str]:
+    """Run the real ``chordbeat`` in a pseudo-terminal ``columns`` wide: exit status and output.
+
+    With ``interrupt_on``, the program gets a SIGINT (Ctrl-C) once its output shows that text.
+    """
     env = processes.settings_env(settings, TERM="xterm-256color")
     for name in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         env.pop(name, None)
@@ -71,6 +77,9 @@ def in_terminal(settings: Settings, *args: str, columns: int = 80, timeout: floa
             if not chunk:
                 break
             output += chunk
+            if interrupt_on is not None and interrupt_on.encode() in output:
+                proc.send_signal(signal.SIGINT)
+                interrupt_on = None
         return proc.wait(10), output.decode("utf-8", "replace")
     finally:
         os.close(leader)
@@ -88,7 +97,7 @@ def test_run_wait_exits_zero_only_for_a_completed_run(app: ChordbeatCelery, work
     )
     ok = cli("run", "good", "--wait", "--payload", '{"who": "cli"}')
     assert ok.exit_code == 0, ok.output
-    assert "execution 1: completed" in ok.output
+    assert "execution 1 of good: completed" in ok.output
     failed = cli("run", "bad", "--wait")
     assert failed.exit_code == 1
     assert "step 'a' failed: StepFailed: a says so" in failed.output
@@ -108,7 +117,7 @@ def test_read_commands_offer_json(app: ChordbeatCelery, worker: Any, client: Any
     assert [s["name"] for s in listed] == ["ny"]
     upcoming = json.loads(cli("next", "ny", "-n", "3", "--json").output)
     assert len(upcoming) == 3 and all(t.endswith("T02:00:00+09:00") for t in upcoming), upcoming
-    assert "T02:00:00+09:00  (JST)" in cli("next", "ny", "-n", "2").output
+    assert "02:00:00 +09:00 JST, in " in cli("next", "ny", "-n", "2").output
     cli("run", "ny", "--wait")
     shown = json.loads(cli("show", "ny", "--json").output)
     assert shown["schedule"]["run_count"] == 1 and len(shown["executions"]) == 1
@@ -200,3 +209,130 @@ def test_the_live_view_shows_hostile_step_names_as_text(hostile: int, settings: 
     assert status == 1, output
     assert "Traceback" not in output and "\x1b]8;" not in output, output
     assert "\\x1b[2J" in output and "\x1b[2J" not in output, output
+
+
+def test_with_no_worker_a_command_fails_in_seconds_saying_what_to_start(app: ChordbeatCelery) -> None:
+    started = time.monotonic()
+    result = CliRunner().invoke(main, ["list"])
+    elapsed = time.monotonic() - started
+    assert result.exit_code == 1, result.output
+    assert "no chordbeat worker is consuming the 'celery' queue" in result.output
+    assert "celery -A celeryapp worker" in result.output
+    assert elapsed < 10, f"took {elapsed:.1f}s"
+
+
+def test_a_call_nobody_answered_expires_instead_of_acting_when_a_worker_appears(
+    app: ChordbeatCelery, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    from celeryapp.client import ChordbeatClient
+    from celeryapp.schedule_file import apply_file
+
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps({"schedules": [{"name": "late", "every": 3600, "steps": [step("s")]}]}))
+    apply_file(app, path)
+    caller = ChordbeatClient(app.settings.broker_url, app.settings.result_backend, timeout_s=1)
+    try:
+        with pytest.raises(CeleryTimeout):
+            caller.trigger_schedule("late")
+        time.sleep(1.5)  # past the message's expiry: what is being tested, not synchronisation
+        request.getfixturevalue("worker")
+        caller.timeout_s = 20
+        # The worker answers remote control once its consumer is up, a moment after it started.
+        wait_for(caller.worker_listening, 30, what="the worker to answer remote control")
+        assert [s["name"] for s in caller.list_schedules()] == ["late"]  # queued behind the expired call
+        assert caller.list_executions(schedule="late") == []
+        assert caller.get_schedule("late")["run_count"] == 0
+    finally:
+        caller.close()
+
+
+def test_health_says_unhealthy_once_a_worker_stopped_cleanly(
+    app: ChordbeatCelery, settings: Settings, tmp_path: Path
+) -> None:
+    def health() -> tuple[int, str]:
+        done = subprocess.run(
+            [CHORDBEAT, "health", "worker"], env=processes.settings_env(settings), capture_output=True, text=True
+        )
+        return done.returncode, done.stdout
+
+    process = processes.start_worker(settings, tmp_path)
+    try:
+        wait_for(lambda: health()[0] == 0, 60, what="the worker's liveness file")
+    finally:
+        process.stop()
+    assert process.proc.returncode is not None
+    status, output = health()
+    assert status == 1 and "worker: unhealthy (no liveness file" in output, output
+
+
+#: A time as the CLI shows it: wall time to the second, then (in tables on the next line) the
+#: offset, the zone and how far from now.
+WALL_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+OFFSET_ZONE_RELATIVE = re.compile(r"[+-]\d\d:\d\d [A-Z]{2,5}, (in \d|\d.* ago|now)")
+CURSOR = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def plain_lines(output: str) -> list[str]:
+    return [line for line in CURSOR.sub("", output).replace("\r", "").split("\n")]
+
+
+def test_every_view_fits_80_columns_with_one_time_format_and_no_microseconds(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    slow_steps = [
+        step("HR System - Full Import"),
+        [step("AD - Export"), step("LDAP - Export", "chordbeat.examples.fail", kwargs={"message": "LDAP said no"})],
+        step("Confirm", "chordbeat.examples.warn", kwargs={"message": "3 records skipped"}),
+    ]
+    definition = {"name": "nightly-hr-sync", "cron": "0 2 * * *", "timezone": "Europe/London", "steps": slow_steps}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    warned = [step("a"), step("w", "chordbeat.examples.warn", kwargs={"message": "3 records skipped"})]
+    call(client, "chordbeat.apply_schedule", definition={"name": "every-minute", "every": 60, "steps": warned})
+    failed = finished(client, call(client, "chordbeat.trigger_schedule", name="nightly-hr-sync")["execution_id"])
+    ok = finished(client, call(client, "chordbeat.trigger_schedule", name="every-minute")["execution_id"])
+    views = {}
+    for command in (
+        ("list",),
+        ("show", "nightly-hr-sync"),
+        ("executions",),
+        ("execution", str(failed["id"])),
+        ("execution", str(ok["id"])),
+        ("next", "nightly-hr-sync", "-n", "3"),
+    ):
+        status, output = in_terminal(settings, *command)
+        assert status == 0, output
+        lines = plain_lines(RICH_STYLE.sub("", output))
+        assert all(len(line) <= 80 for line in lines), "\n".join(lines)
+        text = "\n".join(lines)
+        assert WALL_TIME.search(text) and OFFSET_ZONE_RELATIVE.search(text), text
+        assert not re.search(r"\d\d:\d\d:\d\d\.\d", text), f"microseconds in {command}: {text}"
+        assert "T02:00" not in text and "WARNING" not in text, text
+        views[command[0] + (command[1] if command[0] == "execution" else "")] = text
+    assert re.search(r"02:00:00 \+0[01]:00 (GMT|BST), in ", views["next"]), views["next"]
+    failed_view = views[f"execution{failed['id']}"]
+    assert re.search(r"^\s*1\s+HR System - Full Import\s+complete", failed_view, re.M), failed_view
+    assert re.search(r"^\s*2\s+LDAP - Export\s+failed_with_error", failed_view, re.M), failed_view
+    assert "LDAP - Export (try 1): StepFailed: LDAP said no" in failed_view
+    assert "took" in failed_view and "finished" in failed_view
+    assert "warning: 3 records skipped" in views[f"execution{ok['id']}"]
+    assert "to " in views["executions"] and "LDAP said no" in views["executions"]
+    assert "\x1b[" in in_terminal(settings, "executions")[1], "states are coloured in a terminal"
+
+
+def test_ctrl_c_on_run_wait_says_the_run_goes_on_and_how_to_cancel_it(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    definition = {"name": "slow", "every": 3600, "steps": [step("s", kwargs={"seconds": 30})]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    status, output = in_terminal(settings, "run", "slow", "--wait", interrupt_on="group 1")
+    assert status == 130, output
+    text = "\n".join(plain_lines(RICH_STYLE.sub("", output)))
+    assert "stopped watching; execution 1 goes on" in text, text
+    assert "chordbeat execution 1 --watch" in text and "chordbeat cancel 1" in text
+    assert "Traceback" not in text and "Aborted" not in text
+    assert call(client, "chordbeat.get_execution", execution_id=1)["status"] == "in_progress"
+    call(client, "chordbeat.cancel_execution", execution_id=1)
+    status, output = in_terminal(settings, "execution", "1", "--watch")
+    assert status == 1 and "execution 1 of slow: cancelled" in RICH_STYLE.sub("", output), output

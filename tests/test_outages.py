@@ -28,7 +28,7 @@ from tests.test_lifecycle import step, ts
 pytestmark = pytest.mark.slow
 
 #: Long enough that a worker's first reconnection attempts fail, as in a real restart;
-#: ``CHORDBEAT_TEST_OUTAGE_S=60`` checks the longest outage the README promises to ride out.
+#: ``CHORDBEAT_TEST_OUTAGE_S=60`` checks the longest outage docs/reliability.md promises to ride out.
 OUTAGE_S = float(os.environ.get("CHORDBEAT_TEST_OUTAGE_S", "6"))
 
 

@@ -21,17 +21,25 @@ from models import Schedule, ScheduleSource, transaction
 from tests import processes
 from tests.conftest import call, wait_for
 from tests.test_beat import entry_exists, executions
-from tests.test_lifecycle import step
+from tests.test_lifecycle import finished, step
 
 
-def write(path: Path, *schedules: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump({"schedules": list(schedules)}))
+def write(path: Path, *schedules: dict[str, Any], source: str | None = None) -> Path:
+    document: dict[str, Any] = {"schedules": list(schedules)}
+    if source is not None:
+        document["source"] = source
+    path.write_text(yaml.safe_dump(document))
     return path
 
 
 def sources(app: ChordbeatCelery) -> dict[str, str]:
     with transaction(app.settings.database_url) as session:
         return {s.name: s.source.value for s in session.scalars(select(Schedule))}
+
+
+def source_names(app: ChordbeatCelery) -> dict[str, str | None]:
+    with transaction(app.settings.database_url) as session:
+        return {s.name: s.source_name for s in session.scalars(select(Schedule))}
 
 
 def test_file_overrides_stored_schedules_and_prunes_only_its_own(
@@ -44,10 +52,12 @@ def test_file_overrides_stored_schedules_and_prunes_only_its_own(
         {"name": "from-file", "every": 30, "steps": [step("s")]},
         {"name": "shared", "every": 90, "steps": [step("s")]},
     )
-    with caplog.at_level(logging.WARNING, logger="celeryapp.schedule_file"):
+    with caplog.at_level(logging.INFO, logger="celeryapp.schedule_file"):
         diff = apply_file(app, first)
     assert (diff.added, diff.changed, diff.removed) == (["from-file"], ["shared"], [])
-    assert "added from-file; changed shared" in caplog.text
+    assert diff.taken_over == {"shared": "the API"} and diff.fields == {"shared": ["every"]}
+    assert "(source a) applied: added from-file; changed shared" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "a successful apply logs no warning"
     assert sources(app) == {"api-made": "api", "from-file": "file", "shared": "file"}
     assert call(client, "chordbeat.get_schedule", name="shared")["every"] == 90
     assert entry_exists(app, "from-file")
@@ -55,7 +65,7 @@ def test_file_overrides_stored_schedules_and_prunes_only_its_own(
     # The same file again: nothing changes. Then a file without "from-file": it goes, history kept.
     assert apply_file(app, first).empty
     execution_id = call(client, "chordbeat.trigger_schedule", name="from-file")["execution_id"]
-    second = write(tmp_path / "b.yaml", {"name": "shared", "every": 90, "steps": [step("s")]})
+    second = write(tmp_path / "b.yaml", {"name": "shared", "every": 90, "steps": [step("s")]}, source="a")
     diff = apply_file(app, second)
     assert (diff.added, diff.changed, diff.removed) == ([], [], ["from-file"])
     assert sources(app) == {"api-made": "api", "shared": "file"}
@@ -90,7 +100,7 @@ def test_cli_apply_shows_the_diff_and_dry_run_changes_nothing(
     path = write(tmp_path / "s.yaml", {"name": "cli-made", "every": 30, "steps": [step("s")]})
     runner = CliRunner()
     dry = runner.invoke(main, ["apply", "--dry-run", str(path)])
-    assert dry.exit_code == 0 and "+ cli-made" in dry.output and "would change: added cli-made" in dry.output
+    assert dry.exit_code == 0 and "+ cli-made" in dry.output and "would change (source s): added cli-made" in dry.output
     assert sources(app) == {}
     real = runner.invoke(main, ["apply", "--json", str(path)])
     assert real.exit_code == 0 and '"added": [\n    "cli-made"' in real.output
@@ -110,3 +120,89 @@ def test_beat_applies_the_file_before_it_fires(
     assert {e.schedule_name for e in executions(app)} == {"declared"}
     with transaction(app.settings.database_url) as session:
         assert session.scalar(select(Schedule.source)) is ScheduleSource.FILE
+
+
+def test_a_file_prunes_only_its_own_source_never_an_earlier_files(
+    app: ChordbeatCelery, worker: Any, client: Celery, tmp_path: Path
+) -> None:
+    """``apply other.yaml`` used to delete every schedule an earlier file had declared."""
+    apply_file(app, write(tmp_path / "schedules.yaml", {"name": "nightly", "every": 60, "steps": [step("s")]}))
+    finished(client, call(client, "chordbeat.trigger_schedule", name="nightly")["execution_id"])
+    diff = apply_file(app, write(tmp_path / "other.yaml", {"name": "extra", "every": 60, "steps": [step("s")]}))
+    assert (diff.source, diff.added, diff.removed) == ("other", ["extra"], [])
+    assert source_names(app) == {"nightly": "schedules", "extra": "other"}
+    assert call(client, "chordbeat.get_schedule", name="nightly")["run_count"] == 1
+    # Two files that declare the same source are one source: the second replaces the first.
+    hr = write(tmp_path / "hr-v2.yaml", {"name": "extra2", "every": 60, "steps": [step("s")]}, source="other")
+    assert apply_file(app, hr).removed == ["extra"]
+    assert source_names(app) == {"nightly": "schedules", "extra2": "other"}
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [(5, "got 5"), ("", "got ''"), ("a b", "got 'a b'"), ("x" * 201, "at most 200"), (True, "got True")],
+)
+def test_a_bad_source_name_is_refused(tmp_path: Path, source: Any, reason: str) -> None:
+    from celeryapp.schedule_file import read_file
+
+    with pytest.raises(DefinitionError) as caught:
+        read_file(write(tmp_path / "s.yaml", source=source), known_task=None)
+    assert caught.value.field == "source" and reason in caught.value.reason
+    with pytest.raises(DefinitionError, match="source: the file name 'my schedules' is not a usable source name"):
+        read_file(write(tmp_path / "my schedules.yaml"), known_task=None)
+
+
+def test_every_invalid_schedule_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
+    from celeryapp.schedule_file import read_file
+
+    path = write(
+        tmp_path / "s.yaml",
+        {"name": "a", "every": -1, "steps": [step("s")]},
+        {"name": "ok", "every": 5, "steps": [step("s")]},
+        {"name": "b", "cron": "0 2 * *", "steps": [step("s")]},
+        {"name": "ok", "every": 5, "steps": [step("s")]},
+    )
+    with pytest.raises(DefinitionError) as caught:
+        read_file(path, known_task=None)
+    lines = str(caught.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "schedules[0] (a).every",
+        "schedules[2] (b).cron",
+        "schedules[3] (ok).name",
+    ]
+    many = write(tmp_path / "m.yaml", *({"name": f"n{i}", "steps": []} for i in range(30)))
+    with pytest.raises(DefinitionError) as caught:
+        read_file(many, known_task=None)
+    assert len(str(caught.value).splitlines()) == 21 and str(caught.value).endswith("... and 10 more")
+
+
+def test_cli_apply_asks_before_removing_and_removes_nothing_unconfirmed(
+    app: ChordbeatCelery, worker: Any, tmp_path: Path
+) -> None:
+    path = write(
+        tmp_path / "s.yaml",
+        {"name": "one", "every": 30, "steps": [step("s")]},
+        {"name": "two", "every": 30, "steps": [step("s")]},
+    )
+    runner = CliRunner()
+    assert runner.invoke(main, ["apply", str(path)]).exit_code == 0
+    write(path, {"name": "one", "every": 45, "steps": [step("s")]})
+    dry = runner.invoke(main, ["apply", "--dry-run", str(path)])
+    assert dry.exit_code == 0 and "~ one (every)" in dry.output and "- two" in dry.output, dry.output
+    refused = runner.invoke(main, ["apply", str(path)])  # no answer on stdin
+    assert refused.exit_code == 1 and "nothing applied: removing two needs confirmation" in refused.output
+    declined = runner.invoke(main, ["apply", str(path)], input="n\n")
+    assert declined.exit_code == 1 and "- two" in declined.output
+    assert set(sources(app)) == {"one", "two"}
+    assert call_every(app, "one") == 30, "a declined apply changes nothing at all"
+    confirmed = runner.invoke(main, ["apply", str(path)], input="y\n")
+    assert confirmed.exit_code == 0 and "removed two" in confirmed.output, confirmed.output
+    assert set(sources(app)) == {"one"} and call_every(app, "one") == 45
+    write(path)
+    pruned = runner.invoke(main, ["apply", "--prune", str(path)])
+    assert pruned.exit_code == 0 and "removed one" in pruned.output and sources(app) == {}
+
+
+def call_every(app: ChordbeatCelery, name: str) -> float | None:
+    with transaction(app.settings.database_url) as session:
+        return session.scalar(select(Schedule.every_s).where(Schedule.name == name))

@@ -348,7 +348,7 @@ def test_one_line_scripts_and_function_bodies_run_as_written(
 ) -> None:
     enable(sql_urls={"CHORDBEAT_SQL_REPORTING": target_url})
     setup = "CREATE TABLE totals (n integer, name varchar(20)); INSERT INTO totals VALUES (7, 'old');"
-    # The README's example, on one line.
+    # The example of docs/schedules.md, on one line.
     refresh = "DELETE FROM totals; INSERT INTO totals SELECT 1, 'fresh';"
     if target_url.startswith("postgresql"):
         body = (

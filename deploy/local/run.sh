@@ -69,6 +69,12 @@ CONF
   fi
 fi
 echo "broker: $(masked "$CHORDBEAT_BROKER_URL")"
+# The CLI in another terminal needs the same settings (the broker's generated password).
+for name in PATH CHORDBEAT_BROKER_URL CHORDBEAT_DATABASE_URL CHORDBEAT_HEALTH_DIR; do
+  if [ -n "${!name:-}" ]; then printf 'export %s=%q\n' "$name" "${!name}"; fi
+done > "$run_dir/cli.env"
+echo "CLI, in another terminal: . $run_dir/cli.env; chordbeat run nightly-hr-sync --wait"
 chordbeat db upgrade
-chordbeat apply "$CHORDBEAT_SCHEDULES_FILE"
+# Beat applies the same file at start and prunes its dropped schedules without asking; so does this.
+chordbeat apply --prune "$CHORDBEAT_SCHEDULES_FILE"
 exec honcho -f deploy/local/Procfile start $processes

@@ -6,7 +6,7 @@ Timestamps are ISO 8601 strings in UTC (``"2026-11-21T02:00:00.012Z"``) or ``Non
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 
 class ScheduleJson(TypedDict):
@@ -102,3 +102,43 @@ class TriggerJson(TypedDict):
 class DeletedJson(TypedDict):
     name: str
     deleted: bool
+
+
+class CallerError(NamedTuple):
+    """An error a service task raises to its caller: ``exc_type`` and message are the contract."""
+
+    exc_type: str
+    #: The class it derives from besides ``ChordbeatError`` (what a Python caller can catch).
+    builtin: str | None
+    when: str
+    message: str
+
+
+#: Every error a service task raises on purpose. Anything else is a fault (the database or broker
+#: is unreachable, or a bug), not an answer about the caller's input.
+CALLER_ERRORS = (
+    CallerError(
+        "InvalidArgument",
+        "ValueError",
+        "an argument is missing, unknown, of the wrong type, or out of range (any task)",
+        "`<argument>: <reason>`, e.g. `execution_id: must be an integer (an execution id), got boolean`",
+    ),
+    CallerError(
+        "DefinitionError",
+        "ValueError",
+        "`apply_schedule`'s definition is invalid; nothing is stored",
+        "`<field>: <reason>`, the field as a path, e.g. `steps[1].timeout: must be a number of seconds, got string`",
+    ),
+    CallerError(
+        "NotFound",
+        "LookupError",
+        "the schedule or execution named does not exist",
+        "`schedule 'nightly' does not exist`, `execution 17 does not exist`",
+    ),
+    CallerError(
+        "InvalidTransition",
+        None,
+        "the state does not allow the change: pausing a schedule that is not active, resuming one that is not paused",
+        "`schedule 'nightly' is done; only an active schedule can be paused`",
+    ),
+)

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import MAXYEAR, UTC, date, datetime, time, timedelta, tzinfo
 
+from celeryapp.errors import ChordbeatError
+
 #: Longest accepted expression; anything longer is not a hand-written schedule.
 MAX_LENGTH = 200
 _MONTHS = {
@@ -32,7 +34,7 @@ _DAYS = {d: i for i, d in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "
 _LONGEST_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
-class CronError(ValueError):
+class CronError(ChordbeatError, ValueError):
     """Raised for an expression that is not a valid 5-field cron expression."""
 
 

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.definition import ScheduleDefinition, parse_definitions
-from celeryapp.errors import DefinitionError
+from celeryapp.errors import ChordbeatError, DefinitionError
 from celeryapp.limits import MAX_FILE_BYTES, shown
 from celeryapp.store import Change, definition_of, upsert_schedule
 from models import Schedule, ScheduleSource, transaction, utcnow
@@ -55,7 +55,7 @@ class FileDiff:
 MAX_YAML_DEPTH = 64
 
 
-class _Refused(Exception):
+class _Refused(ChordbeatError):
     """A construct the schedule file may not use, at a place in the file."""
 
     def __init__(self, mark: Any, reason: str) -> None:

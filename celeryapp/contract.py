@@ -142,3 +142,73 @@ CALLER_ERRORS = (
         "`schedule 'nightly' is done; only an active schedule can be paused`",
     ),
 )
+
+
+class Param(NamedTuple):
+    """A keyword argument of a service task."""
+
+    name: str
+    required: bool = True
+    #: The default of an optional argument (``None``: left out, the argument does not apply).
+    default: int | None = None
+    #: Its bounds, for the table.
+    note: str = ""
+
+
+class ServiceTask(NamedTuple):
+    """A task other services call by name: the one source of the README's table, checked against
+    the registered tasks and :class:`celeryapp.client.ChordbeatClient` by the tests."""
+
+    name: str
+    params: tuple[Param, ...]
+    returns: str
+    #: The ``exc_type`` of each refusal it can answer with (besides ``InvalidArgument``).
+    errors: tuple[str, ...] = ()
+
+
+_NAME = Param("name")
+_EXECUTION_ID = Param("execution_id")
+_LIMIT = Param("limit", required=False, default=50, note="at most 1000")
+_SCHEDULE_OBJECT = "schedule object"
+_EXECUTION_OBJECT = "execution object"
+
+#: Every service task, in the order the README lists them.
+SERVICE_TASKS = (
+    ServiceTask(
+        "chordbeat.apply_schedule",
+        (Param("definition"),),
+        "schedule object (invalid: error naming the field; nothing stored)",
+        ("DefinitionError",),
+    ),
+    ServiceTask(
+        "chordbeat.delete_schedule",
+        (_NAME,),
+        '`{"name": ..., "deleted": true}` (execution history is kept)',
+        ("NotFound",),
+    ),
+    ServiceTask("chordbeat.get_schedule", (_NAME,), _SCHEDULE_OBJECT, ("NotFound",)),
+    ServiceTask("chordbeat.list_schedules", (), "list of schedule objects, by name"),
+    ServiceTask("chordbeat.pause_schedule", (_NAME,), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")),
+    ServiceTask("chordbeat.resume_schedule", (_NAME,), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")),
+    ServiceTask(
+        "chordbeat.trigger_schedule",
+        (_NAME, Param("payload", required=False)),
+        '`{"execution_id": ..., "status": "in_progress"}` or `{"execution_id": null, "skipped": "<reason>"}`; a '
+        "manual run is explicit, so it works whatever the schedule's status, and follows its overlap policy",
+        ("NotFound",),
+    ),
+    ServiceTask("chordbeat.cancel_execution", (_EXECUTION_ID,), _EXECUTION_OBJECT, ("NotFound",)),
+    ServiceTask("chordbeat.get_execution", (_EXECUTION_ID,), _EXECUTION_OBJECT, ("NotFound",)),
+    ServiceTask(
+        "chordbeat.list_executions",
+        (Param("schedule", required=False), Param("status", required=False), _LIMIT),
+        "execution objects, newest first; a payload over 4 KiB is `null` with its size in `payload_omitted_bytes`, "
+        "activities' `error`/`message` are cut to 1,000 characters (`get_execution` has them whole)",
+    ),
+    ServiceTask(
+        "chordbeat.list_slots",
+        (_NAME, _LIMIT),
+        "what became of the schedule's recent due times, newest first",
+        ("NotFound",),
+    ),
+)

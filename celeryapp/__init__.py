@@ -39,14 +39,14 @@ class _Package(types.ModuleType):
 
 
 def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        # Also how ``from celeryapp import keys`` learns it must import the submodule.
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     # Imported on first use, not at the top: importing the package must build nothing. (By name:
     # ``from celeryapp import app`` would ask this function again.)
     app_module = importlib.import_module("celeryapp.app")
-
     if name == "create_app":
         return app_module.create_app
-    if name != "app":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     with _building:
         built = globals().get("app")
         if built is None:

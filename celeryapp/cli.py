@@ -2,6 +2,11 @@
 
 ``db upgrade`` and ``apply`` work on the database directly: they run before any worker exists
 (deploy jobs, ``make run``). ``health`` reads local liveness files.
+
+Each command imports what it needs when it runs, not at module import (the one place that imports
+inside functions): ``chordbeat health`` runs as a container health check every few seconds and
+stays small and quick without Celery, SQLAlchemy or the app, and touching ``celeryapp.app`` builds
+the app from the environment, which only the commands that call the service need.
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ DEFAULT_STEP_KINDS = frozenset({"task"})
 DEFAULT_STEP_TASKS = ("*",)
 #: Variables a sql step may name as its ``database_env`` start with this.
 DEFAULT_SQL_ENV_PREFIX = "CHORDBEAT_SQL_"
+#: Redis hands an unacked message to another consumer after this long. Crashed steps are
+#: re-queued by heartbeat recovery much sooner; this is only the broker's last resort, so it is
+#: kept well above any step's run time to avoid duplicate deliveries of long steps.
+VISIBILITY_TIMEOUT_S = 6 * 3600
 #: Where worker and beat write their liveness files by default.
 DEFAULT_HEALTH_DIR = "/tmp"
 

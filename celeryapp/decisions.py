@@ -10,14 +10,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from celeryapp.cadence import Cadence
-from celeryapp.definition import StepSpec
+from celeryapp.cadence import Cadence, retry_delay_s
 from celeryapp.views import iso
 from models.states import ActivityStatus, ExecutionStatus, ScheduleStatus, SlotOutcome, Trigger
 
-#: Retry delays never grow past this many times the base delay.
-BACKOFF_CAP_FACTOR = 10
+if TYPE_CHECKING:
+    from celeryapp.definition import StepSpec
 
 
 class Verdict(StrEnum):
@@ -72,13 +72,6 @@ def _describe(status: ActivityStatus) -> str:
         ActivityStatus.CANCELLED: "was cancelled",
         ActivityStatus.COMPLETE_WITH_ERROR: "completed with an error",
     }.get(status, "failed")
-
-
-def retry_delay_s(base_s: float, retry: int) -> float:
-    """Delay before retry number ``retry`` (1-based): min(base·2^(retry-1), base·10)."""
-    if retry < 1:
-        raise ValueError("retry numbers start at 1")
-    return float(min(base_s * 2 ** (retry - 1), base_s * BACKOFF_CAP_FACTOR))
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import cadence_of
 from celeryapp.decisions import ScheduleState, decide_fire
 from celeryapp.dispatch import apply_effects
@@ -19,6 +18,9 @@ from celeryapp.limits import MAX_NAME_CHARS, shown
 from celeryapp.views import iso
 from models import Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from models.session import affected
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from billiard.common import terminate_handler_fired
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import update
 
 from celeryapp import keys
-from celeryapp.app import ChordbeatCelery
 from celeryapp.context import StepContext, running_step
 from celeryapp.dispatch import drop_pickup
 from celeryapp.errors import StepCancelled
@@ -25,6 +24,9 @@ from celeryapp.outcome import classify
 from celeryapp.redis_client import get_redis
 from celeryapp.step_policy import StepRules
 from models import Activity, ActivityStatus, transaction, utcnow
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 

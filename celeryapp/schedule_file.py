@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 import yaml
@@ -18,12 +18,16 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.beat_entries import sync_schedules
 from celeryapp.definition import ScheduleDefinition, parse_definitions
 from celeryapp.errors import ChordbeatError, DefinitionError
 from celeryapp.limits import MAX_FILE_BYTES, shown
+from celeryapp.service import known_task
 from celeryapp.store import Change, definition_of, upsert_schedule
 from models import Schedule, ScheduleSource, transaction, utcnow
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -174,8 +178,6 @@ def apply_definitions(session: Session, definitions: list[ScheduleDefinition], *
 
 def apply_file(app: ChordbeatCelery, path: str | Path, *, dry_run: bool = False) -> FileDiff:
     """Validate and apply a schedule file in one transaction: all of it or nothing."""
-    from celeryapp.service import known_task
-
     definitions = load_file(path, known_task=known_task(app))
     try:
         with transaction(app.settings.database_url) as session:
@@ -185,8 +187,6 @@ def apply_file(app: ChordbeatCelery, path: str | Path, *, dry_run: bool = False)
         with transaction(app.settings.database_url) as session:
             diff = apply_definitions(session, definitions, dry_run=dry_run)
     if not dry_run:
-        from celeryapp.beat_entries import sync_schedules
-
         try:
             sync_schedules(app, diff.added + diff.changed + diff.removed)
         except redis.RedisError as exc:

@@ -8,11 +8,10 @@ written), and sends what it decided (chords, cancels) only after commit.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
-from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import cadence_of
 from celeryapp.definition import parse_definition
 from celeryapp.dispatch import apply_effects
@@ -44,6 +43,9 @@ from models import (
     utcnow,
 )
 from models.session import affected
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
 
 
 def known_task(app: ChordbeatCelery) -> StepRules:

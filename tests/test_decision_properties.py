@@ -11,9 +11,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celeryapp.cadence import Cadence
+from celeryapp.cadence import BACKOFF_CAP_FACTOR, Cadence, retry_delay_s
 from celeryapp.decisions import (
-    BACKOFF_CAP_FACTOR,
     RetryPolicy,
     ScheduleState,
     StepResult,
@@ -21,7 +20,6 @@ from celeryapp.decisions import (
     decide_after_execution,
     decide_after_group,
     decide_fire,
-    retry_delay_s,
 )
 from celeryapp.definition import StepSpec
 from models.states import ActivityStatus, ExecutionStatus, ScheduleStatus, Trigger

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import CadenceSchedule
-from celeryapp.cadence import Cadence
-from celeryapp.decisions import retry_delay_s
+from celeryapp.cadence import Cadence, retry_delay_s
 from celeryapp.definition import ScheduleDefinition, StepSpec, parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.store import next_fire_after

@@ -21,6 +21,8 @@ from celeryapp import keys
 from celeryapp.decisions import (
     AfterExecution,
     NextRun,
+    OverlapAction,
+    OverlapDecision,
     RetryPolicy,
     ScheduleState,
     StepResult,
@@ -28,6 +30,7 @@ from celeryapp.decisions import (
     decide_after_execution,
     decide_after_group,
     decide_lost_attempt,
+    decide_overlap,
 )
 from celeryapp.definition import StepSpec
 from celeryapp.errors import NotFound
@@ -178,12 +181,13 @@ def start_execution(
         return StartResult(existing, skipped="duplicate")
     effects = Effects()
     active = _active_execution_ids(session, schedule.id)
-    if active and schedule.overlap is not Overlap.ALLOW:
-        if schedule.overlap is Overlap.CANCEL_PREVIOUS:
+    if active:
+        overlap = decide_overlap(schedule.overlap, trigger, active_id=active[0], current_retry=schedule.current_retry)
+        if overlap.action is OverlapAction.CANCEL_AND_START:
             for execution_id in active:
                 effects.merge(cancel_execution(session, execution_id, now=now, reason="cancelled: a new run started"))
-        else:
-            overlapped = _overlapped(session, schedule, active[0], trigger=trigger, nominal_at=nominal_at, now=now)
+        elif overlap.action is not OverlapAction.START:
+            overlapped = _overlapped(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
             if overlapped is not None:
                 return overlapped
 
@@ -211,7 +215,10 @@ def start_execution(
         winner = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
         if winner is not None:
             return StartResult(winner, skipped="duplicate")
-        overlapped = _overlapped(session, schedule, None, trigger=trigger, nominal_at=nominal_at, now=now)
+        overlap = decide_overlap(
+            schedule.overlap, trigger, active_id=None, current_retry=schedule.current_retry, lost_race=True
+        )
+        overlapped = _overlapped(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
         return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
 
     first: list[StepDispatch] = []
@@ -241,23 +248,15 @@ def start_execution(
 def _overlapped(
     session: Session,
     schedule: Schedule,
-    active_id: int | None,
+    overlap: OverlapDecision,
     *,
     trigger: Trigger,
     nominal_at: datetime | None,
     now: datetime,
 ) -> StartResult | None:
-    """Record why the run does not start; ``None`` if the active run ended meanwhile: start it."""
-    running = f"execution {active_id}" if active_id is not None else "another execution"
-    if trigger is Trigger.RETRY:
-        # The retry stays pending: the end of the active run starts it (see _after_execution).
-        detail = f"{running} is in progress; retry {schedule.current_retry} runs when it ends"
-        record_slot(
-            session, schedule, SlotOutcome.BUFFERED, trigger=trigger, nominal_at=nominal_at, now=now, detail=detail
-        )
-        logger.info("schedule %r: %s", schedule.name, detail)
-        return StartResult(None, skipped=f"retry waits: {running} is in progress")
-    if schedule.overlap is Overlap.BUFFER_ONE:
+    """Apply a run's overlap decision: record why it does not start; ``None`` if it was to be
+    buffered but the active run ended meanwhile: start it."""
+    if overlap.action is OverlapAction.BUFFER:
         still_running = exists().where(
             ScheduleExecution.schedule_id == schedule.id, ScheduleExecution.status == ExecutionStatus.IN_PROGRESS
         )
@@ -265,28 +264,14 @@ def _overlapped(
             session, update(Schedule).where(Schedule.id == schedule.id, still_running).values(buffered=True)
         ):
             return None
+    if overlap.outcome is not None:
         record_slot(
-            session,
-            schedule,
-            SlotOutcome.BUFFERED,
-            trigger=trigger,
-            nominal_at=nominal_at,
-            now=now,
-            detail=f"{running} is in progress; runs when it ends",
+            session, schedule, overlap.outcome, trigger=trigger, nominal_at=nominal_at, now=now, detail=overlap.detail
         )
-        logger.info("schedule %r: %s is in progress, run buffered", schedule.name, running)
-        return StartResult(None, skipped=f"buffered: {running} is in progress")
-    record_slot(
-        session,
-        schedule,
-        SlotOutcome.SKIPPED_OVERLAP,
-        trigger=trigger,
-        nominal_at=nominal_at,
-        now=now,
-        detail=f"{running} is in progress",
-    )
-    logger.warning("schedule %r: %s is still in progress, run skipped", schedule.name, running)
-    return StartResult(None, skipped=f"overlap: {running} is in progress")
+    # A skipped run is worth an operator's look; a waiting one is the policy working.
+    log = logger.warning if overlap.action is OverlapAction.SKIP else logger.info
+    log("schedule %r: %s", schedule.name, overlap.detail)
+    return StartResult(None, skipped=overlap.skipped)
 
 
 # --- steps ------------------------------------------------------------------------------------

@@ -26,8 +26,7 @@ from celeryapp.config import Settings
 from celeryapp.health import touch
 from models import transaction
 from tests import processes
-from tests.conftest import call
-from tests.test_lifecycle import finished, step
+from tests.helpers import call, finished, step
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 #: Markup, an SGR colour, a screen clear, an OSC 8 hyperlink, a carriage return and a bidi override.

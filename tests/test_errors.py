@@ -17,8 +17,7 @@ from sqlalchemy import update
 from celeryapp import contract, errors
 from celeryapp.app import ChordbeatCelery
 from models import Schedule, ScheduleStatus, transaction
-from tests.conftest import call
-from tests.test_lifecycle import step
+from tests.helpers import call, step
 
 #: Exceptions of ours that are not ChordbeatErrors on purpose, and why.
 OUTSIDE_THE_ROOT = {

@@ -10,29 +10,11 @@ from sqlalchemy import func, select
 
 from celeryapp.app import ChordbeatCelery
 from models import Activity, SlotOutcome, SlotRecord, WorkerTask, WorkerTaskStatus, transaction
-from tests.conftest import call, wait_for
-from tests.test_lifecycle import finished, step
+from tests.helpers import call, execution, finished, running, step, wait_for
 
 
 def slow(name: str, seconds: float = 30) -> dict[str, Any]:
     return step(name, kwargs={"seconds": seconds})
-
-
-def execution(client: Celery, execution_id: int) -> dict[str, Any]:
-    result: dict[str, Any] = call(client, "chordbeat.get_execution", execution_id=execution_id)
-    return result
-
-
-def running(client: Celery, execution_id: int, step_name: str) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        for activity in execution(client, execution_id)["activities"]:
-            if activity["step"] == step_name and activity["status"] == "in_progress":
-                return activity
-        return None
-
-    found = wait_for(check, 20, interval=0.05, what=f"{step_name} to run")
-    assert isinstance(found, dict)
-    return found
 
 
 def worker_task(app: ChordbeatCelery, execution_id: int, step_name: str) -> WorkerTask:

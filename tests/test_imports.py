@@ -107,3 +107,16 @@ def test_each_module_imports_on_its_own(module: str) -> None:
         [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, cwd=ROOT, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_test_modules_share_helpers_through_tests_helpers_not_through_each_other() -> None:
+    borrowed = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith(("tests.test_", "tests.conftest"))
+            ):
+                borrowed.append(f"{path.name}: from {node.module} import …")
+    assert borrowed == []

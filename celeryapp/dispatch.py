@@ -12,7 +12,7 @@ from celery.canvas import Signature
 from celeryapp import keys
 from celeryapp.beat_entries import sync_schedules
 from celeryapp.config import VISIBILITY_TIMEOUT_S
-from celeryapp.lifecycle import Effects, GroupDispatch, StepDispatch
+from celeryapp.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.redis_client import get_redis
 
 logger = logging.getLogger(__name__)

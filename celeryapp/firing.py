@@ -12,9 +12,10 @@ from sqlalchemy.orm import Session
 from celeryapp.beat_entries import cadence_of
 from celeryapp.decisions import ScheduleState, decide_fire
 from celeryapp.dispatch import apply_effects
+from celeryapp.effects import Effects
 from celeryapp.errors import InvalidArgument
-from celeryapp.lifecycle import Effects, record_slot, run_key, start_execution
 from celeryapp.limits import MAX_NAME_CHARS, shown
+from celeryapp.runs import record_slot, run_key, start_execution
 from celeryapp.views import iso
 from models import Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from models.session import affected

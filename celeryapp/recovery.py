@@ -19,10 +19,13 @@ from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session
 
 from celeryapp import keys
+from celeryapp.advancing import advance_execution
 from celeryapp.beat_entries import reconcile
 from celeryapp.dispatch import apply_effects
-from celeryapp.lifecycle import Effects, advance_execution, cancel_execution, requeue_attempt, resend_queued
+from celeryapp.effects import Effects
 from celeryapp.redis_client import get_redis
+from celeryapp.repair import requeue_attempt, resend_queued
+from celeryapp.runs import cancel_execution
 from models import Activity, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction, utcnow
 
 if TYPE_CHECKING:

@@ -19,10 +19,10 @@ from celeryapp.context import StepContext, running_step
 from celeryapp.dispatch import drop_pickup
 from celeryapp.errors import StepCancelled
 from celeryapp.heartbeat import StepWatch
-from celeryapp.lifecycle import Claim, claim_step, finish_step
 from celeryapp.outcome import classify
 from celeryapp.redis_client import get_redis
 from celeryapp.step_policy import StepRules
+from celeryapp.steps import Claim, claim_step, finish_step
 from models import Activity, ActivityStatus, transaction, utcnow
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from celeryapp import recovery
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.dispatch import apply_effects
-from celeryapp.lifecycle import start_execution
+from celeryapp.runs import start_execution
 from models import Activity, Schedule, ScheduleExecution, Trigger, transaction, utcnow
 from tests import processes
 from tests.fault_tasks import read_log

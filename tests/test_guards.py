@@ -164,7 +164,7 @@ def test_two_starts_racing_make_one_execution(app: ChordbeatCelery) -> None:
     import time
 
     from celeryapp.definition import parse_definition
-    from celeryapp.lifecycle import StartResult, start_execution
+    from celeryapp.runs import StartResult, start_execution
     from celeryapp.store import upsert_schedule
     from models import Schedule, ScheduleSource, Trigger, utcnow
 
@@ -211,7 +211,7 @@ def test_a_fire_reading_the_active_run_while_it_ends_still_runs_the_buffered_slo
 
     from celeryapp import firing
     from celeryapp.definition import parse_definition
-    from celeryapp.lifecycle import cancel_execution, start_execution
+    from celeryapp.runs import cancel_execution, start_execution
     from celeryapp.store import upsert_schedule
     from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleSource, Trigger, utcnow
 

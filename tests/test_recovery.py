@@ -11,8 +11,9 @@ from sqlalchemy import select, update
 from celeryapp import recovery
 from celeryapp.app import ChordbeatCelery
 from celeryapp.housekeeping import purge
-from celeryapp.lifecycle import claim_step, finish_step, start_execution
 from celeryapp.redis_client import get_redis
+from celeryapp.runs import start_execution
+from celeryapp.steps import claim_step, finish_step
 from models import (
     Activity,
     ActivityStatus,

@@ -1,9 +1,14 @@
-"""Execution lifecycle in the database: start, claim and finish steps, advance, cancel.
+"""An execution's start and end in the database: the overlap policy applied, cancelling, and the
+schedule's bookkeeping when a run ends (counters, repeats, retries).
+
+Start and end share this module because each leads to the other: ``cancel_previous`` ends the
+active runs as a new one starts, and an ending run starts the retry or the buffered run that
+waited for it.
 
 Every state change is a compare-and-set ``UPDATE ... WHERE <expected state>``: whoever loses a
 race (a redelivered message, a second callback, recovery racing a slow worker) changes nothing.
-Functions here only touch the database and return what must be sent once the transaction has
-committed; :mod:`celeryapp.dispatch` sends it.
+Functions here only touch the database and return the :class:`~celeryapp.effects.Effects` to
+send once the transaction has committed; :mod:`celeryapp.dispatch` sends them.
 """
 
 from __future__ import annotations
@@ -11,9 +16,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import CursorResult, bindparam, delete, exists, func, insert, select, update
+from sqlalchemy import delete, exists, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -25,14 +30,10 @@ from celeryapp.decisions import (
     OverlapDecision,
     RetryPolicy,
     ScheduleState,
-    StepResult,
-    Verdict,
     decide_after_execution,
-    decide_after_group,
-    decide_lost_attempt,
     decide_overlap,
 )
-from celeryapp.definition import StepSpec
+from celeryapp.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.errors import NotFound
 from celeryapp.store import definition_of
 from celeryapp.views import iso
@@ -50,53 +51,9 @@ from models import (
     WorkerTask,
     WorkerTaskStatus,
 )
-from models.session import affected
+from models.session import NO_SYNC, affected
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepDispatch:
-    execution_id: int
-    worker_task_id: int
-    attempt: int
-    spec: StepSpec
-
-    @property
-    def celery_task_id(self) -> str:
-        return keys.runner_task_id(self.execution_id, self.worker_task_id, self.attempt)
-
-
-@dataclass(frozen=True)
-class GroupDispatch:
-    """A step group to send as one chord (or, for re-queued attempts, as linked single tasks)."""
-
-    execution_id: int
-    step_index: int
-    steps: tuple[StepDispatch, ...]
-    #: True for re-queued attempts: sent without a chord, each linked to the advancement.
-    requeue: bool = False
-
-
-@dataclass
-class Effects:
-    """What to do after commit: chords to send, executions whose running steps must stop."""
-
-    dispatch: list[GroupDispatch] = field(default_factory=list)
-    cancelled: list[int] = field(default_factory=list)
-    revoke: list[str] = field(default_factory=list)
-    #: Schedules whose beat entry must be rewritten (retry due, done, dead).
-    resync: list[str] = field(default_factory=list)
-    #: Attempts given up by recovery (worker task id, attempt): if still running anywhere, they stop.
-    fenced: list[tuple[int, int]] = field(default_factory=list)
-
-    def merge(self, other: Effects) -> Effects:
-        self.dispatch += other.dispatch
-        self.cancelled += other.cancelled
-        self.revoke += other.revoke
-        self.resync += other.resync
-        self.fenced += other.fenced
-        return self
 
 
 @dataclass
@@ -104,9 +61,6 @@ class StartResult:
     execution_id: int | None
     skipped: str | None = None
     effects: Effects = field(default_factory=Effects)
-
-
-# --- starting ---------------------------------------------------------------------------------
 
 
 def run_key(name: str, trigger: Trigger, nominal_at: datetime, retry: int = 0) -> str:
@@ -274,206 +228,7 @@ def _overlapped(
     return StartResult(None, skipped=overlap.skipped)
 
 
-# --- steps ------------------------------------------------------------------------------------
-
-
-def _spec_of(execution: ScheduleExecution, task: WorkerTask) -> StepSpec:
-    """The step as it was when the run started (from the execution's plan)."""
-    return next(StepSpec.from_json(s) for s in execution.plan[task.step_index] if s["name"] == task.step_name)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A step attempt a runner now owns."""
-
-    worker_task_id: int
-    attempt: int
-    execution_id: int
-    step_index: int
-    spec: StepSpec
-    activity_id: int
-    schedule_name: str
-    payload: dict[str, Any]
-
-
-# The step path runs for every step of every run: its statements are built once, with bind
-# parameters, instead of per call (building SQLAlchemy expressions costs more than executing them).
-_CLAIM = (
-    update(WorkerTask)
-    .where(
-        WorkerTask.id == bindparam("p_task_id"),
-        WorkerTask.attempt == bindparam("p_attempt"),
-        WorkerTask.status == WorkerTaskStatus.QUEUED,
-        exists().where(
-            ScheduleExecution.id == WorkerTask.execution_id,
-            ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
-        ),
-    )
-    .values(status=WorkerTaskStatus.PROCESSING, node=bindparam("p_node"), started_at=bindparam("p_now"))
-    .returning(WorkerTask.execution_id, WorkerTask.step_index, WorkerTask.step_name)
-)
-_RUN_OF = select(ScheduleExecution.plan, ScheduleExecution.schedule_name, ScheduleExecution.payload).where(
-    ScheduleExecution.id == bindparam("p_execution_id")
-)
-_OPEN_ACTIVITY = (
-    insert(Activity)
-    .values(
-        execution_id=bindparam("p_execution_id"),
-        step_index=bindparam("p_step_index"),
-        step_name=bindparam("p_step_name"),
-        attempt=bindparam("p_attempt"),
-        status=ActivityStatus.IN_PROGRESS,
-        worker=bindparam("p_node"),
-        started_at=bindparam("p_now"),
-    )
-    .returning(Activity.id)
-)
-_CLOSE_ACTIVITY = (
-    update(Activity)
-    .where(Activity.id == bindparam("p_activity_id"), Activity.status == ActivityStatus.IN_PROGRESS)
-    .values(
-        status=bindparam("p_outcome"),
-        error=bindparam("p_error"),
-        message=bindparam("p_message"),
-        completed_at=bindparam("p_now"),
-    )
-)
-_DROP_TASK = delete(WorkerTask).where(
-    WorkerTask.id == bindparam("p_task_id"),
-    WorkerTask.attempt == bindparam("p_attempt"),
-    WorkerTask.status == WorkerTaskStatus.PROCESSING,
-)
-_NO_SYNC = {"synchronize_session": False}
-
-
-def claim_step(session: Session, worker_task_id: int, attempt: int, *, node: str, now: datetime) -> Claim | None:
-    """Move a queued attempt to ``processing`` and open its activity; ``None`` if not ours to run.
-
-    ``None`` covers every message that must do nothing: a redelivery of an attempt already
-    running or finished, an attempt fenced off by a newer one, a cancelled or finished execution.
-    """
-    claimed = session.execute(
-        _CLAIM,
-        {"p_task_id": worker_task_id, "p_attempt": attempt, "p_node": node, "p_now": now},
-        execution_options=_NO_SYNC,
-    ).first()
-    if claimed is None:
-        return None
-    execution_id, step_index, step_name = claimed
-    plan, schedule_name, payload = session.execute(_RUN_OF, {"p_execution_id": execution_id}).one()
-    spec = next(StepSpec.from_json(s) for s in plan[step_index] if s["name"] == step_name)
-    activity_id = session.execute(
-        _OPEN_ACTIVITY,
-        {
-            "p_execution_id": execution_id,
-            "p_step_index": step_index,
-            "p_step_name": step_name,
-            "p_attempt": attempt,
-            "p_node": node,
-            "p_now": now,
-        },
-    ).scalar_one()
-    return Claim(worker_task_id, attempt, execution_id, step_index, spec, activity_id, schedule_name, dict(payload))
-
-
-def finish_step(
-    session: Session,
-    claim: Claim,
-    status: ActivityStatus,
-    *,
-    now: datetime,
-    error: str | None = None,
-    message: str | None = None,
-) -> bool:
-    """Record an attempt's outcome and delete its worker task; False if it was fenced meanwhile."""
-    closed = session.execute(
-        _CLOSE_ACTIVITY,
-        {"p_activity_id": claim.activity_id, "p_outcome": status, "p_error": error, "p_message": message, "p_now": now},
-        execution_options=_NO_SYNC,
-    )
-    session.execute(
-        _DROP_TASK, {"p_task_id": claim.worker_task_id, "p_attempt": claim.attempt}, execution_options=_NO_SYNC
-    )
-    return bool(cast(CursorResult[Any], closed).rowcount)
-
-
-# --- advancing --------------------------------------------------------------------------------
-
-
-def _latest_results(session: Session, execution_id: int, step_index: int) -> dict[str, StepResult]:
-    rows = session.execute(
-        select(Activity.step_name, Activity.status, Activity.error)
-        .where(Activity.execution_id == execution_id, Activity.step_index == step_index)
-        .order_by(Activity.attempt)
-    ).all()
-    return {name: StepResult(status, error) for name, status, error in rows}
-
-
-def advance_execution(session: Session, execution_id: int, step_index: int, *, now: datetime) -> Effects:
-    """The activity-based check after a group: fail, advance to the next group, or complete."""
-    execution = session.get(ScheduleExecution, execution_id)
-    if (
-        execution is None
-        or execution.status is not ExecutionStatus.IN_PROGRESS
-        or execution.current_step_index != step_index
-    ):
-        return Effects()
-    unfinished = (
-        session.scalar(
-            select(func.count()).where(
-                WorkerTask.execution_id == execution_id,
-                WorkerTask.step_index == step_index,
-            )
-        )
-        or 0
-    )
-    steps = [StepSpec.from_json(s) for s in execution.plan[step_index]]
-    has_next = step_index + 1 < len(execution.plan)
-    outcome = decide_after_group(
-        steps, _latest_results(session, execution_id, step_index), unfinished=unfinished, has_next_group=has_next
-    )
-    guard = (
-        ScheduleExecution.id == execution_id,
-        ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
-        ScheduleExecution.current_step_index == step_index,
-    )
-    if outcome.verdict is Verdict.WAIT:
-        return Effects()
-    if outcome.verdict is Verdict.ADVANCE:
-        moved = affected(session, update(ScheduleExecution).where(*guard).values(current_step_index=step_index + 1))
-        if not moved:
-            return Effects()
-        session.execute(
-            update(WorkerTask)
-            .where(
-                WorkerTask.execution_id == execution_id,
-                WorkerTask.step_index == step_index + 1,
-                WorkerTask.status == WorkerTaskStatus.WAITING,
-            )
-            .values(status=WorkerTaskStatus.QUEUED, queued_at=now)
-        )
-        return Effects(dispatch=[_queued_group(session, execution, step_index + 1)])
-    status = ExecutionStatus.FAILED if outcome.verdict is Verdict.FAIL else ExecutionStatus.COMPLETED
-    return _finish_execution(session, execution, guard, status, error=outcome.error, now=now) or Effects()
-
-
-def _queued_group(session: Session, execution: ScheduleExecution, step_index: int) -> GroupDispatch:
-    specs = {s["name"]: StepSpec.from_json(s) for s in execution.plan[step_index]}
-    tasks = session.execute(
-        select(WorkerTask.id, WorkerTask.attempt, WorkerTask.step_name)
-        .where(
-            WorkerTask.execution_id == execution.id,
-            WorkerTask.step_index == step_index,
-            WorkerTask.status == WorkerTaskStatus.QUEUED,
-        )
-        .order_by(WorkerTask.id)
-    ).all()
-    return GroupDispatch(
-        execution.id, step_index, tuple(StepDispatch(execution.id, i, a, specs[n]) for i, a, n in tasks)
-    )
-
-
-def _finish_execution(
+def finish_execution(
     session: Session,
     execution: ScheduleExecution,
     guard: Any,
@@ -506,7 +261,7 @@ def _after_execution(
 ) -> Effects:
     """Schedule bookkeeping once an execution ends: counters, repeats, retries, a run that waited.
 
-    The schedule's row lock is held (taken by :func:`_finish_execution`), so what is read here is
+    The schedule's row lock is held (taken by :func:`finish_execution`), so what is read here is
     current; the changes are still made as compare-and-set updates.
     """
     if execution.schedule_id is None:
@@ -524,7 +279,7 @@ def _after_execution(
     # Counters change with atomic increments whose new values come back (RETURNING).
     if counters:
         row = session.execute(
-            update(Schedule).where(by_id).values(**counters).returning(*read), execution_options=_NO_SYNC
+            update(Schedule).where(by_id).values(**counters).returning(*read), execution_options=NO_SYNC
         ).one()
     else:
         row = session.execute(select(*read).where(by_id)).one()
@@ -618,9 +373,6 @@ def _log_after(
         logger.info("schedule %r: retry %s is already pending; no retry added", name, state.current_retry)
 
 
-# --- cancelling -------------------------------------------------------------------------------
-
-
 def cancel_execution(
     session: Session,
     execution_id: int,
@@ -644,7 +396,7 @@ def cancel_execution(
             WorkerTask.execution_id == execution_id, WorkerTask.status != WorkerTaskStatus.WAITING
         )
     ).all()
-    effects = _finish_execution(session, execution, guard, status, error=reason, now=now)
+    effects = finish_execution(session, execution, guard, status, error=reason, now=now)
     if effects is None:
         return Effects()  # it ended meanwhile: nothing to cancel
     session.execute(
@@ -655,83 +407,3 @@ def cancel_execution(
     effects.cancelled.append(execution_id)
     effects.revoke += [keys.runner_task_id(execution_id, i, a) for i, a in running]
     return effects
-
-
-# --- recovery ---------------------------------------------------------------------------------
-
-
-def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reason: str, now: datetime) -> Effects:
-    """An attempt's worker is gone: fail its activity, then run it again or, out of attempts (or past
-    its timeout: a crash then is the timeout's hard kill, not bad luck), fail the step.
-
-    Fenced by the attempt number, so a late message of the interrupted attempt finds nothing to
-    claim, and two recoveries racing each other requeue once. The attempt is also fenced in Redis,
-    so that if it is in fact still running (a frozen worker), it stops.
-    """
-    task = session.get(WorkerTask, worker_task_id)
-    if task is None or task.attempt != attempt or task.status is not WorkerTaskStatus.PROCESSING:
-        return Effects()
-    execution = session.get_one(ScheduleExecution, task.execution_id)
-    spec = _spec_of(execution, task)
-    verdict = decide_lost_attempt(
-        attempt, spec.max_attempts, started_at=task.started_at, timeout_s=spec.timeout_s, now=now, reason=reason
-    )
-    session.execute(
-        update(Activity)
-        .where(
-            Activity.execution_id == execution.id,
-            Activity.step_name == task.step_name,
-            Activity.attempt == attempt,
-            Activity.status == ActivityStatus.IN_PROGRESS,
-        )
-        .values(status=ActivityStatus.FAILED_WITH_ERROR, completed_at=now, error=verdict.error)
-    )
-    fenced = (
-        WorkerTask.id == worker_task_id,
-        WorkerTask.attempt == attempt,
-        WorkerTask.status == WorkerTaskStatus.PROCESSING,
-    )
-    if verdict.requeue:
-        moved = affected(
-            session,
-            update(WorkerTask)
-            .where(*fenced)
-            .values(status=WorkerTaskStatus.QUEUED, attempt=attempt + 1, node=None, started_at=None, queued_at=now),
-        )
-        if not moved:
-            return Effects()
-        logger.warning(
-            "step %r of execution %s: %s; re-queued as attempt %s", task.step_name, execution.id, reason, attempt + 1
-        )
-        step = StepDispatch(execution.id, worker_task_id, attempt + 1, spec)
-        return Effects(
-            dispatch=[GroupDispatch(execution.id, task.step_index, (step,), requeue=True)],
-            fenced=[(worker_task_id, attempt)],
-        )
-    if not affected(session, delete(WorkerTask).where(*fenced)):
-        return Effects()
-    logger.error("step %r of execution %s: %s; not run again", task.step_name, execution.id, verdict.error)
-    effects = advance_execution(session, execution.id, task.step_index, now=now)
-    effects.fenced.append((worker_task_id, attempt))
-    return effects
-
-
-def resend_queued(session: Session, worker_task_id: int, *, now: datetime) -> Effects:
-    """Send again a queued attempt whose message is gone (Redis lost data, or a crash before publish).
-
-    A second message for the same attempt is harmless: only one runner can claim it.
-    """
-    task = session.get(WorkerTask, worker_task_id)
-    if task is None or task.status is not WorkerTaskStatus.QUEUED:
-        return Effects()
-    execution = session.get_one(ScheduleExecution, task.execution_id)
-    if execution.status is not ExecutionStatus.IN_PROGRESS:
-        return Effects()
-    spec = _spec_of(execution, task)
-    session.execute(
-        update(WorkerTask)
-        .where(WorkerTask.id == worker_task_id, WorkerTask.status == WorkerTaskStatus.QUEUED)
-        .values(queued_at=now)
-    )
-    step = StepDispatch(execution.id, worker_task_id, task.attempt, spec)
-    return Effects(dispatch=[GroupDispatch(execution.id, task.step_index, (step,), requeue=True)])

@@ -35,3 +35,8 @@ bench: $(STAMP) system-deps
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache
+
+# Rewrites the README's generated tables (service tasks, errors, variables) from their source.
+.PHONY: docs
+docs: $(STAMP)
+	$(BIN)/python -m celeryapp.docs_tables

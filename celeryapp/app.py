@@ -10,9 +10,10 @@ from celery import Celery
 from kombu.entity import Queue
 
 from celeryapp.broker import TRANSPORT
-from celeryapp.config import Settings
+from celeryapp.config import VISIBILITY_TIMEOUT_S, Settings
 from celeryapp.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.redaction import credentials_apart
+from celeryapp.signals import HealthStep
 
 #: Modules holding chordbeat's own tasks; a worker imports them at start.
 TASK_MODULES = ("tasks.steps", "tasks.control", "tasks.service", "tasks.builtin", "tasks.examples")
@@ -21,10 +22,6 @@ TASK_MODULES = ("tasks.steps", "tasks.control", "tasks.service", "tasks.builtin"
 BEAT_MAX_LOOP_INTERVAL_S = 5
 #: RedBeat lock lifetime: a SIGKILLed beat is replaced within lock + loop interval (35 s).
 REDBEAT_LOCK_TIMEOUT_S = 30
-#: Redis hands an unacked message to another consumer after this long. Crashed steps are
-#: re-queued by heartbeat recovery much sooner; this is only the broker's last resort, so it is
-#: kept well above any step's run time to avoid duplicate deliveries of long steps.
-VISIBILITY_TIMEOUT_S = 6 * 3600
 #: Seconds between two repairs of beat entries from the database.
 RECONCILE_INTERVAL_S = 60.0
 #: Seconds between two housekeeping passes.
@@ -141,7 +138,5 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 def create_app(settings: Settings | None = None) -> ChordbeatCelery:
     app = ChordbeatCelery("chordbeat", include=list(TASK_MODULES), set_as_current=True)
     app.apply_settings(settings or Settings.from_env())
-    from celeryapp.signals import HealthStep
-
     app.steps["consumer"].add(HealthStep)
     return app

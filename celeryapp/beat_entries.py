@@ -23,7 +23,7 @@ from sqlalchemy import and_, or_, select
 
 from celeryapp import keys
 from celeryapp.cadence import Cadence, Due, next_due
-from celeryapp.lifecycle import run_key
+from celeryapp.runs import run_key
 from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleStatus, Trigger, transaction
 
 logger = logging.getLogger(__name__)

@@ -13,6 +13,8 @@ from zoneinfo import ZoneInfo
 
 from celeryapp.cron import CronExpression
 
+#: Retry delays never grow past this many times the base delay.
+BACKOFF_CAP_FACTOR = 10
 #: First look-back window when searching the latest missed cron slot.
 LOOKBACK_START = timedelta(hours=1)
 
@@ -80,3 +82,10 @@ def next_due(cadence: Cadence, *, last_fired: datetime, retry_at: datetime | Non
     if retry_at is not None and retry_at > last_fired:
         return Due(retry_at, retry=True)
     return Due(cadence.slot_after(last_fired), retry=False)
+
+
+def retry_delay_s(base_s: float, retry: int) -> float:
+    """Delay before retry number ``retry`` (1-based): min(base·2^(retry-1), base·10)."""
+    if retry < 1:
+        raise ValueError("retry numbers start at 1")
+    return float(min(base_s * 2 ** (retry - 1), base_s * BACKOFF_CAP_FACTOR))

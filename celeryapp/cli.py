@@ -2,6 +2,11 @@
 
 ``db upgrade`` and ``apply`` work on the database directly: they run before any worker exists
 (deploy jobs, ``make run``). ``health`` reads local liveness files.
+
+Each command imports what it needs when it runs, not at module import (the one place that imports
+inside functions): ``chordbeat health`` runs as a container health check every few seconds and
+stays small and quick without Celery, SQLAlchemy or the app, and touching ``celeryapp.app`` builds
+the app from the environment, which only the commands that call the service need.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import logging
 import re
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -179,22 +184,6 @@ def _confirm_removal(source: str, names: list[str]) -> list[str]:
     )
 
 
-def upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
-    """The schedule's next fire times, in its own time zone."""
-    from celeryapp.cron import CronExpression
-
-    zone = ZoneInfo(schedule["timezone"])
-    first = schedule.get("next_run_at")
-    if first is None:
-        return []
-    start = datetime.fromisoformat(first.replace("Z", "+00:00"))
-    if schedule.get("cron"):
-        times = [start, *CronExpression.parse(schedule["cron"]).upcoming(start, zone, count - 1)]
-    else:
-        times = [start + timedelta(seconds=schedule["every"] * i) for i in range(count)]
-    return [t.astimezone(zone) for t in times[:count]]
-
-
 def _table(*columns: str, title: str | None = None) -> Table:
     """A table as every command draws it: light lines, narrow padding, so it fits 80 columns."""
     from rich import box
@@ -280,6 +269,7 @@ def _definition_table(schedule: dict[str, Any]) -> Table:
 def show_cmd(name: str, as_json: bool) -> None:
     """A schedule: definition, status, next fire times, recent executions and slots (--json: all of it)."""
     from celeryapp.display import took, zone_of
+    from celeryapp.views import upcoming
 
     schedule = _call("get_schedule", name)
     executions = _call("list_executions", schedule=name, limit=5)
@@ -352,6 +342,7 @@ def _print_errors(executions: list[dict[str, Any]]) -> None:
 def next_cmd(name: str, count: int, as_json: bool) -> None:
     """The coming fire times, in the schedule's zone with their UTC offsets."""
     from celeryapp.display import when, zone_of
+    from celeryapp.views import upcoming
 
     schedule = _call("get_schedule", name)
     times = upcoming(schedule, count)
@@ -363,23 +354,10 @@ def next_cmd(name: str, count: int, as_json: bool) -> None:
         click.echo(printable(when(t, zone_of(schedule["timezone"]), now)))
 
 
-def step_states(execution: dict[str, Any]) -> dict[tuple[int, str], tuple[str, int]]:
-    """Each step's current state and attempt, in run order: its open task or its latest activity."""
-    states: dict[tuple[int, str], tuple[str, int]] = {}
-    for a in execution["activities"]:  # ordered by attempt within a step
-        states[(a["step_index"], a["step"])] = (a["status"], a["attempt"])
-    for t in execution["tasks"]:
-        key = (t["step_index"], t["step"])
-        running = states.get(key, ("", 0))
-        # A processing task's running attempt already shows as its in-progress activity.
-        if not (running[0] == "in_progress" and running[1] == t["attempt"]):
-            states[key] = (t["status"], t["attempt"])
-    return dict(sorted(states.items(), key=lambda item: item[0][0]))
-
-
 def _steps_table(execution: dict[str, Any], now: datetime) -> Table:
     """Each step's current state, attempt and time, groups numbered from 1; errors and warnings below."""
     from celeryapp.display import took
+    from celeryapp.views import step_states
 
     latest = {(a["step_index"], a["step"]): a for a in execution["activities"]}
     table = _table("group", "step", "state", "try", "took")
@@ -453,6 +431,7 @@ def _watch(execution_id: int) -> dict[str, Any]:
     from rich.progress_bar import ProgressBar
 
     from celeryapp.display import zone_of
+    from celeryapp.views import step_states
 
     class Bar(BarColumn):  # type: ignore[misc]
         def render(self, task: Task) -> ProgressBar:

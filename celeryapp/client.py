@@ -1,6 +1,8 @@
 """A small typed client for other Python services: calls chordbeat's tasks by name.
 
-It needs only ``celery`` (it imports nothing else from this project at run time)::
+It needs only ``celery``, and importing it touches nothing global: it builds no app from the
+environment, leaves Celery's current app alone and connects no signal receivers (it imports only
+:mod:`celeryapp.contract`, the answers' shapes)::
 
     from celeryapp.client import ChordbeatClient
 
@@ -15,6 +17,8 @@ import time
 from typing import Any
 
 from celery import Celery
+
+from celeryapp.contract import DeletedJson, ExecutionJson, ScheduleJson, SlotJson, TriggerJson
 
 #: Queue the service tasks are consumed from by every worker (Celery's default queue).
 SERVICE_QUEUE = "celery"
@@ -92,39 +96,41 @@ class ChordbeatClient:
                 return True
         return False
 
-    def apply_schedule(self, definition: Json) -> Json:
+    def apply_schedule(self, definition: Json) -> ScheduleJson:
         return self.call("chordbeat.apply_schedule", definition=definition)  # type: ignore[no-any-return]
 
-    def delete_schedule(self, name: str) -> Json:
+    def delete_schedule(self, name: str) -> DeletedJson:
         return self.call("chordbeat.delete_schedule", name=name)  # type: ignore[no-any-return]
 
-    def get_schedule(self, name: str) -> Json:
+    def get_schedule(self, name: str) -> ScheduleJson:
         return self.call("chordbeat.get_schedule", name=name)  # type: ignore[no-any-return]
 
-    def list_schedules(self) -> list[Json]:
+    def list_schedules(self) -> list[ScheduleJson]:
         return self.call("chordbeat.list_schedules")  # type: ignore[no-any-return]
 
-    def pause_schedule(self, name: str) -> Json:
+    def pause_schedule(self, name: str) -> ScheduleJson:
         return self.call("chordbeat.pause_schedule", name=name)  # type: ignore[no-any-return]
 
-    def resume_schedule(self, name: str) -> Json:
+    def resume_schedule(self, name: str) -> ScheduleJson:
         return self.call("chordbeat.resume_schedule", name=name)  # type: ignore[no-any-return]
 
-    def trigger_schedule(self, name: str, payload: Json | None = None) -> Json:
+    def trigger_schedule(self, name: str, payload: Json | None = None) -> TriggerJson:
         return self.call("chordbeat.trigger_schedule", name=name, payload=payload)  # type: ignore[no-any-return]
 
-    def cancel_execution(self, execution_id: int) -> Json:
+    def cancel_execution(self, execution_id: int) -> ExecutionJson:
         return self.call("chordbeat.cancel_execution", execution_id=execution_id)  # type: ignore[no-any-return]
 
-    def get_execution(self, execution_id: int) -> Json:
+    def get_execution(self, execution_id: int) -> ExecutionJson:
         return self.call("chordbeat.get_execution", execution_id=execution_id)  # type: ignore[no-any-return]
 
-    def list_executions(self, schedule: str | None = None, status: str | None = None, limit: int = 50) -> list[Json]:
+    def list_executions(
+        self, schedule: str | None = None, status: str | None = None, limit: int = 50
+    ) -> list[ExecutionJson]:
         return self.call(  # type: ignore[no-any-return]
             "chordbeat.list_executions", schedule=schedule, status=status, limit=limit
         )
 
-    def list_slots(self, name: str, limit: int = 50) -> list[Json]:
+    def list_slots(self, name: str, limit: int = 50) -> list[SlotJson]:
         return self.call("chordbeat.list_slots", name=name, limit=limit)  # type: ignore[no-any-return]
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from celeryapp.errors import ConfigError
 
@@ -30,32 +31,119 @@ DEFAULT_STEP_KINDS = frozenset({"task"})
 DEFAULT_STEP_TASKS = ("*",)
 #: Variables a sql step may name as its ``database_env`` start with this.
 DEFAULT_SQL_ENV_PREFIX = "CHORDBEAT_SQL_"
-#: Every variable the settings read: a sql step may never name one of them.
-OWN_VARIABLES = frozenset(
-    {
-        "CHORDBEAT_BROKER_URL",
-        "CHORDBEAT_RESULT_BACKEND",
-        "CHORDBEAT_REDBEAT_URL",
-        "CHORDBEAT_DATABASE_URL",
-        "CHORDBEAT_SCHEDULES_FILE",
-        "CHORDBEAT_HEARTBEAT_TTL",
-        "CHORDBEAT_RECOVERY_INTERVAL",
-        "CHORDBEAT_RETENTION_DAYS",
-        "CHORDBEAT_TASK_MODULES",
-        "CHORDBEAT_HEALTH_DIR",
-        "CHORDBEAT_STEP_KINDS",
-        "CHORDBEAT_STEP_TASKS",
-        "CHORDBEAT_EXECUTABLE_ALLOW",
-        "CHORDBEAT_SQL_ENV_PREFIX",
-        "CHORDBEAT_WEB_USERS",
-        "CHORDBEAT_WEB_SECRET",
-        "CHORDBEAT_WEB_ADDRESS",
-        "CHORDBEAT_WEB_PORT",
-    }
-)
+#: Redis hands an unacked message to another consumer after this long. Crashed steps are
+#: re-queued by heartbeat recovery much sooner; this is only the broker's last resort, so it is
+#: kept well above any step's run time to avoid duplicate deliveries of long steps.
+VISIBILITY_TIMEOUT_S = 6 * 3600
+#: Where worker and beat write their liveness files by default.
+DEFAULT_HEALTH_DIR = "/tmp"
 #: Where ``chordbeat web`` listens unless told otherwise: this machine only.
 DEFAULT_WEB_ADDRESS = "127.0.0.1"
 DEFAULT_WEB_PORT = 8180
+
+
+class Variable(NamedTuple):
+    """A ``CHORDBEAT_*`` variable as the README's configuration table documents it."""
+
+    name: str
+    #: The default, as the table shows it (Markdown).
+    default: str
+    meaning: str
+    #: False for variables of the tooling (``make run``, the container image), not of :class:`Settings`.
+    setting: bool = True
+
+
+#: Every ``CHORDBEAT_*`` variable: the one source of docs/configuration.md's table.
+VARIABLES = (
+    Variable(
+        "CHORDBEAT_BROKER_URL",
+        f"`{DEFAULT_BROKER_URL}`",
+        "Celery broker (Redis; `rediss://` and passwords supported)",
+    ),
+    Variable("CHORDBEAT_RESULT_BACKEND", "the broker URL", "Celery result backend (Redis; chords join there)"),
+    Variable("CHORDBEAT_REDBEAT_URL", "the broker URL", "where RedBeat keeps schedule entries and its lock"),
+    Variable(
+        "CHORDBEAT_DATABASE_URL",
+        f"`{DEFAULT_DATABASE_URL}`",
+        "SQLAlchemy URL; PostgreSQL (`postgresql+psycopg://…`) for production",
+    ),
+    Variable("CHORDBEAT_SCHEDULES_FILE", "unset", "declarative schedule file applied when beat starts"),
+    Variable("CHORDBEAT_HEARTBEAT_TTL", f"`{DEFAULT_HEARTBEAT_TTL_S:g}` (s)", "TTL of a running step's heartbeat key"),
+    Variable("CHORDBEAT_RECOVERY_INTERVAL", f"`{DEFAULT_RECOVERY_INTERVAL_S:g}` (s)", "period of the recovery task"),
+    Variable(
+        "CHORDBEAT_TASK_MODULES",
+        "unset",
+        "comma-separated modules with your step tasks, imported by every worker",
+    ),
+    Variable(
+        "CHORDBEAT_RETENTION_DAYS",
+        f"`{DEFAULT_RETENTION_DAYS:g}`",
+        "finished executions older than this are deleted",
+    ),
+    Variable(
+        "CHORDBEAT_HEALTH_DIR",
+        f"`{DEFAULT_HEALTH_DIR}`",
+        "where worker and beat write their liveness files; in a directory others can write to (`/tmp`), a private "
+        "`chordbeat-<uid>` subdirectory (mode 0700) of it; one owned by another user, or a subdirectory that is a "
+        "symlink or not private, is refused and `chordbeat health` says why",
+    ),
+    Variable(
+        "CHORDBEAT_RUN_DIR",
+        "`.run`",
+        "`make run` only: where it keeps Redis data, Flower's state and its generated credentials (`local.env`, "
+        "mode 0600)",
+        setting=False,
+    ),
+    Variable(
+        "CHORDBEAT_ROLE",
+        "`worker`",
+        "container image only: the process (`worker` or `beat`) its health check asks `chordbeat health` about",
+        setting=False,
+    ),
+    Variable(
+        "CHORDBEAT_STEP_KINDS",
+        "`task`",
+        "step kinds definitions may use: add `executable` and/or `sql` to turn those on (anyone who can publish to "
+        "the broker can then run what the next two settings allow; see [security-steps.md]"
+        "(security-steps.md))",
+    ),
+    Variable(
+        "CHORDBEAT_STEP_TASKS",
+        f"`{','.join(DEFAULT_STEP_TASKS)}`",
+        "comma-separated patterns (`fnmatch`, case-sensitive) of the task names a `task` step may run, e.g. "
+        "`hr.*,billing.*`; Celery's own tasks (`celery.*`) and chordbeat's (`chordbeat.*` except "
+        "`chordbeat.examples.*`) never qualify",
+    ),
+    Variable(
+        "CHORDBEAT_EXECUTABLE_ALLOW",
+        "unset (nothing)",
+        "comma-separated absolute paths of the programs executable steps may run; an entry ending in `/` allows "
+        "everything below that directory. Symlinks and `..` are resolved before the check. Required once "
+        "`executable` is enabled (the worker refuses to start without it)",
+    ),
+    Variable(
+        "CHORDBEAT_SQL_ENV_PREFIX",
+        f"`{DEFAULT_SQL_ENV_PREFIX}`",
+        "a sql step's `database_env` must name a variable starting with this (e.g. `CHORDBEAT_SQL_REPORTING`); "
+        "chordbeat's own settings and `FLOWER_*` are refused whatever the prefix",
+    ),
+    Variable(
+        "CHORDBEAT_WEB_USERS",
+        "unset (`chordbeat web` refuses to start)",
+        "dashboard accounts: `name:role:password` entries separated by commas; role `admin` (may run, pause, "
+        "resume, cancel) or `viewer` (may look); password a hash from `chordbeat web-password` (or, on your own "
+        "machine only, the password itself)",
+    ),
+    Variable(
+        "CHORDBEAT_WEB_SECRET",
+        "unset (`chordbeat web` refuses to start)",
+        "at least 32 random characters that sign the dashboard's session cookies",
+    ),
+    Variable("CHORDBEAT_WEB_ADDRESS", f"`{DEFAULT_WEB_ADDRESS}`", "interface the dashboard listens on"),
+    Variable("CHORDBEAT_WEB_PORT", f"`{DEFAULT_WEB_PORT}`", "port of the dashboard"),
+)
+#: Every variable the settings read: a sql step may never name one of them.
+OWN_VARIABLES = frozenset(v.name for v in VARIABLES if v.setting)
 _VARIABLE_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -143,7 +231,7 @@ class Settings:
     #: Extra modules holding step tasks, imported by every worker.
     task_modules: tuple[str, ...] = field(default_factory=tuple)
     #: Where worker and beat write their liveness timestamps.
-    health_dir: str = "/tmp"
+    health_dir: str = DEFAULT_HEALTH_DIR
     #: Step kinds definitions may use; ``task`` alone refuses executable and SQL steps.
     step_kinds: frozenset[str] = DEFAULT_STEP_KINDS
     #: Task name patterns (fnmatch) a ``task`` step may run.
@@ -180,7 +268,7 @@ class Settings:
             ),
             retention_days=_env_float(env, "CHORDBEAT_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, minimum=0),
             task_modules=modules,
-            health_dir=env.get("CHORDBEAT_HEALTH_DIR") or "/tmp",
+            health_dir=env.get("CHORDBEAT_HEALTH_DIR") or DEFAULT_HEALTH_DIR,
             step_kinds=kinds,
             step_tasks=_step_tasks(env),
             executable_allow=_executable_allow(env, kinds),

@@ -21,6 +21,9 @@ from calendar import monthrange
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import MAXYEAR, UTC, date, datetime, time, timedelta, tzinfo
+from functools import lru_cache
+
+from celeryapp.errors import ChordbeatError
 
 #: Longest accepted expression; anything longer is not a hand-written schedule.
 MAX_LENGTH = 200
@@ -32,7 +35,7 @@ _DAYS = {d: i for i, d in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "
 _LONGEST_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
-class CronError(ValueError):
+class CronError(ChordbeatError, ValueError):
     """Raised for an expression that is not a valid 5-field cron expression."""
 
 
@@ -130,8 +133,14 @@ class CronExpression:
 
     @classmethod
     def parse(cls, text: str) -> CronExpression:
+        """The expression ``text`` stands for, parsed once per distinct text: beat, firing and
+        the stores ask for the same few expressions over and over."""
         if not isinstance(text, str):
             raise CronError("must be a string")
+        return _parse(text)
+
+    @classmethod
+    def _parse_uncached(cls, text: str) -> CronExpression:
         parts = _split(text)
         minute, hour, dom, month, dow = (_parse_field(p, f) for p, f in zip(parts, _FIELDS, strict=True))
         # As in Vixie cron, a day field written starting with '*' (even `*/2`) is not "restricted".
@@ -240,3 +249,13 @@ def _transition_between(before: datetime, after: datetime, zone: tzinfo) -> date
         else:
             low = mid
     return high
+
+
+#: Distinct expressions kept parsed; each is at most ``MAX_LENGTH`` characters (an invalid one is
+#: never kept: its error is raised again each time).
+PARSED_CACHE_SIZE = 4096
+
+
+@lru_cache(maxsize=PARSED_CACHE_SIZE)
+def _parse(text: str) -> CronExpression:
+    return CronExpression._parse_uncached(text)

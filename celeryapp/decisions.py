@@ -1,4 +1,5 @@
-"""Pure decision logic: what a fire does, what happens after a step group and after an execution.
+"""Pure decision logic: what a fire does, what a run meeting an active one does (overlap), what
+happens after a step group and after an execution.
 
 No I/O here; the firing and lifecycle modules feed these functions what they read (under the
 schedule's row lock) and apply what they say with compare-and-set updates.
@@ -10,14 +11,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from celeryapp.cadence import Cadence
-from celeryapp.definition import StepSpec
+from celeryapp.cadence import Cadence, retry_delay_s
 from celeryapp.views import iso
-from models.states import ActivityStatus, ExecutionStatus, ScheduleStatus, SlotOutcome, Trigger
+from models.states import ActivityStatus, ExecutionStatus, Overlap, ScheduleStatus, SlotOutcome, Trigger
 
-#: Retry delays never grow past this many times the base delay.
-BACKOFF_CAP_FACTOR = 10
+if TYPE_CHECKING:
+    from celeryapp.definition import StepSpec
 
 
 class Verdict(StrEnum):
@@ -72,13 +73,6 @@ def _describe(status: ActivityStatus) -> str:
         ActivityStatus.CANCELLED: "was cancelled",
         ActivityStatus.COMPLETE_WITH_ERROR: "completed with an error",
     }.get(status, "failed")
-
-
-def retry_delay_s(base_s: float, retry: int) -> float:
-    """Delay before retry number ``retry`` (1-based): min(base·2^(retry-1), base·10)."""
-    if retry < 1:
-        raise ValueError("retry numbers start at 1")
-    return float(min(base_s * 2 ** (retry - 1), base_s * BACKOFF_CAP_FACTOR))
 
 
 @dataclass(frozen=True)
@@ -184,6 +178,70 @@ def decide_fire(
             claims_slot=True,
         )
     return FireDecision(start=True, claims_slot=True)
+
+
+# --- overlap ----------------------------------------------------------------------------------
+
+
+class OverlapAction(StrEnum):
+    """What a run that meets an active execution of its schedule does."""
+
+    #: Start alongside it (``overlap: allow``).
+    START = "start"
+    #: Cancel the active executions, then start (``overlap: cancel_previous``).
+    CANCEL_AND_START = "cancel_and_start"
+    #: A retry stays pending: the end of the active run starts it.
+    RETRY_WAITS = "retry_waits"
+    #: Keep one run for when the active one ends (``overlap: buffer_one``), if it is still running.
+    BUFFER = "buffer"
+    #: Record the skip and do nothing else (``overlap: skip``).
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class OverlapDecision:
+    action: OverlapAction
+    #: The slot record's outcome and detail, and the caller's ``skipped`` answer, when nothing starts.
+    outcome: SlotOutcome | None = None
+    detail: str | None = None
+    skipped: str | None = None
+
+
+def decide_overlap(
+    overlap: Overlap, trigger: Trigger, *, active_id: int | None, current_retry: int, lost_race: bool = False
+) -> OverlapDecision:
+    """What a run does when an execution of its exclusive schedule is in progress.
+
+    ``active_id`` is that execution, ``None`` when it is only known to exist: the run lost the
+    race for the schedule's one active slot (the unique constraint) to a run that just started,
+    which is never cancelled and never run beside.
+    """
+    running = f"execution {active_id}" if active_id is not None else "another execution"
+    if not lost_race:
+        if overlap is Overlap.ALLOW:
+            return OverlapDecision(OverlapAction.START)
+        if overlap is Overlap.CANCEL_PREVIOUS:
+            return OverlapDecision(OverlapAction.CANCEL_AND_START)
+    if trigger is Trigger.RETRY:
+        return OverlapDecision(
+            OverlapAction.RETRY_WAITS,
+            SlotOutcome.BUFFERED,
+            f"{running} is in progress; retry {current_retry} runs when it ends",
+            f"retry waits: {running} is in progress",
+        )
+    if overlap is Overlap.BUFFER_ONE:
+        return OverlapDecision(
+            OverlapAction.BUFFER,
+            SlotOutcome.BUFFERED,
+            f"{running} is in progress; runs when it ends",
+            f"buffered: {running} is in progress",
+        )
+    return OverlapDecision(
+        OverlapAction.SKIP,
+        SlotOutcome.SKIPPED_OVERLAP,
+        f"{running} is in progress",
+        f"overlap: {running} is in progress",
+    )
 
 
 # --- after an execution -----------------------------------------------------------------------

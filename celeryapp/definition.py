@@ -16,7 +16,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celeryapp import limits
-from celeryapp.cadence import Cadence
+from celeryapp.cadence import Cadence, retry_delay_s
 from celeryapp.cron import CronError, CronExpression
 from celeryapp.errors import DefinitionError, DefinitionErrors
 from celeryapp.keys import CONTROL_QUEUES
@@ -519,8 +519,6 @@ def _cadence(raw: Mapping[str, Any]) -> tuple[str | None, float | None]:
 def _check_fire_times(definition: ScheduleDefinition, now: datetime) -> None:
     """Compute, once, every instant the stored schedule will need, the way beat, firing and
     retries compute them: what passes here cannot fail later."""
-    from celeryapp.decisions import retry_delay_s  # decisions imports this module
-
     field_name = "cron" if definition.cron is not None else "every"
     try:
         cadence = Cadence(definition.cron, definition.every_s, definition.timezone, anchor=now)

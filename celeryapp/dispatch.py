@@ -10,8 +10,9 @@ from celery import Celery, chord
 from celery.canvas import Signature
 
 from celeryapp import keys
-from celeryapp.app import VISIBILITY_TIMEOUT_S
-from celeryapp.lifecycle import Effects, GroupDispatch, StepDispatch
+from celeryapp.beat_entries import sync_schedules
+from celeryapp.config import VISIBILITY_TIMEOUT_S
+from celeryapp.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
@@ -122,8 +123,6 @@ def apply_effects(app: Celery, effects: Effects) -> None:
     for group in effects.dispatch:
         send_group(app, group)
     if effects.resync:
-        from celeryapp.beat_entries import sync_schedules
-
         try:
             sync_schedules(app, effects.resync)
         except redis.RedisError:

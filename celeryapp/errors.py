@@ -1,4 +1,10 @@
-"""Exceptions raised by chordbeat; every one derives from :class:`ChordbeatError`."""
+"""Exceptions raised by chordbeat; every one derives from :class:`ChordbeatError`.
+
+For callers in other languages the class name (Celery's ``exc_type``) and the message are the
+contract: README.md, "Errors callers see", lists them. What is not a ``ChordbeatError`` is a fault,
+not an answer: a broken database or broker (the caller may retry), or a bug (a ``ValueError`` for a
+naive datetime given to a UTC column, say), never a refusal of the caller's input.
+"""
 
 from __future__ import annotations
 

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import cadence_of
 from celeryapp.decisions import ScheduleState, decide_fire
 from celeryapp.dispatch import apply_effects
+from celeryapp.effects import Effects
 from celeryapp.errors import InvalidArgument
-from celeryapp.lifecycle import Effects, record_slot, run_key, start_execution
 from celeryapp.limits import MAX_NAME_CHARS, shown
+from celeryapp.runs import record_slot, run_key, start_execution
 from celeryapp.views import iso
 from models import Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from models.session import affected
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from sqlalchemy import delete, select
 
-from celeryapp.app import ChordbeatCelery
 from models import ExecutionStatus, ScheduleExecution, SlotRecord, transaction, utcnow
 from models.session import affected
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 

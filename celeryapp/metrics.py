@@ -6,15 +6,17 @@ worker's work is counted once however many processes there are. Served by ``chor
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
+from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from celeryapp.app import ChordbeatCelery
 from models import (
     Activity,
     ExecutionStatus,
@@ -26,6 +28,9 @@ from models import (
     transaction,
     utcnow,
 )
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
 
 #: Upper bounds (seconds) of the duration histograms.
 DURATION_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600)
@@ -152,10 +157,6 @@ class ExecutionCollector(Collector):
 
 def serve(app: ChordbeatCelery, port: int, address: str) -> None:
     """Serve /metrics until interrupted."""
-    import time
-
-    from prometheus_client import CollectorRegistry, start_http_server
-
     registry = CollectorRegistry()
     registry.register(ExecutionCollector(app))
     start_http_server(port, addr=address, registry=registry)

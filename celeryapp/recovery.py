@@ -12,17 +12,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
+from typing import TYPE_CHECKING
 
 import redis
 from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session
 
 from celeryapp import keys
-from celeryapp.app import ChordbeatCelery
+from celeryapp.advancing import advance_execution
+from celeryapp.beat_entries import reconcile
 from celeryapp.dispatch import apply_effects
-from celeryapp.lifecycle import Effects, advance_execution, cancel_execution, requeue_attempt, resend_queued
+from celeryapp.effects import Effects
 from celeryapp.redis_client import get_redis
+from celeryapp.repair import requeue_attempt, resend_queued
+from celeryapp.runs import cancel_execution
 from models import Activity, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction, utcnow
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -198,8 +205,6 @@ def check_redis_epoch(app: ChordbeatCelery, report: RecoveryReport) -> None:
     """Rebuild beat entries at once when Redis lost its data (instead of at the next reconcile)."""
     client = get_redis(app.settings.redbeat_url)
     if client.set(EPOCH_KEY, utcnow().isoformat(), nx=True):
-        from celeryapp.beat_entries import reconcile
-
         report.redis_reset = True
         reconcile(app)
 

@@ -8,23 +8,25 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from billiard.common import terminate_handler_fired
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import update
 
 from celeryapp import keys
-from celeryapp.app import ChordbeatCelery
 from celeryapp.context import StepContext, running_step
 from celeryapp.dispatch import drop_pickup
 from celeryapp.errors import StepCancelled
 from celeryapp.heartbeat import StepWatch
-from celeryapp.lifecycle import Claim, claim_step, finish_step
 from celeryapp.outcome import classify
 from celeryapp.redis_client import get_redis
 from celeryapp.step_policy import StepRules
+from celeryapp.steps import Claim, claim_step, finish_step
 from models import Activity, ActivityStatus, transaction, utcnow
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 import yaml
@@ -21,12 +21,16 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.beat_entries import sync_schedules
 from celeryapp.definition import NAME_PATTERN, ScheduleDefinition, parse_definitions
-from celeryapp.errors import DefinitionError
+from celeryapp.errors import ChordbeatError, DefinitionError
 from celeryapp.limits import MAX_FILE_BYTES, shown
+from celeryapp.service import known_task
 from celeryapp.store import Change, definition_of, upsert_schedule
 from models import Schedule, ScheduleSource, transaction, utcnow
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +83,7 @@ class FileDiff:
 MAX_YAML_DEPTH = 64
 
 
-class _Refused(Exception):
+class _Refused(ChordbeatError):
     """A construct the schedule file may not use, at a place in the file."""
 
     def __init__(self, mark: Any, reason: str) -> None:
@@ -255,8 +259,6 @@ def apply_file(
 
     Only schedules of the file's own source are pruned (see :func:`apply_definitions`).
     """
-    from celeryapp.service import known_task
-
     schedule_file = read_file(path, known_task=known_task(app))
 
     def apply(session: Session) -> FileDiff:
@@ -272,8 +274,6 @@ def apply_file(
         with transaction(app.settings.database_url) as session:
             diff = apply(session)
     if not dry_run:
-        from celeryapp.beat_entries import sync_schedules
-
         try:
             sync_schedules(app, diff.added + diff.changed + diff.removed)
         except redis.RedisError as exc:

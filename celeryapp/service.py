@@ -8,17 +8,15 @@ written), and sends what it decided (chords, cancels) only after commit.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
-from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import cadence_of
 from celeryapp.definition import parse_definition
 from celeryapp.dispatch import apply_effects
+from celeryapp.effects import Effects
 from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
-from celeryapp.lifecycle import Effects, start_execution
-from celeryapp.lifecycle import cancel_execution as cancel_in_db
 from celeryapp.limits import (
     LIST_PAYLOAD_BYTES,
     MAX_ID,
@@ -29,6 +27,8 @@ from celeryapp.limits import (
     shown,
     type_name,
 )
+from celeryapp.runs import cancel_execution as cancel_in_db
+from celeryapp.runs import start_execution
 from celeryapp.step_policy import StepRules
 from celeryapp.store import find_schedule, upsert_schedule
 from celeryapp.views import execution_json, execution_list_json, iso, schedule_json
@@ -44,6 +44,9 @@ from models import (
     utcnow,
 )
 from models.session import affected
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
 
 
 def known_task(app: ChordbeatCelery) -> StepRules:

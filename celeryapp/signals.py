@@ -8,7 +8,9 @@ from typing import Any
 from celery import bootsteps
 from celery.signals import task_received, worker_ready, worker_shutdown
 
+from celeryapp.dispatch import RUN_STEP, take_message
 from celeryapp.health import remove, touch
+from celeryapp.recovery import recover_node
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +41,6 @@ class HealthStep(bootsteps.StartStopStep):  # type: ignore[misc]
 @worker_ready.connect
 def recover_own_steps(sender: Any = None, **_: Any) -> None:
     """A starting node runs nothing yet: steps recorded as processing on it are orphans."""
-    from celeryapp.recovery import recover_node
-
     app = sender.app
     node = sender.hostname
     try:
@@ -53,8 +53,6 @@ def recover_own_steps(sender: Any = None, **_: Any) -> None:
 @task_received.connect
 def take_step_message(sender: Any = None, request: Any = None, **_: Any) -> None:
     """A step message reached this worker: from now on, its loss shows within a heartbeat's TTL."""
-    from celeryapp.dispatch import RUN_STEP, take_message
-
     if request is None or request.name != RUN_STEP:
         return
     try:

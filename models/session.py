@@ -98,3 +98,7 @@ def affected(session: Session, statement: Executable) -> int:
     """
     result = cast(CursorResult[Any], session.execute(statement))
     return int(result.rowcount)
+
+
+#: Execution option of bulk statements whose rows the session does not hold: nothing to sync.
+NO_SYNC = {"synchronize_session": False}

@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from models.base import Base, UTCDateTime, utcnow
@@ -26,8 +27,6 @@ NAME_LENGTH = 200
 def _enum_column(enum: type[Any], **kw: Any) -> Any:
     # Stored as plain strings (not native enums) so that adding a state is a code change, not
     # an ALTER TYPE; the values are the enums' values.
-    from sqlalchemy import Enum as SAEnum
-
     return mapped_column(
         SAEnum(
             enum,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from celeryapp import app, beat_entries, firing, recovery
+from celeryapp.advancing import advance_execution as advance_in_db
 from celeryapp.dispatch import apply_effects
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.housekeeping import purge
-from celeryapp.lifecycle import advance_execution as advance_in_db
 from celeryapp.limits import check_int
 from models import transaction, utcnow
 

@@ -6,9 +6,10 @@ import time
 from typing import Any
 
 from celeryapp import app, outcome
+from celeryapp.errors import StepError
 
 
-class StepFailed(Exception):
+class StepFailed(StepError):
     """Raised by the ``fail`` example step."""
 
 

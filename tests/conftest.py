@@ -150,11 +150,3 @@ def client(settings: Settings) -> Iterator[Celery]:
     # Drop pending results now: their finalizers talk to Redis, which may be gone later.
     gc.collect()
     client.close()
-
-
-def call(client: Celery, task_name: str, /, **kwargs: Any) -> Any:
-    """Call a chordbeat service task by name and wait for its JSON answer."""
-    return client.send_task(task_name, kwargs=kwargs).get(timeout=20)
-
-
-__all__ = ["call", "wait_for"]

@@ -30,9 +30,7 @@ from celeryapp.errors import ChordbeatError, DefinitionError, FieldError, Invali
 from celeryapp.limits import LIST_PAYLOAD_BYTES, MAX_JSON_BYTES
 from celeryapp.schedule_file import apply_file
 from models import Activity, Schedule, ScheduleExecution, ScheduleStep, SlotRecord, WorkerTask, transaction, utcnow
-from tests.conftest import call
-from tests.test_definition import set_field
-from tests.test_lifecycle import finished
+from tests.helpers import call, finished, set_field
 
 SLEEP = "chordbeat.examples.sleep"
 DAY = 24 * 3600

@@ -23,27 +23,16 @@ from celeryapp.context import current_step
 from celeryapp.health import age_s
 from celeryapp.redis_client import get_redis
 from celeryapp.views import iso
-from models import ExecutionStatus, Schedule, ScheduleExecution, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
+from models import ExecutionStatus, Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from tests import processes
-from tests.conftest import call, wait_for
-from tests.test_lifecycle import finished, step
+from tests.helpers import call, entry_exists, executions, finished, step, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def executions(app: ChordbeatCelery) -> list[ScheduleExecution]:
-    with transaction(app.settings.database_url) as session:
-        return list(session.scalars(select(ScheduleExecution).order_by(ScheduleExecution.id)))
 
 
 def slots(app: ChordbeatCelery) -> list[SlotRecord]:
     with transaction(app.settings.database_url) as session:
         return list(session.scalars(select(SlotRecord).order_by(SlotRecord.id)))
-
-
-def entry_exists(app: ChordbeatCelery, name: str) -> bool:
-    key = ScheduleEntry.generate_key(app, entry_name(name))
-    return bool(get_redis(app.settings.redbeat_url).exists(key))
 
 
 def stored_schedule(app: ChordbeatCelery, name: str) -> Schedule:

@@ -56,8 +56,8 @@ from tests.chaos import (
 )
 from tests.chaos_invariants import Context, Violation, check_all, measurements, read_step_log, snapshot
 from tests.chaos_tasks import STEP_TASK
-from tests.conftest import call
-from tests.servers import PostgresServer, RedisServer, wait_for
+from tests.helpers import call, wait_for
+from tests.servers import PostgresServer, RedisServer
 
 pytestmark = pytest.mark.slow
 

@@ -27,8 +27,7 @@ from celeryapp.config import Settings
 from celeryapp.health import touch
 from models import transaction
 from tests import processes
-from tests.conftest import call, wait_for
-from tests.test_lifecycle import finished, step
+from tests.helpers import call, finished, step, wait_for
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 #: Markup, an SGR colour, a screen clear, an OSC 8 hyperlink, a carriage return and a bidi override.
@@ -151,7 +150,7 @@ def test_health_reports_stale_and_fresh_liveness_files(tmp_path: Any, monkeypatc
 
 
 def test_the_live_view_shows_each_step_once_with_its_current_attempt() -> None:
-    from celeryapp.cli import step_states
+    from celeryapp.views import step_states
 
     execution = {
         "activities": [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from celery import Celery
@@ -13,10 +12,8 @@ from celery import Celery
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
 from tests import processes
-from tests.conftest import call, wait_for
+from tests.helpers import call, db_execution, execution, finished, running, step, ts, wait_for
 from tests.servers import RedisServer
-from tests.test_guards import execution, running
-from tests.test_lifecycle import finished, step, ts
 
 pytestmark = pytest.mark.slow
 
@@ -76,14 +73,6 @@ def test_a_starting_worker_requeues_its_own_orphaned_steps(
         activities = call(client, "chordbeat.cancel_execution", execution_id=execution_id)["activities"]
     assert activities[0]["error"] == f"worker lost: {node} restarted"
     print(f"\nworker restart to orphan re-queued: {elapsed:.1f}s")
-
-
-def db_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
-    from celeryapp.views import execution_json
-    from models import ScheduleExecution, transaction
-
-    with transaction(app.settings.database_url) as session:
-        return execution_json(session, session.get_one(ScheduleExecution, execution_id))
 
 
 def test_redis_restart_without_data_mid_run_loses_nothing_and_beat_goes_on(

@@ -390,3 +390,12 @@ def test_random_expressions_always_fire_again_in_zones_with_dst(zone: ZoneInfo) 
         assert times[0] > after, expr.text
         assert all(a < b for a, b in pairwise(times)), expr.text
         assert all(is_fire(expr, t, zone) for t in times), (expr.text, after)
+
+
+def test_an_expression_is_parsed_once_and_an_invalid_one_fails_every_time() -> None:
+    assert CronExpression.parse("17 3 * * mon") is CronExpression.parse("17 3 * * mon")
+    for _ in range(2):
+        with pytest.raises(CronError, match="expected 5 fields"):
+            CronExpression.parse("17 3 * *")
+    with pytest.raises(CronError, match="must be a string"):
+        CronExpression.parse(["0", "2", "*", "*", "*"])  # type: ignore[arg-type]

@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celeryapp.cadence import Cadence
+from celeryapp.cadence import BACKOFF_CAP_FACTOR, Cadence, retry_delay_s
 from celeryapp.decisions import (
-    BACKOFF_CAP_FACTOR,
+    NextRun,
     RetryPolicy,
     ScheduleState,
     StepResult,
@@ -21,7 +21,6 @@ from celeryapp.decisions import (
     decide_after_execution,
     decide_after_group,
     decide_fire,
-    retry_delay_s,
 )
 from celeryapp.definition import StepSpec
 from models.states import ActivityStatus, ExecutionStatus, ScheduleStatus, Trigger
@@ -140,3 +139,66 @@ def test_fires_in_any_order_start_each_slot_at_most_once_and_only_the_latest_due
             assert slot not in started
             started.append(slot)
     assert started == sorted(started)
+
+
+@settings(max_examples=500)
+@given(
+    status=st.sampled_from(ScheduleStatus),
+    retry=st.integers(min_value=0, max_value=4),
+    retry_in_s=st.none() | st.integers(min_value=-600, max_value=600),
+    max_retries=st.integers(min_value=0, max_value=4),
+    total_repeats=st.integers(min_value=0, max_value=5),
+    run_count=st.integers(min_value=0, max_value=6),
+    ended=outcomes,
+    is_pending_retry=st.booleans(),
+    pending_retry_started=st.booleans(),
+    buffered=st.booleans(),
+)
+def test_after_an_execution_only_an_active_schedule_changes_and_starts_at_most_one_run(
+    status: ScheduleStatus,
+    retry: int,
+    retry_in_s: int | None,
+    max_retries: int,
+    total_repeats: int,
+    run_count: int,
+    ended: ExecutionStatus,
+    is_pending_retry: bool,
+    pending_retry_started: bool,
+    buffered: bool,
+) -> None:
+    retry_at = None if retry_in_s is None else T0 + timedelta(seconds=retry_in_s)
+    state = ScheduleState(status, current_retry=min(retry, max_retries), retry_at=retry_at)
+    policy = RetryPolicy(max_retries=max_retries, total_repeats=total_repeats, retry_base_s=60)
+    after = decide_after_execution(
+        state,
+        policy,
+        ended=ended,
+        is_pending_retry=is_pending_retry and retry_at is not None,
+        pending_retry_started=pending_retry_started,
+        run_count=run_count,
+        buffered=buffered,
+        now=T0,
+    )
+    if status is not ScheduleStatus.ACTIVE:
+        # Paused, done or dead: its status stays, nothing is counted, nothing starts.
+        assert (after.status, after.counted, after.start) == (status, False, None)
+    # Repeats: done exactly when an active schedule's success reaches total_repeats.
+    done = status is ScheduleStatus.ACTIVE and ended is ExecutionStatus.COMPLETED and 0 < total_repeats <= run_count
+    assert (after.status is ScheduleStatus.DONE) == (done or status is ScheduleStatus.DONE)
+    if ended is ExecutionStatus.COMPLETED:
+        assert (after.current_retry, after.retry_at, after.counted) == (0, None, False)
+    if after.counted:
+        # A counted failure plans the next retry with its backoff, or, out of retries, kills the schedule.
+        if after.status is ScheduleStatus.DEAD:
+            assert state.current_retry == max_retries and after.retry_at is None
+        else:
+            assert after.current_retry == state.current_retry + 1 <= max_retries
+            assert after.retry_at == T0 + timedelta(seconds=retry_delay_s(60, after.current_retry))
+    elif ended is ExecutionStatus.FAILED:
+        assert (after.current_retry, after.retry_at) == (state.current_retry, state.retry_at)
+    if after.start is NextRun.RETRY:
+        assert after.retry_at is not None and after.retry_at <= T0 and not pending_retry_started
+    if after.start is NextRun.BUFFERED:
+        assert buffered and after.retry_at is None
+    if after.start is not None:
+        assert after.status is ScheduleStatus.ACTIVE

@@ -13,6 +13,8 @@ from celeryapp.decisions import (
     FireDecision,
     GroupOutcome,
     NextRun,
+    OverlapAction,
+    OverlapDecision,
     RetryPolicy,
     ScheduleState,
     StepResult,
@@ -20,11 +22,12 @@ from celeryapp.decisions import (
     decide_after_execution,
     decide_after_group,
     decide_fire,
+    decide_overlap,
     retry_delay_s,
 )
 from celeryapp.definition import StepSpec
 from models.states import ActivityStatus as A
-from models.states import ExecutionStatus, ScheduleStatus, SlotOutcome, Trigger
+from models.states import ExecutionStatus, Overlap, ScheduleStatus, SlotOutcome, Trigger
 
 STRICT = StepSpec("strict", "t")
 LENIENT = StepSpec("lenient", "t", continue_on_failure=True)
@@ -243,3 +246,72 @@ def test_a_buffered_run_starts_when_no_retry_is_pending() -> None:
     assert after(ACTIVE, ExecutionStatus.FAILED, buffered=True).start is None
     dead = after(replace(ACTIVE, current_retry=2, retry_at=at(0)), ExecutionStatus.FAILED, is_pending_retry=True)
     assert dead.status is ScheduleStatus.DEAD and dead.start is None
+
+
+# --- overlap ----------------------------------------------------------------------------------
+
+EVERY_CASE = [
+    (overlap, trigger, lost_race, active_id)
+    for overlap in Overlap
+    for trigger in Trigger
+    for lost_race in (False, True)
+    for active_id in (7, None)
+]
+STARTS = {OverlapAction.START, OverlapAction.CANCEL_AND_START}
+
+
+@pytest.mark.parametrize(("overlap", "trigger", "lost_race", "active_id"), EVERY_CASE)
+def test_every_overlap_case_obeys_the_policy(
+    overlap: Overlap, trigger: Trigger, lost_race: bool, active_id: int | None
+) -> None:
+    decision = decide_overlap(overlap, trigger, active_id=active_id, current_retry=2, lost_race=lost_race)
+    if lost_race:
+        # The winner just started: it is neither cancelled nor run beside.
+        assert decision.action not in STARTS
+    elif overlap is Overlap.ALLOW:
+        assert decision.action is OverlapAction.START
+    elif overlap is Overlap.CANCEL_PREVIOUS:
+        assert decision.action is OverlapAction.CANCEL_AND_START
+    if decision.action not in STARTS:
+        # A retry is never skipped or buffered away: it waits for the active run's end.
+        expected = {
+            Trigger.RETRY: OverlapAction.RETRY_WAITS,
+        }.get(trigger, OverlapAction.BUFFER if overlap is Overlap.BUFFER_ONE else OverlapAction.SKIP)
+        assert decision.action is expected
+        running = "execution 7" if active_id == 7 else "another execution"
+        assert decision.outcome is not None
+        assert decision.detail is not None and decision.detail.startswith(f"{running} is in progress")
+        assert decision.skipped is not None and decision.skipped.endswith(f"{running} is in progress")
+    else:
+        assert (decision.outcome, decision.detail, decision.skipped) == (None, None, None)
+
+
+def test_overlap_decisions_record_and_answer_as_before() -> None:
+    assert decide_overlap(Overlap.SKIP, Trigger.CRON, active_id=3, current_retry=0) == OverlapDecision(
+        OverlapAction.SKIP,
+        SlotOutcome.SKIPPED_OVERLAP,
+        "execution 3 is in progress",
+        "overlap: execution 3 is in progress",
+    )
+    assert decide_overlap(Overlap.BUFFER_ONE, Trigger.INTERVAL, active_id=3, current_retry=0) == OverlapDecision(
+        OverlapAction.BUFFER,
+        SlotOutcome.BUFFERED,
+        "execution 3 is in progress; runs when it ends",
+        "buffered: execution 3 is in progress",
+    )
+    assert decide_overlap(Overlap.SKIP, Trigger.RETRY, active_id=None, current_retry=2, lost_race=True) == (
+        OverlapDecision(
+            OverlapAction.RETRY_WAITS,
+            SlotOutcome.BUFFERED,
+            "another execution is in progress; retry 2 runs when it ends",
+            "retry waits: another execution is in progress",
+        )
+    )
+    assert decide_overlap(Overlap.CANCEL_PREVIOUS, Trigger.MANUAL, active_id=None, current_retry=0, lost_race=True) == (
+        OverlapDecision(
+            OverlapAction.SKIP,
+            SlotOutcome.SKIPPED_OVERLAP,
+            "another execution is in progress",
+            "overlap: another execution is in progress",
+        )
+    )

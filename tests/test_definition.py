@@ -14,12 +14,11 @@ from hypothesis import strategies as st
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.beat_entries import CadenceSchedule
-from celeryapp.cadence import Cadence
-from celeryapp.decisions import retry_delay_s
+from celeryapp.cadence import Cadence, retry_delay_s
 from celeryapp.definition import ScheduleDefinition, StepSpec, parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.store import next_fire_after
-from tests.conftest import call
+from tests.helpers import call, set_field
 
 KNOWN = {"chordbeat.examples.sleep", "chordbeat.examples.fail"}
 
@@ -41,22 +40,6 @@ def valid() -> dict[str, Any]:
 
 def with_change(path: str, value: Any) -> dict[str, Any]:
     return set_field(copy.deepcopy(valid()), path, value)
-
-
-def set_field(definition: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    """Set the field at ``path`` (``steps/1/0/name``) of ``definition``; ``KeyError`` removes it."""
-    target: Any = definition
-    keys = path.split("/")
-    for key in keys[:-1]:
-        target = target[int(key)] if key.isdigit() else target[key]
-    last = keys[-1]
-    if value is KeyError:
-        del target[last]
-    elif isinstance(target, list):
-        target[int(last)] = value
-    else:
-        target[last] = value
-    return definition
 
 
 def test_a_valid_definition_reads_back_as_written() -> None:

@@ -20,9 +20,8 @@ from celeryapp.config import Settings
 from celeryapp.housekeeping import purge
 from models.migrate import upgrade
 from models.session import dispose_all
-from tests.conftest import call
+from tests.helpers import call, finished, step
 from tests.servers import PostgresServer, RedisServer
-from tests.test_lifecycle import finished, step
 
 ROOT = Path(__file__).resolve().parent.parent
 _numbers = itertools.count(1)

@@ -23,13 +23,11 @@ from celeryapp import recovery
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.dispatch import apply_effects
-from celeryapp.lifecycle import start_execution
+from celeryapp.runs import start_execution
 from models import Activity, Schedule, ScheduleExecution, Trigger, transaction, utcnow
 from tests import processes
-from tests.conftest import call, wait_for
 from tests.fault_tasks import read_log
-from tests.test_crashes import db_execution
-from tests.test_lifecycle import finished, step
+from tests.helpers import call, db_execution, finished, step, wait_for
 
 
 def tick(log: Path, seconds: float, **extra: Any) -> dict[str, Any]:

@@ -10,29 +10,11 @@ from sqlalchemy import func, select
 
 from celeryapp.app import ChordbeatCelery
 from models import Activity, SlotOutcome, SlotRecord, WorkerTask, WorkerTaskStatus, transaction
-from tests.conftest import call, wait_for
-from tests.test_lifecycle import finished, step
+from tests.helpers import call, execution, finished, running, step, wait_for
 
 
 def slow(name: str, seconds: float = 30) -> dict[str, Any]:
     return step(name, kwargs={"seconds": seconds})
-
-
-def execution(client: Celery, execution_id: int) -> dict[str, Any]:
-    result: dict[str, Any] = call(client, "chordbeat.get_execution", execution_id=execution_id)
-    return result
-
-
-def running(client: Celery, execution_id: int, step_name: str) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        for activity in execution(client, execution_id)["activities"]:
-            if activity["step"] == step_name and activity["status"] == "in_progress":
-                return activity
-        return None
-
-    found = wait_for(check, 20, interval=0.05, what=f"{step_name} to run")
-    assert isinstance(found, dict)
-    return found
 
 
 def worker_task(app: ChordbeatCelery, execution_id: int, step_name: str) -> WorkerTask:
@@ -182,7 +164,7 @@ def test_two_starts_racing_make_one_execution(app: ChordbeatCelery) -> None:
     import time
 
     from celeryapp.definition import parse_definition
-    from celeryapp.lifecycle import StartResult, start_execution
+    from celeryapp.runs import StartResult, start_execution
     from celeryapp.store import upsert_schedule
     from models import Schedule, ScheduleSource, Trigger, utcnow
 
@@ -229,7 +211,7 @@ def test_a_fire_reading_the_active_run_while_it_ends_still_runs_the_buffered_slo
 
     from celeryapp import firing
     from celeryapp.definition import parse_definition
-    from celeryapp.lifecycle import cancel_execution, start_execution
+    from celeryapp.runs import cancel_execution, start_execution
     from celeryapp.store import upsert_schedule
     from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleSource, Trigger, utcnow
 

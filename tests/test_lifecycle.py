@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from celery import Celery
@@ -11,7 +10,7 @@ from celeryapp import app as chordbeat_app
 from celeryapp import outcome
 from celeryapp.app import ChordbeatCelery
 from celeryapp.context import current_step
-from tests.conftest import call, wait_for
+from tests.helpers import call, finished, step, ts
 
 
 def hr_sync(seconds: float = 0.3, **overrides: Any) -> dict[str, Any]:
@@ -31,20 +30,6 @@ def hr_sync(seconds: float = 0.3, **overrides: Any) -> dict[str, Any]:
         ],
         **overrides,
     }
-
-
-def finished(client: Celery, execution_id: int, timeout: float = 30) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
-        execution = call(client, "chordbeat.get_execution", execution_id=execution_id)
-        return execution if execution["status"] != "in_progress" else None
-
-    result = wait_for(done, timeout, interval=0.1, what=f"execution {execution_id} to finish")
-    assert isinstance(result, dict)
-    return result
-
-
-def ts(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def test_nightly_hr_sync_runs_groups_in_order_and_parallel_steps_overlap(
@@ -78,11 +63,6 @@ def test_nightly_hr_sync_runs_groups_in_order_and_parallel_steps_overlap(
     assert execution["trigger"] == "manual" and execution["payload"] == {"initiator": "hr"}
     schedule = call(client, "chordbeat.get_schedule", name="nightly-hr-sync")
     assert schedule["run_count"] == 1 and schedule["last_run_at"] is not None
-
-
-def step(name: str, task: str = "chordbeat.examples.sleep", **extra: Any) -> dict[str, Any]:
-    kwargs = {"seconds": 0.05} if task.endswith("sleep") else {"message": f"{name} says so"}
-    return {"name": name, "task": task, "kwargs": extra.pop("kwargs", kwargs), **extra}
 
 
 def run_once(client: Celery, definition: dict[str, Any]) -> dict[str, Any]:

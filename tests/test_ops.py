@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import base64
 import os
 import re
 import shutil
 import signal
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +18,10 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.health import age_s, problem, touch
 from tests import processes
-from tests.conftest import call, wait_for
+from tests.helpers import call, finished, http_get, step, wait_for
 from tests.servers import RedisServer, free_port
-from tests.test_lifecycle import finished, step
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def get(url: str, auth: str | None = None) -> tuple[int, str]:
-    request = urllib.request.Request(url)
-    if auth:
-        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
 
 
 @pytest.mark.slow
@@ -56,11 +41,11 @@ def test_flower_refuses_anonymous_access_and_admits_its_users(settings: Settings
     )
     flower = processes.Process(argv, env, tmp_path / "flower.log")
     try:
-        wait_for(lambda: get(f"http://127.0.0.1:{port}/healthcheck")[0] == 200, 30, interval=0.2, what="Flower")
-        assert get(f"http://127.0.0.1:{port}/")[0] == 401
-        assert get(f"http://127.0.0.1:{port}/", auth="ops:wrong")[0] == 401
-        assert get(f"http://127.0.0.1:{port}/", auth="ops:s3cret-Pw-91kQ")[0] == 200
-        assert get(f"http://127.0.0.1:{port}/api/workers")[0] == 401
+        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/healthcheck")[0] == 200, 30, interval=0.2, what="Flower")
+        assert http_get(f"http://127.0.0.1:{port}/")[0] == 401
+        assert http_get(f"http://127.0.0.1:{port}/", auth="ops:wrong")[0] == 401
+        assert http_get(f"http://127.0.0.1:{port}/", auth="ops:s3cret-Pw-91kQ")[0] == 200
+        assert http_get(f"http://127.0.0.1:{port}/api/workers")[0] == 401
     finally:
         flower.stop()
     # Without credentials the configuration refuses to start at all.
@@ -87,7 +72,7 @@ def test_metrics_endpoint_reports_executions(
         tmp_path / "metrics.log",
     )
     try:
-        status, text = wait_for(lambda: get(f"http://127.0.0.1:{port}/metrics"), 30, interval=0.2, what="metrics")
+        status, text = wait_for(lambda: http_get(f"http://127.0.0.1:{port}/metrics"), 30, interval=0.2, what="metrics")
     finally:
         metrics.stop()
     assert status == 200

@@ -19,11 +19,8 @@ from celeryapp import service
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
 from tests import processes
-from tests.conftest import call, wait_for
+from tests.helpers import call, db_execution, running, step, ts, wait_for
 from tests.servers import RedisServer
-from tests.test_crashes import db_execution
-from tests.test_guards import running
-from tests.test_lifecycle import step, ts
 
 pytestmark = pytest.mark.slow
 

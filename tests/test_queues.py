@@ -17,9 +17,7 @@ from celeryapp.errors import DefinitionError
 from celeryapp.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from models import ScheduleStep, transaction
 from tests import processes
-from tests.conftest import call, wait_for
-from tests.test_guards import running
-from tests.test_lifecycle import finished, step
+from tests.helpers import call, finished, running, step, wait_for
 
 #: Seconds a control or service call may take while every step slot is busy.
 CONTROL_ANSWER_S = 2.0

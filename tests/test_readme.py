@@ -12,8 +12,7 @@ import pytest
 from celery import Celery
 
 from celeryapp.app import ChordbeatCelery
-from tests.conftest import call
-from tests.test_lifecycle import finished
+from tests.helpers import call, finished
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

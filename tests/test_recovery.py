@@ -11,8 +11,9 @@ from sqlalchemy import select, update
 from celeryapp import recovery
 from celeryapp.app import ChordbeatCelery
 from celeryapp.housekeeping import purge
-from celeryapp.lifecycle import claim_step, finish_step, start_execution
 from celeryapp.redis_client import get_redis
+from celeryapp.runs import start_execution
+from celeryapp.steps import claim_step, finish_step
 from models import (
     Activity,
     ActivityStatus,
@@ -23,9 +24,7 @@ from models import (
     transaction,
     utcnow,
 )
-from tests.conftest import call, wait_for
-from tests.test_guards import execution, running
-from tests.test_lifecycle import finished, step
+from tests.helpers import call, entry_exists, execution, finished, running, step, wait_for
 
 
 def start_without_dispatch(app: ChordbeatCelery, name: str) -> int:
@@ -272,8 +271,6 @@ def test_housekeeping_deletes_old_finished_runs_in_batches(app: ChordbeatCelery,
 
 
 def test_redis_epoch_loss_rebuilds_beat_entries(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
-    from tests.test_beat import entry_exists
-
     call(client, "chordbeat.apply_schedule", definition={"name": "kept", "every": 60, "steps": [step("a")]})
     recovery.recover(app)
     get_redis(app.settings.redbeat_url).flushall()

@@ -19,9 +19,7 @@ from celeryapp.errors import DefinitionError
 from celeryapp.schedule_file import apply_file
 from models import Schedule, ScheduleSource, transaction
 from tests import processes
-from tests.conftest import call, wait_for
-from tests.test_beat import entry_exists, executions
-from tests.test_lifecycle import finished, step
+from tests.helpers import call, entry_exists, executions, finished, step, wait_for
 
 
 def write(path: Path, *schedules: dict[str, Any], source: str | None = None) -> Path:

@@ -19,8 +19,8 @@ from celeryapp.client import ChordbeatClient
 from celeryapp.config import Settings
 from celeryapp.redaction import credentials_apart
 from tests import processes
-from tests.servers import RedisServer, free_port, wait_for
-from tests.test_ops import get
+from tests.helpers import http_get, wait_for
+from tests.servers import RedisServer, free_port
 
 REDIS_PASSWORD = "redis-pw-4f9c2e81d7"
 PAYLOAD_SECRET = "payload-secret-7d1a"
@@ -103,7 +103,7 @@ def test_the_redis_password_is_masked_in_inspect_conf_and_startup_logs(
 
 
 def flower_tasks(port: int) -> dict[str, Any]:
-    status, body = get(f"http://127.0.0.1:{port}/api/tasks", auth=FLOWER_AUTH)
+    status, body = http_get(f"http://127.0.0.1:{port}/api/tasks", auth=FLOWER_AUTH)
     assert status == 200, status
     tasks: dict[str, Any] = json.loads(body)
     return tasks
@@ -163,7 +163,7 @@ def test_flower_and_worker_logs_show_answers_without_payloads_or_env_values(
             return tasks if wanted <= names else None
 
         tasks = wait_for(all_shown, 60, interval=0.5, what="Flower to show the calls")
-        status, workers = get(f"http://127.0.0.1:{port}/api/workers?refresh=1", auth=FLOWER_AUTH)
+        status, workers = http_get(f"http://127.0.0.1:{port}/api/workers?refresh=1", auth=FLOWER_AUTH)
         assert status == 200
     assert_hidden(json.dumps(tasks), "Flower's tasks")
     assert_hidden(workers, "Flower's workers")

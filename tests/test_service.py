@@ -8,8 +8,7 @@ import pytest
 from celery import Celery
 
 from celeryapp.app import ChordbeatCelery
-from tests.conftest import call
-from tests.test_lifecycle import finished, step
+from tests.helpers import call, finished, step
 
 SCHEDULE_KEYS = {
     "name",

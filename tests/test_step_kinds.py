@@ -23,9 +23,8 @@ from celeryapp.errors import DefinitionError
 from celeryapp.step_kinds import split_statements
 from models import ScheduleStep, transaction
 from tests import processes
-from tests.conftest import call, wait_for
+from tests.helpers import call, finished, wait_for
 from tests.servers import PostgresServer
-from tests.test_lifecycle import finished
 
 PY = sys.executable
 SH = "/bin/sh"

@@ -15,8 +15,7 @@ from sqlalchemy import func, select, union_all
 from sqlalchemy.orm import Session, raiseload
 
 from celeryapp.beat_entries import cadence_of
-from celeryapp.cli import step_states, upcoming
-from celeryapp.views import execution_json
+from celeryapp.views import execution_json, step_states, upcoming
 from models import (
     Activity,
     ExecutionStatus,

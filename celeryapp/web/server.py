@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
+import tornado.ioloop
 import tornado.web
 from sqlalchemy import select
 
@@ -324,7 +325,6 @@ def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> to
 
 def serve(app: ChordbeatCelery) -> None:
     """Run the dashboard until interrupted; refuses to start without accounts and a secret."""
-    import tornado.ioloop
 
     settings = app.settings
     users = check_auth_config(settings.web_users, settings.web_secret)

@@ -1,0 +1,214 @@
+"""The shapes of the service tasks' answers, as other services see them.
+
+Standard library only: :mod:`celeryapp.client` imports it, and a caller needs nothing but ``celery``.
+Timestamps are ISO 8601 strings in UTC (``"2026-11-21T02:00:00.012Z"``) or ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, NotRequired, TypedDict
+
+
+class ScheduleJson(TypedDict):
+    """A schedule object: its definition plus its state."""
+
+    name: str
+    #: Exactly one of ``cron`` and ``every`` is present.
+    cron: NotRequired[str]
+    every: NotRequired[float]
+    timezone: str
+    enabled: bool
+    overlap: str
+    max_retries: int
+    retry_delay: float
+    total_repeats: int
+    timeout: float | None
+    payload: dict[str, Any]
+    #: Step groups: a step object, or a list of step objects run in parallel.
+    steps: list[Any]
+    status: str
+    run_count: int
+    error_count: int
+    current_retry: int
+    last_error: str | None
+    last_run_at: str | None
+    next_run_at: str | None
+
+
+class ActivityJson(TypedDict):
+    """One attempt of one step of an execution."""
+
+    step_index: int
+    step: str
+    status: str
+    attempt: int
+    started_at: str | None
+    completed_at: str | None
+    error: str | None
+    message: str | None
+    worker: str | None
+
+
+class WorkerTaskJson(TypedDict):
+    """A step of an execution that has not finished yet."""
+
+    step_index: int
+    step: str
+    status: str
+    attempt: int
+
+
+class ExecutionJson(TypedDict):
+    """An execution object."""
+
+    id: int
+    schedule: str
+    status: str
+    trigger: str
+    run_key: str
+    current_step_index: int
+    started_at: str | None
+    completed_at: str | None
+    error: str | None
+    payload: dict[str, Any] | None
+    #: Only in lists, when the payload was left out for its size.
+    payload_omitted_bytes: NotRequired[int]
+    activities: list[ActivityJson]
+    tasks: list[WorkerTaskJson]
+
+
+class SlotJson(TypedDict):
+    """What became of one due time of a schedule."""
+
+    schedule: str
+    nominal_at: str | None
+    trigger: str
+    outcome: str
+    execution_id: int | None
+    detail: str | None
+    recorded_at: str | None
+
+
+class TriggerJson(TypedDict):
+    """The answer to a trigger: the execution started, or why none was."""
+
+    execution_id: int | None
+    #: ``"in_progress"`` when an execution started.
+    status: NotRequired[str]
+    #: The reason nothing started.
+    skipped: NotRequired[str]
+
+
+class DeletedJson(TypedDict):
+    name: str
+    deleted: bool
+
+
+class CallerError(NamedTuple):
+    """An error a service task raises to its caller: ``exc_type`` and message are the contract."""
+
+    exc_type: str
+    #: The class it derives from besides ``ChordbeatError`` (what a Python caller can catch).
+    builtin: str | None
+    when: str
+    message: str
+
+
+#: Every error a service task raises on purpose. Anything else is a fault (the database or broker
+#: is unreachable, or a bug), not an answer about the caller's input.
+CALLER_ERRORS = (
+    CallerError(
+        "InvalidArgument",
+        "ValueError",
+        "an argument is missing, unknown, of the wrong type, or out of range (any task)",
+        "`<argument>: <reason>`, e.g. `execution_id: must be an integer (an execution id), got boolean`",
+    ),
+    CallerError(
+        "DefinitionError",
+        "ValueError",
+        "`apply_schedule`'s definition is invalid; nothing is stored",
+        "`<field>: <reason>`, the field as a path, e.g. `steps[1].timeout: must be a number of seconds, got string`",
+    ),
+    CallerError(
+        "NotFound",
+        "LookupError",
+        "the schedule or execution named does not exist",
+        "`schedule 'nightly' does not exist`, `execution 17 does not exist`",
+    ),
+    CallerError(
+        "InvalidTransition",
+        None,
+        "the state does not allow the change: pausing a schedule that is not active, resuming one that is not paused",
+        "`schedule 'nightly' is done; only an active schedule can be paused`",
+    ),
+)
+
+
+class Param(NamedTuple):
+    """A keyword argument of a service task."""
+
+    name: str
+    required: bool = True
+    #: The default of an optional argument (``None``: left out, the argument does not apply).
+    default: int | None = None
+    #: Its bounds, for the table.
+    note: str = ""
+
+
+class ServiceTask(NamedTuple):
+    """A task other services call by name: the one source of the README's table, checked against
+    the registered tasks and :class:`celeryapp.client.ChordbeatClient` by the tests."""
+
+    name: str
+    params: tuple[Param, ...]
+    returns: str
+    #: The ``exc_type`` of each refusal it can answer with (besides ``InvalidArgument``).
+    errors: tuple[str, ...] = ()
+
+
+_NAME = Param("name")
+_EXECUTION_ID = Param("execution_id")
+_LIMIT = Param("limit", required=False, default=50, note="at most 1000")
+_SCHEDULE_OBJECT = "schedule object"
+_EXECUTION_OBJECT = "execution object"
+
+#: Every service task, in the order the README lists them.
+SERVICE_TASKS = (
+    ServiceTask(
+        "chordbeat.apply_schedule",
+        (Param("definition"),),
+        "schedule object (invalid: error naming the field; nothing stored)",
+        ("DefinitionError",),
+    ),
+    ServiceTask(
+        "chordbeat.delete_schedule",
+        (_NAME,),
+        '`{"name": ..., "deleted": true}` (execution history is kept)',
+        ("NotFound",),
+    ),
+    ServiceTask("chordbeat.get_schedule", (_NAME,), _SCHEDULE_OBJECT, ("NotFound",)),
+    ServiceTask("chordbeat.list_schedules", (), "list of schedule objects, by name"),
+    ServiceTask("chordbeat.pause_schedule", (_NAME,), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")),
+    ServiceTask("chordbeat.resume_schedule", (_NAME,), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")),
+    ServiceTask(
+        "chordbeat.trigger_schedule",
+        (_NAME, Param("payload", required=False)),
+        '`{"execution_id": ..., "status": "in_progress"}` or `{"execution_id": null, "skipped": "<reason>"}`; a '
+        "manual run is explicit, so it works whatever the schedule's status, and follows its overlap policy",
+        ("NotFound",),
+    ),
+    ServiceTask("chordbeat.cancel_execution", (_EXECUTION_ID,), _EXECUTION_OBJECT, ("NotFound",)),
+    ServiceTask("chordbeat.get_execution", (_EXECUTION_ID,), _EXECUTION_OBJECT, ("NotFound",)),
+    ServiceTask(
+        "chordbeat.list_executions",
+        (Param("schedule", required=False), Param("status", required=False), _LIMIT),
+        "execution objects, newest first; a payload over 4 KiB is `null` with its size in `payload_omitted_bytes`, "
+        "activities' `error`/`message` are cut to 1,000 characters (`get_execution` has them whole)",
+    ),
+    ServiceTask(
+        "chordbeat.list_slots",
+        (_NAME, _LIMIT),
+        "what became of the schedule's recent due times, newest first",
+        ("NotFound",),
+    ),
+)

@@ -1,0 +1,121 @@
+"""Helpers shared by the test modules: calling the service, waiting for runs, reading state.
+
+Test modules import from here (or from tests.servers and tests.processes), never from each other.
+"""
+
+from __future__ import annotations
+
+import base64
+import urllib.error
+import urllib.request
+from datetime import datetime
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import select
+
+from celeryapp.app import ChordbeatCelery
+from celeryapp.beat_entries import ScheduleEntry, entry_name
+from celeryapp.redis_client import get_redis
+from celeryapp.views import execution_json
+from models import ScheduleExecution, transaction
+from tests.servers import wait_for
+
+__all__ = [
+    "call",
+    "db_execution",
+    "entry_exists",
+    "execution",
+    "executions",
+    "finished",
+    "http_get",
+    "running",
+    "set_field",
+    "step",
+    "ts",
+    "wait_for",
+]
+
+
+def call(client: Celery, task_name: str, /, **kwargs: Any) -> Any:
+    """Call a chordbeat service task by name and wait for its JSON answer."""
+    return client.send_task(task_name, kwargs=kwargs).get(timeout=20)
+
+
+def step(name: str, task: str = "chordbeat.examples.sleep", **extra: Any) -> dict[str, Any]:
+    kwargs = {"seconds": 0.05} if task.endswith("sleep") else {"message": f"{name} says so"}
+    return {"name": name, "task": task, "kwargs": extra.pop("kwargs", kwargs), **extra}
+
+
+def finished(client: Celery, execution_id: int, timeout: float = 30) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        execution = call(client, "chordbeat.get_execution", execution_id=execution_id)
+        return execution if execution["status"] != "in_progress" else None
+
+    result = wait_for(done, timeout, interval=0.1, what=f"execution {execution_id} to finish")
+    assert isinstance(result, dict)
+    return result
+
+
+def ts(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def execution(client: Celery, execution_id: int) -> dict[str, Any]:
+    result: dict[str, Any] = call(client, "chordbeat.get_execution", execution_id=execution_id)
+    return result
+
+
+def running(client: Celery, execution_id: int, step_name: str) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        for activity in execution(client, execution_id)["activities"]:
+            if activity["step"] == step_name and activity["status"] == "in_progress":
+                return activity
+        return None
+
+    found = wait_for(check, 20, interval=0.05, what=f"{step_name} to run")
+    assert isinstance(found, dict)
+    return found
+
+
+def db_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
+
+    with transaction(app.settings.database_url) as session:
+        return execution_json(session, session.get_one(ScheduleExecution, execution_id))
+
+
+def executions(app: ChordbeatCelery) -> list[ScheduleExecution]:
+    with transaction(app.settings.database_url) as session:
+        return list(session.scalars(select(ScheduleExecution).order_by(ScheduleExecution.id)))
+
+
+def entry_exists(app: ChordbeatCelery, name: str) -> bool:
+    key = ScheduleEntry.generate_key(app, entry_name(name))
+    return bool(get_redis(app.settings.redbeat_url).exists(key))
+
+
+def set_field(definition: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """Set the field at ``path`` (``steps/1/0/name``) of ``definition``; ``KeyError`` removes it."""
+    target: Any = definition
+    keys = path.split("/")
+    for key in keys[:-1]:
+        target = target[int(key)] if key.isdigit() else target[key]
+    last = keys[-1]
+    if value is KeyError:
+        del target[last]
+    elif isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
+    return definition
+
+
+def http_get(url: str, auth: str | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""

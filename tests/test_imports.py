@@ -1,0 +1,122 @@
+"""The import graph of celeryapp, tasks and models is acyclic, and imports are where a reader looks."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("celeryapp", "tasks", "models")
+#: Modules that import inside functions, and why.
+LATE_IMPORTS = {
+    "celeryapp.cli": "each command imports what it needs: `chordbeat health` stays small and quick",
+}
+
+
+def module_files() -> dict[str, Path]:
+    files = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue  # Alembic's scripts, run by Alembic, import nothing of ours but models
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            hidden |= {id(n) for n in ast.walk(node)}
+    return hidden
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the modules of ours it imports at run time (``TYPE_CHECKING`` imports left out)."""
+    files = module_files()
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text())
+        hidden = _type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if id(node) in hidden:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in files and t != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        for target in sorted(graph[node]):
+            cycle = visit(target, [*path, node])
+            if cycle:
+                return cycle
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        cycle = visit(start, [])
+        if cycle:
+            return cycle
+    return None
+
+
+def test_the_import_graph_is_acyclic() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, " → ".join(cycle or [])
+
+
+def test_a_cycle_is_found_and_shown() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_imports_inside_functions_are_only_where_documented() -> None:
+    late = set()
+    for name, path in module_files().items():
+        for function in ast.walk(ast.parse(path.read_text())):
+            if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+                isinstance(n, ast.Import | ast.ImportFrom) for n in ast.walk(function)
+            ):
+                late.add(name)
+    assert late == set(LATE_IMPORTS)
+
+
+@pytest.mark.parametrize("module", sorted(module_files()))
+def test_each_module_imports_on_its_own(module: str) -> None:
+    """What the graph cannot see (the package's lazy ``app``, say) fails here: each module imported
+    first, in a fresh interpreter."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, cwd=ROOT, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_test_modules_share_helpers_through_tests_helpers_not_through_each_other() -> None:
+    borrowed = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith(("tests.test_", "tests.conftest"))
+            ):
+                borrowed.append(f"{path.name}: from {node.module} import …")
+    assert borrowed == []

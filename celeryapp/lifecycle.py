@@ -73,6 +73,8 @@ class GroupDispatch:
     steps: tuple[StepDispatch, ...]
     #: True for re-queued attempts: sent without a chord, each linked to the advancement.
     requeue: bool = False
+    #: For monitors: a step's runner is shown as ``<schedule>/<step>``.
+    schedule_name: str = ""
 
 
 @dataclass
@@ -233,7 +235,7 @@ def start_execution(
     record_slot(
         session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution.id
     )
-    effects.dispatch.append(GroupDispatch(execution.id, 0, tuple(first)))
+    effects.dispatch.append(GroupDispatch(execution.id, 0, tuple(first), schedule_name=schedule.name))
     logger.info("execution %s of schedule %r started (%s)", execution.id, schedule.name, trigger.value)
     return StartResult(execution.id, effects=effects)
 
@@ -484,7 +486,10 @@ def _queued_group(session: Session, execution: ScheduleExecution, step_index: in
         .order_by(WorkerTask.id)
     ).all()
     return GroupDispatch(
-        execution.id, step_index, tuple(StepDispatch(execution.id, i, a, specs[n]) for i, a, n in tasks)
+        execution.id,
+        step_index,
+        tuple(StepDispatch(execution.id, i, a, specs[n]) for i, a, n in tasks),
+        schedule_name=execution.schedule_name,
     )
 
 
@@ -719,10 +724,9 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
             "step %r of execution %s: %s; re-queued as attempt %s", task.step_name, execution.id, reason, attempt + 1
         )
         step = StepDispatch(execution.id, worker_task_id, attempt + 1, spec)
-        return Effects(
-            dispatch=[GroupDispatch(execution.id, task.step_index, (step,), requeue=True)],
-            fenced=[(worker_task_id, attempt)],
-        )
+        name = execution.schedule_name
+        group = GroupDispatch(execution.id, task.step_index, (step,), requeue=True, schedule_name=name)
+        return Effects(dispatch=[group], fenced=[(worker_task_id, attempt)])
     if not affected(session, delete(WorkerTask).where(*fenced)):
         return Effects()
     logger.error("step %r of execution %s: %s; not run again", task.step_name, execution.id, verdict.error)
@@ -749,4 +753,5 @@ def resend_queued(session: Session, worker_task_id: int, *, now: datetime) -> Ef
         .values(queued_at=now)
     )
     step = StepDispatch(execution.id, worker_task_id, task.attempt, spec)
-    return Effects(dispatch=[GroupDispatch(execution.id, task.step_index, (step,), requeue=True)])
+    group = GroupDispatch(execution.id, task.step_index, (step,), requeue=True, schedule_name=execution.schedule_name)
+    return Effects(dispatch=[group])

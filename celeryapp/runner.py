@@ -23,6 +23,7 @@ from celeryapp.heartbeat import StepWatch
 from celeryapp.lifecycle import Claim, claim_step, finish_step
 from celeryapp.outcome import classify
 from celeryapp.redis_client import get_redis
+from celeryapp.step_events import step_result
 from celeryapp.step_policy import StepRules
 from models import Activity, ActivityStatus, transaction, utcnow
 
@@ -63,6 +64,8 @@ def _interrupted(claim: Claim, watch: StepWatch) -> Outcome:
         return _timed_out(claim)
     if watch.fenced:
         return ActivityStatus.CANCELLED, "stopped: recovery gave this attempt up", None
+    if watch.stopped is not None:
+        return ActivityStatus.CANCELLED, watch.stopped, None
     return ActivityStatus.CANCELLED, "cancelled", None
 
 
@@ -77,6 +80,8 @@ def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcom
         try:
             if refusal is not None:
                 return ActivityStatus.FAILED_WITH_ERROR, f"refused on this worker: {refusal}", None
+            if watch.stopped is not None:
+                return ActivityStatus.CANCELLED, watch.stopped, None  # revoked before it started
             result = app.tasks[claim.spec.task](*claim.spec.args, **claim.spec.kwargs)
         finally:
             watch.disarm()
@@ -171,6 +176,7 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         heartbeat_key=keys.heartbeat_key(worker_task_id, attempt),
         cancel_key=keys.cancel_key(claim.execution_id),
         fenced_key=keys.fenced_key(worker_task_id, attempt),
+        stop_key=keys.stop_key(worker_task_id, attempt),
         ttl_s=settings.heartbeat_ttl_s,
         timeout_s=claim.spec.timeout_s,
         done_keys=(keys.pickup_key(worker_task_id, attempt),),
@@ -182,4 +188,4 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         # Landed between the step's return and the watch's stop.
         status, error, message = _interrupted(claim, watch)
     recorded = _record(app, claim, status, error, message)
-    return {"status": status.value if recorded else "fenced"}
+    return step_result(status, error, message) if recorded else {"status": "fenced"}

@@ -17,7 +17,7 @@ from sqlalchemy import CursorResult, bindparam, delete, exists, func, insert, se
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from celeryapp import keys
+from celeryapp import keys, metric_counts
 from celeryapp.decisions import (
     AfterExecution,
     NextRun,
@@ -161,6 +161,7 @@ def record_slot(
             recorded_at=now,
         )
     )
+    metric_counts.count_slot(session, schedule.name, outcome)
 
 
 def start_execution(
@@ -513,6 +514,7 @@ def _finish_execution(
     )
     if not done:
         return None
+    metric_counts.observe_execution(session, execution, status, now)
     session.execute(delete(WorkerTask).where(WorkerTask.execution_id == execution.id))
     if status is ExecutionStatus.FAILED:
         logger.warning("execution %s of %r failed: %s", execution.id, execution.schedule_name, error)
@@ -726,11 +728,13 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
         step = StepDispatch(execution.id, worker_task_id, attempt + 1, spec)
         name = execution.schedule_name
         group = GroupDispatch(execution.id, task.step_index, (step,), requeue=True, schedule_name=name)
+        metric_counts.count_requeue(session)  # last: after every lock this transaction takes
         return Effects(dispatch=[group], fenced=[(worker_task_id, attempt)])
     if not affected(session, delete(WorkerTask).where(*fenced)):
         return Effects()
     logger.error("step %r of execution %s: %s; not run again", task.step_name, execution.id, verdict.error)
     effects = advance_execution(session, execution.id, task.step_index, now=now)
+    metric_counts.count_requeue(session)  # last: after every lock this transaction takes
     effects.fenced.append((worker_task_id, attempt))
     return effects
 

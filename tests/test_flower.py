@@ -107,8 +107,10 @@ def test_flower_shows_steps_by_name_with_their_real_outcome_and_no_housekeeping(
         # Flower receives events once a task it can see shows up.
         flower_sees(
             monitor,
-            lambda tasks: call(client, "chordbeat.apply_schedule", definition=definition)
-            and "chordbeat.apply_schedule" in by_name(tasks),
+            lambda tasks: (
+                call(client, "chordbeat.apply_schedule", definition=definition)
+                and "chordbeat.apply_schedule" in by_name(tasks)
+            ),
             "Flower to receive the worker's events",
         )
         execution_id = call(client, "chordbeat.trigger_schedule", name="flower-truth")["execution_id"]

@@ -170,3 +170,73 @@ def test_terminate_from_flower_cancels_the_step_for_good_and_the_run_goes_on(
         (1, ActivityStatus.CANCELLED.value, step_events.TERMINATED)
     ]
     assert [a["status"] for a in again["activities"] if a["step"] == "after"] == ["complete"]
+
+
+def test_revoking_a_queued_step_cancels_it_and_the_group_still_advances(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    definition = {
+        "name": "revoke-me",
+        "every": 3600,
+        "steps": [
+            [step("blocker", kwargs={"seconds": 4}), step("target", continue_on_failure=True)],
+            step("after"),
+        ],
+    }
+    # One step process: while the blocker runs, the target's message waits (on the worker or queued).
+    with (
+        processes.step_worker(settings, tmp_path, concurrency=1),
+        processes.control_worker(settings, tmp_path),
+        processes.beat(settings, tmp_path),
+    ):
+        call(client, "chordbeat.apply_schedule", definition=definition)
+        execution_id = call(client, "chordbeat.trigger_schedule", name="revoke-me")["execution_id"]
+        running(client, execution_id, "blocker")
+        task = worker_task(app, execution_id, "target")
+        # What Flower's Revoke button sends.
+        client.control.revoke(keys.runner_task_id(execution_id, task.id, 1))
+        done = finished(client, execution_id, timeout=60)
+    assert done["status"] == "completed", done
+    outcomes = {a["step"]: (a["attempt"], a["status"], a["error"]) for a in done["activities"]}
+    assert outcomes["target"] == (1, ActivityStatus.CANCELLED.value, step_events.REVOKED)
+    assert outcomes["after"][1] == "complete"
+
+
+@pytest.mark.parametrize(
+    ("returned", "event", "fields"),
+    [
+        (
+            "{'status': 'failed_with_error', 'error': 'StepFailed: boom'}",
+            "task-failed",
+            {"exception": "failed_with_error: StepFailed: boom", "traceback": ""},
+        ),
+        (
+            "{'status': 'cancelled', 'error': 'terminated by operator'}",
+            "task-revoked",
+            {"exception": "cancelled: terminated by operator", "terminated": True, "expired": False, "signum": None},
+        ),
+        (
+            "{'status': 'complete_with_warning', 'warning': 'disk 91%'}",
+            "task-succeeded",
+            {"result": "complete_with_warning: disk 91%"},
+        ),
+        ("{'status': 'complete'}", "task-succeeded", {"result": "complete"}),
+        (
+            "{'status': 'skipped'}",
+            "task-succeeded",
+            {"result": "skipped: nothing ran (duplicate, fenced or not claimable message)"},
+        ),
+        # Not the runner's shape (cut short, or another value): passed on as it came.
+        ("{'status': 'failed_with_e", "task-succeeded", {"result": "{'status': 'failed_with_e"}),
+        ("__import__('os')", "task-succeeded", {"result": "__import__('os')"}),
+    ],
+)
+def test_the_event_sent_for_a_runner_tells_its_steps_outcome(returned: str, event: str, fields: dict[str, Any]) -> None:
+    assert step_events.event_for(returned) == (event, fields)
+
+
+def test_step_names_shown_to_monitors_are_bounded() -> None:
+    long = "x" * 300
+    name = step_events.shadow_name(long, "extract")
+    assert name.endswith("…/extract") and len(name) == step_events.NAME_PART_CHARS + len("/extract")
+    assert step_events.args_repr(41, 0, 2) == "(execution=41, group=1, attempt=2)"

@@ -124,6 +124,11 @@ def test_flower_shows_steps_by_name_with_their_real_outcome_and_no_housekeeping(
         # Recovery ran every second meanwhile, and get_execution was polled: none of it is listed.
         listed = by_name(seen)
         task_page = monitor.get(f"/task/{listed[names[2]]['uuid']}").text
+        # Flower's search (its UI's search box) lists one execution's steps, or one step's runs.
+        of_execution = by_name(monitor.tasks(search=f"args:execution={execution_id}"))
+        one_step = by_name(monitor.tasks(search="name:flower-truth/bad"))
+    assert set(of_execution) == set(names)
+    assert set(one_step) == {"flower-truth/bad"}
     # The group's failure did not stop advancement (continue_on_failure): the body ran.
     assert done["status"] == "completed", done
     ok, bad, warned, after = (listed[n] for n in names)

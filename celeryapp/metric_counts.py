@@ -18,8 +18,9 @@ import bisect
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -82,22 +83,35 @@ class Counts:
             {"metric": m, "schedule_name": s, "label": lb, "bucket": b, "count": int(c), "total": t}
             for (m, s, lb, b), (c, t) in sorted(self.rows.items())
         ]
-        dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-        upsert = dialect.insert(MetricCount).values(values)
-        session.execute(
-            upsert.on_conflict_do_update(
-                index_elements=["metric", "schedule_name", "label", "bucket"],
-                set_={
-                    "count": MetricCount.count + upsert.excluded.count,
-                    "total": MetricCount.total + upsert.excluded.total,
-                },
-            )
-        )
+        connection = session.connection()
+        connection.execute(_UPSERTS[connection.dialect.name == "postgresql"], values)
+
+
+def _upsert(dialect: Any) -> Any:
+    """``INSERT ... ON CONFLICT DO UPDATE`` adding to the row; built once (compiling it costs more
+    than running it)."""
+    statement = dialect.insert(MetricCount)
+    return statement.on_conflict_do_update(
+        index_elements=["metric", "schedule_name", "label", "bucket"],
+        set_={
+            "count": MetricCount.count + statement.excluded.count,
+            "total": MetricCount.total + statement.excluded.total,
+        },
+    )
+
+
+#: By "is it PostgreSQL" (else SQLite, whose upsert has the same form).
+_UPSERTS = {True: _upsert(postgresql), False: _upsert(sqlite)}
 
 
 def _span(rows: Iterable[tuple[datetime, datetime]]) -> tuple[float, float]:
     starts, ends = zip(*rows, strict=True)
     return min(s.timestamp() for s in starts), max(e.timestamp() for e in ends)
+
+
+_ATTEMPTS = select(Activity.step_index, Activity.status, Activity.started_at, Activity.completed_at).where(
+    Activity.execution_id == bindparam("p_execution_id")
+)
 
 
 def observe_execution(session: Session, execution: ScheduleExecution, status: ExecutionStatus, now: datetime) -> None:
@@ -111,11 +125,7 @@ def observe_execution(session: Session, execution: ScheduleExecution, status: Ex
     counts.count(EXECUTIONS, name, status.value)
     counts.observe(EXECUTION_DURATION, name, (now - execution.started_at).total_seconds())
     groups: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
-    for index, outcome, started, completed in session.execute(
-        select(Activity.step_index, Activity.status, Activity.started_at, Activity.completed_at).where(
-            Activity.execution_id == execution.id
-        )
-    ):
+    for index, outcome, started, completed in session.execute(_ATTEMPTS, {"p_execution_id": execution.id}):
         if outcome is ActivityStatus.IN_PROGRESS:
             outcome, completed = ActivityStatus.CANCELLED, now
         end = completed or now

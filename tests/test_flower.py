@@ -158,14 +158,20 @@ def test_terminate_from_flower_cancels_the_step_for_good_and_the_run_goes_on(
         "every": 3600,
         "steps": [step("long", kwargs={"seconds": 60}, continue_on_failure=True), step("after")],
     }
-    with processes.worker(settings, tmp_path, "w1"), processes.beat(settings, tmp_path):
+    with flower(settings, tmp_path) as monitor, events_worker(settings, tmp_path), processes.beat(settings, tmp_path):
         call(client, "chordbeat.apply_schedule", definition=definition)
         execution_id = call(client, "chordbeat.trigger_schedule", name="terminate-me")["execution_id"]
         running(client, execution_id, "long")
-        task = worker_task(app, execution_id, "long")
-        # What Flower's Terminate button sends.
-        client.control.revoke(keys.runner_task_id(execution_id, task.id, 1), terminate=True, signal="SIGTERM")
+        task_id = keys.runner_task_id(execution_id, worker_task(app, execution_id, "long").id, 1)
+        # What Flower's Terminate button sends (the same broadcast, through Flower's API).
+        response = requests.post(
+            f"{monitor.url}/api/task/revoke/{task_id}", data={"terminate": "true"}, auth=monitor.auth, timeout=10
+        )
+        assert response.ok, response.text
         done = finished(client, execution_id, timeout=30)
+        shown = flower_sees(
+            monitor, lambda tasks: tasks.get(task_id, {}).get("state") == "REVOKED", "Flower to show the step revoked"
+        )[task_id]
         # Recovery (every 1 s, heartbeat TTL 3 s) had time to re-queue a lost attempt: it did not.
         time.sleep(3 * settings.heartbeat_ttl_s)
         again = call(client, "chordbeat.get_execution", execution_id=execution_id)
@@ -175,6 +181,7 @@ def test_terminate_from_flower_cancels_the_step_for_good_and_the_run_goes_on(
         (1, ActivityStatus.CANCELLED.value, step_events.TERMINATED)
     ]
     assert [a["status"] for a in again["activities"] if a["step"] == "after"] == ["complete"]
+    assert shown["name"] == "terminate-me/long" and shown["exception"] == "cancelled: terminated by operator"
 
 
 def test_revoking_a_queued_step_cancels_it_and_the_group_still_advances(

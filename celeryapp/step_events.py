@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import re
 from typing import Any
 
 import redis
@@ -126,6 +127,20 @@ def stop_attempt(app: Any, args: Any, reason: str) -> bool:
     return True
 
 
+#: :func:`keys.runner_task_id`'s shape.
+_RUNNER_ID = re.compile(rf"{keys.PREFIX}-e(\d+)-wt\d+-a\d+")
+
+
+def _execution_cancelled(app: Any, task_id: str) -> bool:
+    match = _RUNNER_ID.fullmatch(task_id)
+    if match is None:
+        return False
+    try:
+        return bool(get_redis(app.settings.broker_url).exists(keys.cancel_key(int(match[1]))))
+    except redis.RedisError:
+        return False
+
+
 class StepRequest(Request):  # type: ignore[misc]
     """The worker-side request of a step runner (``chordbeat.run_step``'s ``Request`` class)."""
 
@@ -145,9 +160,10 @@ class StepRequest(Request):  # type: ignore[misc]
         if self.id in worker_state.revoked and not self._already_revoked:
             # Dropping the message would fail the group's chord (no advancement) and leave the
             # attempt queued in the database: it runs instead, and its runner records it cancelled.
-            # (chordbeat's own cancel revokes steps too: those find their execution ended and skip.)
-            stop_attempt(self.task.app, self.args, REVOKED)
             worker_state.revoked.discard(self.id)
+            if not _execution_cancelled(self.task.app, self.id):
+                stop_attempt(self.task.app, self.args, REVOKED)
+            # (chordbeat's own cancel revokes its queued steps too: their claim finds the run over.)
             return False
         result: bool = super().revoked()
         return result

@@ -17,6 +17,7 @@ from celery import Celery
 from celeryapp import keys, step_events
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.redis_client import get_redis
 from models import ActivityStatus
 from tests import processes
 from tests.conftest import call, wait_for
@@ -252,3 +253,28 @@ def test_step_names_shown_to_monitors_are_bounded() -> None:
     name = step_events.shadow_name(long, "extract")
     assert name.endswith("…/extract") and len(name) == step_events.NAME_PART_CHARS + len("/extract")
     assert step_events.args_repr(41, 0, 2) == "(execution=41, group=1, attempt=2)"
+
+
+def test_a_cancel_revoking_queued_steps_is_not_taken_for_an_operators_revoke(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    # Three parallel steps on one step process: two wait (on the worker or in the queue) when the
+    # run is cancelled, and the cancel revokes them.
+    steps = [[step(f"s{i}", kwargs={"seconds": 30}) for i in range(3)]]
+    with processes.step_worker(settings, tmp_path, concurrency=1), processes.control_worker(settings, tmp_path):
+        call(client, "chordbeat.apply_schedule", definition={"name": "cancelled", "every": 3600, "steps": steps})
+        execution_id = call(client, "chordbeat.trigger_schedule", name="cancelled")["execution_id"]
+        running(client, execution_id, "s0")
+        tasks = [worker_task(app, execution_id, f"s{i}") for i in range(3)]
+        assert call(client, "chordbeat.cancel_execution", execution_id=execution_id)["status"] == "cancelled"
+        task_ids = [keys.runner_task_id(execution_id, t.id, 1) for t in tasks]
+
+        # Every runner ends, the revoked ones included: they ran (and skipped), so the chord did not
+        # fail. (Workers that did not hold a message mark it REVOKED at once; its runner's result
+        # replaces that.)
+        wait_for(
+            lambda: [app.AsyncResult(t).state for t in task_ids] == ["SUCCESS"] * 3, 30, what="every runner to end"
+        )
+        final = call(client, "chordbeat.get_execution", execution_id=execution_id)
+    assert not get_redis(app.settings.broker_url).keys(f"{keys.PREFIX}:stop:*")
+    assert {a["error"] for a in final["activities"]} == {"cancelled"}

@@ -91,5 +91,8 @@ def _queued_group(session: Session, execution: ScheduleExecution, step_index: in
         .order_by(WorkerTask.id)
     ).all()
     return GroupDispatch(
-        execution.id, step_index, tuple(StepDispatch(execution.id, i, a, specs[n]) for i, a, n in tasks)
+        execution.id,
+        step_index,
+        tuple(StepDispatch(execution.id, i, a, specs[n]) for i, a, n in tasks),
+        schedule_name=execution.schedule_name,
     )

@@ -9,7 +9,7 @@ import redis
 from celery import Celery, chord
 from celery.canvas import Signature
 
-from celeryapp import keys
+from celeryapp import keys, step_events
 from celeryapp.beat_entries import sync_schedules
 from celeryapp.config import VISIBILITY_TIMEOUT_S
 from celeryapp.effects import Effects, GroupDispatch, StepDispatch
@@ -25,11 +25,15 @@ CANCEL_FLAG_TTL_S = 7 * 24 * 3600
 MARKER_TTL_S = VISIBILITY_TIMEOUT_S
 
 
-def _runner(app: Celery, step: StepDispatch, step_index: int) -> Signature:
+def _runner(app: Celery, step: StepDispatch, group: GroupDispatch) -> Signature:
     options: dict[str, object] = {
         "task_id": step.celery_task_id,
         "queue": step.spec.queue or keys.STEPS_QUEUE,
-        "priority": keys.step_priority(step_index),
+        "priority": keys.step_priority(group.step_index),
+        # What Flower, `celery events` and `celery inspect` show instead of run_step(8, 1).
+        "shadow": step_events.shadow_name(group.schedule_name, step.spec.name),
+        "argsrepr": step_events.args_repr(step.execution_id, group.step_index, step.attempt),
+        "kwargsrepr": step_events.kwargs_repr(step.worker_task_id),
     }
     if step.spec.timeout_s:
         # The runner catches the soft limit and records a timeout; the hard limit is only a
@@ -54,10 +58,10 @@ def send_group(app: Celery, group: GroupDispatch) -> None:
     if group.requeue:
         # The group's chord already fired or is gone: each attempt advances by itself when done.
         for step in group.steps:
-            _runner(app, step, group.step_index).apply_async(link=_advance(app, group))
+            _runner(app, step, group).apply_async(link=_advance(app, group))
     else:
         # The chord body is the advancement check; runners never fail, so it always runs.
-        chord([_runner(app, step, group.step_index) for step in group.steps], _advance(app, group)).apply_async()
+        chord([_runner(app, step, group) for step in group.steps], _advance(app, group)).apply_async()
     _mark_sent(app, group)
 
 

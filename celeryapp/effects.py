@@ -31,6 +31,8 @@ class GroupDispatch:
     steps: tuple[StepDispatch, ...]
     #: True for re-queued attempts: sent without a chord, each linked to the advancement.
     requeue: bool = False
+    #: For monitors: a step's runner is shown as ``<schedule>/<step>``.
+    schedule_name: str = ""
 
 
 @dataclass

@@ -18,6 +18,10 @@ logger = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.5
 
 
+def _text(value: object) -> str | None:
+    return value.decode(errors="replace") if isinstance(value, bytes) else None if value is None else str(value)
+
+
 def _interrupt(thread_id: int) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(StepCancelled))
 
@@ -39,6 +43,7 @@ class StepWatch:
         heartbeat_key: str,
         cancel_key: str,
         fenced_key: str | None = None,
+        stop_key: str | None = None,
         ttl_s: float,
         timeout_s: float | None = None,
         done_keys: tuple[str, ...] = (),
@@ -47,6 +52,7 @@ class StepWatch:
         self._heartbeat_key = heartbeat_key
         self._cancel_key = cancel_key
         self._stop_keys = (cancel_key,) if fenced_key is None else (cancel_key, fenced_key)
+        self._stop_key = stop_key
         self._deadline = time.monotonic() + timeout_s if timeout_s else None
         self._done_keys = done_keys
         self._ttl_ms = int(ttl_s * 1000)
@@ -59,9 +65,23 @@ class StepWatch:
         self.cancelled = False
         self.timed_out = False
         self.fenced = False
+        #: Why an operator stopped the attempt (Flower's Terminate or Revoke), if one did.
+        self.stopped: str | None = None
 
     def __enter__(self) -> StepWatch:
-        self._beat()
+        if self._stop_key is None:
+            self._beat()
+        else:
+            # The first heartbeat and the look at the operator's stop flag share a round trip.
+            try:
+                with self._client.pipeline(transaction=False) as pipe:
+                    pipe.set(self._heartbeat_key, "1", px=self._ttl_ms)
+                    pipe.get(self._stop_key)
+                    _, stopped = pipe.execute()
+            except redis.RedisError as exc:
+                logger.warning("heartbeat %s not refreshed: %s", self._heartbeat_key, exc)
+            else:
+                self.stopped = _text(stopped)
         self._armed = True
         self._thread.start()
         return self
@@ -91,17 +111,25 @@ class StepWatch:
         return True
 
     def _must_stop(self) -> str | None:
-        """Why the step must stop now (``cancelled`` or ``fenced``), if it must."""
+        """Why the step must stop now (``cancelled``, ``fenced`` or ``stopped``), if it must."""
         try:
             with self._client.pipeline(transaction=False) as pipe:
                 for key in self._stop_keys:
                     pipe.exists(key)
-                cancelled, *fenced = pipe.execute()
+                if self._stop_key is not None:
+                    pipe.get(self._stop_key)
+                cancelled, *rest = pipe.execute()
         except redis.RedisError:
             return None
-        if fenced and fenced[0]:
+        stopped = rest.pop() if self._stop_key is not None else None
+        if rest and rest[0]:
             return "fenced"
-        return "cancelled" if cancelled else None
+        if cancelled:
+            return "cancelled"
+        if stopped is not None:
+            self.stopped = _text(stopped)
+            return "stopped_by_operator"
+        return None
 
     def _run(self) -> None:
         last_beat = time.monotonic()
@@ -124,7 +152,8 @@ class StepWatch:
     def _fire(self, why: str) -> bool:
         with self._lock:
             if self._armed:
-                setattr(self, why, True)
+                if why != "stopped_by_operator":
+                    setattr(self, why, True)
                 self._armed = False
                 _interrupt(self._target)
         return True

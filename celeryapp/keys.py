@@ -50,6 +50,13 @@ def fenced_key(worker_task_id: int, attempt: int) -> str:
     return f"{PREFIX}:fenced:{worker_task_id}:{attempt}"
 
 
+def stop_key(worker_task_id: int, attempt: int) -> str:
+    """Set by a worker when an operator terminates or revokes the attempt's message (Flower's
+    Terminate and Revoke, ``celery control revoke``); its value is the reason. The attempt's watch
+    stops the step, which is then recorded cancelled: the group advances, and nothing re-runs it."""
+    return f"{PREFIX}:stop:{worker_task_id}:{attempt}"
+
+
 def cancel_key(execution_id: int) -> str:
     """Key whose presence tells running steps of an execution to stop."""
     return f"{PREFIX}:cancel:{execution_id}"

@@ -1,14 +1,17 @@
 """Prometheus metrics about executions, read from the database at scrape time.
 
 Flower only knows Celery tasks. These come from the database, the source of truth, so every
-worker's work is counted once however many processes there are. Served by ``chordbeat metrics``.
+worker's work is counted once however many processes and hosts there are. Counters and histograms
+are the monotonic rows of :mod:`celeryapp.metric_counts` (added to when work finishes, never
+deleted by housekeeping), so ``rate()`` and ``histogram_quantile()`` see no drops; a scrape reads
+those few rows and two small counts, never the activities. Served by ``chordbeat metrics``.
 """
 
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -17,61 +20,54 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from models import (
-    Activity,
-    ExecutionStatus,
-    Schedule,
-    ScheduleExecution,
-    ScheduleStatus,
-    SlotOutcome,
-    SlotRecord,
-    transaction,
-    utcnow,
-)
+from celeryapp import metric_counts as mc
+from models import ExecutionStatus, MetricCount, Schedule, ScheduleExecution, ScheduleStatus, transaction
 
 if TYPE_CHECKING:
     from celeryapp.app import ChordbeatCelery
 
-#: Upper bounds (seconds) of the duration histograms.
-DURATION_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600)
-#: Upper bounds (seconds) of the advancement latency histogram.
-ADVANCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-#: Durations and latencies are computed over runs finished this recently (bounded scrape cost).
-WINDOW = timedelta(hours=24)
+Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
+
+#: Counters: (metric row name, exported name without ``_total``, help, label of the row's label).
+COUNTERS = (
+    (mc.EXECUTIONS, "chordbeat_executions", "Executions that ended, by schedule and final status", "status"),
+    (mc.STEP_ATTEMPTS, "chordbeat_step_attempts", "Step attempts that ended, by schedule and outcome", "status"),
+    (mc.SLOTS, "chordbeat_slots", "Due times by outcome (fired, skipped, missed, buffered, retry)", "outcome"),
+)
+HISTOGRAM_HELP = {
+    mc.EXECUTION_DURATION: "Execution run time, observed when it ends",
+    mc.STEP_DURATION: "Step attempt run time, observed when its execution ends",
+    mc.ADVANCE_LATENCY: "From the last step of a group ending to the next group's first step starting, "
+    "observed when the execution ends",
+}
 
 
-def _histogram(
-    name: str, doc: str, label: str, values: dict[str, list[float]], buckets: tuple[float, ...]
-) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, doc, labels=[label])
-    for key, observed in sorted(values.items()):
-        counts = [(str(b), float(sum(1 for v in observed if v <= b))) for b in buckets]
-        counts.append(("+Inf", float(len(observed))))
-        family.add_metric([key], counts, sum_value=sum(observed))
-    return family
+def histogram_samples(
+    rows: dict[str, tuple[int, float]], buckets: tuple[float, ...]
+) -> tuple[list[tuple[str, float]], float]:
+    """Cumulative bucket counts and the sum, from per-bucket rows (bound text -> (count, sum))."""
+    per_bound: dict[float, int] = defaultdict(int)
+    total = 0.0
+    for bound_text, (count, value_sum) in rows.items():
+        per_bound[float("inf") if bound_text == mc.INF else float(bound_text)] += count
+        total += value_sum
+    samples: list[tuple[str, float]] = []
+    for bound in (*buckets, float("inf")):
+        cumulative = sum(n for b, n in per_bound.items() if b <= bound)
+        samples.append((mc.INF if bound == float("inf") else str(bound), float(cumulative)))
+    return samples, total
 
 
 class ExecutionCollector(Collector):
     def __init__(self, app: ChordbeatCelery) -> None:
         self.app = app
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+    def collect(self) -> Iterator[Family]:
         with transaction(self.app.settings.database_url, read_only=True) as session:
-            yield from self._counts(session)
-            yield from self._durations(session)
+            yield from self._gauges(session)
+            yield from self._monotonic(session)
 
-    def _counts(self, session: Session) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        executions = CounterMetricFamily(
-            "chordbeat_executions", "Executions that ended, by schedule and final status", labels=["schedule", "status"]
-        )
-        rows = session.execute(
-            select(ScheduleExecution.schedule_name, ScheduleExecution.status, func.count())
-            .where(ScheduleExecution.status != ExecutionStatus.IN_PROGRESS)
-            .group_by(ScheduleExecution.schedule_name, ScheduleExecution.status)
-        ).all()
-        for name, status, count in rows:
-            executions.add_metric([name, status.value], count)
-        yield executions
+    def _gauges(self, session: Session) -> Iterator[Family]:
         running = GaugeMetricFamily("chordbeat_executions_in_progress", "Executions running now", labels=["schedule"])
         for name, count in session.execute(
             select(ScheduleExecution.schedule_name, func.count())
@@ -87,72 +83,41 @@ class ExecutionCollector(Collector):
         for schedule_status in ScheduleStatus:
             schedules.add_metric([schedule_status.value], by_status.get(schedule_status, 0))
         yield schedules
-        slots = CounterMetricFamily(
-            "chordbeat_slots", "Due times by outcome (fired, skipped, buffered, retry)", labels=["schedule", "outcome"]
-        )
-        for name, outcome, count in session.execute(
-            select(SlotRecord.schedule_name, SlotRecord.outcome, func.count())
-            .where(SlotRecord.outcome != SlotOutcome.FIRED)
-            .group_by(SlotRecord.schedule_name, SlotRecord.outcome)
-        ).all():
-            slots.add_metric([name, outcome.value], count)
-        yield slots
-        requeues = CounterMetricFamily(
-            "chordbeat_recovery_requeues", "Step attempts lost with their worker and re-queued"
-        )
-        requeues.add_metric([], session.scalar(select(func.count()).where(Activity.error.like("worker lost%"))) or 0)
-        yield requeues
 
-    def _durations(self, session: Session) -> Iterator[HistogramMetricFamily]:
-        since = utcnow() - WINDOW
-        runs: dict[str, list[float]] = {}
-        for name, started, completed in session.execute(
-            select(ScheduleExecution.schedule_name, ScheduleExecution.started_at, ScheduleExecution.completed_at).where(
-                ScheduleExecution.completed_at >= since
-            )
-        ).all():
-            assert completed is not None  # selected by completed_at >= since
-            runs.setdefault(name, []).append((completed - started).total_seconds())
-        yield _histogram(
-            "chordbeat_execution_duration_seconds", "Execution run time (last 24 h)", "schedule", runs, DURATION_BUCKETS
-        )
-        steps: dict[str, list[float]] = {}
-        groups: dict[tuple[int, int], tuple[float, float]] = {}
-        schedule_of: dict[int, str] = {}
-        for execution_id, name, index, started, completed in session.execute(
+    def _monotonic(self, session: Session) -> Iterator[Family]:
+        counters: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)
+        histograms: dict[str, dict[str, dict[str, tuple[int, float]]]] = defaultdict(lambda: defaultdict(dict))
+        rows = session.execute(
             select(
-                Activity.execution_id,
-                ScheduleExecution.schedule_name,
-                Activity.step_index,
-                Activity.started_at,
-                Activity.completed_at,
+                MetricCount.metric,
+                MetricCount.schedule_name,
+                MetricCount.label,
+                MetricCount.bucket,
+                MetricCount.count,
+                MetricCount.total,
             )
-            .join(ScheduleExecution, ScheduleExecution.id == Activity.execution_id)
-            .where(Activity.completed_at >= since)
-        ).all():
-            assert completed is not None  # selected by completed_at >= since
-            steps.setdefault(name, []).append((completed - started).total_seconds())
-            schedule_of[execution_id] = name
-            first_start, last_end = groups.get((execution_id, index), (float("inf"), float("-inf")))
-            groups[(execution_id, index)] = (
-                min(first_start, started.timestamp()),
-                max(last_end, completed.timestamp()),
-            )
-        yield _histogram(
-            "chordbeat_step_duration_seconds", "Step attempt run time (last 24 h)", "schedule", steps, DURATION_BUCKETS
         )
-        latency: dict[str, list[float]] = {}
-        for (execution_id, index), (_start, end) in groups.items():
-            following = groups.get((execution_id, index + 1))
-            if following is not None:
-                latency.setdefault(schedule_of[execution_id], []).append(max(following[0] - end, 0.0))
-        yield _histogram(
-            "chordbeat_advance_latency_seconds",
-            "From the last step of a group ending to the next group's first step starting (last 24 h)",
-            "schedule",
-            latency,
-            ADVANCE_BUCKETS,
+        for metric, schedule, label, bucket, count, value_sum in rows:
+            if metric in mc.HISTOGRAMS:
+                histograms[metric][schedule][bucket] = (count, value_sum)
+            else:
+                counters[metric][(schedule, label)] = count
+        for metric, name, doc, label_name in COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=["schedule", label_name])
+            for (schedule, label), count in sorted(counters[metric].items()):
+                family.add_metric([schedule, label], count)
+            yield family
+        requeues = CounterMetricFamily(
+            "chordbeat_recovery_requeues", "Step attempts lost with their worker (re-queued, or failed out of attempts)"
         )
+        requeues.add_metric([], sum(counters[mc.RECOVERY_REQUEUES].values()))
+        yield requeues
+        for metric, buckets in mc.HISTOGRAMS.items():
+            histogram = HistogramMetricFamily(f"chordbeat_{metric}", HISTOGRAM_HELP[metric], labels=["schedule"])
+            for schedule, per_bucket in sorted(histograms[metric].items()):
+                samples, total = histogram_samples(per_bucket, buckets)
+                histogram.add_metric([schedule], samples, sum_value=total)
+            yield histogram
 
 
 def serve(app: ChordbeatCelery, port: int, address: str) -> None:

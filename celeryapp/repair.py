@@ -15,6 +15,7 @@ from datetime import datetime
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
+from celeryapp import metric_counts
 from celeryapp.advancing import advance_execution
 from celeryapp.decisions import decide_lost_attempt
 from celeryapp.effects import Effects, GroupDispatch, StepDispatch
@@ -69,14 +70,15 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
             "step %r of execution %s: %s; re-queued as attempt %s", task.step_name, execution.id, reason, attempt + 1
         )
         step = StepDispatch(execution.id, worker_task_id, attempt + 1, spec)
-        return Effects(
-            dispatch=[GroupDispatch(execution.id, task.step_index, (step,), requeue=True)],
-            fenced=[(worker_task_id, attempt)],
-        )
+        name = execution.schedule_name
+        group = GroupDispatch(execution.id, task.step_index, (step,), requeue=True, schedule_name=name)
+        metric_counts.count_requeue(session)  # last: after every lock this transaction takes
+        return Effects(dispatch=[group], fenced=[(worker_task_id, attempt)])
     if not affected(session, delete(WorkerTask).where(*fenced)):
         return Effects()
     logger.error("step %r of execution %s: %s; not run again", task.step_name, execution.id, verdict.error)
     effects = advance_execution(session, execution.id, task.step_index, now=now)
+    metric_counts.count_requeue(session)  # last: after every lock this transaction takes
     effects.fenced.append((worker_task_id, attempt))
     return effects
 
@@ -99,4 +101,5 @@ def resend_queued(session: Session, worker_task_id: int, *, now: datetime) -> Ef
         .values(queued_at=now)
     )
     step = StepDispatch(execution.id, worker_task_id, task.attempt, spec)
-    return Effects(dispatch=[GroupDispatch(execution.id, task.step_index, (step,), requeue=True)])
+    group = GroupDispatch(execution.id, task.step_index, (step,), requeue=True, schedule_name=execution.schedule_name)
+    return Effects(dispatch=[group])

@@ -21,6 +21,7 @@ from celeryapp.errors import StepCancelled
 from celeryapp.heartbeat import StepWatch
 from celeryapp.outcome import classify
 from celeryapp.redis_client import get_redis
+from celeryapp.step_events import step_result
 from celeryapp.step_policy import StepRules
 from celeryapp.steps import Claim, claim_step, finish_step
 from models import Activity, ActivityStatus, transaction, utcnow
@@ -65,6 +66,8 @@ def _interrupted(claim: Claim, watch: StepWatch) -> Outcome:
         return _timed_out(claim)
     if watch.fenced:
         return ActivityStatus.CANCELLED, "stopped: recovery gave this attempt up", None
+    if watch.stopped is not None:
+        return ActivityStatus.CANCELLED, watch.stopped, None
     return ActivityStatus.CANCELLED, "cancelled", None
 
 
@@ -79,6 +82,8 @@ def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcom
         try:
             if refusal is not None:
                 return ActivityStatus.FAILED_WITH_ERROR, f"refused on this worker: {refusal}", None
+            if watch.stopped is not None:
+                return ActivityStatus.CANCELLED, watch.stopped, None  # revoked before it started
             result = app.tasks[claim.spec.task](*claim.spec.args, **claim.spec.kwargs)
         finally:
             watch.disarm()
@@ -173,6 +178,7 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         heartbeat_key=keys.heartbeat_key(worker_task_id, attempt),
         cancel_key=keys.cancel_key(claim.execution_id),
         fenced_key=keys.fenced_key(worker_task_id, attempt),
+        stop_key=keys.stop_key(worker_task_id, attempt),
         ttl_s=settings.heartbeat_ttl_s,
         timeout_s=claim.spec.timeout_s,
         done_keys=(keys.pickup_key(worker_task_id, attempt),),
@@ -184,4 +190,4 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         # Landed between the step's return and the watch's stop.
         status, error, message = _interrupted(claim, watch)
     recorded = _record(app, claim, status, error, message)
-    return {"status": status.value if recorded else "fenced"}
+    return step_result(status, error, message) if recorded else {"status": "fenced"}

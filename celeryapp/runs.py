@@ -22,7 +22,7 @@ from sqlalchemy import delete, exists, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from celeryapp import keys
+from celeryapp import keys, metric_counts
 from celeryapp.decisions import (
     AfterExecution,
     NextRun,
@@ -116,6 +116,7 @@ def record_slot(
             recorded_at=now,
         )
     )
+    metric_counts.count_slot(session, schedule.name, outcome)
 
 
 def start_execution(
@@ -194,7 +195,7 @@ def start_execution(
     record_slot(
         session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution.id
     )
-    effects.dispatch.append(GroupDispatch(execution.id, 0, tuple(first)))
+    effects.dispatch.append(GroupDispatch(execution.id, 0, tuple(first), schedule_name=schedule.name))
     logger.info("execution %s of schedule %r started (%s)", execution.id, schedule.name, trigger.value)
     return StartResult(execution.id, effects=effects)
 
@@ -248,6 +249,7 @@ def finish_execution(
     )
     if not done:
         return None
+    metric_counts.observe_execution(session, execution, status, now)
     session.execute(delete(WorkerTask).where(WorkerTask.execution_id == execution.id))
     if status is ExecutionStatus.FAILED:
         logger.warning("execution %s of %r failed: %s", execution.id, execution.schedule_name, error)

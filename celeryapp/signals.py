@@ -53,7 +53,8 @@ def recover_own_steps(sender: Any = None, **_: Any) -> None:
 @task_received.connect
 def take_step_message(sender: Any = None, request: Any = None, **_: Any) -> None:
     """A step message reached this worker: from now on, its loss shows within a heartbeat's TTL."""
-    if request is None or request.name != RUN_STEP:
+    # ``type``, not ``name``: a step's name is its readable shadow name (``<schedule>/<step>``).
+    if request is None or request.type != RUN_STEP:
         return
     try:
         worker_task_id, attempt = request.args

@@ -12,13 +12,14 @@ from models.states import (
     Trigger,
     WorkerTaskStatus,
 )
-from models.tables import Activity, Schedule, ScheduleExecution, ScheduleStep, SlotRecord, WorkerTask
+from models.tables import Activity, MetricCount, Schedule, ScheduleExecution, ScheduleStep, SlotRecord, WorkerTask
 
 __all__ = [
     "Activity",
     "ActivityStatus",
     "Base",
     "ExecutionStatus",
+    "MetricCount",
     "Overlap",
     "Schedule",
     "ScheduleExecution",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -206,3 +206,21 @@ class SlotRecord(Base):
     )
     detail: Mapped[str | None] = mapped_column(Text, default=None)
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class MetricCount(Base):
+    """A monotonic metric value: a counter, or one bucket of a histogram (count and sum of the
+    values that fell in it, not cumulative). Added to in the transaction that records what it
+    counts; housekeeping never deletes these, so exported ``*_total`` counters never go down."""
+
+    __tablename__ = "metric_counts"
+
+    metric: Mapped[str] = mapped_column(String(64), primary_key=True)
+    #: Empty for metrics not kept per schedule.
+    schedule_name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    #: The status or outcome counted; empty for histograms.
+    label: Mapped[str] = mapped_column(String(32), primary_key=True)
+    #: A histogram bucket's upper bound ("0.5", "+Inf"); empty for counters.
+    bucket: Mapped[str] = mapped_column(String(16), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, default=0)
+    total: Mapped[float] = mapped_column(Float, default=0.0)

@@ -29,7 +29,7 @@ def fire_schedule(name: str, nominal_at: str | None = None, trigger: str | None 
     return firing.fire(app, name, nominal_at=when, trigger=kind)
 
 
-@app.task(name="chordbeat.reconcile_beat")
+@app.task(name="chordbeat.reconcile_beat", send_events=False)  # periodic: kept out of Flower
 def reconcile_beat() -> dict[str, list[str]]:
     """Periodic repair of RedBeat entries from the database (both ways)."""
     changes = beat_entries.reconcile(app)
@@ -37,7 +37,7 @@ def reconcile_beat() -> dict[str, list[str]]:
     return {"written": changes.written, "removed": changes.removed, "refired": refired}
 
 
-@app.task(name="chordbeat.recover")
+@app.task(name="chordbeat.recover", send_events=False)  # periodic: kept out of Flower
 def recover() -> dict[str, Any]:
     """Periodic recovery: lost workers, lost messages, stuck executions, timeouts."""
     report = recovery.recover(app)
@@ -50,7 +50,7 @@ def recover() -> dict[str, Any]:
     }
 
 
-@app.task(name="chordbeat.housekeeping")
+@app.task(name="chordbeat.housekeeping", send_events=False)  # periodic: kept out of Flower
 def housekeeping() -> dict[str, int]:
     """Delete finished executions and slot records past the retention."""
     return purge(app)

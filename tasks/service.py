@@ -32,6 +32,11 @@ class ServiceTask(Task):  # type: ignore[misc]
         return RedactedResult(super().__call__(*args, **kwargs))
 
 
+#: Read-only calls (the CLI's polling among them) send no task events: they would drown what
+#: changed anything in Flower's task list.
+READ_ONLY_EVENTS = False
+
+
 @app.task(base=ServiceTask, name="chordbeat.apply_schedule")
 def apply_schedule(definition: dict[str, Any]) -> dict[str, Any]:
     return service.apply_schedule(app, definition)
@@ -42,12 +47,12 @@ def delete_schedule(name: str) -> dict[str, Any]:
     return service.delete_schedule(app, name)
 
 
-@app.task(base=ServiceTask, name="chordbeat.get_schedule")
+@app.task(base=ServiceTask, name="chordbeat.get_schedule", send_events=READ_ONLY_EVENTS)
 def get_schedule(name: str) -> dict[str, Any]:
     return service.get_schedule(app, name)
 
 
-@app.task(base=ServiceTask, name="chordbeat.list_schedules")
+@app.task(base=ServiceTask, name="chordbeat.list_schedules", send_events=READ_ONLY_EVENTS)
 def list_schedules() -> list[dict[str, Any]]:
     return service.list_schedules(app)
 
@@ -72,16 +77,16 @@ def cancel_execution(execution_id: int) -> dict[str, Any]:
     return service.cancel_execution(app, execution_id)
 
 
-@app.task(base=ServiceTask, name="chordbeat.get_execution")
+@app.task(base=ServiceTask, name="chordbeat.get_execution", send_events=READ_ONLY_EVENTS)
 def get_execution(execution_id: int) -> dict[str, Any]:
     return service.get_execution(app, execution_id)
 
 
-@app.task(base=ServiceTask, name="chordbeat.list_executions")
+@app.task(base=ServiceTask, name="chordbeat.list_executions", send_events=READ_ONLY_EVENTS)
 def list_executions(schedule: str | None = None, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     return service.list_executions(app, schedule, status, limit)
 
 
-@app.task(base=ServiceTask, name="chordbeat.list_slots")
+@app.task(base=ServiceTask, name="chordbeat.list_slots", send_events=READ_ONLY_EVENTS)
 def list_slots(name: str, limit: int = 50) -> list[dict[str, Any]]:
     return service.list_slots(app, name, limit)

@@ -8,14 +8,22 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore
 
-from celeryapp import app, keys, runner
+from celeryapp import app, keys, runner, step_events
 from celeryapp.errors import InvalidArgument
 from celeryapp.limits import check_int
 
 logger = logging.getLogger(__name__)
 
 
-@app.task(name="chordbeat.run_step", bind=True, acks_late=True, reject_on_worker_lost=True)
+@app.task(
+    name="chordbeat.run_step",
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    # Flower's view of a step: FAILURE with its error, Terminate as a cancel (step_events.py).
+    Request="celeryapp.step_events:StepRequest",
+    resultrepr_maxsize=step_events.RESULT_REPR_CHARS,
+)
 def run_step(self: Task, worker_task_id: int, attempt: int) -> dict[str, Any]:
     check_int(worker_task_id, "worker_task_id", InvalidArgument)
     check_int(attempt, "attempt", InvalidArgument, high=1000)

@@ -145,7 +145,8 @@ def test_a_worker_killed_while_its_claim_waits_on_the_database_strands_nothing(
             apply_effects(app, effects)
             # The worker's pool runs the step's runner, whose claim now waits on the database.
             wait_for(
-                lambda: any(w.get("name") == "chordbeat.run_step" for w in active_on(app, "w1")),
+                # ("name" is the step's readable shadow name; "type" the task.)
+                lambda: any(w.get("type") == "chordbeat.run_step" for w in active_on(app, "w1")),
                 30,
                 what="the runner to be waiting on its claim",
             )

@@ -1,0 +1,289 @@
+"""What Flower shows about steps, checked through Flower itself (its API and its task page), with a
+real prefork worker sending events, real beat (recovery), and a real revoke(terminate=True)."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from celery import Celery
+from sqlalchemy import select
+
+from celeryapp import keys, step_events
+from celeryapp.app import ChordbeatCelery
+from celeryapp.config import Settings
+from celeryapp.redis_client import get_redis
+from models import ActivityStatus, WorkerTask, transaction
+from tests import processes
+from tests.helpers import call, finished, running, step, wait_for
+from tests.servers import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def worker_task(app: ChordbeatCelery, execution_id: int, step_name: str) -> WorkerTask:
+    with transaction(app.settings.database_url) as session:
+        task = session.scalar(
+            select(WorkerTask).where(WorkerTask.execution_id == execution_id, WorkerTask.step_name == step_name)
+        )
+        assert task is not None
+        return task
+
+
+HOSTILE_STEP = "<img src=x onerror=alert(1)>"
+
+
+class Flower:
+    def __init__(self, settings: Settings, tmp: Path) -> None:
+        self.port = free_port()
+        self.auth = ("ops", secrets.token_urlsafe(16))
+        env = processes.settings_env(
+            settings,
+            FLOWER_BASIC_AUTH=":".join(self.auth),
+            FLOWER_COOKIE_SECRET=secrets.token_urlsafe(32),
+            FLOWER_DB=str(tmp / "flower.db"),
+            FLOWER_PORT=str(self.port),
+        )
+        argv = [processes.CELERY, "-A", "celeryapp", "flower", f"--conf={processes.ROOT}/flower.cfg"]
+        self.process = processes.Process(argv, env, tmp / "flower.log")
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def get(self, path: str, **params: Any) -> requests.Response:
+        return requests.get(self.url + path, params=params, auth=self.auth, timeout=10)
+
+    def tasks(self, **params: Any) -> dict[str, dict[str, Any]]:
+        response = self.get("/api/tasks", **params)
+        response.raise_for_status()
+        tasks: dict[str, dict[str, Any]] = response.json()
+        return tasks
+
+
+@contextlib.contextmanager
+def flower(settings: Settings, tmp: Path) -> Iterator[Flower]:
+    monitor = Flower(settings, tmp)
+    with processes.running(monitor.process):
+
+        def up() -> bool:
+            with contextlib.suppress(requests.RequestException):
+                return requests.get(monitor.url + "/healthcheck", timeout=2).ok
+            return False
+
+        wait_for(up, 60, interval=0.3, what=f"Flower to answer\n{monitor.process.output()}")
+        yield monitor
+
+
+def events_worker(settings: Settings, tmp: Path) -> contextlib.AbstractContextManager[processes.Process]:
+    """A prefork worker sending task events from the start (Flower would switch them on within 5 s)."""
+    argv = [*processes.worker_argv("w1", 2), "-E"]
+    return processes.running(processes.Process(argv, processes.settings_env(settings), tmp / "w1.log"))
+
+
+def flower_sees(monitor: Flower, predicate: Any, what: str, timeout: float = 60) -> dict[str, dict[str, Any]]:
+    def check() -> dict[str, dict[str, Any]] | None:
+        tasks = monitor.tasks()
+        return tasks if predicate(tasks) else None
+
+    found = wait_for(check, timeout, interval=0.5, what=what)
+    assert isinstance(found, dict)
+    return found
+
+
+def by_name(tasks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {t["name"]: {**t, "uuid": uuid} for uuid, t in tasks.items() if t.get("name")}
+
+
+def test_flower_shows_steps_by_name_with_their_real_outcome_and_no_housekeeping(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    definition = {
+        "name": "flower-truth",
+        "every": 3600,
+        "steps": [
+            [
+                step("ok"),
+                step("bad", "chordbeat.examples.fail", continue_on_failure=True),
+                step(HOSTILE_STEP, "chordbeat.examples.warn"),
+            ],
+            step("after"),
+        ],
+    }
+    with flower(settings, tmp_path) as monitor, events_worker(settings, tmp_path), processes.beat(settings, tmp_path):
+        # Flower receives events once a task it can see shows up.
+        flower_sees(
+            monitor,
+            lambda tasks: (
+                call(client, "chordbeat.apply_schedule", definition=definition)
+                and "chordbeat.apply_schedule" in by_name(tasks)
+            ),
+            "Flower to receive the worker's events",
+        )
+        execution_id = call(client, "chordbeat.trigger_schedule", name="flower-truth")["execution_id"]
+        done = finished(client, execution_id, timeout=60)
+        names = [f"flower-truth/{n}" for n in ("ok", "bad", HOSTILE_STEP, "after")]
+        seen = flower_sees(
+            monitor,
+            lambda tasks: all(by_name(tasks).get(n, {}).get("state") in {"SUCCESS", "FAILURE"} for n in names),
+            "the four steps' final states in Flower",
+        )
+        # Recovery ran every second meanwhile, and get_execution was polled: none of it is listed.
+        listed = by_name(seen)
+        task_page = monitor.get(f"/task/{listed[names[2]]['uuid']}").text
+        # Flower's search (its UI's search box) lists one execution's steps, or one step's runs.
+        of_execution = by_name(monitor.tasks(search=f"args:execution={execution_id}"))
+        one_step = by_name(monitor.tasks(search="name:flower-truth/bad"))
+    assert set(of_execution) == set(names)
+    assert set(one_step) == {"flower-truth/bad"}
+    # The group's failure did not stop advancement (continue_on_failure): the body ran.
+    assert done["status"] == "completed", done
+    ok, bad, warned, after = (listed[n] for n in names)
+    assert ok["state"] == "SUCCESS" and ok["result"] == "complete"
+    assert bad["state"] == "FAILURE", bad
+    assert bad["exception"] == "failed_with_error: StepFailed: bad says so"
+    assert warned["state"] == "SUCCESS"
+    assert warned["result"] == f"complete_with_warning: {HOSTILE_STEP} says so"
+    assert after["state"] == "SUCCESS"
+    for task in (ok, bad, warned):
+        assert task["args"] == f"(execution={execution_id}, group=1, attempt=1)"
+        assert task["uuid"].startswith(f"chordbeat-e{execution_id}-")
+    assert after["args"] == f"(execution={execution_id}, group=2, attempt=1)"
+    assert "chordbeat.advance_execution" in listed  # what changes state is still shown
+    for quiet in ("chordbeat.recover", "chordbeat.reconcile_beat", "chordbeat.get_execution"):
+        assert quiet not in listed, quiet
+    # Flower's own page escapes the user-chosen step name.
+    assert "&lt;img src=x onerror=alert(1)&gt;" in task_page
+    assert HOSTILE_STEP not in task_page
+
+
+def test_terminate_from_flower_cancels_the_step_for_good_and_the_run_goes_on(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    definition = {
+        "name": "terminate-me",
+        "every": 3600,
+        "steps": [step("long", kwargs={"seconds": 60}, continue_on_failure=True), step("after")],
+    }
+    with flower(settings, tmp_path) as monitor, events_worker(settings, tmp_path), processes.beat(settings, tmp_path):
+        call(client, "chordbeat.apply_schedule", definition=definition)
+        execution_id = call(client, "chordbeat.trigger_schedule", name="terminate-me")["execution_id"]
+        running(client, execution_id, "long")
+        task_id = keys.runner_task_id(execution_id, worker_task(app, execution_id, "long").id, 1)
+        # What Flower's Terminate button sends (the same broadcast, through Flower's API).
+        response = requests.post(
+            f"{monitor.url}/api/task/revoke/{task_id}", data={"terminate": "true"}, auth=monitor.auth, timeout=10
+        )
+        assert response.ok, response.text
+        done = finished(client, execution_id, timeout=30)
+        shown = flower_sees(
+            monitor, lambda tasks: tasks.get(task_id, {}).get("state") == "REVOKED", "Flower to show the step revoked"
+        )[task_id]
+        # Recovery (every 1 s, heartbeat TTL 3 s) had time to re-queue a lost attempt: it did not.
+        time.sleep(3 * settings.heartbeat_ttl_s)
+        again = call(client, "chordbeat.get_execution", execution_id=execution_id)
+    assert done["status"] == "completed", done
+    long_runs = [a for a in again["activities"] if a["step"] == "long"]
+    assert [(a["attempt"], a["status"], a["error"]) for a in long_runs] == [
+        (1, ActivityStatus.CANCELLED.value, step_events.TERMINATED)
+    ]
+    assert [a["status"] for a in again["activities"] if a["step"] == "after"] == ["complete"]
+    assert shown["name"] == "terminate-me/long" and shown["exception"] == "cancelled: terminated by operator"
+
+
+def test_revoking_a_queued_step_cancels_it_and_the_group_still_advances(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    definition = {
+        "name": "revoke-me",
+        "every": 3600,
+        "steps": [
+            [step("blocker", kwargs={"seconds": 4}), step("target", continue_on_failure=True)],
+            step("after"),
+        ],
+    }
+    # One step process: while the blocker runs, the target's message waits (on the worker or queued).
+    with (
+        processes.step_worker(settings, tmp_path, concurrency=1),
+        processes.control_worker(settings, tmp_path),
+        processes.beat(settings, tmp_path),
+    ):
+        call(client, "chordbeat.apply_schedule", definition=definition)
+        execution_id = call(client, "chordbeat.trigger_schedule", name="revoke-me")["execution_id"]
+        running(client, execution_id, "blocker")
+        task = worker_task(app, execution_id, "target")
+        # What Flower's Revoke button sends.
+        client.control.revoke(keys.runner_task_id(execution_id, task.id, 1))
+        done = finished(client, execution_id, timeout=60)
+    assert done["status"] == "completed", done
+    outcomes = {a["step"]: (a["attempt"], a["status"], a["error"]) for a in done["activities"]}
+    assert outcomes["target"] == (1, ActivityStatus.CANCELLED.value, step_events.REVOKED)
+    assert outcomes["after"][1] == "complete"
+
+
+@pytest.mark.parametrize(
+    ("returned", "event", "fields"),
+    [
+        (
+            "{'status': 'failed_with_error', 'error': 'StepFailed: boom'}",
+            "task-failed",
+            {"exception": "failed_with_error: StepFailed: boom", "traceback": ""},
+        ),
+        (
+            "{'status': 'cancelled', 'error': 'terminated by operator'}",
+            "task-revoked",
+            {"exception": "cancelled: terminated by operator", "terminated": True, "expired": False, "signum": None},
+        ),
+        (
+            "{'status': 'complete_with_warning', 'warning': 'disk 91%'}",
+            "task-succeeded",
+            {"result": "complete_with_warning: disk 91%"},
+        ),
+        ("{'status': 'complete'}", "task-succeeded", {"result": "complete"}),
+        (
+            "{'status': 'skipped'}",
+            "task-succeeded",
+            {"result": "skipped: nothing ran (duplicate, fenced or not claimable message)"},
+        ),
+        # Not the runner's shape (cut short, or another value): passed on as it came.
+        ("{'status': 'failed_with_e", "task-succeeded", {"result": "{'status': 'failed_with_e"}),
+        ("__import__('os')", "task-succeeded", {"result": "__import__('os')"}),
+    ],
+)
+def test_the_event_sent_for_a_runner_tells_its_steps_outcome(returned: str, event: str, fields: dict[str, Any]) -> None:
+    assert step_events.event_for(returned) == (event, fields)
+
+
+def test_step_names_shown_to_monitors_are_bounded() -> None:
+    long = "x" * 300
+    name = step_events.shadow_name(long, "extract")
+    assert name.endswith("…/extract") and len(name) == step_events.NAME_PART_CHARS + len("/extract")
+    assert step_events.args_repr(41, 0, 2) == "(execution=41, group=1, attempt=2)"
+
+
+def test_a_cancel_revoking_queued_steps_is_not_taken_for_an_operators_revoke(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    # Three parallel steps on one step process: two wait (on the worker or in the queue) when the
+    # run is cancelled, and the cancel revokes them.
+    steps = [[step(f"s{i}", kwargs={"seconds": 30}) for i in range(3)]]
+    with processes.step_worker(settings, tmp_path, concurrency=1), processes.control_worker(settings, tmp_path):
+        call(client, "chordbeat.apply_schedule", definition={"name": "cancelled", "every": 3600, "steps": steps})
+        execution_id = call(client, "chordbeat.trigger_schedule", name="cancelled")["execution_id"]
+        running(client, execution_id, "s0")
+        tasks = [worker_task(app, execution_id, f"s{i}") for i in range(3)]
+        assert call(client, "chordbeat.cancel_execution", execution_id=execution_id)["status"] == "cancelled"
+        task_ids = [keys.runner_task_id(execution_id, t.id, 1) for t in tasks]
+
+        # Every runner ends, the revoked ones included: they ran (and skipped), so the chord did not
+        # fail. (Workers that did not hold a message mark it REVOKED at once; its runner's result
+        # replaces that.)
+        wait_for(
+            lambda: [app.AsyncResult(t).state for t in task_ids] == ["SUCCESS"] * 3, 30, what="every runner to end"
+        )
+        final = call(client, "chordbeat.get_execution", execution_id=execution_id)
+    assert not get_redis(app.settings.broker_url).keys(f"{keys.PREFIX}:stop:*")
+    assert {a["error"] for a in final["activities"]} == {"cancelled"}

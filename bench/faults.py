@@ -7,6 +7,7 @@ host), as a supervisor would; the clock runs from the SIGKILL.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from sqlalchemy import Engine, func, select
@@ -29,27 +30,48 @@ def _attempt_started(observer: Engine, execution_id: int, attempt: int) -> float
     return started.timestamp() if started else None
 
 
-def requeue_runs(bench: Bench) -> list[dict[str, float]]:
-    """SIGKILL of the worker running a step → the step running again (default TTL and interval)."""
+def _running_on(observer: Engine, execution_id: int) -> str | None:
+    """The node (``name@host``) running the execution's first attempt, once it runs."""
+    with observer.connect() as conn:
+        return conn.scalar(select(Activity.worker).where(Activity.execution_id == execution_id, Activity.attempt == 1))
+
+
+def runs(bench: Bench) -> list[dict[str, float]]:
+    """Requeue and failover side by side (each on its own Redis database): both mostly wait."""
+    with ThreadPoolExecutor(2) as pool:
+        failover = pool.submit(failover_runs, bench, 1)
+        requeued = requeue_runs(bench)
+        return [{**r, **f} for r, f in zip(requeued, failover.result(), strict=True)]
+
+
+def requeue_runs(bench: Bench, redis_db: int = 0) -> list[dict[str, float]]:
+    """SIGKILL of the worker running a step, another worker alive → the step running again.
+
+    Default heartbeat TTL and recovery interval. The killed worker is replaced (another name)
+    once the step runs again, so each run starts with two workers.
+    """
     url = bench.fresh_database()
-    settings = bench.settings(url)
+    settings = bench.settings(url, redis_db)
     observer = bench.observe(url)
     results = []
-    worker = bench.worker(settings, "victim-0")
-    with running(bench.beat(settings)), bench.client() as client:
+    workers = {name: bench.worker(settings, name) for name in ("a0", "b0")}
+    with running(bench.beat(settings)), bench.client(settings) as client:
         bench.wait_for_worker(client)
         client.apply_schedule({"name": "long", "every": 86400, "overlap": "allow", "steps": [[LONG_STEP]]})
         for n in range(bench.runs):
             execution = client.trigger_schedule("long")["execution_id"]
-            wait_for(lambda e=execution: _attempt_started(observer, e, 1), 60, what="the step to start")
-            worker.kill()
+            node = str(wait_for(lambda e=execution: _running_on(observer, e), 60, what="the step to start"))
+            victim = node.split("@", 1)[0]
+            workers.pop(victim).kill()
             killed = time.time()
-            worker = bench.worker(settings, f"victim-{n + 1}")
             restarted = wait_for(lambda e=execution: _attempt_started(observer, e, 2), 120, what="the re-queued step")
             results.append({"requeue_s": float(restarted) - killed})  # type: ignore[arg-type]
             client.cancel_execution(execution)
-        worker.stop()
-    bench.flush_redis()
+            replacement = f"{victim[0]}{n + 1}"
+            workers[replacement] = bench.worker(settings, replacement)
+        for worker in workers.values():
+            worker.stop()
+    bench.flush_redis(redis_db)
     return results
 
 
@@ -67,13 +89,13 @@ def _started(process: Process) -> bool:
     return "beat: Starting..." in process.output()
 
 
-def failover_runs(bench: Bench) -> list[dict[str, float]]:
+def failover_runs(bench: Bench, redis_db: int = 0) -> list[dict[str, float]]:
     """SIGKILL of the beat holding RedBeat's lock → the next slot fired by the standby."""
     url = bench.fresh_database()
-    settings = bench.settings(url)
+    settings = bench.settings(url, redis_db)
     observer = bench.observe(url)
     results = []
-    with running(bench.worker(settings)), bench.client() as client:
+    with running(bench.worker(settings)), bench.client(settings) as client:
         bench.wait_for_worker(client)
         client.apply_schedule({"name": "tick", "every": 1, "overlap": "allow", "steps": [[NOOP]]})
         holder = bench.beat(settings, "beat-0", level="INFO")
@@ -87,5 +109,5 @@ def failover_runs(bench: Bench) -> list[dict[str, float]]:
             results.append({"failover_s": float(fired) - killed})  # type: ignore[arg-type]
             holder = standby
         holder.stop()
-    bench.flush_redis()
+    bench.flush_redis(redis_db)
     return results

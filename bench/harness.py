@@ -10,6 +10,7 @@ import gc
 import os
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -63,6 +64,7 @@ class Bench:
     quick: bool
     _databases: int = 0
     _engines: dict[str, Engine] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- databases ---------------------------------------------------------------------------
     def admin(self) -> Engine:
@@ -70,15 +72,17 @@ class Bench:
 
     def engine(self, url: str, *, autocommit: bool = False) -> Engine:
         key = f"{url}|{autocommit}"
-        if key not in self._engines:
-            options = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
-            self._engines[key] = create_engine(url, pool_size=2, **options)  # type: ignore[arg-type]
-        return self._engines[key]
+        with self._lock:
+            if key not in self._engines:
+                options = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
+                self._engines[key] = create_engine(url, pool_size=2, **options)  # type: ignore[arg-type]
+            return self._engines[key]
 
     def fresh_database(self) -> str:
         """A new, migrated, empty database (copied from a template); chordbeat's URL to it."""
-        self._databases += 1
-        name = f"bench_{self._databases}"
+        with self._lock:
+            self._databases += 1
+            name = f"bench_{self._databases}"
         with self.admin().connect() as conn:
             conn.execute(text(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}"))
         return self.pg.url(name)
@@ -91,20 +95,24 @@ class Bench:
         return self.engine(self.observer_url(url))
 
     # -- Redis -----------------------------------------------------------------------------
-    def redis_client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis.url, decode_responses=True)
+    def redis_url(self, db: int = 0) -> str:
+        """The benchmark's Redis; scenarios that run side by side use their own database number."""
+        return self.redis.url.rsplit("/", 1)[0] + f"/{db}"
 
-    def flush_redis(self) -> None:
-        self.redis_client().flushall()
+    def redis_client(self, db: int = 0) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url(db), decode_responses=True)
+
+    def flush_redis(self, db: int = 0) -> None:
+        self.redis_client(db).flushdb()
 
     # -- processes -------------------------------------------------------------------------
-    def settings(self, url: str) -> Settings:
+    def settings(self, url: str, redis_db: int = 0) -> Settings:
         health = self.tmp / "health"
         health.mkdir(mode=0o700, exist_ok=True)
         return Settings(
-            broker_url=self.redis.url,
-            result_backend=self.redis.url,
-            redbeat_url=self.redis.url,
+            broker_url=self.redis_url(redis_db),
+            result_backend=self.redis_url(redis_db),
+            redbeat_url=self.redis_url(redis_db),
             database_url=url,
             health_dir=str(health),
         )
@@ -131,8 +139,8 @@ class Bench:
         argv += ["--schedule", str(self.tmp / f"{name}-schedule")]
         return Process(argv, self.env(Settings()), self.tmp / f"{name}.log", append=True)
 
-    def client(self) -> ChordbeatClient:
-        return ChordbeatClient(self.redis.url, timeout_s=120)
+    def client(self, settings: Settings) -> ChordbeatClient:
+        return ChordbeatClient(settings.broker_url, timeout_s=120)
 
     def wait_for_worker(self, client: ChordbeatClient) -> None:
         wait_for(lambda: client.list_schedules() is not None, 120, interval=0.2, what="a chordbeat worker")

@@ -86,7 +86,7 @@ def chordbeat_runs(bench: Bench) -> list[dict[str, Any]]:
     observer = bench.observe(url)
     worker = bench.worker(settings)
     results = []
-    with running(bench.beat(settings), worker), bench.client() as client:
+    with running(bench.beat(settings), worker), bench.client(settings) as client:
         bench.wait_for_worker(client)
         _run_chordbeat(bench, client, observer, "warm-up", ALONE)  # pool processes connect and import
         for n in range(bench.runs):

@@ -1,7 +1,7 @@
 """``make bench``: chordbeat and a raw Celery baseline, side by side, in one run.
 
-    .venv/bin/python -m bench.run                 # everything, 3 runs each (about 12 minutes on 2 cores)
-    .venv/bin/python -m bench.run --quick         # 1 run, 1,000 schedules: a smoke test of the harness
+    .venv/bin/python -m bench.run                 # everything, 3 runs each (about 13 minutes on 2 cores)
+    .venv/bin/python -m bench.run --quick         # 1 run, 1,000 schedules: a 4-minute smoke test
     .venv/bin/python -m bench.run --only pipelines,faults
 
 Starts its own Redis and PostgreSQL; chordbeat runs on PostgreSQL. Writes bench/results/latest.json
@@ -18,6 +18,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -33,10 +34,10 @@ from bench.stats import combine
 FAMILIES: dict[str, Callable[[Bench], list[dict[str, Any]]]] = {
     "pipelines": pipelines.chordbeat_runs,
     "raw_pipelines": pipelines.raw_runs,
-    "staggered": lambda b: beat_scale.staggered(b, b.runs),
-    "raw_staggered": lambda b: beat_scale.raw_staggered(b, b.runs),
+    "staggered": beat_scale.staggered,
+    "raw_staggered": beat_scale.raw_staggered,
     "burst": beat_scale.burst_runs,
-    "faults": lambda b: [{**r, **f} for r, f in zip(faults.requeue_runs(b), faults.failover_runs(b), strict=True)],
+    "faults": faults.runs,
 }
 
 NOTES = [
@@ -45,11 +46,14 @@ NOTES = [
     "Advance: last end of group g → first start of group g+1, from chordbeat's activity rows and from the times "
     "raw no-op tasks push to Redis (one RPUSH each, subtracted from raw's Redis commands).",
     "Fire lateness: execution created - nominal slot for schedules `every: 60` whose first slots are spread over "
-    "a minute (anchors in milliseconds); each run is one 16.7 s window of that one minute (5 s after the first "
-    "slot), so 3 runs share one setup; beat CPU is measured over the same window. Raw RedBeat's entries are due "
-    "in whole seconds (its best case) and publish to a queue nobody consumes.",
-    "All due at once: from the common slot to the last execution created (chordbeat, a fresh database per run), "
-    "or to the last message in the queue (raw RedBeat). Each schedule has one no-op step, run by the same worker.",
+    "a minute (anchors in milliseconds); a slot that started nothing because it was taken after the next slot was "
+    "due (superseded) counts from when it was recorded, and the share of slots that ran is shown. Each run is one "
+    "16.7 s window of that one minute (5 s after the first slot), so the runs share one setup; beat CPU is "
+    "measured over the same window. Raw RedBeat's entries are due in whole seconds (its best case) and publish "
+    "to a queue nobody consumes.",
+    "All due at once: from the common slot until every schedule's slot was processed (its execution created, or "
+    "recorded as superseded), a fresh database per run; raw RedBeat: until the last message is in the queue. "
+    "Each schedule has one no-op step, run by the same worker meanwhile.",
     "Requeue: SIGKILL of the worker running a step (a replacement worker with another name started at once) → "
     "the step's next attempt started, default TTL 15 s and recovery interval 10 s. Failover: SIGKILL of the beat "
     "holding the lock → first execution created by the standby (a schedule `every: 1`).",
@@ -100,38 +104,54 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     families = [f.strip() for f in args.only.split(",") if f.strip()]
     unknown = set(families) - set(FAMILIES)
-    if unknown:
+    if unknown or not families:
         parser.error(f"--only: unknown {sorted(unknown)}; choose from {', '.join(FAMILIES)}")
     runs = 1 if args.quick else max(1, args.runs)
     started = time.monotonic()
     per_run: dict[str, list[Any]] = {}
+    failed: dict[str, str] = {}
     with bench(runs, args.quick) as the_bench:
         raw_app.configure(the_bench.redis.url)
-        versions = _versions(the_bench)
+        meta = {
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "runs": runs,
+            "quick": args.quick,
+            "schedules": beat_scale.schedule_count(the_bench),
+            "families": families,
+            "failed": failed,
+            "cpus": os.cpu_count(),
+            "duration_s": 0,
+            "versions": _versions(the_bench),
+            "notes": NOTES,
+        }
         for family in families:
             began = time.monotonic()
-            _collect(per_run, FAMILIES[family](the_bench))
+            try:
+                _collect(per_run, FAMILIES[family](the_bench))
+            except Exception as exc:
+                # One broken scenario must not throw away the minutes the others took.
+                traceback.print_exc()
+                failed[family] = f"{type(exc).__name__}: {exc}"
             print(f"bench: {family} done in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
-    meta = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "runs": runs,
-        "quick": args.quick,
-        "schedules": beat_scale.schedule_count(the_bench),
-        "families": families,
-        "cpus": os.cpu_count(),
-        "duration_s": round(time.monotonic() - started),
-        "versions": versions,
-        "notes": NOTES,
-    }
-    results = summarise(per_run, meta)
+            meta["duration_s"] = round(time.monotonic() - started)
+            results = summarise(per_run, meta)
+            _write(results)  # after each family: an interrupted run keeps what it measured
+    print(text_table(results))
+    print(f"\n{LATEST_JSON} and {LATEST_MD.name} written; {meta['duration_s']} s in all")
+    if failed:
+        print(f"FAILED: {failed}", file=sys.stderr)
+        return 1
+    if args.readme and args.quick:
+        print("README.md left alone: a quick run's figures are not for quoting")
+    elif args.readme:
+        rewrite_readme(results)
+    return 0
+
+
+def _write(results: dict[str, Any]) -> None:
     LATEST_JSON.parent.mkdir(exist_ok=True)
     LATEST_JSON.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     LATEST_MD.write_text(markdown(results))
-    print(text_table(results))
-    print(f"\n{LATEST_JSON} and {LATEST_MD.name} written; {meta['duration_s']} s in all")
-    if args.readme:
-        rewrite_readme(results)
-    return 0
 
 
 if __name__ == "__main__":

@@ -22,14 +22,13 @@ from redbeat.schedulers import RedBeatSchedulerEntry
 from sqlalchemy import Engine, func, select, text
 
 from bench import raw_app
-from bench.harness import Bench, cpu_seconds
+from bench.harness import Bench, cpu_seconds, poll
 from bench.stats import percentiles
 from celeryapp import app
 from celeryapp.beat_entries import sync_schedules
 from celeryapp.definition import parse_definitions
 from celeryapp.schedule_file import apply_definitions
 from models import Schedule, ScheduleExecution, SlotRecord, transaction
-from tests.servers import wait_for
 
 NOOP = {"name": "noop", "task": "chordbeat.examples.sleep", "kwargs": {"seconds": 0}}
 #: Staggered schedules' first slots spread over one period.
@@ -96,9 +95,9 @@ def _create_raw_entries(count: int, due_s: list[float]) -> None:
         raise RuntimeError("raw entries took too long to write: raise RAW_SETUP_S")
 
 
-def _beat_ready(bench: Bench, first: datetime) -> float:
-    """Wait for beat's first tick; when it came."""
-    ready = float(wait_for(lambda: bench.beat_ticked_since(0) and time.time(), 300, what="beat's first tick"))  # type: ignore[arg-type]
+def _beat_ready(bench: Bench, first: datetime, started: float) -> float:
+    """Wait for the first tick of a beat started at ``started``; when it came."""
+    ready = poll(lambda: time.time() if bench.beat_ticked_since(started) else None, 300, "beat's first tick")
     lead = first.timestamp() - ready
     print(f"bench: beat ready {lead:.0f} s before the first slot", file=sys.stderr, flush=True)
     return ready
@@ -168,9 +167,10 @@ def staggered(bench: Bench) -> list[dict[str, Any]]:
     entry_bytes = (_used_memory(bench) - empty) / count
     start = first.timestamp() + WARMUP_S
     worker = bench.worker(settings)
+    started = time.time()
     beat = bench.beat(settings)
     try:
-        beat_ready = _beat_ready(bench, first)
+        beat_ready = _beat_ready(bench, first, started)
         shares = _cpu_windows(beat.pid, start, window_s, windows)
         results = []
         for n in range(windows):
@@ -221,10 +221,11 @@ def burst(bench: Bench) -> dict[str, Any]:
     settings = bench.settings(url)
     first = _create_schedules(bench, url, count, [0.0] * count)
     worker = bench.worker(settings)
+    started = time.time()
     beat = bench.beat(settings)
     observer = bench.observe(url)
     try:
-        late_start = _beat_ready(bench, first) > first.timestamp()
+        late_start = _beat_ready(bench, first, started) > first.timestamp()
         late, fired = _slots(observer, first, first + timedelta(seconds=1), count, time.time() + BURST_LIMIT_S)
     finally:
         beat.kill()
@@ -244,11 +245,11 @@ def raw_burst(bench: Bench) -> dict[str, Any]:
     beat = bench.raw_beat()
     queue = bench.redis_client()
     try:
-        done = wait_for(lambda: queue.llen(raw_app.QUEUE) >= count and time.time(), 600, interval=0.05, what="raw beat")
+        done = poll(lambda: time.time() if queue.llen(raw_app.QUEUE) >= count else None, 600, "raw beat", 0.05)
     finally:
         beat.kill()
     bench.flush_redis()
-    return {"raw_burst_fire_s": float(done) - first}  # type: ignore[arg-type]
+    return {"raw_burst_fire_s": done - first}
 
 
 def burst_runs(bench: Bench) -> list[dict[str, Any]]:

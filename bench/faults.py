@@ -9,13 +9,14 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from functools import partial
 
 from sqlalchemy import Engine, func, select
 
-from bench.harness import Bench, running
+from bench.harness import Bench, poll, running
+from celeryapp.recovery import HEARTBEAT_GRACE_KEY, RECOVERY_SEEN_KEY
 from models import Activity, ScheduleExecution
 from tests.processes import Process
-from tests.servers import wait_for
 
 #: Long enough to be killed mid-step and still be running when re-queued.
 LONG_STEP = {"name": "long", "task": "chordbeat.examples.sleep", "kwargs": {"seconds": 120}}
@@ -58,14 +59,21 @@ def requeue_runs(bench: Bench, redis_db: int = 0) -> list[dict[str, float]]:
     with running(bench.beat(settings)), bench.client(settings) as client:
         bench.wait_for_worker(client)
         client.apply_schedule({"name": "long", "every": 86400, "overlap": "allow", "steps": [[LONG_STEP]]})
+        # Steady state first: recovery's first pass distrusts missing heartbeats for one TTL.
+        redis = bench.redis_client(redis_db)
+        poll(
+            lambda: (redis.exists(RECOVERY_SEEN_KEY) and not redis.exists(HEARTBEAT_GRACE_KEY)) or None,
+            120,
+            "recovery to trust heartbeats",
+        )
         for n in range(bench.runs):
             execution = client.trigger_schedule("long")["execution_id"]
-            node = str(wait_for(lambda e=execution: _running_on(observer, e), 60, what="the step to start"))
+            node = poll(partial(_running_on, observer, execution), 60, "the step to start")
             victim = node.split("@", 1)[0]
             workers.pop(victim).kill()
             killed = time.time()
-            restarted = wait_for(lambda e=execution: _attempt_started(observer, e, 2), 120, what="the re-queued step")
-            results.append({"requeue_s": float(restarted) - killed})  # type: ignore[arg-type]
+            restarted = poll(partial(_attempt_started, observer, execution, 2), 120, "the re-queued step")
+            results.append({"requeue_s": restarted - killed})
             client.cancel_execution(execution)
             replacement = f"{victim[0]}{n + 1}"
             workers[replacement] = bench.worker(settings, replacement)
@@ -99,14 +107,14 @@ def failover_runs(bench: Bench, redis_db: int = 0) -> list[dict[str, float]]:
         bench.wait_for_worker(client)
         client.apply_schedule({"name": "tick", "every": 1, "overlap": "allow", "steps": [[NOOP]]})
         holder = bench.beat(settings, "beat-0", level="INFO")
-        wait_for(lambda: _fired_after(observer, time.time() - 2), 120, what="the first beat to fire")
+        poll(lambda: _fired_after(observer, time.time() - 2), 120, "the first beat to fire")
         for n in range(bench.runs):
             standby = bench.beat(settings, f"beat-{n + 1}", level="INFO")
-            wait_for(lambda s=standby: _started(s), 60, what="the standby beat to start")
+            poll(partial(_started, standby), 60, "the standby beat to start")
             holder.kill()
             killed = time.time()
-            fired = wait_for(lambda k=killed: _fired_after(observer, k), 120, what="the standby to fire")
-            results.append({"failover_s": float(fired) - killed})  # type: ignore[arg-type]
+            fired = poll(partial(_fired_after, observer, killed), 120, "the standby to fire")
+            results.append({"failover_s": fired - killed})
             holder = standby
         holder.stop()
     bench.flush_redis(redis_db)

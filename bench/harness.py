@@ -11,13 +11,13 @@ import os
 import subprocess
 import tempfile
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar, cast
 
-import redis
+from redis import Redis
 from sqlalchemy import Engine, create_engine, text
 
 from celeryapp.client import ChordbeatClient
@@ -27,6 +27,7 @@ from models.session import dispose_all
 from tests.processes import CELERY, ROOT, Process, settings_env, worker_argv
 from tests.servers import PostgresServer, RedisServer, wait_for
 
+T = TypeVar("T")
 #: The benchmark's own role for reading results (not counted as chordbeat's statements).
 OBSERVER = "bench_observer"
 TEMPLATE = "bench_template"
@@ -99,8 +100,8 @@ class Bench:
         """The benchmark's Redis; scenarios that run side by side use their own database number."""
         return self.redis.url.rsplit("/", 1)[0] + f"/{db}"
 
-    def redis_client(self, db: int = 0) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url(db), decode_responses=True)
+    def redis_client(self, db: int = 0) -> Redis:
+        return Redis.from_url(self.redis_url(db), decode_responses=True)
 
     def flush_redis(self, db: int = 0) -> None:
         self.redis_client(db).flushdb()
@@ -205,5 +206,6 @@ def running(*processes: Process) -> Iterator[None]:
             process.stop()
 
 
-def elapsed_since(start: float) -> float:
-    return time.time() - start
+def poll(predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1) -> T:
+    """``wait_for`` a value: the first one ``predicate`` returns that is not None (or falsy)."""
+    return cast(T, wait_for(predicate, timeout, interval=interval, what=what))

@@ -77,7 +77,7 @@ def _run_chordbeat(
         ).all()
     if unfinished:
         raise RuntimeError(f"{name}: executions {list(unfinished)} did not complete")
-    return [(e, g, start.timestamp(), end.timestamp()) for e, g, start, end in rows]
+    return [(e, g, start.timestamp(), end.timestamp()) for e, g, start, end in rows if end is not None]
 
 
 def chordbeat_runs(bench: Bench) -> list[dict[str, Any]]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench import report
 from bench.run import summarise
 
-SAMPLE_RUNS = {
+SAMPLE_RUNS: dict[str, list[Any]] = {
     "advance_ms": [{"p50": 5.0, "p95": 9.0}, {"p50": 6.0, "p95": 8.0}, {"p50": 4.0, "p95": 30.0}],
     "raw_advance_ms": [{"p50": 8.0, "p95": 10.0}] * 3,
     "steps_per_s": [240.0, 250.0, 260.0],

@@ -159,10 +159,12 @@ def table_rows(results: Results, *, spread: bool = True) -> list[tuple[str, str,
 
 def _caption(results: Results) -> str:
     meta = results.get("meta", {})
-    runs = meta.get("runs", "?")
+    runs, schedules = meta.get("runs", "?"), meta.get("schedules", "?")
     return (
-        f"chordbeat on PostgreSQL vs raw Celery, same Redis, prefork -c 2; {meta.get('schedules', '?')} schedules; "
-        f"median of {runs} runs [min-max]; {meta.get('date', '')}"
+        f"chordbeat on PostgreSQL vs raw Celery, same Redis, prefork -c 2, {meta.get('cpus', '?')} CPUs; "
+        f"{schedules:,} schedules; median of {runs} runs [min-max]; {meta.get('date', '')}"
+        if isinstance(schedules, int)
+        else f"chordbeat on PostgreSQL vs raw Celery; median of {runs} runs [min-max]"
     )
 
 

@@ -49,8 +49,9 @@ NOTES = [
     "a minute (anchors in milliseconds); a slot that started nothing because it was taken after the next slot was "
     "due (superseded) counts from when it was recorded, and the share of slots that ran is shown. Each run is one "
     "16.7 s window of that one minute (5 s after the first slot), so the runs share one setup; beat CPU is "
-    "measured over the same window. Raw RedBeat's entries are due in whole seconds (its best case) and publish "
-    "to a queue nobody consumes.",
+    "measured over the same window. Raw RedBeat's entries are due in whole seconds (its best case), scored as "
+    "after their first run (RedBeat 2.4 scores a fresh entry up to an interval early, and its beat would reload "
+    "it every tick until due), and publish to a queue nobody consumes.",
     "All due at once: from the common slot until every schedule's slot was processed (its execution created, or "
     "recorded as superseded), a fresh database per run; raw RedBeat: until the last message is in the queue. "
     "Each schedule has one no-op step, run by the same worker meanwhile.",

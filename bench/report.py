@@ -2,6 +2,7 @@
 
 python -m bench.report            # print the table of bench/results/latest.json
 python -m bench.report --readme   # rewrite README.md between <!-- bench:start --> and <!-- bench:end -->
+python -m bench.report --markdown # rewrite bench/results/latest.md from it
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ ROWS = (
     Row("fire lateness p99, staggered", "fire_lateness_ms", "p99", "ms"),
     Row("staggered slots that ran", "staggered_fired_pct", None, "%"),
     Row("beat CPU, staggered", "beat_cpu_pct", None, "%"),
-    Row("all due at once → all processed", "burst_fire_s", None, "s"),
+    Row("all due at once, processed", "burst_fire_s", None, "s"),
     Row("slots due at once that ran", "burst_fired_pct", None, "%"),
     Row("requeue after worker SIGKILL", "requeue_s", None, "s"),
     Row("failover after beat SIGKILL", "failover_s", None, "s"),
@@ -126,6 +127,8 @@ def _number(value: float) -> float:
 
 
 def _fmt(value: float) -> str:
+    if abs(value) >= 10_000:
+        return f"{value / 1000:.1f}k"
     if abs(value) >= 1000:
         return f"{value:,.0f}"
     if abs(value) >= 100:
@@ -206,7 +209,7 @@ def readme_section(results: Results) -> str:
     out += [f"| {a} | {b} | {c} |" for a, b, c in table_rows(results, spread=False)]
     if met:
         reached = sum(t["met"] for t in met.values())
-        missed = ", ".join(f for f, t in met.items() if not t["met"]) or "none"
+        missed = "; ".join(f for f, t in met.items() if not t["met"]) or "none"
         out += ["", f"Targets of issue 10 met: {reached} of {len(met)} (not met: {missed})."]
     return "\n".join(out)
 
@@ -223,12 +226,15 @@ def rewrite_readme(results: Results, readme: Path = README) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--readme", action="store_true", help="rewrite README.md's performance table")
+    parser.add_argument("--markdown", action="store_true", help=f"rewrite {LATEST_MD.name} too")
     parser.add_argument("--json", type=Path, default=LATEST_JSON, help="results file (default: %(default)s)")
     args = parser.parse_args(argv)
     results = json.loads(args.json.read_text())
+    if args.markdown:
+        LATEST_MD.write_text(markdown(results))
     if args.readme:
         rewrite_readme(results)
-    else:
+    if not (args.readme or args.markdown):
         print(text_table(results))
     return 0
 

@@ -55,8 +55,9 @@ NOTES = [
     "All due at once: from the common slot until every schedule's slot was processed (its execution created, or "
     "recorded as superseded), a fresh database per run; raw RedBeat: until the last message is in the queue. "
     "Each schedule has one no-op step, run by the same worker meanwhile.",
-    "Requeue: SIGKILL of the worker running a step (a replacement worker with another name started at once) → "
-    "the step's next attempt started, default TTL 15 s and recovery interval 10 s. Failover: SIGKILL of the beat "
+    "Requeue: two workers; SIGKILL of the one running a step → the step's next attempt started, default TTL 15 s "
+    "and recovery interval 10 s (once recovery trusts heartbeats: its first pass after a start waits one TTL); "
+    "the killed worker is replaced under another name afterwards. Failover: SIGKILL of the beat "
     "holding the lock → first execution created by the standby (a schedule `every: 1`).",
     "Statements and transactions per step: pg_stat_statements for chordbeat's role during the loaded run "
     "(triggering, advancement, recovery and beat included), divided by the steps run; the benchmark reads as "

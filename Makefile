@@ -31,7 +31,7 @@ typecheck: $(STAMP)
 test: $(STAMP) system-deps lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# Own Redis and PostgreSQL; about 12 minutes on 2 cores. BENCH_ARGS=--quick for a 2-minute smoke test.
+# Own Redis and PostgreSQL; 12-15 minutes on 2 cores. BENCH_ARGS=--quick: a smoke test (quick.json).
 bench: $(STAMP) system-deps
 	$(BIN)/python -m bench.run --readme $(BENCH_ARGS)
 

@@ -1,6 +1,6 @@
 """Thousands of schedules: fire lateness and beat CPU when staggered, time to fire when due at once.
 
-chordbeat's schedules are created as a schedule file would create them (one transaction), then
+chordbeat's schedules are stored as the API stores them, all in one transaction, then
 their interval anchors are set so that each one's first slot falls where the scenario wants it,
 and their RedBeat entries written (``sync_schedules``) before beat starts. Each schedule has one
 no-op step; a prefork worker (-c 2) runs fires and steps while beat is measured.
@@ -11,7 +11,6 @@ no-op task nobody consumes: what is measured is beat publishing them.
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -27,8 +26,8 @@ from bench.stats import percentiles
 from celeryapp import app
 from celeryapp.beat_entries import sync_schedules
 from celeryapp.definition import parse_definitions
-from celeryapp.schedule_file import apply_definitions
-from models import Schedule, ScheduleExecution, SlotRecord, transaction
+from celeryapp.store import upsert_schedule
+from models import Schedule, ScheduleExecution, ScheduleSource, SlotRecord, transaction, utcnow
 
 NOOP = {"name": "noop", "task": "chordbeat.examples.sleep", "kwargs": {"seconds": 0}}
 #: Staggered schedules' first slots spread over one period.
@@ -50,10 +49,6 @@ SETUP_PER_SCHEDULE_S = 0.0015
 RAW_SETUP_S = 20.0
 
 
-#: Creating thousands of schedules logs every name.
-logging.getLogger("celeryapp.schedule_file").setLevel(logging.ERROR)
-
-
 def schedule_count(bench: Bench) -> int:
     return 1000 if bench.quick else 10_000
 
@@ -65,7 +60,9 @@ def _create_schedules(bench: Bench, url: str, count: int, offsets_ms: list[float
         [{"name": f"s{i:05d}", "every": PERIOD_S, "overlap": "allow", "steps": [[NOOP]]} for i in range(count)]
     )
     with transaction(url) as session:
-        apply_definitions(session, definitions)
+        now = utcnow()
+        for definition in definitions:
+            upsert_schedule(session, definition, source=ScheduleSource.API, now=now)
     seconds = SETUP_MARGIN_S + SETUP_PER_SCHEDULE_S * count
     first = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=round(seconds))
     with bench.engine(url).begin() as conn:

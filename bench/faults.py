@@ -13,7 +13,7 @@ from functools import partial
 
 from sqlalchemy import Engine, func, select
 
-from bench.harness import Bench, poll, running
+from bench.harness import Bench, poll, running, trigger
 from celeryapp.recovery import HEARTBEAT_GRACE_KEY, RECOVERY_SEEN_KEY
 from models import Activity, ScheduleExecution
 from tests.processes import Process
@@ -67,7 +67,7 @@ def requeue_runs(bench: Bench, redis_db: int = 0) -> list[dict[str, float]]:
             "recovery to trust heartbeats",
         )
         for n in range(bench.runs):
-            execution = client.trigger_schedule("long")["execution_id"]
+            execution = trigger(client, "long")
             node = poll(partial(_running_on, observer, execution), 60, "the step to start")
             victim = node.split("@", 1)[0]
             workers.pop(victim).kill()

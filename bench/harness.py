@@ -206,6 +206,15 @@ def running(*processes: Process) -> Iterator[None]:
             process.stop()
 
 
+def trigger(client: ChordbeatClient, name: str) -> int:
+    """Start a run of ``name`` now; its execution id."""
+    answer = client.trigger_schedule(name)
+    execution_id = answer["execution_id"]
+    if not isinstance(execution_id, int):
+        raise RuntimeError(f"{name}: no run started ({answer})")
+    return execution_id
+
+
 def poll(predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1) -> T:
     """``wait_for`` a value: the first one ``predicate`` returns that is not None (or falsy)."""
     return cast(T, wait_for(predicate, timeout, interval=interval, what=what))

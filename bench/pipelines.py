@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Engine, select, text
 
 from bench import raw_app
-from bench.harness import Bench, rss_mib, running
+from bench.harness import Bench, rss_mib, running, trigger
 from bench.stats import gaps_ms, group_bounds, percentiles, throughput
 from celeryapp.client import ChordbeatClient
 from models import Activity, ExecutionStatus, ScheduleExecution
@@ -56,7 +56,7 @@ def _run_chordbeat(
     pipelines, groups, width = shape
     steps = [[{"name": f"g{g}s{s}", **NOOP} for s in range(width)] for g in range(groups)]
     client.apply_schedule({"name": name, "every": 86400, "overlap": "allow", "steps": steps})
-    ids = [client.trigger_schedule(name)["execution_id"] for _ in range(pipelines)]
+    ids = [trigger(client, name) for _ in range(pipelines)]
 
     def finished() -> bool:
         with observer.connect() as conn:

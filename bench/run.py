@@ -1,8 +1,8 @@
 """``make bench``: chordbeat and a raw Celery baseline, side by side, in one run.
 
-    .venv/bin/python -m bench.run                 # everything, 3 runs each (about 13 minutes on 2 cores)
-    .venv/bin/python -m bench.run --quick         # 1 run, 1,000 schedules: a 4-minute smoke test
-    .venv/bin/python -m bench.run --only pipelines,faults
+    .venv/bin/python -m bench.run                 # everything, 3 runs each (12-15 minutes on 2 cores)
+    .venv/bin/python -m bench.run --quick         # 1 run, 1,000 schedules: a smoke test (quick.json)
+    .venv/bin/python -m bench.run --only pipelines,faults   # some scenarios (partial.json)
 
 Starts its own Redis and PostgreSQL; chordbeat runs on PostgreSQL. Writes bench/results/latest.json
 (medians; ``spread`` holds [min, max], ``runs`` every run's value, ``targets`` issue 10's targets)
@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
@@ -44,7 +45,9 @@ NOTES = [
     "chordbeat: one prefork worker (-c 2) on all queues and one beat, PostgreSQL (fsync off) and Redis on loopback; "
     "raw Celery: a prefork worker (-c 2) with Celery's defaults and JSON, the same Redis, no database.",
     "Advance: last end of group g → first start of group g+1, from chordbeat's activity rows and from the times "
-    "raw no-op tasks push to Redis (one RPUSH each, subtracted from raw's Redis commands).",
+    "raw no-op tasks push to Redis (one RPUSH each, subtracted from raw's Redis commands). Under load, chordbeat's "
+    "100 executions are triggered one after another through the client (service calls the same worker serves), "
+    "raw Celery's 100 chords from one task inside its worker; steps/s is steps / (last end - first start).",
     "Fire lateness: execution created - nominal slot for schedules `every: 60` whose first slots are spread over "
     "a minute (anchors in milliseconds); a slot that started nothing because it was taken after the next slot was "
     "due (superseded) counts from when it was recorded, and the share of slots that ran is shown. Each run is one "
@@ -137,23 +140,32 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench: {family} done in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
             meta["duration_s"] = round(time.monotonic() - started)
             results = summarise(per_run, meta)
-            _write(results)  # after each family: an interrupted run keeps what it measured
+            _write(results, args.quick, families)  # after each family: an interrupted run keeps what it measured
     print(text_table(results))
-    print(f"\n{LATEST_JSON} and {LATEST_MD.name} written; {meta['duration_s']} s in all")
+    written, _ = _outputs(args.quick, families)
+    print(f"\n{written} (and .md) written; {meta['duration_s']} s in all")
     if failed:
         print(f"FAILED: {failed}", file=sys.stderr)
         return 1
-    if args.readme and args.quick:
-        print("README.md left alone: a quick run's figures are not for quoting")
+    if args.readme and written != LATEST_JSON:
+        print("README.md left alone: a quick or partial run's figures are not for quoting")
     elif args.readme:
         rewrite_readme(results)
     return 0
 
 
-def _write(results: dict[str, Any]) -> None:
-    LATEST_JSON.parent.mkdir(exist_ok=True)
-    LATEST_JSON.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
-    LATEST_MD.write_text(markdown(results))
+def _outputs(quick: bool, families: list[str]) -> tuple[Path, Path]:
+    """Only a full run (every scenario, every run) makes latest.json: a quick or partial run's figures
+    are not for quoting and never replace it."""
+    name = "quick" if quick else "latest" if set(families) == set(FAMILIES) else "partial"
+    return LATEST_JSON.with_name(f"{name}.json"), LATEST_MD.with_name(f"{name}.md")
+
+
+def _write(results: dict[str, Any], quick: bool, families: list[str]) -> None:
+    json_path, md_path = _outputs(quick, families)
+    json_path.parent.mkdir(exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    md_path.write_text(markdown(results))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 import traceback
@@ -145,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     written, _ = _outputs(args.quick, families)
     print(f"\n{written} (and .md) written; {meta['duration_s']} s in all")
     if failed:
-        print(f"FAILED: {failed}", file=sys.stderr)
+        print(f"FAILED: {failed}; the processes' logs are in {the_bench.tmp}", file=sys.stderr)
         return 1
+    shutil.rmtree(the_bench.tmp, ignore_errors=True)
     if args.readme and written != LATEST_JSON:
         print("README.md left alone: a quick or partial run's figures are not for quoting")
     elif args.readme:

@@ -201,7 +201,7 @@ def check_redis_epoch(app: ChordbeatCelery, report: RecoveryReport) -> None:
         from celeryapp.beat_entries import reconcile
 
         report.redis_reset = True
-        reconcile(app)
+        reconcile(app, full=True)
 
 
 def heartbeats_trusted(app: ChordbeatCelery) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import CursorResult, bindparam, delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -86,6 +86,8 @@ class Effects:
     resync: list[str] = field(default_factory=list)
     #: Attempts given up by recovery (worker task id, attempt): if still running anywhere, they stop.
     fenced: list[tuple[int, int]] = field(default_factory=list)
+    #: Slots skipped because the schedule's previous run is still active (counted for overload).
+    skipped_overlap: int = 0
 
     def merge(self, other: Effects) -> Effects:
         self.dispatch += other.dispatch
@@ -93,6 +95,7 @@ class Effects:
         self.revoke += other.revoke
         self.resync += other.resync
         self.fenced += other.fenced
+        self.skipped_overlap += other.skipped_overlap
         return self
 
 
@@ -136,9 +139,16 @@ def _active_execution_ids(session: Session, schedule_id: int) -> list[int]:
     )
 
 
+class SlotOwner(NamedTuple):
+    """The schedule a slot record belongs to (what a fire reads without loading the schedule)."""
+
+    id: int
+    name: str
+
+
 def record_slot(
     session: Session,
-    schedule: Schedule,
+    schedule: Schedule | SlotOwner,
     outcome: SlotOutcome,
     *,
     trigger: Trigger,
@@ -285,8 +295,8 @@ def _overlapped(
         now=now,
         detail=f"{running} is in progress",
     )
-    logger.warning("schedule %r: %s is still in progress, run skipped", schedule.name, running)
-    return StartResult(None, skipped=f"overlap: {running} is in progress")
+    logger.info("schedule %r: %s is still in progress, run skipped", schedule.name, running)
+    return StartResult(None, skipped=f"overlap: {running} is in progress", effects=Effects(skipped_overlap=1))
 
 
 # --- steps ------------------------------------------------------------------------------------
@@ -559,7 +569,7 @@ def _after_execution(
     )
     # Retry time, done or dead: the beat entry follows (syncing an unchanged entry writes nothing).
     effects = Effects(resync=[schedule.name])
-    if not _apply_after(session, schedule, state, after):
+    if not _apply_after(session, schedule, state, after, now=now):
         logger.warning("schedule %r changed while execution %s ended; left as it is", schedule.name, execution.id)
         return effects
     _log_after(schedule.name, state, after, run_count=row.run_count, is_pending_retry=is_pending_retry, ended=status)
@@ -589,7 +599,9 @@ def _pending_retry_started(session: Session, state: ScheduleState, key: str | No
     return session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == key)) is not None
 
 
-def _apply_after(session: Session, schedule: Schedule, state: ScheduleState, after: AfterExecution) -> bool:
+def _apply_after(
+    session: Session, schedule: Schedule, state: ScheduleState, after: AfterExecution, *, now: datetime
+) -> bool:
     """Write the decided retry state and status, guarded on what the decision read."""
     changes: dict[str, Any] = {}
     if (after.current_retry, after.retry_at) != (state.current_retry, state.retry_at):
@@ -598,6 +610,7 @@ def _apply_after(session: Session, schedule: Schedule, state: ScheduleState, aft
         changes.update(status=after.status, retry_at=None, next_run_at=None, buffered=False)
     if not changes:
         return True
+    changes["changed_at"] = now  # the beat entry follows: the incremental reconcile must see it
     return bool(
         affected(
             session,

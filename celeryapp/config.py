@@ -22,6 +22,8 @@ DEFAULT_HEARTBEAT_TTL_S = 15.0
 DEFAULT_RECOVERY_INTERVAL_S = 10.0
 #: Days finished executions and their activities are kept.
 DEFAULT_RETENTION_DAYS = 90.0
+#: Seconds a stored task result (a service call's answer) is kept in Redis for its caller.
+DEFAULT_RESULT_EXPIRES_S = 3600.0
 #: Every step kind. Executable and SQL steps run programs and SQL on the workers for whoever can
 #: publish to the broker, so they are off unless the operator turns them on.
 STEP_KINDS = frozenset({"task", "executable", "sql"})
@@ -47,6 +49,7 @@ OWN_VARIABLES = frozenset(
         "CHORDBEAT_STEP_TASKS",
         "CHORDBEAT_EXECUTABLE_ALLOW",
         "CHORDBEAT_SQL_ENV_PREFIX",
+        "CHORDBEAT_RESULT_EXPIRES",
     }
 )
 _VARIABLE_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -140,6 +143,8 @@ class Settings:
     sql_env_prefix: str = DEFAULT_SQL_ENV_PREFIX
     #: The URLs sql steps may use, by variable name (those starting with ``sql_env_prefix``).
     sql_urls: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Seconds Redis keeps a stored task result; only service calls store one.
+    result_expires_s: float = DEFAULT_RESULT_EXPIRES_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -170,4 +175,5 @@ class Settings:
                 for name, url in env.items()
                 if name.startswith(sql_prefix) and name != sql_prefix and name not in OWN_VARIABLES and url
             },
+            result_expires_s=_env_float(env, "CHORDBEAT_RESULT_EXPIRES", DEFAULT_RESULT_EXPIRES_S, minimum=60),
         )

@@ -289,7 +289,8 @@ def _sync_chunk(app: Celery, names: Sequence[str], now: datetime, changes: Entry
                 changes.written.append(name)
             elif entry is None and (stored is not None or score is not None):
                 changes.removed.append(name)
-        pipe.execute()
+        if len(pipe):
+            pipe.execute()
 
 
 def _queue_write(

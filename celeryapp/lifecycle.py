@@ -224,21 +224,24 @@ def start_execution(
         overlapped = _overlapped(session, schedule, None, trigger=trigger, nominal_at=nominal_at, now=now)
         return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
 
-    first: list[StepDispatch] = []
-    for index, group in enumerate(definition.groups):
-        for step in group:
-            task = WorkerTask(
-                execution_id=execution.id,
-                step_index=index,
-                step_name=step.name,
-                status=WorkerTaskStatus.QUEUED if index == 0 else WorkerTaskStatus.WAITING,
-                attempt=1,
-                queued_at=now if index == 0 else None,
-            )
-            session.add(task)
-            session.flush()
-            if index == 0:
-                first.append(StepDispatch(execution.id, task.id, 1, step))
+    # Every worker task in one statement (ids come back in the rows' order).
+    rows = [
+        {
+            "execution_id": execution.id,
+            "step_index": index,
+            "step_name": step.name,
+            "status": WorkerTaskStatus.QUEUED if index == 0 else WorkerTaskStatus.WAITING,
+            "attempt": 1,
+            "queued_at": now if index == 0 else None,
+        }
+        for index, group in enumerate(definition.groups)
+        for step in group
+    ]
+    task_ids = session.scalars(insert(WorkerTask).returning(WorkerTask.id, sort_by_parameter_order=True), rows).all()
+    group_zero = definition.groups[0]
+    first = [
+        StepDispatch(execution.id, i, 1, step) for i, step in zip(task_ids[: len(group_zero)], group_zero, strict=True)
+    ]
     session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
     record_slot(
         session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution.id
@@ -575,11 +578,13 @@ def _after_execution(
         buffered=row.buffered,
         now=now,
     )
-    # Retry time, done or dead: the beat entry follows (syncing an unchanged entry writes nothing).
-    effects = Effects(resync=[schedule.name])
+    # Retry time, done or dead: the beat entry follows. A run that changed none of them (most runs)
+    # leaves the entry alone: no read of it per run. A lost race is synced anyway.
+    changed = (after.status, after.current_retry, after.retry_at) != (state.status, state.current_retry, state.retry_at)
+    effects = Effects(resync=[schedule.name] if changed else [])
     if not _apply_after(session, schedule, state, after, now=now):
         logger.warning("schedule %r changed while execution %s ended; left as it is", schedule.name, execution.id)
-        return effects
+        return Effects(resync=[schedule.name])
     _log_after(schedule.name, state, after, run_count=row.run_count, is_pending_retry=is_pending_retry, ended=status)
     if after.start is NextRun.RETRY and state.retry_at is not None and pending_key is not None:
         started = start_execution(

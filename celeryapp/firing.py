@@ -136,7 +136,8 @@ def _fire(
                 # An entry left behind by a pause, done or dead whose sync failed goes now.
                 effects.resync.append(name)
             return {"execution_id": None, "skipped": decision.reason}
-        if trigger is not Trigger.RETRY and row.overlap is Overlap.SKIP:
+        checked = trigger is not Trigger.RETRY and row.overlap is Overlap.SKIP
+        if checked:
             # The row lock is held: no run of this schedule starts or ends until commit.
             active = session.scalar(_ACTIVE_RUN, {"p_schedule_id": row.id})
             if active is not None:
@@ -168,6 +169,7 @@ def _fire(
             now=now,
             nominal_at=nominal_at,
             run_key=run_key(name, trigger, nominal_at, schedule.current_retry),
+            locked_without_active=checked,
         )
         effects.merge(result.effects)
     if result.skipped:

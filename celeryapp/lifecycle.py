@@ -180,14 +180,19 @@ def start_execution(
     now: datetime,
     payload: dict[str, Any] | None = None,
     nominal_at: datetime | None = None,
+    locked_without_active: bool = False,
 ) -> StartResult:
-    """Create an execution with all its worker tasks, honouring the schedule's overlap policy."""
-    lock_schedule(session, schedule.id)
+    """Create an execution with all its worker tasks, honouring the schedule's overlap policy.
+
+    ``locked_without_active``: the caller holds the schedule's row lock and found no active run.
+    """
+    if not locked_without_active:
+        lock_schedule(session, schedule.id)
     existing = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
     if existing is not None:
         return StartResult(existing, skipped="duplicate")
     effects = Effects()
-    active = _active_execution_ids(session, schedule.id)
+    active = [] if locked_without_active else _active_execution_ids(session, schedule.id)
     if active and schedule.overlap is not Overlap.ALLOW:
         if schedule.overlap is Overlap.CANCEL_PREVIOUS:
             for execution_id in active:

@@ -88,6 +88,8 @@ class Effects:
     fenced: list[tuple[int, int]] = field(default_factory=list)
     #: Slots skipped because the schedule's previous run is still active (counted for overload).
     skipped_overlap: int = 0
+    #: Executions this transaction ended (completed, failed, cancelled).
+    ended: list[int] = field(default_factory=list)
 
     def merge(self, other: Effects) -> Effects:
         self.dispatch += other.dispatch
@@ -96,6 +98,7 @@ class Effects:
         self.resync += other.resync
         self.fenced += other.fenced
         self.skipped_overlap += other.skipped_overlap
+        self.ended += other.ended
         return self
 
 
@@ -539,7 +542,9 @@ def _finish_execution(
         logger.warning("execution %s of %r failed: %s", execution.id, execution.schedule_name, error)
     else:
         logger.info("execution %s of %r %s", execution.id, execution.schedule_name, status.value)
-    return _after_execution(session, execution, status, error=error, now=now)
+    effects = _after_execution(session, execution, status, error=error, now=now)
+    effects.ended.append(execution.id)
+    return effects
 
 
 def _after_execution(

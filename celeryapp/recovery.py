@@ -189,7 +189,7 @@ def unstick_executions(app: ChordbeatCelery, now: datetime, report: RecoveryRepo
             f"execution {execution_id}",
             partial(advance_execution, execution_id=execution_id, step_index=step_index, now=now),
         )
-        if effects.dispatch or effects.resync:
+        if effects.dispatch or effects.ended:
             report.unstuck.append(execution_id)
             logger.warning("execution %s was stuck after group %s; advanced by recovery", execution_id, step_index)
 

@@ -122,6 +122,10 @@ def apply_effects(app: Celery, effects: Effects) -> None:
         app.control.revoke(effects.revoke)
     for group in effects.dispatch:
         send_group(app, group)
+    if effects.skipped_overlap:
+        from celeryapp.overload import note_skipped
+
+        note_skipped(app.settings.broker_url, effects.skipped_overlap)
     if effects.resync:
         try:
             sync_schedules(app, effects.resync)

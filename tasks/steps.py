@@ -15,7 +15,18 @@ from celeryapp.limits import check_int
 logger = logging.getLogger(__name__)
 
 
-@app.task(name="chordbeat.run_step", bind=True, acks_late=True, reject_on_worker_lost=True)
+# No result is stored: nobody reads it. The chord still counts the step: with the Redis backend the
+# header's part is recorded by on_chord_part_return, which runs whether or not a result is stored,
+# and the body (an immutable advancement) takes no header results. Errors (a malformed message:
+# the runner itself never raises) are stored, for whoever sent it.
+@app.task(
+    name="chordbeat.run_step",
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    store_errors_even_if_ignored=True,
+)
 def run_step(self: Task, worker_task_id: int, attempt: int) -> dict[str, Any]:
     check_int(worker_task_id, "worker_task_id", InvalidArgument)
     check_int(attempt, "attempt", InvalidArgument, high=1000)

@@ -97,6 +97,12 @@ VARIABLES = (
         setting=False,
     ),
     Variable(
+        "CHORDBEAT_BENCH_RUNS",
+        "`3`",
+        "`make bench` only: how many times each scenario runs (medians need at least 3)",
+        setting=False,
+    ),
+    Variable(
         "CHORDBEAT_ROLE",
         "`worker`",
         "container image only: the process (`worker` or `beat`) its health check asks `chordbeat health` about",

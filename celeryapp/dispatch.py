@@ -13,6 +13,7 @@ from celeryapp import keys
 from celeryapp.beat_entries import sync_schedules
 from celeryapp.config import VISIBILITY_TIMEOUT_S
 from celeryapp.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.overload import note_skipped
 from celeryapp.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
@@ -123,8 +124,6 @@ def apply_effects(app: Celery, effects: Effects) -> None:
     for group in effects.dispatch:
         send_group(app, group)
     if effects.skipped_overlap:
-        from celeryapp.overload import note_skipped
-
         note_skipped(app.settings.broker_url, effects.skipped_overlap)
     if effects.resync:
         try:

@@ -7,6 +7,8 @@ import logging
 from typing import Any
 
 from celery import bootsteps
+from celery.concurrency import get_implementation
+from celery.concurrency.prefork import TaskPool
 from celery.signals import task_received, worker_init, worker_ready, worker_shutdown
 
 from celeryapp.dispatch import RUN_STEP, take_message
@@ -75,9 +77,6 @@ def freeze_before_fork(sender: Any = None, **_: Any) -> None:
     """Prefork: everything loaded so far is shared with the pool processes forked next. Keep the
     garbage collector off those objects, so that a collection in a child does not copy their pages
     (measured with -c 2: 131 -> 100 MiB proportional set size). Other pools fork nothing."""
-    from celery.concurrency import get_implementation
-    from celery.concurrency.prefork import TaskPool
-
     pool = get_implementation(getattr(sender, "pool_cls", None) or "prefork")
     if isinstance(pool, type) and issubclass(pool, TaskPool):
         gc.freeze()

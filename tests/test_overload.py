@@ -14,7 +14,7 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.metrics import ExecutionCollector
 from celeryapp.redis_client import get_redis
 from models import Schedule, SlotOutcome, SlotRecord, Trigger, get_engine, transaction, utcnow
-from tests.test_lifecycle import step
+from tests.helpers import step
 
 
 def schedules_with_active_runs(app: ChordbeatCelery, count: int) -> list[str]:

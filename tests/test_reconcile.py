@@ -18,7 +18,7 @@ from celeryapp.redis_client import get_redis
 from celeryapp.store import upsert_schedule
 from models import Schedule, ScheduleSource, ScheduleStatus, Trigger, get_engine, transaction, utcnow
 from tasks.control import reconcile_beat
-from tests.test_lifecycle import step
+from tests.helpers import step
 
 #: Past SQLite's 32,766 bound parameters in one statement.
 MANY = 40_000

@@ -8,7 +8,7 @@ from celery import Celery
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.redis_client import get_redis
-from tests.test_lifecycle import run_once, step
+from tests.helpers import run_once, step
 
 
 def test_steps_store_no_result_and_chords_still_advance(app: ChordbeatCelery, worker: Any, client: Celery) -> None:

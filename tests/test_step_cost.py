@@ -9,7 +9,7 @@ from sqlalchemy import event, select
 from celeryapp import runner, service
 from celeryapp.app import ChordbeatCelery
 from models import WorkerTask, get_engine, transaction
-from tests.test_lifecycle import step
+from tests.helpers import step
 
 
 def test_a_step_costs_four_statements_in_two_transactions(app: ChordbeatCelery) -> None:

@@ -4,6 +4,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed-stamp
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: run test lint typecheck system-deps bench clean
 
@@ -30,8 +31,9 @@ typecheck: $(STAMP)
 test: $(STAMP) system-deps lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# Own Redis and PostgreSQL; 12-15 minutes on 2 cores. BENCH_ARGS=--quick: a smoke test (quick.json).
 bench: $(STAMP) system-deps
-	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.run --readme $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

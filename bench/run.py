@@ -1,211 +1,173 @@
-"""Benchmarks: advancement latency, step throughput and worker memory, against raw Celery's numbers.
+"""``make bench``: chordbeat and a raw Celery baseline, side by side, in one run.
 
-    make bench            # or: .venv/bin/python -m bench.run [--database postgresql]
+    .venv/bin/python -m bench.run                 # everything, 3 runs each (12-15 minutes on 2 cores)
+    .venv/bin/python -m bench.run --quick         # 1 run, 1,000 schedules: a smoke test (quick.json)
+    .venv/bin/python -m bench.run --only pipelines,faults   # some scenarios (partial.json)
 
-Starts its own Redis (and PostgreSQL when asked), a real prefork worker (-c 2) and measures from
-the database's activity timestamps. Prints a markdown table; compare with
-``shared/notes/raw-celery-baseline.md`` (same machine class, same Celery/kombu/Redis versions).
+Starts its own Redis and PostgreSQL; chordbeat runs on PostgreSQL. Writes bench/results/latest.json
+(medians; ``spread`` holds [min, max], ``runs`` every run's value, ``targets`` issue 10's targets)
+and bench/results/latest.md, prints the table, and with ``--readme`` rewrites README's table.
+``CHORDBEAT_BENCH_RUNS`` sets the number of runs (at least 3 for figures worth quoting).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import logging
 import os
-import statistics
-import subprocess
+import platform
+import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import text
 
-from celeryapp.client import ChordbeatClient
-from celeryapp.config import Settings
-from models import Activity, ExecutionStatus, ScheduleExecution, transaction
-from models.migrate import upgrade
-from tests.processes import CELERY, settings_env
-from tests.servers import PostgresServer, RedisServer, wait_for
+from bench import beat_scale, faults, pipelines, raw_app
+from bench.harness import Bench, bench
+from bench.report import LATEST_JSON, LATEST_MD, evaluate, markdown, rewrite_readme, text_table
+from bench.stats import combine
 
+FAMILIES: dict[str, Callable[[Bench], list[dict[str, Any]]]] = {
+    "pipelines": pipelines.chordbeat_runs,
+    "raw_pipelines": pipelines.raw_runs,
+    "staggered": beat_scale.staggered,
+    "raw_staggered": beat_scale.raw_staggered,
+    "burst": beat_scale.burst_runs,
+    "faults": faults.runs,
+}
 
-@dataclass
-class Result:
-    scenario: str
-    executions: int
-    steps: int
-    wall_s: float
-    steps_per_s: float
-    advance_p50_ms: float
-    advance_p95_ms: float
-    worker_rss_mib: float
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def rss_mib(pid: int) -> float:
-    """Resident memory of a process and its children (the pool)."""
-    pids = [pid, *map(int, subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split())]
-    total_kib = 0
-    for p in pids:
-        for line in Path(f"/proc/{p}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                total_kib += int(line.split()[1])
-    return total_kib / 1024
-
-
-@contextmanager
-def worker(settings: Settings, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    argv = [
-        CELERY,
-        "-A",
-        "celeryapp",
-        "worker",
-        "-P",
-        "prefork",
-        "-c",
-        "2",
-        "-l",
-        "WARNING",
-        "-n",
-        "bench@%h",
-        "--without-mingle",
-        "--without-gossip",
-    ]
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, env=settings_env(settings), stdout=out, stderr=subprocess.STDOUT)
-        try:
-            yield process
-        finally:
-            process.terminate()
-            process.wait(60)
+NOTES = [
+    "chordbeat: one prefork worker (-c 2) on all queues and one beat, PostgreSQL (fsync off) and Redis on loopback; "
+    "raw Celery: a prefork worker (-c 2) with Celery's defaults and JSON, the same Redis, no database.",
+    "Advance: last end of group g → first start of group g+1, from chordbeat's activity rows and from the times "
+    "raw no-op tasks push to Redis (one RPUSH each, subtracted from raw's Redis commands). Under load, chordbeat's "
+    "100 executions are triggered one after another through the client (service calls the same worker serves), "
+    "raw Celery's 100 chords from one task inside its worker; steps/s is steps / (last end - first start).",
+    "Fire lateness: execution created - nominal slot for schedules `every: 60` whose first slots are spread over "
+    "a minute (anchors in milliseconds); a slot that started nothing because it was taken after the next slot was "
+    "due (superseded) counts from when it was recorded, and the share of slots that ran is shown. Each run is one "
+    "16.7 s window of that one minute (5 s after the first slot), so the runs share one setup; beat CPU is "
+    "measured over the same window. Raw RedBeat's entries are due in whole seconds (its best case), scored as "
+    "after their first run (RedBeat 2.4 scores a fresh entry up to an interval early, and its beat would reload "
+    "it every tick until due), and publish to a queue nobody consumes.",
+    "All due at once: from the common slot until every schedule's slot was processed (its execution created, or "
+    "recorded as superseded), a fresh database per run; raw RedBeat: until the last message is in the queue. "
+    "Each schedule has one no-op step, run by the same worker meanwhile.",
+    "Requeue: two workers; SIGKILL of the one running a step → the step's next attempt started, default TTL 15 s "
+    "and recovery interval 10 s (once recovery trusts heartbeats: its first pass after a start waits one TTL); "
+    "the killed worker is replaced under another name afterwards. Failover: SIGKILL of the beat "
+    "holding the lock → first execution created by the standby (a schedule `every: 1`).",
+    "Statements and transactions per step: pg_stat_statements for chordbeat's role during the loaded run "
+    "(triggering, advancement, recovery and beat included), divided by the steps run; the benchmark reads as "
+    "another role. Redis bytes kept per step: used memory after the loaded run less before, per step (results "
+    "kept for result_expires, 24 h). Redis bytes per schedule: its RedBeat entry.",
+]
 
 
-def measure(
-    settings: Settings, client: ChordbeatClient, pid: int, name: str, groups: int, width: int, executions: int
-) -> Result:
-    steps = [
-        [{"name": f"g{g}s{s}", "task": "chordbeat.examples.sleep", "kwargs": {"seconds": 0}} for s in range(width)]
-        for g in range(groups)
-    ]
-    client.apply_schedule({"name": name, "every": 86400, "overlap": "allow", "steps": steps})
+def _versions(the_bench: Bench) -> dict[str, str]:
+    with the_bench.admin().connect() as conn:
+        postgres = str(conn.execute(text("SHOW server_version")).scalar())
+    return {
+        "python": platform.python_version(),
+        "celery": version("celery"),
+        "kombu": version("kombu"),
+        "celery-redbeat": version("celery-redbeat"),
+        "redis-server": str(the_bench.redis_client().info("server")["redis_version"]),
+        "postgresql": postgres,
+    }
+
+
+def _collect(per_run: dict[str, list[Any]], results: list[dict[str, Any]]) -> None:
+    for run in results:
+        for key, value in run.items():
+            per_run.setdefault(key, []).append(value)
+
+
+def summarise(per_run: dict[str, list[Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    spread: dict[str, Any] = {}
+    for key, values in per_run.items():
+        results[key], spread[key] = combine(values)
+    results["spread"] = spread
+    results["runs"] = per_run
+    results["targets"] = evaluate(results)
+    results["meta"] = meta
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="1 run and 1,000 schedules (a smoke test)")
+    parser.add_argument("--runs", type=int, default=int(os.environ.get("CHORDBEAT_BENCH_RUNS", "3")))
+    parser.add_argument("--only", default=",".join(FAMILIES), help="comma-separated: " + ", ".join(FAMILIES))
+    parser.add_argument("--readme", action="store_true", help="rewrite README.md's performance table")
+    args = parser.parse_args(argv)
+    families = [f.strip() for f in args.only.split(",") if f.strip()]
+    unknown = set(families) - set(FAMILIES)
+    if unknown or not families:
+        parser.error(f"--only: unknown {sorted(unknown)}; choose from {', '.join(FAMILIES)}")
+    runs = 1 if args.quick else max(1, args.runs)
     started = time.monotonic()
-    ids = [client.trigger_schedule(name)["execution_id"] for _ in range(executions)]
-
-    def all_done() -> bool:
-        with transaction(settings.database_url, read_only=True) as session:
-            statuses = session.scalars(select(ScheduleExecution.status).where(ScheduleExecution.id.in_(ids))).all()
-        return all(s is not ExecutionStatus.IN_PROGRESS for s in statuses)
-
-    wait_for(all_done, 600, interval=0.1, what=f"{name} to finish")
-    wall = time.monotonic() - started
-    rss = rss_mib(pid)
-    with transaction(settings.database_url, read_only=True) as session:
-        rows = session.execute(
-            select(Activity.execution_id, Activity.step_index, Activity.started_at, Activity.completed_at).where(
-                Activity.execution_id.in_(ids)
-            )
-        ).all()
-        failed = session.scalars(
-            select(ScheduleExecution.id).where(
-                ScheduleExecution.id.in_(ids), ScheduleExecution.status != ExecutionStatus.COMPLETED
-            )
-        ).all()
+    per_run: dict[str, list[Any]] = {}
+    failed: dict[str, str] = {}
+    with bench(runs, args.quick) as the_bench:
+        raw_app.configure(the_bench.redis.url)
+        meta = {
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "runs": runs,
+            "quick": args.quick,
+            "schedules": beat_scale.schedule_count(the_bench),
+            "families": families,
+            "failed": failed,
+            "cpus": os.cpu_count(),
+            "duration_s": 0,
+            "versions": _versions(the_bench),
+            "notes": NOTES,
+        }
+        for family in families:
+            began = time.monotonic()
+            try:
+                _collect(per_run, FAMILIES[family](the_bench))
+            except Exception as exc:
+                # One broken scenario must not throw away the minutes the others took.
+                traceback.print_exc()
+                failed[family] = f"{type(exc).__name__}: {exc}"
+            print(f"bench: {family} done in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
+            meta["duration_s"] = round(time.monotonic() - started)
+            results = summarise(per_run, meta)
+            _write(results, args.quick, families)  # after each family: an interrupted run keeps what it measured
+    print(text_table(results))
+    written, _ = _outputs(args.quick, families)
+    print(f"\n{written} (and .md) written; {meta['duration_s']} s in all")
     if failed:
-        raise SystemExit(f"{name}: executions {failed} did not complete")
-    bounds: dict[tuple[int, int], tuple[float, float]] = {}
-    for execution_id, index, start, end in rows:
-        lo, hi = bounds.get((execution_id, index), (float("inf"), float("-inf")))
-        bounds[(execution_id, index)] = (min(lo, start.timestamp()), max(hi, end.timestamp()))
-    advances = [(bounds[(e, g + 1)][0] - bounds[(e, g)][1]) * 1000 for (e, g) in bounds if (e, g + 1) in bounds]
-    first = min(b[0] for b in bounds.values())
-    last = max(b[1] for b in bounds.values())
-    return Result(
-        name,
-        executions,
-        len(rows),
-        round(wall, 2),
-        round(len(rows) / (last - first), 1),
-        round(statistics.median(advances), 1),
-        round(percentile(advances, 0.95), 1),
-        round(rss, 1),
-    )
+        print(f"FAILED: {failed}; the processes' logs are in {the_bench.tmp}", file=sys.stderr)
+        return 1
+    shutil.rmtree(the_bench.tmp, ignore_errors=True)
+    if args.readme and written != LATEST_JSON:
+        print("README.md left alone: a quick or partial run's figures are not for quoting")
+    elif args.readme:
+        rewrite_readme(results)
+    return 0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--database", choices=["sqlite", "postgresql"], default="sqlite")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--runs", type=int, default=3, help="repetitions; medians are reported")
-    args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="chordbeat-bench-"))
-    redis_server = RedisServer()
-    redis_server.start()
-    pg = None
-    try:
-        if args.database == "postgresql":
-            pg = PostgresServer()
-            pg.start()
-            engine = create_engine(pg.url(), isolation_level="AUTOCOMMIT")
-            with engine.connect() as conn:
-                conn.execute(text("CREATE DATABASE bench"))
-            engine.dispose()
-            url = pg.url("bench")
-        else:
-            url = f"sqlite:///{tmp / 'bench.db'}"
-        upgrade(url)
-        settings = Settings(
-            broker_url=redis_server.url,
-            result_backend=redis_server.url,
-            redbeat_url=redis_server.url,
-            database_url=url,
-            health_dir=str(tmp),
-        )
-        os.environ.update(settings_env(settings))
-        with worker(settings, tmp / "worker.log") as process, ChordbeatClient(redis_server.url, timeout_s=60) as client:
-            wait_for(lambda: client.list_schedules() is not None, 60, what="the worker")
-            runs = [
-                [
-                    measure(settings, client, process.pid, f"one-pipeline-20x4-{n}", groups=20, width=4, executions=1),
-                    measure(settings, client, process.pid, f"one-pipeline-20x1-{n}", groups=20, width=1, executions=1),
-                    measure(settings, client, process.pid, f"100-pipelines-5x2-{n}", groups=5, width=2, executions=100),
-                ]
-                for n in range(args.runs)
-            ]
-    finally:
-        # Pending results' finalizers would otherwise retry against the stopped Redis at exit.
-        gc.collect()
-        sys.unraisablehook = lambda _unraisable: None
-        logging.getLogger("celery.backends.asynchronous").disabled = True
-        logging.getLogger("celery.backends.redis").disabled = True
-        redis_server.close()
-        if pg:
-            pg.close()
-    if args.json:
-        print(json.dumps([[r.__dict__ for r in run] for run in runs], indent=2))
-        return
-    print(f"\nchordbeat on {args.database}, prefork -c 2, Redis on loopback; median of {args.runs} runs [min-max]\n")
-    print("| scenario | executions | steps | steps/s | advance p50 ms | advance p95 ms | worker RSS MiB |")
-    print("|---|---|---|---|---|---|---|")
-    for column in zip(*runs, strict=True):
-        first = column[0]
+def _outputs(quick: bool, families: list[str]) -> tuple[Path, Path]:
+    """Only a full run (every scenario, every run) makes latest.json: a quick or partial run's figures
+    are not for quoting and never replace it."""
+    name = "quick" if quick else "latest" if set(families) == set(FAMILIES) else "partial"
+    return LATEST_JSON.with_name(f"{name}.json"), LATEST_MD.with_name(f"{name}.md")
 
-        def spread(field: str, rows: tuple[Result, ...] = column) -> str:
-            values = [getattr(r, field) for r in rows]
-            return f"{statistics.median(values):g} [{min(values):g}-{max(values):g}]"
 
-        print(
-            f"| {first.scenario.rsplit('-', 1)[0]} | {first.executions} | {first.steps} | {spread('steps_per_s')} | "
-            f"{spread('advance_p50_ms')} | {spread('advance_p95_ms')} | {column[-1].worker_rss_mib} |"
-        )
+def _write(results: dict[str, Any], quick: bool, families: list[str]) -> None:
+    json_path, md_path = _outputs(quick, families)
+    json_path.parent.mkdir(exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    md_path.write_text(markdown(results))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ BEAT_MAX_LOOP_INTERVAL_S = 5
 REDBEAT_LOCK_TIMEOUT_S = 30
 #: Seconds between two repairs of beat entries from the database.
 RECONCILE_INTERVAL_S = 60.0
+#: A chord's counting keys live this long if the chord never completes: longer than a group runs.
+CHORD_EXPIRES_S = 24 * 3600
 #: Seconds between two housekeeping passes.
 HOUSEKEEPING_INTERVAL_S = 3600.0
 
@@ -91,7 +93,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "priority_steps": list(range(10)),
         },
         "result_backend_transport_options": {"result_chord_ordered": True},
-        "result_expires": 24 * 3600,
+        # Only service calls store a result (their caller reads it at once); step runners, fires,
+        # advancements and beat's messages store none. A chord's bookkeeping keys are deleted when
+        # its body is sent; they expire only if the chord never completes (recovery advances it).
+        "result_expires": int(settings.result_expires_s),
+        "result_chord_expires": CHORD_EXPIRES_S,
         "task_default_queue": STEPS_QUEUE,
         # "celery" is where a plain ``send_task`` from another service lands (it knows no routes).
         "task_queues": tuple(Queue(name) for name in (CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE)),  # type: ignore[no-untyped-call]

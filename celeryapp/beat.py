@@ -45,7 +45,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         except Exception:
             logger.exception("beat: schedule file %s NOT applied (database or Redis trouble)", settings.schedules_file)
         try:
-            reconcile(self.app)
+            reconcile(self.app, full=True)
         except Exception:
             # Redis or the database away at start: beat still starts; the periodic reconcile repairs.
             logger.exception("beat: could not repair entries at start; the periodic reconcile will")
@@ -73,7 +73,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         """After the lock was lost Redis may have lost everything: internal entries included."""
         try:
             self.update_from_dict(self.app.redbeat_conf.schedule)
-            reconcile(self.app)
+            reconcile(self.app, full=True)
         except Exception:
             # Redis or the database still away: beat must outlive both, so it retries next tick.
             logger.exception("beat: repairing entries after re-taking the lock failed; the next tick retries")

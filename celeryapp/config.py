@@ -23,6 +23,8 @@ DEFAULT_HEARTBEAT_TTL_S = 15.0
 DEFAULT_RECOVERY_INTERVAL_S = 10.0
 #: Days finished executions and their activities are kept.
 DEFAULT_RETENTION_DAYS = 90.0
+#: Seconds a stored task result (a service call's answer) is kept in Redis for its caller.
+DEFAULT_RESULT_EXPIRES_S = 3600.0
 #: Every step kind. Executable and SQL steps run programs and SQL on the workers for whoever can
 #: publish to the broker, so they are off unless the operator turns them on.
 STEP_KINDS = frozenset({"task", "executable", "sql"})
@@ -95,6 +97,12 @@ VARIABLES = (
         setting=False,
     ),
     Variable(
+        "CHORDBEAT_BENCH_RUNS",
+        "`3`",
+        "`make bench` only: how many times each scenario runs (medians need at least 3)",
+        setting=False,
+    ),
+    Variable(
         "CHORDBEAT_ROLE",
         "`worker`",
         "container image only: the process (`worker` or `beat`) its health check asks `chordbeat health` about",
@@ -141,6 +149,12 @@ VARIABLES = (
     ),
     Variable("CHORDBEAT_WEB_ADDRESS", f"`{DEFAULT_WEB_ADDRESS}`", "interface the dashboard listens on"),
     Variable("CHORDBEAT_WEB_PORT", f"`{DEFAULT_WEB_PORT}`", "port of the dashboard"),
+    Variable(
+        "CHORDBEAT_RESULT_EXPIRES",
+        f"`{DEFAULT_RESULT_EXPIRES_S:g}` (s)",
+        "how long Redis keeps a service call's answer (the only task results stored; steps, fires and "
+        "advancements store none)",
+    ),
 )
 #: Every variable the settings read: a sql step may never name one of them.
 OWN_VARIABLES = frozenset(v.name for v in VARIABLES if v.setting)
@@ -248,6 +262,8 @@ class Settings:
     web_secret: str = field(default="", repr=False)
     web_address: str = DEFAULT_WEB_ADDRESS
     web_port: int = DEFAULT_WEB_PORT
+    #: Seconds Redis keeps a stored task result; only service calls store one.
+    result_expires_s: float = DEFAULT_RESULT_EXPIRES_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -282,4 +298,5 @@ class Settings:
             web_secret=env.get("CHORDBEAT_WEB_SECRET", ""),
             web_address=env.get("CHORDBEAT_WEB_ADDRESS") or DEFAULT_WEB_ADDRESS,
             web_port=_web_port(env),
+            result_expires_s=_env_float(env, "CHORDBEAT_RESULT_EXPIRES", DEFAULT_RESULT_EXPIRES_S, minimum=60),
         )

@@ -13,6 +13,7 @@ from celeryapp import keys, step_events
 from celeryapp.beat_entries import sync_schedules
 from celeryapp.config import VISIBILITY_TIMEOUT_S
 from celeryapp.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.overload import note_skipped
 from celeryapp.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
@@ -126,6 +127,8 @@ def apply_effects(app: Celery, effects: Effects) -> None:
         app.control.revoke(effects.revoke)
     for group in effects.dispatch:
         send_group(app, group)
+    if effects.skipped_overlap:
+        note_skipped(app.settings.broker_url, effects.skipped_overlap)
     if effects.resync:
         try:
             sync_schedules(app, effects.resync)

@@ -46,6 +46,10 @@ class Effects:
     resync: list[str] = field(default_factory=list)
     #: Attempts given up by recovery (worker task id, attempt): if still running anywhere, they stop.
     fenced: list[tuple[int, int]] = field(default_factory=list)
+    #: Slots skipped because the schedule's previous run is still active (counted for overload).
+    skipped_overlap: int = 0
+    #: Executions this transaction ended (completed, failed, cancelled).
+    ended: list[int] = field(default_factory=list)
 
     def merge(self, other: Effects) -> Effects:
         self.dispatch += other.dispatch
@@ -53,4 +57,6 @@ class Effects:
         self.revoke += other.revoke
         self.resync += other.resync
         self.fenced += other.fenced
+        self.skipped_overlap += other.skipped_overlap
+        self.ended += other.ended
         return self

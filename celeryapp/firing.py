@@ -6,18 +6,30 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from celeryapp.beat_entries import cadence_of
+from celeryapp.beat_entries import EntryFields, cadence_of
+from celeryapp.cadence import Cadence
 from celeryapp.decisions import ScheduleState, decide_fire
 from celeryapp.dispatch import apply_effects
 from celeryapp.effects import Effects
 from celeryapp.errors import InvalidArgument
 from celeryapp.limits import MAX_NAME_CHARS, shown
-from celeryapp.runs import record_slot, run_key, start_execution
+from celeryapp.runs import SlotOwner, record_slot, run_key, start_execution
 from celeryapp.views import iso
-from models import Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
+from models import (
+    ExecutionStatus,
+    Overlap,
+    Schedule,
+    ScheduleExecution,
+    ScheduleStatus,
+    SlotOutcome,
+    SlotRecord,
+    Trigger,
+    transaction,
+    utcnow,
+)
 from models.session import affected
 
 if TYPE_CHECKING:
@@ -60,26 +72,61 @@ def fire_arguments(name: Any, nominal_at: Any, trigger: Any, *, now: datetime) -
 
 
 def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trigger) -> dict[str, Any]:
-    now = utcnow()
     effects = Effects()
+    answer = _fire(app, name, nominal_at=nominal_at, trigger=trigger, effects=effects)
+    apply_effects(app, effects)
+    return answer
+
+
+_FIRE_COLUMNS = (
+    Schedule.id,
+    Schedule.overlap,
+    Schedule.current_retry,
+    Schedule.last_slot_at,
+    # What the cadence is made of, in EntryFields' order.
+    Schedule.name,
+    Schedule.status,
+    Schedule.cron,
+    Schedule.every_s,
+    Schedule.timezone,
+    Schedule.updated_at,
+    Schedule.retry_at,
+)
+
+
+def _fire(
+    app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trigger, effects: Effects
+) -> dict[str, Any]:
+    """Decide and record the fire; what must be sent once it committed is added to ``effects``.
+
+    Only a fire that starts a run loads the schedule with its steps: a skip (the previous run is
+    still active) is three statements, since under overload most fires are skips.
+    """
+    now = utcnow()
     with transaction(app.settings.database_url) as session:
         # The row lock orders this fire after any run of the schedule that is ending right now.
-        schedule = session.scalar(select(Schedule).where(Schedule.name == name).with_for_update())
-        if schedule is None:
+        row = session.execute(select(*_FIRE_COLUMNS).where(Schedule.name == name).with_for_update()).first()
+        if row is None:
             logger.info("fire of %r ignored: the schedule no longer exists", name)
+            # Its entry outlived it (the delete's sync failed): remove it now, not at a full reconcile.
+            effects.resync.append(name)
             return {"execution_id": None, "skipped": "schedule does not exist"}
-        state = ScheduleState(schedule.status, schedule.current_retry, schedule.retry_at, schedule.last_slot_at)
-        decision = decide_fire(state, trigger=trigger, nominal_at=nominal_at, now=now, cadence=cadence_of(schedule))
+        owner = SlotOwner(row.id, row.name)
+        cadence = cadence_of(EntryFields(*row[4:]))
+        state = ScheduleState(row.status, row.current_retry, row.retry_at, row.last_slot_at)
+        decision = decide_fire(state, trigger=trigger, nominal_at=nominal_at, now=now, cadence=cadence)
         if decision.claims_slot:
-            if not _claim_slot(session, schedule, nominal_at, now):
+            if not _claim_slot(session, row.id, cadence, nominal_at, now):
                 return {"execution_id": None, "skipped": "duplicate"}
-            _record_missed(session, schedule, since=state.last_slot_at, until=nominal_at, trigger=trigger, now=now)
-        elif decision.outcome is SlotOutcome.SKIPPED_SUPERSEDED and _recorded(session, schedule, nominal_at):
+            _record_missed(
+                session, owner, cadence, since=state.last_slot_at, until=nominal_at, trigger=trigger, now=now
+            )
+        elif decision.outcome is SlotOutcome.SKIPPED_SUPERSEDED and _recorded(session, row.id, nominal_at):
             return {"execution_id": None, "skipped": decision.reason}  # a later fire recorded it as missed
         if decision.outcome is not None:
             record_slot(
                 session,
-                schedule,
+                owner,
                 decision.outcome,
                 trigger=trigger,
                 nominal_at=nominal_at,
@@ -88,14 +135,36 @@ def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trig
             )
         if not decision.start:
             logger.info("fire of %r for %s: %s", name, nominal_at.isoformat(), decision.reason)
+            if state.status is not ScheduleStatus.ACTIVE:
+                # An entry left behind by a pause, done or dead whose sync failed goes now.
+                effects.resync.append(name)
             return {"execution_id": None, "skipped": decision.reason}
+        checked = trigger is not Trigger.RETRY and row.overlap is Overlap.SKIP
+        if checked:
+            # The row lock is held: no run of this schedule starts or ends until commit.
+            active = session.scalar(_ACTIVE_RUN, {"p_schedule_id": row.id})
+            if active is not None:
+                running = f"execution {active} is in progress"
+                record_slot(
+                    session,
+                    owner,
+                    SlotOutcome.SKIPPED_OVERLAP,
+                    trigger=trigger,
+                    nominal_at=nominal_at,
+                    now=now,
+                    detail=running,
+                )
+                effects.skipped_overlap += 1
+                logger.info("schedule %r: %s, run skipped", name, running)
+                return {"execution_id": None, "skipped": f"overlap: {running}"}
+        schedule = session.get_one(Schedule, row.id)
         if trigger is Trigger.RETRY and schedule.retry_at is not None:
             # The stored time names the retry (the message's may be a microsecond off).
             nominal_at = schedule.retry_at
             # The retry replaced the regular slots due meanwhile: they were not missed.
-            replaced = cadence_of(schedule).latest_slot(now, since=state.last_slot_at or schedule.updated_at)
+            replaced = cadence.latest_slot(now, since=state.last_slot_at or schedule.updated_at)
             if replaced is not None:
-                _claim_slot(session, schedule, replaced, now)
+                _claim_slot(session, row.id, cadence, replaced, now)
         result = start_execution(
             session,
             schedule,
@@ -103,12 +172,19 @@ def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trig
             now=now,
             nominal_at=nominal_at,
             run_key=run_key(name, trigger, nominal_at, schedule.current_retry),
+            locked_without_active=checked,
         )
         effects.merge(result.effects)
-    apply_effects(app, effects)
     if result.skipped:
         return {"execution_id": None, "skipped": result.skipped}
     return {"execution_id": result.execution_id, "status": "in_progress"}
+
+
+#: The schedule's active run, if any (built once: this runs for every fire).
+_ACTIVE_RUN = select(func.min(ScheduleExecution.id)).where(
+    ScheduleExecution.schedule_id == bindparam("p_schedule_id"),
+    ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
+)
 
 
 #: Missed slots one fire records at most; after long downtime the last record sums up the rest.
@@ -117,44 +193,50 @@ MISSED = "not fired: beat, Redis or the workers were down, or its fire message w
 
 
 def _record_missed(
-    session: Session, schedule: Schedule, *, since: datetime | None, until: datetime, trigger: Trigger, now: datetime
+    session: Session,
+    owner: SlotOwner,
+    cadence: Cadence,
+    *,
+    since: datetime | None,
+    until: datetime,
+    trigger: Trigger,
+    now: datetime,
 ) -> None:
     """Record the regular slots after ``since`` (the last one processed) and before ``until`` that no
     fire ever processed, so "why didn't it run at 02:00?" has an answer."""
     if since is None:
         return
-    cadence = cadence_of(schedule)
     slot = cadence.slot_after(since)
     for count in range(MAX_MISSED_RECORDS + 1):
         if slot >= until:
             return
         detail = MISSED if count < MAX_MISSED_RECORDS else f"{MISSED}; nor were the later slots until {iso(until)}"
-        record_slot(session, schedule, SlotOutcome.MISSED, trigger=trigger, nominal_at=slot, now=now, detail=detail)
+        record_slot(session, owner, SlotOutcome.MISSED, trigger=trigger, nominal_at=slot, now=now, detail=detail)
         slot = cadence.slot_after(slot)
 
 
-def _recorded(session: Session, schedule: Schedule, nominal_at: datetime) -> bool:
+def _recorded(session: Session, schedule_id: int, nominal_at: datetime) -> bool:
     return (
         session.scalar(
             select(SlotRecord.id)
-            .where(SlotRecord.schedule_id == schedule.id, SlotRecord.nominal_at == nominal_at)
+            .where(SlotRecord.schedule_id == schedule_id, SlotRecord.nominal_at == nominal_at)
             .limit(1)
         )
         is not None
     )
 
 
-def _claim_slot(session: Session, schedule: Schedule, nominal_at: datetime, now: datetime) -> bool:
+def _claim_slot(session: Session, schedule_id: int, cadence: Cadence, nominal_at: datetime, now: datetime) -> bool:
     """Move the schedule's last processed slot up to ``nominal_at``; False if it is there already."""
     return bool(
         affected(
             session,
             update(Schedule)
             .where(
-                Schedule.id == schedule.id,
+                Schedule.id == schedule_id,
                 or_(Schedule.last_slot_at.is_(None), Schedule.last_slot_at < nominal_at),
             )
-            .values(last_slot_at=nominal_at, next_run_at=cadence_of(schedule).slot_after(max(now, nominal_at)))
+            .values(last_slot_at=nominal_at, next_run_at=cadence.slot_after(max(now, nominal_at)))
             .execution_options(synchronize_session=False),
         )
     )

@@ -14,13 +14,17 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import redis
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from celeryapp import keys
 from celeryapp import metric_counts as mc
+from celeryapp.overload import queued, skipped_last_minute
+from celeryapp.redis_client import get_redis
 from models import ExecutionStatus, MetricCount, Schedule, ScheduleExecution, ScheduleStatus, transaction
 
 if TYPE_CHECKING:
@@ -66,6 +70,7 @@ class ExecutionCollector(Collector):
         with transaction(self.app.settings.database_url, read_only=True) as session:
             yield from self._gauges(session)
             yield from self._monotonic(session)
+        yield from self._overload()
 
     def _gauges(self, session: Session) -> Iterator[Family]:
         running = GaugeMetricFamily("chordbeat_executions_in_progress", "Executions running now", labels=["schedule"])
@@ -118,6 +123,28 @@ class ExecutionCollector(Collector):
                 samples, total = histogram_samples(per_bucket, buckets)
                 histogram.add_metric([schedule], samples, sum_value=total)
             yield histogram
+
+    def _overload(self) -> Iterator[GaugeMetricFamily]:
+        """Backpressure from Redis: skips for lack of capacity, and what waits in the queues."""
+        try:
+            client = get_redis(self.app.settings.broker_url)
+            skipped = skipped_last_minute(client)
+            waiting = {queue: queued(client, queue) for queue in (keys.CONTROL_QUEUE, keys.STEPS_QUEUE)}
+        except redis.RedisError:
+            return  # the database figures are still served
+        skips = GaugeMetricFamily(
+            "chordbeat_overlap_skips_last_minute",
+            "Slots skipped in the last complete minute because the schedule's previous run was still in "
+            "progress; sustained above 0 means the workers do not keep up",
+        )
+        skips.add_metric([], skipped)
+        yield skips
+        depth = GaugeMetricFamily(
+            "chordbeat_queued_messages", "Messages waiting in chordbeat's queues", labels=["queue"]
+        )
+        for queue, count in waiting.items():
+            depth.add_metric([queue], count)
+        yield depth
 
 
 def serve(app: ChordbeatCelery, port: int, address: str) -> None:

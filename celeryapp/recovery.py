@@ -196,7 +196,7 @@ def unstick_executions(app: ChordbeatCelery, now: datetime, report: RecoveryRepo
             f"execution {execution_id}",
             partial(advance_execution, execution_id=execution_id, step_index=step_index, now=now),
         )
-        if effects.dispatch or effects.resync:
+        if effects.dispatch or effects.ended:
             report.unstuck.append(execution_id)
             logger.warning("execution %s was stuck after group %s; advanced by recovery", execution_id, step_index)
 
@@ -206,7 +206,7 @@ def check_redis_epoch(app: ChordbeatCelery, report: RecoveryReport) -> None:
     client = get_redis(app.settings.redbeat_url)
     if client.set(EPOCH_KEY, utcnow().isoformat(), nx=True):
         report.redis_reset = True
-        reconcile(app)
+        reconcile(app, full=True)
 
 
 def heartbeats_trusted(app: ChordbeatCelery) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import delete, exists, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -93,9 +93,16 @@ def _active_execution_ids(session: Session, schedule_id: int) -> list[int]:
     )
 
 
+class SlotOwner(NamedTuple):
+    """The schedule a slot record belongs to (what a fire reads without loading the schedule)."""
+
+    id: int
+    name: str
+
+
 def record_slot(
     session: Session,
-    schedule: Schedule,
+    schedule: Schedule | SlotOwner,
     outcome: SlotOutcome,
     *,
     trigger: Trigger,
@@ -128,14 +135,19 @@ def start_execution(
     now: datetime,
     payload: dict[str, Any] | None = None,
     nominal_at: datetime | None = None,
+    locked_without_active: bool = False,
 ) -> StartResult:
-    """Create an execution with all its worker tasks, honouring the schedule's overlap policy."""
-    lock_schedule(session, schedule.id)
+    """Create an execution with all its worker tasks, honouring the schedule's overlap policy.
+
+    ``locked_without_active``: the caller holds the schedule's row lock and found no active run.
+    """
+    if not locked_without_active:
+        lock_schedule(session, schedule.id)
     existing = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
     if existing is not None:
         return StartResult(existing, skipped="duplicate")
     effects = Effects()
-    active = _active_execution_ids(session, schedule.id)
+    active = [] if locked_without_active else _active_execution_ids(session, schedule.id)
     if active:
         overlap = decide_overlap(schedule.overlap, trigger, active_id=active[0], current_retry=schedule.current_retry)
         if overlap.action is OverlapAction.CANCEL_AND_START:
@@ -176,21 +188,24 @@ def start_execution(
         overlapped = _overlapped(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
         return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
 
-    first: list[StepDispatch] = []
-    for index, group in enumerate(definition.groups):
-        for step in group:
-            task = WorkerTask(
-                execution_id=execution.id,
-                step_index=index,
-                step_name=step.name,
-                status=WorkerTaskStatus.QUEUED if index == 0 else WorkerTaskStatus.WAITING,
-                attempt=1,
-                queued_at=now if index == 0 else None,
-            )
-            session.add(task)
-            session.flush()
-            if index == 0:
-                first.append(StepDispatch(execution.id, task.id, 1, step))
+    # Every worker task in one statement (ids come back in the rows' order).
+    rows = [
+        {
+            "execution_id": execution.id,
+            "step_index": index,
+            "step_name": step.name,
+            "status": WorkerTaskStatus.QUEUED if index == 0 else WorkerTaskStatus.WAITING,
+            "attempt": 1,
+            "queued_at": now if index == 0 else None,
+        }
+        for index, group in enumerate(definition.groups)
+        for step in group
+    ]
+    task_ids = session.scalars(insert(WorkerTask).returning(WorkerTask.id, sort_by_parameter_order=True), rows).all()
+    group_zero = definition.groups[0]
+    first = [
+        StepDispatch(execution.id, i, 1, step) for i, step in zip(task_ids[: len(group_zero)], group_zero, strict=True)
+    ]
     session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
     record_slot(
         session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution.id
@@ -223,10 +238,10 @@ def _overlapped(
         record_slot(
             session, schedule, overlap.outcome, trigger=trigger, nominal_at=nominal_at, now=now, detail=overlap.detail
         )
-    # A skipped run is worth an operator's look; a waiting one is the policy working.
-    log = logger.warning if overlap.action is OverlapAction.SKIP else logger.info
-    log("schedule %r: %s", schedule.name, overlap.detail)
-    return StartResult(None, skipped=overlap.skipped)
+    # Skips are counted for the deployment's overload warning (one a minute), not logged one by one.
+    logger.info("schedule %r: %s", schedule.name, overlap.detail)
+    skipped = 1 if overlap.action is OverlapAction.SKIP else 0
+    return StartResult(None, skipped=overlap.skipped, effects=Effects(skipped_overlap=skipped))
 
 
 def finish_execution(
@@ -255,7 +270,9 @@ def finish_execution(
         logger.warning("execution %s of %r failed: %s", execution.id, execution.schedule_name, error)
     else:
         logger.info("execution %s of %r %s", execution.id, execution.schedule_name, status.value)
-    return _after_execution(session, execution, status, error=error, now=now)
+    effects = _after_execution(session, execution, status, error=error, now=now)
+    effects.ended.append(execution.id)
+    return effects
 
 
 def _after_execution(
@@ -299,11 +316,13 @@ def _after_execution(
         buffered=row.buffered,
         now=now,
     )
-    # Retry time, done or dead: the beat entry follows (syncing an unchanged entry writes nothing).
-    effects = Effects(resync=[schedule.name])
-    if not _apply_after(session, schedule, state, after):
+    # Retry time, done or dead: the beat entry follows. A run that changed none of them (most runs)
+    # leaves the entry alone: no read of it per run. A lost race is synced anyway.
+    changed = (after.status, after.current_retry, after.retry_at) != (state.status, state.current_retry, state.retry_at)
+    effects = Effects(resync=[schedule.name] if changed else [])
+    if not _apply_after(session, schedule, state, after, now=now):
         logger.warning("schedule %r changed while execution %s ended; left as it is", schedule.name, execution.id)
-        return effects
+        return Effects(resync=[schedule.name])
     _log_after(schedule.name, state, after, run_count=row.run_count, is_pending_retry=is_pending_retry, ended=status)
     if after.start is NextRun.RETRY and state.retry_at is not None and pending_key is not None:
         started = start_execution(
@@ -331,7 +350,9 @@ def _pending_retry_started(session: Session, state: ScheduleState, key: str | No
     return session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == key)) is not None
 
 
-def _apply_after(session: Session, schedule: Schedule, state: ScheduleState, after: AfterExecution) -> bool:
+def _apply_after(
+    session: Session, schedule: Schedule, state: ScheduleState, after: AfterExecution, *, now: datetime
+) -> bool:
     """Write the decided retry state and status, guarded on what the decision read."""
     changes: dict[str, Any] = {}
     if (after.current_retry, after.retry_at) != (state.current_retry, state.retry_at):
@@ -340,6 +361,7 @@ def _apply_after(session: Session, schedule: Schedule, state: ScheduleState, aft
         changes.update(status=after.status, retry_at=None, next_run_at=None, buffered=False)
     if not changes:
         return True
+    changes["changed_at"] = now  # the beat entry follows: the incremental reconcile must see it
     return bool(
         affected(
             session,

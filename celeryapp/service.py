@@ -99,7 +99,9 @@ def pause_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
                 session,
                 update(Schedule)
                 .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.ACTIVE)
-                .values(status=ScheduleStatus.PAUSED, next_run_at=None, retry_at=None, buffered=False),
+                .values(
+                    status=ScheduleStatus.PAUSED, next_run_at=None, retry_at=None, buffered=False, changed_at=utcnow()
+                ),
             )
             if not paused:
                 raise InvalidTransition(
@@ -123,7 +125,10 @@ def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
                 .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.PAUSED)
                 # Resumed from the next slot: the paused ones were not missed (last_slot_at).
                 .values(
-                    status=ScheduleStatus.ACTIVE, next_run_at=cadence_of(schedule).slot_after(now), last_slot_at=None
+                    status=ScheduleStatus.ACTIVE,
+                    next_run_at=cadence_of(schedule).slot_after(now),
+                    last_slot_at=None,
+                    changed_at=now,
                 ),
             )
             if not resumed:

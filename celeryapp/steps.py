@@ -40,6 +40,11 @@ class Claim:
     payload: dict[str, Any]
 
 
+def _of_run(column: Any) -> Any:
+    """A column of the claimed task's execution, read by the claim itself (no second statement)."""
+    return select(column).where(ScheduleExecution.id == WorkerTask.execution_id).scalar_subquery()
+
+
 # The step path runs for every step of every run: its statements are built once, with bind
 # parameters, instead of per call (building SQLAlchemy expressions costs more than executing them).
 _CLAIM = (
@@ -54,12 +59,14 @@ _CLAIM = (
         ),
     )
     .values(status=WorkerTaskStatus.PROCESSING, node=bindparam("p_node"), started_at=bindparam("p_now"))
-    .returning(WorkerTask.execution_id, WorkerTask.step_index, WorkerTask.step_name)
-)
-
-
-_RUN_OF = select(ScheduleExecution.plan, ScheduleExecution.schedule_name, ScheduleExecution.payload).where(
-    ScheduleExecution.id == bindparam("p_execution_id")
+    .returning(
+        WorkerTask.execution_id,
+        WorkerTask.step_index,
+        WorkerTask.step_name,
+        _of_run(ScheduleExecution.plan),
+        _of_run(ScheduleExecution.schedule_name),
+        _of_run(ScheduleExecution.payload),
+    )
 )
 
 
@@ -110,8 +117,7 @@ def claim_step(session: Session, worker_task_id: int, attempt: int, *, node: str
     ).first()
     if claimed is None:
         return None
-    execution_id, step_index, step_name = claimed
-    plan, schedule_name, payload = session.execute(_RUN_OF, {"p_execution_id": execution_id}).one()
+    execution_id, step_index, step_name, plan, schedule_name, payload = claimed
     spec = next(StepSpec.from_json(s) for s in plan[step_index] if s["name"] == step_name)
     activity_id = session.execute(
         _OPEN_ACTIVITY,

@@ -142,6 +142,7 @@ def upsert_schedule(
     schedule.retry_at = None
     schedule.version = (schedule.version or 0) + 1
     schedule.updated_at = now
+    schedule.changed_at = now
     schedule.next_run_at = next_fire_after(definition, now) if definition.enabled else None
     # A changed definition starts a new cadence: none of its slots was processed yet, and none
     # before now was missed.

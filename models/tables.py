@@ -78,6 +78,9 @@ class Schedule(Base):
     buffered: Mapped[bool] = mapped_column(Boolean, default=False)
     #: Bumped on every definition change; beat entries carry it to detect drift.
     version: Mapped[int] = mapped_column(Integer, default=1)
+    #: When something beat's entry depends on last changed (definition, status, pending retry).
+    #: The periodic reconcile looks only at schedules changed since its previous pass.
+    changed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

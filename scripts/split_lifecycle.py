@@ -46,6 +46,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "run_key",
             "lock_schedule",
             "_active_execution_ids",
+            "SlotOwner",
             "record_slot",
             "start_execution",
             "_overlapped",
@@ -63,8 +64,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         [
             "_spec_of",
             "Claim",
+            "_of_run",
             "_CLAIM",
-            "_RUN_OF",
             "_OPEN_ACTIVITY",
             "_CLOSE_ACTIVITY",
             "_DROP_TASK",

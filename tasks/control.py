@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celeryapp import app, beat_entries, firing, recovery
@@ -11,6 +12,8 @@ from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.housekeeping import purge
 from celeryapp.limits import check_int
 from models import transaction, utcnow
+
+logger = logging.getLogger(__name__)
 
 
 @app.task(name="chordbeat.advance_execution", acks_late=True, reject_on_worker_lost=True, throws=(ChordbeatError,))
@@ -31,9 +34,18 @@ def fire_schedule(name: str, nominal_at: str | None = None, trigger: str | None 
 
 @app.task(name="chordbeat.reconcile_beat", send_events=False)  # periodic: kept out of Flower
 def reconcile_beat() -> dict[str, list[str]]:
-    """Periodic repair of RedBeat entries from the database (both ways)."""
-    changes = beat_entries.reconcile(app)
+    """Periodic repair of RedBeat entries from the database (both ways), and lost slots re-fired.
+
+    The two are independent: a failed repair must not also cost the runs of lost fires.
+    """
+    try:
+        changes: beat_entries.EntryChanges | None = beat_entries.reconcile(app)
+    except Exception:
+        logger.exception("repairing beat entries failed; lost slots are still re-fired")
+        changes = None
     refired = beat_entries.refire_lost_slots(app)
+    if changes is None:
+        return {"written": [], "removed": [], "refired": refired, "failed": ["reconcile"]}
     return {"written": changes.written, "removed": changes.removed, "refired": refired}
 
 

@@ -15,11 +15,17 @@ from celeryapp.limits import check_int
 logger = logging.getLogger(__name__)
 
 
+# No result is stored: nobody reads it. The chord still counts the step: with the Redis backend the
+# header's part is recorded by on_chord_part_return, which runs whether or not a result is stored,
+# and the body (an immutable advancement) takes no header results. Errors (a malformed message:
+# the runner itself never raises) are stored, for whoever sent it.
 @app.task(
     name="chordbeat.run_step",
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
+    ignore_result=True,
+    store_errors_even_if_ignored=True,
     # Flower's view of a step: FAILURE with its error, Terminate as a cancel (step_events.py).
     Request="celeryapp.step_events:StepRequest",
     resultrepr_maxsize=step_events.RESULT_REPR_CHARS,

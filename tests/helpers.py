@@ -29,6 +29,7 @@ __all__ = [
     "executions",
     "finished",
     "http_get",
+    "run_once",
     "running",
     "set_field",
     "step",
@@ -119,3 +120,9 @@ def http_get(url: str, auth: str | None = None) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, ""
+
+
+def run_once(client: Celery, definition: dict[str, Any]) -> dict[str, Any]:
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    started = call(client, "chordbeat.trigger_schedule", name=definition["name"])
+    return finished(client, started["execution_id"])

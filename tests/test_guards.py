@@ -104,7 +104,9 @@ def test_duplicate_callbacks_and_redelivered_step_messages_change_nothing(
     # Group 1's callback arriving early (its step still runs): it waits.
     app.send_task("chordbeat.advance_execution", args=(execution_id, 1)).get(timeout=10)
     # The running step's message redelivered, and the finished step's too: both skipped.
-    assert app.send_task("chordbeat.run_step", args=(second.id, 1)).get(timeout=10) == {"status": "skipped"}
+    assert app.send_task("chordbeat.run_step", args=(second.id, 1), ignore_result=False).get(timeout=10) == {
+        "status": "skipped"
+    }
     now = execution(client, execution_id)
     assert now["current_step_index"] == 1
     assert [a["step"] for a in now["activities"]] == ["first", "second"]
@@ -115,7 +117,9 @@ def test_duplicate_callbacks_and_redelivered_step_messages_change_nothing(
     # After the end, late duplicates of every kind are still no-ops.
     for index in range(3):
         app.send_task("chordbeat.advance_execution", args=(execution_id, index)).get(timeout=10)
-    assert app.send_task("chordbeat.run_step", args=(second.id, 1)).get(timeout=10) == {"status": "skipped"}
+    assert app.send_task("chordbeat.run_step", args=(second.id, 1), ignore_result=False).get(timeout=10) == {
+        "status": "skipped"
+    }
     assert execution(client, execution_id) == done
     schedule = call(client, "chordbeat.get_schedule", name="dupes")
     assert schedule["run_count"] == 1

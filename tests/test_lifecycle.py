@@ -10,7 +10,7 @@ from celeryapp import app as chordbeat_app
 from celeryapp import outcome
 from celeryapp.app import ChordbeatCelery
 from celeryapp.context import current_step
-from tests.helpers import call, finished, step, ts
+from tests.helpers import call, finished, run_once, step, ts
 
 
 def hr_sync(seconds: float = 0.3, **overrides: Any) -> dict[str, Any]:
@@ -63,12 +63,6 @@ def test_nightly_hr_sync_runs_groups_in_order_and_parallel_steps_overlap(
     assert execution["trigger"] == "manual" and execution["payload"] == {"initiator": "hr"}
     schedule = call(client, "chordbeat.get_schedule", name="nightly-hr-sync")
     assert schedule["run_count"] == 1 and schedule["last_run_at"] is not None
-
-
-def run_once(client: Celery, definition: dict[str, Any]) -> dict[str, Any]:
-    call(client, "chordbeat.apply_schedule", definition=definition)
-    started = call(client, "chordbeat.trigger_schedule", name=definition["name"])
-    return finished(client, started["execution_id"])
 
 
 def test_failed_step_without_continue_on_failure_fails_the_run_and_drops_later_groups(

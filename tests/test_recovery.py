@@ -132,7 +132,9 @@ def test_a_processing_step_without_heartbeat_is_requeued_and_its_late_message_do
         (2, "complete", None),
     ]
     # The interrupted attempt's message, redelivered late by the broker: fenced off.
-    assert app.send_task("chordbeat.run_step", args=(task_id, 1)).get(timeout=10) == {"status": "skipped"}
+    assert app.send_task("chordbeat.run_step", args=(task_id, 1), ignore_result=False).get(timeout=10) == {
+        "status": "skipped"
+    }
     assert execution(client, execution_id) == done
 
 

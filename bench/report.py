@@ -1,0 +1,243 @@
+"""Results as tables: the terminal (80 columns), ``bench/results/latest.md``, README's performance table.
+
+python -m bench.report            # print the table of bench/results/latest.json
+python -m bench.report --readme   # rewrite README.md between <!-- bench:start --> and <!-- bench:end -->
+python -m bench.report --markdown # rewrite bench/results/latest.md from it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LATEST_JSON = RESULTS / "latest.json"
+LATEST_MD = RESULTS / "latest.md"
+README = Path(__file__).resolve().parent.parent / "README.md"
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+
+#: Default heartbeat TTL + recovery interval + 1 s (celeryapp/config.py).
+REQUEUE_LIMIT_S = 15 + 10 + 1
+FAILOVER_LIMIT_S = 40
+
+Results = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Row:
+    """A line of the results table: chordbeat's figure and, where there is one, raw Celery's."""
+
+    label: str
+    key: str
+    part: str | None = None
+    unit: str = ""
+
+
+ROWS = (
+    Row("advance p50, 20 groups x 4", "advance_ms", "p50", "ms"),
+    Row("advance p95", "advance_ms", "p95", "ms"),
+    Row("steps/s, 100 x 5 groups x 2", "steps_per_s"),
+    Row("advance under that load, p50", "loaded_advance_ms", "p50", "ms"),
+    Row("advance under that load, p95", "loaded_advance_ms", "p95", "ms"),
+    Row("fire lateness p50, staggered", "fire_lateness_ms", "p50", "ms"),
+    Row("fire lateness p99, staggered", "fire_lateness_ms", "p99", "ms"),
+    Row("staggered slots that ran", "staggered_fired_pct", None, "%"),
+    Row("beat CPU, staggered", "beat_cpu_pct", None, "%"),
+    Row("all due at once, processed", "burst_fire_s", None, "s"),
+    Row("slots due at once that ran", "burst_fired_pct", None, "%"),
+    Row("requeue after worker SIGKILL", "requeue_s", None, "s"),
+    Row("failover after beat SIGKILL", "failover_s", None, "s"),
+    Row("worker RSS (prefork -c 2)", "worker_rss_mib", None, "MiB"),
+    Row("database statements per step", "db_statements_per_step"),
+    Row("database transactions per step", "db_transactions_per_step"),
+    Row("Redis commands per step", "redis_commands_per_step"),
+    Row("Redis bytes kept per step", "redis_bytes_per_step", None, "B"),
+    Row("Redis bytes per schedule", "redis_bytes_per_schedule", None, "B"),
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    figure: str
+    target: str
+    measured: Callable[[Results], float]
+    limit: Callable[[Results], float]
+    #: True when the measured figure must stay at or below the limit, False for at or above.
+    at_most: bool = True
+
+
+def _get(key: str, part: str | None = None) -> Callable[[Results], float]:
+    return lambda r: float(r[key][part] if part else r[key])
+
+
+def _times(factor: float, key: str, part: str | None = None) -> Callable[[Results], float]:
+    return lambda r: factor * _get(key, part)(r)
+
+
+TARGETS = (
+    Target("advance p50", "≤ 1.0x raw", _get("advance_ms", "p50"), _times(1.0, "raw_advance_ms", "p50")),
+    Target("advance p95", "≤ 1.5x raw", _get("advance_ms", "p95"), _times(1.5, "raw_advance_ms", "p95")),
+    Target(
+        "loaded advance p50",
+        "≤ 0.05x raw",
+        _get("loaded_advance_ms", "p50"),
+        _times(0.05, "raw_loaded_advance_ms", "p50"),
+    ),
+    Target("steps/s under load", "≥ 0.9x raw", _get("steps_per_s"), _times(0.9, "raw_steps_per_s"), at_most=False),
+    Target("fire lateness p99", "≤ 1 s", _get("fire_lateness_ms", "p99"), lambda _: 1000.0),
+    Target("beat CPU, staggered", "≤ 1.5x raw RedBeat", _get("beat_cpu_pct"), _times(1.5, "raw_beat_cpu_pct")),
+    Target("all due at once", "≤ 1.5x raw RedBeat", _get("burst_fire_s"), _times(1.5, "raw_burst_fire_s")),
+    Target("slots run, burst", "all (100 %)", _get("burst_fired_pct"), lambda _: 100.0, at_most=False),
+    Target("slots run, stagger", "all (100 %)", _get("staggered_fired_pct"), lambda _: 100.0, at_most=False),
+    Target("requeue", f"≤ TTL + interval + 1 s ({REQUEUE_LIMIT_S} s)", _get("requeue_s"), lambda _: REQUEUE_LIMIT_S),
+    Target("failover", f"≤ {FAILOVER_LIMIT_S} s", _get("failover_s"), lambda _: FAILOVER_LIMIT_S),
+    Target("worker RSS", "≤ 1.2x raw", _get("worker_rss_mib"), _times(1.2, "raw_worker_rss_mib")),
+)
+
+
+def evaluate(results: Results) -> list[dict[str, Any]]:
+    """Each target against this run's medians; a figure the run did not measure is left out."""
+    rows = []
+    for target in TARGETS:
+        try:
+            measured, limit = target.measured(results), target.limit(results)
+        except KeyError:
+            continue
+        met = measured <= limit if target.at_most else measured >= limit
+        rows.append(
+            {
+                "figure": target.figure,
+                "target": target.target,
+                "measured": _number(measured),
+                "limit": _number(limit),
+                "met": met,
+            }
+        )
+    return rows
+
+
+def _number(value: float) -> float:
+    return round(value, 3 if abs(value) < 10 else 1)
+
+
+def _fmt(value: float) -> str:
+    if abs(value) >= 10_000:
+        return f"{value / 1000:.1f}k"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
+
+
+def _cell(results: Results, key: str, part: str | None, *, spread: bool = True) -> str:
+    if key not in results:
+        return "-"
+    value = results[key][part] if part else results[key]
+    text = _fmt(value)
+    low_high = results.get("spread", {}).get(key)
+    if spread and low_high is not None:
+        low, high = low_high[part] if part else low_high
+        if low != high:
+            text += f" [{_fmt(low)}-{_fmt(high)}]"
+    return text
+
+
+def table_rows(results: Results, *, spread: bool = True) -> list[tuple[str, str, str]]:
+    rows = []
+    for row in ROWS:
+        if row.key not in results:
+            continue
+        label = f"{row.label} ({row.unit})" if row.unit else row.label
+        raw = _cell(results, f"raw_{row.key}", row.part, spread=spread)
+        rows.append((label, _cell(results, row.key, row.part, spread=spread), raw))
+    return rows
+
+
+def _caption(results: Results) -> str:
+    meta = results.get("meta", {})
+    runs, schedules = meta.get("runs", "?"), meta.get("schedules", "?")
+    return (
+        f"chordbeat on PostgreSQL vs raw Celery, same Redis, prefork -c 2, {meta.get('cpus', '?')} CPUs; "
+        f"{schedules:,} schedules; median of {runs} runs [min-max]; {meta.get('date', '')}"
+        if isinstance(schedules, int)
+        else f"chordbeat on PostgreSQL vs raw Celery; median of {runs} runs [min-max]"
+    )
+
+
+def text_table(results: Results, width: int = 80) -> str:
+    """The results and targets, fixed width for a terminal."""
+    rows = table_rows(results)
+    first = max(len(r[0]) for r in rows)
+    rest = (width - first - 4) // 2
+    lines = [*textwrap.wrap(_caption(results), width), ""]
+    lines.append(f"{'figure':<{first}}  {'chordbeat':<{rest}}  {'raw Celery':<{rest}}".rstrip())
+    lines.append("-" * width)
+    lines += [f"{a:<{first}}  {b[:rest]:<{rest}}  {c[:rest]}".rstrip() for a, b, c in rows]
+    lines += ["", "targets (issue 10)", "-" * width]
+    for t in results.get("targets", []):
+        mark = "met" if t["met"] else "NOT MET"
+        measured, limit = _fmt(t["measured"]), _fmt(t["limit"])
+        lines.append(f"{t['figure']:<19} {t['target']:<30} {measured:>8} vs {limit:>8} {mark}"[:width])
+    return "\n".join(lines)
+
+
+def markdown(results: Results) -> str:
+    """``latest.md``: the results table, the targets, and the run's notes."""
+    out = [f"# Benchmark results\n\n{_caption(results)}\n", "| figure | chordbeat | raw Celery |", "|---|---|---|"]
+    out += [f"| {a} | {b} | {c} |" for a, b, c in table_rows(results)]
+    out += ["", "## Targets (issue 10)", "", "| figure | target | measured | limit | met |", "|---|---|---|---|---|"]
+    for t in results.get("targets", []):
+        met = "yes" if t["met"] else "**no**"
+        out.append(f"| {t['figure']} | {t['target']} | {_fmt(t['measured'])} | {_fmt(t['limit'])} | {met} |")
+    notes = results.get("meta", {}).get("notes", [])
+    if notes:
+        out += ["", "## How it was measured", ""] + [f"- {note}" for note in notes]
+    return "\n".join(out) + "\n"
+
+
+def readme_section(results: Results) -> str:
+    """README's performance table (medians only; ``bench/results/latest.md`` has the spread)."""
+    met = {t["figure"]: t for t in results.get("targets", [])}
+    out = [f"{_caption(results)}:", "", "| figure | chordbeat | raw Celery |", "|---|---|---|"]
+    out += [f"| {a} | {b} | {c} |" for a, b, c in table_rows(results, spread=False)]
+    if met:
+        reached = sum(t["met"] for t in met.values())
+        missed = "; ".join(f for f, t in met.items() if not t["met"]) or "none"
+        out += ["", f"Targets of issue 10 met: {reached} of {len(met)} (not met: {missed})."]
+    return "\n".join(out)
+
+
+def rewrite_readme(results: Results, readme: Path = README) -> None:
+    text = readme.read_text()
+    head, found, rest = text.partition(START)
+    _old, found_end, tail = rest.partition(END)
+    if not (found and found_end):
+        raise SystemExit(f"{readme}: no {START} … {END} section to rewrite")
+    readme.write_text(f"{head}{START}\n{readme_section(results)}\n{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--readme", action="store_true", help="rewrite README.md's performance table")
+    parser.add_argument("--markdown", action="store_true", help=f"rewrite {LATEST_MD.name} too")
+    parser.add_argument("--json", type=Path, default=LATEST_JSON, help="results file (default: %(default)s)")
+    args = parser.parse_args(argv)
+    results = json.loads(args.json.read_text())
+    if args.markdown:
+        LATEST_MD.write_text(markdown(results))
+    if args.readme:
+        rewrite_readme(results)
+    if not (args.readme or args.markdown):
+        print(text_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The benchmark's modules import and its report renders from a results file (no servers)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import report
+from bench.run import summarise
+
+SAMPLE_RUNS: dict[str, list[Any]] = {
+    "advance_ms": [{"p50": 5.0, "p95": 9.0}, {"p50": 6.0, "p95": 8.0}, {"p50": 4.0, "p95": 30.0}],
+    "raw_advance_ms": [{"p50": 8.0, "p95": 10.0}] * 3,
+    "steps_per_s": [240.0, 250.0, 260.0],
+    "raw_steps_per_s": [360.0, 350.0, 370.0],
+    "requeue_s": [19.0, 30.0, 20.0],
+}
+
+
+@pytest.mark.parametrize("module", ["harness", "pipelines", "faults", "beat_scale", "raw_app", "run", "report"])
+def test_bench_modules_import(module: str) -> None:
+    importlib.import_module(f"bench.{module}")
+
+
+def test_medians_spread_and_targets_come_from_the_runs() -> None:
+    results = summarise(dict(SAMPLE_RUNS), {"runs": 3})
+    assert results["advance_ms"] == {"p50": 5.0, "p95": 9.0}
+    assert results["spread"]["advance_ms"] == {"p50": [4.0, 6.0], "p95": [8.0, 30.0]}
+    targets = {t["figure"]: t for t in results["targets"]}
+    assert targets["advance p50"]["met"] and targets["advance p95"]["met"]
+    assert not targets["steps/s under load"]["met"]  # 250 < 0.9 x 360
+    assert targets["requeue"]["met"] and targets["requeue"]["limit"] == 26
+    assert "failover" not in targets  # not measured in this run: not judged
+
+
+def test_tables_fit_and_the_readme_section_is_rewritten(tmp_path: Path) -> None:
+    results = summarise(dict(SAMPLE_RUNS), {"runs": 3, "date": "today"})
+    text = report.text_table(results)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "steps/s, 100 x 5 groups x 2" in text and "NOT MET" in text
+    assert "| advance p50, 20 groups x 4 (ms) | 5.00 [4.00-6.00] | 8.00 |" in report.markdown(results)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{report.START}\nold table\n{report.END}\n\nafter\n")
+    report.rewrite_readme(results, readme)
+    rewritten = readme.read_text()
+    assert "old table" not in rewritten and rewritten.endswith(f"{report.END}\n\nafter\n")
+    assert "| steps/s, 100 x 5 groups x 2 | 250 | 360 |" in rewritten
+    assert "not met: steps/s under load" in rewritten

@@ -41,4 +41,4 @@ clean:
 # Rewrites the README's generated tables (service tasks, errors, variables) from their source.
 .PHONY: docs
 docs: $(STAMP)
-	$(BIN)/python -m celeryapp.docs_tables
+	$(BIN)/python -m celeryapp.interfaces.docs_tables

@@ -9,11 +9,11 @@ from urllib.parse import parse_qs, urlsplit
 from celery import Celery
 from kombu.entity import Queue
 
-from celeryapp.broker import TRANSPORT
 from celeryapp.config import VISIBILITY_TIMEOUT_S, Settings
-from celeryapp.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
-from celeryapp.redaction import credentials_apart
-from celeryapp.signals import HealthStep
+from celeryapp.execution.redaction import credentials_apart
+from celeryapp.messaging.broker import TRANSPORT
+from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
+from celeryapp.recovery.signals import HealthStep
 
 #: Modules holding chordbeat's own tasks; a worker imports them at start.
 TASK_MODULES = ("tasks.steps", "tasks.control", "tasks.service", "tasks.builtin", "tasks.examples")
@@ -34,7 +34,7 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
     """A Celery app that carries chordbeat's settings."""
 
     settings: Settings
-    amqp_cls = "celeryapp.broker:ChordbeatAMQP"
+    amqp_cls = "celeryapp.messaging.broker:ChordbeatAMQP"
 
     def apply_settings(self, settings: Settings) -> None:
         self.settings = settings
@@ -107,7 +107,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": False,
         "timezone": "UTC",
         "enable_utc": True,
-        "beat_scheduler": "celeryapp.beat:ChordbeatScheduler",
+        "beat_scheduler": "celeryapp.scheduling.beat:ChordbeatScheduler",
         # Internal periodic tasks; every schedule of the database gets its own dynamic entry. Nobody
         # reads what beat's messages return: storing it would keep a result key a day per message.
         "beat_schedule": {

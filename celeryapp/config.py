@@ -256,7 +256,7 @@ class Settings:
     sql_env_prefix: str = DEFAULT_SQL_ENV_PREFIX
     #: The URLs sql steps may use, by variable name (those starting with ``sql_env_prefix``).
     sql_urls: Mapping[str, str] = field(default_factory=dict, repr=False)
-    #: Dashboard accounts, ``name:role:password`` entries separated by commas (celeryapp/web/auth.py).
+    #: Dashboard accounts, ``name:role:password`` entries separated by commas (celeryapp/interfaces/web/auth.py).
     web_users: str = field(default="", repr=False)
     #: Key that signs the dashboard's session cookies.
     web_secret: str = field(default="", repr=False)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from celeryapp import app, step_kinds
+from celeryapp import app
 from celeryapp.context import current_step
 from celeryapp.errors import StepError
+from celeryapp.execution import step_kinds
 
 
 def _require(kind: str) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celeryapp import app, beat_entries, firing, recovery
-from celeryapp.advancing import advance_execution as advance_in_db
-from celeryapp.dispatch import apply_effects
+from celeryapp import app
 from celeryapp.errors import ChordbeatError, InvalidArgument
-from celeryapp.housekeeping import purge
-from celeryapp.limits import check_int
+from celeryapp.execution.advancing import advance_execution as advance_in_db
+from celeryapp.messaging.dispatch import apply_effects
+from celeryapp.recovery import recovery
+from celeryapp.recovery.housekeeping import purge
+from celeryapp.scheduling import beat_entries, firing
+from celeryapp.scheduling.limits import check_int
 from models import transaction, utcnow
 
 logger = logging.getLogger(__name__)

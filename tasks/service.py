@@ -7,9 +7,10 @@ from typing import Any
 
 from celery import Task
 
-from celeryapp import app, service
+from celeryapp import app
 from celeryapp.errors import ChordbeatError, InvalidArgument
-from celeryapp.redaction import RedactedResult
+from celeryapp.execution.redaction import RedactedResult
+from celeryapp.interfaces import service
 
 
 class ServiceTask(Task):  # type: ignore[misc]

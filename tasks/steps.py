@@ -8,9 +8,11 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore
 
-from celeryapp import app, keys, runner, step_events
+from celeryapp import app
 from celeryapp.errors import InvalidArgument
-from celeryapp.limits import check_int
+from celeryapp.execution import runner, step_events
+from celeryapp.messaging import keys
+from celeryapp.scheduling.limits import check_int
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ logger = logging.getLogger(__name__)
     ignore_result=True,
     store_errors_even_if_ignored=True,
     # Flower's view of a step: FAILURE with its error, Terminate as a cancel (step_events.py).
-    Request="celeryapp.step_events:StepRequest",
+    Request="celeryapp.execution.step_events:StepRequest",
     resultrepr_maxsize=step_events.RESULT_REPR_CHARS,
 )
 def run_step(self: Task, worker_task_id: int, attempt: int) -> dict[str, Any]:

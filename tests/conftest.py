@@ -20,10 +20,10 @@ from celery.worker import state as worker_state
 from sqlalchemy import create_engine, text
 
 from celeryapp import app as chordbeat_app
-from celeryapp import keys
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.redis_client import get_redis, reset_clients
+from celeryapp.messaging import keys
+from celeryapp.messaging.redis_client import get_redis, reset_clients
 from models.migrate import upgrade
 from models.session import dispose_all
 from tests.servers import PostgresServer, RedisServer, wait_for

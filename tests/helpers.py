@@ -15,9 +15,9 @@ from celery import Celery
 from sqlalchemy import select
 
 from celeryapp.app import ChordbeatCelery
-from celeryapp.beat_entries import ScheduleEntry, entry_name
-from celeryapp.redis_client import get_redis
-from celeryapp.views import execution_json
+from celeryapp.interfaces.views import execution_json
+from celeryapp.messaging.redis_client import get_redis
+from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
 from models import ScheduleExecution, transaction
 from tests.servers import wait_for
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from celeryapp import keys
 from celeryapp.config import Settings
+from celeryapp.messaging import keys
 
 CELERY = str(Path(sys.executable).with_name("celery"))
 ROOT = str(Path(__file__).resolve().parent.parent)

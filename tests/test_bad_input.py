@@ -23,12 +23,12 @@ import redis
 from celery import Celery
 from sqlalchemy import func, select
 
-from celeryapp import service
 from celeryapp.app import ChordbeatCelery
-from celeryapp.beat_entries import CadenceSchedule, cadence_of
 from celeryapp.errors import ChordbeatError, DefinitionError, FieldError, InvalidArgument
-from celeryapp.limits import LIST_PAYLOAD_BYTES, MAX_JSON_BYTES
-from celeryapp.schedule_file import apply_file
+from celeryapp.interfaces import service
+from celeryapp.scheduling.beat_entries import CadenceSchedule, cadence_of
+from celeryapp.scheduling.limits import LIST_PAYLOAD_BYTES, MAX_JSON_BYTES
+from celeryapp.scheduling.schedule_file import apply_file
 from models import Activity, Schedule, ScheduleExecution, ScheduleStep, SlotRecord, WorkerTask, transaction, utcnow
 from tests.helpers import call, finished, set_field
 
@@ -607,7 +607,7 @@ def test_a_schedule_at_every_limit_runs_and_recovery_passes_over_it(
 ) -> None:
     """A step timeout of 1e300 used to be stored and broke advancement and every recovery pass;
     the largest values that can be stored now still run."""
-    from celeryapp.recovery import recover
+    from celeryapp.recovery.recovery import recover
 
     created = call(client, "chordbeat.apply_schedule", definition=at_the_limits())
     assert created["timeout"] == 7 * DAY and created["next_run_at"] is not None

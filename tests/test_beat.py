@@ -15,14 +15,17 @@ from celery import Celery
 from sqlalchemy import select, update
 
 from celeryapp import app as chordbeat_app
-from celeryapp import beat_entries, keys, outcome, service
+from celeryapp import outcome
 from celeryapp.app import ChordbeatCelery
-from celeryapp.beat_entries import FIRE_EXPIRY_GRACE, ScheduleEntry, cadence_of, entry_name
 from celeryapp.config import Settings
 from celeryapp.context import current_step
-from celeryapp.health import age_s
-from celeryapp.redis_client import get_redis
-from celeryapp.views import iso
+from celeryapp.interfaces import service
+from celeryapp.interfaces.views import iso
+from celeryapp.messaging import keys
+from celeryapp.messaging.redis_client import get_redis
+from celeryapp.monitoring.health import age_s
+from celeryapp.scheduling import beat_entries
+from celeryapp.scheduling.beat_entries import FIRE_EXPIRY_GRACE, ScheduleEntry, cadence_of, entry_name
 from models import ExecutionStatus, Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from tests import processes
 from tests.helpers import call, entry_exists, executions, finished, step, wait_for

@@ -22,9 +22,9 @@ from click.testing import CliRunner, Result
 from sqlalchemy import text
 
 from celeryapp.app import ChordbeatCelery
-from celeryapp.cli import main
 from celeryapp.config import Settings
-from celeryapp.health import touch
+from celeryapp.interfaces.cli import main
+from celeryapp.monitoring.health import touch
 from models import transaction
 from tests import processes
 from tests.helpers import call, finished, step, wait_for
@@ -150,7 +150,7 @@ def test_health_reports_stale_and_fresh_liveness_files(tmp_path: Any, monkeypatc
 
 
 def test_the_live_view_shows_each_step_once_with_its_current_attempt() -> None:
-    from celeryapp.views import step_states
+    from celeryapp.interfaces.views import step_states
 
     execution = {
         "activities": [
@@ -226,7 +226,7 @@ def test_a_call_nobody_answered_expires_instead_of_acting_when_a_worker_appears(
     from celery.exceptions import TimeoutError as CeleryTimeout
 
     from celeryapp.client import ChordbeatClient
-    from celeryapp.schedule_file import apply_file
+    from celeryapp.scheduling.schedule_file import apply_file
 
     path = tmp_path / "s.yaml"
     path.write_text(json.dumps({"schedules": [{"name": "late", "every": 3600, "steps": [step("s")]}]}))

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 import tasks.service
-from celeryapp import app, config, docs_tables, service
+from celeryapp import app, config
 from celeryapp.client import ChordbeatClient
 from celeryapp.contract import SERVICE_TASKS, Param, ServiceTask
+from celeryapp.interfaces import docs_tables, service
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = inspect.Parameter.empty
@@ -69,7 +70,7 @@ def test_every_refusal_a_task_documents_is_a_documented_error() -> None:
 
 def test_the_docs_tables_are_generated_from_their_source() -> None:
     diff = docs_tables.stale()
-    assert not diff, f"stale generated tables: run `python -m celeryapp.docs_tables`\n{diff}"
+    assert not diff, f"stale generated tables: run `python -m celeryapp.interfaces.docs_tables`\n{diff}"
 
 
 def test_a_stale_table_is_reported_with_a_diff(tmp_path: Path) -> None:

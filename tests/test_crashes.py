@@ -78,7 +78,7 @@ def test_a_starting_worker_requeues_its_own_orphaned_steps(
 def test_redis_restart_without_data_mid_run_loses_nothing_and_beat_goes_on(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    from celeryapp import service
+    from celeryapp.interfaces import service
 
     with processes.worker(settings, tmp_path, "w1"), processes.beat(settings, tmp_path) as beat:
         call(

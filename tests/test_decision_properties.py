@@ -11,8 +11,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celeryapp.cadence import BACKOFF_CAP_FACTOR, Cadence, retry_delay_s
-from celeryapp.decisions import (
+from celeryapp.execution.decisions import (
     NextRun,
     RetryPolicy,
     ScheduleState,
@@ -22,7 +21,8 @@ from celeryapp.decisions import (
     decide_after_group,
     decide_fire,
 )
-from celeryapp.definition import StepSpec
+from celeryapp.scheduling.cadence import BACKOFF_CAP_FACTOR, Cadence, retry_delay_s
+from celeryapp.scheduling.definition import StepSpec
 from models.states import ActivityStatus, ExecutionStatus, ScheduleStatus, Trigger
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from celeryapp.app import ChordbeatCelery
-from celeryapp.beat_entries import CadenceSchedule
-from celeryapp.cadence import Cadence, retry_delay_s
-from celeryapp.definition import ScheduleDefinition, StepSpec, parse_definition
 from celeryapp.errors import DefinitionError
-from celeryapp.store import next_fire_after
+from celeryapp.scheduling.beat_entries import CadenceSchedule
+from celeryapp.scheduling.cadence import Cadence, retry_delay_s
+from celeryapp.scheduling.definition import ScheduleDefinition, StepSpec, parse_definition
+from celeryapp.scheduling.store import next_fire_after
 from tests.helpers import call, set_field
 
 KNOWN = {"chordbeat.examples.sleep", "chordbeat.examples.fail"}

@@ -16,8 +16,8 @@ import click
 import pytest
 import yaml
 
-from celeryapp.cli import main as chordbeat_cli
-from celeryapp.keys import CONTROL_QUEUES, STEPS_QUEUE
+from celeryapp.interfaces.cli import main as chordbeat_cli
+from celeryapp.messaging.keys import CONTROL_QUEUES, STEPS_QUEUE
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, text
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.housekeeping import purge
+from celeryapp.recovery.housekeeping import purge
 from models.migrate import upgrade
 from models.session import dispose_all
 from tests.helpers import call, finished, step

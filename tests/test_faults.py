@@ -19,11 +19,11 @@ from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.engine import make_url
 
 import tests.fault_tasks  # noqa: F401  (registers the fault step tasks in the in-process worker)
-from celeryapp import recovery
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.dispatch import apply_effects
-from celeryapp.runs import start_execution
+from celeryapp.execution.runs import start_execution
+from celeryapp.messaging.dispatch import apply_effects
+from celeryapp.recovery import recovery
 from models import Activity, Schedule, ScheduleExecution, Trigger, transaction, utcnow
 from tests import processes
 from tests.fault_tasks import read_log

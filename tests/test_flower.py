@@ -15,10 +15,11 @@ import requests
 from celery import Celery
 from sqlalchemy import select
 
-from celeryapp import keys, step_events
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.redis_client import get_redis
+from celeryapp.execution import step_events
+from celeryapp.messaging import keys
+from celeryapp.messaging.redis_client import get_redis
 from models import ActivityStatus, WorkerTask, transaction
 from tests import processes
 from tests.helpers import call, finished, running, step, wait_for

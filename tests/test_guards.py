@@ -73,8 +73,8 @@ def test_cancel_mid_step_stops_the_step_and_nothing_runs_afterwards(
     assert [(a["step"], a["status"]) for a in cancelled["activities"]] == [("long", "cancelled")]
 
     # The 30 s step is interrupted: its runner ends (heartbeat key removed) well before.
-    from celeryapp import keys
-    from celeryapp.redis_client import get_redis
+    from celeryapp.messaging import keys
+    from celeryapp.messaging.redis_client import get_redis
 
     redis = get_redis(app.settings.broker_url)
     wait_for(lambda: not redis.keys(f"{keys.PREFIX}:hb:*"), 10, what="the cancelled step to stop")
@@ -167,9 +167,9 @@ def test_two_starts_racing_make_one_execution(app: ChordbeatCelery) -> None:
     import threading
     import time
 
-    from celeryapp.definition import parse_definition
-    from celeryapp.runs import StartResult, start_execution
-    from celeryapp.store import upsert_schedule
+    from celeryapp.execution.runs import StartResult, start_execution
+    from celeryapp.scheduling.definition import parse_definition
+    from celeryapp.scheduling.store import upsert_schedule
     from models import Schedule, ScheduleSource, Trigger, utcnow
 
     url = app.settings.database_url
@@ -213,10 +213,10 @@ def test_a_fire_reading_the_active_run_while_it_ends_still_runs_the_buffered_slo
 
     from sqlalchemy import text
 
-    from celeryapp import firing
-    from celeryapp.definition import parse_definition
-    from celeryapp.runs import cancel_execution, start_execution
-    from celeryapp.store import upsert_schedule
+    from celeryapp.execution.runs import cancel_execution, start_execution
+    from celeryapp.scheduling import firing
+    from celeryapp.scheduling.definition import parse_definition
+    from celeryapp.scheduling.store import upsert_schedule
     from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleSource, Trigger, utcnow
 
     if not database_url.startswith("postgresql"):

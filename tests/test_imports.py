@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("celeryapp", "tasks", "models")
 #: Modules that import inside functions, and why.
 LATE_IMPORTS = {
-    "celeryapp.cli": "each command imports what it needs: `chordbeat health` stays small and quick",
+    "celeryapp.interfaces.cli": "each command imports what it needs: `chordbeat health` stays small and quick",
 }
 
 

@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event
 
 from celeryapp.app import ChordbeatCelery
-from celeryapp.housekeeping import purge
-from celeryapp.metric_counts import bucket_of
-from celeryapp.metrics import ExecutionCollector, histogram_samples
+from celeryapp.monitoring.metric_counts import bucket_of
+from celeryapp.monitoring.metrics import ExecutionCollector, histogram_samples
+from celeryapp.recovery.housekeeping import purge
 from models import utcnow
 from models.session import get_engine
 from tests.helpers import call, finished, step

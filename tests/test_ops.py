@@ -16,7 +16,7 @@ from celery import Celery
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.health import age_s, problem, touch
+from celeryapp.monitoring.health import age_s, problem, touch
 from tests import processes
 from tests.helpers import call, finished, http_get, step, wait_for
 from tests.servers import RedisServer, free_port

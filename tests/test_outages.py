@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from celeryapp import service
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.interfaces import service
 from tests import processes
 from tests.helpers import call, db_execution, running, step, ts, wait_for
 from tests.servers import RedisServer

@@ -9,10 +9,13 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select, update
 
-from celeryapp import firing, keys, overload, service
 from celeryapp.app import ChordbeatCelery
-from celeryapp.metrics import ExecutionCollector
-from celeryapp.redis_client import get_redis
+from celeryapp.interfaces import service
+from celeryapp.messaging import keys
+from celeryapp.messaging.redis_client import get_redis
+from celeryapp.monitoring import overload
+from celeryapp.monitoring.metrics import ExecutionCollector
+from celeryapp.scheduling import firing
 from models import Schedule, SlotOutcome, SlotRecord, Trigger, get_engine, transaction, utcnow
 from tests.helpers import step
 
@@ -75,7 +78,7 @@ def test_sustained_skipping_is_counted_warned_about_and_exported(
         assert "overlap" in str(answer["skipped"])
     # A minute later the first skip warns once, for the whole deployment, about the minute before.
     later = utcnow().timestamp() + 60
-    with caplog.at_level(logging.WARNING, logger="celeryapp.overload"):
+    with caplog.at_level(logging.WARNING, logger="celeryapp.monitoring.overload"):
         overload.note_skipped(app.settings.broker_url, 1, now=later)
         overload.note_skipped(app.settings.broker_url, 1, now=later)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

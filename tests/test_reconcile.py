@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, event, insert, update
 
-from celeryapp import beat_entries, firing, service
 from celeryapp.app import ChordbeatCelery
-from celeryapp.beat_entries import ScheduleEntry, entry_name
-from celeryapp.definition import parse_definition
-from celeryapp.redis_client import get_redis
-from celeryapp.store import upsert_schedule
+from celeryapp.interfaces import service
+from celeryapp.messaging.redis_client import get_redis
+from celeryapp.scheduling import beat_entries, firing
+from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
+from celeryapp.scheduling.definition import parse_definition
+from celeryapp.scheduling.store import upsert_schedule
 from models import Schedule, ScheduleSource, ScheduleStatus, Trigger, get_engine, transaction, utcnow
 from tasks.control import reconcile_beat
 from tests.helpers import step

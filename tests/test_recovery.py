@@ -8,12 +8,12 @@ from typing import Any
 from celery import Celery
 from sqlalchemy import select, update
 
-from celeryapp import recovery
 from celeryapp.app import ChordbeatCelery
-from celeryapp.housekeeping import purge
-from celeryapp.redis_client import get_redis
-from celeryapp.runs import start_execution
-from celeryapp.steps import claim_step, finish_step
+from celeryapp.execution.runs import start_execution
+from celeryapp.execution.steps import claim_step, finish_step
+from celeryapp.messaging.redis_client import get_redis
+from celeryapp.recovery import recovery
+from celeryapp.recovery.housekeeping import purge
 from models import (
     Activity,
     ActivityStatus,
@@ -285,7 +285,7 @@ def test_redis_epoch_loss_rebuilds_beat_entries(app: ChordbeatCelery, worker: An
 def test_safefail_never_leaves_an_activity_in_progress(
     app: ChordbeatCelery, worker: Any, client: Celery, monkeypatch: Any
 ) -> None:
-    from celeryapp import runner
+    from celeryapp.execution import runner
 
     def broken(*_args: Any, **_kwargs: Any) -> bool:
         raise RuntimeError("database hiccup while recording")
@@ -312,7 +312,7 @@ def test_safefail_never_leaves_an_activity_in_progress(
 
 
 def test_the_worker_keeps_its_liveness_file_fresh(app: ChordbeatCelery, worker: Any) -> None:
-    from celeryapp.health import age_s
+    from celeryapp.monitoring.health import age_s
 
     age = age_s(app.settings, "worker")
     assert age is not None and age < 15

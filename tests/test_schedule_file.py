@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from celeryapp.app import ChordbeatCelery
-from celeryapp.cli import main
 from celeryapp.config import Settings
 from celeryapp.errors import DefinitionError
-from celeryapp.schedule_file import apply_file
+from celeryapp.interfaces.cli import main
+from celeryapp.scheduling.schedule_file import apply_file
 from models import Schedule, ScheduleSource, transaction
 from tests import processes
 from tests.helpers import call, entry_exists, executions, finished, step, wait_for
@@ -50,7 +50,7 @@ def test_file_overrides_stored_schedules_and_prunes_only_its_own(
         {"name": "from-file", "every": 30, "steps": [step("s")]},
         {"name": "shared", "every": 90, "steps": [step("s")]},
     )
-    with caplog.at_level(logging.INFO, logger="celeryapp.schedule_file"):
+    with caplog.at_level(logging.INFO, logger="celeryapp.scheduling.schedule_file"):
         diff = apply_file(app, first)
     assert (diff.added, diff.changed, diff.removed) == (["from-file"], ["shared"], [])
     assert diff.taken_over == {"shared": "the API"} and diff.fields == {"shared": ["every"]}
@@ -141,7 +141,7 @@ def test_a_file_prunes_only_its_own_source_never_an_earlier_files(
     [(5, "got 5"), ("", "got ''"), ("a b", "got 'a b'"), ("x" * 201, "at most 200"), (True, "got True")],
 )
 def test_a_bad_source_name_is_refused(tmp_path: Path, source: Any, reason: str) -> None:
-    from celeryapp.schedule_file import read_file
+    from celeryapp.scheduling.schedule_file import read_file
 
     with pytest.raises(DefinitionError) as caught:
         read_file(write(tmp_path / "s.yaml", source=source), known_task=None)
@@ -151,7 +151,7 @@ def test_a_bad_source_name_is_refused(tmp_path: Path, source: Any, reason: str) 
 
 
 def test_every_invalid_schedule_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
-    from celeryapp.schedule_file import read_file
+    from celeryapp.scheduling.schedule_file import read_file
 
     path = write(
         tmp_path / "s.yaml",

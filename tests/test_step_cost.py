@@ -6,8 +6,9 @@ from typing import Any
 
 from sqlalchemy import event, select
 
-from celeryapp import runner, service
 from celeryapp.app import ChordbeatCelery
+from celeryapp.execution import runner
+from celeryapp.interfaces import service
 from models import WorkerTask, get_engine, transaction
 from tests.helpers import step
 

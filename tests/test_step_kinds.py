@@ -18,9 +18,9 @@ from sqlalchemy import create_engine, text, update
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import STEP_KINDS, Settings
-from celeryapp.definition import parse_definition
 from celeryapp.errors import DefinitionError
-from celeryapp.step_kinds import split_statements
+from celeryapp.execution.step_kinds import split_statements
+from celeryapp.scheduling.definition import parse_definition
 from models import ScheduleStep, transaction
 from tests import processes
 from tests.helpers import call, finished, wait_for

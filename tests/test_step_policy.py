@@ -9,7 +9,7 @@ import pytest
 
 from celeryapp.config import Settings
 from celeryapp.errors import ConfigError
-from celeryapp.step_policy import (
+from celeryapp.execution.step_policy import (
     StepRules,
     env_name_refusal,
     executable_refusal,

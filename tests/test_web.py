@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from celeryapp import service
 from celeryapp.app import ChordbeatCelery
+from celeryapp.interfaces import service
 from models import Schedule, transaction
 from tests.servers import wait_for
 from tests.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 import pytest
 
 from celeryapp.errors import ConfigError
-from celeryapp.web.auth import Role, check_auth_config, check_password, hash_password, parse_users
-from celeryapp.web.humanize import cadence_words, cron_words, in_zone, relative, seconds_words
-from celeryapp.web.queries import next_fire_times
+from celeryapp.interfaces.web.auth import Role, check_auth_config, check_password, hash_password, parse_users
+from celeryapp.interfaces.web.humanize import cadence_words, cron_words, in_zone, relative, seconds_words
+from celeryapp.interfaces.web.queries import next_fire_times
 from models import Schedule, ScheduleStatus
 
 

@@ -12,8 +12,8 @@ import tornado.httpserver
 import tornado.ioloop
 
 from celeryapp.app import ChordbeatCelery
-from celeryapp.web.auth import hash_password, parse_users
-from celeryapp.web.server import make_app
+from celeryapp.interfaces.web.auth import hash_password, parse_users
+from celeryapp.interfaces.web.server import make_app
 from tests.servers import free_port
 
 SECRET = "test-secret-" + "x" * 40

@@ -1,0 +1,62 @@
+"""What a change in the database leaves to do once its transaction commits: chords to send,
+runs to stop, messages to revoke, beat entries to rewrite. :mod:`celeryapp.messaging.dispatch` does it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from celeryapp.messaging import keys
+from celeryapp.scheduling.definition import StepSpec
+
+
+@dataclass(frozen=True)
+class StepDispatch:
+    execution_id: int
+    worker_task_id: int
+    attempt: int
+    spec: StepSpec
+
+    @property
+    def celery_task_id(self) -> str:
+        return keys.runner_task_id(self.execution_id, self.worker_task_id, self.attempt)
+
+
+@dataclass(frozen=True)
+class GroupDispatch:
+    """A step group to send as one chord (or, for re-queued attempts, as linked single tasks)."""
+
+    execution_id: int
+    step_index: int
+    steps: tuple[StepDispatch, ...]
+    #: True for re-queued attempts: sent without a chord, each linked to the advancement.
+    requeue: bool = False
+    #: For monitors: a step's runner is shown as ``<schedule>/<step>``.
+    schedule_name: str = ""
+
+
+@dataclass
+class Effects:
+    """What to do after commit: chords to send, executions whose running steps must stop."""
+
+    dispatch: list[GroupDispatch] = field(default_factory=list)
+    cancelled: list[int] = field(default_factory=list)
+    revoke: list[str] = field(default_factory=list)
+    #: Schedules whose beat entry must be rewritten (retry due, done, dead).
+    resync: list[str] = field(default_factory=list)
+    #: Attempts given up by recovery (worker task id, attempt): if still running anywhere, they stop.
+    fenced: list[tuple[int, int]] = field(default_factory=list)
+    #: Slots skipped because the schedule's previous run is still active (counted for overload).
+    skipped_overlap: int = 0
+    #: Executions this transaction ended (completed, failed, cancelled).
+    ended: list[int] = field(default_factory=list)
+
+    def merge(self, other: Effects) -> Effects:
+        self.dispatch += other.dispatch
+        self.cancelled += other.cancelled
+        self.revoke += other.revoke
+        self.resync += other.resync
+        self.fenced += other.fenced
+        self.skipped_overlap += other.skipped_overlap
+        self.ended += other.ended
+        return self

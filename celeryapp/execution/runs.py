@@ -1,0 +1,434 @@
+"""An execution's start and end in the database: the overlap policy applied, cancelling, and the
+schedule's bookkeeping when a run ends (counters, repeats, retries).
+
+Start and end share this module because each leads to the other: ``cancel_previous`` ends the
+active runs as a new one starts, and an ending run starts the retry or the buffered run that
+waited for it.
+
+Every state change is a compare-and-set ``UPDATE ... WHERE <expected state>``: whoever loses a
+race (a redelivered message, a second callback, recovery racing a slow worker) changes nothing.
+Functions here only touch the database and return the :class:`~celeryapp.execution.effects.Effects` to
+send once the transaction has committed; :mod:`celeryapp.messaging.dispatch` sends them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from sqlalchemy import delete, exists, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from celeryapp.errors import NotFound
+from celeryapp.execution.decisions import (
+    AfterExecution,
+    NextRun,
+    OverlapAction,
+    OverlapDecision,
+    RetryPolicy,
+    ScheduleState,
+    decide_after_execution,
+    decide_overlap,
+)
+from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.interfaces.views import iso
+from celeryapp.messaging import keys
+from celeryapp.monitoring import metric_counts
+from celeryapp.scheduling.store import definition_of
+from models import (
+    Activity,
+    ActivityStatus,
+    ExecutionStatus,
+    Overlap,
+    Schedule,
+    ScheduleExecution,
+    ScheduleStatus,
+    SlotOutcome,
+    SlotRecord,
+    Trigger,
+    WorkerTask,
+    WorkerTaskStatus,
+)
+from models.session import NO_SYNC, affected
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StartResult:
+    execution_id: int | None
+    skipped: str | None = None
+    effects: Effects = field(default_factory=Effects)
+
+
+def run_key(name: str, trigger: Trigger, nominal_at: datetime, retry: int = 0) -> str:
+    """The same slot (and retry) always gives the same key: two beats or a redelivery make one run."""
+    kind = f"retry{retry}" if trigger is Trigger.RETRY else trigger.value
+    return f"{name}:{kind}:{iso(nominal_at)}"
+
+
+def lock_schedule(session: Session, schedule_id: int) -> None:
+    """Take the schedule's row lock until commit (PostgreSQL; SQLite's writers exclude each other).
+
+    Whatever starts or ends a run of the schedule takes it first. A fire therefore reads the
+    schedule's runs only after an ending run committed (it cannot see that run as active and
+    buffer a run nobody will start), and locks are always taken schedule first, then execution,
+    so starts and ends cannot deadlock each other.
+    """
+    session.execute(select(Schedule.id).where(Schedule.id == schedule_id).with_for_update())
+
+
+def _active_execution_ids(session: Session, schedule_id: int) -> list[int]:
+    return list(
+        session.scalars(
+            select(ScheduleExecution.id)
+            .where(
+                ScheduleExecution.schedule_id == schedule_id,
+                ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
+            )
+            .order_by(ScheduleExecution.id)
+        )
+    )
+
+
+class SlotOwner(NamedTuple):
+    """The schedule a slot record belongs to (what a fire reads without loading the schedule)."""
+
+    id: int
+    name: str
+
+
+def record_slot(
+    session: Session,
+    schedule: Schedule | SlotOwner,
+    outcome: SlotOutcome,
+    *,
+    trigger: Trigger,
+    nominal_at: datetime | None,
+    now: datetime,
+    execution_id: int | None = None,
+    detail: str | None = None,
+) -> None:
+    session.execute(
+        insert(SlotRecord).values(
+            schedule_id=schedule.id,
+            schedule_name=schedule.name,
+            nominal_at=nominal_at,
+            trigger=trigger,
+            outcome=outcome,
+            execution_id=execution_id,
+            detail=detail,
+            recorded_at=now,
+        )
+    )
+    metric_counts.count_slot(session, schedule.name, outcome)
+
+
+def start_execution(
+    session: Session,
+    schedule: Schedule,
+    *,
+    trigger: Trigger,
+    run_key: str,
+    now: datetime,
+    payload: dict[str, Any] | None = None,
+    nominal_at: datetime | None = None,
+    locked_without_active: bool = False,
+) -> StartResult:
+    """Create an execution with all its worker tasks, honouring the schedule's overlap policy.
+
+    ``locked_without_active``: the caller holds the schedule's row lock and found no active run.
+    """
+    if not locked_without_active:
+        lock_schedule(session, schedule.id)
+    existing = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
+    if existing is not None:
+        return StartResult(existing, skipped="duplicate")
+    effects = Effects()
+    active = [] if locked_without_active else _active_execution_ids(session, schedule.id)
+    if active:
+        overlap = decide_overlap(schedule.overlap, trigger, active_id=active[0], current_retry=schedule.current_retry)
+        if overlap.action is OverlapAction.CANCEL_AND_START:
+            for execution_id in active:
+                effects.merge(cancel_execution(session, execution_id, now=now, reason="cancelled: a new run started"))
+        elif overlap.action is not OverlapAction.START:
+            overlapped = _overlapped(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
+            if overlapped is not None:
+                return overlapped
+
+    definition = definition_of(schedule)
+    execution = ScheduleExecution(
+        schedule_id=schedule.id,
+        schedule_name=schedule.name,
+        status=ExecutionStatus.IN_PROGRESS,
+        trigger=trigger,
+        run_key=run_key,
+        exclusive_key=None if schedule.overlap is Overlap.ALLOW else schedule.id,
+        current_step_index=0,
+        plan=definition.plan(),
+        payload={**definition.payload, **(payload or {})},
+        started_at=now,
+        deadline_at=now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
+    )
+    try:
+        with session.begin_nested():
+            session.add(execution)
+            session.flush()
+    except IntegrityError:
+        # Lost a race: the same run key, or another active run of an exclusive schedule. (Rolling
+        # back the savepoint already took the new execution out of the session.)
+        winner = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
+        if winner is not None:
+            return StartResult(winner, skipped="duplicate")
+        overlap = decide_overlap(
+            schedule.overlap, trigger, active_id=None, current_retry=schedule.current_retry, lost_race=True
+        )
+        overlapped = _overlapped(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
+        return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
+
+    # Every worker task in one statement (ids come back in the rows' order).
+    rows = [
+        {
+            "execution_id": execution.id,
+            "step_index": index,
+            "step_name": step.name,
+            "status": WorkerTaskStatus.QUEUED if index == 0 else WorkerTaskStatus.WAITING,
+            "attempt": 1,
+            "queued_at": now if index == 0 else None,
+        }
+        for index, group in enumerate(definition.groups)
+        for step in group
+    ]
+    task_ids = session.scalars(insert(WorkerTask).returning(WorkerTask.id, sort_by_parameter_order=True), rows).all()
+    group_zero = definition.groups[0]
+    first = [
+        StepDispatch(execution.id, i, 1, step) for i, step in zip(task_ids[: len(group_zero)], group_zero, strict=True)
+    ]
+    session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
+    record_slot(
+        session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution.id
+    )
+    effects.dispatch.append(GroupDispatch(execution.id, 0, tuple(first), schedule_name=schedule.name))
+    logger.info("execution %s of schedule %r started (%s)", execution.id, schedule.name, trigger.value)
+    return StartResult(execution.id, effects=effects)
+
+
+def _overlapped(
+    session: Session,
+    schedule: Schedule,
+    overlap: OverlapDecision,
+    *,
+    trigger: Trigger,
+    nominal_at: datetime | None,
+    now: datetime,
+) -> StartResult | None:
+    """Apply a run's overlap decision: record why it does not start; ``None`` if it was to be
+    buffered but the active run ended meanwhile: start it."""
+    if overlap.action is OverlapAction.BUFFER:
+        still_running = exists().where(
+            ScheduleExecution.schedule_id == schedule.id, ScheduleExecution.status == ExecutionStatus.IN_PROGRESS
+        )
+        if not affected(
+            session, update(Schedule).where(Schedule.id == schedule.id, still_running).values(buffered=True)
+        ):
+            return None
+    if overlap.outcome is not None:
+        record_slot(
+            session, schedule, overlap.outcome, trigger=trigger, nominal_at=nominal_at, now=now, detail=overlap.detail
+        )
+    # Skips are counted for the deployment's overload warning (one a minute), not logged one by one.
+    logger.info("schedule %r: %s", schedule.name, overlap.detail)
+    skipped = 1 if overlap.action is OverlapAction.SKIP else 0
+    return StartResult(None, skipped=overlap.skipped, effects=Effects(skipped_overlap=skipped))
+
+
+def finish_execution(
+    session: Session,
+    execution: ScheduleExecution,
+    guard: Any,
+    status: ExecutionStatus,
+    *,
+    error: str | None,
+    now: datetime,
+) -> Effects | None:
+    """End the execution if ``guard`` still holds; ``None`` if someone else changed it first."""
+    if execution.schedule_id is not None:
+        lock_schedule(session, execution.schedule_id)
+    done = affected(
+        session,
+        update(ScheduleExecution)
+        .where(*guard)
+        .values(status=status, error=error, completed_at=now, exclusive_key=None),
+    )
+    if not done:
+        return None
+    metric_counts.observe_execution(session, execution, status, now)
+    session.execute(delete(WorkerTask).where(WorkerTask.execution_id == execution.id))
+    if status is ExecutionStatus.FAILED:
+        logger.warning("execution %s of %r failed: %s", execution.id, execution.schedule_name, error)
+    else:
+        logger.info("execution %s of %r %s", execution.id, execution.schedule_name, status.value)
+    effects = _after_execution(session, execution, status, error=error, now=now)
+    effects.ended.append(execution.id)
+    return effects
+
+
+def _after_execution(
+    session: Session, execution: ScheduleExecution, status: ExecutionStatus, *, error: str | None, now: datetime
+) -> Effects:
+    """Schedule bookkeeping once an execution ends: counters, repeats, retries, a run that waited.
+
+    The schedule's row lock is held (taken by :func:`finish_execution`), so what is read here is
+    current; the changes are still made as compare-and-set updates.
+    """
+    if execution.schedule_id is None:
+        return Effects()
+    schedule = session.get(Schedule, execution.schedule_id)
+    if schedule is None:
+        return Effects()
+    by_id = Schedule.id == schedule.id
+    read = (Schedule.status, Schedule.current_retry, Schedule.retry_at, Schedule.run_count, Schedule.buffered)
+    counters: dict[str, Any] = {}
+    if status is ExecutionStatus.COMPLETED:
+        counters = {"run_count": Schedule.run_count + 1}
+    elif status is ExecutionStatus.FAILED:
+        counters = {"error_count": Schedule.error_count + 1, "last_error": error}
+    # Counters change with atomic increments whose new values come back (RETURNING).
+    if counters:
+        row = session.execute(
+            update(Schedule).where(by_id).values(**counters).returning(*read), execution_options=NO_SYNC
+        ).one()
+    else:
+        row = session.execute(select(*read).where(by_id)).one()
+    state = ScheduleState(row.status, row.current_retry, row.retry_at)
+    pending_key = run_key(schedule.name, Trigger.RETRY, state.retry_at, state.current_retry) if state.retry_at else None
+    is_pending_retry = execution.run_key == pending_key
+    definition = definition_of(schedule)
+    after = decide_after_execution(
+        state,
+        RetryPolicy(definition.max_retries, definition.total_repeats, definition.retry_base_s),
+        ended=status,
+        is_pending_retry=is_pending_retry,
+        pending_retry_started=is_pending_retry or _pending_retry_started(session, state, pending_key, now),
+        run_count=row.run_count,
+        buffered=row.buffered,
+        now=now,
+    )
+    # Retry time, done or dead: the beat entry follows. A run that changed none of them (most runs)
+    # leaves the entry alone: no read of it per run. A lost race is synced anyway.
+    changed = (after.status, after.current_retry, after.retry_at) != (state.status, state.current_retry, state.retry_at)
+    effects = Effects(resync=[schedule.name] if changed else [])
+    if not _apply_after(session, schedule, state, after, now=now):
+        logger.warning("schedule %r changed while execution %s ended; left as it is", schedule.name, execution.id)
+        return Effects(resync=[schedule.name])
+    _log_after(schedule.name, state, after, run_count=row.run_count, is_pending_retry=is_pending_retry, ended=status)
+    if after.start is NextRun.RETRY and state.retry_at is not None and pending_key is not None:
+        started = start_execution(
+            session, schedule, trigger=Trigger.RETRY, now=now, nominal_at=state.retry_at, run_key=pending_key
+        )
+        effects.merge(started.effects)
+    elif after.start is NextRun.BUFFERED and affected(
+        session,
+        update(Schedule)
+        .where(by_id, Schedule.buffered.is_(True), Schedule.status == ScheduleStatus.ACTIVE)
+        .values(buffered=False)
+        .execution_options(synchronize_session=False),
+    ):
+        started = start_execution(
+            session, schedule, trigger=execution.trigger, now=now, run_key=f"{schedule.name}:after:{execution.id}"
+        )
+        effects.merge(started.effects)
+    return effects
+
+
+def _pending_retry_started(session: Session, state: ScheduleState, key: str | None, now: datetime) -> bool:
+    """Whether the pending retry's run exists; only asked once the retry is due."""
+    if state.retry_at is None or key is None or state.retry_at > now:
+        return False
+    return session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == key)) is not None
+
+
+def _apply_after(
+    session: Session, schedule: Schedule, state: ScheduleState, after: AfterExecution, *, now: datetime
+) -> bool:
+    """Write the decided retry state and status, guarded on what the decision read."""
+    changes: dict[str, Any] = {}
+    if (after.current_retry, after.retry_at) != (state.current_retry, state.retry_at):
+        changes.update(current_retry=after.current_retry, retry_at=after.retry_at)
+    if after.status is not state.status:
+        changes.update(status=after.status, retry_at=None, next_run_at=None, buffered=False)
+    if not changes:
+        return True
+    changes["changed_at"] = now  # the beat entry follows: the incremental reconcile must see it
+    return bool(
+        affected(
+            session,
+            update(Schedule)
+            .where(
+                Schedule.id == schedule.id,
+                Schedule.status == state.status,
+                Schedule.current_retry == state.current_retry,
+                Schedule.retry_at.is_not_distinct_from(state.retry_at),
+            )
+            .values(**changes)
+            .execution_options(synchronize_session=False),
+        )
+    )
+
+
+def _log_after(
+    name: str,
+    state: ScheduleState,
+    after: AfterExecution,
+    *,
+    run_count: int,
+    is_pending_retry: bool,
+    ended: ExecutionStatus,
+) -> None:
+    if after.status is ScheduleStatus.DONE:
+        logger.info("schedule %r is done after %s runs", name, run_count)
+    elif after.status is ScheduleStatus.DEAD:
+        logger.error("schedule %r is dead: %s consecutive failures", name, state.current_retry + 1)
+    elif after.counted and after.retry_at is not None:
+        logger.info("schedule %r: retry %s at %s", name, after.current_retry, iso(after.retry_at))
+    elif ended is ExecutionStatus.FAILED and state.retry_at is not None and not is_pending_retry:
+        logger.info("schedule %r: retry %s is already pending; no retry added", name, state.current_retry)
+
+
+def cancel_execution(
+    session: Session,
+    execution_id: int,
+    *,
+    now: datetime,
+    reason: str = "cancelled",
+    status: ExecutionStatus = ExecutionStatus.CANCELLED,
+) -> Effects:
+    """Stop an in-progress execution; a finished one is left as it is.
+
+    ``status`` is ``failed`` when the cancel is a timeout, so the run counts as a failure.
+    """
+    execution = session.get(ScheduleExecution, execution_id)
+    if execution is None:
+        raise NotFound(f"execution {execution_id} does not exist")
+    if execution.status is not ExecutionStatus.IN_PROGRESS:
+        return Effects()
+    guard = (ScheduleExecution.id == execution_id, ScheduleExecution.status == ExecutionStatus.IN_PROGRESS)
+    running = session.execute(
+        select(WorkerTask.id, WorkerTask.attempt).where(
+            WorkerTask.execution_id == execution_id, WorkerTask.status != WorkerTaskStatus.WAITING
+        )
+    ).all()
+    effects = finish_execution(session, execution, guard, status, error=reason, now=now)
+    if effects is None:
+        return Effects()  # it ended meanwhile: nothing to cancel
+    session.execute(
+        update(Activity)
+        .where(Activity.execution_id == execution_id, Activity.status == ActivityStatus.IN_PROGRESS)
+        .values(status=ActivityStatus.CANCELLED, completed_at=now, error=reason)
+    )
+    effects.cancelled.append(execution_id)
+    effects.revoke += [keys.runner_task_id(execution_id, i, a) for i, a in running]
+    return effects

@@ -1,0 +1,169 @@
+"""What monitors (Flower, ``celery events``, ``celery inspect``) are told about a step.
+
+A step runner is a chord header task that must never fail (a failed header makes the Redis
+backend fail the chord body, which is the advancement). So the task itself always succeeds, and
+the truth is told in the worker's task events instead, which is all Flower reads:
+
+- the message carries a readable name (``<schedule>/<step>``, Celery's ``shadow``) and an argument
+  repr naming the execution, the group (from 1) and the attempt;
+- :class:`StepRequest` turns the runner's ``task-succeeded`` into ``task-failed`` (with the step's
+  error) for a failed step and ``task-revoked`` for a cancelled one, and gives a completed step a
+  readable result (its warning, if any);
+- an operator's Terminate or Revoke (Flower's buttons, ``celery control revoke``) does not kill
+  the pool process or drop the message: it sets the attempt's stop flag
+  (:func:`celeryapp.messaging.keys.stop_key`), and the runner records the step cancelled with the reason.
+  Killing the process would make the attempt look like a lost worker that recovery runs again, and
+  a dropped message would fail the group's chord.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import re
+from typing import Any
+
+import redis
+from celery.worker import state as worker_state
+from celery.worker.request import Request
+
+from celeryapp.messaging import keys
+from celeryapp.messaging.redis_client import get_redis
+from models import ActivityStatus
+
+logger = logging.getLogger(__name__)
+
+#: Characters of a schedule or step name kept in the task name monitors show.
+NAME_PART_CHARS = 80
+#: The runner's result repr (what the worker reads the outcome from) holds a whole error.
+RESULT_REPR_CHARS = 10_000
+#: How long an operator's stop flag outlives the stop: longer than a message can wait for a worker.
+STOP_FLAG_TTL_S = 7 * 24 * 3600
+TERMINATED = "terminated by operator"
+REVOKED = "revoked by operator"
+
+
+def _part(name: str) -> str:
+    return name if len(name) <= NAME_PART_CHARS else name[: NAME_PART_CHARS - 1] + "…"
+
+
+def shadow_name(schedule_name: str, step_name: str) -> str:
+    """The name monitors show for a step's runner: ``nightly-hr-sync/extract``.
+
+    Names are length-capped; they are not HTML-escaped here (logs and ``celery inspect`` show them
+    as they are): Flower escapes what it renders.
+    """
+    return f"{_part(schedule_name)}/{_part(step_name)}"
+
+
+def args_repr(execution_id: int, step_index: int, attempt: int) -> str:
+    """What monitors show as the runner's arguments; groups are numbered from 1, as for people."""
+    return f"(execution={execution_id}, group={step_index + 1}, attempt={attempt})"
+
+
+def kwargs_repr(worker_task_id: int) -> str:
+    return f"{{'worker_task': {worker_task_id}}}"
+
+
+def step_result(status: ActivityStatus, error: str | None, message: str | None) -> dict[str, Any]:
+    """The runner's return value: the outcome, with the error or warning for monitors."""
+    result: dict[str, Any] = {"status": status.value}
+    if error is not None:
+        result["error"] = error
+    elif message is not None and status is ActivityStatus.COMPLETE_WITH_WARNING:
+        result["warning"] = message
+    return result
+
+
+def _outcome(retval: Any) -> dict[str, Any] | None:
+    """The runner's result back from its pool process, where it became a repr."""
+    if isinstance(retval, dict):
+        return retval
+    try:
+        value = ast.literal_eval(retval) if isinstance(retval, str) else None
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, dict) and isinstance(value.get("status"), str) else None
+
+
+_FAILED = {s.value for s in ActivityStatus if s.failed and s is not ActivityStatus.CANCELLED}
+
+
+def event_for(retval: Any) -> tuple[str, dict[str, Any]]:
+    """The event (type, fields) that tells the truth about a runner that returned ``retval``."""
+    outcome = _outcome(retval)
+    if outcome is None:
+        return "task-succeeded", {"result": retval}
+    status = outcome["status"]
+    error = outcome.get("error")
+    if status in _FAILED:
+        return "task-failed", {"exception": f"{status}: {error}", "traceback": ""}
+    if status == ActivityStatus.CANCELLED.value:
+        return "task-revoked", {
+            "exception": f"cancelled: {error}",
+            "terminated": error == TERMINATED,
+            "expired": False,
+            "signum": None,
+        }
+    if "warning" in outcome:
+        return "task-succeeded", {"result": f"{status}: {outcome['warning']}"}
+    if status in ("skipped", "unclaimed", "fenced"):
+        return "task-succeeded", {"result": f"{status}: nothing ran (duplicate, fenced or not claimable message)"}
+    return "task-succeeded", {"result": status}
+
+
+def stop_attempt(app: Any, args: Any, reason: str) -> bool:
+    """Set the stop flag of the attempt a runner message stands for; False if it could not."""
+    try:
+        worker_task_id, attempt = (int(a) for a in args)
+    except (TypeError, ValueError):
+        return False
+    try:
+        get_redis(app.settings.broker_url).set(keys.stop_key(worker_task_id, attempt), reason, ex=STOP_FLAG_TTL_S)
+    except redis.RedisError:
+        logger.exception("could not stop worker task %s attempt %s (%s)", worker_task_id, attempt, reason)
+        return False
+    logger.warning("worker task %s attempt %s: %s; the step stops, recorded cancelled", worker_task_id, attempt, reason)
+    return True
+
+
+#: :func:`keys.runner_task_id`'s shape.
+_RUNNER_ID = re.compile(rf"{keys.PREFIX}-e(\d+)-wt\d+-a\d+")
+
+
+def _execution_cancelled(app: Any, task_id: str) -> bool:
+    match = _RUNNER_ID.fullmatch(task_id)
+    if match is None:
+        return False
+    try:
+        return bool(get_redis(app.settings.broker_url).exists(keys.cancel_key(int(match[1]))))
+    except redis.RedisError:
+        return False
+
+
+class StepRequest(Request):  # type: ignore[misc]
+    """The worker-side request of a step runner (``chordbeat.run_step``'s ``Request`` class)."""
+
+    def send_event(self, type_: str, **fields: Any) -> None:
+        if type_ == "task-succeeded":
+            runtime = fields.get("runtime")
+            type_, fields = event_for(fields.get("result"))
+            fields["runtime"] = runtime
+        super().send_event(type_, **fields)
+
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        # Not the pool process: the step stops at its next bytecode and is recorded cancelled.
+        # (A killed process looks like a lost worker, and recovery would run the attempt again.)
+        stop_attempt(self.task.app, self.args, TERMINATED)
+
+    def revoked(self) -> bool:
+        if self.id in worker_state.revoked and not self._already_revoked:
+            # Dropping the message would fail the group's chord (no advancement) and leave the
+            # attempt queued in the database: it runs instead, and its runner records it cancelled.
+            worker_state.revoked.discard(self.id)
+            if not _execution_cancelled(self.task.app, self.id):
+                stop_attempt(self.task.app, self.args, REVOKED)
+            # (chordbeat's own cancel revokes its queued steps too: their claim finds the run over.)
+            return False
+        result: bool = super().revoked()
+        return result

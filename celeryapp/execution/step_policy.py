@@ -1,0 +1,193 @@
+"""What a step may run: which tasks, which programs, which environment variables, which databases.
+
+Anyone who can publish to the broker can apply a definition, so a definition is untrusted input
+and these rules are the operator's: they come from the settings of the process that checks them.
+They are checked when a definition is validated and again by the worker about to run the step,
+whose own settings win (a definition stored under a looser policy must not run).
+
+Every check returns the reason it refuses, or ``None`` when it allows.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from celeryapp.config import OWN_VARIABLES, Settings
+
+#: Environment variable names (executable ``env`` keys, a sql step's ``database_env``).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Task names no step may run, whatever ``CHORDBEAT_STEP_TASKS`` says: Celery's built-ins
+#: (``celery.starmap`` and friends call any task by name) and chordbeat's own control and
+#: service tasks. The executable and sql tasks are reached through their ``kind`` only.
+RESERVED_TASK_PREFIXES = ("celery.", "chordbeat.")
+#: chordbeat's tasks that are ordinary steps (demos and tests).
+STEP_TASK_EXCEPTIONS = ("chordbeat.examples.",)
+#: Variables an executable step's ``env`` may not set: they make the dynamic loader, a shell or
+#: an interpreter load or run code of the caller's choosing before or inside the program.
+#: Includes glibc's list of variables it strips for setuid programs (unsecvars.h).
+DENIED_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "IFS",
+        "ENV",
+        "BASH_ENV",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "PS4",
+        "PROMPT_COMMAND",
+        "CDPATH",
+        "GLOBIGNORE",
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "GLIBC_TUNABLES",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+        "TMPDIR",
+        "TZDIR",
+        "PERLLIB",
+        "CLASSPATH",
+        "JAVA_TOOL_OPTIONS",
+        "_JAVA_OPTIONS",
+        "JDK_JAVA_OPTIONS",
+        "TCLLIBPATH",
+        "OPENSSL_CONF",
+        "OPENSSL_ENGINES",
+        "OPENSSL_MODULES",
+    }
+)
+#: Prefixes of denied variables: the loader (LD_*, DYLD_*), malloc debugging, interpreters'
+#: module paths and start-up options, git's command hooks, bash's exported functions.
+DENIED_ENV_PREFIXES = (
+    "LD_",
+    "DYLD_",
+    "MALLOC_",
+    "PYTHON",
+    "PERL5",
+    "RUBY",
+    "GEM_",
+    "NODE_",
+    "NPM_CONFIG_",
+    "LUA_",
+    "GIT_",
+    "BASH_FUNC_",
+)
+#: Namespaces of the worker's own secrets, never a sql step's database.
+SECRET_ENV_PREFIXES = ("FLOWER_",)
+
+
+def step_task_refusal(task: str, patterns: Sequence[str]) -> str | None:
+    """Whether a task may be a step: never a reserved one, and one matching ``patterns``."""
+    if task.startswith(RESERVED_TASK_PREFIXES) and not task.startswith(STEP_TASK_EXCEPTIONS):
+        owner = "Celery's" if task.startswith("celery.") else "chordbeat's"
+        return f"task {task!r} is one of {owner} own tasks, which are never steps"
+    if not any(fnmatchcase(task, pattern) for pattern in patterns):
+        return f"task {task!r} is not allowed as a step here (CHORDBEAT_STEP_TASKS: {','.join(patterns)})"
+    return None
+
+
+def program_refusal(program: str) -> str | None:
+    """What any program must be, whatever the allowlist: an absolute path."""
+    if "\0" in program:
+        return "the program must not contain NUL characters"
+    if not os.path.isabs(program):
+        return f"the program {program!r} must be an absolute path"
+    return None
+
+
+def executable_refusal(
+    program: str, allow: Sequence[str], *, resolve: Callable[[str], str] = os.path.realpath
+) -> str | None:
+    """Whether ``program`` is on the operator's allowlist once symlinks and ``..`` are resolved.
+
+    An entry ending in ``/`` allows everything below that directory; any other entry allows
+    that one file. Entries are resolved too, so ``/bin/sh`` still matches where ``/bin`` is a
+    link to ``/usr/bin``. An empty allowlist allows nothing.
+    """
+    refusal = program_refusal(program)
+    if refusal:
+        return refusal
+    real = resolve(program)
+    for entry in allow:
+        if entry.endswith("/"):
+            directory = resolve(entry).rstrip("/") + "/"
+            if real.startswith(directory):
+                return None
+        elif real == resolve(entry):
+            return None
+    # The resolved path is not shown: it would let a caller map the worker's file system.
+    return f"the program {program} is not in CHORDBEAT_EXECUTABLE_ALLOW (compared once symlinks and '..' are resolved)"
+
+
+def env_name_refusal(name: str) -> str | None:
+    """Whether an executable step's ``env`` may set ``name``."""
+    if not ENV_NAME.fullmatch(name):
+        return f"{name!r} is not an environment variable name"
+    upper = name.upper()
+    if upper in DENIED_ENV_NAMES or upper.startswith(DENIED_ENV_PREFIXES):
+        return f"{name} may not be set: it changes how programs are loaded or run"
+    return None
+
+
+def sql_env_refusal(name: str, prefix: str | None) -> str | None:
+    """Whether a sql step may read its database URL from ``$name``.
+
+    Only variables under the operator's ``prefix`` qualify; the worker's own settings and
+    Flower's are refused by name whatever the prefix. ``prefix=None`` checks only the latter.
+    """
+    if not ENV_NAME.fullmatch(name):
+        return "must name an environment variable holding the URL"
+    if name in OWN_VARIABLES or name.upper().startswith(SECRET_ENV_PREFIXES):
+        return f"{name} is one of the worker's own settings, never a sql step's database"
+    if prefix is not None and (not name.startswith(prefix) or name == prefix):
+        return f"{name} does not start with {prefix} (CHORDBEAT_SQL_ENV_PREFIX)"
+    return None
+
+
+@dataclass(frozen=True)
+class StepRules:
+    """The rules of one process: its settings and the tasks it has registered.
+
+    Callable as a ``known_task`` for :func:`celeryapp.scheduling.definition.parse_definition`: whether
+    ``task`` is registered here and allowed as a step.
+    """
+
+    settings: Settings
+    registered: Callable[[str], bool]
+
+    def __call__(self, task: str) -> bool:
+        return self.task_refusal(task) is None
+
+    def kind_refusal(self, kind: str) -> str | None:
+        if kind not in self.settings.step_kinds:
+            return f"{kind} steps are not enabled on the workers (CHORDBEAT_STEP_KINDS)"
+        return None
+
+    def task_refusal(self, task: str) -> str | None:
+        refusal = step_task_refusal(task, self.settings.step_tasks)
+        if refusal is None and not self.registered(task):
+            return f"task {task!r} is not registered in the worker"
+        return refusal
+
+    def spec_refusal(self, kind: str, task: str) -> str | None:
+        """Whether a step of ``kind`` running ``task`` may run here at all."""
+        if kind == "task":
+            return self.task_refusal(task)
+        refusal = self.kind_refusal(kind)
+        if refusal is None and not self.registered(task):
+            return f"task {task!r} is not registered in the worker"
+        return refusal
+
+    def executable_refusal(self, program: str) -> str | None:
+        return executable_refusal(program, self.settings.executable_allow)
+
+    def sql_env_refusal(self, name: str) -> str | None:
+        return sql_env_refusal(name, self.settings.sql_env_prefix)

@@ -1,0 +1,285 @@
+"""The operations behind the public service tasks; JSON in, JSON out.
+
+Each checks every argument before it opens its one transaction (anyone who can publish to the
+broker can call these: a wrong argument raises :class:`InvalidArgument` naming it, and nothing is
+written), and sends what it decided (chords, cancels) only after commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select, update
+
+from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
+from celeryapp.execution.effects import Effects
+from celeryapp.execution.runs import cancel_execution as cancel_in_db
+from celeryapp.execution.runs import start_execution
+from celeryapp.execution.step_policy import StepRules
+from celeryapp.interfaces.views import execution_json, execution_list_json, iso, schedule_json
+from celeryapp.messaging.dispatch import apply_effects
+from celeryapp.scheduling.beat_entries import cadence_of
+from celeryapp.scheduling.definition import parse_definition
+from celeryapp.scheduling.limits import (
+    LIST_PAYLOAD_BYTES,
+    MAX_ID,
+    MAX_LIST_LIMIT,
+    MAX_NAME_CHARS,
+    check_json,
+    is_unicode,
+    shown,
+    type_name,
+)
+from celeryapp.scheduling.store import find_schedule, upsert_schedule
+from models import (
+    ExecutionStatus,
+    Schedule,
+    ScheduleExecution,
+    ScheduleSource,
+    ScheduleStatus,
+    SlotRecord,
+    Trigger,
+    transaction,
+    utcnow,
+)
+from models.session import affected
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
+
+
+def known_task(app: ChordbeatCelery) -> StepRules:
+    """What steps may do, as this process (the worker, for service calls) sees it: tasks that are
+    registered here and allowed as steps, enabled kinds, allowed programs and SQL variables."""
+    return StepRules(app.settings, registered=app.tasks.__contains__)
+
+
+def apply_schedule(
+    app: ChordbeatCelery, definition: Any, *, source: ScheduleSource = ScheduleSource.API
+) -> dict[str, Any]:
+    parsed = parse_definition(definition, known_task=known_task(app))
+    with transaction(app.settings.database_url) as session:
+        schedule, _change = upsert_schedule(session, parsed, source=source, now=utcnow())
+        result = schedule_json(schedule)
+    _sync(app, parsed.name)
+    return result
+
+
+def _sync(app: ChordbeatCelery, name: str) -> None:
+    apply_effects(app, Effects(resync=[name]))
+
+
+def delete_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
+    name = _name(name)
+    with transaction(app.settings.database_url) as session:
+        schedule = find_schedule(session, name)
+        session.delete(schedule)
+    _sync(app, name)
+    return {"name": name, "deleted": True}
+
+
+def get_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
+    name = _name(name)
+    with transaction(app.settings.database_url, read_only=True) as session:
+        return schedule_json(find_schedule(session, name))
+
+
+def list_schedules(app: ChordbeatCelery) -> list[dict[str, Any]]:
+    with transaction(app.settings.database_url, read_only=True) as session:
+        return [schedule_json(s) for s in session.scalars(select(Schedule).order_by(Schedule.name))]
+
+
+def pause_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
+    name = _name(name)
+    with transaction(app.settings.database_url) as session:
+        schedule = find_schedule(session, name)
+        if schedule.status is not ScheduleStatus.PAUSED:
+            paused = affected(
+                session,
+                update(Schedule)
+                .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.ACTIVE)
+                .values(
+                    status=ScheduleStatus.PAUSED, next_run_at=None, retry_at=None, buffered=False, changed_at=utcnow()
+                ),
+            )
+            if not paused:
+                raise InvalidTransition(
+                    f"schedule {name!r} is {schedule.status.value}; only an active schedule can be paused"
+                )
+            session.refresh(schedule)
+        result = schedule_json(schedule)
+    _sync(app, name)
+    return result
+
+
+def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
+    name = _name(name)
+    with transaction(app.settings.database_url) as session:
+        schedule = find_schedule(session, name)
+        if schedule.status is not ScheduleStatus.ACTIVE:
+            now = utcnow()
+            resumed = affected(
+                session,
+                update(Schedule)
+                .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.PAUSED)
+                # Resumed from the next slot: the paused ones were not missed (last_slot_at).
+                .values(
+                    status=ScheduleStatus.ACTIVE,
+                    next_run_at=cadence_of(schedule).slot_after(now),
+                    last_slot_at=None,
+                    changed_at=now,
+                ),
+            )
+            if not resumed:
+                raise InvalidTransition(
+                    f"schedule {name!r} is {schedule.status.value}; only a paused schedule can be resumed"
+                )
+            session.refresh(schedule)
+        result = schedule_json(schedule)
+    _sync(app, name)
+    return result
+
+
+def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    name = _name(name)
+    payload = _payload(payload)
+    with transaction(app.settings.database_url) as session:
+        schedule = find_schedule(session, name)
+        result = start_execution(
+            session,
+            schedule,
+            trigger=Trigger.MANUAL,
+            now=utcnow(),
+            payload=payload,
+            run_key=f"{name}:manual:{uuid.uuid4().hex}",
+        )
+    apply_effects(app, result.effects)
+    if result.execution_id is None or result.skipped:
+        return {"execution_id": None, "skipped": result.skipped}
+    return {"execution_id": result.execution_id, "status": ExecutionStatus.IN_PROGRESS.value}
+
+
+def cancel_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
+    execution_id = _execution_id(execution_id)
+    with transaction(app.settings.database_url) as session:
+        effects = cancel_in_db(session, execution_id, now=utcnow())
+    apply_effects(app, effects)
+    return get_execution(app, execution_id)
+
+
+def get_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
+    execution_id = _execution_id(execution_id)
+    with transaction(app.settings.database_url, read_only=True) as session:
+        execution = session.get(ScheduleExecution, execution_id)
+        if execution is None:
+            raise NotFound(f"execution {execution_id} does not exist")
+        return execution_json(session, execution)
+
+
+def list_executions(
+    app: ChordbeatCelery, schedule: str | None = None, status: str | None = None, limit: int = 50
+) -> list[dict[str, Any]]:
+    """Newest first. Payloads over ``LIST_PAYLOAD_BYTES`` and long activity texts are left out or
+    cut (``get_execution`` has them whole), so a list's size is bounded by ``limit``."""
+    schedule = None if schedule is None else _name(schedule, "schedule")
+    wanted = _status(status)
+    limit = _limit(limit)
+    query = select(ScheduleExecution).order_by(ScheduleExecution.id.desc()).limit(limit)
+    if schedule is not None:
+        query = query.where(ScheduleExecution.schedule_name == schedule)
+    if wanted is not None:
+        query = query.where(ScheduleExecution.status == wanted)
+    with transaction(app.settings.database_url, read_only=True) as session:
+        return [execution_list_json(session, e, LIST_PAYLOAD_BYTES) for e in session.scalars(query).all()]
+
+
+def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[str, Any]]:
+    """What became of the schedule's recent due times, newest first: why a run did or did not happen."""
+    name = _name(name)
+    limit = _limit(limit)
+    with transaction(app.settings.database_url, read_only=True) as session:
+        rows = session.scalars(
+            select(SlotRecord).where(SlotRecord.schedule_name == name).order_by(SlotRecord.id.desc()).limit(limit)
+        ).all()
+        if not rows:
+            find_schedule(session, name)
+        return [
+            {
+                "schedule": r.schedule_name,
+                "nominal_at": iso(r.nominal_at),
+                "trigger": r.trigger.value,
+                "outcome": r.outcome.value,
+                "execution_id": r.execution_id,
+                "detail": r.detail,
+                "recorded_at": iso(r.recorded_at),
+            }
+            for r in rows
+        ]
+
+
+# --- arguments -----------------------------------------------------------------------------------
+
+
+def _name(value: Any, field: str = "name") -> str:
+    """A schedule to look up. Not held to the name pattern, so a schedule stored before a rule
+    tightened can still be found, paused and deleted."""
+    if not isinstance(value, str):
+        raise InvalidArgument(field, f"must be a schedule name (a string), got {type_name(value)}")
+    if not 1 <= len(value) <= MAX_NAME_CHARS:
+        raise InvalidArgument(field, f"must be 1 to {MAX_NAME_CHARS} characters, got {len(value)}")
+    # No stored name holds these, and the database drivers refuse them with a traceback.
+    if "\x00" in value or not is_unicode(value):
+        raise InvalidArgument(field, "must not hold NUL characters or lone surrogates")
+    return value
+
+
+def _execution_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument("execution_id", f"must be an integer (an execution id), got {type_name(value)}")
+    if not 1 <= value <= MAX_ID:
+        raise InvalidArgument("execution_id", f"must be between 1 and {MAX_ID}, got {shown(value)}")
+    return value
+
+
+def _limit(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIST_LIMIT:
+        got = shown(value) if isinstance(value, int) and not isinstance(value, bool) else type_name(value)
+        raise InvalidArgument("limit", f"must be an integer between 1 and {MAX_LIST_LIMIT}, got {got}")
+    return value
+
+
+def _status(value: Any) -> ExecutionStatus | None:
+    if value is None:
+        return None
+    choices = ", ".join(s.value for s in ExecutionStatus)
+    if not isinstance(value, str):
+        raise InvalidArgument("status", f"must be one of {choices}, got {type_name(value)}")
+    try:
+        return ExecutionStatus(value)
+    except ValueError:
+        raise InvalidArgument("status", f"must be one of {choices}, got {shown(value)}") from None
+
+
+def _payload(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidArgument("payload", f"must be an object, got {type_name(value)}")
+    check_json(value, "payload", InvalidArgument)
+    return value
+
+
+__all__ = [
+    "apply_schedule",
+    "cancel_execution",
+    "delete_schedule",
+    "get_execution",
+    "get_schedule",
+    "list_executions",
+    "list_schedules",
+    "list_slots",
+    "pause_schedule",
+    "resume_schedule",
+    "trigger_schedule",
+]

@@ -1,0 +1,129 @@
+"""The JSON objects of the contract: schedule objects and execution objects."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from celeryapp.execution.redaction import hide_env_values
+from celeryapp.scheduling.cron import CronExpression
+from celeryapp.scheduling.limits import LIST_TEXT_CHARS, json_size
+from celeryapp.scheduling.store import definition_of
+from models import Activity, Schedule, ScheduleExecution, WorkerTask
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO 8601 in UTC with a ``Z``, as the contract shows."""
+    if value is None:
+        return None
+    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def schedule_json(schedule: Schedule) -> dict[str, Any]:
+    out = definition_of(schedule).to_json()
+    # Executables' env values may be credentials: they stay on the workers, only names are shown.
+    out["steps"] = hide_env_values(out["steps"])
+    out.update(
+        status=schedule.status.value,
+        run_count=schedule.run_count,
+        error_count=schedule.error_count,
+        current_retry=schedule.current_retry,
+        last_error=schedule.last_error,
+        last_run_at=iso(schedule.last_run_at),
+        next_run_at=iso(schedule.retry_at or schedule.next_run_at),
+    )
+    return out
+
+
+def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, Any]:
+    activities = session.scalars(
+        select(Activity).where(Activity.execution_id == execution.id).order_by(Activity.step_index, Activity.id)
+    ).all()
+    tasks = session.scalars(
+        select(WorkerTask).where(WorkerTask.execution_id == execution.id).order_by(WorkerTask.step_index, WorkerTask.id)
+    ).all()
+    return {
+        "id": execution.id,
+        "schedule": execution.schedule_name,
+        "status": execution.status.value,
+        "trigger": execution.trigger.value,
+        "run_key": execution.run_key,
+        "current_step_index": execution.current_step_index,
+        "started_at": iso(execution.started_at),
+        "completed_at": iso(execution.completed_at),
+        "error": execution.error,
+        "payload": execution.payload,
+        "activities": [
+            {
+                "step_index": a.step_index,
+                "step": a.step_name,
+                "status": a.status.value,
+                "attempt": a.attempt,
+                "started_at": iso(a.started_at),
+                "completed_at": iso(a.completed_at),
+                "error": a.error,
+                "message": a.message,
+                "worker": a.worker,
+            }
+            for a in activities
+        ],
+        "tasks": [
+            {"step_index": t.step_index, "step": t.step_name, "status": t.status.value, "attempt": t.attempt}
+            for t in tasks
+        ],
+    }
+
+
+def execution_list_json(session: Session, execution: ScheduleExecution, payload_bytes: int) -> dict[str, Any]:
+    """An execution object as lists show it: bounded in size whatever the run carried.
+
+    A payload larger than ``payload_bytes`` (serialized) is ``null``, with its size in
+    ``payload_omitted_bytes``; activities' ``error`` and ``message`` are cut to ``LIST_TEXT_CHARS``.
+    """
+    out = execution_json(session, execution)
+    size = json_size(out["payload"])
+    if size > payload_bytes:
+        out["payload"] = None
+        out["payload_omitted_bytes"] = size
+    for activity in out["activities"]:
+        for key in ("error", "message"):
+            activity[key] = _cut(activity[key])
+    return out
+
+
+def _cut(text: str | None) -> str | None:
+    if text is None or len(text) <= LIST_TEXT_CHARS:
+        return text
+    return text[: LIST_TEXT_CHARS - 1] + "…"
+
+
+def upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
+    """The schedule's next fire times, in its own time zone."""
+    zone = ZoneInfo(schedule["timezone"])
+    first = schedule.get("next_run_at")
+    if first is None:
+        return []
+    start = datetime.fromisoformat(first.replace("Z", "+00:00"))
+    if schedule.get("cron"):
+        times = [start, *CronExpression.parse(schedule["cron"]).upcoming(start, zone, count - 1)]
+    else:
+        times = [start + timedelta(seconds=schedule["every"] * i) for i in range(count)]
+    return [t.astimezone(zone) for t in times[:count]]
+
+
+def step_states(execution: dict[str, Any]) -> dict[tuple[int, str], tuple[str, int]]:
+    """Each step's current state and attempt, in run order: its open task or its latest activity."""
+    states: dict[tuple[int, str], tuple[str, int]] = {}
+    for a in execution["activities"]:  # ordered by attempt within a step
+        states[(a["step_index"], a["step"])] = (a["status"], a["attempt"])
+    for t in execution["tasks"]:
+        key = (t["step_index"], t["step"])
+        running = states.get(key, ("", 0))
+        # A processing task's running attempt already shows as its in-progress activity.
+        if not (running[0] == "in_progress" and running[1] == t["attempt"]):
+            states[key] = (t["status"], t["attempt"])
+    return dict(sorted(states.items(), key=lambda item: item[0][0]))

@@ -1,0 +1,359 @@
+"""What the dashboard's pages show, read from the database in a few bounded queries per page.
+
+Every list is paginated or limited; per-row details (a schedule's last runs, a run's steps) are
+fetched for the whole page at once, never row by row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select, union_all
+from sqlalchemy.orm import Session, raiseload
+
+from celeryapp.interfaces.views import execution_json, step_states, upcoming
+from celeryapp.scheduling.beat_entries import cadence_of
+from models import (
+    Activity,
+    ExecutionStatus,
+    Schedule,
+    ScheduleExecution,
+    ScheduleStatus,
+    SlotRecord,
+    WorkerTask,
+    WorkerTaskStatus,
+)
+
+#: Schedules per page of the list.
+PAGE_SIZE = 50
+#: Runs in a schedule's history strip (list) and in its runs-by-steps grid (schedule page).
+STRIP_RUNS = 12
+GRID_RUNS = 20
+SLOTS_SHOWN = 20
+UPCOMING = 10
+#: Recent recoveries are looked for among this many latest step attempts (a bounded scan).
+RECOVERY_SCAN_ATTEMPTS = 50_000
+#: A queued step not picked up for this long, or a run with nothing open, looks stuck.
+STUCK_QUEUED = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class RunMark:
+    id: int
+    status: str
+    started_at: datetime
+    completed_at: datetime | None
+
+
+@dataclass
+class ScheduleRow:
+    schedule: Schedule
+    runs: list[RunMark] = field(default_factory=list)  # newest first
+
+    @property
+    def next_at(self) -> datetime | None:
+        return self.schedule.retry_at or self.schedule.next_run_at
+
+
+def _recent_runs(session: Session, schedule_ids: Sequence[int], per_schedule: int) -> dict[int, list[RunMark]]:
+    """The last runs of each schedule, newest first, in one statement: one index range per
+    schedule (schedule_id, id) instead of a window over every run of every schedule."""
+    if not schedule_ids:
+        return {}
+    columns = (
+        ScheduleExecution.schedule_id,
+        ScheduleExecution.id,
+        ScheduleExecution.status,
+        ScheduleExecution.started_at,
+        ScheduleExecution.completed_at,
+    )
+    parts: list[Any] = [
+        select(*columns)
+        .where(ScheduleExecution.schedule_id == sid)
+        .order_by(ScheduleExecution.id.desc())
+        .limit(per_schedule)
+        for sid in schedule_ids
+    ]
+    wrapped = [select(part.subquery()) for part in parts]
+    statement = wrapped[0] if len(wrapped) == 1 else union_all(*wrapped)
+    runs: dict[int, list[RunMark]] = {sid: [] for sid in schedule_ids}
+    for sid, run_id, status, started, completed in session.execute(statement).all():
+        runs[sid].append(RunMark(run_id, ExecutionStatus(status).value, started, completed))
+    for marks in runs.values():
+        marks.sort(key=lambda m: m.id, reverse=True)
+    return runs
+
+
+def schedule_page(
+    session: Session, *, search: str = "", status: str = "", page: int = 1
+) -> tuple[list[ScheduleRow], int]:
+    """One page of schedules by name, and how many match."""
+    query = select(Schedule).options(raiseload(Schedule.steps))
+    count = select(func.count()).select_from(Schedule)
+    if search:
+        pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        condition = Schedule.name.ilike(pattern, escape="\\")
+        query, count = query.where(condition), count.where(condition)
+    if status in {s.value for s in ScheduleStatus}:
+        query, count = query.where(Schedule.status == status), count.where(Schedule.status == status)
+    total = session.scalar(count) or 0
+    schedules = session.scalars(query.order_by(Schedule.name).limit(PAGE_SIZE).offset((page - 1) * PAGE_SIZE)).all()
+    runs = _recent_runs(session, [s.id for s in schedules], STRIP_RUNS)
+    return [ScheduleRow(s, runs[s.id]) for s in schedules], total
+
+
+@dataclass
+class GridCell:
+    state: str
+    attempts: int
+
+
+@dataclass
+class ScheduleView:
+    schedule: Schedule
+    groups: list[list[Any]]  # ScheduleStep rows by group
+    runs: list[ScheduleExecution]  # oldest first
+    steps: list[tuple[int, str]]  # grid rows: (group, step)
+    cells: dict[tuple[int, tuple[int, str]], GridCell]
+    slots: list[SlotRecord]
+    upcoming: list[datetime]
+
+
+def schedule_view(session: Session, name: str, now: datetime) -> ScheduleView | None:
+    schedule = session.scalar(select(Schedule).where(Schedule.name == name))
+    if schedule is None:
+        return None
+    groups: dict[int, list[Any]] = {}
+    for step in schedule.steps:
+        groups.setdefault(step.step_index, []).append(step)
+    runs = list(
+        session.scalars(
+            select(ScheduleExecution)
+            .where(ScheduleExecution.schedule_id == schedule.id)
+            .order_by(ScheduleExecution.id.desc())
+            .limit(GRID_RUNS)
+        ).all()
+    )[::-1]
+    ids = [r.id for r in runs]
+    steps: dict[tuple[int, str], None] = {(s.step_index, s.name): None for s in schedule.steps}
+    cells: dict[tuple[int, tuple[int, str]], GridCell] = {}
+    if ids:
+        activities = session.execute(
+            select(Activity.execution_id, Activity.step_index, Activity.step_name, Activity.status, Activity.attempt)
+            .where(Activity.execution_id.in_(ids))
+            .order_by(Activity.execution_id, Activity.step_index, Activity.attempt)
+        ).all()
+        tasks = session.execute(
+            select(WorkerTask.execution_id, WorkerTask.step_index, WorkerTask.step_name, WorkerTask.status).where(
+                WorkerTask.execution_id.in_(ids)
+            )
+        ).all()
+        for run_id, index, step_name, done, attempt in activities:
+            steps.setdefault((index, step_name), None)
+            cells[(run_id, (index, step_name))] = GridCell(done.value, attempt)
+        for run_id, index, step_name, open_state in tasks:
+            steps.setdefault((index, step_name), None)
+            cell = cells.get((run_id, (index, step_name)))
+            # A processing task's running attempt already shows as its in-progress activity.
+            if cell is None or cell.state != "in_progress":
+                cells[(run_id, (index, step_name))] = GridCell(open_state.value, cell.attempts if cell else 0)
+    slots = list(
+        session.scalars(
+            select(SlotRecord).where(SlotRecord.schedule_name == name).order_by(SlotRecord.id.desc()).limit(SLOTS_SHOWN)
+        ).all()
+    )
+    return ScheduleView(
+        schedule=schedule,
+        groups=[groups[i] for i in sorted(groups)],
+        runs=runs,
+        steps=sorted(steps, key=lambda s: s[0]),
+        cells=cells,
+        slots=slots,
+        upcoming=next_fire_times(schedule, now),
+    )
+
+
+def next_fire_times(schedule: Schedule, now: datetime, count: int = UPCOMING) -> list[datetime]:
+    """The next fire times in the schedule's zone (a paused schedule: when it would fire if resumed)."""
+    if schedule.status in {ScheduleStatus.DONE, ScheduleStatus.DEAD}:
+        return []
+    first = schedule.retry_at or schedule.next_run_at or cadence_of(schedule).slot_after(now)
+    shape = {
+        "timezone": schedule.timezone,
+        "cron": schedule.cron,
+        "every": schedule.every_s,
+        "next_run_at": first.isoformat(),
+    }
+    return upcoming(shape, count)
+
+
+@dataclass
+class Bar:
+    attempt: int
+    state: str
+    left: float  # percent of the run's span
+    width: float
+    started_at: datetime
+    completed_at: datetime | None
+    worker: str | None
+
+
+@dataclass
+class StepLine:
+    group: int
+    name: str
+    state: str
+    attempt: int
+    bars: list[Bar]
+    activities: list[dict[str, Any]]
+
+
+@dataclass
+class ExecutionView:
+    execution: ScheduleExecution
+    data: dict[str, Any]  # the contract's execution object
+    lines: list[StepLine]
+    span_s: float
+
+
+def execution_view(session: Session, execution_id: int, now: datetime) -> ExecutionView | None:
+    execution = session.get(ScheduleExecution, execution_id)
+    if execution is None:
+        return None
+    data = execution_json(session, execution)
+    start = execution.started_at
+    end = execution.completed_at or now
+    for a in data["activities"]:
+        a["_started"] = _parse(a["started_at"])
+        a["_completed"] = _parse(a["completed_at"])
+        if a["_completed"] and a["_completed"] > end:
+            end = a["_completed"]
+    span = max((end - start).total_seconds(), 0.001)
+    states = step_states(data)
+    lines: list[StepLine] = []
+    for index, group in enumerate(execution.plan):
+        for step in group:
+            name = step["name"]
+            attempts = [a for a in data["activities"] if a["step_index"] == index and a["step"] == name]
+            bars = []
+            for a in attempts:
+                left = (a["_started"] - start).total_seconds() / span * 100
+                right = ((a["_completed"] or now) - start).total_seconds() / span * 100
+                bars.append(
+                    Bar(
+                        a["attempt"],
+                        a["status"],
+                        max(0.0, min(left, 99.5)),
+                        max(0.5, min(right, 100.0) - max(left, 0.0)),
+                        a["_started"],
+                        a["_completed"],
+                        a["worker"],
+                    )
+                )
+            state, attempt = states.get((index, name), ("not_started", 0))
+            lines.append(StepLine(index, name, state, attempt, bars, attempts))
+    return ExecutionView(execution, data, lines, span)
+
+
+def _parse(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+@dataclass
+class HealthView:
+    running: list[
+        tuple[str | None, int, str, str, int, datetime | None]
+    ]  # node, execution, schedule, step, attempt, since
+    recoveries: list[tuple[int, int, str, str, int, str | None, datetime | None]]
+    stuck: list[tuple[int, str, datetime, str]]
+    in_progress: int
+
+
+def health_view(session: Session, now: datetime) -> HealthView:
+    running = [
+        (node, execution_id, schedule, step, attempt, since)
+        for node, execution_id, schedule, step, attempt, since in session.execute(
+            select(
+                WorkerTask.node,
+                WorkerTask.execution_id,
+                ScheduleExecution.schedule_name,
+                WorkerTask.step_name,
+                WorkerTask.attempt,
+                WorkerTask.started_at,
+            )
+            .join(ScheduleExecution, ScheduleExecution.id == WorkerTask.execution_id)
+            .where(WorkerTask.status == WorkerTaskStatus.PROCESSING)
+            .order_by(WorkerTask.node, WorkerTask.id)
+            .limit(500)
+        ).all()
+    ]
+    newest = session.scalar(select(func.max(Activity.id))) or 0
+    recoveries = list(
+        session.execute(
+            select(
+                Activity.execution_id,
+                Activity.id,
+                ScheduleExecution.schedule_name,
+                Activity.step_name,
+                Activity.attempt,
+                Activity.error,
+                Activity.completed_at,
+            )
+            .join(ScheduleExecution, ScheduleExecution.id == Activity.execution_id)
+            .where(
+                Activity.id > newest - RECOVERY_SCAN_ATTEMPTS,
+                Activity.error.like("worker lost%") | Activity.error.like("timed out%"),
+            )
+            .order_by(Activity.id.desc())
+            .limit(20)
+        ).all()
+    )
+    in_progress = (
+        session.scalar(
+            select(func.count())
+            .select_from(ScheduleExecution)
+            .where(ScheduleExecution.status == ExecutionStatus.IN_PROGRESS)
+        )
+        or 0
+    )
+    return HealthView(running, recoveries, _stuck(session, now), in_progress)  # type: ignore[arg-type]
+
+
+def _stuck(session: Session, now: datetime) -> list[tuple[int, str, datetime, str]]:
+    """In-progress runs that look stuck: past their deadline, a step queued for long, or nothing open."""
+    found: dict[int, tuple[int, str, datetime, str]] = {}
+    overdue = session.execute(
+        select(ScheduleExecution.id, ScheduleExecution.schedule_name, ScheduleExecution.started_at)
+        .where(ScheduleExecution.status == ExecutionStatus.IN_PROGRESS, ScheduleExecution.deadline_at < now)
+        .limit(20)
+    ).all()
+    for run_id, name, started in overdue:
+        found[run_id] = (run_id, name, started, "past its timeout")
+    queued = session.execute(
+        select(
+            ScheduleExecution.id, ScheduleExecution.schedule_name, ScheduleExecution.started_at, WorkerTask.step_name
+        )
+        .join(WorkerTask, WorkerTask.execution_id == ScheduleExecution.id)
+        .where(WorkerTask.status == WorkerTaskStatus.QUEUED, WorkerTask.queued_at < now - STUCK_QUEUED)
+        .limit(20)
+    ).all()
+    for run_id, name, started, step in queued:
+        found.setdefault(
+            run_id, (run_id, name, started, f"step {step!r} queued for over {STUCK_QUEUED.seconds // 60} min")
+        )
+    open_tasks = select(WorkerTask.id).where(WorkerTask.execution_id == ScheduleExecution.id).exists()
+    orphans = session.execute(
+        select(ScheduleExecution.id, ScheduleExecution.schedule_name, ScheduleExecution.started_at)
+        .where(
+            ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
+            ScheduleExecution.started_at < now - STUCK_QUEUED,
+            ~open_tasks,
+        )
+        .limit(20)
+    ).all()
+    for run_id, name, started in orphans:
+        found.setdefault(run_id, (run_id, name, started, "in progress with no step open"))
+    return sorted(found.values())[:20]

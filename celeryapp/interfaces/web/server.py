@@ -1,0 +1,333 @@
+"""The dashboard's tornado application: pages, live fragments, actions and login.
+
+Reads go straight to the database (read-only transactions, in a thread pool so a slow query
+never stalls other requests); actions call the same service functions the service tasks run.
+Every page needs a login; actions need the admin role and a CSRF token (tornado's xsrf cookie).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import hmac
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
+
+import tornado.ioloop
+import tornado.web
+from sqlalchemy import select
+
+from celeryapp.app import ChordbeatCelery
+from celeryapp.errors import ChordbeatError
+from celeryapp.interfaces import service
+from celeryapp.interfaces.web import humanize, queries
+from celeryapp.interfaces.web.auth import WebUser, check_auth_config
+from celeryapp.interfaces.web.broker_state import broker_state
+from celeryapp.monitoring.health import age_s
+from celeryapp.scheduling.limits import MAX_ID, MAX_NAME_CHARS
+from models import ScheduleStep, transaction
+
+logger = logging.getLogger(__name__)
+HERE = os.path.dirname(__file__)
+SESSION_COOKIE = "chordbeat_session"
+FLASH_COOKIE = "chordbeat_flash"
+#: Days a login lasts.
+SESSION_DAYS = 1
+#: Seconds a wrong password waits before the answer.
+FAILED_LOGIN_DELAY_S = 1.0
+#: Scripts and styles only from here; nothing framed; no referrer leaves.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+T = TypeVar("T")
+
+
+@dataclass
+class WebContext:
+    app: ChordbeatCelery
+    users: dict[str, WebUser]
+
+
+def session_stamp(user: WebUser) -> str:
+    """Part of the session cookie that changes with the user's password entry and role."""
+    return hashlib.sha256(f"{user.role.value}:{user.password}".encode()).hexdigest()[:16]
+
+
+def iso_z(value: datetime | None) -> str:
+    return "" if value is None else value.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class BaseHandler(tornado.web.RequestHandler):
+    ctx: WebContext
+
+    def initialize(self, ctx: WebContext) -> None:
+        self.ctx = ctx
+
+    def set_default_headers(self) -> None:
+        for name, value in SECURITY_HEADERS.items():
+            self.set_header(name, value)
+
+    def get_current_user(self) -> WebUser | None:
+        raw = self.get_signed_cookie(SESSION_COOKIE, max_age_days=SESSION_DAYS)
+        if raw is None:
+            return None
+        name, _, stamp = raw.decode("utf-8", "replace").rpartition(":")
+        user = self.ctx.users.get(name)
+        # A user removed from the configuration, or whose password changed, is logged out.
+        return user if user is not None and hmac.compare_digest(stamp, session_stamp(user)) else None
+
+    @property
+    def user(self) -> WebUser:
+        user = self.current_user
+        assert isinstance(user, WebUser)  # pages are @authenticated
+        return user
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(session, *args)`` in a read-only transaction, off the event loop."""
+
+        def run() -> T:
+            with transaction(self.ctx.app.settings.database_url, read_only=True) as session:
+                return fn(session, *args)
+
+        return await asyncio.get_running_loop().run_in_executor(None, run)
+
+    def get_template_namespace(self) -> dict[str, Any]:
+        namespace = super().get_template_namespace()
+        namespace.update(flash=None, h=humanize, iso=iso_z, now=datetime.now(UTC), quote=quote, urlencode=urlencode)
+        return namespace
+
+    def take_flash(self) -> str | None:
+        raw = self.get_signed_cookie(FLASH_COOKIE, max_age_days=1)
+        if raw is not None:
+            self.clear_cookie(FLASH_COOKIE)
+        return None if raw is None else raw.decode("utf-8", "replace")
+
+    def page(self, template: str, **kwargs: Any) -> None:
+        self.render(template, user=self.user, flash=self.take_flash(), **kwargs)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        self.render("error.html", status_code=status_code, reason=self._reason, user=self.current_user)
+
+
+class LoginHandler(BaseHandler):
+    def get(self) -> None:
+        self.render("login.html", error=None, next=self._next(), user=None)
+
+    async def post(self) -> None:
+        name = self.get_body_argument("username", "")
+        password = self.get_body_argument("password", "")
+        user = self.ctx.users.get(name)
+        # A hash check takes a good fraction of a second of CPU: off the event loop.
+        valid = user is not None and await asyncio.get_running_loop().run_in_executor(None, user.check, password)
+        if user is None or not valid:
+            await asyncio.sleep(FAILED_LOGIN_DELAY_S)  # slows down guessing
+            self.set_status(401)
+            self.render("login.html", error="Wrong user name or password.", next=self._next(), user=None)
+            return
+        logger.info("web: %s logged in", user.name)
+        self.set_signed_cookie(
+            SESSION_COOKIE,
+            f"{user.name}:{session_stamp(user)}",
+            expires_days=SESSION_DAYS,
+            httponly=True,
+            samesite="Strict",
+            secure=self.request.protocol == "https",
+        )
+        self.redirect(self._next())
+
+    def _next(self) -> str:
+        target = self.get_argument("next", "/")
+        # Only a path of this site: never //evil.example or a scheme.
+        return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/"
+
+
+class AliveHandler(BaseHandler):
+    """For probes: answers without a login and without touching anything."""
+
+    def get(self) -> None:
+        self.write("ok\n")
+
+
+class LogoutHandler(BaseHandler):
+    def post(self) -> None:
+        self.clear_cookie(SESSION_COOKIE)
+        self.redirect("/login")
+
+
+class SchedulesHandler(BaseHandler):
+    def filters(self) -> tuple[str, str, int]:
+        search = self.get_argument("q", "")[:200]
+        status = self.get_argument("status", "")
+        try:
+            page = max(1, min(int(self.get_argument("page", "1")), 10_000))
+        except ValueError:
+            page = 1
+        return search, status, page
+
+    async def data(self) -> dict[str, Any]:
+        search, status, page = self.filters()
+        rows, total = await self.read(lambda s: queries.schedule_page(s, search=search, status=status, page=page))
+        pages = max(1, -(-total // queries.PAGE_SIZE))
+        query = urlencode({"q": search, "status": status, "page": page})
+        return {
+            "rows": rows,
+            "total": total,
+            "page": page,
+            "pages": pages,
+            "search": search,
+            "status": status,
+            "query": query,
+        }
+
+    @tornado.web.authenticated
+    async def get(self, fragment: str | None = None) -> None:
+        data = await self.data()
+        if fragment:
+            self.render("_schedules_table.html", user=self.user, **data)
+        else:
+            self.page("schedules.html", **data)
+
+
+class ScheduleHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self, fragment: str | None = None) -> None:
+        name = self.get_argument("name")
+        # No stored name is longer or holds NUL (which PostgreSQL refuses outright).
+        if len(name) > MAX_NAME_CHARS or "\x00" in name:
+            raise tornado.web.HTTPError(404, reason="no such schedule")
+        view = await self.read(queries.schedule_view, name, datetime.now(UTC))
+        if view is None:
+            raise tornado.web.HTTPError(404, reason="no such schedule")
+        if fragment:
+            self.render("_schedule_live.html", v=view, user=self.user)
+        else:
+            self.page("schedule.html", v=view)
+
+
+class ExecutionHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self, execution_id: str, fragment: str | None = None) -> None:
+        if int(execution_id) > MAX_ID:  # beyond the id column: PostgreSQL would refuse the query
+            raise tornado.web.HTTPError(404, reason="no such execution")
+        view = await self.read(queries.execution_view, int(execution_id), datetime.now(UTC))
+        if view is None:
+            raise tornado.web.HTTPError(404, reason="no such execution")
+        if fragment == "step":
+            name = self.get_argument("step")
+            line = next((line for line in view.lines if line.name == name), None)
+            if line is None:
+                raise tornado.web.HTTPError(404, reason="no such step in this execution")
+            self.render("_step_detail.html", v=view, line=line, user=self.user)
+        elif fragment:
+            self.render("_execution_live.html", v=view, user=self.user)
+        else:
+            self.page("execution.html", v=view)
+
+
+class HealthHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self, fragment: str | None = None) -> None:
+        now = datetime.now(UTC)
+        app = self.ctx.app
+        queues = await self.read(lambda s: [q for q in s.scalars(select(ScheduleStep.queue).distinct()).all() if q])
+        # The workers' ping takes its whole timeout: the database is read meanwhile.
+        view, state = await asyncio.gather(
+            self.read(queries.health_view, now),
+            asyncio.get_running_loop().run_in_executor(None, broker_state, app, queues),
+        )
+        beat_file = age_s(app.settings, "beat")
+        args = {"v": view, "b": state, "beat_file_age": beat_file}
+        if fragment:
+            self.render("_health_live.html", user=self.user, **args)
+        else:
+            self.page("health.html", **args)
+
+
+class ActionHandler(BaseHandler):
+    """POST only (tornado checks the xsrf token of every POST before this runs); admins only."""
+
+    def back(self) -> str:
+        target = self.get_body_argument("next", "/")
+        return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/"
+
+    @tornado.web.authenticated
+    async def post(self, action: str, execution_id: str | None = None) -> None:
+        if not self.user.may_act:
+            raise tornado.web.HTTPError(403, reason="read-only users cannot act")
+        app = self.ctx.app
+        try:
+            message = await asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(self.act, app, action, execution_id)
+            )
+        except ChordbeatError as exc:
+            message = f"{action} refused: {exc}"
+        logger.info("web: %s by %s: %s", action, self.user.name, message)
+        self.set_signed_cookie(FLASH_COOKIE, message, expires_days=None, httponly=True, samesite="Strict")
+        self.redirect(self.back())
+
+    def act(self, app: ChordbeatCelery, action: str, execution_id: str | None) -> str:
+        if action == "cancel":
+            assert execution_id is not None
+            result = service.cancel_execution(app, int(execution_id))
+            return f"execution {execution_id}: {result['status']}"
+        name = self.get_body_argument("name")
+        if action == "run":
+            started = service.trigger_schedule(app, name)
+            if started.get("execution_id") is None:
+                return f"{name}: not started: {started['skipped']}"
+            return f"{name}: execution {started['execution_id']} started"
+        if action == "pause":
+            return f"{name}: {service.pause_schedule(app, name)['status']}"
+        if action == "resume":
+            return f"{name}: {service.resume_schedule(app, name)['status']}"
+        raise tornado.web.HTTPError(404)
+
+
+def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> tornado.web.Application:
+    ctx = {"ctx": WebContext(app, users)}
+    return tornado.web.Application(
+        [
+            (r"/login", LoginHandler, ctx),
+            (r"/logout", LogoutHandler, ctx),
+            (r"/healthz", AliveHandler, ctx),
+            (r"/", SchedulesHandler, ctx),
+            (r"/schedules/(fragment)", SchedulesHandler, ctx),
+            (r"/schedule", ScheduleHandler, ctx),
+            (r"/schedule/(fragment)", ScheduleHandler, ctx),
+            (r"/execution/([0-9]{1,12})", ExecutionHandler, ctx),
+            (r"/execution/([0-9]{1,12})/(fragment|step)", ExecutionHandler, ctx),
+            (r"/health", HealthHandler, ctx),
+            (r"/health/(fragment)", HealthHandler, ctx),
+            (r"/act/(run|pause|resume)", ActionHandler, ctx),
+            (r"/act/(cancel)/([0-9]{1,12})", ActionHandler, ctx),
+        ],
+        template_path=os.path.join(HERE, "templates"),
+        static_path=os.path.join(HERE, "static"),
+        cookie_secret=secret,
+        xsrf_cookies=True,
+        xsrf_cookie_kwargs={"httponly": True, "samesite": "Strict"},
+        login_url="/login",
+        autoescape="xhtml_escape",
+        compress_response=True,
+    )
+
+
+def serve(app: ChordbeatCelery) -> None:
+    """Run the dashboard until interrupted; refuses to start without accounts and a secret."""
+
+    settings = app.settings
+    users = check_auth_config(settings.web_users, settings.web_secret)
+    web = make_app(app, users, settings.web_secret)
+    web.listen(settings.web_port, address=settings.web_address, xheaders=False)
+    tornado.ioloop.IOLoop.current().start()

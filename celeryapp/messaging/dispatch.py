@@ -1,0 +1,137 @@
+"""Sending what a committed transaction decided: chords for step groups, cancels, revokes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import redis
+from celery import Celery, chord
+from celery.canvas import Signature
+
+from celeryapp.config import VISIBILITY_TIMEOUT_S
+from celeryapp.execution import step_events
+from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.messaging import keys
+from celeryapp.messaging.redis_client import get_redis
+from celeryapp.monitoring.overload import note_skipped
+from celeryapp.scheduling.beat_entries import sync_schedules
+
+logger = logging.getLogger(__name__)
+
+RUN_STEP = "chordbeat.run_step"
+ADVANCE = "chordbeat.advance_execution"
+#: How long a cancel flag outlives the cancel: longer than any message can wait for a worker.
+CANCEL_FLAG_TTL_S = 7 * 24 * 3600
+#: A dispatch marker lives as long as the broker may keep the message unacked.
+MARKER_TTL_S = VISIBILITY_TIMEOUT_S
+
+
+def _runner(app: Celery, step: StepDispatch, group: GroupDispatch) -> Signature:
+    options: dict[str, object] = {
+        "task_id": step.celery_task_id,
+        "queue": step.spec.queue or keys.STEPS_QUEUE,
+        "priority": keys.step_priority(group.step_index),
+        # What Flower, `celery events` and `celery inspect` show instead of run_step(8, 1).
+        "shadow": step_events.shadow_name(group.schedule_name, step.spec.name),
+        "argsrepr": step_events.args_repr(step.execution_id, group.step_index, step.attempt),
+        "kwargsrepr": step_events.kwargs_repr(step.worker_task_id),
+    }
+    if step.spec.timeout_s:
+        # The runner catches the soft limit and records a timeout; the hard limit is only a
+        # backstop for a step that ignores it, and heartbeat recovery handles what follows.
+        options["soft_time_limit"] = step.spec.timeout_s
+        options["time_limit"] = step.spec.timeout_s + 30
+    return app.signature(RUN_STEP, args=(step.worker_task_id, step.attempt), immutable=True, **options)
+
+
+def _advance(app: Celery, group: GroupDispatch) -> Signature:
+    # Nobody reads an advancement's result: skip storing it (a Redis write per group).
+    return app.signature(
+        ADVANCE,
+        args=(group.execution_id, group.step_index),
+        immutable=True,
+        queue=keys.CONTROL_QUEUE,
+        ignore_result=True,
+    )
+
+
+def send_group(app: Celery, group: GroupDispatch) -> None:
+    if group.requeue:
+        # The group's chord already fired or is gone: each attempt advances by itself when done.
+        for step in group.steps:
+            _runner(app, step, group).apply_async(link=_advance(app, group))
+    else:
+        # The chord body is the advancement check; runners never fail, so it always runs.
+        chord([_runner(app, step, group) for step in group.steps], _advance(app, group)).apply_async()
+    _mark_sent(app, group)
+
+
+#: KEYS: marker, pickup lease, marker, pickup lease, ...; ARGV[1]: the marker's TTL. A worker may
+#: already have taken the message (its pickup lease exists): then the attempt is past needing one.
+_MARK_SENT_LUA = """
+for i = 1, #KEYS, 2 do
+  if redis.call('EXISTS', KEYS[i + 1]) == 0 then
+    redis.call('SET', KEYS[i], '1', 'EX', ARGV[1])
+  end
+end
+"""
+
+
+def _mark_sent(app: Celery, group: GroupDispatch) -> None:
+    """Markers after publishing (a queued attempt without one is re-sent by recovery), unless a
+    worker was quicker and already took the message."""
+    client = get_redis(app.settings.broker_url)
+    names = [
+        key
+        for step in group.steps
+        for key in (
+            keys.dispatch_marker_key(step.worker_task_id, step.attempt),
+            keys.pickup_key(step.worker_task_id, step.attempt),
+        )
+    ]
+    # EVALSHA: the script's text travels once per Redis server, not with every group.
+    client.register_script(_MARK_SENT_LUA)(keys=names, args=[MARKER_TTL_S])
+
+
+def take_message(app: Celery, worker_task_id: int, attempt: int) -> None:
+    """An attempt's message reached a worker: its dispatch marker gives way to a pickup lease that
+    lives only as long as a heartbeat (see :func:`keys.pickup_key`)."""
+    try:
+        with get_redis(app.settings.broker_url).pipeline(transaction=False) as pipe:
+            pipe.set(keys.pickup_key(worker_task_id, attempt), "1", px=int(app.settings.heartbeat_ttl_s * 1000))
+            pipe.delete(keys.dispatch_marker_key(worker_task_id, attempt))
+            pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("pickup of worker task %s attempt %s not recorded: %s", worker_task_id, attempt, exc)
+
+
+def drop_pickup(app: Celery, worker_task_id: int, attempt: int) -> None:
+    """Nothing was claimed: without the lease, recovery sends the attempt again."""
+    with contextlib.suppress(redis.RedisError):
+        get_redis(app.settings.broker_url).delete(keys.pickup_key(worker_task_id, attempt))
+
+
+def apply_effects(app: Celery, effects: Effects) -> None:
+    """Carry out, after commit, what a lifecycle function decided."""
+    if effects.cancelled or effects.fenced:
+        client = get_redis(app.settings.broker_url)
+        with client.pipeline(transaction=False) as pipe:
+            for execution_id in effects.cancelled:
+                pipe.set(keys.cancel_key(execution_id), "1", ex=CANCEL_FLAG_TTL_S)
+            for worker_task_id, attempt in effects.fenced:
+                pipe.set(keys.fenced_key(worker_task_id, attempt), "1", ex=CANCEL_FLAG_TTL_S)
+            pipe.execute()
+    if effects.revoke:
+        # Drops messages still queued; running steps stop through the cancel flag instead of a
+        # signal, which could hit whatever task the pool process runs next.
+        app.control.revoke(effects.revoke)
+    for group in effects.dispatch:
+        send_group(app, group)
+    if effects.skipped_overlap:
+        note_skipped(app.settings.broker_url, effects.skipped_overlap)
+    if effects.resync:
+        try:
+            sync_schedules(app, effects.resync)
+        except redis.RedisError:
+            logger.exception("beat entries of %s not synced; the periodic reconcile will", effects.resync)

@@ -1,0 +1,1 @@
+"""What operators watch: liveness files, overload counters and the Prometheus exporter."""

@@ -1,0 +1,255 @@
+"""Recovery: nothing is lost or stuck when workers crash, messages vanish or Redis loses data.
+
+Runs periodically (``chordbeat.recover``) and when a worker starts. Every repair goes through the
+same compare-and-set transitions as normal work, so racing a slow worker or a second recovery is
+harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import partial
+from typing import TYPE_CHECKING
+
+import redis
+from sqlalchemy import and_, exists, select
+from sqlalchemy.orm import Session
+
+from celeryapp.execution.advancing import advance_execution
+from celeryapp.execution.effects import Effects
+from celeryapp.execution.runs import cancel_execution
+from celeryapp.messaging import keys
+from celeryapp.messaging.dispatch import apply_effects
+from celeryapp.messaging.redis_client import get_redis
+from celeryapp.recovery.repair import requeue_attempt, resend_queued
+from celeryapp.scheduling.beat_entries import reconcile
+from models import Activity, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction, utcnow
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
+
+logger = logging.getLogger(__name__)
+
+#: A queued attempt without a dispatch marker is re-sent only after this long (publish races).
+RESEND_GRACE_S = 5.0
+#: Executions with nothing queued or running are advanced after this long (the chord body is faster).
+STUCK_GRACE_S = 2.0
+#: Present while Redis keeps its data; its absence means Redis restarted empty or failed over.
+EPOCH_KEY = f"{keys.PREFIX}:epoch"
+#: Lives a little longer than two recovery intervals: missing, recovery has not run for a while.
+RECOVERY_SEEN_KEY = f"{keys.PREFIX}:recovery:seen"
+#: While present, missing heartbeats are not yet taken for lost workers (see heartbeats_trusted).
+HEARTBEAT_GRACE_KEY = f"{keys.PREFIX}:recovery:heartbeat-grace"
+
+
+@dataclass
+class RecoveryReport:
+    requeued: list[int] = field(default_factory=list)
+    resent: list[int] = field(default_factory=list)
+    unstuck: list[int] = field(default_factory=list)
+    timed_out: list[int] = field(default_factory=list)
+    redis_reset: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not (self.requeued or self.resent or self.unstuck or self.timed_out or self.redis_reset)
+
+
+def _apply(app: ChordbeatCelery, effects: Effects) -> None:
+    try:
+        apply_effects(app, effects)
+    except Exception:
+        # The database already says what must happen; the next pass sends it again.
+        logger.exception("recovery could not send its repairs; the next pass retries")
+
+
+def _repair(app: ChordbeatCelery, what: str, repair: Callable[[Session], Effects]) -> Effects:
+    """One item's repair in its own transaction. A failure (a corrupt plan, an overflow) is logged
+    loudly and skipped: one bad row must not stop the pass for every other run."""
+    try:
+        with transaction(app.settings.database_url) as session:
+            effects = repair(session)
+    except Exception:
+        logger.exception("recovery: repairing %s failed; skipped, the other repairs go on", what)
+        return Effects()
+    _apply(app, effects)
+    return effects
+
+
+def recover_stale_steps(
+    app: ChordbeatCelery, now: datetime, report: RecoveryReport, *, node: str | None = None
+) -> None:
+    """Re-queue processing attempts whose heartbeat expired (or, with ``node``, all of that node's)."""
+    settings = app.settings
+    query = select(WorkerTask.id, WorkerTask.attempt, WorkerTask.node).where(
+        WorkerTask.status == WorkerTaskStatus.PROCESSING
+    )
+    if node is not None:
+        query = query.where(WorkerTask.node == node)
+    else:
+        query = query.where(WorkerTask.started_at < now - timedelta(seconds=settings.heartbeat_ttl_s))
+    with transaction(settings.database_url, read_only=True) as session:
+        candidates = session.execute(query).all()
+    if not candidates:
+        return
+    if node is None:
+        client = get_redis(settings.broker_url)
+        with client.pipeline(transaction=False) as pipe:
+            for task_id, attempt, _node in candidates:
+                pipe.exists(keys.heartbeat_key(task_id, attempt))
+            alive = pipe.execute()
+        candidates = [c for c, beating in zip(candidates, alive, strict=True) if not beating]
+    for task_id, attempt, owner in candidates:
+        reason = f"worker lost: {owner} restarted" if node is not None else f"worker lost: no heartbeat from {owner}"
+        effects = _repair(
+            app,
+            f"worker task {task_id}",
+            partial(requeue_attempt, worker_task_id=task_id, attempt=attempt, reason=reason, now=now),
+        )
+        if effects.fenced:
+            report.requeued.append(task_id)
+
+
+def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+    settings = app.settings
+    with transaction(settings.database_url, read_only=True) as session:
+        queued = session.execute(
+            select(WorkerTask.id, WorkerTask.attempt).where(
+                WorkerTask.status == WorkerTaskStatus.QUEUED,
+                WorkerTask.queued_at < now - timedelta(seconds=RESEND_GRACE_S),
+            )
+        ).all()
+    if not queued:
+        return
+    client = get_redis(settings.broker_url)
+    with client.pipeline(transaction=False) as pipe:
+        for task_id, attempt in queued:
+            # On its way (marker) or in a worker's hands until its claim commits (pickup lease).
+            pipe.exists(keys.dispatch_marker_key(task_id, attempt), keys.pickup_key(task_id, attempt))
+        sent = pipe.execute()
+    for (task_id, _attempt), present in zip(queued, sent, strict=True):
+        if present:
+            continue
+        effects = _repair(app, f"worker task {task_id}", partial(resend_queued, worker_task_id=task_id, now=now))
+        if effects.dispatch:
+            report.resent.append(task_id)
+            logger.warning("worker task %s was queued but its message is gone; sent again", task_id)
+
+
+def time_out_executions(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+    with transaction(app.settings.database_url, read_only=True) as session:
+        overdue = session.execute(
+            select(ScheduleExecution.id, ScheduleExecution.started_at, ScheduleExecution.deadline_at).where(
+                ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
+                ScheduleExecution.deadline_at < now,
+            )
+        ).all()
+    for execution_id, started_at, deadline_at in overdue:
+        assert deadline_at is not None  # selected by deadline_at < now
+        limit = (deadline_at - started_at).total_seconds()
+        effects = _repair(
+            app,
+            f"execution {execution_id}",
+            partial(
+                cancel_execution,
+                execution_id=execution_id,
+                now=now,
+                status=ExecutionStatus.FAILED,
+                reason=f"execution timed out after {limit:g}s",
+            ),
+        )
+        if effects.cancelled:
+            report.timed_out.append(execution_id)
+            logger.warning("execution %s timed out after %gs; cancelled and failed", execution_id, limit)
+
+
+def unstick_executions(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+    """In-progress executions with nothing queued or running, and no progress for a while: their
+    advancement was lost.
+
+    The grace counts from the last progress (a step ending), not from the start: under load a
+    long run's advancement may still be queued a moment after its last step ended.
+    """
+    since = now - timedelta(seconds=STUCK_GRACE_S)
+    active_task = exists().where(
+        WorkerTask.execution_id == ScheduleExecution.id,
+        WorkerTask.status != WorkerTaskStatus.WAITING,
+    )
+    recent_progress = exists().where(Activity.execution_id == ScheduleExecution.id, Activity.completed_at >= since)
+    with transaction(app.settings.database_url, read_only=True) as session:
+        stuck = session.execute(
+            select(ScheduleExecution.id, ScheduleExecution.current_step_index).where(
+                and_(
+                    ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
+                    ScheduleExecution.started_at < since,
+                    ~active_task,
+                    ~recent_progress,
+                )
+            )
+        ).all()
+    for execution_id, step_index in stuck:
+        effects = _repair(
+            app,
+            f"execution {execution_id}",
+            partial(advance_execution, execution_id=execution_id, step_index=step_index, now=now),
+        )
+        if effects.dispatch or effects.ended:
+            report.unstuck.append(execution_id)
+            logger.warning("execution %s was stuck after group %s; advanced by recovery", execution_id, step_index)
+
+
+def check_redis_epoch(app: ChordbeatCelery, report: RecoveryReport) -> None:
+    """Rebuild beat entries at once when Redis lost its data (instead of at the next reconcile)."""
+    client = get_redis(app.settings.redbeat_url)
+    if client.set(EPOCH_KEY, utcnow().isoformat(), nx=True):
+        report.redis_reset = True
+        reconcile(app, full=True)
+
+
+def heartbeats_trusted(app: ChordbeatCelery) -> bool:
+    """Whether a missing heartbeat now means a lost worker.
+
+    Not for one TTL after recovery itself could not run (Redis was away, or beat was): running
+    steps' heartbeat keys expired meanwhile or vanished with Redis's data, and their watches need
+    a moment to write them again. Re-queueing then would stop and re-run steps that are fine.
+    """
+    settings = app.settings
+    client = get_redis(settings.broker_url)
+    gap_ms = int((2 * settings.recovery_interval_s + settings.heartbeat_ttl_s) * 1000)
+    if client.set(RECOVERY_SEEN_KEY, "1", px=gap_ms, get=True) is None:
+        client.set(HEARTBEAT_GRACE_KEY, "1", px=int(settings.heartbeat_ttl_s * 1000))
+        return False
+    return not client.exists(HEARTBEAT_GRACE_KEY)
+
+
+def recover(app: ChordbeatCelery, *, now: datetime | None = None) -> RecoveryReport:
+    """One recovery pass."""
+    now = now or utcnow()
+    report = RecoveryReport()
+    try:
+        check_redis_epoch(app, report)
+    except redis.RedisError:
+        logger.exception("recovery: Redis unreachable; database repairs go on")
+    time_out_executions(app, now, report)
+    try:
+        if heartbeats_trusted(app):
+            recover_stale_steps(app, now, report)
+        resend_lost_messages(app, now, report)
+    except redis.RedisError:
+        logger.exception("recovery: Redis unreachable; lost workers and messages are looked for next time")
+    unstick_executions(app, now, report)
+    if not report.empty:
+        logger.warning("recovery: %s", report)
+    return report
+
+
+def recover_node(app: ChordbeatCelery, node: str) -> RecoveryReport:
+    """At worker start: this node runs nothing yet, so its processing attempts are orphans."""
+    report = RecoveryReport()
+    recover_stale_steps(app, utcnow(), report, node=node)
+    if report.requeued:
+        logger.warning("worker %s started: re-queued %s orphaned steps", node, len(report.requeued))
+    return report

@@ -1,0 +1,105 @@
+"""What recovery repairs: a lost attempt run again (or its step failed), a queued attempt whose
+message is gone sent again.
+
+Every state change is a compare-and-set ``UPDATE ... WHERE <expected state>``: whoever loses a
+race (a redelivered message, a second callback, recovery racing a slow worker) changes nothing.
+Functions here only touch the database and return the :class:`~celeryapp.execution.effects.Effects` to
+send once the transaction has committed; :mod:`celeryapp.messaging.dispatch` sends them.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from sqlalchemy import delete, update
+from sqlalchemy.orm import Session
+
+from celeryapp.execution.advancing import advance_execution
+from celeryapp.execution.decisions import decide_lost_attempt
+from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.execution.steps import spec_of
+from celeryapp.monitoring import metric_counts
+from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus
+from models.session import affected
+
+logger = logging.getLogger(__name__)
+
+
+def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reason: str, now: datetime) -> Effects:
+    """An attempt's worker is gone: fail its activity, then run it again or, out of attempts (or past
+    its timeout: a crash then is the timeout's hard kill, not bad luck), fail the step.
+
+    Fenced by the attempt number, so a late message of the interrupted attempt finds nothing to
+    claim, and two recoveries racing each other requeue once. The attempt is also fenced in Redis,
+    so that if it is in fact still running (a frozen worker), it stops.
+    """
+    task = session.get(WorkerTask, worker_task_id)
+    if task is None or task.attempt != attempt or task.status is not WorkerTaskStatus.PROCESSING:
+        return Effects()
+    execution = session.get_one(ScheduleExecution, task.execution_id)
+    spec = spec_of(execution, task)
+    verdict = decide_lost_attempt(
+        attempt, spec.max_attempts, started_at=task.started_at, timeout_s=spec.timeout_s, now=now, reason=reason
+    )
+    session.execute(
+        update(Activity)
+        .where(
+            Activity.execution_id == execution.id,
+            Activity.step_name == task.step_name,
+            Activity.attempt == attempt,
+            Activity.status == ActivityStatus.IN_PROGRESS,
+        )
+        .values(status=ActivityStatus.FAILED_WITH_ERROR, completed_at=now, error=verdict.error)
+    )
+    fenced = (
+        WorkerTask.id == worker_task_id,
+        WorkerTask.attempt == attempt,
+        WorkerTask.status == WorkerTaskStatus.PROCESSING,
+    )
+    if verdict.requeue:
+        moved = affected(
+            session,
+            update(WorkerTask)
+            .where(*fenced)
+            .values(status=WorkerTaskStatus.QUEUED, attempt=attempt + 1, node=None, started_at=None, queued_at=now),
+        )
+        if not moved:
+            return Effects()
+        logger.warning(
+            "step %r of execution %s: %s; re-queued as attempt %s", task.step_name, execution.id, reason, attempt + 1
+        )
+        step = StepDispatch(execution.id, worker_task_id, attempt + 1, spec)
+        name = execution.schedule_name
+        group = GroupDispatch(execution.id, task.step_index, (step,), requeue=True, schedule_name=name)
+        metric_counts.count_requeue(session)  # last: after every lock this transaction takes
+        return Effects(dispatch=[group], fenced=[(worker_task_id, attempt)])
+    if not affected(session, delete(WorkerTask).where(*fenced)):
+        return Effects()
+    logger.error("step %r of execution %s: %s; not run again", task.step_name, execution.id, verdict.error)
+    effects = advance_execution(session, execution.id, task.step_index, now=now)
+    metric_counts.count_requeue(session)  # last: after every lock this transaction takes
+    effects.fenced.append((worker_task_id, attempt))
+    return effects
+
+
+def resend_queued(session: Session, worker_task_id: int, *, now: datetime) -> Effects:
+    """Send again a queued attempt whose message is gone (Redis lost data, or a crash before publish).
+
+    A second message for the same attempt is harmless: only one runner can claim it.
+    """
+    task = session.get(WorkerTask, worker_task_id)
+    if task is None or task.status is not WorkerTaskStatus.QUEUED:
+        return Effects()
+    execution = session.get_one(ScheduleExecution, task.execution_id)
+    if execution.status is not ExecutionStatus.IN_PROGRESS:
+        return Effects()
+    spec = spec_of(execution, task)
+    session.execute(
+        update(WorkerTask)
+        .where(WorkerTask.id == worker_task_id, WorkerTask.status == WorkerTaskStatus.QUEUED)
+        .values(queued_at=now)
+    )
+    step = StepDispatch(execution.id, worker_task_id, task.attempt, spec)
+    group = GroupDispatch(execution.id, task.step_index, (step,), requeue=True, schedule_name=execution.schedule_name)
+    return Effects(dispatch=[group])

@@ -1,0 +1,83 @@
+"""Worker wiring: startup recovery of this node's orphaned steps, and the liveness file."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from typing import Any
+
+from celery import bootsteps
+from celery.concurrency import get_implementation
+from celery.concurrency.prefork import TaskPool
+from celery.signals import task_received, worker_init, worker_ready, worker_shutdown
+
+from celeryapp.messaging.dispatch import RUN_STEP, take_message
+from celeryapp.monitoring.health import remove, touch
+from celeryapp.recovery.recovery import recover_node
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two touches of the worker's liveness file (stale after 60 s).
+HEALTH_INTERVAL_S = 10.0
+
+
+class HealthStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Touches the liveness file from the consumer's event loop: a hung loop goes stale."""
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._timer: Any = None
+
+    def start(self, parent: Any) -> None:
+        settings = parent.app.settings
+        touch(settings, "worker")
+        self._timer = parent.timer.call_repeatedly(HEALTH_INTERVAL_S, touch, (settings, "worker"), priority=10)
+
+    def stop(self, parent: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+@worker_ready.connect
+def recover_own_steps(sender: Any = None, **_: Any) -> None:
+    """A starting node runs nothing yet: steps recorded as processing on it are orphans."""
+    app = sender.app
+    node = sender.hostname
+    try:
+        recover_node(app, node)
+    except Exception:
+        # Signal receivers' errors are swallowed by Celery; say it loudly.
+        logger.exception("startup recovery of %s failed; the periodic recovery will handle its steps", node)
+
+
+@task_received.connect
+def take_step_message(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A step message reached this worker: from now on, its loss shows within a heartbeat's TTL."""
+    # ``type``, not ``name``: a step's name is its readable shadow name (``<schedule>/<step>``).
+    if request is None or request.type != RUN_STEP:
+        return
+    try:
+        worker_task_id, attempt = request.args
+        take_message(request.task.app, int(worker_task_id), int(attempt))
+    except Exception:
+        logger.exception("could not record the pickup of %s", request.id)
+
+
+@worker_shutdown.connect
+def forget_liveness(sender: Any = None, **_: Any) -> None:
+    """A clean stop is not a live worker: ``chordbeat health worker`` says so at once, not 60 s later."""
+    if sender is not None:
+        remove(sender.app.settings, "worker")
+
+
+@worker_init.connect
+def freeze_before_fork(sender: Any = None, **_: Any) -> None:
+    """Prefork: everything loaded so far is shared with the pool processes forked next. Keep the
+    garbage collector off those objects, so that a collection in a child does not copy their pages
+    (measured with -c 2: 131 -> 100 MiB proportional set size). Other pools fork nothing."""
+    pool = get_implementation(getattr(sender, "pool_cls", None) or "prefork")
+    if isinstance(pool, type) and issubclass(pool, TaskPool):
+        gc.freeze()

@@ -1,0 +1,139 @@
+"""The beat scheduler: RedBeat, made to survive lost locks and Redis restarts.
+
+``celery -A celeryapp beat`` uses :class:`ChordbeatScheduler` (set in the app's config). On start it
+applies the schedule file (if any) and repairs the entries from the database before the first
+tick; each fire message carries the nominal slot it stands for, which makes the run key.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from celery.signals import beat_init
+from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, acquire_distributed_beat_lock, get_redis
+
+from celeryapp.errors import DefinitionError
+from celeryapp.monitoring import health
+from celeryapp.scheduling.beat_entries import FIRE_EXPIRY_GRACE, CadenceSchedule, ScheduleEntry, reconcile
+from celeryapp.scheduling.schedule_file import apply_file
+from models import Trigger
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two tries at (re)taking the lock while another beat holds it or Redis is down.
+LOCK_RETRY_S = 1.0
+
+
+class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
+    Entry = ScheduleEntry
+    _needs_repair = False
+
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        settings = self.app.settings
+        try:
+            if settings.schedules_file:
+                apply_file(self.app, settings.schedules_file)
+        except DefinitionError as exc:
+            # Refuse the whole file but keep scheduling what is stored: a crash-looping beat
+            # would stop every schedule, not just the broken one.
+            logger.error("beat: schedule file %s NOT applied, nothing changed: %s", settings.schedules_file, exc)
+        except Exception:
+            logger.exception("beat: schedule file %s NOT applied (database or Redis trouble)", settings.schedules_file)
+        try:
+            reconcile(self.app, full=True)
+        except Exception:
+            # Redis or the database away at start: beat still starts; the periodic reconcile repairs.
+            logger.exception("beat: could not repair entries at start; the periodic reconcile will")
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
+        schedule = entry.schedule
+        if isinstance(schedule, CadenceSchedule) and advance:
+            now = datetime.now(UTC)
+            last = entry.last_run_at or now
+            last = last if last.tzinfo else last.replace(tzinfo=UTC)
+            due = schedule.due(last)
+            if due.retry:
+                nominal, trigger = due.at, Trigger.RETRY
+            else:
+                nominal = schedule.cadence.latest_slot(now, since=last) or due.at
+                trigger = Trigger.CRON if schedule.cadence.cron else Trigger.INTERVAL
+                # Once the next slot is due, this fire is superseded (decide_fire); a backlog of
+                # them after a worker outage is dropped by the broker instead of being worked off.
+                expires = schedule.cadence.slot_after(nominal) + FIRE_EXPIRY_GRACE
+                entry.options = {**entry.options, "expires": expires}
+            entry.kwargs = {**entry.kwargs, "nominal_at": nominal.isoformat(), "trigger": trigger.value}
+        return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
+
+    def _repair(self) -> None:
+        """After the lock was lost Redis may have lost everything: internal entries included."""
+        try:
+            self.update_from_dict(self.app.redbeat_conf.schedule)
+            reconcile(self.app, full=True)
+        except Exception:
+            # Redis or the database still away: beat must outlive both, so it retries next tick.
+            logger.exception("beat: repairing entries after re-taking the lock failed; the next tick retries")
+            self._needs_repair = True
+        else:
+            self._needs_repair = False
+
+    def _take_lock(self) -> None:
+        """Block until this beat holds the lock: standby beats wait here."""
+        client = get_redis(self.app)
+        while True:
+            try:
+                lock = client.lock(self.lock_key, timeout=self.lock_timeout, sleep=LOCK_RETRY_S)
+                lock.lua_extend = client.register_script(LUA_EXTEND_TO_SCRIPT)
+                lock.acquire()
+            except redis.RedisError as exc:
+                logger.warning("beat: cannot reach Redis for the lock (%s); retrying", exc)
+                time.sleep(LOCK_RETRY_S)
+                continue
+            self.lock = lock
+            logger.info("beat: acquired lock")
+            return
+
+    def tick(self, min: Any = min, **kwargs: Any) -> float:
+        health.touch(self.app.settings, "beat")
+        if self.lock_key:
+            try:
+                if self.lock is None:
+                    raise redis.exceptions.LockError("no lock held")
+                self.lock.extend(int(self.lock_timeout))
+            except redis.exceptions.LockError as exc:
+                # Lost for good (expired, taken over, or Redis came back without it): go back to
+                # standby instead of exiting, and repair entries once the lock is ours again.
+                logger.warning("beat: lost the lock (%s); waiting to take it again", exc)
+                self.lock = None
+                self._take_lock()
+                self._needs_repair = True
+            except redis.RedisError as exc:
+                # Redis unreachable: keep the lock (its token). If Redis comes back with its data
+                # before the lock expires, extending it goes on as if nothing happened; taking a
+                # new one would wait for our own old lock to expire first.
+                logger.warning("beat: cannot reach Redis to extend the lock (%s); retrying", exc)
+                self._needs_repair = True
+                return LOCK_RETRY_S
+        if self._needs_repair:
+            self._repair()
+        try:
+            return float(super().tick(min=min, **kwargs))
+        except redis.RedisError as exc:
+            logger.warning("beat: Redis error during tick (%s); retrying shortly", exc)
+            return LOCK_RETRY_S
+
+
+# RedBeat's own start-up handler polls for the lock every beat_max_loop_interval (5 s); ours polls
+# every second, so a standby takes over sooner after the holder dies.
+beat_init.disconnect(acquire_distributed_beat_lock)
+
+
+@beat_init.connect
+def take_lock_at_start(sender: Any = None, **_: Any) -> None:
+    scheduler = sender.scheduler
+    if isinstance(scheduler, ChordbeatScheduler) and scheduler.lock_key:
+        scheduler._take_lock()

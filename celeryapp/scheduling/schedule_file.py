@@ -1,0 +1,281 @@
+"""The declarative schedule file: its schedules override stored ones, with a logged diff.
+
+A file is one *source* (its top-level ``source:``, by default its name without the extension):
+applying it prunes only the schedules that source declared before, never another file's.
+
+The file is YAML written by operators, read strictly: at most ``MAX_FILE_BYTES``, no anchors,
+aliases, merge keys or duplicate keys; errors name the file and the line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+import yaml
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from celeryapp.errors import ChordbeatError, DefinitionError
+from celeryapp.interfaces.service import known_task
+from celeryapp.scheduling.beat_entries import sync_schedules
+from celeryapp.scheduling.definition import NAME_PATTERN, ScheduleDefinition, parse_definitions
+from celeryapp.scheduling.limits import MAX_FILE_BYTES, shown
+from celeryapp.scheduling.store import Change, definition_of, upsert_schedule
+from models import Schedule, ScheduleSource, transaction, utcnow
+
+if TYPE_CHECKING:
+    from celeryapp.app import ChordbeatCelery
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FileDiff:
+    source: str = ""
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    #: This source's schedules the file no longer names, kept because their removal was not confirmed.
+    kept: list[str] = field(default_factory=list)
+    #: Schedules the file names that belonged to the API or another file: name -> previous owner.
+    taken_over: dict[str, str] = field(default_factory=dict)
+    #: Changed schedules: name -> the definition fields that differ.
+    fields: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.changed or self.removed)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "added": self.added,
+            "changed": self.changed,
+            "removed": self.removed,
+            "unchanged": self.unchanged,
+            "kept": self.kept,
+            "taken_over": self.taken_over,
+            "fields": self.fields,
+        }
+
+    def summary(self) -> str:
+        parts = [
+            f"{label} {', '.join(names)}"
+            for label, names in (
+                ("added", self.added),
+                ("changed", self.changed),
+                ("removed", self.removed),
+                ("kept (not removed)", self.kept),
+            )
+            if names
+        ]
+        return "; ".join(parts) if parts else "no changes"
+
+
+#: Nesting of the file's YAML collections; a definition needs about 40.
+MAX_YAML_DEPTH = 64
+
+
+class _Refused(ChordbeatError):
+    """A construct the schedule file may not use, at a place in the file."""
+
+    def __init__(self, mark: Any, reason: str) -> None:
+        super().__init__(reason)
+        self.mark = mark
+        self.reason = reason
+
+
+class StrictLoader(yaml.SafeLoader):
+    """``safe_load`` without what makes a file say something other than what it shows.
+
+    Refused: anchors and aliases (``*name`` copies a subtree; nested, they expand a small file
+    into gigabytes), merge keys (``<<``), duplicate keys (YAML keeps the last one silently) and
+    nesting deeper than :data:`MAX_YAML_DEPTH`.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            raise _Refused(event.start_mark, f"YAML aliases (*{event.anchor}) are not allowed; write the value out")
+        if getattr(event, "anchor", None) is not None:
+            raise _Refused(event.start_mark, f"YAML anchors (&{event.anchor}) are not allowed")
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            raise _Refused(event.start_mark, f"nested more than {MAX_YAML_DEPTH} levels deep")
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-any-return,return-value]
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise _Refused(key_node.start_mark, "YAML merge keys (<<) are not allowed")
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:
+                continue  # an unhashable key: the constructor refuses it with its own message
+            if first is not key_node.start_mark:
+                raise _Refused(key_node.start_mark, f"duplicate key {shown(key)} (first on line {first.line + 1})")
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class ScheduleFile:
+    """A validated schedule file: its source name and its schedules."""
+
+    source: str
+    definitions: list[ScheduleDefinition]
+
+
+def source_name(path: str | Path, declared: Any) -> str:
+    """The file's ``source:``, or its name without the extension (``hr.yaml`` is ``hr``)."""
+    if declared is None:
+        stem = Path(path).stem
+        if NAME_PATTERN.fullmatch(stem):
+            return stem
+        raise DefinitionError(
+            "source", f"the file name {shown(stem)} is not a usable source name; add 'source: <name>'"
+        )
+    if not isinstance(declared, str) or not NAME_PATTERN.fullmatch(declared):
+        raise DefinitionError(
+            "source", f"must be a name of letters, digits, '.', '_' and '-' (at most 200), got {shown(declared)}"
+        )
+    return declared
+
+
+def load_file(path: str | Path, *, known_task: Callable[[str], bool] | None) -> list[ScheduleDefinition]:
+    """Read and validate a whole schedule file's schedules (see :func:`read_file`)."""
+    return read_file(path, known_task=known_task).definitions
+
+
+def read_file(path: str | Path, *, known_task: Callable[[str], bool] | None) -> ScheduleFile:
+    """Read and validate a whole schedule file; raise :class:`DefinitionError` naming every invalid schedule."""
+    where = str(path)
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise DefinitionError(where, f"cannot be read ({exc.strerror})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise DefinitionError(where, f"is larger than {MAX_FILE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DefinitionError(where, f"is not UTF-8 text (byte {exc.start})") from None
+    try:
+        document: Any = yaml.load(text, Loader=StrictLoader)
+    except _Refused as exc:
+        place = f"line {exc.mark.line + 1}, column {exc.mark.column + 1}: " if exc.mark else ""
+        raise DefinitionError(where, f"{place}{exc.reason}") from None
+    except (yaml.YAMLError, ValueError) as exc:
+        raise DefinitionError(where, f"is not valid YAML ({exc})") from None
+    if document is None:
+        document = {"schedules": []}
+    if not isinstance(document, dict) or set(document) - {"schedules", "source"}:
+        raise DefinitionError(where, "must be a mapping with the keys 'schedules' and (optional) 'source'")
+    source = source_name(path, document.get("source"))
+    items = document.get("schedules") or []
+    if not isinstance(items, list):
+        raise DefinitionError("schedules", "must be a list of schedule definitions")
+    return ScheduleFile(source, parse_definitions(items, known_task=known_task))
+
+
+def apply_definitions(
+    session: Session,
+    definitions: list[ScheduleDefinition],
+    *,
+    source: str,
+    dry_run: bool = False,
+    remove: bool | Collection[str] = True,
+) -> FileDiff:
+    """Make the stored schedules of the file source ``source`` match ``definitions``.
+
+    Schedules created through the API, or declared by another file, are left alone unless this
+    file names them, in which case the file wins and they become this source's. Removed schedules
+    keep their execution history. ``remove`` says which of this source's schedules that the file
+    no longer names may be deleted: all (``True``), none, or the given names (those confirmed);
+    the others are kept and listed in ``diff.kept``.
+    """
+    now = utcnow()
+    diff = FileDiff(source=source)
+    stored = {s.name: s for s in session.scalars(select(Schedule))}
+    wanted = {d.name for d in definitions}
+    for definition in definitions:
+        current = stored.get(definition.name)
+        if current is not None:
+            owner = current.source_name if current.source is ScheduleSource.FILE else None
+            if owner != source:
+                diff.taken_over[definition.name] = f"source {owner}" if owner else "the API"
+            before, after = definition_of(current).to_json(), definition.to_json()
+            fields = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+            if fields:
+                diff.fields[definition.name] = fields
+        if dry_run:
+            if current is None:
+                diff.added.append(definition.name)
+            elif definition_of(current) != definition:
+                diff.changed.append(definition.name)
+            else:
+                diff.unchanged.append(definition.name)
+        else:
+            _schedule, change = upsert_schedule(
+                session, definition, source=ScheduleSource.FILE, source_name=source, now=now
+            )
+            {Change.ADDED: diff.added, Change.CHANGED: diff.changed, Change.UNCHANGED: diff.unchanged}[change].append(
+                definition.name
+            )
+    for name, schedule in sorted(stored.items()):
+        if schedule.source is ScheduleSource.FILE and schedule.source_name == source and name not in wanted:
+            if remove is True or (remove is not False and name in remove):
+                diff.removed.append(name)
+                if not dry_run:
+                    session.delete(schedule)
+            else:
+                diff.kept.append(name)
+    session.flush()
+    if not dry_run:
+        logger.info("schedule file (source %s) applied: %s", source, diff.summary())
+    return diff
+
+
+def apply_file(
+    app: ChordbeatCelery, path: str | Path, *, dry_run: bool = False, remove: bool | Collection[str] = True
+) -> FileDiff:
+    """Validate and apply a schedule file in one transaction: all of it or nothing.
+
+    Only schedules of the file's own source are pruned (see :func:`apply_definitions`).
+    """
+    schedule_file = read_file(path, known_task=known_task(app))
+
+    def apply(session: Session) -> FileDiff:
+        return apply_definitions(
+            session, schedule_file.definitions, source=schedule_file.source, dry_run=dry_run, remove=remove
+        )
+
+    try:
+        with transaction(app.settings.database_url) as session:
+            diff = apply(session)
+    except IntegrityError:
+        # Another beat applied the same file at the same moment; the second pass sees its rows.
+        with transaction(app.settings.database_url) as session:
+            diff = apply(session)
+    if not dry_run:
+        try:
+            sync_schedules(app, diff.added + diff.changed + diff.removed)
+        except redis.RedisError as exc:
+            logger.warning("beat entries not updated (%s); beat repairs them when it starts", exc)
+    return diff

@@ -1,0 +1,151 @@
+"""Schedules in the database: from and to definitions, lookups, and definition changes."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from celeryapp.errors import NotFound
+from celeryapp.scheduling.cron import CronExpression
+from celeryapp.scheduling.definition import KIND_OF_TASK, ScheduleDefinition, StepSpec
+from models import Schedule, ScheduleSource, ScheduleStatus, ScheduleStep
+
+
+class Change(StrEnum):
+    ADDED = "added"
+    CHANGED = "changed"
+    UNCHANGED = "unchanged"
+
+
+def definition_of(schedule: Schedule) -> ScheduleDefinition:
+    groups: dict[int, list[ScheduleStep]] = {}
+    for step in schedule.steps:
+        groups.setdefault(step.step_index, []).append(step)
+    ordered = [sorted(groups[i], key=lambda s: s.position) for i in sorted(groups)]
+    return ScheduleDefinition(
+        name=schedule.name,
+        groups=tuple(
+            tuple(
+                StepSpec(
+                    name=s.name,
+                    kind=KIND_OF_TASK.get(s.task, "task"),
+                    task=s.task,
+                    args=tuple(s.args),
+                    kwargs=dict(s.kwargs),
+                    continue_on_failure=s.continue_on_failure,
+                    timeout_s=s.timeout_s,
+                    queue=s.queue,
+                    max_attempts=s.max_attempts,
+                )
+                for s in group
+            )
+            for group in ordered
+        ),
+        group_is_list=tuple(group[0].in_list for group in ordered),
+        cron=schedule.cron,
+        every_s=schedule.every_s,
+        timezone=schedule.timezone,
+        enabled=schedule.enabled,
+        overlap=schedule.overlap,
+        max_retries=schedule.max_retries,
+        retry_delay_s=schedule.retry_delay_s,
+        total_repeats=schedule.total_repeats,
+        timeout_s=schedule.timeout_s,
+        payload=dict(schedule.payload),
+    )
+
+
+def next_fire_after(definition: ScheduleDefinition, after: datetime) -> datetime:
+    """The schedule's next nominal fire time strictly after ``after``."""
+    if definition.cron is not None:
+        return CronExpression.parse(definition.cron).next_after(after, definition.zone)
+    assert definition.every_s is not None
+    return after + timedelta(seconds=definition.every_s)
+
+
+def find_schedule(session: Session, name: str) -> Schedule:
+    schedule = session.scalar(select(Schedule).where(Schedule.name == name))
+    if schedule is None:
+        raise NotFound(f"schedule {name!r} does not exist")
+    return schedule
+
+
+def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> None:
+    schedule.enabled = definition.enabled
+    schedule.cron = definition.cron
+    schedule.every_s = definition.every_s
+    schedule.timezone = definition.timezone
+    schedule.overlap = definition.overlap
+    schedule.max_retries = definition.max_retries
+    schedule.retry_delay_s = definition.retry_delay_s
+    schedule.total_repeats = definition.total_repeats
+    schedule.timeout_s = definition.timeout_s
+    schedule.payload = dict(definition.payload)
+    schedule.steps = [
+        ScheduleStep(
+            step_index=index,
+            position=position,
+            in_list=is_list,
+            name=step.name,
+            task=step.task,
+            args=list(step.args),
+            kwargs=dict(step.kwargs),
+            continue_on_failure=step.continue_on_failure,
+            timeout_s=step.timeout_s,
+            queue=step.queue,
+            max_attempts=step.max_attempts,
+        )
+        for index, (group, is_list) in enumerate(zip(definition.groups, definition.group_is_list, strict=True))
+        for position, step in enumerate(group)
+    ]
+
+
+def upsert_schedule(
+    session: Session,
+    definition: ScheduleDefinition,
+    *,
+    source: ScheduleSource,
+    now: datetime,
+    source_name: str | None = None,
+) -> tuple[Schedule, Change]:
+    """Store a validated definition, replacing the stored one of the same name.
+
+    Status after a change: ``paused`` when the definition says ``enabled: false``, else ``active``
+    (a changed definition revives a ``done`` or ``dead`` schedule and resets its retries). An
+    unchanged definition leaves status and counters alone, so re-applying a file is a no-op.
+    """
+    schedule = session.scalar(select(Schedule).where(Schedule.name == definition.name))
+    if schedule is not None and definition_of(schedule) == definition:
+        if schedule.source is not source or schedule.source_name != source_name:
+            schedule.source = source
+            schedule.source_name = source_name
+        return schedule, Change.UNCHANGED
+    change = Change.CHANGED
+    if schedule is None:
+        schedule = Schedule(
+            name=definition.name, created_at=now, version=0, run_count=0, error_count=0, current_retry=0, buffered=False
+        )
+        session.add(schedule)
+        change = Change.ADDED
+    session.flush()
+    # Steps are replaced wholesale: delete the old rows first so their unique names are free.
+    schedule.steps = []
+    session.flush()
+    _write_definition(schedule, definition)
+    schedule.source = source
+    schedule.source_name = source_name
+    schedule.status = ScheduleStatus.ACTIVE if definition.enabled else ScheduleStatus.PAUSED
+    schedule.current_retry = 0
+    schedule.retry_at = None
+    schedule.version = (schedule.version or 0) + 1
+    schedule.updated_at = now
+    schedule.changed_at = now
+    schedule.next_run_at = next_fire_after(definition, now) if definition.enabled else None
+    # A changed definition starts a new cadence: none of its slots was processed yet, and none
+    # before now was missed.
+    schedule.last_slot_at = None
+    session.flush()
+    return schedule, change

@@ -33,7 +33,7 @@ def schedules_with_active_runs(app: ChordbeatCelery, count: int) -> list[str]:
     return names
 
 
-def test_a_skipped_slot_costs_four_statements_and_reads_no_steps(app: ChordbeatCelery) -> None:
+def test_a_skipped_slot_costs_five_statements_and_reads_no_steps(app: ChordbeatCelery) -> None:
     (name,) = schedules_with_active_runs(app, 1)
     with transaction(app.settings.database_url) as session:
         anchor = session.get_one(Schedule, 1).updated_at
@@ -50,8 +50,10 @@ def test_a_skipped_slot_costs_four_statements_and_reads_no_steps(app: ChordbeatC
     finally:
         event.remove(engine, "before_cursor_execute", record)
     assert str(answer["skipped"]).startswith("overlap: execution 1 is in progress"), answer
-    # Lock and read the schedule's row, claim the slot, look for the active run, record the skip.
-    assert len(statements) == 4, statements
+    # Lock and read the schedule's row, claim the slot, look for the active run, record the skip,
+    # add it to the monotonic slot counter (chordbeat_slots_total).
+    assert len(statements) == 5, statements
+    assert "metric_counts" in statements[-1], statements
     assert not [s for s in statements if "schedule_steps" in s], statements
     assert outcomes(app, name) == [SlotOutcome.FIRED, SlotOutcome.SKIPPED_OVERLAP]
 

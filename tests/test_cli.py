@@ -150,7 +150,7 @@ def test_health_reports_stale_and_fresh_liveness_files(tmp_path: Any, monkeypatc
 
 
 def test_the_live_view_shows_each_step_once_with_its_current_attempt() -> None:
-    from celeryapp.interfaces.views import step_states
+    from celeryapp.interfaces.display import step_states
 
     execution = {
         "activities": [

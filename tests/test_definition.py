@@ -16,8 +16,9 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.errors import DefinitionError
 from celeryapp.scheduling.beat_entries import CadenceSchedule
 from celeryapp.scheduling.cadence import Cadence, retry_delay_s
-from celeryapp.scheduling.definition import ScheduleDefinition, StepSpec, parse_definition
+from celeryapp.scheduling.definition import ScheduleDefinition, StepSpec
 from celeryapp.scheduling.store import next_fire_after
+from celeryapp.scheduling.validation import parse_definition
 from tests.helpers import call, set_field
 
 KNOWN = {"chordbeat.examples.sleep", "chordbeat.examples.fail"}

@@ -7,8 +7,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from celeryapp.interfaces.cli import bar_style
 from celeryapp.interfaces.display import clock, relative, span, took, when
+from celeryapp.interfaces.terminal import bar_style
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, 123456, tzinfo=UTC)
 LONDON = ZoneInfo("Europe/London")

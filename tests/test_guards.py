@@ -168,8 +168,8 @@ def test_two_starts_racing_make_one_execution(app: ChordbeatCelery) -> None:
     import time
 
     from celeryapp.execution.runs import StartResult, start_execution
-    from celeryapp.scheduling.definition import parse_definition
     from celeryapp.scheduling.store import upsert_schedule
+    from celeryapp.scheduling.validation import parse_definition
     from models import Schedule, ScheduleSource, Trigger, utcnow
 
     url = app.settings.database_url
@@ -215,8 +215,8 @@ def test_a_fire_reading_the_active_run_while_it_ends_still_runs_the_buffered_slo
 
     from celeryapp.execution.runs import cancel_execution, start_execution
     from celeryapp.scheduling import firing
-    from celeryapp.scheduling.definition import parse_definition
     from celeryapp.scheduling.store import upsert_schedule
+    from celeryapp.scheduling.validation import parse_definition
     from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleSource, Trigger, utcnow
 
     if not database_url.startswith("postgresql"):

@@ -14,7 +14,7 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.errors import DefinitionError
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
-from celeryapp.scheduling.definition import parse_definition
+from celeryapp.scheduling.validation import parse_definition
 from models import ScheduleStep, transaction
 from tests import processes
 from tests.helpers import call, finished, running, step, wait_for

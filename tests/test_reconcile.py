@@ -15,8 +15,8 @@ from celeryapp.interfaces import service
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.scheduling import beat_entries, firing
 from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
-from celeryapp.scheduling.definition import parse_definition
 from celeryapp.scheduling.store import upsert_schedule
+from celeryapp.scheduling.validation import parse_definition
 from models import Schedule, ScheduleSource, ScheduleStatus, Trigger, get_engine, transaction, utcnow
 from tasks.control import reconcile_beat
 from tests.helpers import step

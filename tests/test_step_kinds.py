@@ -20,7 +20,7 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.config import STEP_KINDS, Settings
 from celeryapp.errors import DefinitionError
 from celeryapp.execution.step_kinds import split_statements
-from celeryapp.scheduling.definition import parse_definition
+from celeryapp.scheduling.validation import parse_definition
 from models import ScheduleStep, transaction
 from tests import processes
 from tests.helpers import call, finished, wait_for

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -23,26 +22,23 @@ from zoneinfo import ZoneInfo
 import click
 from celery.exceptions import TimeoutError as CeleryTimeout
 from rich.console import Console, Group
-from rich.table import Table
 from rich.text import Text
 
 from celeryapp.errors import ChordbeatError
+from celeryapp.interfaces.terminal import (
+    FINISHED_STEP,
+    bar_style,
+    cadence_text,
+    definition_table,
+    execution_view,
+    new_table,
+    printable,
+    state_text,
+    text_of,
+    time_cell,
+)
 
 console = Console()
-
-#: Characters that steer a terminal or reorder text (C0 and C1 controls but tab and newline, line
-#: and paragraph separators, bidi controls). Names, errors and outputs are data: shown as escapes.
-UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
-
-
-def printable(value: object) -> str:
-    """``value`` as inert text: terminal controls and bidi overrides become visible escapes."""
-    return UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(value))
-
-
-def text_of(value: object, style: str = "") -> Text:
-    """A table cell or line from data: a Text is never parsed for markup (``[/]``, ``[link=…]``)."""
-    return Text(printable(value), style=style)
 
 
 def _app() -> Any:
@@ -184,41 +180,6 @@ def _confirm_removal(source: str, names: list[str]) -> list[str]:
     )
 
 
-def _table(*columns: str, title: str | None = None) -> Table:
-    """A table as every command draws it: light lines, narrow padding, so it fits 80 columns."""
-    from rich import box
-
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column)
-    return table
-
-
-def _time_cell(value: str | datetime | None, zone: ZoneInfo, now: datetime) -> Text:
-    """A time in a table: the zone's wall time, then its offset and zone and how far from now."""
-    from celeryapp.interfaces.display import clock, parse_time, relative
-
-    moment = parse_time(value) if isinstance(value, str) or value is None else value
-    if moment is None:
-        return Text("-")
-    day, wall, offset_zone = clock(moment, zone).split(" ", 2)
-    cell = Text(f"{day} {wall}\n")
-    cell.append(f"{offset_zone}, {relative(moment, now)}", style="dim")
-    return cell
-
-
-def _state(state: str) -> Text:
-    from celeryapp.interfaces.display import state_style
-
-    return text_of(state, state_style(state))
-
-
-def _cadence(schedule: dict[str, Any]) -> str:
-    if schedule.get("cron"):
-        return f"cron {schedule['cron']}\n{schedule['timezone']}"
-    return f"every {schedule['every']:g} s"
-
-
 def _zones() -> dict[str, ZoneInfo]:
     from celeryapp.interfaces.display import zone_of
 
@@ -236,31 +197,14 @@ def list_cmd(as_json: bool) -> None:
         _echo_json(schedules)
         return
     now = datetime.now(UTC)
-    table = _table("name", "cadence", "status", "runs", "next run")
+    table = new_table("name", "cadence", "status", "runs", "next run")
     for s in schedules:
-        state = _state(s["status"])
+        state = state_text(s["status"])
         if s["error_count"]:
             state.append(f"\n{s['error_count']} failed", style="red")
-        next_run = _time_cell(s["next_run_at"], zone_of(s["timezone"]), now)
-        table.add_row(text_of(s["name"]), text_of(_cadence(s)), state, text_of(s["run_count"]), next_run)
+        next_run = time_cell(s["next_run_at"], zone_of(s["timezone"]), now)
+        table.add_row(text_of(s["name"]), text_of(cadence_text(s)), state, text_of(s["run_count"]), next_run)
     console.print(table)
-
-
-def _definition_table(schedule: dict[str, Any]) -> Table:
-    """The schedule's step groups, numbered from 1, one row per step."""
-    table = _table("group", "step", "task and options", title="steps")
-    for number, group in enumerate(schedule["steps"], start=1):
-        for step in group if isinstance(group, list) else [group]:
-            options = [
-                f"{key}={json.dumps(step[key], ensure_ascii=False)}"
-                for key in ("args", "kwargs", "continue_on_failure", "timeout", "queue", "max_attempts")
-                if step.get(key) not in (None, [], {}, False)
-            ]
-            task = text_of(step.get("task", ""))
-            if options:
-                task.append_text(text_of("\n" + " ".join(options), "dim"))
-            table.add_row(text_of(number), text_of(step["name"]), task)
-    return table
 
 
 @main.command("show")
@@ -268,8 +212,7 @@ def _definition_table(schedule: dict[str, Any]) -> Table:
 @json_option
 def show_cmd(name: str, as_json: bool) -> None:
     """A schedule: definition, status, next fire times, recent executions and slots (--json: all of it)."""
-    from celeryapp.interfaces.display import took, zone_of
-    from celeryapp.interfaces.views import upcoming
+    from celeryapp.interfaces.display import took, upcoming, zone_of
 
     schedule = _call("get_schedule", name)
     executions = _call("list_executions", schedule=name, limit=5)
@@ -286,16 +229,16 @@ def show_cmd(name: str, as_json: bool) -> None:
         return
     now = datetime.now(UTC)
     zone = zone_of(schedule["timezone"])
-    console.print(Text.assemble(text_of(name, "bold"), " ", _state(schedule["status"])))
+    console.print(Text.assemble(text_of(name, "bold"), " ", state_text(schedule["status"])))
     console.print(
         text_of(
-            f"  {_cadence(schedule).replace(chr(10), ' ')}, overlap {schedule['overlap']}; runs "
+            f"  {cadence_text(schedule).replace(chr(10), ' ')}, overlap {schedule['overlap']}; runs "
             f"{schedule['run_count']}, failed {schedule['error_count']}, retry {schedule['current_retry']}"
         )
     )
     if schedule["last_error"]:
         console.print(Text("last error: "), text_of(schedule["last_error"], "red"), sep="")
-    console.print(_definition_table(schedule))
+    console.print(definition_table(schedule))
     from celeryapp.interfaces.display import when
 
     console.print(Text("next runs", style="italic"))
@@ -303,23 +246,23 @@ def show_cmd(name: str, as_json: bool) -> None:
         console.print(text_of(f"  {when(t, zone, now)}"))
     if schedule["next_run_at"] is None:
         console.print(text_of(f"  none ({schedule['status']})"))
-    table = _table("id", "trigger", "status", "started", "took", title="recent executions")
+    table = new_table("id", "trigger", "status", "started", "took", title="recent executions")
     for e in executions:
-        started = _time_cell(e["started_at"], zone, now)
+        started = time_cell(e["started_at"], zone, now)
         table.add_row(
             text_of(e["id"]),
             text_of(e["trigger"]),
-            _state(e["status"]),
+            state_text(e["status"]),
             started,
             text_of(took(e["started_at"], e["completed_at"], now)),
         )
     console.print(table)
     _print_errors(executions)
-    table = _table("slot", "trigger", "outcome", "execution", title="recent slots")
+    table = new_table("slot", "trigger", "outcome", "execution", title="recent slots")
     for slot in slots:
         outcome = text_of(slot["outcome"] + (f"\n{slot['detail']}" if slot["detail"] else ""))
         row = (
-            _time_cell(slot["nominal_at"], zone, now),
+            time_cell(slot["nominal_at"], zone, now),
             text_of(slot["trigger"]),
             outcome,
             text_of(slot["execution_id"] or "-"),
@@ -341,8 +284,7 @@ def _print_errors(executions: list[dict[str, Any]]) -> None:
 @json_option
 def next_cmd(name: str, count: int, as_json: bool) -> None:
     """The coming fire times, in the schedule's zone with their UTC offsets."""
-    from celeryapp.interfaces.display import when, zone_of
-    from celeryapp.interfaces.views import upcoming
+    from celeryapp.interfaces.display import upcoming, when, zone_of
 
     schedule = _call("get_schedule", name)
     times = upcoming(schedule, count)
@@ -354,84 +296,13 @@ def next_cmd(name: str, count: int, as_json: bool) -> None:
         click.echo(printable(when(t, zone_of(schedule["timezone"]), now)))
 
 
-def _steps_table(execution: dict[str, Any], now: datetime) -> Table:
-    """Each step's current state, attempt and time, groups numbered from 1; errors and warnings below."""
-    from celeryapp.interfaces.display import took
-    from celeryapp.interfaces.views import step_states
-
-    latest = {(a["step_index"], a["step"]): a for a in execution["activities"]}
-    table = _table("group", "step", "state", "try", "took")
-    for (group, step), (state, attempt) in step_states(execution).items():
-        activity = latest.get((group, step))
-        same = activity is not None and activity["attempt"] == attempt
-        duration = took(activity["started_at"], activity["completed_at"], now) if same and activity else ""
-        table.add_row(text_of(group + 1), text_of(step), _state(state), text_of(attempt), text_of(duration))
-    return table
-
-
-def _notes(execution: dict[str, Any]) -> list[Text]:
-    """Errors and warnings of the steps, newest attempt of each, as lines."""
-    lines = []
-    for a in execution["activities"]:
-        if a["error"]:
-            lines.append(
-                Text.assemble(
-                    text_of(f"group {a['step_index'] + 1} {a['step']} (try {a['attempt']}): "),
-                    text_of(a["error"], "red"),
-                )
-            )
-        elif a["message"] and a["status"] in {"complete_with_warning", "complete_with_error"}:
-            lines.append(
-                Text.assemble(
-                    text_of(f"group {a['step_index'] + 1} {a['step']}: warning: "), text_of(a["message"], "yellow")
-                )
-            )
-    return lines
-
-
-def _execution_view(execution: dict[str, Any], zone: ZoneInfo, now: datetime) -> Group:
-    from celeryapp.interfaces.display import took, when
-
-    header = Text.assemble(
-        text_of(f"execution {execution['id']}", "bold"),
-        text_of(f" of {execution['schedule']}: "),
-        _state(execution["status"]),
-    )
-    lines = [header, text_of(f"  {execution['trigger']} run, started {when(execution['started_at'], zone, now)}")]
-    if execution["completed_at"]:
-        lines.append(
-            text_of(
-                f"  finished {when(execution['completed_at'], zone, now)}, "
-                f"took {took(execution['started_at'], execution['completed_at'])}"
-            )
-        )
-    if execution["error"]:
-        lines.append(Text.assemble("  ", text_of(execution["error"], "red")))
-    return Group(*lines, _steps_table(execution, now), *_notes(execution))
-
-
-def bar_style(states: list[str]) -> str:
-    """A group's bar colour from its steps' states: red once one failed, yellow with a warning."""
-    from celeryapp.interfaces.display import FAILED_STEP, WARNED_STEP
-
-    if any(s in FAILED_STEP for s in states):
-        return "red"
-    if any(s in WARNED_STEP for s in states):
-        return "yellow"
-    return "green"
-
-
-FINISHED_STEP = {"complete", "complete_with_warning", "complete_with_error", "failed_with_error", "cancelled"}
-
-
 def _watch(execution_id: int) -> dict[str, Any]:
     """Live view until the run ends: a progress bar per step group and each step's state."""
     from rich.live import Live
     from rich.progress import BarColumn, Progress, Task, TextColumn
     from rich.progress_bar import ProgressBar
 
-    from celeryapp.interfaces.display import zone_of
-    from celeryapp.interfaces.views import step_states
+    from celeryapp.interfaces.display import step_states, zone_of
 
     class Bar(BarColumn):  # type: ignore[misc]
         def render(self, task: Task) -> ProgressBar:
@@ -470,7 +341,7 @@ def _watch(execution_id: int) -> dict[str, Any]:
                     mine = [state for (g, _s), (state, _a) in states.items() if g == group]
                     done = sum(1 for state in mine if state in FINISHED_STEP)
                     progress.update(bar, completed=done, bar_style=bar_style(mine))
-                live.update(Group(progress, _execution_view(execution, zone, datetime.now(UTC))))
+                live.update(Group(progress, execution_view(execution, zone, datetime.now(UTC))))
                 if execution["status"] != "in_progress":
                     return execution
                 time.sleep(0.25)
@@ -545,7 +416,7 @@ def execution_cmd(execution_id: int, watch: bool, as_json: bool) -> None:
             _echo_json(execution)
         sys.exit(0 if execution["status"] == "completed" else 1)
     zone = _zones().get(execution["schedule"], zone_of("UTC"))
-    console.print(_execution_view(execution, zone, datetime.now(UTC)))
+    console.print(execution_view(execution, zone, datetime.now(UTC)))
 
 
 @main.command("executions")
@@ -563,10 +434,10 @@ def executions_cmd(schedule: str | None, status: str | None, limit: int, as_json
         return
     zones = _zones()
     now = datetime.now(UTC)
-    table = _table("id", "schedule", "status", "started", "took")
+    table = new_table("id", "schedule", "status", "started", "took")
     for e in executions:
         zone = zones.get(e["schedule"], zone_of("UTC"))
-        state = _state(e["status"])
+        state = state_text(e["status"])
         if e["status"] == "in_progress":
             state.append(f"\ngroup {e['current_step_index'] + 1}", style="dim")
         else:
@@ -575,7 +446,7 @@ def executions_cmd(schedule: str | None, status: str | None, limit: int, as_json
         finished = parse_time(e["completed_at"])
         if finished is not None:
             duration.append(f"\nto {finished.astimezone(zone):%H:%M:%S}", style="dim")
-        table.add_row(text_of(e["id"]), text_of(e["schedule"]), state, _time_cell(e["started_at"], zone, now), duration)
+        table.add_row(text_of(e["id"]), text_of(e["schedule"]), state, time_cell(e["started_at"], zone, now), duration)
     console.print(table)
     _print_errors(executions)
 

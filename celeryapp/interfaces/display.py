@@ -7,7 +7,10 @@ far it is from now (``2026-11-22 02:00:00 +00:00 GMT, in 5 h 12 min``). Pure fun
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from celeryapp.scheduling.cron import CronExpression
 
 #: Colour of each stored state (schedule, execution, worker task and activity states).
 STATE_STYLES = {
@@ -101,3 +104,31 @@ def took(started: str | None, completed: str | None, now: datetime | None = None
     if end is None:
         return f"{span(((now or datetime.now(UTC)) - start).total_seconds())} so far"
     return span(max(timedelta(0), end - start).total_seconds())
+
+
+def upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
+    """The schedule's next fire times, in its own time zone."""
+    zone = ZoneInfo(schedule["timezone"])
+    first = schedule.get("next_run_at")
+    if first is None:
+        return []
+    start = datetime.fromisoformat(first.replace("Z", "+00:00"))
+    if schedule.get("cron"):
+        times = [start, *CronExpression.parse(schedule["cron"]).upcoming(start, zone, count - 1)]
+    else:
+        times = [start + timedelta(seconds=schedule["every"] * i) for i in range(count)]
+    return [t.astimezone(zone) for t in times[:count]]
+
+
+def step_states(execution: dict[str, Any]) -> dict[tuple[int, str], tuple[str, int]]:
+    """Each step's current state and attempt, in run order: its open task or its latest activity."""
+    states: dict[tuple[int, str], tuple[str, int]] = {}
+    for a in execution["activities"]:  # ordered by attempt within a step
+        states[(a["step_index"], a["step"])] = (a["status"], a["attempt"])
+    for t in execution["tasks"]:
+        key = (t["step_index"], t["step"])
+        running = states.get(key, ("", 0))
+        # A processing task's running attempt already shows as its in-progress activity.
+        if not (running[0] == "in_progress" and running[1] == t["attempt"]):
+            states[key] = (t["status"], t["attempt"])
+    return dict(sorted(states.items(), key=lambda item: item[0][0]))

@@ -20,7 +20,6 @@ from celeryapp.execution.step_policy import StepRules
 from celeryapp.interfaces.views import execution_json, execution_list_json, iso, schedule_json
 from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.scheduling.beat_entries import cadence_of
-from celeryapp.scheduling.definition import parse_definition
 from celeryapp.scheduling.limits import (
     LIST_PAYLOAD_BYTES,
     MAX_ID,
@@ -32,6 +31,7 @@ from celeryapp.scheduling.limits import (
     type_name,
 )
 from celeryapp.scheduling.store import find_schedule, upsert_schedule
+from celeryapp.scheduling.validation import parse_definition
 from models import (
     ExecutionStatus,
     Schedule,

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celeryapp.execution.redaction import hide_env_values
-from celeryapp.scheduling.cron import CronExpression
 from celeryapp.scheduling.limits import LIST_TEXT_CHARS, json_size
 from celeryapp.scheduling.store import definition_of
 from models import Activity, Schedule, ScheduleExecution, WorkerTask
@@ -99,31 +97,3 @@ def _cut(text: str | None) -> str | None:
     if text is None or len(text) <= LIST_TEXT_CHARS:
         return text
     return text[: LIST_TEXT_CHARS - 1] + "…"
-
-
-def upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
-    """The schedule's next fire times, in its own time zone."""
-    zone = ZoneInfo(schedule["timezone"])
-    first = schedule.get("next_run_at")
-    if first is None:
-        return []
-    start = datetime.fromisoformat(first.replace("Z", "+00:00"))
-    if schedule.get("cron"):
-        times = [start, *CronExpression.parse(schedule["cron"]).upcoming(start, zone, count - 1)]
-    else:
-        times = [start + timedelta(seconds=schedule["every"] * i) for i in range(count)]
-    return [t.astimezone(zone) for t in times[:count]]
-
-
-def step_states(execution: dict[str, Any]) -> dict[tuple[int, str], tuple[str, int]]:
-    """Each step's current state and attempt, in run order: its open task or its latest activity."""
-    states: dict[tuple[int, str], tuple[str, int]] = {}
-    for a in execution["activities"]:  # ordered by attempt within a step
-        states[(a["step_index"], a["step"])] = (a["status"], a["attempt"])
-    for t in execution["tasks"]:
-        key = (t["step_index"], t["step"])
-        running = states.get(key, ("", 0))
-        # A processing task's running attempt already shows as its in-progress activity.
-        if not (running[0] == "in_progress" and running[1] == t["attempt"]):
-            states[key] = (t["status"], t["attempt"])
-    return dict(sorted(states.items(), key=lambda item: item[0][0]))

@@ -24,9 +24,10 @@ from sqlalchemy.orm import Session
 from celeryapp.errors import ChordbeatError, DefinitionError
 from celeryapp.interfaces.service import known_task
 from celeryapp.scheduling.beat_entries import sync_schedules
-from celeryapp.scheduling.definition import NAME_PATTERN, ScheduleDefinition, parse_definitions
+from celeryapp.scheduling.definition import NAME_PATTERN, ScheduleDefinition
 from celeryapp.scheduling.limits import MAX_FILE_BYTES, shown
 from celeryapp.scheduling.store import Change, definition_of, upsert_schedule
+from celeryapp.scheduling.validation import parse_definitions
 from models import Schedule, ScheduleSource, transaction, utcnow
 
 if TYPE_CHECKING:

@@ -14,7 +14,8 @@ from typing import Any
 from sqlalchemy import func, select, union_all
 from sqlalchemy.orm import Session, raiseload
 
-from celeryapp.interfaces.views import execution_json, step_states, upcoming
+from celeryapp.interfaces.display import step_states, upcoming
+from celeryapp.interfaces.views import execution_json
 from celeryapp.scheduling.beat_entries import cadence_of
 from models import (
     Activity,

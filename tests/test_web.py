@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import update
 
 from celeryapp.app import ChordbeatCelery
@@ -171,3 +172,18 @@ def test_missing_pages_are_404(web: WebServer) -> None:
     assert admin.get(web.url + "/execution/999999999999/fragment", timeout=10).status_code == 404
     assert admin.get(web.url + "/schedule", params={"name": "n" * 5000}, timeout=10).status_code == 404
     assert admin.get(web.url + "/schedule", params={"name": "a\x00b"}, timeout=10).status_code == 404
+
+
+def test_the_health_page_survives_redis_closing_its_connections(app: ChordbeatCelery, web: WebServer) -> None:
+    """Redis restarted or timed out idle clients: the pooled connections the page's worker ping
+    would use are closed. The page still answers (CI once saw a 500 here)."""
+    admin = web.session(ADMIN)
+    assert admin.get(web.url + "/health", timeout=10).status_code == 200
+    killer = redis.Redis.from_url(app.settings.broker_url)
+    try:
+        for kind in ("normal", "pubsub"):
+            killer.client_kill_filter(_type=kind, skipme=True)
+    finally:
+        killer.close()
+    page = admin.get(web.url + "/health", timeout=10)
+    assert page.status_code == 200, page.text

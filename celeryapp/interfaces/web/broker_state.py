@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis
+from kombu.exceptions import OperationalError
 
 from celeryapp.app import REDBEAT_LOCK_TIMEOUT_S, ChordbeatCelery
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
@@ -13,6 +14,8 @@ from celeryapp.messaging.redis_client import get_redis
 #: kombu's Redis transport keeps a queue's priority ``n`` (n > 0) messages under ``queue + SEP + n``.
 PRIORITY_SEP = "\x06\x16"
 PING_TIMEOUT_S = 1.0
+#: What a broadcast raises when Redis is away or dropped a pooled connection.
+BROKER_ERRORS = (redis.RedisError, OperationalError, OSError)
 
 
 @dataclass
@@ -44,11 +47,19 @@ def broker_state(app: ChordbeatCelery, extra_queues: list[str]) -> BrokerState:
     except redis.RedisError as exc:
         return BrokerState([], {}, None, None, error=f"Redis: {exc}")
     lock_ttl = ttl_ms / 1000 if ttl_ms > 0 else None
-    replies = app.control.ping(timeout=PING_TIMEOUT_S) or []
+    last_tick = None if lock_ttl is None else max(REDBEAT_LOCK_TIMEOUT_S - lock_ttl, 0.0)
+    try:
+        replies = _ping(app)
+    except BROKER_ERRORS as exc:
+        return BrokerState([], depths, lock_ttl, last_tick, error=f"workers could not be asked: {exc}")
     workers = sorted(node for reply in replies for node in reply)
-    return BrokerState(
-        workers=workers,
-        queues=depths,
-        lock_ttl_s=lock_ttl,
-        last_tick_s=None if lock_ttl is None else max(REDBEAT_LOCK_TIMEOUT_S - lock_ttl, 0.0),
-    )
+    return BrokerState(workers=workers, queues=depths, lock_ttl_s=lock_ttl, last_tick_s=last_tick)
+
+
+def _ping(app: ChordbeatCelery) -> list[dict[str, object]]:
+    """Workers' answers to a ping. A pooled connection Redis closed meanwhile (a restart, an idle
+    timeout) fails once; the second try takes a fresh one, so the page is not an error for it."""
+    try:
+        return app.control.ping(timeout=PING_TIMEOUT_S) or []
+    except BROKER_ERRORS:
+        return app.control.ping(timeout=PING_TIMEOUT_S) or []

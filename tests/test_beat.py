@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import math
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,7 +26,15 @@ from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.health import age_s
 from celeryapp.scheduling import beat_entries
-from celeryapp.scheduling.beat_entries import FIRE_EXPIRY_GRACE, ScheduleEntry, cadence_of, entry_name
+from celeryapp.scheduling.beat import ChordbeatScheduler
+from celeryapp.scheduling.beat_entries import (
+    FIRE_EXPIRY_GRACE,
+    CadenceSchedule,
+    ScheduleEntry,
+    cadence_of,
+    entry_name,
+)
+from celeryapp.scheduling.cadence import Cadence
 from models import ExecutionStatus, Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from tests import processes
 from tests.helpers import call, entry_exists, executions, finished, step, wait_for
@@ -449,3 +458,43 @@ def test_what_beat_sends_keeps_no_result_in_redis(
         results = [json.loads(redis_client.get(key) or "{}") for key in redis_client.scan_iter("celery-task-meta-*")]
     kept = [r["result"] for r in results if isinstance(r.get("result"), dict)]
     assert not [r for r in kept if "execution_id" in r or "requeued" in r], kept
+
+
+def test_beat_loads_only_the_entries_due_and_the_next_one(app: ChordbeatCelery) -> None:
+    """Entries due later in the current second are not reloaded on every tick until then.
+
+    RedBeat scores whole seconds: with thousands of entries staggered over a minute, beat spent most
+    of its CPU loading entries not yet due. Scored and selected by the exact due time, a tick loads
+    what is due and only the next entry (to know how long to sleep).
+    """
+    scheduler = ChordbeatScheduler(app=app, lazy=True)
+    offsets_ms = (500, 700, 900)
+    for _attempt in range(5):
+        second = wait_for(lambda: (now := time.time()) % 1 < 0.2 and math.floor(now), 5, 0.005, "a second's start")
+        base = datetime.fromtimestamp(float(second), UTC)  # type: ignore[arg-type]
+        dues = [base + timedelta(milliseconds=offset_ms) for offset_ms in offsets_ms]
+        names = []
+        for due in dues:
+            cadence = Cadence(cron=None, every_s=60, timezone="UTC", anchor=due)
+            entry = ScheduleEntry(
+                name=entry_name(f"due-{due.microsecond}"),
+                task=beat_entries.FIRE_TASK,
+                schedule=CadenceSchedule(cadence),
+                kwargs={"name": f"due-{due.microsecond}"},
+                last_run_at=due - timedelta(seconds=60),
+                app=app,
+            ).save(reset_last_run=True)
+            assert entry.score == pytest.approx(due.timestamp(), abs=1e-3)
+            names.append(entry.name)
+        before_first = scheduler.schedule
+        in_time = time.time() < dues[0].timestamp()
+        first_at = dues[0].timestamp()
+        wait_for(lambda: time.time() >= first_at, 5, 0.005, "the first entry due")  # noqa: B023 (used at once)
+        first_due = scheduler.schedule
+        # Too slow (a busy machine) to select between the due times: try again.
+        if in_time and time.time() < dues[1].timestamp():
+            assert set(before_first) == {names[0]}
+            assert set(first_due) == {names[0], names[1]}
+            return
+        get_redis(app.settings.redbeat_url).delete(app.redbeat_conf.schedule_key)
+    pytest.fail("never selected the entries between their due times")

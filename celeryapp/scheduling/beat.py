@@ -69,6 +69,32 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             entry.kwargs = {**entry.kwargs, "nominal_at": nominal.isoformat(), "trigger": trigger.value}
         return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
 
+    @property
+    def schedule(self) -> dict[str, Any]:
+        """The entries due now, and the next one (to know how long to sleep).
+
+        RedBeat's own selects by the current whole second; entries are scored by their exact due
+        time (:attr:`ScheduleEntry.score`), so select by the exact time too: only what is due is
+        loaded, each entry once.
+        """
+        now = self.app.now().timestamp()
+        client = get_redis(self.app)
+        index_key = self.app.redbeat_conf.schedule_key
+        with client.pipeline() as pipe:
+            pipe.zrangebyscore(index_key, 0, now)
+            pipe.zrangebyscore(index_key, f"({now!r}", now + self.max_interval, start=0, num=1)
+            due_keys, next_keys = pipe.execute()
+        entries: dict[str, Any] = {}
+        for key in due_keys + next_keys:
+            try:
+                entry = self.Entry.from_key(key, app=self.app)
+            except KeyError:
+                logger.warning("beat: failed to load %s, removing it from the index", key)
+                client.zrem(index_key, key)
+                continue
+            entries[entry.name] = entry
+        return entries
+
     def _repair(self) -> None:
         """After the lock was lost Redis may have lost everything: internal entries included."""
         try:

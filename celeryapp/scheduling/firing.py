@@ -15,7 +15,7 @@ from celeryapp.execution.effects import Effects
 from celeryapp.execution.runs import SlotOwner, record_slot, run_key, start_execution
 from celeryapp.interfaces.views import iso
 from celeryapp.messaging.dispatch import apply_effects
-from celeryapp.scheduling.beat_entries import EntryFields, cadence_of
+from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, cadence_of
 from celeryapp.scheduling.cadence import Cadence
 from celeryapp.scheduling.limits import MAX_NAME_CHARS, shown
 from models import (
@@ -84,13 +84,7 @@ _FIRE_COLUMNS = (
     Schedule.current_retry,
     Schedule.last_slot_at,
     # What the cadence is made of, in EntryFields' order.
-    Schedule.name,
-    Schedule.status,
-    Schedule.cron,
-    Schedule.every_s,
-    Schedule.timezone,
-    Schedule.updated_at,
-    Schedule.retry_at,
+    *ENTRY_COLUMNS,
 )
 
 

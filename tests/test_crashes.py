@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 from celery import Celery
+from redbeat.schedulers import RedBeatSchedulerEntry
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.messaging.redis_client import get_redis
 from tests import processes
 from tests.helpers import call, db_execution, execution, finished, running, step, ts, wait_for
 from tests.servers import RedisServer
@@ -116,3 +118,38 @@ def test_redis_restart_without_data_mid_run_loses_nothing_and_beat_goes_on(
     # What had finished before the restart ran exactly once.
     assert per_step["one"] == ["complete"]
     assert per_step["three"] == ["complete"] and per_step["four"] == ["complete"]
+
+
+def test_a_standby_beat_taking_the_lock_after_redis_came_back_empty_rebuilds_every_entry(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The holder dies, then Redis restarts empty while the standby waits for the lock: the
+    standby's entries (written when it started) are gone, recovery's own included."""
+    from celeryapp.interfaces import service
+
+    service.apply_schedule(app, {"name": "ticker", "every": 1, "steps": [step("t")]})
+    with (
+        processes.worker(settings, tmp_path, "w1"),
+        processes.beat(settings, tmp_path, "beat-a") as a,
+        processes.beat(settings, tmp_path, "beat-b") as b,
+    ):
+        holder = wait_for(
+            lambda: next((p for p in (a, b) if "acquired lock" in p.output()), None), 30, what="a lock holder"
+        )
+        assert isinstance(holder, processes.Process)
+        standby = b if holder is a else a
+        # Set up (entries written) and waiting for the lock.
+        wait_for(lambda: "standing by" in standby.output(), 30, what="the other beat to stand by")
+        wait_for(lambda: service.list_executions(app, "ticker"), 30, interval=0.2, what="a first fire")
+        holder.kill()
+        redis_server.outage(4)
+        back = datetime.now(UTC)
+        wait_for(lambda: "acquired lock" in standby.output(), 30, interval=0.2, what="the standby to take the lock")
+        wait_for(
+            lambda: any(ts(e["started_at"]) > back for e in service.list_executions(app, "ticker")),
+            30,
+            interval=0.3,
+            what="the standby firing after Redis came back empty",
+        )
+    recover_entry = RedBeatSchedulerEntry.generate_key(app, "chordbeat-recover")
+    assert get_redis(app.settings.redbeat_url).exists(recover_entry), "recovery's own entry was not rebuilt"

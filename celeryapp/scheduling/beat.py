@@ -44,6 +44,10 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             logger.error("beat: schedule file %s NOT applied, nothing changed: %s", settings.schedules_file, exc)
         except Exception:
             logger.exception("beat: schedule file %s NOT applied (database or Redis trouble)", settings.schedules_file)
+        if self.app.redbeat_conf.lock_key:  # self.lock_key is not set yet: RedBeat sets it after this
+            # Entries are repaired once the lock is ours (see _take_lock): a standby may wait for
+            # it while Redis restarts empty, and whatever it wrote now would be gone by then.
+            return
         try:
             reconcile(self.app, full=True)
         except Exception:
@@ -108,18 +112,26 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             self._needs_repair = False
 
     def _take_lock(self) -> None:
-        """Block until this beat holds the lock: standby beats wait here."""
+        """Block until this beat holds the lock: standby beats wait here.
+
+        Every time the lock is taken the entries are repaired before the next fire: while this
+        beat waited, Redis may have restarted empty (the lock vanishing with it is what let us
+        in), taking every entry with it, the recovery task's own included.
+        """
         client = get_redis(self.app)
         while True:
             try:
                 lock = client.lock(self.lock_key, timeout=self.lock_timeout, sleep=LOCK_RETRY_S)
                 lock.lua_extend = client.register_script(LUA_EXTEND_TO_SCRIPT)
-                lock.acquire()
+                if not lock.acquire(blocking=False):
+                    logger.info("beat: another beat holds the lock; standing by")
+                    lock.acquire()
             except redis.RedisError as exc:
                 logger.warning("beat: cannot reach Redis for the lock (%s); retrying", exc)
                 time.sleep(LOCK_RETRY_S)
                 continue
             self.lock = lock
+            self._needs_repair = True
             logger.info("beat: acquired lock")
             return
 
@@ -136,7 +148,6 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
                 logger.warning("beat: lost the lock (%s); waiting to take it again", exc)
                 self.lock = None
                 self._take_lock()
-                self._needs_repair = True
             except redis.RedisError as exc:
                 # Redis unreachable: keep the lock (its token). If Redis comes back with its data
                 # before the lock expires, extending it goes on as if nothing happened; taking a

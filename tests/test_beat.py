@@ -498,3 +498,37 @@ def test_beat_loads_only_the_entries_due_and_the_next_one(app: ChordbeatCelery) 
             return
         get_redis(app.settings.redbeat_url).delete(app.redbeat_conf.schedule_key)
     pytest.fail("never selected the entries between their due times")
+
+
+def test_a_tick_sleeps_until_the_next_entry_even_when_the_one_it_loaded_fell_due_meanwhile(
+    app: ChordbeatCelery,
+) -> None:
+    """A tick loads the entries due and the next one, to know how long to sleep. When that next
+    one fell due while the tick worked (thousands of fires to send), RedBeat sent it and then
+    slept max_interval: every later entry was 5 s late (10,000 staggered schedules: all of them)."""
+    scheduler = ChordbeatScheduler(app=app, lazy=True)
+    scheduler.lock_key = None  # one beat; and the entries below are not in the database to repair from
+    now = datetime.now(UTC)
+
+    def entry(name: str, due: datetime) -> ScheduleEntry:
+        cadence = Cadence(cron=None, every_s=60, timezone="UTC", anchor=due)
+        return ScheduleEntry(
+            name=entry_name(name),
+            task=beat_entries.FIRE_TASK,
+            schedule=CadenceSchedule(cadence),
+            kwargs={"name": name},
+            last_run_at=due - timedelta(seconds=60),
+            app=app,
+        ).save(reset_last_run=True)
+
+    entry("due", now - timedelta(seconds=1))
+    # Due, but scored as if it fell due just after the tick selected: it is loaded as the next
+    # entry and sent by the same tick.
+    meanwhile = entry("meanwhile", now - timedelta(milliseconds=500))
+    client = get_redis(app.settings.redbeat_url)
+    client.zadd(app.redbeat_conf.schedule_key, {meanwhile.key: now.timestamp() + 1})
+    later = entry("later", now + timedelta(seconds=3))
+    interval = scheduler.tick()
+    assert client.llen(keys.CONTROL_QUEUE) == 2, "the due entry and the one that fell due meanwhile are sent"
+    assert interval <= later.score - time.time() + 0.1, f"slept {interval:.2f} s; the next entry is due sooner"
+    assert interval > 0

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import event, select
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.execution import runner
 from celeryapp.interfaces import service
-from models import WorkerTask, get_engine, transaction
+from celeryapp.scheduling import firing
+from models import Schedule, Trigger, WorkerTask, get_engine, transaction
 from tests.helpers import step
 
 
@@ -37,3 +40,43 @@ def test_a_step_costs_four_statements_in_two_transactions(app: ChordbeatCelery) 
     # activity and drop the worker task. Each transaction commits before the next step of the work.
     assert statements == ["UPDATE", "INSERT", "UPDATE", "DELETE"], statements
     assert len(commits) == 2
+
+
+def fire_statements(app: ChordbeatCelery, name: str) -> list[str]:
+    """The statements of one regular fire of ``name``, an hourly schedule applied just now."""
+    with transaction(app.settings.database_url) as session:
+        anchor = session.scalar(select(Schedule.updated_at).where(Schedule.name == name))
+    assert anchor is not None
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if not statement.startswith("BEGIN"):
+            statements.append(" ".join(statement.split()[:3]))
+
+    engine = get_engine(app.settings.database_url)
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        answer = firing.fire(app, name, nominal_at=anchor + timedelta(seconds=3600), trigger=Trigger.INTERVAL)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert answer["status"] == "in_progress", answer
+    return statements
+
+
+@pytest.mark.parametrize("overlap", ["allow", "skip"])
+def test_a_fire_that_starts_a_run_costs_eight_statements_nine_if_it_checks_overlap(
+    app: ChordbeatCelery, overlap: str
+) -> None:
+    service.apply_schedule(
+        app, {"name": "fired", "every": 3600, "overlap": overlap, "steps": [step("a"), [step("b"), step("c")]]}
+    )
+    statements = fire_statements(app, "fired")
+    # Lock and read the schedule's row, claim the slot, (skip: look for an active run), the
+    # schedule with its steps in one statement, the execution (a conflict inserts nothing: no
+    # savepoint, no look-up first), its worker tasks, the schedule's last run, the slot record
+    # and its counter. The row lock is not taken twice; allow reads no active run.
+    kinds = [s.split()[0] for s in statements]
+    expected = ["SELECT", "UPDATE", "SELECT", "INSERT", "INSERT", "UPDATE", "INSERT", "INSERT"]
+    if overlap == "skip":
+        expected.insert(2, "SELECT")
+    assert kinds == expected, statements

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import delete, exists, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from celeryapp.errors import NotFound
@@ -127,6 +127,11 @@ def record_slot(
     metric_counts.count_slot(session, schedule.name, outcome)
 
 
+def _insert_ignoring_conflicts(session: Session) -> Any:
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    return dialect.insert(ScheduleExecution).on_conflict_do_nothing()
+
+
 def start_execution(
     session: Session,
     schedule: Schedule,
@@ -136,20 +141,23 @@ def start_execution(
     now: datetime,
     payload: dict[str, Any] | None = None,
     nominal_at: datetime | None = None,
-    locked_without_active: bool = False,
+    locked: bool = False,
+    no_active: bool = False,
 ) -> StartResult:
     """Create an execution with all its worker tasks, honouring the schedule's overlap policy.
 
-    ``locked_without_active``: the caller holds the schedule's row lock and found no active run.
+    ``locked``: the caller holds the schedule's row lock; ``no_active``: and found no active run.
     """
-    if not locked_without_active:
+    if not locked:
         lock_schedule(session, schedule.id)
-    existing = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
-    if existing is not None:
-        return StartResult(existing, skipped="duplicate")
     effects = Effects()
-    active = [] if locked_without_active else _active_execution_ids(session, schedule.id)
+    # Whatever the active runs are, ``allow`` starts: no need to read them.
+    active = [] if no_active or schedule.overlap is Overlap.ALLOW else _active_execution_ids(session, schedule.id)
     if active:
+        # Before cancelling or buffering anything for it: a redelivered start is a duplicate.
+        existing = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
+        if existing is not None:
+            return StartResult(existing, skipped="duplicate")
         overlap = decide_overlap(schedule.overlap, trigger, active_id=active[0], current_retry=schedule.current_retry)
         if overlap.action is OverlapAction.CANCEL_AND_START:
             for execution_id in active:
@@ -160,39 +168,40 @@ def start_execution(
                 return overlapped
 
     definition = definition_of(schedule)
-    execution = ScheduleExecution(
-        schedule_id=schedule.id,
-        schedule_name=schedule.name,
-        status=ExecutionStatus.IN_PROGRESS,
-        trigger=trigger,
-        run_key=run_key,
-        exclusive_key=None if schedule.overlap is Overlap.ALLOW else schedule.id,
-        current_step_index=0,
-        plan=definition.plan(),
-        payload={**definition.payload, **(payload or {})},
-        started_at=now,
-        deadline_at=now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
+    # One statement: a unique conflict (the same run key, or another active run of an exclusive
+    # schedule) inserts nothing instead of failing, and is sorted out below.
+    execution_id = session.scalar(
+        _insert_ignoring_conflicts(session)
+        .values(
+            schedule_id=schedule.id,
+            schedule_name=schedule.name,
+            status=ExecutionStatus.IN_PROGRESS,
+            trigger=trigger,
+            run_key=run_key,
+            exclusive_key=None if schedule.overlap is Overlap.ALLOW else schedule.id,
+            current_step_index=0,
+            plan=definition.plan(),
+            payload={**definition.payload, **(payload or {})},
+            started_at=now,
+            deadline_at=now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
+        )
+        .returning(ScheduleExecution.id)
     )
-    try:
-        with session.begin_nested():
-            session.add(execution)
-            session.flush()
-    except IntegrityError:
-        # Lost a race: the same run key, or another active run of an exclusive schedule. (Rolling
-        # back the savepoint already took the new execution out of the session.)
+    if execution_id is None:
         winner = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
         if winner is not None:
             return StartResult(winner, skipped="duplicate")
+        # Lost the race for the schedule's one active run to a run that just started.
         overlap = decide_overlap(
             schedule.overlap, trigger, active_id=None, current_retry=schedule.current_retry, lost_race=True
         )
         overlapped = _overlapped(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
         return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
 
-    # Every worker task in one statement (ids come back in the rows' order).
+    # Every worker task in one multi-row statement (step names are unique within a schedule).
     rows = [
         {
-            "execution_id": execution.id,
+            "execution_id": execution_id,
             "step_index": index,
             "step_name": step.name,
             "status": WorkerTaskStatus.QUEUED if index == 0 else WorkerTaskStatus.WAITING,
@@ -202,18 +211,16 @@ def start_execution(
         for index, group in enumerate(definition.groups)
         for step in group
     ]
-    task_ids = session.scalars(insert(WorkerTask).returning(WorkerTask.id, sort_by_parameter_order=True), rows).all()
-    group_zero = definition.groups[0]
-    first = [
-        StepDispatch(execution.id, i, 1, step) for i, step in zip(task_ids[: len(group_zero)], group_zero, strict=True)
-    ]
+    created = session.execute(insert(WorkerTask).values(rows).returning(WorkerTask.step_name, WorkerTask.id))
+    task_ids: dict[str, int] = {name: task_id for name, task_id in created}
+    first = [StepDispatch(execution_id, task_ids[step.name], 1, step) for step in definition.groups[0]]
     session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
     record_slot(
-        session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution.id
+        session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution_id
     )
-    effects.dispatch.append(GroupDispatch(execution.id, 0, tuple(first), schedule_name=schedule.name))
-    logger.info("execution %s of schedule %r started (%s)", execution.id, schedule.name, trigger.value)
-    return StartResult(execution.id, effects=effects)
+    effects.dispatch.append(GroupDispatch(execution_id, 0, tuple(first), schedule_name=schedule.name))
+    logger.info("execution %s of schedule %r started (%s)", execution_id, schedule.name, trigger.value)
+    return StartResult(execution_id, effects=effects)
 
 
 def _overlapped(
@@ -327,7 +334,13 @@ def _after_execution(
     _log_after(schedule.name, state, after, run_count=row.run_count, is_pending_retry=is_pending_retry, ended=status)
     if after.start is NextRun.RETRY and state.retry_at is not None and pending_key is not None:
         started = start_execution(
-            session, schedule, trigger=Trigger.RETRY, now=now, nominal_at=state.retry_at, run_key=pending_key
+            session,
+            schedule,
+            trigger=Trigger.RETRY,
+            now=now,
+            nominal_at=state.retry_at,
+            run_key=pending_key,
+            locked=True,
         )
         effects.merge(started.effects)
     elif after.start is NextRun.BUFFERED and affected(
@@ -338,7 +351,12 @@ def _after_execution(
         .execution_options(synchronize_session=False),
     ):
         started = start_execution(
-            session, schedule, trigger=execution.trigger, now=now, run_key=f"{schedule.name}:after:{execution.id}"
+            session,
+            schedule,
+            trigger=execution.trigger,
+            now=now,
+            run_key=f"{schedule.name}:after:{execution.id}",
+            locked=True,
         )
         effects.merge(started.effects)
     return effects

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, func, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from celeryapp.errors import InvalidArgument
 from celeryapp.execution.decisions import ScheduleState, decide_fire
@@ -151,7 +151,8 @@ def _fire(
                 effects.skipped_overlap += 1
                 logger.info("schedule %r: %s, run skipped", name, running)
                 return {"execution_id": None, "skipped": f"overlap: {running}"}
-        schedule = session.get_one(Schedule, row.id)
+        # With its steps in the same statement (their relationship alone would load them in a second).
+        schedule = session.get_one(Schedule, row.id, options=(joinedload(Schedule.steps),))
         if trigger is Trigger.RETRY and schedule.retry_at is not None:
             # The stored time names the retry (the message's may be a microsecond off).
             nominal_at = schedule.retry_at
@@ -166,7 +167,8 @@ def _fire(
             now=now,
             nominal_at=nominal_at,
             run_key=run_key(name, trigger, nominal_at, schedule.current_retry),
-            locked_without_active=checked,
+            locked=True,  # the row lock taken first
+            no_active=checked,
         )
         effects.merge(result.effects)
     if result.skipped:

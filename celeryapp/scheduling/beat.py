@@ -29,8 +29,9 @@ LOCK_RETRY_S = 1.0
 #: Seconds between two extensions of the lock (and writes of the liveness file).
 KEEPALIVE_S = 1.0
 #: Shortest sleep between ticks: entries due within it are sent together by the next tick (a
-#: fire at most this late) instead of one tick each (10,000 staggered schedules: beat CPU 31%).
-MIN_TICK_S = 0.05
+#: fire at most this late) instead of one tick each (10,000 staggered schedules: beat CPU 31%
+#: ticking back to back, 14% at 0.1 s).
+MIN_TICK_S = 0.1
 
 
 class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import json
 import math
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,6 +43,8 @@ from tests import processes
 from tests.helpers import call, entry_exists, executions, finished, step, wait_for
 
 pytestmark = pytest.mark.slow
+
+CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 
 
 def slots(app: ChordbeatCelery) -> list[SlotRecord]:
@@ -532,3 +537,29 @@ def test_a_tick_sleeps_until_the_next_entry_even_when_the_one_it_loaded_fell_due
     assert client.llen(keys.CONTROL_QUEUE) == 2, "the due entry and the one that fell due meanwhile are sent"
     assert interval <= later.score - time.time() + 0.1, f"slept {interval:.2f} s; the next entry is due sooner"
     assert interval > 0
+
+
+def test_a_standby_beat_stays_healthy_while_it_waits_for_the_lock(
+    app: ChordbeatCelery, settings: Settings, tmp_path: Path
+) -> None:
+    """Deploy files run two beats with ``chordbeat health beat`` as liveness probe: a standby that
+    never wrote its liveness file was restarted by the probe, over and over."""
+    standby_settings = dataclasses.replace(settings, health_dir=str(tmp_path / "standby-health"))
+    (tmp_path / "standby-health").mkdir()
+
+    def probe() -> int:
+        env = processes.settings_env(standby_settings)
+        return subprocess.run([CHORDBEAT, "health", "beat"], env=env, capture_output=True).returncode
+
+    def written_at() -> float:
+        age = age_s(standby_settings, "beat")
+        return -math.inf if age is None else time.time() - age
+
+    with processes.beat(settings, tmp_path, "holder") as holder:
+        wait_for(lambda: "acquired lock" in holder.output(), 30, what="the first beat to take the lock")
+        with processes.beat(standby_settings, tmp_path, "standby") as standby:
+            wait_for(lambda: "standing by" in standby.output(), 30, what="the second beat to stand by")
+            wait_for(lambda: probe() == 0, 30, interval=0.5, what="the standby's liveness probe to pass")
+            first = written_at()
+            wait_for(lambda: written_at() > first, 20, interval=0.5, what="the standby's liveness file written again")
+            assert "acquired lock" not in standby.output()

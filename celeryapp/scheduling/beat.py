@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 LOCK_RETRY_S = 1.0
 #: Seconds between two extensions of the lock (and writes of the liveness file).
 KEEPALIVE_S = 1.0
+#: A standby beat writes its liveness file this often while it waits for the lock.
+STANDBY_TOUCH_S = 5.0
 #: Shortest sleep between ticks: entries due within it are sent together by the next tick (a
 #: fire at most this late) instead of one tick each (10,000 staggered schedules: beat CPU 31%
 #: ticking back to back, 14% at 0.1 s).
@@ -124,15 +126,23 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         Every time the lock is taken the entries are repaired before the next fire: while this
         beat waited, Redis may have restarted empty (the lock vanishing with it is what let us
         in), taking every entry with it, the recovery task's own included.
+
+        A standby is alive and ready: it keeps its liveness file fresh while it waits, or a
+        liveness probe (``chordbeat health beat``) would restart it over and over.
         """
         client = get_redis(self.app)
+        standing_by = False
         while True:
+            health.touch(self.app.settings, "beat")
             try:
                 lock = client.lock(self.lock_key, timeout=self.lock_timeout, sleep=LOCK_RETRY_S)
                 lock.lua_extend = client.register_script(LUA_EXTEND_TO_SCRIPT)
-                if not lock.acquire(blocking=False):
-                    logger.info("beat: another beat holds the lock; standing by")
-                    lock.acquire()
+                # The first try does not wait: a standby says so at once.
+                if not lock.acquire(blocking=standing_by, blocking_timeout=STANDBY_TOUCH_S):
+                    if not standing_by:
+                        logger.info("beat: another beat holds the lock; standing by")
+                        standing_by = True
+                    continue
             except redis.RedisError as exc:
                 logger.warning("beat: cannot reach Redis for the lock (%s); retrying", exc)
                 time.sleep(LOCK_RETRY_S)

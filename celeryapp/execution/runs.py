@@ -127,6 +127,11 @@ def record_slot(
     metric_counts.count_slot(session, schedule.name, outcome)
 
 
+def _execution_with_key(session: Session, run_key: str) -> int | None:
+    """The execution a run key already made, if any."""
+    return session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
+
+
 def _insert_ignoring_conflicts(session: Session) -> Any:
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     return dialect.insert(ScheduleExecution).on_conflict_do_nothing()
@@ -155,7 +160,7 @@ def start_execution(
     active = [] if no_active or schedule.overlap is Overlap.ALLOW else _active_execution_ids(session, schedule.id)
     if active:
         # Before cancelling or buffering anything for it: a redelivered start is a duplicate.
-        existing = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
+        existing = _execution_with_key(session, run_key)
         if existing is not None:
             return StartResult(existing, skipped="duplicate")
         overlap = decide_overlap(schedule.overlap, trigger, active_id=active[0], current_retry=schedule.current_retry)
@@ -188,7 +193,7 @@ def start_execution(
         .returning(ScheduleExecution.id)
     )
     if execution_id is None:
-        winner = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
+        winner = _execution_with_key(session, run_key)
         if winner is not None:
             return StartResult(winner, skipped="duplicate")
         # Lost the race for the schedule's one active run to a run that just started.
@@ -366,7 +371,7 @@ def _pending_retry_started(session: Session, state: ScheduleState, key: str | No
     """Whether the pending retry's run exists; only asked once the retry is due."""
     if state.retry_at is None or key is None or state.retry_at > now:
         return False
-    return session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == key)) is not None
+    return _execution_with_key(session, key) is not None
 
 
 def _apply_after(

@@ -34,6 +34,12 @@ def fire_schedule(name: str, nominal_at: str | None = None, trigger: str | None 
     return firing.fire(app, name, nominal_at=when, trigger=kind)
 
 
+@app.task(name="chordbeat.fire_batch", acks_late=True, reject_on_worker_lost=True, throws=(ChordbeatError,))
+def fire_batch(fires: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sent by beat: the slots one tick found due, each ``{"name", "nominal_at", "trigger"}``."""
+    return firing.fire_batch(app, firing.batch_arguments(fires, now=utcnow()))
+
+
 @app.task(name="chordbeat.reconcile_beat", send_events=False)  # periodic: kept out of Flower
 def reconcile_beat() -> dict[str, list[str]]:
     """Periodic repair of RedBeat entries from the database (both ways), and lost slots re-fired.

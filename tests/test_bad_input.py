@@ -263,6 +263,10 @@ def test_a_bad_definition_is_refused_naming_the_field_and_stores_nothing(
 
 NAME_TASKS = ("delete_schedule", "get_schedule", "pause_schedule", "resume_schedule", "trigger_schedule", "list_slots")
 ID_TASKS = ("get_execution", "cancel_execution")
+#: A fire_batch slot that is fine (the batch around it is what is wrong).
+SLOT = {"name": "kept", "nominal_at": "2026-01-01T00:00:00+00:00", "trigger": "interval"}
+SLOT_NO_NAME = {"nominal_at": "2026-01-01T00:00:00+00:00", "trigger": "interval"}
+
 ARGUMENTS: list[tuple[str, str, dict[str, Any], str, str]] = [
     *[
         (f"{task}-{label}", task, {"name": value}, "name", reason)
@@ -350,6 +354,38 @@ ARGUMENTS: list[tuple[str, str, dict[str, Any], str, str]] = [
     ("fire-slot-number", "fire_schedule", {"name": "kept", "nominal_at": 5}, "nominal_at", "ISO 8601"),
     ("fire-manual-trigger", "fire_schedule", {"name": "kept", "trigger": "manual"}, "trigger", "must be one of"),
     ("fire-name-list", "fire_schedule", {"name": ["kept"]}, "name", "schedule name"),
+    ("batch-not-list", "fire_batch", {"fires": {"name": "kept"}}, "fires", "100 slots, got object"),
+    ("batch-empty", "fire_batch", {"fires": []}, "fires", "must be a list of 1 to 100 slots, got 0 slots"),
+    ("batch-101", "fire_batch", {"fires": [SLOT] * 101}, "fires", "got 101 slots"),
+    ("batch-bool", "fire_batch", {"fires": True}, "fires", "got boolean"),
+    ("batch-slot-string", "fire_batch", {"fires": [SLOT, "kept"]}, "fires[1]", "got string"),
+    (
+        "batch-slot-extra",
+        "fire_batch",
+        {"fires": [{**SLOT, "payload": {}}]},
+        "fires[0]",
+        "name, nominal_at and trigger",
+    ),
+    (
+        "batch-slot-lookalike",
+        "fire_batch",
+        {"fires": [{**SLOT_NO_NAME, "Name": "kept"}]},
+        "fires[0]",
+        "got keys ['Name', 'nominal_at', 'trigg",
+    ),
+    ("batch-slot-missing", "fire_batch", {"fires": [SLOT_NO_NAME]}, "fires[0]", "name, nominal_at and trigger"),
+    ("batch-slot-null-time", "fire_batch", {"fires": [{**SLOT, "nominal_at": None}]}, "fires[0].nominal_at", "null"),
+    (
+        "batch-slot-future",
+        "fire_batch",
+        {"fires": [SLOT, {**SLOT, "nominal_at": "2999-01-01T00:00:00+00:00"}]},
+        "fires[1].nominal_at",
+        "in the future",
+    ),
+    ("batch-slot-nan", "fire_batch", {"fires": [{**SLOT, "nominal_at": math.nan}]}, "fires[0].nominal_at", "ISO 8601"),
+    ("batch-slot-manual", "fire_batch", {"fires": [{**SLOT, "trigger": "manual"}]}, "fires[0].trigger", "one of"),
+    ("batch-slot-name-bool", "fire_batch", {"fires": [{**SLOT, "name": True}]}, "fires[0].name", "schedule name"),
+    ("batch-slot-name-huge", "fire_batch", {"fires": [{**SLOT, "name": "k" * 10_000}]}, "fires[0].name", "1 to"),
     ("advance-bool", "advance_execution", {"execution_id": True, "step_index": 0}, "execution_id", "got boolean"),
     ("advance-index", "advance_execution", {"execution_id": 1, "step_index": -1}, "step_index", "between 0"),
     ("run-step-text", "run_step", {"worker_task_id": "1", "attempt": 1}, "worker_task_id", "must be an integer"),

@@ -37,6 +37,7 @@ from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.interfaces.views import iso
 from celeryapp.messaging import keys
 from celeryapp.monitoring import metric_counts
+from celeryapp.scheduling.definition import ScheduleDefinition
 from celeryapp.scheduling.store import definition_of
 from models import (
     Activity,
@@ -112,19 +113,43 @@ def record_slot(
     execution_id: int | None = None,
     detail: str | None = None,
 ) -> None:
+    record_slots(session, [SlotRow(schedule, outcome, trigger, nominal_at, execution_id, detail)], now=now)
+
+
+class SlotRow(NamedTuple):
+    """What :func:`record_slots` records of one slot."""
+
+    owner: Schedule | SlotOwner
+    outcome: SlotOutcome
+    trigger: Trigger
+    nominal_at: datetime | None
+    execution_id: int | None = None
+    detail: str | None = None
+
+
+def record_slots(session: Session, slots: list[SlotRow], *, now: datetime) -> None:
+    """Record what became of slots, and count them, in one statement each."""
     session.execute(
         insert(SlotRecord).values(
-            schedule_id=schedule.id,
-            schedule_name=schedule.name,
-            nominal_at=nominal_at,
-            trigger=trigger,
-            outcome=outcome,
-            execution_id=execution_id,
-            detail=detail,
-            recorded_at=now,
+            [
+                {
+                    "schedule_id": slot.owner.id,
+                    "schedule_name": slot.owner.name,
+                    "nominal_at": slot.nominal_at,
+                    "trigger": slot.trigger,
+                    "outcome": slot.outcome,
+                    "execution_id": slot.execution_id,
+                    "detail": slot.detail,
+                    "recorded_at": now,
+                }
+                for slot in slots
+            ]
         )
     )
-    metric_counts.count_slot(session, schedule.name, outcome)
+    counts = metric_counts.Counts()
+    for slot in slots:
+        counts.count(metric_counts.SLOTS, slot.owner.name, slot.outcome.value)
+    counts.add_to(session)
 
 
 def _execution_with_key(session: Session, run_key: str) -> int | None:
@@ -177,19 +202,7 @@ def start_execution(
     # schedule) inserts nothing instead of failing, and is sorted out below.
     execution_id = session.scalar(
         _insert_ignoring_conflicts(session)
-        .values(
-            schedule_id=schedule.id,
-            schedule_name=schedule.name,
-            status=ExecutionStatus.IN_PROGRESS,
-            trigger=trigger,
-            run_key=run_key,
-            exclusive_key=None if schedule.overlap is Overlap.ALLOW else schedule.id,
-            current_step_index=0,
-            plan=definition.plan(),
-            payload={**definition.payload, **(payload or {})},
-            started_at=now,
-            deadline_at=now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
-        )
+        .values(_execution_row(schedule, definition, trigger=trigger, run_key=run_key, now=now, payload=payload))
         .returning(ScheduleExecution.id)
     )
     if execution_id is None:
@@ -203,7 +216,94 @@ def start_execution(
         overlapped = _overlapped(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
         return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
 
-    # Every worker task in one multi-row statement (step names are unique within a schedule).
+    task_ids = _insert_worker_tasks(session, {execution_id: definition}, now=now)[execution_id]
+    session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
+    record_slot(
+        session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution_id
+    )
+    effects.dispatch.append(_first_group(schedule, definition, execution_id, task_ids, trigger))
+    return StartResult(execution_id, effects=effects)
+
+
+class Start(NamedTuple):
+    """A run to start by :func:`start_executions`."""
+
+    schedule: Schedule
+    trigger: Trigger
+    run_key: str
+    nominal_at: datetime
+
+
+def start_executions(session: Session, starts: list[Start], *, now: datetime) -> list[StartResult]:
+    """Start runs of several schedules in a few statements, whatever their number (a beat tick's fires).
+
+    The caller holds every schedule's row lock and found no active run of any that is not
+    ``overlap: allow`` (what :func:`start_execution` checks first), and no schedule appears twice.
+    A run key already used makes no run ("duplicate"), as in :func:`start_execution`.
+    """
+    definitions = [definition_of(start.schedule) for start in starts]
+    rows = [
+        _execution_row(start.schedule, definition, trigger=start.trigger, run_key=start.run_key, now=now)
+        for start, definition in zip(starts, definitions, strict=True)
+    ]
+    inserted = session.execute(
+        _insert_ignoring_conflicts(session).values(rows).returning(ScheduleExecution.run_key, ScheduleExecution.id)
+    )
+    ids: dict[str, int] = {key: execution_id for key, execution_id in inserted}
+    made = {ids[s.run_key]: d for s, d in zip(starts, definitions, strict=True) if s.run_key in ids}
+    task_ids = _insert_worker_tasks(session, made, now=now) if made else {}
+    results: list[StartResult] = []
+    slots: list[SlotRow] = []
+    for start, definition in zip(starts, definitions, strict=True):
+        execution_id = ids.get(start.run_key)
+        if execution_id is None:
+            # The row lock and the caller's check leave only one conflict: the run key's.
+            results.append(StartResult(_execution_with_key(session, start.run_key), skipped="duplicate"))
+            continue
+        group = _first_group(start.schedule, definition, execution_id, task_ids[execution_id], start.trigger)
+        results.append(StartResult(execution_id, effects=Effects(dispatch=[group])))
+        slots.append(SlotRow(start.schedule, SlotOutcome.FIRED, start.trigger, start.nominal_at, execution_id))
+    if slots:
+        started_ids = [row.owner.id for row in slots]
+        session.execute(update(Schedule).where(Schedule.id.in_(started_ids)).values(last_run_at=now))
+        record_slots(session, slots, now=now)
+    return results
+
+
+def _execution_row(
+    schedule: Schedule,
+    definition: ScheduleDefinition,
+    *,
+    trigger: Trigger,
+    run_key: str,
+    now: datetime,
+    payload: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "schedule_id": schedule.id,
+        "schedule_name": schedule.name,
+        "status": ExecutionStatus.IN_PROGRESS,
+        "trigger": trigger,
+        "run_key": run_key,
+        "exclusive_key": None if schedule.overlap is Overlap.ALLOW else schedule.id,
+        "current_step_index": 0,
+        "plan": definition.plan(),
+        "payload": {**definition.payload, **(payload or {})},
+        "started_at": now,
+        "deadline_at": now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
+    }
+
+
+#: Worker tasks one INSERT writes: 6 parameters each, well below SQLite's 32,766 and PostgreSQL's
+#: 65,535 parameters a statement (100 fires of schedules of 500 steps are 50,000 rows).
+WORKER_TASKS_PER_INSERT = 2000
+
+
+def _insert_worker_tasks(
+    session: Session, executions: dict[int, ScheduleDefinition], *, now: datetime
+) -> dict[int, dict[str, int]]:
+    """Every worker task of the executions in one multi-row statement; their ids by execution and
+    step name (unique within a schedule)."""
     rows = [
         {
             "execution_id": execution_id,
@@ -213,19 +313,28 @@ def start_execution(
             "attempt": 1,
             "queued_at": now if index == 0 else None,
         }
+        for execution_id, definition in executions.items()
         for index, group in enumerate(definition.groups)
         for step in group
     ]
-    created = session.execute(insert(WorkerTask).values(rows).returning(WorkerTask.step_name, WorkerTask.id))
-    task_ids: dict[str, int] = {name: task_id for name, task_id in created}
-    first = [StepDispatch(execution_id, task_ids[step.name], 1, step) for step in definition.groups[0]]
-    session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
-    record_slot(
-        session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution_id
-    )
-    effects.dispatch.append(GroupDispatch(execution_id, 0, tuple(first), schedule_name=schedule.name))
+    task_ids: dict[int, dict[str, int]] = {execution_id: {} for execution_id in executions}
+    for start in range(0, len(rows), WORKER_TASKS_PER_INSERT):
+        created = session.execute(
+            insert(WorkerTask)
+            .values(rows[start : start + WORKER_TASKS_PER_INSERT])
+            .returning(WorkerTask.execution_id, WorkerTask.step_name, WorkerTask.id)
+        )
+        for execution_id, step_name, task_id in created:
+            task_ids[execution_id][step_name] = task_id
+    return task_ids
+
+
+def _first_group(
+    schedule: Schedule, definition: ScheduleDefinition, execution_id: int, task_ids: dict[str, int], trigger: Trigger
+) -> GroupDispatch:
     logger.info("execution %s of schedule %r started (%s)", execution_id, schedule.name, trigger.value)
-    return StartResult(execution_id, effects=effects)
+    first = [StepDispatch(execution_id, task_ids[step.name], 1, step) for step in definition.groups[0]]
+    return GroupDispatch(execution_id, 0, tuple(first), schedule_name=schedule.name)
 
 
 def _overlapped(

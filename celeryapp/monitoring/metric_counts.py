@@ -24,7 +24,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from models import Activity, ActivityStatus, ExecutionStatus, MetricCount, ScheduleExecution, SlotOutcome
+from models import Activity, ActivityStatus, ExecutionStatus, MetricCount, ScheduleExecution
 
 #: Upper bounds (seconds) of the duration histograms.
 DURATION_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600)
@@ -137,12 +137,6 @@ def observe_execution(session: Session, execution: ScheduleExecution, status: Ex
         following = spans.get(index + 1)
         if following is not None:
             counts.observe(ADVANCE_LATENCY, name, following[0] - last_end)
-    counts.add_to(session)
-
-
-def count_slot(session: Session, schedule_name: str, outcome: SlotOutcome) -> None:
-    counts = Counts()
-    counts.count(SLOTS, schedule_name, outcome.value)
     counts.add_to(session)
 
 

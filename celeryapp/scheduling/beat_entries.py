@@ -12,10 +12,11 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from celery import Celery
+from celery.beat import ScheduleEntry as BaseScheduleEntry
 from celery.schedules import BaseSchedule, schedstate
 from redbeat.decoder import RedBeatJSONDecoder, RedBeatJSONEncoder
 from redbeat.schedulers import RedBeatSchedulerEntry, ensure_conf, get_redis
@@ -27,6 +28,7 @@ from celeryapp.scheduling.cadence import Cadence, Due, next_due
 from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleStatus, Trigger, transaction
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FIRE_TASK = "chordbeat.fire_schedule"
 #: A regular slot's fire message expires this long after the next slot is due. By then it is
@@ -95,6 +97,22 @@ class CadenceSchedule(BaseSchedule):  # type: ignore[misc]
         return f"<CadenceSchedule {what or f'every {self.cadence.every_s}s'}>"
 
 
+def fire_of(
+    schedule: CadenceSchedule, last_run_at: datetime | None, name: str, now: datetime
+) -> tuple[dict[str, str], datetime | None]:
+    """The slot a due entry fires, as its fire message states it, and when that message expires."""
+    last = _aware(last_run_at or now)
+    due = schedule.due(last)
+    if due.retry:
+        return {"name": name, "nominal_at": due.at.isoformat(), "trigger": Trigger.RETRY.value}, None
+    nominal = schedule.cadence.latest_slot(now, since=last) or due.at
+    trigger = Trigger.CRON if schedule.cadence.cron else Trigger.INTERVAL
+    # Once the next slot is due, this fire is superseded (decide_fire); a backlog of them after
+    # a worker outage is dropped by the broker instead of being worked off.
+    expires = schedule.cadence.slot_after(nominal) + FIRE_EXPIRY_GRACE
+    return {"name": name, "nominal_at": nominal.isoformat(), "trigger": trigger.value}, expires
+
+
 def _aware(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
@@ -119,6 +137,25 @@ class ScheduleEntry(RedBeatSchedulerEntry):  # type: ignore[misc]
     @staticmethod
     def decode_definition(definition: str) -> Any:
         return json.loads(definition, cls=EntryDecoder)
+
+    @classmethod
+    def from_stored(cls, definition: str, meta: str | None, app: Celery) -> ScheduleEntry:
+        """The entry from its two stored fields (RedBeat's ``from_key`` without its round trip)."""
+        fields = cls.decode_definition(definition)
+        last = cls.decode_meta(meta)
+        fields.update(last)
+        entry = cls(app=app, **fields)
+        entry.last_run_at = last["last_run_at"]  # Celery's entry would set "now"
+        return entry
+
+    def reserve_in(self, pipe: Any) -> ScheduleEntry:
+        """RedBeat's reserve (the entry fired now: its last fire time and score move on), written
+        into ``pipe`` instead of a round trip of its own."""
+        entry: ScheduleEntry = BaseScheduleEntry._next_instance(self)
+        meta = {"last_run_at": entry.last_run_at, "total_run_count": entry.total_run_count}
+        pipe.hset(self.key, "meta", json.dumps(meta, cls=RedBeatJSONEncoder))
+        pipe.zadd(self.app.redbeat_conf.schedule_key, {entry.key: entry.score})
+        return entry
 
     @property
     def due_at(self) -> datetime | None:
@@ -206,7 +243,7 @@ CHANGE_MARGIN = timedelta(minutes=5)
 WATERMARK_KEY = "reconciled-at"
 
 
-def chunks(items: Sequence[str], size: int = CHUNK) -> Iterator[Sequence[str]]:
+def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
@@ -415,7 +452,7 @@ def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
             except Exception:
                 logger.exception("lost slot of schedule %r cannot be re-fired; the others are", item.name)
     if refired:
-        logger.warning("re-fired slots whose fire message was lost: %s", _few(refired))
+        logger.warning("re-fired slots whose fire message was lost: %s", few(refired))
     return refired
 
 
@@ -476,7 +513,7 @@ def reconcile(app: Celery, *, full: bool = False) -> EntryChanges:
     changes = sync_schedules(app, names)
     client.set(mark, repr(started.timestamp()))
     if not changes.empty:
-        logger.warning("beat entries repaired: written %s; removed %s", _few(changes.written), _few(changes.removed))
+        logger.warning("beat entries repaired: written %s; removed %s", few(changes.written), few(changes.removed))
     return changes
 
 
@@ -484,7 +521,7 @@ def reconcile(app: Celery, *, full: bool = False) -> EntryChanges:
 LOGGED_NAMES = 20
 
 
-def _few(names: Sequence[str]) -> str:
+def few(names: Sequence[str]) -> str:
     if len(names) <= LOGGED_NAMES:
         return ", ".join(names) or "-"
     return f"{', '.join(names[:LOGGED_NAMES])} and {len(names) - LOGGED_NAMES} more"

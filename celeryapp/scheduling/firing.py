@@ -1,23 +1,28 @@
-"""What a beat entry's fire message does: start the run of one nominal slot, or record why not."""
+"""What beat's fire messages do: start the run of a nominal slot, or record why not.
+
+A tick sends the slots due together in one message (:func:`fire_batch`): the ones that simply
+start a run share one transaction and a few statements, whatever their number; any other (a
+retry, an overlap, missed slots to record, a paused schedule...) goes through :func:`fire` alone.
+"""
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import bindparam, func, or_, select, update
+from sqlalchemy import bindparam, case, func, literal, or_, select, update
 from sqlalchemy.orm import Session, joinedload
 
 from celeryapp.errors import InvalidArgument
 from celeryapp.execution.decisions import ScheduleState, decide_fire
 from celeryapp.execution.effects import Effects
-from celeryapp.execution.runs import SlotOwner, record_slot, run_key, start_execution
+from celeryapp.execution.runs import SlotOwner, Start, record_slot, run_key, start_execution, start_executions
 from celeryapp.interfaces.views import iso
 from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, cadence_of
 from celeryapp.scheduling.cadence import Cadence
-from celeryapp.scheduling.limits import MAX_NAME_CHARS, shown
+from celeryapp.scheduling.limits import MAX_NAME_CHARS, shown, type_name
 from models import (
     ExecutionStatus,
     Overlap,
@@ -76,6 +81,168 @@ def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trig
     answer = _fire(app, name, nominal_at=nominal_at, trigger=trigger, effects=effects)
     apply_effects(app, effects)
     return answer
+
+
+class Fire(NamedTuple):
+    """One slot of a :func:`fire_batch` message."""
+
+    name: str
+    nominal_at: datetime
+    trigger: Trigger
+
+
+#: Most slots one fire message carries (beat sends more as several): one transaction's worth,
+#: and a bound on the statement parameters (SQLite allows 32,766).
+MAX_BATCH = 100
+_FIRE_FIELDS = frozenset(Fire._fields)
+
+
+def batch_arguments(fires: Any, *, now: datetime) -> list[Fire]:
+    """Check a batch fire message's argument; one bad slot refuses the whole message."""
+    if not isinstance(fires, list) or not 1 <= len(fires) <= MAX_BATCH:
+        got = f"{len(fires)} slots" if isinstance(fires, list) else type_name(fires)
+        raise InvalidArgument("fires", f"must be a list of 1 to {MAX_BATCH} slots, got {got}")
+    checked: list[Fire] = []
+    for index, item in enumerate(fires):
+        if not isinstance(item, dict) or set(item) != _FIRE_FIELDS:
+            got = f"keys {shown(sorted(map(str, item)))}" if isinstance(item, dict) else type_name(item)
+            raise InvalidArgument(f"fires[{index}]", f"must be an object with name, nominal_at and trigger, got {got}")
+        if item["nominal_at"] is None:
+            raise InvalidArgument(
+                f"fires[{index}].nominal_at", "must be an ISO 8601 time with its UTC offset, got null"
+            )
+        try:
+            checked.append(Fire(*fire_arguments(item["name"], item["nominal_at"], item["trigger"], now=now)))
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"fires[{index}].{exc.field}", exc.reason) from None
+    return checked
+
+
+def fire_batch(app: ChordbeatCelery, fires: list[Fire]) -> list[dict[str, Any]]:
+    """Fire several slots: what simply starts a run in one transaction, the rest one by one.
+
+    Each slot's outcome is what :func:`fire` would have made of it alone. A failure of one slot
+    fired alone does not stop the others; the first is raised once all were tried.
+    """
+    effects = Effects()
+    try:
+        with transaction(app.settings.database_url) as session:
+            answers, alone = _fire_together(session, fires, now=utcnow(), effects=effects)
+    except Exception:
+        # Nothing was committed: every slot gets its own transaction, and its own error.
+        logger.exception("fires of %s schedules together failed; firing each alone", len(fires))
+        answers, alone, effects = {}, list(range(len(fires))), Effects()
+    apply_effects(app, effects)
+    failures: list[Exception] = []
+    for index in sorted(alone):
+        slot = fires[index]
+        try:
+            answers[index] = fire(app, slot.name, nominal_at=slot.nominal_at, trigger=slot.trigger)
+        except Exception as exc:
+            # The first with its traceback; when the database is away, the rest say the same.
+            if not failures:
+                logger.exception("fire of %r for %s failed", slot.name, slot.nominal_at.isoformat())
+            failures.append(exc)
+            answers[index] = {"execution_id": None, "skipped": f"failed: {type(exc).__name__}"}
+    if failures:
+        logger.error("%s of %s fires failed; the lost-slot re-fire retries them", len(failures), len(fires))
+        raise failures[0]
+    return [answers[index] for index in range(len(fires))]
+
+
+def _fire_together(
+    session: Session, fires: list[Fire], *, now: datetime, effects: Effects
+) -> tuple[dict[int, dict[str, Any]], list[int]]:
+    """Start the runs of the slots whose fire only claims the slot and starts a run; the indexes
+    of the others (to fire alone, after this commits) come back with the answers."""
+    alone: list[int] = []
+    index_of: dict[str, int] = {}
+    for index, slot in enumerate(fires):
+        if slot.trigger is Trigger.RETRY or slot.name in index_of:
+            alone.append(index)  # a retry replaces regular slots; a second slot of one schedule waits for the first
+        else:
+            index_of[slot.name] = index
+    if not index_of:
+        return {}, alone
+    # Locked in id order: two batches sharing schedules wait for each other instead of deadlocking.
+    rows = session.execute(
+        select(*_FIRE_COLUMNS).where(Schedule.name.in_(sorted(index_of))).order_by(Schedule.id).with_for_update()
+    ).all()
+    alone += [index for name, index in index_of.items() if name not in {row.name for row in rows}]
+    starting: list[tuple[int, Any, Cadence]] = []
+    for row in rows:
+        index, slot = index_of[row.name], fires[index_of[row.name]]
+        cadence = cadence_of(EntryFields(*row[4:]))
+        state = ScheduleState(row.status, row.current_retry, row.retry_at, row.last_slot_at)
+        decision = decide_fire(state, trigger=slot.trigger, nominal_at=slot.nominal_at, now=now, cadence=cadence)
+        missed = state.last_slot_at is not None and cadence.slot_after(state.last_slot_at) < slot.nominal_at
+        if decision.start and decision.claims_slot and not missed:
+            starting.append((index, row, cadence))
+        else:
+            alone.append(index)
+    exclusive = [row.id for _, row, _ in starting if row.overlap is not Overlap.ALLOW]
+    busy = set(session.scalars(_ACTIVE_OF.where(ScheduleExecution.schedule_id.in_(exclusive)))) if exclusive else set()
+    alone += [index for index, row, _ in starting if row.id in busy]
+    starting = [(index, row, cadence) for index, row, cadence in starting if row.id not in busy]
+    if not starting:
+        return {}, alone
+    _claim_slots(session, [(row.id, fires[index].nominal_at, cadence) for index, row, cadence in starting], now)
+    # With their steps in the same statement.
+    schedules = {
+        schedule.id: schedule
+        for schedule in session.scalars(
+            select(Schedule).options(joinedload(Schedule.steps)).where(Schedule.id.in_([r.id for _, r, _ in starting]))
+        ).unique()
+    }
+    starts = [
+        Start(schedule, slot.trigger, run_key(slot.name, slot.trigger, slot.nominal_at), slot.nominal_at)
+        for index, row, _ in starting
+        for slot, schedule in [(fires[index], schedules[row.id])]
+    ]
+    answers: dict[int, dict[str, Any]] = {}
+    for (index, _, _), result in zip(starting, start_executions(session, starts, now=now), strict=True):
+        effects.merge(result.effects)
+        answers[index] = (
+            {"execution_id": None, "skipped": result.skipped}
+            if result.skipped
+            else {"execution_id": result.execution_id, "status": "in_progress"}
+        )
+    return answers, alone
+
+
+#: The schedules, of those asked, with a run in progress.
+_ACTIVE_OF = select(ScheduleExecution.schedule_id).where(ScheduleExecution.status == ExecutionStatus.IN_PROGRESS)
+
+
+class _ClaimRaced(RuntimeError):
+    """A claimed slot moved under the row lock: the batch is rolled back and fired slot by slot."""
+
+
+def _claim_slots(session: Session, claims: list[tuple[int, datetime, Cadence]], now: datetime) -> None:
+    """:func:`_claim_slot` for many schedules in one statement."""
+    column = Schedule.__table__.c
+    nominal = case(
+        {schedule_id: literal(at, column.last_slot_at.type) for schedule_id, at, _ in claims}, value=Schedule.id
+    )
+    following = case(
+        {
+            schedule_id: literal(cadence.slot_after(max(now, at)), column.next_run_at.type)
+            for schedule_id, at, cadence in claims
+        },
+        value=Schedule.id,
+    )
+    claimed = affected(
+        session,
+        update(Schedule)
+        .where(
+            Schedule.id.in_([schedule_id for schedule_id, _, _ in claims]),
+            or_(Schedule.last_slot_at.is_(None), Schedule.last_slot_at < nominal),
+        )
+        .values(last_slot_at=nominal, next_run_at=following)
+        .execution_options(synchronize_session=False),
+    )
+    if claimed != len(claims):
+        raise _ClaimRaced(f"{claimed} of {len(claims)} slots claimed")
 
 
 _FIRE_COLUMNS = (

@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import delete, exists, insert, select, update
+from sqlalchemy import Table, delete, exists, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -129,27 +129,27 @@ class SlotRow(NamedTuple):
 
 def record_slots(session: Session, slots: list[SlotRow], *, now: datetime) -> None:
     """Record what became of slots, and count them, in one statement each."""
-    session.execute(
-        insert(SlotRecord).values(
-            [
-                {
-                    "schedule_id": slot.owner.id,
-                    "schedule_name": slot.owner.name,
-                    "nominal_at": slot.nominal_at,
-                    "trigger": slot.trigger,
-                    "outcome": slot.outcome,
-                    "execution_id": slot.execution_id,
-                    "detail": slot.detail,
-                    "recorded_at": now,
-                }
-                for slot in slots
-            ]
-        )
-    )
+    rows = [
+        {
+            "schedule_id": slot.owner.id,
+            "schedule_name": slot.owner.name,
+            "nominal_at": slot.nominal_at,
+            "trigger": slot.trigger,
+            "outcome": slot.outcome,
+            "execution_id": slot.execution_id,
+            "detail": slot.detail,
+            "recorded_at": now,
+        }
+        for slot in slots
+    ]
+    session.connection().execute(_INSERT_SLOT, rows)
     counts = metric_counts.Counts()
     for slot in slots:
         counts.count(metric_counts.SLOTS, slot.owner.name, slot.outcome.value)
     counts.add_to(session)
+
+
+_INSERT_SLOT = insert(cast(Table, SlotRecord.__table__))
 
 
 def _execution_with_key(session: Session, run_key: str) -> int | None:
@@ -157,9 +157,9 @@ def _execution_with_key(session: Session, run_key: str) -> int | None:
     return session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
 
 
-def _insert_ignoring_conflicts(session: Session) -> Any:
+def _insert_ignoring_conflicts(session: Session, table: Any = ScheduleExecution) -> Any:
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    return dialect.insert(ScheduleExecution).on_conflict_do_nothing()
+    return dialect.insert(table).on_conflict_do_nothing()
 
 
 def start_execution(
@@ -246,8 +246,9 @@ def start_executions(session: Session, starts: list[Start], *, now: datetime) ->
         _execution_row(start.schedule, definition, trigger=start.trigger, run_key=start.run_key, now=now)
         for start, definition in zip(starts, definitions, strict=True)
     ]
-    inserted = session.execute(
-        _insert_ignoring_conflicts(session).values(rows).returning(ScheduleExecution.run_key, ScheduleExecution.id)
+    table = ScheduleExecution.__table__
+    inserted = session.connection().execute(
+        _insert_ignoring_conflicts(session, table).returning(table.c.run_key, table.c.id), rows
     )
     ids: dict[str, int] = {key: execution_id for key, execution_id in inserted}
     made = {ids[s.run_key]: d for s, d in zip(starts, definitions, strict=True) if s.run_key in ids}
@@ -294,39 +295,39 @@ def _execution_row(
     }
 
 
-#: Worker tasks one INSERT writes: 6 parameters each, well below SQLite's 32,766 and PostgreSQL's
-#: 65,535 parameters a statement (100 fires of schedules of 500 steps are 50,000 rows).
-WORKER_TASKS_PER_INSERT = 2000
-
-
 def _insert_worker_tasks(
     session: Session, executions: dict[int, ScheduleDefinition], *, now: datetime
 ) -> dict[int, dict[str, int]]:
-    """Every worker task of the executions in one multi-row statement; their ids by execution and
-    step name (unique within a schedule)."""
-    rows = [
-        {
-            "execution_id": execution_id,
-            "step_index": index,
-            "step_name": step.name,
-            "status": WorkerTaskStatus.QUEUED if index == 0 else WorkerTaskStatus.WAITING,
-            "attempt": 1,
-            "queued_at": now if index == 0 else None,
-        }
+    """Every worker task of the executions; their ids by execution and step name (unique within a
+    schedule). An executemany: SQLAlchemy sends it as multi-row INSERTs of at most 1,000 rows
+    (SQLite allows 32,766 parameters a statement, PostgreSQL 65,535), compiled once."""
+    steps = [
+        (execution_id, index, step.name)
         for execution_id, definition in executions.items()
         for index, group in enumerate(definition.groups)
         for step in group
     ]
+    rows = [
+        {
+            "execution_id": execution_id,
+            "step_index": index,
+            "step_name": name,
+            "status": WorkerTaskStatus.QUEUED if index == 0 else WorkerTaskStatus.WAITING,
+            "attempt": 1,
+            "queued_at": now if index == 0 else None,
+        }
+        for execution_id, index, name in steps
+    ]
     task_ids: dict[int, dict[str, int]] = {execution_id: {} for execution_id in executions}
-    for start in range(0, len(rows), WORKER_TASKS_PER_INSERT):
-        created = session.execute(
-            insert(WorkerTask)
-            .values(rows[start : start + WORKER_TASKS_PER_INSERT])
-            .returning(WorkerTask.execution_id, WorkerTask.step_name, WorkerTask.id)
-        )
-        for execution_id, step_name, task_id in created:
-            task_ids[execution_id][step_name] = task_id
+    for execution_id, name, task_id in session.connection().execute(_INSERT_WORKER_TASKS, rows):
+        task_ids[execution_id][name] = task_id
     return task_ids
+
+
+_WORKER_TASKS = cast(Table, WorkerTask.__table__)
+_INSERT_WORKER_TASKS = insert(_WORKER_TASKS).returning(
+    _WORKER_TASKS.c.execution_id, _WORKER_TASKS.c.step_name, _WORKER_TASKS.c.id
+)
 
 
 def _first_group(

@@ -157,9 +157,12 @@ def _execution_with_key(session: Session, run_key: str) -> int | None:
     return session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
 
 
-def _insert_ignoring_conflicts(session: Session, table: Any = ScheduleExecution) -> Any:
+_EXECUTIONS = cast(Table, ScheduleExecution.__table__)
+
+
+def _insert_ignoring_conflicts(session: Session) -> Any:
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    return dialect.insert(table).on_conflict_do_nothing()
+    return dialect.insert(_EXECUTIONS).on_conflict_do_nothing()
 
 
 def start_execution(
@@ -203,7 +206,7 @@ def start_execution(
     execution_id = session.scalar(
         _insert_ignoring_conflicts(session)
         .values(_execution_row(schedule, definition, trigger=trigger, run_key=run_key, now=now, payload=payload))
-        .returning(ScheduleExecution.id)
+        .returning(_EXECUTIONS.c.id)
     )
     if execution_id is None:
         winner = _execution_with_key(session, run_key)
@@ -246,9 +249,8 @@ def start_executions(session: Session, starts: list[Start], *, now: datetime) ->
         _execution_row(start.schedule, definition, trigger=start.trigger, run_key=start.run_key, now=now)
         for start, definition in zip(starts, definitions, strict=True)
     ]
-    table = ScheduleExecution.__table__
     inserted = session.connection().execute(
-        _insert_ignoring_conflicts(session, table).returning(table.c.run_key, table.c.id), rows
+        _insert_ignoring_conflicts(session).returning(_EXECUTIONS.c.run_key, _EXECUTIONS.c.id), rows
     )
     ids: dict[str, int] = {key: execution_id for key, execution_id in inserted}
     made = {ids[s.run_key]: d for s, d in zip(starts, definitions, strict=True) if s.run_key in ids}

@@ -168,7 +168,8 @@ def _fire_together(
     rows = session.execute(
         select(*_FIRE_COLUMNS).where(Schedule.name.in_(sorted(index_of))).order_by(Schedule.id).with_for_update()
     ).all()
-    alone += [index for name, index in index_of.items() if name not in {row.name for row in rows}]
+    found = {row.name for row in rows}
+    alone += [index for name, index in index_of.items() if name not in found]
     starting: list[tuple[int, Any, Cadence]] = []
     for row in rows:
         index, slot = index_of[row.name], fires[index_of[row.name]]
@@ -186,7 +187,9 @@ def _fire_together(
     starting = [(index, row, cadence) for index, row, cadence in starting if row.id not in busy]
     if not starting:
         return {}, alone
-    _claim_slots(session, [(row.id, fires[index].nominal_at, cadence) for index, row, cadence in starting], now)
+    claimed = _claimed(session, [(row.id, fires[index].nominal_at, cadence) for index, row, cadence in starting], now)
+    if claimed != len(starting):
+        raise _ClaimRaced(f"{claimed} of {len(starting)} slots claimed")
     # With their steps in the same statement.
     schedules = {
         schedule.id: schedule
@@ -194,11 +197,11 @@ def _fire_together(
             select(Schedule).options(joinedload(Schedule.steps)).where(Schedule.id.in_([r.id for _, r, _ in starting]))
         ).unique()
     }
-    starts = [
-        Start(schedule, slot.trigger, run_key(slot.name, slot.trigger, slot.nominal_at), slot.nominal_at)
-        for index, row, _ in starting
-        for slot, schedule in [(fires[index], schedules[row.id])]
-    ]
+    starts = []
+    for index, row, _ in starting:
+        slot = fires[index]
+        key = run_key(slot.name, slot.trigger, slot.nominal_at)
+        starts.append(Start(schedules[row.id], slot.trigger, key, slot.nominal_at))
     answers: dict[int, dict[str, Any]] = {}
     for (index, _, _), result in zip(starting, start_executions(session, starts, now=now), strict=True):
         effects.merge(result.effects)
@@ -218,8 +221,9 @@ class _ClaimRaced(RuntimeError):
     """A claimed slot moved under the row lock: the batch is rolled back and fired slot by slot."""
 
 
-def _claim_slots(session: Session, claims: list[tuple[int, datetime, Cadence]], now: datetime) -> None:
-    """:func:`_claim_slot` for many schedules in one statement."""
+def _claimed(session: Session, claims: list[tuple[int, datetime, Cadence]], now: datetime) -> int:
+    """Move each schedule's last processed slot up to its claimed one, in one statement; how many
+    moved (one that is there already does not)."""
     column = Schedule.__table__.c
     nominal = case(
         {schedule_id: literal(at, column.last_slot_at.type) for schedule_id, at, _ in claims}, value=Schedule.id
@@ -231,7 +235,7 @@ def _claim_slots(session: Session, claims: list[tuple[int, datetime, Cadence]], 
         },
         value=Schedule.id,
     )
-    claimed = affected(
+    return affected(
         session,
         update(Schedule)
         .where(
@@ -241,8 +245,6 @@ def _claim_slots(session: Session, claims: list[tuple[int, datetime, Cadence]], 
         .values(last_slot_at=nominal, next_run_at=following)
         .execution_options(synchronize_session=False),
     )
-    if claimed != len(claims):
-        raise _ClaimRaced(f"{claimed} of {len(claims)} slots claimed")
 
 
 _FIRE_COLUMNS = (
@@ -391,15 +393,4 @@ def _recorded(session: Session, schedule_id: int, nominal_at: datetime) -> bool:
 
 def _claim_slot(session: Session, schedule_id: int, cadence: Cadence, nominal_at: datetime, now: datetime) -> bool:
     """Move the schedule's last processed slot up to ``nominal_at``; False if it is there already."""
-    return bool(
-        affected(
-            session,
-            update(Schedule)
-            .where(
-                Schedule.id == schedule_id,
-                or_(Schedule.last_slot_at.is_(None), Schedule.last_slot_at < nominal_at),
-            )
-            .values(last_slot_at=nominal_at, next_run_at=cadence.slot_after(max(now, nominal_at)))
-            .execution_options(synchronize_session=False),
-        )
-    )
+    return _claimed(session, [(schedule_id, nominal_at, cadence)], now) == 1

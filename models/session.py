@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Engine, Executable, create_engine, event
+from sqlalchemy import Connection, CursorResult, Engine, Executable, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 #: Milliseconds a SQLite writer waits for another process's write lock before giving up.
@@ -79,6 +79,14 @@ def transaction(url: str, *, read_only: bool = False) -> Iterator[Session]:
             yield session
     finally:
         session.close()
+
+
+@contextmanager
+def connection(url: str) -> Iterator[Connection]:
+    """A bare connection in a transaction, committed when the block ends and rolled back if it
+    raises: for the step path's few prebuilt Core statements, without a session's bookkeeping."""
+    with _get(url)[0].begin() as conn:
+        yield conn
 
 
 def dispose_all() -> None:

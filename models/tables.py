@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -227,3 +239,10 @@ class MetricCount(Base):
     bucket: Mapped[str] = mapped_column(String(16), primary_key=True)
     count: Mapped[int] = mapped_column(BigInteger, default=0)
     total: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+# The tables themselves, for the statements every step and advancement runs: the ORM's per-statement
+# work (bulk DML compile state, identity map) costs more there than the statements do.
+EXECUTIONS = cast(Table, ScheduleExecution.__table__)
+WORKER_TASKS = cast(Table, WorkerTask.__table__)
+ACTIVITIES = cast(Table, Activity.__table__)

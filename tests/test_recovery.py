@@ -82,9 +82,9 @@ def test_a_stuck_execution_is_advanced_by_recovery(app: ChordbeatCelery, worker:
     with transaction(app.settings.database_url) as session:
         task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.step_name == "a"))
         assert task_id is not None
-        claim = claim_step(session, task_id, 1, node="gone@host", now=utcnow())
+        claim = claim_step(session.connection(), task_id, 1, node="gone@host", now=utcnow())
         assert claim is not None
-        finish_step(session, claim, ActivityStatus.COMPLETE, now=utcnow())
+        finish_step(session.connection(), claim, ActivityStatus.COMPLETE, now=utcnow())
     backdate(app, execution_id)
     assert execution(client, execution_id)["current_step_index"] == 0
     report = recovery.recover(app)
@@ -103,9 +103,9 @@ def test_a_run_whose_last_step_just_ended_is_not_taken_for_stuck(
     with transaction(app.settings.database_url) as session:
         task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.step_name == "a"))
         assert task_id is not None
-        claim = claim_step(session, task_id, 1, node="w@host", now=utcnow())
+        claim = claim_step(session.connection(), task_id, 1, node="w@host", now=utcnow())
         assert claim is not None
-        finish_step(session, claim, ActivityStatus.COMPLETE, now=utcnow())  # ... whose step just ended
+        finish_step(session.connection(), claim, ActivityStatus.COMPLETE, now=utcnow())  # ... whose step just ended
     assert recovery.recover(app).unstuck == []
     backdate(app, execution_id)  # no progress for a while: now it is stuck
     assert recovery.recover(app).unstuck == [execution_id]
@@ -120,7 +120,7 @@ def test_a_processing_step_without_heartbeat_is_requeued_and_its_late_message_do
     with transaction(app.settings.database_url) as session:
         task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.execution_id == execution_id))
         assert task_id is not None
-        assert claim_step(session, task_id, 1, node="crashed@host", now=utcnow()) is not None
+        assert claim_step(session.connection(), task_id, 1, node="crashed@host", now=utcnow()) is not None
     backdate(app, execution_id)
     recovery_has_been_running(app)
     report = recovery.recover(app)
@@ -147,7 +147,7 @@ def test_missing_heartbeats_count_only_a_ttl_after_recovery_could_run_again(
     with transaction(app.settings.database_url) as session:
         task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.execution_id == execution_id))
         assert task_id is not None
-        claim_step(session, task_id, 1, node="crashed@host", now=utcnow())
+        claim_step(session.connection(), task_id, 1, node="crashed@host", now=utcnow())
     backdate(app, execution_id)
     # Redis was just flushed: this is recovery's first pass after a gap.
     started = time.monotonic()
@@ -167,7 +167,7 @@ def test_a_step_out_of_attempts_fails_under_the_normal_rules(app: ChordbeatCeler
     with transaction(app.settings.database_url) as session:
         task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.step_name == "a"))
         assert task_id is not None
-        claim_step(session, task_id, 1, node="crashed@host", now=utcnow())
+        claim_step(session.connection(), task_id, 1, node="crashed@host", now=utcnow())
     backdate(app, execution_id)
     recovery_has_been_running(app)
     recovery.recover(app)
@@ -234,8 +234,8 @@ def test_startup_recovery_takes_only_the_starting_nodes_steps(
     ids = [start_without_dispatch(app, "nodes") if i == 0 else _second(app) for i in range(2)]
     with transaction(app.settings.database_url) as session:
         tasks = list(session.scalars(select(WorkerTask).order_by(WorkerTask.id)))
-        claim_step(session, tasks[0].id, 1, node="me@host", now=utcnow())
-        claim_step(session, tasks[1].id, 1, node="other@host", now=utcnow())
+        claim_step(session.connection(), tasks[0].id, 1, node="me@host", now=utcnow())
+        claim_step(session.connection(), tasks[1].id, 1, node="other@host", now=utcnow())
     report = recovery.recover_node(app, "me@host")
     assert report.requeued == [tasks[0].id]
     assert finished(client, ids[0])["status"] == "completed"

@@ -10,9 +10,10 @@ from sqlalchemy import event, select
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.execution import runner
+from celeryapp.execution.advancing import advance_execution
 from celeryapp.interfaces import service
 from celeryapp.scheduling import firing
-from models import Schedule, Trigger, WorkerTask, get_engine, transaction
+from models import Schedule, Trigger, WorkerTask, get_engine, transaction, utcnow
 from tests.helpers import step
 
 
@@ -80,3 +81,35 @@ def test_a_fire_that_starts_a_run_costs_eight_statements_nine_if_it_checks_overl
     if overlap == "skip":
         expected.insert(2, "SELECT")
     assert kinds == expected, statements
+
+
+@pytest.mark.parametrize("width", [1, 6])
+def test_an_advancement_costs_four_statements_whatever_the_width_of_its_group(app: ChordbeatCelery, width: int) -> None:
+    groups = [[step(f"{g}{i}") for i in range(width)] for g in "ab"]
+    service.apply_schedule(app, {"name": "wide", "every": 3600, "steps": groups})
+    execution_id = service.trigger_schedule(app, "wide")["execution_id"]
+    with transaction(app.settings.database_url) as session:
+        first = session.scalars(
+            select(WorkerTask.id).where(WorkerTask.execution_id == execution_id, WorkerTask.step_index == 0)
+        ).all()
+    for task_id in first:
+        assert runner.run_step(app, task_id, 1, node="here") == {"status": "complete"}
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if not statement.startswith("BEGIN"):
+            statements.append(statement.split()[0])
+
+    engine = get_engine(app.settings.database_url)
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        with transaction(app.settings.database_url) as session:
+            effects = advance_execution(session, execution_id, 0, now=utcnow())
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    # The run at this group with its unfinished count, the group's outcomes, the compare-and-set
+    # to the next group, and the next group queued (its attempts returned for the chord).
+    assert statements == ["SELECT", "SELECT", "UPDATE", "UPDATE"], statements
+    [sent] = effects.dispatch
+    assert sent.step_index == 1 and [s.spec.name for s in sent.steps] == [f"b{i}" for i in range(width)]
+    assert [s.worker_task_id for s in sent.steps] == sorted(s.worker_task_id for s in sent.steps)

@@ -11,88 +11,77 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.execution.decisions import StepResult, Verdict, decide_after_group
 from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.execution.runs import finish_execution
 from celeryapp.scheduling.definition import StepSpec
-from models import Activity, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus
-from models.session import affected
+from models import ExecutionStatus, ScheduleExecution, WorkerTaskStatus
+from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS
 
-
-def _latest_results(session: Session, execution_id: int, step_index: int) -> dict[str, StepResult]:
-    rows = session.execute(
-        select(Activity.step_name, Activity.status, Activity.error)
-        .where(Activity.execution_id == execution_id, Activity.step_index == step_index)
-        .order_by(Activity.attempt)
-    ).all()
-    return {name: StepResult(status, error) for name, status, error in rows}
+# Every group of every run is advanced: like the step path, the statements are Core statements
+# built once (four a group, the same whatever its width), and the ORM is only used to finish a run.
+_run, _task, _activity = EXECUTIONS.c, WORKER_TASKS.c, ACTIVITIES.c
+_AT_GROUP = (
+    _run.id == bindparam("p_execution_id"),
+    _run.status == ExecutionStatus.IN_PROGRESS,
+    _run.current_step_index == bindparam("p_step_index"),
+)
+_OF_GROUP = (_task.execution_id == bindparam("p_execution_id"), _task.step_index == bindparam("p_step_index"))
+#: The run, if still at this group, with how many of the group's attempts have not finished.
+_RUN_AT_GROUP = select(
+    _run.plan,
+    _run.schedule_name,
+    select(func.count()).select_from(WORKER_TASKS).where(*_OF_GROUP).scalar_subquery(),
+).where(*_AT_GROUP)
+_GROUP_RESULTS = (
+    select(_activity.step_name, _activity.status, _activity.error)
+    .where(_activity.execution_id == bindparam("p_execution_id"), _activity.step_index == bindparam("p_step_index"))
+    .order_by(_activity.attempt)
+)
+_MOVE_ON = update(EXECUTIONS).where(*_AT_GROUP).values(current_step_index=bindparam("p_step_index") + 1)
+_QUEUE_NEXT = (
+    update(WORKER_TASKS)
+    .where(
+        _task.execution_id == bindparam("p_execution_id"),
+        _task.step_index == bindparam("p_step_index") + 1,
+        _task.status == WorkerTaskStatus.WAITING,
+    )
+    .values(status=WorkerTaskStatus.QUEUED, queued_at=bindparam("p_now"))
+    .returning(_task.id, _task.attempt, _task.step_name)
+)
 
 
 def advance_execution(session: Session, execution_id: int, step_index: int, *, now: datetime) -> Effects:
     """The activity-based check after a group: fail, advance to the next group, or complete."""
-    execution = session.get(ScheduleExecution, execution_id)
-    if (
-        execution is None
-        or execution.status is not ExecutionStatus.IN_PROGRESS
-        or execution.current_step_index != step_index
-    ):
+    conn = session.connection()
+    where = {"p_execution_id": execution_id, "p_step_index": step_index}
+    found = conn.execute(_RUN_AT_GROUP, where).first()
+    if found is None:
+        return Effects()  # finished, cancelled, or already past this group
+    plan, schedule_name, unfinished = found
+    results = {name: StepResult(status, error) for name, status, error in conn.execute(_GROUP_RESULTS, where)}
+    has_next = step_index + 1 < len(plan)
+    steps = [StepSpec.from_json(s) for s in plan[step_index]]
+    outcome = decide_after_group(steps, results, unfinished=unfinished, has_next_group=has_next)
+    if outcome.verdict is Verdict.WAIT:
         return Effects()
-    unfinished = (
-        session.scalar(
-            select(func.count()).where(
-                WorkerTask.execution_id == execution_id,
-                WorkerTask.step_index == step_index,
-            )
-        )
-        or 0
-    )
-    steps = [StepSpec.from_json(s) for s in execution.plan[step_index]]
-    has_next = step_index + 1 < len(execution.plan)
-    outcome = decide_after_group(
-        steps, _latest_results(session, execution_id, step_index), unfinished=unfinished, has_next_group=has_next
-    )
+    if outcome.verdict is Verdict.ADVANCE:
+        if not conn.execute(_MOVE_ON, where).rowcount:
+            return Effects()
+        queued = sorted(conn.execute(_QUEUE_NEXT, {**where, "p_now": now}).all())
+        specs = {s["name"]: StepSpec.from_json(s) for s in plan[step_index + 1]}
+        steps_next = tuple(StepDispatch(execution_id, i, a, specs[n]) for i, a, n in queued)
+        group = GroupDispatch(execution_id, step_index + 1, steps_next, schedule_name=schedule_name)
+        return Effects(dispatch=[group])
+    # Ending a run is once per run: the ORM's bookkeeping (counters, retries, repeats) is worth it there.
+    execution = session.get_one(ScheduleExecution, execution_id)
     guard = (
         ScheduleExecution.id == execution_id,
         ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
         ScheduleExecution.current_step_index == step_index,
     )
-    if outcome.verdict is Verdict.WAIT:
-        return Effects()
-    if outcome.verdict is Verdict.ADVANCE:
-        moved = affected(session, update(ScheduleExecution).where(*guard).values(current_step_index=step_index + 1))
-        if not moved:
-            return Effects()
-        session.execute(
-            update(WorkerTask)
-            .where(
-                WorkerTask.execution_id == execution_id,
-                WorkerTask.step_index == step_index + 1,
-                WorkerTask.status == WorkerTaskStatus.WAITING,
-            )
-            .values(status=WorkerTaskStatus.QUEUED, queued_at=now)
-        )
-        return Effects(dispatch=[_queued_group(session, execution, step_index + 1)])
     status = ExecutionStatus.FAILED if outcome.verdict is Verdict.FAIL else ExecutionStatus.COMPLETED
     return finish_execution(session, execution, guard, status, error=outcome.error, now=now) or Effects()
-
-
-def _queued_group(session: Session, execution: ScheduleExecution, step_index: int) -> GroupDispatch:
-    specs = {s["name"]: StepSpec.from_json(s) for s in execution.plan[step_index]}
-    tasks = session.execute(
-        select(WorkerTask.id, WorkerTask.attempt, WorkerTask.step_name)
-        .where(
-            WorkerTask.execution_id == execution.id,
-            WorkerTask.step_index == step_index,
-            WorkerTask.status == WorkerTaskStatus.QUEUED,
-        )
-        .order_by(WorkerTask.id)
-    ).all()
-    return GroupDispatch(
-        execution.id,
-        step_index,
-        tuple(StepDispatch(execution.id, i, a, specs[n]) for i, a, n in tasks),
-        schedule_name=execution.schedule_name,
-    )

@@ -24,7 +24,9 @@ from celeryapp.messaging import keys
 from celeryapp.messaging.dispatch import drop_pickup
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
-from models import Activity, ActivityStatus, transaction, utcnow
+from models import ActivityStatus, utcnow
+from models.session import connection
+from models.tables import ACTIVITIES
 
 if TYPE_CHECKING:
     from celeryapp.app import ChordbeatCelery
@@ -110,20 +112,20 @@ def _record(app: ChordbeatCelery, claim: Claim, status: ActivityStatus, error: s
     error, message = _storable(error), _storable(message)
     for attempt in range(1, RECORD_TRIES + 1):
         try:
-            with transaction(url) as session:
-                return finish_step(session, claim, status, now=utcnow(), error=error, message=message)
+            with connection(url) as conn:
+                return finish_step(conn, claim, status, now=utcnow(), error=error, message=message)
         except Exception:
             logger.exception(
                 "recording outcome of %s attempt %s failed (try %s)", claim.spec.name, claim.attempt, attempt
             )
             time.sleep(0.2 * attempt)
-    # SafeFail: never leave the activity in progress. A bare update in a fresh session; if even
+    # SafeFail: never leave the activity in progress. A bare update in a fresh transaction; if even
     # that fails, heartbeat recovery will fail and re-queue the attempt.
     try:
-        with transaction(url) as session:
-            session.execute(
-                update(Activity)
-                .where(Activity.id == claim.activity_id, Activity.status == ActivityStatus.IN_PROGRESS)
+        with connection(url) as conn:
+            conn.execute(
+                update(ACTIVITIES)
+                .where(ACTIVITIES.c.id == claim.activity_id, ACTIVITIES.c.status == ActivityStatus.IN_PROGRESS)
                 .values(
                     status=ActivityStatus.FAILED_WITH_ERROR,
                     completed_at=utcnow(),
@@ -139,8 +141,8 @@ def _claim(app: ChordbeatCelery, worker_task_id: int, attempt: int, node: str) -
     error: Exception | None = None
     for delay in CLAIM_RETRY_DELAYS_S:
         try:
-            with transaction(app.settings.database_url) as session:
-                return claim_step(session, worker_task_id, attempt, node=node, now=utcnow())
+            with connection(app.settings.database_url) as conn:
+                return claim_step(conn, worker_task_id, attempt, node=node, now=utcnow())
         except Exception as exc:
             error = exc
             logger.warning("claiming worker task %s attempt %s failed: %s", worker_task_id, attempt, exc)

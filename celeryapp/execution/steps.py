@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import CursorResult, bindparam, delete, exists, insert, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, bindparam, delete, exists, insert, select, update
 
 from celeryapp.scheduling.definition import StepSpec
-from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus
-from models.session import NO_SYNC
+from models import ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus
+from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS
 
 
 def spec_of(execution: ScheduleExecution, task: WorkerTask) -> StepSpec:
@@ -42,36 +41,35 @@ class Claim:
 
 def _of_run(column: Any) -> Any:
     """A column of the claimed task's execution, read by the claim itself (no second statement)."""
-    return select(column).where(ScheduleExecution.id == WorkerTask.execution_id).scalar_subquery()
+    return select(column).where(EXECUTIONS.c.id == WORKER_TASKS.c.execution_id).scalar_subquery()
 
 
-# The step path runs for every step of every run: its statements are built once, with bind
-# parameters, instead of per call (building SQLAlchemy expressions costs more than executing them).
+# The step path runs for every step of every run: its statements are Core statements on the
+# tables, built once with bind parameters, and run on a bare connection (building SQLAlchemy
+# expressions, and the ORM's work around each statement, cost more than executing them).
+_task = WORKER_TASKS.c
 _CLAIM = (
-    update(WorkerTask)
+    update(WORKER_TASKS)
     .where(
-        WorkerTask.id == bindparam("p_task_id"),
-        WorkerTask.attempt == bindparam("p_attempt"),
-        WorkerTask.status == WorkerTaskStatus.QUEUED,
-        exists().where(
-            ScheduleExecution.id == WorkerTask.execution_id,
-            ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
-        ),
+        _task.id == bindparam("p_task_id"),
+        _task.attempt == bindparam("p_attempt"),
+        _task.status == WorkerTaskStatus.QUEUED,
+        exists().where(EXECUTIONS.c.id == _task.execution_id, EXECUTIONS.c.status == ExecutionStatus.IN_PROGRESS),
     )
     .values(status=WorkerTaskStatus.PROCESSING, node=bindparam("p_node"), started_at=bindparam("p_now"))
     .returning(
-        WorkerTask.execution_id,
-        WorkerTask.step_index,
-        WorkerTask.step_name,
-        _of_run(ScheduleExecution.plan),
-        _of_run(ScheduleExecution.schedule_name),
-        _of_run(ScheduleExecution.payload),
+        _task.execution_id,
+        _task.step_index,
+        _task.step_name,
+        _of_run(EXECUTIONS.c.plan),
+        _of_run(EXECUTIONS.c.schedule_name),
+        _of_run(EXECUTIONS.c.payload),
     )
 )
 
 
 _OPEN_ACTIVITY = (
-    insert(Activity)
+    insert(ACTIVITIES)
     .values(
         execution_id=bindparam("p_execution_id"),
         step_index=bindparam("p_step_index"),
@@ -81,13 +79,13 @@ _OPEN_ACTIVITY = (
         worker=bindparam("p_node"),
         started_at=bindparam("p_now"),
     )
-    .returning(Activity.id)
+    .returning(ACTIVITIES.c.id)
 )
 
 
 _CLOSE_ACTIVITY = (
-    update(Activity)
-    .where(Activity.id == bindparam("p_activity_id"), Activity.status == ActivityStatus.IN_PROGRESS)
+    update(ACTIVITIES)
+    .where(ACTIVITIES.c.id == bindparam("p_activity_id"), ACTIVITIES.c.status == ActivityStatus.IN_PROGRESS)
     .values(
         status=bindparam("p_outcome"),
         error=bindparam("p_error"),
@@ -97,29 +95,27 @@ _CLOSE_ACTIVITY = (
 )
 
 
-_DROP_TASK = delete(WorkerTask).where(
-    WorkerTask.id == bindparam("p_task_id"),
-    WorkerTask.attempt == bindparam("p_attempt"),
-    WorkerTask.status == WorkerTaskStatus.PROCESSING,
+_DROP_TASK = delete(WORKER_TASKS).where(
+    _task.id == bindparam("p_task_id"),
+    _task.attempt == bindparam("p_attempt"),
+    _task.status == WorkerTaskStatus.PROCESSING,
 )
 
 
-def claim_step(session: Session, worker_task_id: int, attempt: int, *, node: str, now: datetime) -> Claim | None:
+def claim_step(conn: Connection, worker_task_id: int, attempt: int, *, node: str, now: datetime) -> Claim | None:
     """Move a queued attempt to ``processing`` and open its activity; ``None`` if not ours to run.
 
     ``None`` covers every message that must do nothing: a redelivery of an attempt already
     running or finished, an attempt fenced off by a newer one, a cancelled or finished execution.
     """
-    claimed = session.execute(
-        _CLAIM,
-        {"p_task_id": worker_task_id, "p_attempt": attempt, "p_node": node, "p_now": now},
-        execution_options=NO_SYNC,
+    claimed = conn.execute(
+        _CLAIM, {"p_task_id": worker_task_id, "p_attempt": attempt, "p_node": node, "p_now": now}
     ).first()
     if claimed is None:
         return None
     execution_id, step_index, step_name, plan, schedule_name, payload = claimed
     spec = next(StepSpec.from_json(s) for s in plan[step_index] if s["name"] == step_name)
-    activity_id = session.execute(
+    activity_id = conn.execute(
         _OPEN_ACTIVITY,
         {
             "p_execution_id": execution_id,
@@ -134,7 +130,7 @@ def claim_step(session: Session, worker_task_id: int, attempt: int, *, node: str
 
 
 def finish_step(
-    session: Session,
+    conn: Connection,
     claim: Claim,
     status: ActivityStatus,
     *,
@@ -143,12 +139,9 @@ def finish_step(
     message: str | None = None,
 ) -> bool:
     """Record an attempt's outcome and delete its worker task; False if it was fenced meanwhile."""
-    closed = session.execute(
+    closed = conn.execute(
         _CLOSE_ACTIVITY,
         {"p_activity_id": claim.activity_id, "p_outcome": status, "p_error": error, "p_message": message, "p_now": now},
-        execution_options=NO_SYNC,
     )
-    session.execute(
-        _DROP_TASK, {"p_task_id": claim.worker_task_id, "p_attempt": claim.attempt}, execution_options=NO_SYNC
-    )
-    return bool(cast(CursorResult[Any], closed).rowcount)
+    conn.execute(_DROP_TASK, {"p_task_id": claim.worker_task_id, "p_attempt": claim.attempt})
+    return bool(closed.rowcount)

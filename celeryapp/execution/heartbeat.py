@@ -94,9 +94,12 @@ class StepWatch:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        # The watch thread deletes the keys on its way out, after its last refresh: the step's
+        # outcome is recorded meanwhile instead of waiting for a thread join and a round trip.
         self.disarm()
         self._stop.set()
-        self._thread.join()
+
+    def _delete_keys(self) -> None:
         try:
             self._client.delete(self._heartbeat_key, *self._done_keys)
         except redis.RedisError:
@@ -148,6 +151,7 @@ class StepWatch:
             why = self._must_stop()
             if why is not None:
                 fired = self._fire(why)
+        self._delete_keys()
 
     def _fire(self, why: str) -> bool:
         with self._lock:

@@ -241,8 +241,9 @@ class MetricCount(Base):
     total: Mapped[float] = mapped_column(Float, default=0.0)
 
 
-# The tables themselves, for the statements every step and advancement runs: the ORM's per-statement
-# work (bulk DML compile state, identity map) costs more there than the statements do.
+# The tables themselves, for the statements every step, advancement and batch of fires runs: the
+# ORM's per-statement work (bulk DML compile state, identity map) costs more there than the statements.
 EXECUTIONS = cast(Table, ScheduleExecution.__table__)
 WORKER_TASKS = cast(Table, WorkerTask.__table__)
 ACTIVITIES = cast(Table, Activity.__table__)
+SLOT_RECORDS = cast(Table, SlotRecord.__table__)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
-from sqlalchemy import Table, delete, exists, insert, select, update
+from sqlalchemy import delete, exists, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -48,12 +48,12 @@ from models import (
     ScheduleExecution,
     ScheduleStatus,
     SlotOutcome,
-    SlotRecord,
     Trigger,
     WorkerTask,
     WorkerTaskStatus,
 )
 from models.session import NO_SYNC, affected
+from models.tables import EXECUTIONS, SLOT_RECORDS, WORKER_TASKS
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def record_slots(session: Session, slots: list[SlotRow], *, now: datetime) -> No
     counts.add_to(session)
 
 
-_INSERT_SLOT = insert(cast(Table, SlotRecord.__table__))
+_INSERT_SLOT = insert(SLOT_RECORDS)
 
 
 def _execution_with_key(session: Session, run_key: str) -> int | None:
@@ -157,12 +157,9 @@ def _execution_with_key(session: Session, run_key: str) -> int | None:
     return session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
 
 
-_EXECUTIONS = cast(Table, ScheduleExecution.__table__)
-
-
 def _insert_ignoring_conflicts(session: Session) -> Any:
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    return dialect.insert(_EXECUTIONS).on_conflict_do_nothing()
+    return dialect.insert(EXECUTIONS).on_conflict_do_nothing()
 
 
 def start_execution(
@@ -206,7 +203,7 @@ def start_execution(
     execution_id = session.scalar(
         _insert_ignoring_conflicts(session)
         .values(_execution_row(schedule, definition, trigger=trigger, run_key=run_key, now=now, payload=payload))
-        .returning(_EXECUTIONS.c.id)
+        .returning(EXECUTIONS.c.id)
     )
     if execution_id is None:
         winner = _execution_with_key(session, run_key)
@@ -250,7 +247,7 @@ def start_executions(session: Session, starts: list[Start], *, now: datetime) ->
         for start, definition in zip(starts, definitions, strict=True)
     ]
     inserted = session.connection().execute(
-        _insert_ignoring_conflicts(session).returning(_EXECUTIONS.c.run_key, _EXECUTIONS.c.id), rows
+        _insert_ignoring_conflicts(session).returning(EXECUTIONS.c.run_key, EXECUTIONS.c.id), rows
     )
     ids: dict[str, int] = {key: execution_id for key, execution_id in inserted}
     made = {ids[s.run_key]: d for s, d in zip(starts, definitions, strict=True) if s.run_key in ids}
@@ -321,14 +318,13 @@ def _insert_worker_tasks(
         for execution_id, index, name in steps
     ]
     task_ids: dict[int, dict[str, int]] = {execution_id: {} for execution_id in executions}
-    for execution_id, name, task_id in session.connection().execute(_INSERT_WORKER_TASKS, rows):
+    for execution_id, name, task_id in session.connection().execute(_INSERTWORKER_TASKS, rows):
         task_ids[execution_id][name] = task_id
     return task_ids
 
 
-_WORKER_TASKS = cast(Table, WorkerTask.__table__)
-_INSERT_WORKER_TASKS = insert(_WORKER_TASKS).returning(
-    _WORKER_TASKS.c.execution_id, _WORKER_TASKS.c.step_name, _WORKER_TASKS.c.id
+_INSERTWORKER_TASKS = insert(WORKER_TASKS).returning(
+    WORKER_TASKS.c.execution_id, WORKER_TASKS.c.step_name, WORKER_TASKS.c.id
 )
 
 

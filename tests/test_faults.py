@@ -25,6 +25,7 @@ from celeryapp.execution.runs import start_execution
 from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.recovery import recovery
 from models import Activity, Schedule, ScheduleExecution, Trigger, transaction, utcnow
+from models.session import connection
 from tests import processes
 from tests.fault_tasks import read_log
 from tests.helpers import call, db_execution, finished, step, wait_for
@@ -280,3 +281,28 @@ def test_a_terminated_pool_process_loses_its_attempt_it_does_not_fail_the_step(
     assert (first["attempt"], first["status"]) == (1, "failed_with_error")
     assert first["error"].startswith("worker lost"), first["error"]
     assert (second["attempt"], second["status"]) == (2, "complete")
+
+
+def test_a_pooled_connection_the_server_closed_is_replaced_before_use(database_url: str) -> None:
+    """What pool_pre_ping did, without its round trip per transaction: a connection resting in the
+    pool that PostgreSQL closed (a restart, an administrator, an idle timeout) is not handed out."""
+    url = make_url(database_url)
+    if url.get_backend_name() != "postgresql":
+        pytest.skip("SQLite has no server to close a connection")
+    with connection(database_url) as conn:
+        backend = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            assert conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend}).scalar_one()
+
+        def gone() -> bool:
+            with admin.connect() as conn:
+                query = text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
+                return conn.execute(query, {"pid": backend}).scalar_one() == 0
+
+        wait_for(gone, 10, what="the terminated backend to exit")
+    finally:
+        admin.dispose()
+    with connection(database_url) as conn:
+        assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != backend

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
 from sqlalchemy import select, update
 
 from celeryapp.app import ChordbeatCelery
+from celeryapp.config import Settings
 from celeryapp.execution.runs import start_execution
 from celeryapp.execution.steps import claim_step, finish_step
+from celeryapp.interfaces import service
+from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery import recovery
 from celeryapp.recovery.housekeeping import purge
@@ -24,7 +31,8 @@ from models import (
     transaction,
     utcnow,
 )
-from tests.helpers import call, entry_exists, execution, finished, running, step, wait_for
+from tests import processes
+from tests.helpers import call, db_execution, entry_exists, execution, finished, running, step, wait_for
 
 
 def start_without_dispatch(app: ChordbeatCelery, name: str) -> int:
@@ -316,3 +324,32 @@ def test_the_worker_keeps_its_liveness_file_fresh(app: ChordbeatCelery, worker: 
 
     age = age_s(app.settings, "worker")
     assert age is not None and age < 15
+
+
+def test_a_step_message_taken_by_a_worker_that_died_before_noting_it_is_sent_again(
+    app: ChordbeatCelery, settings: Settings, tmp_path: Path
+) -> None:
+    """SIGKILL between the broker handing a worker the message and the worker noting its pickup:
+    the dispatch marker says the message is on its way, kombu holds it as unacknowledged for its
+    visibility timeout (hours), and the run would wait that long."""
+    service.apply_schedule(app, {"name": "stranded", "every": 3600, "steps": [step("a")]})
+    execution_id = service.trigger_schedule(app, "stranded")["execution_id"]
+    later = utcnow() + timedelta(seconds=recovery.RESEND_GRACE_S + settings.heartbeat_ttl_s + 1)
+    # Still in the queue: on its way, not sent twice.
+    assert recovery.recover(app, now=later).resent == []
+    # A consumer takes it (into kombu's unacknowledged set) and dies without a word.
+    taker = (
+        "import os\nfrom kombu import Connection\n"
+        f"with Connection({settings.broker_url!r}, transport_options={app.conf.broker_transport_options!r}) as c:\n"
+        f"    assert c.default_channel.basic_get({keys.STEPS_QUEUE!r}) is not None\n"
+        "    os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", taker], check=True, timeout=60)
+    redis_client = get_redis(settings.broker_url)
+    assert redis_client.hlen(unacked.UNACKED_KEY) == 1
+    with processes.worker(settings, tmp_path, "w1"):
+        report = recovery.recover(app, now=later)
+        assert len(report.resent) == 1
+        wait_for(lambda: db_execution(app, execution_id)["status"] == "completed", 60, what="the run to complete")
+    # Sent again, so kombu must not also put the old message back.
+    assert redis_client.hlen(unacked.UNACKED_KEY) == 0

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from celeryapp.execution.advancing import advance_execution
 from celeryapp.execution.effects import Effects
 from celeryapp.execution.runs import cancel_execution
-from celeryapp.messaging import keys
+from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.repair import requeue_attempt, resend_queued
@@ -117,7 +117,7 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
     settings = app.settings
     with transaction(settings.database_url, read_only=True) as session:
         queued = session.execute(
-            select(WorkerTask.id, WorkerTask.attempt).where(
+            select(WorkerTask.execution_id, WorkerTask.id, WorkerTask.attempt).where(
                 WorkerTask.status == WorkerTaskStatus.QUEUED,
                 WorkerTask.queued_at < now - timedelta(seconds=RESEND_GRACE_S),
             )
@@ -126,17 +126,32 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
         return
     client = get_redis(settings.broker_url)
     with client.pipeline(transaction=False) as pipe:
-        for task_id, attempt in queued:
-            # On its way (marker) or in a worker's hands until its claim commits (pickup lease).
-            pipe.exists(keys.dispatch_marker_key(task_id, attempt), keys.pickup_key(task_id, attempt))
-        sent = pipe.execute()
-    for (task_id, _attempt), present in zip(queued, sent, strict=True):
-        if present:
-            continue
+        for _execution_id, task_id, attempt in queued:
+            # On its way (marker); in a worker's hands until its claim commits (pickup lease).
+            pipe.exists(keys.dispatch_marker_key(task_id, attempt))
+            pipe.exists(keys.pickup_key(task_id, attempt))
+        found = pipe.execute()
+    lost, on_its_way = [], {}
+    for (execution_id, task_id, attempt), marked, picked in zip(queued, found[::2], found[1::2], strict=True):
+        if not marked and not picked:
+            lost.append(task_id)
+        elif not picked:
+            on_its_way[keys.runner_task_id(execution_id, task_id, attempt)] = task_id
+    # A message on its way may in fact have been taken by a worker that died before noting its
+    # pickup: kombu holds it as unacknowledged until its visibility timeout. A live worker notes
+    # the pickup within milliseconds of taking a message; one silent for a heartbeat's TTL is
+    # lost, as for a running step. A second message is harmless: only one runner can claim.
+    taken = unacked.taken_before(client, on_its_way, now.timestamp() - settings.heartbeat_ttl_s)
+    stranded = [on_its_way[t] for t in taken]
+    for task_id in lost + stranded:
         effects = _repair(app, f"worker task {task_id}", partial(resend_queued, worker_task_id=task_id, now=now))
         if effects.dispatch:
             report.resent.append(task_id)
-            logger.warning("worker task %s was queued but its message is gone; sent again", task_id)
+            why = "taken by a worker that died before running it" if task_id in stranded else "gone"
+            logger.warning("worker task %s was queued but its message is %s; sent again", task_id, why)
+    # Only once sent again: kombu must not also put the old message back (a crash before this
+    # line costs a duplicate, not a stranded run).
+    unacked.forget(client, taken.values())
 
 
 def time_out_executions(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:

@@ -8,17 +8,19 @@ from __future__ import annotations
 import base64
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.interfaces.views import execution_json
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
-from models import ScheduleExecution, transaction
+from models import ScheduleExecution, get_engine, transaction
 from tests.servers import wait_for
 
 __all__ = [
@@ -126,3 +128,23 @@ def run_once(client: Celery, definition: dict[str, Any]) -> dict[str, Any]:
     call(client, "chordbeat.apply_schedule", definition=definition)
     started = call(client, "chordbeat.trigger_schedule", name=definition["name"])
     return finished(client, started["execution_id"])
+
+
+@contextmanager
+def recorded_statements(
+    app: ChordbeatCelery, words: int | None = 1, skip: tuple[str, ...] = ("BEGIN",)
+) -> Iterator[list[str]]:
+    """The statements run on the app's engine inside the block (their first ``words`` words, all
+    of them for None), those starting with ``skip`` left out."""
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if not statement.startswith(skip):
+            statements.append(statement if words is None else " ".join(statement.split()[:words]))
+
+    engine = get_engine(app.settings.database_url)
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", record)

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select, update
+from sqlalchemy import select, update
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.interfaces import service
@@ -20,11 +20,10 @@ from models import (
     SlotRecord,
     Trigger,
     WorkerTask,
-    get_engine,
     transaction,
     utcnow,
 )
-from tests.helpers import step
+from tests.helpers import recorded_statements, step
 
 HOUR = timedelta(hours=1)
 
@@ -150,18 +149,8 @@ def test_each_slot_of_a_batch_ends_as_it_would_alone(app: ChordbeatCelery) -> No
 
 
 def _statements_of(app: ChordbeatCelery, call: Any) -> list[str]:
-    statements: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if not statement.startswith(("BEGIN", "SAVEPOINT", "RELEASE")):
-            statements.append(statement.split()[0])
-
-    engine = get_engine(app.settings.database_url)
-    event.listen(engine, "before_cursor_execute", record)
-    try:
+    with recorded_statements(app, skip=("BEGIN", "SAVEPOINT", "RELEASE")) as statements:
         call()
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
     return statements
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from sqlalchemy import event, select
@@ -14,7 +13,7 @@ from celeryapp.execution.advancing import advance_execution
 from celeryapp.interfaces import service
 from celeryapp.scheduling import firing
 from models import Schedule, Trigger, WorkerTask, get_engine, transaction, utcnow
-from tests.helpers import step
+from tests.helpers import recorded_statements, step
 
 
 def test_a_step_costs_four_statements_in_two_transactions(app: ChordbeatCelery) -> None:
@@ -23,20 +22,10 @@ def test_a_step_costs_four_statements_in_two_transactions(app: ChordbeatCelery) 
     with transaction(app.settings.database_url) as session:
         task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.execution_id == execution_id))
     assert task_id is not None
-    statements: list[str] = []
     commits: list[int] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if not statement.startswith("BEGIN"):
-            statements.append(statement.split()[0])
-
-    engine = get_engine(app.settings.database_url)
-    event.listen(engine, "before_cursor_execute", record)
-    event.listen(engine, "commit", lambda _conn: commits.append(1))
-    try:
+    event.listen(get_engine(app.settings.database_url), "commit", lambda _conn: commits.append(1))
+    with recorded_statements(app) as statements:
         assert runner.run_step(app, task_id, 1, node="here") == {"status": "complete"}
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
     # Claim (the attempt, with its step's definition) and open the activity; then close the
     # activity and drop the worker task. Each transaction commits before the next step of the work.
     assert statements == ["UPDATE", "INSERT", "UPDATE", "DELETE"], statements
@@ -48,18 +37,8 @@ def fire_statements(app: ChordbeatCelery, name: str) -> list[str]:
     with transaction(app.settings.database_url) as session:
         anchor = session.scalar(select(Schedule.updated_at).where(Schedule.name == name))
     assert anchor is not None
-    statements: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if not statement.startswith("BEGIN"):
-            statements.append(" ".join(statement.split()[:3]))
-
-    engine = get_engine(app.settings.database_url)
-    event.listen(engine, "before_cursor_execute", record)
-    try:
+    with recorded_statements(app, words=3) as statements:
         answer = firing.fire(app, name, nominal_at=anchor + timedelta(seconds=3600), trigger=Trigger.INTERVAL)
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
     assert answer["status"] == "in_progress", answer
     return statements
 
@@ -94,19 +73,8 @@ def test_an_advancement_costs_four_statements_whatever_the_width_of_its_group(ap
         ).all()
     for task_id in first:
         assert runner.run_step(app, task_id, 1, node="here") == {"status": "complete"}
-    statements: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if not statement.startswith("BEGIN"):
-            statements.append(statement.split()[0])
-
-    engine = get_engine(app.settings.database_url)
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        with transaction(app.settings.database_url) as session:
-            effects = advance_execution(session, execution_id, 0, now=utcnow())
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
+    with recorded_statements(app) as statements, transaction(app.settings.database_url) as session:
+        effects = advance_execution(session, execution_id, 0, now=utcnow())
     # The run at this group with its unfinished count, the group's outcomes, the compare-and-set
     # to the next group, and the next group queued (its attempts returned for the chord).
     assert statements == ["SELECT", "SELECT", "UPDATE", "UPDATE"], statements

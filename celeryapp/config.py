@@ -5,6 +5,7 @@ Nothing else in the project reads ``os.environ``; everything takes a :class:`Set
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -21,6 +22,9 @@ DEFAULT_DATABASE_URL = "sqlite:///chordbeat.db"
 DEFAULT_HEARTBEAT_TTL_S = 15.0
 #: Seconds between two runs of the recovery task.
 DEFAULT_RECOVERY_INTERVAL_S = 10.0
+#: Seconds beat's loop may go without coming round before beat exits (with every thread's stack
+#: on stderr) for its supervisor to restart it; also when ``chordbeat health beat`` reports it.
+DEFAULT_BEAT_STALL_S = 120.0
 #: Days finished executions and their activities are kept.
 DEFAULT_RETENTION_DAYS = 90.0
 #: Seconds a stored task result (a service call's answer) is kept in Redis for its caller.
@@ -72,6 +76,13 @@ VARIABLES = (
     Variable("CHORDBEAT_SCHEDULES_FILE", "unset", "declarative schedule file applied when beat starts"),
     Variable("CHORDBEAT_HEARTBEAT_TTL", f"`{DEFAULT_HEARTBEAT_TTL_S:g}` (s)", "TTL of a running step's heartbeat key"),
     Variable("CHORDBEAT_RECOVERY_INTERVAL", f"`{DEFAULT_RECOVERY_INTERVAL_S:g}` (s)", "period of the recovery task"),
+    Variable(
+        "CHORDBEAT_BEAT_STALL",
+        f"`{DEFAULT_BEAT_STALL_S:g}` (s)",
+        "a beat whose loop has not come round for this long writes every thread's stack to stderr and exits "
+        "(status 1) for its supervisor to restart it; `chordbeat health beat` fails after as long. At least 5; "
+        "raise it if repairing all entries (at start, after Redis lost them) takes longer",
+    ),
     Variable(
         "CHORDBEAT_TASK_MODULES",
         "unset",
@@ -217,7 +228,10 @@ def _env_float(env: Mapping[str, str], name: str, default: float, *, minimum: fl
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}: expected a number of seconds, got {raw!r}") from None
+        raise ConfigError(f"{name}: expected a number, got {raw!r}") from None
+    # NaN passes every comparison and infinity overflows timers and date arithmetic later.
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}: expected a finite number, got {raw!r}")
     if value < minimum:
         raise ConfigError(f"{name}: must be at least {minimum}, got {raw!r}")
     return value
@@ -241,6 +255,7 @@ class Settings:
     schedules_file: str | None = None
     heartbeat_ttl_s: float = DEFAULT_HEARTBEAT_TTL_S
     recovery_interval_s: float = DEFAULT_RECOVERY_INTERVAL_S
+    beat_stall_s: float = DEFAULT_BEAT_STALL_S
     retention_days: float = DEFAULT_RETENTION_DAYS
     #: Extra modules holding step tasks, imported by every worker.
     task_modules: tuple[str, ...] = field(default_factory=tuple)
@@ -282,6 +297,7 @@ class Settings:
             recovery_interval_s=_env_float(
                 env, "CHORDBEAT_RECOVERY_INTERVAL", DEFAULT_RECOVERY_INTERVAL_S, minimum=0.5
             ),
+            beat_stall_s=_env_float(env, "CHORDBEAT_BEAT_STALL", DEFAULT_BEAT_STALL_S, minimum=5),
             retention_days=_env_float(env, "CHORDBEAT_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, minimum=0),
             task_modules=modules,
             health_dir=env.get("CHORDBEAT_HEALTH_DIR") or DEFAULT_HEALTH_DIR,

@@ -149,6 +149,18 @@ def test_health_reports_stale_and_fresh_liveness_files(tmp_path: Any, monkeypatc
     assert "unhealthy" in cli("health", "worker").output
 
 
+def test_beat_counts_as_stalled_after_the_stall_setting(tmp_path: Any, monkeypatch: Any) -> None:
+    """The probe and beat's watchdog share one limit: a beat the probe calls stalled has ended itself."""
+    monkeypatch.setenv("CHORDBEAT_HEALTH_DIR", str(tmp_path))
+    touch(Settings(health_dir=str(tmp_path)), "beat")
+    path = tmp_path / "chordbeat-beat.health"
+    now = time.time()
+    os.utime(path, (now - 100, now - 100))
+    assert cli("health", "beat").exit_code == 0  # default limit: 120 s
+    monkeypatch.setenv("CHORDBEAT_BEAT_STALL", "90")
+    assert "beat: unhealthy (last beat 100s ago)" in cli("health", "beat").output
+
+
 def test_the_live_view_shows_each_step_once_with_its_current_attempt() -> None:
     from celeryapp.interfaces.display import step_states
 

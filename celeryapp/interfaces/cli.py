@@ -490,11 +490,11 @@ def resume_cmd(name: str, as_json: bool) -> None:
 def health_cmd(process: str) -> None:
     """Exit non-zero when the process's liveness file is stale or missing (for healthchecks)."""
     from celeryapp.config import Settings
-    from celeryapp.monitoring.health import STALE_AFTER_S, age_s, problem
+    from celeryapp.monitoring.health import age_s, problem, stale_after_s
 
     settings = Settings.from_env()
     age = age_s(settings, process)
-    limit = STALE_AFTER_S[process]
+    limit = stale_after_s(settings, process)
     if age is None or age > limit:
         why = f"last beat {age:.0f}s ago" if age is not None else problem(settings) or "no liveness file"
         click.echo(printable(f"{process}: unhealthy ({why})"))

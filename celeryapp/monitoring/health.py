@@ -21,8 +21,9 @@ from celeryapp.errors import ChordbeatError
 
 logger = logging.getLogger(__name__)
 
-#: Seconds after which a process whose file was not touched counts as stalled (JIM's thresholds).
-STALE_AFTER_S = {"worker": 60.0, "beat": 120.0}
+#: Seconds after which a worker whose file was not touched counts as stalled (beat's limit is a
+#: setting: past it, beat's watchdog ends it).
+WORKER_STALE_AFTER_S = 60.0
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 _warned: set[str] = set()
 
@@ -104,6 +105,11 @@ def remove(settings: Settings, process: str) -> None:
         pass
     except (OSError, UnsafeHealthDir) as exc:
         logger.warning("liveness file %s not removed: %s", name, exc)
+
+
+def stale_after_s(settings: Settings, process: str) -> float:
+    """Seconds without a touch after which ``process`` counts as stalled."""
+    return settings.beat_stall_s if process == "beat" else WORKER_STALE_AFTER_S
 
 
 def age_s(settings: Settings, process: str) -> float | None:

@@ -19,6 +19,7 @@ from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, acquire_d
 from celeryapp.errors import DefinitionError
 from celeryapp.messaging.keys import CONTROL_QUEUE
 from celeryapp.monitoring import health
+from celeryapp.monitoring.watchdog import StallWatchdog
 from celeryapp.scheduling.beat_entries import CadenceSchedule, ScheduleEntry, chunks, few, fire_of, reconcile
 from celeryapp.scheduling.firing import MAX_BATCH
 from celeryapp.scheduling.schedule_file import apply_file
@@ -44,6 +45,9 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
     Entry = ScheduleEntry
     _needs_repair = False
     _kept_alive_at = float("-inf")
+    #: Armed when beat's service starts (:func:`watch_the_loop`); a scheduler built elsewhere
+    #: (tests, tools) is watched by nothing.
+    watchdog: StallWatchdog | None = None
 
     def setup_schedule(self) -> None:
         super().setup_schedule()
@@ -148,6 +152,18 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         else:
             self._needs_repair = False
 
+    def _alive(self) -> None:
+        """The loop came round: the liveness file and the watchdog say so."""
+        health.touch(self.app.settings, "beat")
+        if self.watchdog is not None:
+            self.watchdog.feed()
+
+    def close(self) -> None:
+        # A shutdown that hangs is ended by the watchdog too; one that returns leaves nothing armed.
+        super().close()
+        if self.watchdog is not None:
+            self.watchdog.disarm()
+
     def _take_lock(self) -> None:
         """Block until this beat holds the lock: standby beats wait here.
 
@@ -161,7 +177,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         client = get_redis(self.app)
         standing_by = False
         while True:
-            health.touch(self.app.settings, "beat")
+            self._alive()
             try:
                 lock = client.lock(self.lock_key, timeout=self.lock_timeout, sleep=LOCK_RETRY_S)
                 lock.lua_extend = client.register_script(LUA_EXTEND_TO_SCRIPT)
@@ -185,7 +201,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         # the lock are kept up at most once a KEEPALIVE_S. The lock cannot lapse in between (it
         # lives lock_timeout), and after a long pause (SIGSTOP) the first tick extends it at once.
         if time.monotonic() - self._kept_alive_at >= KEEPALIVE_S:
-            health.touch(self.app.settings, "beat")
+            self._alive()
             if self.lock_key:
                 try:
                     if self.lock is None:
@@ -253,5 +269,10 @@ beat_init.disconnect(acquire_distributed_beat_lock)
 @beat_init.connect
 def take_lock_at_start(sender: Any = None, **_: Any) -> None:
     scheduler = sender.scheduler
-    if isinstance(scheduler, ChordbeatScheduler) and scheduler.lock_key:
+    if not isinstance(scheduler, ChordbeatScheduler):
+        return
+    watchdog = StallWatchdog(scheduler.app.settings.beat_stall_s)
+    if watchdog.arm():
+        scheduler.watchdog = watchdog
+    if scheduler.lock_key:
         scheduler._take_lock()

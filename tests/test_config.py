@@ -1,0 +1,47 @@
+"""Numeric settings: a value a process cannot run with is refused at start, naming the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from celeryapp.config import Settings
+from celeryapp.errors import ConfigError
+
+NUMERIC = {
+    "CHORDBEAT_HEARTBEAT_TTL": ("heartbeat_ttl_s", 1),
+    "CHORDBEAT_RECOVERY_INTERVAL": ("recovery_interval_s", 0.5),
+    "CHORDBEAT_BEAT_STALL": ("beat_stall_s", 5),
+    "CHORDBEAT_RETENTION_DAYS": ("retention_days", 0),
+    "CHORDBEAT_RESULT_EXPIRES": ("result_expires_s", 60),
+}
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ("nan", "expected a finite number, got 'nan'"),
+        ("-inf", "expected a finite number, got '-inf'"),
+        ("inf", "expected a finite number, got 'inf'"),
+        ("1e999", "expected a finite number, got '1e999'"),
+        ("true", "expected a number, got 'true'"),
+        ("15s", "expected a number, got '15s'"),
+        ("-1", "must be at least"),
+    ],
+)
+def test_a_bad_number_is_refused_naming_the_variable(name: str, raw: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({name: raw})
+    assert str(info.value).startswith(f"{name}: {reason}")
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+def test_the_smallest_allowed_value_and_unset_are_taken(name: str) -> None:
+    field, minimum = NUMERIC[name]
+    assert getattr(Settings.from_env({name: str(minimum)}), field) == minimum
+    assert getattr(Settings.from_env({name: ""}), field) == getattr(Settings(), field)
+
+
+def test_just_below_the_minimum_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^CHORDBEAT_BEAT_STALL: must be at least 5, got '4.9'$"):
+        Settings.from_env({"CHORDBEAT_BEAT_STALL": "4.9"})

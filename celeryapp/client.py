@@ -17,6 +17,8 @@ import time
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import TimeoutError as CeleryTimeoutError
+from celery.result import AsyncResult
 
 from celeryapp.contract import DeletedJson, ExecutionJson, ScheduleJson, SlotJson, TriggerJson
 
@@ -25,6 +27,8 @@ SERVICE_QUEUE = "celery"
 DEFAULT_TIMEOUT_S = 30.0
 #: Seconds :meth:`ChordbeatClient.worker_listening` waits for a worker's answer.
 DEFAULT_PROBE_S = 2.0
+#: Seconds between two reads of a call's stored answer while its announcement is awaited.
+ANSWER_RECHECK_S = 1.0
 
 Json = dict[str, Any]
 
@@ -36,6 +40,25 @@ def redact(value: Any) -> Any:
     if isinstance(value, list):
         return [redact(v) for v in value]
     return value
+
+
+def answer(result: AsyncResult, timeout_s: float) -> Any:
+    """The answer of a sent task, also when the message announcing it was missed.
+
+    Celery's Redis result consumer, reconnecting after Redis went away, reads the answers already
+    stored and then subscribes again: an answer stored in between is never announced to it, and
+    one long ``get`` waits for nothing until it times out (seen in our Redis outage tests;
+    celery/celery#4039). Each ``get`` reads the stored answer first, so waiting in slices of
+    :data:`ANSWER_RECHECK_S` finds it within a slice, for one Redis read a second.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return result.get(timeout=max(min(left, ANSWER_RECHECK_S), 0.0))
+        except CeleryTimeoutError:
+            if left <= ANSWER_RECHECK_S:
+                raise
 
 
 class ChordbeatClient:
@@ -67,7 +90,7 @@ class ChordbeatClient:
             task, kwargs=kwargs, queue=SERVICE_QUEUE, kwargsrepr=repr(redact(kwargs)), expires=self.timeout_s
         )
         try:
-            return result.get(timeout=self.timeout_s)
+            return answer(result, self.timeout_s)
         finally:
             result.forget()
 

@@ -17,6 +17,7 @@ from celery import Celery
 from sqlalchemy import event, select
 
 from celeryapp.app import ChordbeatCelery
+from celeryapp.client import answer
 from celeryapp.interfaces.views import execution_json
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
@@ -42,7 +43,7 @@ __all__ = [
 
 def call(client: Celery, task_name: str, /, **kwargs: Any) -> Any:
     """Call a chordbeat service task by name and wait for its JSON answer."""
-    return client.send_task(task_name, kwargs=kwargs).get(timeout=20)
+    return answer(client.send_task(task_name, kwargs=kwargs), 20)
 
 
 def step(name: str, task: str = "chordbeat.examples.sleep", **extra: Any) -> dict[str, Any]:

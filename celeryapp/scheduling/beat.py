@@ -45,7 +45,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
     Entry = ScheduleEntry
     _needs_repair = False
     _kept_alive_at = float("-inf")
-    #: Armed when beat's service starts (:func:`watch_the_loop`); a scheduler built elsewhere
+    #: Armed when beat's service starts (:func:`take_lock_at_start`); a scheduler built elsewhere
     #: (tests, tools) is watched by nothing.
     watchdog: StallWatchdog | None = None
 

@@ -9,12 +9,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
-from sqlalchemy import Connection, CursorResult, Engine, Executable, create_engine, event
+from sqlalchemy import Connection, CursorResult, Engine, Executable, create_engine, event, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 #: Milliseconds a SQLite writer waits for another process's write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: Seconds a new PostgreSQL connection may take to be ready. libpq's default is to wait for ever
+#: on a server that accepted the TCP connection and answers nothing (frozen, overloaded), and a
+#: host that drops packets holds a connect for the OS's SYN retries (over 2 minutes on Linux):
+#: a step, a recovery pass or beat's repair would hang that long. The URL's own value wins.
+PG_CONNECT_TIMEOUT_S = 10
 
 _lock = threading.Lock()
 _engines: dict[tuple[int, str], tuple[Engine, sessionmaker[Session], sessionmaker[Session]]] = {}
@@ -77,6 +82,8 @@ def _get(url: str) -> tuple[Engine, sessionmaker[Session], sessionmaker[Session]
                 kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}}
             elif url.startswith("postgresql"):
                 kwargs["pool_size"] = 5
+                if "connect_timeout" not in make_url(url).query:
+                    kwargs["connect_args"] = {"connect_timeout": PG_CONNECT_TIMEOUT_S}
             else:
                 kwargs = {"pool_size": 5, "pool_pre_ping": True}
             engine = create_engine(url, **kwargs)

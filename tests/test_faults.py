@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 import tests.fault_tasks  # noqa: F401  (registers the fault step tasks in the in-process worker)
 from celeryapp.app import ChordbeatCelery
@@ -25,10 +27,11 @@ from celeryapp.execution.runs import start_execution
 from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.recovery import recovery
 from models import Activity, Schedule, ScheduleExecution, Trigger, transaction, utcnow
-from models.session import connection
+from models.session import PG_CONNECT_TIMEOUT_S, connection, get_engine
 from tests import processes
 from tests.fault_tasks import read_log
 from tests.helpers import call, db_execution, finished, step, wait_for
+from tests.servers import PostgresServer
 
 
 def tick(log: Path, seconds: float, **extra: Any) -> dict[str, Any]:
@@ -306,3 +309,32 @@ def test_a_pooled_connection_the_server_closed_is_replaced_before_use(database_u
         admin.dispose()
     with connection(database_url) as conn:
         assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != backend
+
+
+@pytest.mark.parametrize(("query", "limit"), [({}, PG_CONNECT_TIMEOUT_S), ({"connect_timeout": "2"}, 2)])
+def test_connecting_to_a_database_that_answers_nothing_fails_in_seconds(
+    database_url: str, request: pytest.FixtureRequest, query: dict[str, str], limit: float
+) -> None:
+    """A frozen PostgreSQL (its postmaster stopped: the kernel accepts the TCP connection, nobody
+    answers) held a new connection for as long as it stayed frozen: libpq waits for ever by default.
+    Now it fails after PG_CONNECT_TIMEOUT_S, or after the URL's own ``connect_timeout``."""
+    if make_url(database_url).get_backend_name() != "postgresql":
+        pytest.skip("SQLite has no server to freeze")
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    # A URL no engine was built for yet: its pool holds no connection to reuse.
+    url = make_url(database_url).update_query_dict({"application_name": "frozen-server-test", **query})
+    url_text = url.render_as_string(hide_password=False)
+    with ThreadPoolExecutor(1) as pool:
+        os.kill(postmaster, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            attempt = pool.submit(lambda: get_engine(url_text).connect().close())
+            wait_for(attempt.done, limit + 10, interval=0.1, what="the connection attempt to give up")
+            took = time.monotonic() - started
+        finally:
+            os.kill(postmaster, signal.SIGCONT)
+    with pytest.raises(OperationalError, match="timeout"):
+        attempt.result()
+    assert limit - 1 <= took <= limit + 5, took
+    get_engine(url_text).dispose()

@@ -13,6 +13,7 @@ environment, leaves Celery's current app alone and connects no signal receivers 
 from __future__ import annotations
 
 import gc
+import math
 import time
 from typing import Any
 
@@ -42,6 +43,16 @@ def redact(value: Any) -> Any:
     return value
 
 
+def seconds(name: str, value: object) -> float:
+    """``value`` as a wait in seconds, or ``ValueError`` naming ``name``: a NaN or infinite wait
+    never ends (every deadline comparison with NaN is false)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name}: must be a number of seconds, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}: must be a finite number of seconds above 0, got {value!r}")
+    return float(value)
+
+
 def answer(result: AsyncResult, timeout_s: float) -> Any:
     """The answer of a sent task, also when the message announcing it was missed.
 
@@ -51,7 +62,7 @@ def answer(result: AsyncResult, timeout_s: float) -> Any:
     celery/celery#4039). Each ``get`` reads the stored answer first, so waiting in slices of
     :data:`ANSWER_RECHECK_S` finds it within a slice, for one Redis read a second.
     """
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + seconds("timeout_s", timeout_s)
     while True:
         left = deadline - time.monotonic()
         try:
@@ -76,11 +87,11 @@ class ChordbeatClient:
         app: Celery | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
+        self.timeout_s = seconds("timeout_s", timeout_s)
         if app is None:
             app = Celery("chordbeat-client", broker=broker_url, backend=backend_url or broker_url, set_as_current=False)
             app.conf.update(task_serializer="json", accept_content=["json"], result_accept_content=["json"])
         self.app = app
-        self.timeout_s = timeout_s
 
     def call(self, task: str, **kwargs: Any) -> Any:
         # Flower and worker logs show kwargsrepr: payloads may carry credentials, so they are hidden.
@@ -111,7 +122,7 @@ class ChordbeatClient:
                 if any(isinstance(q, dict) and q.get("name") == SERVICE_QUEUE for q in queues or ()):
                     raise Found
 
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + seconds("timeout_s", timeout_s)
         while (left := deadline - time.monotonic()) > 0:
             try:
                 self.app.control.broadcast("active_queues", reply=True, timeout=min(1.0, left), callback=check)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import pytest
 import redis
+from celery.result import AsyncResult
 
-from celeryapp.client import ChordbeatClient
+from celeryapp.client import ChordbeatClient, answer
 from celeryapp.config import Settings
 from tests.servers import wait_for
 
@@ -31,3 +35,27 @@ def test_an_answer_stored_without_its_announcement_is_read(settings: Settings) -
     finally:
         broker.delete("celery")
         caller.close()
+
+
+@pytest.mark.parametrize(
+    ("timeout", "reason"),
+    [
+        (float("nan"), "must be a finite number of seconds above 0, got nan"),
+        (float("inf"), "must be a finite number of seconds above 0, got inf"),
+        (0, "must be a finite number of seconds above 0, got 0"),
+        (-5, "must be a finite number of seconds above 0, got -5"),
+        (True, "must be a number of seconds, got bool"),
+        ("30", "must be a number of seconds, got str"),
+        (None, "must be a number of seconds, got NoneType"),
+    ],
+)
+def test_a_wait_that_could_never_end_or_means_nothing_is_refused(timeout: Any, reason: str) -> None:
+    """A NaN timeout waited for ever: every comparison of a deadline with NaN is false."""
+    with pytest.raises(ValueError, match=f"^timeout_s: {re.escape(reason)}$"):
+        ChordbeatClient("redis://127.0.0.1:1/0", timeout_s=timeout)
+    caller = ChordbeatClient("redis://127.0.0.1:1/0")
+    with pytest.raises(ValueError, match=f"^timeout_s: {re.escape(reason)}$"):
+        answer(AsyncResult("never-sent", app=caller.app), timeout)
+    with pytest.raises(ValueError, match=f"^timeout_s: {re.escape(reason)}$"):
+        caller.worker_listening(timeout)
+    caller.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import os
 import subprocess
 import sys
 import textwrap
@@ -59,3 +61,14 @@ def test_it_is_never_armed_outside_the_main_thread() -> None:
     thread.start()
     thread.join()
     assert armed == [False] and not watchdog.armed
+
+
+def test_without_a_usable_stderr_it_is_not_armed_and_nothing_fails() -> None:
+    """``celery beat --detach`` and some supervisors leave no usable stderr: beat must still run."""
+    closed = open(os.devnull, "w")  # noqa: SIM115
+    closed.close()
+    for stream in (closed, io.StringIO()):
+        watchdog = StallWatchdog(1, stream=stream)
+        assert watchdog.arm() is False and not watchdog.armed
+        watchdog.feed()
+        watchdog.disarm()

@@ -33,11 +33,15 @@ class StallWatchdog:
         self.armed = False
 
     def arm(self) -> bool:
-        """Start watching; ``False`` (and nothing armed) outside the main thread or without a stderr."""
+        """Start watching; ``False`` (and nothing armed) outside the main thread or without a
+        usable stderr (closed, or without a file descriptor): an unwatched beat still schedules."""
         if self.stream is None or threading.current_thread() is not threading.main_thread():
             return False
+        try:
+            faulthandler.dump_traceback_later(self.stall_s, exit=True, file=self.stream)
+        except (ValueError, OSError, AttributeError):
+            return False
         self.armed = True
-        self.feed()
         return True
 
     def feed(self) -> None:

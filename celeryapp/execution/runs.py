@@ -318,12 +318,12 @@ def _insert_worker_tasks(
         for execution_id, index, name in steps
     ]
     task_ids: dict[int, dict[str, int]] = {execution_id: {} for execution_id in executions}
-    for execution_id, name, task_id in session.connection().execute(_INSERTWORKER_TASKS, rows):
+    for execution_id, name, task_id in session.connection().execute(_INSERT_WORKER_TASKS, rows):
         task_ids[execution_id][name] = task_id
     return task_ids
 
 
-_INSERTWORKER_TASKS = insert(WORKER_TASKS).returning(
+_INSERT_WORKER_TASKS = insert(WORKER_TASKS).returning(
     WORKER_TASKS.c.execution_id, WORKER_TASKS.c.step_name, WORKER_TASKS.c.id
 )
 

@@ -39,7 +39,7 @@ def taken_before(client: redis.Redis, task_ids: Iterable[str], before: float) ->
         return {}
     found: dict[str, str] = {}
     for tag, raw in zip(tags, client.hmget(UNACKED_KEY, tags), strict=True):
-        task_id = None if raw is None else _task_id(raw)
+        task_id = _task_id(raw)  # None for a missing entry (json.loads(None): TypeError)
         if task_id is not None and task_id in wanted:
             found[task_id] = tag
     return found

@@ -120,6 +120,25 @@ def connection(url: str) -> Iterator[Connection]:
         yield conn
 
 
+@contextmanager
+def single_statement(url: str) -> Iterator[Connection]:
+    """A bare connection for a block that sends exactly one statement.
+
+    On PostgreSQL the statement commits by itself (autocommit): a transaction around it would
+    add two round trips, ``BEGIN`` and ``COMMIT``, each a wait on the server. A single statement
+    is atomic anyway, data-modifying CTEs included. Elsewhere the block is a transaction.
+    """
+    engine = _get(url)[0]
+    if engine.dialect.name != "postgresql":
+        with engine.begin() as conn:
+            yield conn
+        return
+    with engine.connect() as conn:
+        # Set for this checkout only: SQLAlchemy puts the connection back in the pool as it was.
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        yield conn
+
+
 def dispose_all() -> None:
     """Drop every engine of this process (tests and shutdown)."""
     with _lock:

@@ -25,7 +25,7 @@ from celeryapp.messaging.dispatch import drop_pickup
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
 from models import ActivityStatus, utcnow
-from models.session import connection
+from models.session import connection, single_statement
 from models.tables import ACTIVITIES
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def _record(app: ChordbeatCelery, claim: Claim, status: ActivityStatus, error: s
     error, message = _storable(error), _storable(message)
     for attempt in range(1, RECORD_TRIES + 1):
         try:
-            with connection(url) as conn:
+            with single_statement(url) as conn:
                 return finish_step(conn, claim, status, now=utcnow(), error=error, message=message)
         except Exception:
             logger.exception(
@@ -141,6 +141,10 @@ def _claim(app: ChordbeatCelery, worker_task_id: int, attempt: int, node: str) -
     error: Exception | None = None
     for delay in CLAIM_RETRY_DELAYS_S:
         try:
+            # A transaction even for PostgreSQL's single statement: the claim commits only once
+            # its runner, alive, asks for it. Alone it would commit whenever the statement ran,
+            # and a worker killed while it waited (a locked table, a stalled server) would leave
+            # an attempt claimed that nothing runs: recovery would fail it and use up an attempt.
             with connection(app.settings.database_url) as conn:
                 return claim_step(conn, worker_task_id, attempt, node=node, now=utcnow())
         except Exception as exc:

@@ -11,7 +11,7 @@ import os
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,9 +40,8 @@ def _with_log_level(argv: list[str], level: str) -> list[str]:
 
 def rss_mib(pid: int) -> float:
     """Resident memory of a process and its children (a worker and its pool)."""
-    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     total_kib = 0
-    for p in [pid, *map(int, children)]:
+    for p in [pid, *children(pid)]:
         with suppress(FileNotFoundError):
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -54,6 +53,25 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time a process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found]
+
+
+def cpu_by_process(pids: Iterable[int]) -> dict[int, float]:
+    """CPU seconds used so far by each process still there."""
+    used = {}
+    for pid in pids:
+        with suppress(FileNotFoundError, ProcessLookupError):
+            used[pid] = cpu_seconds(pid)
+    return used
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the processes used between two readings (one that started meanwhile: all of it)."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
 @dataclass
@@ -99,6 +117,10 @@ class Bench:
     def redis_url(self, db: int = 0) -> str:
         """The benchmark's Redis; scenarios that run side by side use their own database number."""
         return self.redis.url.rsplit("/", 1)[0] + f"/{db}"
+
+    def redis_pid(self) -> int:
+        assert self.redis.proc is not None, "the benchmark's Redis is not running"
+        return self.redis.proc.pid
 
     def redis_client(self, db: int = 0) -> Redis:
         return Redis.from_url(self.redis_url(db), decode_responses=True)

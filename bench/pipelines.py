@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Engine, select, text
 
 from bench import raw_app
-from bench.harness import Bench, rss_mib, running, trigger
+from bench.harness import OBSERVER, Bench, children, cpu_by_process, cpu_used, rss_mib, running, trigger
 from bench.stats import gaps_ms, group_bounds, percentiles, throughput
 from celeryapp.client import ChordbeatClient
 from models import Activity, ExecutionStatus, ScheduleExecution
@@ -26,14 +26,17 @@ LOADED = (100, 5, 2)
 NOOP = {"task": "chordbeat.examples.sleep", "kwargs": {"seconds": 0}}
 Records = list[tuple[int, int, float, float]]
 
+# Statements, and everything sent (BEGIN, with its isolation level or not, COMMIT, ROLLBACK too):
+# each is a round trip, but for the rows of a multi-row upsert (pipelined, counted one each).
 _STATEMENTS = text(
     """
-    SELECT coalesce(sum(calls) FILTER (WHERE query NOT IN ('BEGIN', 'COMMIT', 'ROLLBACK')), 0),
-           coalesce(sum(calls) FILTER (WHERE query IN ('COMMIT', 'ROLLBACK')), 0)
+    SELECT coalesce(sum(calls) FILTER (WHERE query NOT LIKE 'BEGIN%' AND query NOT IN ('COMMIT', 'ROLLBACK')), 0),
+           coalesce(sum(calls), 0)
     FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid
     WHERE r.rolname = :user AND s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
     """
 )
+_OBSERVER_BACKENDS = text("SELECT pid FROM pg_stat_activity WHERE usename = :observer")
 
 
 def _redis_commands(bench: Bench) -> int:
@@ -48,6 +51,43 @@ def _statements(engine: Engine, user: str) -> tuple[int, int]:
     with engine.connect() as conn:
         row = conn.execute(_STATEMENTS, {"user": user}).one()
     return int(row[0]), int(row[1])
+
+
+def _observer_backends(bench: Bench, observer: Engine) -> set[int]:
+    with observer.connect() as conn:
+        return set(conn.scalars(_OBSERVER_BACKENDS, {"observer": OBSERVER}))
+
+
+def _processes(bench: Bench, roots: list[int], observer: Engine | None = None) -> dict[str, list[int]]:
+    """The processes whose CPU a step costs: the worker with its pool (and beat), Redis, and with a
+    database, PostgreSQL's processes but the benchmark's own connections."""
+    groups = {"worker": [p for root in roots for p in [root, *children(root)]], "redis": [bench.redis_pid()]}
+    if observer is not None:
+        postmaster = bench.pg.postmaster_pid()
+        ours = _observer_backends(bench, observer)
+        groups["database"] = [p for p in [postmaster, *children(postmaster)] if p not in ours]
+    return groups
+
+
+class CpuMeter:
+    """CPU milliseconds per step of each group of processes, over a block of work."""
+
+    def __init__(self, bench: Bench, roots: list[int], observer: Engine | None = None) -> None:
+        self._bench, self._roots, self._observer = bench, roots, observer
+
+    def __enter__(self) -> CpuMeter:
+        self._before = {
+            g: cpu_by_process(pids) for g, pids in _processes(self._bench, self._roots, self._observer).items()
+        }
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        after = _processes(self._bench, self._roots, self._observer)
+        self.seconds = {g: cpu_used(self._before[g], cpu_by_process(pids)) for g, pids in after.items()}
+
+    def per_step(self, steps: int) -> dict[str, float]:
+        used = {group: seconds * 1000 / steps for group, seconds in self.seconds.items()}
+        return {**used, "all": sum(used.values())}
 
 
 def _run_chordbeat(
@@ -85,16 +125,18 @@ def chordbeat_runs(bench: Bench) -> list[dict[str, Any]]:
     settings = bench.settings(url)
     observer = bench.observe(url)
     worker = bench.worker(settings)
+    beat = bench.beat(settings)
     results = []
-    with running(bench.beat(settings), worker), bench.client(settings) as client:
+    with running(beat, worker), bench.client(settings) as client:
         bench.wait_for_worker(client)
         _run_chordbeat(bench, client, observer, "warm-up", ALONE)  # pool processes connect and import
         for n in range(bench.runs):
             alone = _run_chordbeat(bench, client, observer, f"alone-{n}", ALONE)
-            statements_before, commits_before = _statements(observer, bench.pg.user)
+            statements_before, sent_before = _statements(observer, bench.pg.user)
             commands_before, bytes_before = _redis_commands(bench), _redis_bytes(bench)
-            loaded = _run_chordbeat(bench, client, observer, f"loaded-{n}", LOADED)
-            statements, commits = _statements(observer, bench.pg.user)
+            with CpuMeter(bench, [worker.pid, beat.pid], observer) as cpu:
+                loaded = _run_chordbeat(bench, client, observer, f"loaded-{n}", LOADED)
+            statements, sent = _statements(observer, bench.pg.user)
             commands, kept = _redis_commands(bench), _redis_bytes(bench) - bytes_before
             steps = len(loaded)
             results.append(
@@ -104,7 +146,8 @@ def chordbeat_runs(bench: Bench) -> list[dict[str, Any]]:
                     "loaded_advance_ms": percentiles(gaps_ms(group_bounds(loaded)), "p50", "p95"),
                     "worker_rss_mib": rss_mib(worker.pid),
                     "db_statements_per_step": (statements - statements_before) / steps,
-                    "db_transactions_per_step": (commits - commits_before) / steps,
+                    "db_round_trips_per_step": (sent - sent_before) / steps,
+                    "cpu_ms_per_step": cpu.per_step(steps),
                     "redis_commands_per_step": (commands - commands_before) / steps,
                     "redis_bytes_per_step": kept / steps,
                 }
@@ -143,7 +186,8 @@ def raw_runs(bench: Bench) -> list[dict[str, Any]]:
             bench.redis_client().delete(raw_app.TIMES_KEY)
             bytes_before = _redis_bytes(bench)
             commands_before = _redis_commands(bench)
-            loaded = _run_raw(bench, LOADED)
+            with CpuMeter(bench, [worker.pid]) as cpu:
+                loaded = _run_raw(bench, LOADED)
             # Less the RPUSH each task spends on recording its own timing (and the list it fills).
             commands = _redis_commands(bench) - len(loaded)
             times = bench.redis_client()
@@ -156,6 +200,7 @@ def raw_runs(bench: Bench) -> list[dict[str, Any]]:
                     "raw_worker_rss_mib": rss_mib(worker.pid),
                     "raw_redis_commands_per_step": (commands - commands_before) / len(loaded),
                     "raw_redis_bytes_per_step": (kept - bytes_before) / len(loaded),
+                    "raw_cpu_ms_per_step": cpu.per_step(len(loaded)),
                 }
             )
     bench.flush_redis()

@@ -55,7 +55,11 @@ ROWS = (
     Row("failover after beat SIGKILL", "failover_s", None, "s"),
     Row("worker RSS (prefork -c 2)", "worker_rss_mib", None, "MiB"),
     Row("database statements per step", "db_statements_per_step"),
-    Row("database transactions per step", "db_transactions_per_step"),
+    Row("database round trips per step", "db_round_trips_per_step"),
+    Row("CPU per step: worker, pool, beat", "cpu_ms_per_step", "worker", "ms"),
+    Row("CPU per step: PostgreSQL", "cpu_ms_per_step", "database", "ms"),
+    Row("CPU per step: Redis", "cpu_ms_per_step", "redis", "ms"),
+    Row("CPU per step: all of them", "cpu_ms_per_step", "all", "ms"),
     Row("Redis commands per step", "redis_commands_per_step"),
     Row("Redis bytes kept per step", "redis_bytes_per_step", None, "B"),
     Row("Redis bytes per schedule", "redis_bytes_per_schedule", None, "B"),
@@ -137,7 +141,7 @@ def _fmt(value: float) -> str:
 
 
 def _cell(results: Results, key: str, part: str | None, *, spread: bool = True) -> str:
-    if key not in results:
+    if key not in results or (part and part not in results[key]):
         return "-"
     value = results[key][part] if part else results[key]
     text = _fmt(value)

@@ -63,9 +63,13 @@ NOTES = [
     "and recovery interval 10 s (once recovery trusts heartbeats: its first pass after a start waits one TTL); "
     "the killed worker is replaced under another name afterwards. Failover: SIGKILL of the beat "
     "holding the lock → first execution created by the standby (a schedule `every: 1`).",
-    "Statements and transactions per step: pg_stat_statements for chordbeat's role during the loaded run "
-    "(triggering, advancement, recovery and beat included), divided by the steps run; the benchmark reads as "
-    "another role. Redis bytes kept per step: used memory after the loaded run less before, per step (results "
+    "Statements and round trips per step: pg_stat_statements for chordbeat's role during the loaded run "
+    "(triggering, advancement, recovery and beat included), divided by the steps run; round trips are the "
+    "statements with BEGIN, COMMIT and ROLLBACK (a multi-row upsert's rows count one each); the benchmark reads as "
+    "another role. CPU per step: user + system time of each group of processes during the loaded run (from "
+    "/proc), divided by the steps run: the worker with its pool processes (and chordbeat's beat), PostgreSQL's "
+    "processes but the benchmark's own connections, Redis. Redis bytes kept per step: used memory after the "
+    "loaded run less before, per step (results "
     "kept for result_expires, 24 h). Redis bytes per schedule: its RedBeat entry.",
 ]
 

@@ -196,6 +196,10 @@ class PostgresServer:
         """``pg_ctl stop``: ``fast`` rolls back open transactions and closes every connection."""
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
 
+    def postmaster_pid(self) -> int:
+        """The running server's main process (its backends are its children)."""
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{database}"
 

@@ -86,3 +86,25 @@ def test_an_advancement_costs_four_statements_whatever_the_width_of_its_group(ap
     [sent] = effects.dispatch
     assert sent.step_index == 1 and [s.spec.name for s in sent.steps] == [f"b{i}" for i in range(width)]
     assert [s.worker_task_id for s in sent.steps] == sorted(s.worker_task_id for s in sent.steps)
+
+
+def test_ending_a_run_costs_nine_statements_and_loads_no_steps(app: ChordbeatCelery) -> None:
+    service.apply_schedule(app, {"name": "ends", "every": 3600, "steps": [step("a"), step("b")]})
+    execution_id = service.trigger_schedule(app, "ends")["execution_id"]
+    for index in range(2):
+        with transaction(app.settings.database_url) as session:
+            task_id = session.scalar(
+                select(WorkerTask.id).where(WorkerTask.execution_id == execution_id, WorkerTask.step_index == index)
+            )
+        assert task_id is not None
+        assert runner.run_step(app, task_id, 1, node="here") == {"status": "complete"}
+        with recorded_statements(app, words=None) as statements, transaction(app.settings.database_url) as session:
+            advance_execution(session, execution_id, index, now=utcnow())
+    # The last group's check (run, outcomes), the run's row, the schedule's row lock, the
+    # compare-and-set to completed, its metrics (attempts read, one upsert), its worker tasks
+    # dropped, and the schedule's counters with the columns its retry policy needs (RETURNING).
+    kinds = [s.split()[0] for s in statements]
+    assert kinds == ["SELECT", "SELECT", "SELECT", "SELECT", "UPDATE", "SELECT", "INSERT", "DELETE", "UPDATE"], kinds
+    assert not [s for s in statements if "schedule_steps" in s], statements
+    with transaction(app.settings.database_url) as session:
+        assert session.scalar(select(Schedule.run_count).where(Schedule.name == "ends")) == 1

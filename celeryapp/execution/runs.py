@@ -37,7 +37,7 @@ from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.interfaces.views import iso
 from celeryapp.messaging import keys
 from celeryapp.monitoring import metric_counts
-from celeryapp.scheduling.definition import ScheduleDefinition
+from celeryapp.scheduling.definition import ScheduleDefinition, retry_base_s
 from celeryapp.scheduling.store import definition_of
 from models import (
     Activity,
@@ -406,11 +406,20 @@ def _after_execution(
     """
     if execution.schedule_id is None:
         return Effects()
-    schedule = session.get(Schedule, execution.schedule_id)
-    if schedule is None:
-        return Effects()
-    by_id = Schedule.id == schedule.id
-    read = (Schedule.status, Schedule.current_retry, Schedule.retry_at, Schedule.run_count, Schedule.buffered)
+    by_id = Schedule.id == execution.schedule_id
+    # Columns, not the schedule with its steps: only a run started from here needs those.
+    read = (
+        Schedule.name,
+        Schedule.status,
+        Schedule.current_retry,
+        Schedule.retry_at,
+        Schedule.run_count,
+        Schedule.buffered,
+        Schedule.max_retries,
+        Schedule.total_repeats,
+        Schedule.every_s,
+        Schedule.retry_delay_s,
+    )
     counters: dict[str, Any] = {}
     if status is ExecutionStatus.COMPLETED:
         counters = {"run_count": Schedule.run_count + 1}
@@ -420,16 +429,18 @@ def _after_execution(
     if counters:
         row = session.execute(
             update(Schedule).where(by_id).values(**counters).returning(*read), execution_options=NO_SYNC
-        ).one()
+        ).first()
     else:
-        row = session.execute(select(*read).where(by_id)).one()
+        row = session.execute(select(*read).where(by_id)).first()
+    if row is None:
+        return Effects()  # the schedule was deleted meanwhile
+    name, schedule_id = row.name, execution.schedule_id
     state = ScheduleState(row.status, row.current_retry, row.retry_at)
-    pending_key = run_key(schedule.name, Trigger.RETRY, state.retry_at, state.current_retry) if state.retry_at else None
+    pending_key = run_key(name, Trigger.RETRY, state.retry_at, state.current_retry) if state.retry_at else None
     is_pending_retry = execution.run_key == pending_key
-    definition = definition_of(schedule)
     after = decide_after_execution(
         state,
-        RetryPolicy(definition.max_retries, definition.total_repeats, definition.retry_base_s),
+        RetryPolicy(row.max_retries, row.total_repeats, retry_base_s(row.every_s, row.retry_delay_s)),
         ended=status,
         is_pending_retry=is_pending_retry,
         pending_retry_started=is_pending_retry or _pending_retry_started(session, state, pending_key, now),
@@ -440,15 +451,15 @@ def _after_execution(
     # Retry time, done or dead: the beat entry follows. A run that changed none of them (most runs)
     # leaves the entry alone: no read of it per run. A lost race is synced anyway.
     changed = (after.status, after.current_retry, after.retry_at) != (state.status, state.current_retry, state.retry_at)
-    effects = Effects(resync=[schedule.name] if changed else [])
-    if not _apply_after(session, schedule, state, after, now=now):
-        logger.warning("schedule %r changed while execution %s ended; left as it is", schedule.name, execution.id)
-        return Effects(resync=[schedule.name])
-    _log_after(schedule.name, state, after, run_count=row.run_count, is_pending_retry=is_pending_retry, ended=status)
+    effects = Effects(resync=[name] if changed else [])
+    if not _apply_after(session, schedule_id, state, after, now=now):
+        logger.warning("schedule %r changed while execution %s ended; left as it is", name, execution.id)
+        return Effects(resync=[name])
+    _log_after(name, state, after, run_count=row.run_count, is_pending_retry=is_pending_retry, ended=status)
     if after.start is NextRun.RETRY and state.retry_at is not None and pending_key is not None:
         started = start_execution(
             session,
-            schedule,
+            session.get_one(Schedule, schedule_id),
             trigger=Trigger.RETRY,
             now=now,
             nominal_at=state.retry_at,
@@ -465,10 +476,10 @@ def _after_execution(
     ):
         started = start_execution(
             session,
-            schedule,
+            session.get_one(Schedule, schedule_id),
             trigger=execution.trigger,
             now=now,
-            run_key=f"{schedule.name}:after:{execution.id}",
+            run_key=f"{name}:after:{execution.id}",
             locked=True,
         )
         effects.merge(started.effects)
@@ -483,7 +494,7 @@ def _pending_retry_started(session: Session, state: ScheduleState, key: str | No
 
 
 def _apply_after(
-    session: Session, schedule: Schedule, state: ScheduleState, after: AfterExecution, *, now: datetime
+    session: Session, schedule_id: int, state: ScheduleState, after: AfterExecution, *, now: datetime
 ) -> bool:
     """Write the decided retry state and status, guarded on what the decision read."""
     changes: dict[str, Any] = {}
@@ -499,7 +510,7 @@ def _apply_after(
             session,
             update(Schedule)
             .where(
-                Schedule.id == schedule.id,
+                Schedule.id == schedule_id,
                 Schedule.status == state.status,
                 Schedule.current_retry == state.current_retry,
                 Schedule.retry_at.is_not_distinct_from(state.retry_at),

@@ -137,8 +137,7 @@ class ScheduleDefinition:
 
     @property
     def retry_base_s(self) -> float:
-        """Base of the retry backoff: the interval for ``every`` schedules, else ``retry_delay``."""
-        return self.every_s if self.every_s is not None else self.retry_delay_s
+        return retry_base_s(self.every_s, self.retry_delay_s)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -165,6 +164,11 @@ class ScheduleDefinition:
     def plan(self) -> list[list[dict[str, Any]]]:
         """The step groups as stored on an execution."""
         return [[s.to_json() for s in group] for group in self.groups]
+
+
+def retry_base_s(every_s: float | None, retry_delay_s: float) -> float:
+    """Base of the retry backoff: the interval for ``every`` schedules, else ``retry_delay``."""
+    return every_s if every_s is not None else retry_delay_s
 
 
 def _number_out(value: float | None) -> float | int | None:

@@ -108,3 +108,15 @@ def test_ending_a_run_costs_nine_statements_and_loads_no_steps(app: ChordbeatCel
     assert not [s for s in statements if "schedule_steps" in s], statements
     with transaction(app.settings.database_url) as session:
         assert session.scalar(select(Schedule.run_count).where(Schedule.name == "ends")) == 1
+
+
+def test_a_manual_run_reads_and_locks_its_schedule_in_one_statement(app: ChordbeatCelery) -> None:
+    service.apply_schedule(app, {"name": "manual", "every": 3600, "steps": [step("a"), [step("b"), step("c")]]})
+    with recorded_statements(app, words=None) as statements:
+        assert service.trigger_schedule(app, "manual")["status"] == "in_progress"
+    # The schedule locked and read, its steps, its active run (the default overlap is skip), the
+    # execution, its worker tasks, the schedule's last run, the slot record and its counter.
+    kinds = [s.split()[0] for s in statements]
+    assert kinds == ["SELECT", "SELECT", "SELECT", "INSERT", "INSERT", "UPDATE", "INSERT", "INSERT"], statements
+    if app.settings.database_url.startswith("postgresql"):
+        assert statements[0].startswith("SELECT schedules.id") and statements[0].endswith("FOR UPDATE"), statements[0]

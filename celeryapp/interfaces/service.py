@@ -145,7 +145,7 @@ def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | 
     name = _name(name)
     payload = _payload(payload)
     with transaction(app.settings.database_url) as session:
-        schedule = find_schedule(session, name)
+        schedule = find_schedule(session, name, lock=True)
         result = start_execution(
             session,
             schedule,
@@ -153,6 +153,7 @@ def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | 
             now=utcnow(),
             payload=payload,
             run_key=f"{name}:manual:{uuid.uuid4().hex}",
+            locked=True,
         )
     apply_effects(app, result.effects)
     if result.execution_id is None or result.skipped:

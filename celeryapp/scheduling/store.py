@@ -66,8 +66,11 @@ def next_fire_after(definition: ScheduleDefinition, after: datetime) -> datetime
     return after + timedelta(seconds=definition.every_s)
 
 
-def find_schedule(session: Session, name: str) -> Schedule:
-    schedule = session.scalar(select(Schedule).where(Schedule.name == name))
+def find_schedule(session: Session, name: str, *, lock: bool = False) -> Schedule:
+    """The schedule called ``name``; with ``lock``, its row locked until commit (read and locked in
+    one statement: see :func:`celeryapp.execution.runs.lock_schedule`)."""
+    query = select(Schedule).where(Schedule.name == name)
+    schedule = session.scalar(query.with_for_update() if lock else query)
     if schedule is None:
         raise NotFound(f"schedule {name!r} does not exist")
     return schedule

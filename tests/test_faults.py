@@ -1,5 +1,5 @@
 """Faults around a running step: a frozen worker, a database that fails the claim, a worker killed
-while its claim waits, a step that unwinds slowly after its timeout, a step calling ``sys.exit``,
+while its claim or its outcome waits, a step that unwinds slowly after its timeout, a step calling ``sys.exit``,
 and one corrupt row in a recovery pass."""
 
 from __future__ import annotations
@@ -159,6 +159,49 @@ def test_a_worker_killed_while_its_claim_waits_on_the_database_strands_nothing(
         done = final(app, execution_id, timeout=60)
     assert done["status"] == "completed", done
     assert [a["status"] for a in done["activities"]] == ["complete"]
+
+
+_OUTCOME_WAITING = text(
+    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH closed AS%'"
+)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_while_its_outcome_waits_on_the_database_does_not_run_the_step_again(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    """The step ran: its outcome, one statement on PostgreSQL, commits once the database lets it,
+    whether or not the worker that sent it is still there, and the run goes on without a second run
+    of the step. (In a transaction, as on SQLite, the outcome is lost with its worker and recovery
+    runs the step again, as after any crash of a worker mid-step.)"""
+    url = make_url(settings.database_url)
+    if url.get_backend_name() != "postgresql":
+        pytest.skip("SQLite records an outcome in a transaction: lost with its worker, the step runs again")
+    log = tmp_path / "steps.log"
+    env = processes.FAULT_TASKS_ENV
+    locker = create_engine(settings.database_url)
+
+    def outcome_waits() -> bool:
+        # A connection of its own: a transaction sees pg_stat_activity as it was when first read.
+        with locker.connect() as watcher:
+            return watcher.execute(_OUTCOME_WAITING).scalar_one() > 0
+
+    with processes.worker(settings, tmp_path, "w1", env=env) as w1:
+        call(client, "chordbeat.apply_schedule", definition={"name": "ran", "every": 3600, "steps": [tick(log, 2)]})
+        execution_id = call(client, "chordbeat.trigger_schedule", name="ran")["execution_id"]
+        wait_for(lambda: any(e["event"] == "tick" for e in read_log(str(log))), 30, what="the step to run")
+        with locker.connect() as connection:
+            connection.execute(text("LOCK TABLE activities IN EXCLUSIVE MODE"))
+            wait_for(outcome_waits, 30, what="the outcome to wait on the lock")
+            w1.kill()
+            connection.rollback()
+    wait_for(lambda: activities(app, execution_id)[0].status.value == "complete", 10, what="the outcome to commit")
+    with processes.worker(settings, tmp_path, "w2", env=env), processes.beat(settings, tmp_path):
+        done = final(app, execution_id, timeout=60)
+    locker.dispose()
+    assert done["status"] == "completed", done
+    assert [(a["attempt"], a["status"]) for a in done["activities"]] == [(1, "complete")]
+    assert [e["attempt"] for e in read_log(str(log)) if e["event"] == "end"] == [1]
 
 
 @pytest.mark.slow

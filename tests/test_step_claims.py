@@ -13,7 +13,7 @@ from sqlalchemy import func, select, text, update
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.execution.runs import cancel_execution
-from celeryapp.execution.steps import Claim, claim_step, finish_step
+from celeryapp.execution.steps import Claim, Recorded, claim_step, finish_step
 from celeryapp.interfaces import service
 from models import Activity, ActivityStatus, WorkerTask, WorkerTaskStatus, transaction, utcnow
 from models.session import connection, single_statement
@@ -35,7 +35,7 @@ def _claim(app: ChordbeatCelery, task_id: int, attempt: int = 1, node: str = "w1
         return claim_step(conn, task_id, attempt, node=node, now=utcnow())
 
 
-def _finish(app: ChordbeatCelery, claim: Claim, status: ActivityStatus = ActivityStatus.COMPLETE) -> bool:
+def _finish(app: ChordbeatCelery, claim: Claim, status: ActivityStatus = ActivityStatus.COMPLETE) -> Recorded:
     with single_statement(app.settings.database_url) as conn:
         return finish_step(conn, claim, status, now=utcnow(), message="done")
 
@@ -95,11 +95,11 @@ def test_an_outcome_closes_the_activity_and_drops_the_task_once(app: ChordbeatCe
     execution_id, task_id = _queued(app, "finished")
     claim = _claim(app, task_id)
     assert claim is not None
-    assert _finish(app, claim) is True
+    assert _finish(app, claim) == Recorded(closed=True, last_of_group=True)
     assert _task(app, task_id) is None
     assert _activities(app, execution_id) == [(1, ActivityStatus.COMPLETE, "w1@host", "done")]
     # Recorded again (a retry after a lost answer): changes nothing, and says so.
-    assert _finish(app, claim, ActivityStatus.FAILED_WITH_ERROR) is False
+    assert _finish(app, claim, ActivityStatus.FAILED_WITH_ERROR) == Recorded(closed=False, last_of_group=False)
     assert _activities(app, execution_id) == [(1, ActivityStatus.COMPLETE, "w1@host", "done")]
 
 
@@ -115,11 +115,28 @@ def test_the_outcome_of_an_attempt_recovery_gave_up_changes_nothing(app: Chordbe
         session.execute(
             update(WorkerTask).where(WorkerTask.id == task_id).values(status=WorkerTaskStatus.QUEUED, attempt=2)
         )
-    assert _finish(app, claim) is False
+    assert _finish(app, claim) == Recorded(closed=False, last_of_group=False)
     assert _task(app, task_id) == (WorkerTaskStatus.QUEUED, 2, "w1@host")
     assert _activities(app, execution_id) == [(1, ActivityStatus.FAILED_WITH_ERROR, "w1@host", None)]
     second = _claim(app, task_id, attempt=2, node="w2@host")
     assert second is not None and second.attempt == 2
+
+
+def test_only_the_last_attempt_of_a_group_to_finish_is_told_so(app: ChordbeatCelery) -> None:
+    steps = [[step("a", kwargs={"seconds": 0}), step("b", kwargs={"seconds": 0})], step("c", kwargs={"seconds": 0})]
+    service.apply_schedule(app, {"name": "pair", "every": 3600, "steps": steps})
+    execution_id = service.trigger_schedule(app, "pair")["execution_id"]
+    with transaction(app.settings.database_url) as session:
+        first, second = session.scalars(
+            select(WorkerTask.id)
+            .where(WorkerTask.execution_id == execution_id, WorkerTask.step_index == 0)
+            .order_by(WorkerTask.id)
+        )
+    claims = [_claim(app, first), _claim(app, second)]
+    assert claims[0] is not None and claims[1] is not None
+    # The next group's waiting attempt is not the group's: it does not count.
+    assert _finish(app, claims[1]) == Recorded(closed=True, last_of_group=False)
+    assert _finish(app, claims[0]) == Recorded(closed=True, last_of_group=True)
 
 
 def test_a_connection_used_for_a_single_statement_goes_back_to_the_pool_transactional(app: ChordbeatCelery) -> None:

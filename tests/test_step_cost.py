@@ -10,18 +10,47 @@ from sqlalchemy import event, select
 from celeryapp.app import ChordbeatCelery
 from celeryapp.execution import runner
 from celeryapp.execution.advancing import advance_execution
+from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
 from celeryapp.scheduling import firing
-from models import Schedule, Trigger, WorkerTask, get_engine, transaction, utcnow
+from models import (
+    ActivityStatus,
+    ExecutionStatus,
+    Schedule,
+    ScheduleExecution,
+    Trigger,
+    WorkerTask,
+    get_engine,
+    transaction,
+    utcnow,
+)
 from tests.helpers import recorded_statements, step
 
 
-def test_a_step_costs_two_statements_on_postgresql_four_on_sqlite(app: ChordbeatCelery) -> None:
-    service.apply_schedule(app, {"name": "cost", "every": 3600, "steps": [step("a")]})
-    execution_id = service.trigger_schedule(app, "cost")["execution_id"]
+def _group(app: ChordbeatCelery, execution_id: int, index: int) -> list[int]:
     with transaction(app.settings.database_url) as session:
-        task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.execution_id == execution_id))
-    assert task_id is not None
+        return list(
+            session.scalars(
+                select(WorkerTask.id)
+                .where(WorkerTask.execution_id == execution_id, WorkerTask.step_index == index)
+                .order_by(WorkerTask.id)
+            )
+        )
+
+
+def _finish_group(app: ChordbeatCelery, execution_id: int, index: int) -> None:
+    """The group's attempts claimed and finished, and no more: its advancement is left to the caller."""
+    for task_id in _group(app, execution_id, index):
+        with transaction(app.settings.database_url) as session:
+            claim = claim_step(session.connection(), task_id, 1, node="here", now=utcnow())
+            assert claim is not None
+            assert finish_step(session.connection(), claim, ActivityStatus.COMPLETE, now=utcnow()).closed
+
+
+def test_a_step_costs_two_statements_on_postgresql_four_on_sqlite(app: ChordbeatCelery) -> None:
+    service.apply_schedule(app, {"name": "cost", "every": 3600, "steps": [[step("a"), step("b")]]})
+    execution_id = service.trigger_schedule(app, "cost")["execution_id"]
+    task_id, last_id = _group(app, execution_id, 0)
     commits: list[int] = []
     event.listen(get_engine(app.settings.database_url), "commit", lambda _conn: commits.append(1))
     with recorded_statements(app) as statements:
@@ -29,12 +58,17 @@ def test_a_step_costs_two_statements_on_postgresql_four_on_sqlite(app: Chordbeat
     # Claim (the attempt, with its step's definition) and open the activity; then close the
     # activity and drop the worker task. Each is committed before the next step of the work: on
     # PostgreSQL one statement each, the outcome committing by itself (no BEGIN and COMMIT).
+    # SQLite then counts the group's attempts left (PostgreSQL, in the same statement).
     if app.settings.database_url.startswith("postgresql"):
         assert statements == ["WITH", "WITH"], statements
         assert len(commits) == 1
     else:
-        assert statements == ["UPDATE", "INSERT", "UPDATE", "DELETE"], statements
+        assert statements == ["UPDATE", "INSERT", "UPDATE", "DELETE", "SELECT"], statements
         assert len(commits) == 2
+    # The group's last step advances its run itself: here it ends it.
+    assert runner.run_step(app, last_id, 1, node="here") == {"status": "complete"}
+    with transaction(app.settings.database_url) as session:
+        assert session.get_one(ScheduleExecution, execution_id).status is ExecutionStatus.COMPLETED
 
 
 def fire_statements(app: ChordbeatCelery, name: str) -> list[str]:
@@ -72,12 +106,7 @@ def test_an_advancement_costs_four_statements_whatever_the_width_of_its_group(ap
     groups = [[step(f"{g}{i}") for i in range(width)] for g in "ab"]
     service.apply_schedule(app, {"name": "wide", "every": 3600, "steps": groups})
     execution_id = service.trigger_schedule(app, "wide")["execution_id"]
-    with transaction(app.settings.database_url) as session:
-        first = session.scalars(
-            select(WorkerTask.id).where(WorkerTask.execution_id == execution_id, WorkerTask.step_index == 0)
-        ).all()
-    for task_id in first:
-        assert runner.run_step(app, task_id, 1, node="here") == {"status": "complete"}
+    _finish_group(app, execution_id, 0)
     with recorded_statements(app) as statements, transaction(app.settings.database_url) as session:
         effects = advance_execution(session, execution_id, 0, now=utcnow())
     # The run at this group with its unfinished count, the group's outcomes, the compare-and-set
@@ -92,12 +121,7 @@ def test_ending_a_run_costs_nine_statements_and_loads_no_steps(app: ChordbeatCel
     service.apply_schedule(app, {"name": "ends", "every": 3600, "steps": [step("a"), step("b")]})
     execution_id = service.trigger_schedule(app, "ends")["execution_id"]
     for index in range(2):
-        with transaction(app.settings.database_url) as session:
-            task_id = session.scalar(
-                select(WorkerTask.id).where(WorkerTask.execution_id == execution_id, WorkerTask.step_index == index)
-            )
-        assert task_id is not None
-        assert runner.run_step(app, task_id, 1, node="here") == {"status": "complete"}
+        _finish_group(app, execution_id, index)
         with recorded_statements(app, words=None) as statements, transaction(app.settings.database_url) as session:
             advance_execution(session, execution_id, index, now=utcnow())
     # The last group's check (run, outcomes), the run's row, the schedule's row lock, the

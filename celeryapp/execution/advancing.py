@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import Connection, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.execution.decisions import StepResult, Verdict, decide_after_group
@@ -52,6 +52,18 @@ _QUEUE_NEXT = (
     .values(status=WorkerTaskStatus.QUEUED, queued_at=bindparam("p_now"))
     .returning(_task.id, _task.attempt, _task.step_name)
 )
+
+
+_STILL_AT_GROUP = select(_run.id).where(*_AT_GROUP)
+
+
+def awaits_advance(conn: Connection, execution_id: int, step_index: int) -> bool:
+    """Whether the run is still at this group. The group's last step usually advances its run
+    itself (``runner._advance_now``), so the chord's body mostly finds it past: one read, alone,
+    before a transaction that would only read the same."""
+    return (
+        conn.execute(_STILL_AT_GROUP, {"p_execution_id": execution_id, "p_step_index": step_index}).first() is not None
+    )
 
 
 def advance_execution(session: Session, execution_id: int, step_index: int, *, now: datetime) -> Effects:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, bindparam, delete, exists, func, insert, literal, select, update
 
@@ -153,6 +153,16 @@ _DROP_TASK = delete(WORKER_TASKS).where(
 )
 
 
+#: The group's attempts not finished. Within the outcome's statement it still counts the attempt
+#: being dropped: the parts of one statement share a snapshot and do not see each other's changes.
+_GROUP_LEFT = (
+    select(func.count())
+    .select_from(WORKER_TASKS)
+    .where(_task.execution_id == bindparam("p_execution_id"), _task.step_index == bindparam("p_step_index"))
+    .scalar_subquery()
+)
+
+
 def _finish_in_one_statement() -> Any:
     # Each data-modifying CTE runs once and to completion whether or not the query reads it.
     closed = _CLOSE_ACTIVITY.returning(ACTIVITIES.c.id).cte("closed")
@@ -160,6 +170,7 @@ def _finish_in_one_statement() -> Any:
     return select(
         select(func.count()).select_from(closed).scalar_subquery(),
         select(func.count()).select_from(dropped).scalar_subquery(),
+        _GROUP_LEFT,
     )
 
 
@@ -205,6 +216,15 @@ def claim_step(conn: Connection, worker_task_id: int, attempt: int, *, node: str
     return _claim_of(worker_task_id, attempt, claimed, activity_id)
 
 
+class Recorded(NamedTuple):
+    """What recording an outcome did."""
+
+    #: The activity was closed (False: the attempt was fenced meanwhile, nothing changed).
+    closed: bool
+    #: This attempt was the last of its group left: the group can be advanced now.
+    last_of_group: bool
+
+
 def finish_step(
     conn: Connection,
     claim: Claim,
@@ -213,13 +233,14 @@ def finish_step(
     now: datetime,
     error: str | None = None,
     message: str | None = None,
-) -> bool:
-    """Record an attempt's outcome and delete its worker task; False if it was fenced meanwhile."""
+) -> Recorded:
+    """Record an attempt's outcome and delete its worker task."""
     outcome = {"p_activity_id": claim.activity_id, "p_outcome": status, "p_error": error, "p_message": message}
     task = {"p_task_id": claim.worker_task_id, "p_attempt": claim.attempt}
+    group = {"p_execution_id": claim.execution_id, "p_step_index": claim.step_index}
     if _one_statement(conn):
-        closed, _dropped = conn.execute(_FINISH_IN_ONE_STATEMENT, {**outcome, **task, "p_now": now}).one()
-        return bool(closed)
-    result = conn.execute(_CLOSE_ACTIVITY, {**outcome, "p_now": now})
-    conn.execute(_DROP_TASK, task)
-    return bool(result.rowcount)
+        closed, dropped, left = conn.execute(_FINISH_IN_ONE_STATEMENT, {**outcome, **task, **group, "p_now": now}).one()
+        return Recorded(bool(closed), bool(dropped) and left == dropped)
+    closed = conn.execute(_CLOSE_ACTIVITY, {**outcome, "p_now": now}).rowcount
+    dropped = conn.execute(_DROP_TASK, task).rowcount
+    return Recorded(bool(closed), bool(dropped) and conn.execute(select(_GROUP_LEFT), group).scalar_one() == 0)

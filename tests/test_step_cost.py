@@ -144,3 +144,17 @@ def test_a_manual_run_reads_and_locks_its_schedule_in_one_statement(app: Chordbe
     assert kinds == ["SELECT", "SELECT", "SELECT", "INSERT", "INSERT", "UPDATE", "INSERT", "INSERT"], statements
     if app.settings.database_url.startswith("postgresql"):
         assert statements[0].startswith("SELECT schedules.id") and statements[0].endswith("FOR UPDATE"), statements[0]
+
+
+@pytest.mark.parametrize("timeout", [None, 3])
+def test_a_last_step_advances_its_run_unless_its_time_limit_is_near(app: ChordbeatCelery, timeout: int | None) -> None:
+    """Near its soft time limit (a step with a timeout shorter than the margin always is), the step
+    leaves the advancement to the chord's body: the limit's exception must not land mid-send."""
+    first = step("a", **({"timeout": timeout} if timeout else {}))
+    service.apply_schedule(app, {"name": "near", "every": 3600, "steps": [first, step("b")]})
+    execution_id = service.trigger_schedule(app, "near")["execution_id"]
+    [task_id] = _group(app, execution_id, 0)
+    assert runner.run_step(app, task_id, 1, node="here") == {"status": "complete"}
+    with transaction(app.settings.database_url) as session:
+        index = session.get_one(ScheduleExecution, execution_id).current_step_index
+    assert index == (0 if timeout else 1)

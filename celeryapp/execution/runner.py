@@ -40,6 +40,9 @@ ERROR_CHARS = 2000
 RECORD_TRIES = 3
 #: Pauses after each failed claim (a database blip); then the attempt is left to recovery.
 CLAIM_RETRY_DELAYS_S = (0.2, 0.5, 0)
+#: A step with a timeout advances its run itself only with at least this long left before its
+#: soft time limit: the limit's exception must not land while the next group is being sent.
+ADVANCE_MARGIN_S = 5.0
 
 
 def _error_text(exc: BaseException) -> str:
@@ -192,6 +195,7 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         timeout_s=claim.spec.timeout_s,
         done_keys=(keys.pickup_key(worker_task_id, attempt),),
     )
+    started = time.monotonic()
     try:
         with running_step(context), watch:
             status, error, message = execute_step(app, claim, watch)
@@ -199,7 +203,8 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         # Landed between the step's return and the watch's stop.
         status, error, message = _interrupted(claim, watch)
     recorded = _record(app, claim, status, error, message)
-    if recorded.last_of_group:
+    timeout_s = claim.spec.timeout_s
+    if recorded.last_of_group and (not timeout_s or time.monotonic() - started < timeout_s - ADVANCE_MARGIN_S):
         _advance_now(app, claim)
     return step_result(status, error, message) if recorded.closed else {"status": "fenced"}
 

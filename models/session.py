@@ -121,16 +121,17 @@ def connection(url: str) -> Iterator[Connection]:
 
 
 @contextmanager
-def single_statement(url: str) -> Iterator[Connection]:
+def single_statement(url: str, *, read_only: bool = False) -> Iterator[Connection]:
     """A bare connection for a block that sends exactly one statement.
 
     On PostgreSQL the statement commits by itself (autocommit): a transaction around it would
     add two round trips, ``BEGIN`` and ``COMMIT``, each a wait on the server. A single statement
-    is atomic anyway, data-modifying CTEs included. Elsewhere the block is a transaction.
+    is atomic anyway, data-modifying CTEs included. Elsewhere the block is a transaction, which
+    with ``read_only`` (a statement that writes nothing) does not wait for SQLite's write lock.
     """
     engine = _get(url)[0]
     if engine.dialect.name != "postgresql":
-        with engine.begin() as conn:
+        with (engine.execution_options(**{READ_ONLY: True}) if read_only else engine).begin() as conn:
             yield conn
         return
     with engine.connect() as conn:

@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 def advance_execution(execution_id: int, step_index: int) -> None:
     check_int(execution_id, "execution_id", InvalidArgument)
     check_int(step_index, "step_index", InvalidArgument, low=0)
-    with single_statement(app.settings.database_url) as conn:
+    with single_statement(app.settings.database_url, read_only=True) as conn:
         if not awaits_advance(conn, execution_id, step_index):
             return
     with transaction(app.settings.database_url) as session:

@@ -6,10 +6,12 @@ SQLite two in a transaction; both run here on both databases, as the runner call
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, make_url, select, text, update
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.execution.runs import cancel_execution
@@ -17,6 +19,7 @@ from celeryapp.execution.steps import Claim, Recorded, claim_step, finish_step
 from celeryapp.interfaces import service
 from models import Activity, ActivityStatus, WorkerTask, WorkerTaskStatus, transaction, utcnow
 from models.session import connection, single_statement
+from tasks.control import advance_execution as advance_task
 from tests.helpers import step
 
 
@@ -152,3 +155,22 @@ def test_a_connection_used_for_a_single_statement_goes_back_to_the_pool_transact
     assert _task(app, task_id) == (WorkerTaskStatus.QUEUED, 1, None)
     with transaction(url) as session:
         assert session.scalar(select(func.count()).select_from(WorkerTask)) == 1
+
+
+def test_a_chord_body_finding_nothing_to_do_does_not_wait_for_sqlites_writer(app: ChordbeatCelery) -> None:
+    """The body's look at the run is a read: on SQLite it must not queue for the write lock behind
+    every step's outcome (PostgreSQL's readers never wait for writers)."""
+    url = make_url(app.settings.database_url)
+    if url.get_backend_name() != "sqlite":
+        pytest.skip("PostgreSQL's readers never wait for writers")
+    execution_id, _task_id = _queued(app, "past")
+    assert url.database is not None
+    writer = sqlite3.connect(url.database, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another process's write in progress
+    try:
+        started = time.monotonic()
+        advance_task(execution_id, 5)  # a group the run is not at: nothing to do
+        assert time.monotonic() - started < 5
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()

@@ -53,7 +53,7 @@ def _statements(engine: Engine, user: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def _observer_backends(bench: Bench, observer: Engine) -> set[int]:
+def _observer_backends(observer: Engine) -> set[int]:
     with observer.connect() as conn:
         return set(conn.scalars(_OBSERVER_BACKENDS, {"observer": OBSERVER}))
 
@@ -64,7 +64,7 @@ def _processes(bench: Bench, roots: list[int], observer: Engine | None = None) -
     groups = {"worker": [p for root in roots for p in [root, *children(root)]], "redis": [bench.redis_pid()]}
     if observer is not None:
         postmaster = bench.pg.postmaster_pid()
-        ours = _observer_backends(bench, observer)
+        ours = _observer_backends(observer)
         groups["database"] = [p for p in [postmaster, *children(postmaster)] if p not in ours]
     return groups
 

@@ -47,7 +47,7 @@ def _finish_group(app: ChordbeatCelery, execution_id: int, index: int) -> None:
             assert finish_step(session.connection(), claim, ActivityStatus.COMPLETE, now=utcnow()).closed
 
 
-def test_a_step_costs_two_statements_on_postgresql_four_on_sqlite(app: ChordbeatCelery) -> None:
+def test_a_step_costs_two_statements_on_postgresql_five_on_sqlite(app: ChordbeatCelery) -> None:
     service.apply_schedule(app, {"name": "cost", "every": 3600, "steps": [[step("a"), step("b")]]})
     execution_id = service.trigger_schedule(app, "cost")["execution_id"]
     task_id, last_id = _group(app, execution_id, 0)

@@ -148,7 +148,13 @@ class StepWatch:
                 # Also in thread pools and inside code that swallows the soft time limit.
                 fired = self._fire("timed_out")
                 continue
+            looked = time.monotonic()
             why = self._must_stop()
+            if why is None and time.monotonic() - looked > CANCEL_POLL_S:
+                # The look outlasted a poll: the process was frozen (SIGSTOP, a VM pause) or Redis
+                # stalled meanwhile, and the answer may be from before the freeze, when recovery
+                # had not yet fenced the attempt. Look again now, not a poll later.
+                why = self._must_stop()
             if why is not None:
                 fired = self._fire(why)
         self._delete_keys()

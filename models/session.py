@@ -121,13 +121,14 @@ def connection(url: str) -> Iterator[Connection]:
 
 
 @contextmanager
-def single_statement(url: str, *, read_only: bool = False) -> Iterator[Connection]:
-    """A bare connection for a block that sends exactly one statement.
+def autocommit(url: str, *, read_only: bool = False) -> Iterator[Connection]:
+    """A bare connection whose statements each commit by themselves on PostgreSQL.
 
-    On PostgreSQL the statement commits by itself (autocommit): a transaction around it would
-    add two round trips, ``BEGIN`` and ``COMMIT``, each a wait on the server. A single statement
-    is atomic anyway, data-modifying CTEs included. Elsewhere the block is a transaction, which
-    with ``read_only`` (a statement that writes nothing) does not wait for SQLite's write lock.
+    For one statement (a data-modifying CTE is atomic), or for statements each correct alone:
+    reads before a compare-and-set that checks again what they read. A transaction around them
+    would add two round trips, ``BEGIN`` and ``COMMIT``, each a wait on the server. Elsewhere the
+    block is a transaction, which with ``read_only`` (statements that write nothing) does not
+    wait for SQLite's write lock.
     """
     engine = _get(url)[0]
     if engine.dialect.name != "postgresql":

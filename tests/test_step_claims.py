@@ -1,6 +1,6 @@
 """A step attempt's claim and outcome: each a compare-and-set that whoever loses changes nothing.
 
-On PostgreSQL each is one statement (the outcome committing by itself, ``single_statement``), on
+On PostgreSQL each is one statement (the outcome committing by itself, ``autocommit``), on
 SQLite two in a transaction; both run here on both databases, as the runner calls them.
 """
 
@@ -18,7 +18,7 @@ from celeryapp.execution.runs import cancel_execution
 from celeryapp.execution.steps import Claim, Recorded, claim_step, finish_step
 from celeryapp.interfaces import service
 from models import Activity, ActivityStatus, WorkerTask, WorkerTaskStatus, transaction, utcnow
-from models.session import connection, single_statement
+from models.session import autocommit, connection
 from tasks.control import advance_execution as advance_task
 from tests.helpers import step
 
@@ -39,7 +39,7 @@ def _claim(app: ChordbeatCelery, task_id: int, attempt: int = 1, node: str = "w1
 
 
 def _finish(app: ChordbeatCelery, claim: Claim, status: ActivityStatus = ActivityStatus.COMPLETE) -> Recorded:
-    with single_statement(app.settings.database_url) as conn:
+    with autocommit(app.settings.database_url) as conn:
         return finish_step(conn, claim, status, now=utcnow(), message="done")
 
 
@@ -142,12 +142,12 @@ def test_only_the_last_attempt_of_a_group_to_finish_is_told_so(app: ChordbeatCel
     assert _finish(app, claims[0]) == Recorded(closed=True, last_of_group=True)
 
 
-def test_a_connection_used_for_a_single_statement_goes_back_to_the_pool_transactional(app: ChordbeatCelery) -> None:
+def test_a_connection_used_in_autocommit_goes_back_to_the_pool_transactional(app: ChordbeatCelery) -> None:
     """Autocommit is for that one checkout: a transaction on the same pooled connection afterwards
     must still roll back as a whole (every compare-and-set of several statements depends on it)."""
     _, task_id = _queued(app, "pooled")
     url = app.settings.database_url
-    with single_statement(url) as conn:
+    with autocommit(url) as conn:
         conn.execute(text("SELECT 1"))
     with pytest.raises(RuntimeError), connection(url) as conn:
         conn.execute(update(WorkerTask).where(WorkerTask.id == task_id).values(node="half-written"))

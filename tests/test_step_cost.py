@@ -9,7 +9,9 @@ from sqlalchemy import event, select
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.execution import runner
-from celeryapp.execution.advancing import advance_execution
+from celeryapp.execution.advancing import advance_execution, advance_group, look_at_group, move_on
+from celeryapp.execution.decisions import Verdict
+from celeryapp.execution.effects import Effects
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
 from celeryapp.scheduling import firing
@@ -20,10 +22,12 @@ from models import (
     ScheduleExecution,
     Trigger,
     WorkerTask,
+    WorkerTaskStatus,
     get_engine,
     transaction,
     utcnow,
 )
+from models.session import autocommit
 from tests.helpers import recorded_statements, step
 
 
@@ -102,19 +106,55 @@ def test_a_fire_that_starts_a_run_costs_eight_statements_nine_if_it_checks_overl
 
 
 @pytest.mark.parametrize("width", [1, 6])
-def test_an_advancement_costs_four_statements_whatever_the_width_of_its_group(app: ChordbeatCelery, width: int) -> None:
+def test_an_advancement_costs_three_statements_on_postgresql_whatever_the_width_of_its_group(
+    app: ChordbeatCelery, width: int
+) -> None:
     groups = [[step(f"{g}{i}") for i in range(width)] for g in "ab"]
     service.apply_schedule(app, {"name": "wide", "every": 3600, "steps": groups})
     execution_id = service.trigger_schedule(app, "wide")["execution_id"]
     _finish_group(app, execution_id, 0)
-    with recorded_statements(app) as statements, transaction(app.settings.database_url) as session:
-        effects = advance_execution(session, execution_id, 0, now=utcnow())
-    # The run at this group with its unfinished count, the group's outcomes, the compare-and-set
-    # to the next group, and the next group queued (its attempts returned for the chord).
-    assert statements == ["SELECT", "SELECT", "UPDATE", "UPDATE"], statements
+    commits: list[int] = []
+    event.listen(get_engine(app.settings.database_url), "commit", lambda _conn: commits.append(1))
+    with recorded_statements(app) as statements:
+        effects = advance_group(app.settings.database_url, execution_id, 0, now=utcnow())
+    # The run at this group with its unfinished count and the group's outcomes (each alone: what
+    # they read of a finished group no longer changes), then the compare-and-set to the next
+    # group with the next group queued and returned for its chord: on PostgreSQL one statement,
+    # committing by itself (no BEGIN, no COMMIT); on SQLite two, in a transaction.
+    if app.settings.database_url.startswith("postgresql"):
+        assert statements == ["SELECT", "SELECT", "WITH"], statements
+        assert not commits
+    else:
+        assert statements == ["SELECT", "SELECT", "UPDATE", "UPDATE"], statements
+        assert len(commits) == 2  # the look's read-only transaction and the compare-and-set's
     [sent] = effects.dispatch
     assert sent.step_index == 1 and [s.spec.name for s in sent.steps] == [f"b{i}" for i in range(width)]
     assert [s.worker_task_id for s in sent.steps] == sorted(s.worker_task_id for s in sent.steps)
+    with transaction(app.settings.database_url) as session:
+        assert session.get_one(ScheduleExecution, execution_id).current_step_index == 1
+        queued = session.scalars(select(WorkerTask.status).where(WorkerTask.execution_id == execution_id)).all()
+    assert queued == [WorkerTaskStatus.QUEUED] * width
+
+
+def test_an_advancement_that_lost_its_race_after_looking_queues_nothing(app: ChordbeatCelery) -> None:
+    """Between the look and the compare-and-set another advancement moved the run on (the chord's
+    body racing the last step): the stale one changes nothing and sends nothing."""
+    service.apply_schedule(app, {"name": "race", "every": 3600, "steps": [step("a"), step("b"), step("c")]})
+    execution_id = service.trigger_schedule(app, "race")["execution_id"]
+    url = app.settings.database_url
+    _finish_group(app, execution_id, 0)
+    with autocommit(url, read_only=True) as conn:
+        look = look_at_group(conn, execution_id, 0)
+    assert look is not None and look.outcome(0).verdict is Verdict.ADVANCE
+    assert advance_group(url, execution_id, 0, now=utcnow()).dispatch
+    with autocommit(url) as conn:
+        assert move_on(conn, execution_id, 0, look, now=utcnow()) == Effects()
+    with transaction(url) as session:
+        assert session.get_one(ScheduleExecution, execution_id).current_step_index == 1
+        rows = session.execute(
+            select(WorkerTask.step_index, WorkerTask.status).where(WorkerTask.execution_id == execution_id)
+        ).all()
+    assert sorted(rows) == [(1, WorkerTaskStatus.QUEUED), (2, WorkerTaskStatus.WAITING)]
 
 
 def test_ending_a_run_costs_nine_statements_and_loads_no_steps(app: ChordbeatCelery) -> None:

@@ -16,7 +16,7 @@ from sqlalchemy import update
 
 from celeryapp.context import StepContext, running_step
 from celeryapp.errors import StepCancelled
-from celeryapp.execution.advancing import advance_execution
+from celeryapp.execution.advancing import advance_group
 from celeryapp.execution.heartbeat import StepWatch
 from celeryapp.execution.step_events import step_result
 from celeryapp.execution.step_policy import StepRules
@@ -26,7 +26,7 @@ from celeryapp.messaging.dispatch import apply_effects, drop_pickup
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
 from models import ActivityStatus, utcnow
-from models.session import connection, single_statement, transaction
+from models.session import autocommit, connection
 from models.tables import ACTIVITIES
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def _record(
     error, message = _storable(error), _storable(message)
     for attempt in range(1, RECORD_TRIES + 1):
         try:
-            with single_statement(url) as conn:
+            with autocommit(url) as conn:
                 return finish_step(conn, claim, status, now=utcnow(), error=error, message=message)
         except Exception:
             logger.exception(
@@ -216,8 +216,7 @@ def _advance_now(app: ChordbeatCelery, claim: Claim) -> None:
     its compare-and-set changes nothing. It is also the backstop: should this fail, or two last
     attempts end at once and each count the other, the body advances the run as before."""
     try:
-        with transaction(app.settings.database_url) as session:
-            effects = advance_execution(session, claim.execution_id, claim.step_index, now=utcnow())
+        effects = advance_group(app.settings.database_url, claim.execution_id, claim.step_index, now=utcnow())
         apply_effects(app, effects)
     except Exception:
         logger.warning(

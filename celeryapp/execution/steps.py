@@ -50,7 +50,7 @@ def _of_run(column: Any) -> Any:
 # expressions, and the ORM's work around each statement, cost more than executing them).
 #
 # On PostgreSQL the claim and the outcome are one statement each (data-modifying CTEs). The
-# outcome is sent alone, committing by itself (``models.session.single_statement``); the claim
+# outcome is sent alone, committing by itself (``models.session.autocommit``); the claim
 # stays in a transaction, so that it commits only if its runner is still there to ask (see
 # ``runner._claim``). 4 round trips to the server a step instead of 8; measured in one process,
 # 0.97 -> 0.66 ms wall and 0.93 -> 0.56 ms CPU (client and server) a step. SQLite has no

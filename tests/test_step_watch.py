@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import redis
 
+from celeryapp.errors import StepCancelled
 from celeryapp.execution.heartbeat import CANCEL_POLL_S, StepWatch
 from tests.servers import RedisServer, wait_for
 
@@ -41,5 +43,74 @@ def test_a_look_that_outlasted_a_poll_is_made_again_at_once() -> None:
             wait_for(lambda: _exists_calls(client) >= before + 2, 2, interval=0.02, what="a second look")
             assert time.monotonic() - resumed < CANCEL_POLL_S * 0.7, "the second look waited for the next poll"
         assert not (watch.cancelled or watch.fenced or watch.timed_out)
+    finally:
+        server.close()
+
+
+def _watch_threads(besides: frozenset[threading.Thread] = frozenset()) -> list[threading.Thread]:
+    """Watching threads, but those in ``besides`` (other tests' steps in this process)."""
+    return [t for t in threading.enumerate() if t.name == "chordbeat-step-watch" and t not in besides]
+
+
+def test_steps_of_a_process_share_one_watching_thread_which_ends_when_idle() -> None:
+    """A thread per step cost each step its start and end (and a round trip to delete its keys):
+    one thread watches every step of the process, deletes finished steps' keys at its next poll,
+    and ends once it has nothing left to do."""
+    server = RedisServer()
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        others = frozenset(_watch_threads())
+        watches = [
+            StepWatch(client, heartbeat_key=f"hb:{n}", cancel_key="cancel", ttl_s=30, done_keys=(f"pickup:{n}",))
+            for n in range(5)
+        ]
+        for n, watch in enumerate(watches):
+            client.set(f"pickup:{n}", "1")
+            watch.__enter__()
+        assert len(_watch_threads(others)) == 1
+        assert client.exists(*(f"hb:{n}" for n in range(5))) == 5
+        client.set("cancel", "1")  # every watched step is interrupted; here, none is armed any more
+        for watch in watches:
+            watch.disarm()
+        wait_for(lambda: all(w.cancelled is False for w in watches) and _exists_calls(client) >= 5, 5, what="a look")
+        for watch in watches:
+            watch.__exit__(None, None, None)
+        wait_for(lambda: not client.keys("hb:*") and not client.keys("pickup:*"), 5, interval=0.05, what="keys deleted")
+        wait_for(lambda: not _watch_threads(others), 5, interval=0.05, what="the idle watching thread to end")
+        # A later step gets a watching thread again.
+        with StepWatch(client, heartbeat_key="hb:again", cancel_key="other", ttl_s=30):
+            assert len(_watch_threads(others)) == 1
+    finally:
+        server.close()
+
+
+def test_a_cancel_interrupts_each_step_watched_by_the_shared_thread() -> None:
+    server = RedisServer()
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        interrupted: list[str] = []
+
+        def step(name: str, cancel_key: str) -> None:
+            try:
+                with StepWatch(client, heartbeat_key=f"hb:{name}", cancel_key=cancel_key, ttl_s=30):
+                    deadline = time.monotonic() + 10
+                    while time.monotonic() < deadline:
+                        time.sleep(0.01)  # a step at work
+            except StepCancelled:
+                interrupted.append(name)
+
+        threads = [threading.Thread(target=step, args=(n, f"cancel:{n[0]}")) for n in ("a1", "a2", "b1")]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: client.exists("hb:a1", "hb:a2", "hb:b1") == 3, 5, interval=0.05, what="steps running")
+        client.set("cancel:a", "1")  # cancels the run of a1 and a2, not b1's
+        wait_for(lambda: sorted(interrupted) == ["a1", "a2"], 3, interval=0.05, what="a1 and a2 interrupted")
+        assert threads[2].is_alive()
+        client.set("cancel:b", "1")
+        wait_for(lambda: "b1" in interrupted, 3, interval=0.05, what="b1 interrupted")
+        for thread in threads:
+            thread.join(5)
     finally:
         server.close()

@@ -1,12 +1,20 @@
-"""The watch kept beside a running step: heartbeat key refresh and cancel-flag polling."""
+"""The watch kept beside a running step: heartbeat key refresh and cancel-flag polling.
+
+One thread per process (and Redis client) watches every step running there, in one pipelined
+round trip a poll for all of them, instead of a thread and its round trips per step: starting
+and ending a thread, and deleting the step's keys, cost a no-op step about 0.2 ms of CPU. The
+thread ends once it has nothing left to watch or delete, so an idle worker wakes for nothing.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
 import redis
 
@@ -48,20 +56,21 @@ class StepWatch:
         timeout_s: float | None = None,
         done_keys: tuple[str, ...] = (),
     ) -> None:
-        self._client = client
+        self.client = client
         self._heartbeat_key = heartbeat_key
-        self._cancel_key = cancel_key
-        self._stop_keys = (cancel_key,) if fenced_key is None else (cancel_key, fenced_key)
+        self._flag_keys = (cancel_key,) if fenced_key is None else (cancel_key, fenced_key)
         self._stop_key = stop_key
         self._deadline = time.monotonic() + timeout_s if timeout_s else None
-        self._done_keys = done_keys
+        #: Deleted once the step has returned (by the watching thread, at its next poll).
+        self.done_keys = (heartbeat_key, *done_keys)
         self._ttl_ms = int(ttl_s * 1000)
         self._refresh_s = ttl_s / 3
+        self._last_beat = 0.0
         self._target = threading.get_ident()
         self._armed = False
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chordbeat-step-watch", daemon=True)
+        #: Interrupted: only the heartbeat is kept until the step has returned.
+        self._fired = False
         self.cancelled = False
         self.timed_out = False
         self.fenced = False
@@ -69,21 +78,22 @@ class StepWatch:
         self.stopped: str | None = None
 
     def __enter__(self) -> StepWatch:
-        if self._stop_key is None:
-            self._beat()
-        else:
-            # The first heartbeat and the look at the operator's stop flag share a round trip.
-            try:
-                with self._client.pipeline(transaction=False) as pipe:
-                    pipe.set(self._heartbeat_key, "1", px=self._ttl_ms)
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                # The first heartbeat and the look at the operator's stop flag share a round trip.
+                pipe.set(self._heartbeat_key, "1", px=self._ttl_ms)
+                if self._stop_key is not None:
                     pipe.get(self._stop_key)
-                    _, stopped = pipe.execute()
-            except redis.RedisError as exc:
-                logger.warning("heartbeat %s not refreshed: %s", self._heartbeat_key, exc)
-            else:
-                self.stopped = _text(stopped)
+                answers = pipe.execute()
+        except redis.RedisError as exc:
+            # The watching thread writes it at its next poll.
+            logger.warning("heartbeat %s not refreshed: %s", self._heartbeat_key, exc)
+        else:
+            self._last_beat = time.monotonic()
+            if self._stop_key is not None:
+                self.stopped = _text(answers[1])
         self._armed = True
-        self._thread.start()
+        _watch(self)
         return self
 
     def disarm(self) -> None:
@@ -94,76 +104,151 @@ class StepWatch:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        # The watch thread deletes the keys on its way out, after its last refresh: the step's
-        # outcome is recorded meanwhile instead of waiting for a thread join and a round trip.
+        # The step's keys are deleted at the watching thread's next poll, with those of every step
+        # that ended meanwhile: the outcome is recorded without waiting for a round trip.
         self.disarm()
-        self._stop.set()
+        _unwatch(self)
 
-    def _delete_keys(self) -> None:
-        try:
-            self._client.delete(self._heartbeat_key, *self._done_keys)
-        except redis.RedisError:
-            logger.warning("could not delete heartbeat key %s; it expires by itself", self._heartbeat_key)
+    # What the watching thread asks of each watch: its part of a poll's pipeline, then the answers.
 
-    def _beat(self) -> bool:
-        try:
-            self._client.set(self._heartbeat_key, "1", px=self._ttl_ms)
-        except redis.RedisError as exc:
-            logger.warning("heartbeat %s not refreshed: %s", self._heartbeat_key, exc)
+    def refresh_due(self, now: float) -> bool:
+        return now - self._last_beat >= self._refresh_s
+
+    def queue_refresh(self, pipe: Any) -> None:
+        pipe.set(self._heartbeat_key, "1", px=self._ttl_ms)
+
+    def refreshed(self, now: float) -> None:
+        self._last_beat = now
+
+    def wants_look(self, now: float) -> bool:
+        """Whether this poll looks at the flags; a step past its timeout is interrupted instead
+        (also in thread pools and inside code that swallows the soft time limit)."""
+        if self._fired:
+            return False
+        if self._deadline is not None and now >= self._deadline:
+            self._fire("timed_out")
             return False
         return True
 
-    def _must_stop(self) -> str | None:
-        """Why the step must stop now (``cancelled``, ``fenced`` or ``stopped``), if it must."""
-        try:
-            with self._client.pipeline(transaction=False) as pipe:
-                for key in self._stop_keys:
-                    pipe.exists(key)
-                if self._stop_key is not None:
-                    pipe.get(self._stop_key)
-                cancelled, *rest = pipe.execute()
-        except redis.RedisError:
-            return None
+    def queue_look(self, pipe: Any) -> int:
+        for key in self._flag_keys:
+            pipe.exists(key)
+        if self._stop_key is not None:
+            pipe.get(self._stop_key)
+        return len(self._flag_keys) + (self._stop_key is not None)
+
+    def answer(self, replies: list[Any]) -> None:
+        """The look's replies, in the order :meth:`queue_look` asked."""
+        cancelled, *rest = replies
         stopped = rest.pop() if self._stop_key is not None else None
         if rest and rest[0]:
-            return "fenced"
-        if cancelled:
-            return "cancelled"
-        if stopped is not None:
+            self._fire("fenced")
+        elif cancelled:
+            self._fire("cancelled")
+        elif stopped is not None:
             self.stopped = _text(stopped)
-            return "stopped_by_operator"
-        return None
+            self._fire("stopped_by_operator")
 
-    def _run(self) -> None:
-        last_beat = time.monotonic()
-        fired = False
-        while not self._stop.wait(CANCEL_POLL_S):
-            # A failed refresh (Redis away) is tried again at the next poll, not a period later, so
-            # the key is back as soon as Redis is.
-            if time.monotonic() - last_beat >= self._refresh_s and self._beat():
-                last_beat = time.monotonic()
-            if fired:
-                continue  # interrupted: only keep the heartbeat until the step has returned
-            if self._deadline is not None and time.monotonic() >= self._deadline:
-                # Also in thread pools and inside code that swallows the soft time limit.
-                fired = self._fire("timed_out")
-                continue
-            looked = time.monotonic()
-            why = self._must_stop()
-            if why is None and time.monotonic() - looked > CANCEL_POLL_S:
-                # The look outlasted a poll: the process was frozen (SIGSTOP, a VM pause) or Redis
-                # stalled meanwhile, and the answer may be from before the freeze, when recovery
-                # had not yet fenced the attempt. Look again now, not a poll later.
-                why = self._must_stop()
-            if why is not None:
-                fired = self._fire(why)
-        self._delete_keys()
-
-    def _fire(self, why: str) -> bool:
+    def _fire(self, why: str) -> None:
+        self._fired = True
         with self._lock:
             if self._armed:
                 if why != "stopped_by_operator":
                     setattr(self, why, True)
                 self._armed = False
                 _interrupt(self._target)
-        return True
+
+
+class _Watcher:
+    """The thread watching every step of one process that uses one Redis client."""
+
+    def __init__(self, client: redis.Redis, key: tuple[int, int]) -> None:
+        self.client = client
+        self.key = key
+        self.watches: dict[StepWatch, None] = {}  # insertion-ordered set
+        self.doomed: list[str] = []
+        self.thread = threading.Thread(target=self._run, name="chordbeat-step-watch", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(CANCEL_POLL_S)
+            with _lock:
+                if not self.watches and not self.doomed:
+                    del _watchers[self.key]
+                    return
+                watches, doomed = list(self.watches), self.doomed
+                self.doomed = []
+            self._poll(watches, doomed)
+
+    def _poll(self, watches: list[StepWatch], doomed: list[str]) -> None:
+        now = time.monotonic()
+        refreshing = [w for w in watches if w.refresh_due(now)]
+        looking = [w for w in watches if w.wants_look(now)]
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for watch in refreshing:
+                    watch.queue_refresh(pipe)
+                sizes = [watch.queue_look(pipe) for watch in looking]
+                if doomed:
+                    pipe.delete(*doomed)
+                replies = pipe.execute()
+        except redis.RedisError as exc:
+            # A failed refresh is tried again at the next poll, not a period later, so the keys are
+            # back as soon as Redis is. Finished steps' keys are left to expire (a heartbeat's TTL).
+            logger.warning("step watch: Redis did not answer (%s); tried again at the next poll", exc)
+            return
+        for watch in refreshing:
+            replies.pop(0)
+            watch.refreshed(now)
+        if time.monotonic() - now > CANCEL_POLL_S:
+            # The look outlasted a poll: the process was frozen (SIGSTOP, a VM pause) or Redis
+            # stalled meanwhile, and the answers may be from before the freeze, when recovery had
+            # not yet fenced an attempt. Look again now, not a poll later.
+            self._look_again(looking)
+            return
+        for watch, size in zip(looking, sizes, strict=True):
+            watch.answer(replies[:size])
+            del replies[:size]
+
+    def _look_again(self, looking: list[StepWatch]) -> None:
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                sizes = [watch.queue_look(pipe) for watch in looking]
+                replies = pipe.execute()
+        except redis.RedisError:
+            return
+        for watch, size in zip(looking, sizes, strict=True):
+            watch.answer(replies[:size])
+            del replies[:size]
+
+
+_lock = threading.Lock()
+_watchers: dict[tuple[int, int], _Watcher] = {}
+
+
+def _watch(watch: StepWatch) -> None:
+    key = (os.getpid(), id(watch.client))
+    with _lock:
+        watcher = _watchers.get(key)
+        if watcher is None:
+            watcher = _watchers[key] = _Watcher(watch.client, key)
+            watcher.thread.start()
+        watcher.watches[watch] = None
+
+
+def _unwatch(watch: StepWatch) -> None:
+    with _lock:
+        # Still there: a watcher only leaves once it has nothing to watch.
+        watcher = _watchers[(os.getpid(), id(watch.client))]
+        watcher.watches.pop(watch, None)
+        watcher.doomed.extend(watch.done_keys)
+
+
+def _forget_parents_watchers() -> None:
+    # A forked child has none of its parent's threads (and maybe a lock held by one of them).
+    global _lock
+    _lock = threading.Lock()
+    _watchers.clear()
+
+
+os.register_at_fork(after_in_child=_forget_parents_watchers)

@@ -9,11 +9,12 @@ from sqlalchemy import event, select
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.execution import runner
-from celeryapp.execution.advancing import advance_execution, advance_group, look_at_group, move_on
+from celeryapp.execution.advancing import GroupLook, advance_execution, advance_group, look_at_group, move_on
 from celeryapp.execution.decisions import Verdict
 from celeryapp.execution.effects import Effects
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
+from celeryapp.recovery.repair import requeue_attempt
 from celeryapp.scheduling import firing
 from models import (
     ActivityStatus,
@@ -106,7 +107,7 @@ def test_a_fire_that_starts_a_run_costs_eight_statements_nine_if_it_checks_overl
 
 
 @pytest.mark.parametrize("width", [1, 6])
-def test_an_advancement_costs_three_statements_on_postgresql_whatever_the_width_of_its_group(
+def test_an_advancement_costs_two_statements_on_postgresql_whatever_the_width_of_its_group(
     app: ChordbeatCelery, width: int
 ) -> None:
     groups = [[step(f"{g}{i}") for i in range(width)] for g in "ab"]
@@ -117,15 +118,15 @@ def test_an_advancement_costs_three_statements_on_postgresql_whatever_the_width_
     event.listen(get_engine(app.settings.database_url), "commit", lambda _conn: commits.append(1))
     with recorded_statements(app) as statements:
         effects = advance_group(app.settings.database_url, execution_id, 0, now=utcnow())
-    # The run at this group with its unfinished count and the group's outcomes (each alone: what
-    # they read of a finished group no longer changes), then the compare-and-set to the next
-    # group with the next group queued and returned for its chord: on PostgreSQL one statement,
-    # committing by itself (no BEGIN, no COMMIT); on SQLite two, in a transaction.
+    # The run at this group with its unfinished count and the group's outcomes in one statement
+    # (alone: what it reads of a finished group no longer changes), then the compare-and-set to
+    # the next group with the next group queued and returned for its chord: on PostgreSQL one
+    # statement, committing by itself (no BEGIN, no COMMIT); on SQLite two, in a transaction.
     if app.settings.database_url.startswith("postgresql"):
-        assert statements == ["SELECT", "SELECT", "WITH"], statements
+        assert statements == ["SELECT", "WITH"], statements
         assert not commits
     else:
-        assert statements == ["SELECT", "SELECT", "UPDATE", "UPDATE"], statements
+        assert statements == ["SELECT", "UPDATE", "UPDATE"], statements
         assert len(commits) == 2  # the look's read-only transaction and the compare-and-set's
     [sent] = effects.dispatch
     assert sent.step_index == 1 and [s.spec.name for s in sent.steps] == [f"b{i}" for i in range(width)]
@@ -145,7 +146,7 @@ def test_an_advancement_that_lost_its_race_after_looking_queues_nothing(app: Cho
     _finish_group(app, execution_id, 0)
     with autocommit(url, read_only=True) as conn:
         look = look_at_group(conn, execution_id, 0)
-    assert look is not None and look.outcome(0).verdict is Verdict.ADVANCE
+    assert look is not None and look.outcome().verdict is Verdict.ADVANCE
     assert advance_group(url, execution_id, 0, now=utcnow()).dispatch
     with autocommit(url) as conn:
         assert move_on(conn, execution_id, 0, look, now=utcnow()) == Effects()
@@ -157,18 +158,18 @@ def test_an_advancement_that_lost_its_race_after_looking_queues_nothing(app: Cho
     assert sorted(rows) == [(1, WorkerTaskStatus.QUEUED), (2, WorkerTaskStatus.WAITING)]
 
 
-def test_ending_a_run_costs_nine_statements_and_loads_no_steps(app: ChordbeatCelery) -> None:
+def test_ending_a_run_costs_eight_statements_and_loads_no_steps(app: ChordbeatCelery) -> None:
     service.apply_schedule(app, {"name": "ends", "every": 3600, "steps": [step("a"), step("b")]})
     execution_id = service.trigger_schedule(app, "ends")["execution_id"]
     for index in range(2):
         _finish_group(app, execution_id, index)
         with recorded_statements(app, words=None) as statements, transaction(app.settings.database_url) as session:
             advance_execution(session, execution_id, index, now=utcnow())
-    # The last group's check (run, outcomes), the run's row, the schedule's row lock, the
+    # The last group's check (run and outcomes), the run's row, the schedule's row lock, the
     # compare-and-set to completed, its metrics (attempts read, one upsert), its worker tasks
     # dropped, and the schedule's counters with the columns its retry policy needs (RETURNING).
     kinds = [s.split()[0] for s in statements]
-    assert kinds == ["SELECT", "SELECT", "SELECT", "SELECT", "UPDATE", "SELECT", "INSERT", "DELETE", "UPDATE"], kinds
+    assert kinds == ["SELECT", "SELECT", "SELECT", "UPDATE", "SELECT", "INSERT", "DELETE", "UPDATE"], kinds
     assert not [s for s in statements if "schedule_steps" in s], statements
     with transaction(app.settings.database_url) as session:
         assert session.scalar(select(Schedule.run_count).where(Schedule.name == "ends")) == 1
@@ -198,3 +199,52 @@ def test_a_last_step_advances_its_run_unless_its_time_limit_is_near(app: Chordbe
     with transaction(app.settings.database_url) as session:
         index = session.get_one(ScheduleExecution, execution_id).current_step_index
     assert index == (0 if timeout else 1)
+
+
+def test_the_look_at_a_group_reads_its_steps_and_latest_outcomes_not_the_whole_plan(app: ChordbeatCelery) -> None:
+    groups = [[step("a", max_attempts=2), step("b")], [step("c")], [step("d")]]
+    service.apply_schedule(app, {"name": "look", "every": 3600, "steps": groups})
+    execution_id = service.trigger_schedule(app, "look")["execution_id"]
+    url = app.settings.database_url
+
+    def look(index: int) -> GroupLook | None:
+        with autocommit(url, read_only=True) as conn:
+            return look_at_group(conn, execution_id, index)
+
+    started = look(0)
+    assert started is not None
+    assert [s["name"] for s in started.group] == ["a", "b"]
+    assert started.next_group is not None and [s["name"] for s in started.next_group] == ["c"]
+    assert (started.schedule_name, started.unfinished, started.results) == ("look", 2, {})
+    assert started.outcome().verdict is Verdict.WAIT
+    assert look(1) is None  # not at that group
+    # a's first attempt is lost (its worker gone) and its second completes; b fails.
+    a_id, b_id = _group(app, execution_id, 0)
+    with transaction(url) as session:
+        assert claim_step(session.connection(), a_id, 1, node="here", now=utcnow()) is not None
+    with transaction(url) as session:
+        requeue_attempt(session, a_id, 1, reason="worker lost", now=utcnow())
+    for task_id, attempt, status in ((a_id, 2, ActivityStatus.COMPLETE), (b_id, 1, ActivityStatus.FAILED_WITH_ERROR)):
+        with transaction(url) as session:
+            claim = claim_step(session.connection(), task_id, attempt, node="here", now=utcnow())
+            assert claim is not None
+            finish_step(session.connection(), claim, status, now=utcnow(), error="boom" if status.failed else None)
+    ended = look(0)
+    assert ended is not None and ended.unfinished == 0
+    assert {name: r.status for name, r in ended.results.items()} == {
+        "a": ActivityStatus.COMPLETE,  # the latest attempt's, not the lost one's
+        "b": ActivityStatus.FAILED_WITH_ERROR,
+    }
+    assert ended.outcome().verdict is Verdict.FAIL
+
+
+def test_the_look_at_the_last_group_has_no_next_one(app: ChordbeatCelery) -> None:
+    service.apply_schedule(app, {"name": "last", "every": 3600, "steps": [step("a"), step("b")]})
+    execution_id = service.trigger_schedule(app, "last")["execution_id"]
+    _finish_group(app, execution_id, 0)
+    assert advance_group(app.settings.database_url, execution_id, 0, now=utcnow()).dispatch
+    _finish_group(app, execution_id, 1)
+    with autocommit(app.settings.database_url, read_only=True) as conn:
+        last = look_at_group(conn, execution_id, 1)
+    assert last is not None and last.next_group is None
+    assert last.outcome().verdict is Verdict.COMPLETE

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, bindparam, func, select, update
+from sqlalchemy import JSON, Connection, and_, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.execution.decisions import GroupOutcome, StepResult, Verdict, decide_after_group
@@ -24,7 +24,7 @@ from models.session import autocommit, transaction
 from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS
 
 # Every group of every run is advanced: like the step path, the statements are Core statements
-# built once (four a group, the same whatever its width; three on PostgreSQL), and the ORM is only
+# built once (three a group, the same whatever its width; two on PostgreSQL), and the ORM is only
 # used to finish a run.
 _run, _task, _activity = EXECUTIONS.c, WORKER_TASKS.c, ACTIVITIES.c
 _AT_GROUP = (
@@ -33,15 +33,26 @@ _AT_GROUP = (
     _run.current_step_index == bindparam("p_step_index"),
 )
 _OF_GROUP = (_task.execution_id == bindparam("p_execution_id"), _task.step_index == bindparam("p_step_index"))
-#: The run, if still at this group, with how many of the group's attempts have not finished.
-_RUN_AT_GROUP = select(
-    _run.plan,
-    _run.schedule_name,
-    select(func.count()).select_from(WORKER_TASKS).where(*_OF_GROUP).scalar_subquery(),
-).where(*_AT_GROUP)
-_GROUP_RESULTS = (
-    select(_activity.step_name, _activity.status, _activity.error)
-    .where(_activity.execution_id == bindparam("p_execution_id"), _activity.step_index == bindparam("p_step_index"))
+#: The run, if still at this group, with how many of the group's attempts have not finished and
+#: its outcomes so far, in one statement: a row per activity (or one row without any), each with
+#: this group's and the next group's steps from the plan (not the whole plan; past the last
+#: group, the next one is NULL).
+_LOOK_AT_GROUP = (
+    select(
+        _run.plan[bindparam("p_group", type_=JSON.JSONIntIndexType)],
+        _run.plan[bindparam("p_next_group", type_=JSON.JSONIntIndexType)],
+        _run.schedule_name,
+        select(func.count()).select_from(WORKER_TASKS).where(*_OF_GROUP).scalar_subquery(),
+        _activity.step_name,
+        _activity.status,
+        _activity.error,
+    )
+    .select_from(
+        EXECUTIONS.outerjoin(
+            ACTIVITIES, and_(_activity.execution_id == _run.id, _activity.step_index == bindparam("p_step_index"))
+        )
+    )
+    .where(*_AT_GROUP)
     .order_by(_activity.attempt)
 )
 _MOVE_ON = update(EXECUTIONS).where(*_AT_GROUP).values(current_step_index=bindparam("p_step_index") + 1)
@@ -79,28 +90,35 @@ _MOVE_ON_IN_ONE_STATEMENT = _queue_next_in_one_statement()
 class GroupLook(NamedTuple):
     """A run still at a group, as its advancement reads it."""
 
-    plan: list[list[dict[str, Any]]]
+    #: This group's steps and the next group's (None after the last), as the run's plan has them.
+    group: list[dict[str, Any]]
+    next_group: list[dict[str, Any]] | None
     schedule_name: str
     #: The group's attempts not finished (queued or processing).
     unfinished: int
     #: The latest attempt's outcome of each step that recorded one.
     results: dict[str, StepResult]
 
-    def outcome(self, step_index: int) -> GroupOutcome:
-        steps = [StepSpec.from_json(s) for s in self.plan[step_index]]
-        has_next = step_index + 1 < len(self.plan)
+    def outcome(self) -> GroupOutcome:
+        steps = [StepSpec.from_json(s) for s in self.group]
+        has_next = self.next_group is not None
         return decide_after_group(steps, self.results, unfinished=self.unfinished, has_next_group=has_next)
 
 
 def look_at_group(conn: Connection, execution_id: int, step_index: int) -> GroupLook | None:
     """The run if it is still at this group (``None``: finished, cancelled, or already past it)."""
-    where = {"p_execution_id": execution_id, "p_step_index": step_index}
-    found = conn.execute(_RUN_AT_GROUP, where).first()
-    if found is None:
+    params = {
+        "p_execution_id": execution_id,
+        "p_step_index": step_index,
+        "p_group": step_index,
+        "p_next_group": step_index + 1,
+    }
+    rows = conn.execute(_LOOK_AT_GROUP, params).all()
+    if not rows:
         return None
-    plan, schedule_name, unfinished = found
-    results = {name: StepResult(status, error) for name, status, error in conn.execute(_GROUP_RESULTS, where)}
-    return GroupLook(plan, schedule_name, unfinished, results)
+    group, next_group, schedule_name, unfinished = rows[0][:4]
+    results = {name: StepResult(status, error) for *_, name, status, error in rows if name is not None}
+    return GroupLook(group, next_group, schedule_name, unfinished, results)
 
 
 def move_on(conn: Connection, execution_id: int, step_index: int, look: GroupLook, *, now: datetime) -> Effects:
@@ -115,7 +133,8 @@ def move_on(conn: Connection, execution_id: int, step_index: int, look: GroupLoo
         if not conn.execute(_MOVE_ON, params).rowcount:
             return Effects()
         queued = sorted(conn.execute(_QUEUE_NEXT, params).all())
-    specs = {s["name"]: StepSpec.from_json(s) for s in look.plan[step_index + 1]}
+    assert look.next_group is not None  # only a group with a next one moves on
+    specs = {s["name"]: StepSpec.from_json(s) for s in look.next_group}
     steps = tuple(StepDispatch(execution_id, i, a, specs[n]) for i, a, n in queued)
     return Effects(dispatch=[GroupDispatch(execution_id, step_index + 1, steps, schedule_name=look.schedule_name)])
 
@@ -126,7 +145,7 @@ def advance_execution(session: Session, execution_id: int, step_index: int, *, n
     look = look_at_group(conn, execution_id, step_index)
     if look is None:
         return Effects()
-    outcome = look.outcome(step_index)
+    outcome = look.outcome()
     if outcome.verdict is Verdict.WAIT:
         return Effects()
     if outcome.verdict is Verdict.ADVANCE:
@@ -157,7 +176,7 @@ def advance_group(url: str, execution_id: int, step_index: int, *, now: datetime
         look = look_at_group(conn, execution_id, step_index)
     if look is None:
         return Effects()
-    verdict = look.outcome(step_index).verdict
+    verdict = look.outcome().verdict
     if verdict is Verdict.WAIT:
         return Effects()
     if verdict is Verdict.ADVANCE:

@@ -76,6 +76,24 @@ def test_a_step_costs_two_statements_on_postgresql_five_on_sqlite(app: Chordbeat
         assert session.get_one(ScheduleExecution, execution_id).status is ExecutionStatus.COMPLETED
 
 
+def test_a_claim_reads_its_steps_group_from_the_plan_not_the_whole_plan(app: ChordbeatCelery) -> None:
+    """A plan grows with its schedule (up to 256 KB); sent and parsed for every step of the run,
+    a 230 KB plan cost each step 0.6 ms of parsing alone."""
+    groups = [[step(f"g{g}s{s}") for s in range(3)] for g in range(40)]
+    service.apply_schedule(app, {"name": "wide-plan", "every": 3600, "steps": groups})
+    execution_id = service.trigger_schedule(app, "wide-plan")["execution_id"]
+    task_id = _group(app, execution_id, 0)[1]
+    with recorded_statements(app, words=None) as statements, transaction(app.settings.database_url) as session:
+        claim = claim_step(session.connection(), task_id, 1, node="here", now=utcnow())
+    assert claim is not None and claim.spec.name == "g0s1"
+    reads = " ".join(statements)
+    if app.settings.database_url.startswith("postgresql"):
+        assert "schedule_executions.plan -> opened.step_index" in reads, reads
+    else:
+        assert 'json_extract(schedule_executions."plan", printf(' in reads, reads
+    assert "schedule_executions.plan," not in reads and 'schedule_executions."plan")' not in reads, reads
+
+
 def fire_statements(app: ChordbeatCelery, name: str) -> list[str]:
     """The statements of one regular fire of ``name``, an hourly schedule applied just now."""
     with transaction(app.settings.database_url) as session:

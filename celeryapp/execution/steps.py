@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, bindparam, delete, exists, func, insert, literal, select, update
+from sqlalchemy import JSON, Connection, bindparam, delete, exists, func, insert, literal, select, type_coerce, update
 
 from celeryapp.scheduling.definition import StepSpec
 from models import ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus
@@ -45,6 +45,14 @@ def _of_run(column: Any) -> Any:
     return select(column).where(EXECUTIONS.c.id == WORKER_TASKS.c.execution_id).scalar_subquery()
 
 
+# A claim reads its step's group from the run's plan, not the whole plan: a plan grows with its
+# schedule (up to 256 KB), and was sent and parsed for every step of the run.
+#: SQLite's form (PostgreSQL claims in one statement, below): a JSON path built from the index.
+_GROUP_OF_PLAN = type_coerce(
+    func.json_extract(EXECUTIONS.c.plan, func.printf("$[%d]", WORKER_TASKS.c.step_index)), JSON
+)
+
+
 # The step path runs for every step of every run: its statements are Core statements on the
 # tables, built once with bind parameters, and run on a bare connection (building SQLAlchemy
 # expressions, and the ORM's work around each statement, cost more than executing them).
@@ -72,7 +80,7 @@ _CLAIM = (
         _task.execution_id,
         _task.step_index,
         _task.step_name,
-        _of_run(EXECUTIONS.c.plan),
+        _of_run(_GROUP_OF_PLAN),
         _of_run(EXECUTIONS.c.schedule_name),
         _of_run(EXECUTIONS.c.payload),
     )
@@ -124,7 +132,7 @@ def _claim_in_one_statement() -> Any:
         opened.c.execution_id,
         opened.c.step_index,
         opened.c.step_name,
-        EXECUTIONS.c.plan,
+        EXECUTIONS.c.plan[opened.c.step_index],
         EXECUTIONS.c.schedule_name,
         EXECUTIONS.c.payload,
         opened.c.id,
@@ -183,8 +191,8 @@ def _one_statement(conn: Connection) -> bool:
 
 def _claim_of(worker_task_id: int, attempt: int, row: Sequence[Any], activity_id: int) -> Claim:
     """The claim of the attempt whose claiming statement returned ``row`` (both forms' first six columns)."""
-    execution_id, step_index, step_name, plan, schedule_name, payload = row[:6]
-    spec = next(StepSpec.from_json(s) for s in plan[step_index] if s["name"] == step_name)
+    execution_id, step_index, step_name, group, schedule_name, payload = row[:6]
+    spec = next(StepSpec.from_json(s) for s in group if s["name"] == step_name)
     return Claim(worker_task_id, attempt, execution_id, step_index, spec, activity_id, schedule_name, dict(payload))
 
 

@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import redis
 
@@ -112,5 +113,35 @@ def test_a_cancel_interrupts_each_step_watched_by_the_shared_thread() -> None:
         wait_for(lambda: "b1" in interrupted, 3, interval=0.05, what="b1 interrupted")
         for thread in threads:
             thread.join(5)
+    finally:
+        server.close()
+
+
+class _BrokenOnce(StepWatch):
+    """A watch whose first look fails in a way nobody foresaw."""
+
+    failed = False
+
+    def queue_look(self, pipe: Any) -> int:
+        if not self.failed:
+            self.failed = True
+            raise ValueError("unforeseen")
+        return super().queue_look(pipe)
+
+
+def test_a_poll_that_fails_unforeseen_does_not_end_the_watching_thread() -> None:
+    """Without the thread no heartbeat of the process is refreshed, and every step running longer
+    than a TTL would be taken for lost and run again."""
+    server = RedisServer()
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        broken = _BrokenOnce(client, heartbeat_key="hb:broken", cancel_key="cancel", ttl_s=30)
+        healthy = StepWatch(client, heartbeat_key="hb:healthy", cancel_key="cancel", ttl_s=1.2)  # refreshed every 0.4 s
+        with broken, healthy:
+            wait_for(lambda: broken.failed, 5, interval=0.02, what="the failing poll")
+            left_ms = client.pttl("hb:healthy")
+            # A key's time to live only goes down, unless it is written again: by a later poll.
+            wait_for(lambda: client.pttl("hb:healthy") > left_ms, 3, interval=0.05, what="a later heartbeat")
     finally:
         server.close()

@@ -178,7 +178,12 @@ class _Watcher:
                     return
                 watches, doomed = list(self.watches), self.doomed
                 self.doomed = []
-            self._poll(watches, doomed)
+            try:
+                self._poll(watches, doomed)
+            except Exception:
+                # Whatever went wrong, the thread must go on: without it no heartbeat of this
+                # process is refreshed, and every step running longer than a TTL would be re-run.
+                logger.exception("step watch: a poll failed; the next one is in %ss", CANCEL_POLL_S)
 
     def _poll(self, watches: list[StepWatch], doomed: list[str]) -> None:
         now = time.monotonic()

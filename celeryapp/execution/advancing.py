@@ -167,8 +167,8 @@ def advance_group(url: str, execution_id: int, step_index: int, *, now: datetime
 
     The look needs none: what it reads of a finished group no longer changes (no attempt of it is
     left, activities are immutable), and the compare-and-set checks again that the run is still
-    at the group. On PostgreSQL the look is two statements and moving on one, each committing by
-    itself: 3 round trips instead of 6. On SQLite the look does not wait for the write lock, so a
+    at the group. On PostgreSQL the look is one statement and moving on one, each committing by
+    itself: 2 round trips instead of 6. On SQLite the look does not wait for the write lock, so a
     chord's body that finds the run already past its group does not queue behind every writer.
     Ending the run, once per run, takes a transaction (and reads the group again in it).
     """

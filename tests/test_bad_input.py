@@ -31,6 +31,7 @@ from celeryapp.scheduling.limits import LIST_PAYLOAD_BYTES, MAX_JSON_BYTES
 from celeryapp.scheduling.schedule_file import apply_file
 from models import Activity, Schedule, ScheduleExecution, ScheduleStep, SlotRecord, WorkerTask, transaction, utcnow
 from tests.helpers import call, finished, set_field
+from tests.servers import wait_for
 
 SLEEP = "chordbeat.examples.sleep"
 DAY = 24 * 3600
@@ -97,6 +98,19 @@ def state(app: ChordbeatCelery) -> dict[str, Any]:
     with redis.Redis.from_url(app.settings.redbeat_url) as client:
         keys = {key: client.dump(key) for key in sorted(client.scan_iter("chordbeat:*"))}
     return {"rows": rows, "schedules": service.list_schedules(app), "redis": keys}
+
+
+def settled(app: ChordbeatCelery, execution_id: int, client: Celery) -> dict[str, Any]:
+    """``state`` once the run has finished and its steps' keys are gone: the worker's watching
+    thread deletes a finished step's heartbeat and pickup lease at its next poll, not at once."""
+    finished(client, execution_id)
+    with redis.Redis.from_url(app.settings.broker_url) as keys:
+        wait_for(
+            lambda: not [*keys.scan_iter("chordbeat:hb:*"), *keys.scan_iter("chordbeat:pickup:*")],
+            5,
+            what="the finished steps' keys to be deleted",
+        )
+    return state(app)
 
 
 @pytest.fixture
@@ -414,8 +428,7 @@ def test_bad_arguments_from_a_plain_celery_client_come_back_as_named_errors(
 ) -> None:
     """Every argument case, through the broker and the real worker, on SQLite and PostgreSQL."""
     call(client, "chordbeat.apply_schedule", definition=base())
-    finished(client, call(client, "chordbeat.trigger_schedule", name="kept")["execution_id"])
-    before = state(app)
+    before = settled(app, call(client, "chordbeat.trigger_schedule", name="kept")["execution_id"], client)
     for label, task, kwargs, field, reason in ARGUMENTS:
         with pytest.raises(FieldError) as caught:
             call(client, f"chordbeat.{task}", **kwargs)
@@ -583,8 +596,7 @@ def test_ten_thousand_steps_are_refused_before_any_is_looked_at(app: ChordbeatCe
 def test_a_twenty_megabyte_trigger_payload_is_refused(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
     """It used to be stored, and ``list_executions`` then returned 108 MB."""
     call(client, "chordbeat.apply_schedule", definition=base())
-    finished(client, call(client, "chordbeat.trigger_schedule", name="kept")["execution_id"])
-    before = state(app)
+    before = settled(app, call(client, "chordbeat.trigger_schedule", name="kept")["execution_id"], client)
     with pytest.raises(InvalidArgument, match=f"payload: is 20000011 bytes of JSON, more than {MAX_JSON_BYTES}"):
         call(client, "chordbeat.trigger_schedule", name="kept", payload={"blob": "y" * 20_000_000})
     # Many small values are not even walked to the end.

@@ -8,6 +8,11 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 # The dashboard's browser tests drive Debian's Chromium through its chromedriver (nothing downloaded).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+# The multi-host lab: clock skew per process, Redis Sentinel, network namespaces and partitions.
+ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || missing+=(faketime)
+command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v nft >/dev/null 2>&1 || missing+=(nftables)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${missing[*]} from Debian's packages"
@@ -16,6 +21,7 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # The packages may start system services; the project runs its own servers.
   service redis-server stop >/dev/null 2>&1 || true
+  service redis-sentinel stop >/dev/null 2>&1 || true
 else
   echo "missing: ${missing[*]}; install them with: sudo apt-get install ${missing[*]}" >&2
   exit 1

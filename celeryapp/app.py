@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -11,9 +12,11 @@ from kombu.entity import Queue
 
 from celeryapp.config import VISIBILITY_TIMEOUT_S, Settings
 from celeryapp.execution.redaction import credentials_apart
+from celeryapp.messaging import reference_time
 from celeryapp.messaging.broker import TRANSPORT
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.recovery.signals import HealthStep
+from models.clock import clock
 
 #: Modules holding chordbeat's own tasks; a worker imports them at start.
 TASK_MODULES = ("tasks.steps", "tasks.control", "tasks.service", "tasks.builtin", "tasks.examples")
@@ -35,10 +38,17 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
 
     settings: Settings
     amqp_cls = "celeryapp.messaging.broker:ChordbeatAMQP"
+    task_cls = "celeryapp.messaging.expiry:ReferenceClockTask"
 
     def apply_settings(self, settings: Settings) -> None:
         self.settings = settings
         self.conf.update(celery_config(settings))
+        reference_time.install(settings.broker_url)
+
+    def now(self) -> datetime:
+        """The reference clock's time (:mod:`models.clock`): beat's due times and fire slots, and
+        the expiry of every message sent, are reckoned by it, never by this host's clock."""
+        return clock.now()
 
 
 def _broker_ssl(url: str) -> dict[str, Any] | None:

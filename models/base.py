@@ -10,6 +10,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
 
+from models.clock import clock
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -20,7 +22,8 @@ NAMING_CONVENTION = {
 
 
 def utcnow() -> datetime:
-    return datetime.now(UTC)
+    """The reference clock's time (see :mod:`models.clock`): what every process writes and compares."""
+    return clock.now()
 
 
 class UTCDateTime(TypeDecorator[datetime]):

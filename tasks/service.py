@@ -5,15 +5,14 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from celery import Task
-
 from celeryapp import app
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.execution.redaction import RedactedResult
 from celeryapp.interfaces import service
+from celeryapp.messaging.expiry import ReferenceClockTask
 
 
-class ServiceTask(Task):  # type: ignore[misc]
+class ServiceTask(ReferenceClockTask):
     """A service task: arguments checked against its signature, answers redacted for logs.
 
     A plain ``send_task`` is not checked against the signature by the caller; without the check the

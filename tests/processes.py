@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from celeryapp.config import Settings
 from celeryapp.messaging import keys
@@ -18,6 +22,29 @@ CELERY = str(Path(sys.executable).with_name("celery"))
 ROOT = str(Path(__file__).resolve().parent.parent)
 #: Environment of workers that also run the fault tests' step tasks.
 FAULT_TASKS_ENV = {"CHORDBEAT_TASK_MODULES": "tests.fault_tasks", "PYTHONPATH": ROOT}
+
+
+def skewed(offset_s: int) -> dict[str, str]:
+    """Environment making a process's wall clock ``offset_s`` off, as a host whose time sync broke
+    (libfaketime; its monotonic clock stays true, as a real host's does). Children inherit it."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
+    if not found:
+        pytest.fail("libfaketime is missing: make test installs Debian's faketime package")
+    preload = f"{_true_sleep()}:{found[0]}"
+    return {"LD_PRELOAD": preload, "FAKETIME": f"{offset_s:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+def _true_sleep() -> Path:
+    """tests/faketime_sleep.c built once per user (it says why)."""
+    source = Path(ROOT) / "tests" / "faketime_sleep.c"
+    version = os.stat(source).st_mtime_ns
+    built = Path(tempfile.gettempdir()) / f"chordbeat-{os.getuid()}" / f"faketime-sleep-{version}.so"
+    if not built.exists():
+        built.parent.mkdir(mode=0o700, exist_ok=True)
+        partial = built.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(partial), str(source)], check=True)
+        partial.replace(built)
+    return built
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
@@ -103,13 +130,17 @@ def running(process: Process) -> Iterator[Process]:
         process.stop()
 
 
-def start_beat(settings: Settings, tmp: Path, name: str = "beat", *, append: bool = False) -> Process:
+def start_beat(
+    settings: Settings, tmp: Path, name: str = "beat", *, append: bool = False, env: dict[str, str] | None = None
+) -> Process:
     argv = [CELERY, "-A", "celeryapp", "beat", "-l", "INFO", "--schedule", str(tmp / f"{name}-schedule")]
-    return Process(argv, settings_env(settings), tmp / f"{name}.log", append=append)
+    return Process(argv, settings_env(settings, **(env or {})), tmp / f"{name}.log", append=append)
 
 
-def beat(settings: Settings, tmp: Path, name: str = "beat") -> contextlib.AbstractContextManager[Process]:
-    return running(start_beat(settings, tmp, name))
+def beat(
+    settings: Settings, tmp: Path, name: str = "beat", env: dict[str, str] | None = None
+) -> contextlib.AbstractContextManager[Process]:
+    return running(start_beat(settings, tmp, name, env=env))
 
 
 def worker_argv(name: str, concurrency: int, *, pool: str = "prefork", queues: str | None = None) -> list[str]:
@@ -144,14 +175,25 @@ CONTROL_WORKER_QUEUES = f"{keys.CONTROL_QUEUE},{keys.PUBLIC_QUEUE}"
 
 
 def step_worker(
-    settings: Settings, tmp: Path, name: str = "steps", concurrency: int = 2, queues: str = keys.STEPS_QUEUE
+    settings: Settings,
+    tmp: Path,
+    name: str = "steps",
+    concurrency: int = 2,
+    queues: str = keys.STEPS_QUEUE,
+    env: dict[str, str] | None = None,
 ) -> contextlib.AbstractContextManager[Process]:
     """A step worker of the deploy files: prefork, the steps queue (``-Q``) only."""
     argv = worker_argv(name, concurrency, queues=queues)
-    return running(Process(argv, settings_env(settings), tmp / f"{name}.log"))
+    return running(Process(argv, settings_env(settings, **(env or {})), tmp / f"{name}.log"))
 
 
-def control_worker(settings: Settings, tmp: Path, name: str = "control") -> contextlib.AbstractContextManager[Process]:
+def control_worker(
+    settings: Settings,
+    tmp: Path,
+    name: str = "control",
+    queues: str = CONTROL_WORKER_QUEUES,
+    env: dict[str, str] | None = None,
+) -> contextlib.AbstractContextManager[Process]:
     """The control worker of the deploy files: control and service calls only, in threads."""
-    argv = worker_argv(name, 4, pool="threads", queues=CONTROL_WORKER_QUEUES)
-    return running(Process(argv, settings_env(settings), tmp / f"{name}.log"))
+    argv = worker_argv(name, 4, pool="threads", queues=queues)
+    return running(Process(argv, settings_env(settings, **(env or {})), tmp / f"{name}.log"))

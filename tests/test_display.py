@@ -44,9 +44,9 @@ def test_times_are_in_the_zone_with_offset_and_relative_without_microseconds() -
 
 
 def test_durations_of_finished_and_running_things() -> None:
-    assert took("2026-11-22T11:59:00.000Z", "2026-11-22T11:59:04.200Z") == "4.2 s"
+    assert took("2026-11-22T11:59:00.000Z", "2026-11-22T11:59:04.200Z", NOW) == "4.2 s"
     assert took("2026-11-22T11:58:00.000Z", None, NOW) == "2 min so far"
-    assert took(None, None) == "-"
+    assert took(None, None, NOW) == "-"
 
 
 def test_a_group_with_a_failed_step_is_not_a_green_bar() -> None:

@@ -25,9 +25,9 @@ from typing import Any
 
 import redis
 from celery.worker import state as worker_state
-from celery.worker.request import Request
 
 from celeryapp.messaging import keys
+from celeryapp.messaging.expiry import ReferenceClockRequest
 from celeryapp.messaging.redis_client import get_redis
 from models import ActivityStatus
 
@@ -141,7 +141,7 @@ def _execution_cancelled(app: Any, task_id: str) -> bool:
         return False
 
 
-class StepRequest(Request):  # type: ignore[misc]
+class StepRequest(ReferenceClockRequest):
     """The worker-side request of a step runner (``chordbeat.run_step``'s ``Request`` class)."""
 
     def send_event(self, type_: str, **fields: Any) -> None:

@@ -15,7 +15,7 @@ import json
 import logging
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -46,6 +46,14 @@ def _app() -> Any:
 
     app.loader.import_default_modules()
     return app
+
+
+def _now() -> datetime:
+    """The reference clock's time (installed by the app: Redis's clock), not this host's."""
+    from models import utcnow
+
+    _app()
+    return utcnow()
 
 
 def _client() -> Any:
@@ -196,7 +204,7 @@ def list_cmd(as_json: bool) -> None:
     if as_json:
         _echo_json(schedules)
         return
-    now = datetime.now(UTC)
+    now = _now()
     table = new_table("name", "cadence", "status", "runs", "next run")
     for s in schedules:
         state = state_text(s["status"])
@@ -227,7 +235,7 @@ def show_cmd(name: str, as_json: bool) -> None:
             }
         )
         return
-    now = datetime.now(UTC)
+    now = _now()
     zone = zone_of(schedule["timezone"])
     console.print(Text.assemble(text_of(name, "bold"), " ", state_text(schedule["status"])))
     console.print(
@@ -291,7 +299,7 @@ def next_cmd(name: str, count: int, as_json: bool) -> None:
     if as_json:
         _echo_json([t.isoformat() for t in times])
         return
-    now = datetime.now(UTC)
+    now = _now()
     for t in times:
         click.echo(printable(when(t, zone_of(schedule["timezone"]), now)))
 
@@ -341,7 +349,7 @@ def _watch(execution_id: int) -> dict[str, Any]:
                     mine = [state for (g, _s), (state, _a) in states.items() if g == group]
                     done = sum(1 for state in mine if state in FINISHED_STEP)
                     progress.update(bar, completed=done, bar_style=bar_style(mine))
-                live.update(Group(progress, execution_view(execution, zone, datetime.now(UTC))))
+                live.update(Group(progress, execution_view(execution, zone, _now())))
                 if execution["status"] != "in_progress":
                     return execution
                 time.sleep(0.25)
@@ -416,7 +424,7 @@ def execution_cmd(execution_id: int, watch: bool, as_json: bool) -> None:
             _echo_json(execution)
         sys.exit(0 if execution["status"] == "completed" else 1)
     zone = _zones().get(execution["schedule"], zone_of("UTC"))
-    console.print(execution_view(execution, zone, datetime.now(UTC)))
+    console.print(execution_view(execution, zone, _now()))
 
 
 @main.command("executions")
@@ -433,7 +441,7 @@ def executions_cmd(schedule: str | None, status: str | None, limit: int, as_json
         _echo_json(executions)
         return
     zones = _zones()
-    now = datetime.now(UTC)
+    now = _now()
     table = new_table("id", "schedule", "status", "started", "took")
     for e in executions:
         zone = zones.get(e["schedule"], zone_of("UTC"))
@@ -480,9 +488,8 @@ def resume_cmd(name: str, as_json: bool) -> None:
     if as_json:
         _echo_json(schedule)
         return
-    click.echo(
-        printable(f"{name}: {schedule['status']}, next {when(schedule['next_run_at'], zone_of(schedule['timezone']))}")
-    )
+    next_at = when(schedule["next_run_at"], zone_of(schedule["timezone"]), _now())
+    click.echo(printable(f"{name}: {schedule['status']}, next {next_at}"))
 
 
 @main.command("health")

@@ -87,22 +87,25 @@ def clock(moment: datetime, zone: ZoneInfo) -> str:
     return f"{local:%Y-%m-%d %H:%M:%S} {offset[:3]}:{offset[3:]} {local.tzname()}"
 
 
-def when(value: str | datetime | None, zone: ZoneInfo, now: datetime | None = None) -> str:
-    """A time as shown everywhere: :func:`clock`, then :func:`relative`; ``-`` if there is none."""
+def when(value: str | datetime | None, zone: ZoneInfo, now: datetime) -> str:
+    """A time as shown everywhere: :func:`clock`, then :func:`relative`; ``-`` if there is none.
+
+    ``now`` is the reference clock's (``models.utcnow``): a host clock that is off would make every
+    "3 min ago" wrong by as much."""
     moment = parse_time(value) if isinstance(value, str) or value is None else value
     if moment is None:
         return "-"
-    return f"{clock(moment, zone)}, {relative(moment, now or datetime.now(UTC))}"
+    return f"{clock(moment, zone)}, {relative(moment, now)}"
 
 
-def took(started: str | None, completed: str | None, now: datetime | None = None) -> str:
+def took(started: str | None, completed: str | None, now: datetime) -> str:
     """How long a run or step took; still running: how long so far (``12 s so far``)."""
     start = parse_time(started)
     if start is None:
         return "-"
     end = parse_time(completed)
     if end is None:
-        return f"{span(((now or datetime.now(UTC)) - start).total_seconds())} so far"
+        return f"{span((now - start).total_seconds())} so far"
     return span(max(timedelta(0), end - start).total_seconds())
 
 

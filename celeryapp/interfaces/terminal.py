@@ -130,7 +130,7 @@ def execution_view(execution: dict[str, Any], zone: ZoneInfo, now: datetime) -> 
         lines.append(
             text_of(
                 f"  finished {when(execution['completed_at'], zone, now)}, "
-                f"took {took(execution['started_at'], execution['completed_at'])}"
+                f"took {took(execution['started_at'], execution['completed_at'], now)}"
             )
         )
     if execution["error"]:

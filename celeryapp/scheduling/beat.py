@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -109,7 +109,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         As RedBeat does, the entries move on first (one round trip for all): a beat dying before
         it sent them loses those fires, never doubles them; the lost-slot re-fire repairs that.
         """
-        now = datetime.now(UTC)
+        now = self.app.now()
         slots: list[tuple[dict[str, str], datetime | None]] = []
         with get_redis(self.app).pipeline(transaction=False) as pipe:
             for entry in entries:

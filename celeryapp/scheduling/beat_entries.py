@@ -25,7 +25,7 @@ from sqlalchemy import and_, or_, select
 from celeryapp.execution.runs import run_key
 from celeryapp.messaging import keys
 from celeryapp.scheduling.cadence import Cadence, Due, next_due
-from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleStatus, Trigger, transaction
+from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleStatus, Trigger, transaction, utcnow
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -33,7 +33,7 @@ T = TypeVar("T")
 FIRE_TASK = "chordbeat.fire_schedule"
 #: A regular slot's fire message expires this long after the next slot is due. By then it is
 #: superseded anyway (:func:`celeryapp.execution.decisions.decide_fire`); the grace lets a late one still
-#: record its slot as superseded, and covers clock differences between beat and workers.
+#: record its slot as superseded. (Beat and workers reckon it by the same reference clock.)
 FIRE_EXPIRY_GRACE = timedelta(minutes=1)
 #: A rebuilt entry whose retry is overdue gets a last fire time this much before the retry, so
 #: beat fires the retry at once instead of moving past it.
@@ -300,7 +300,7 @@ def sync_schedules(app: Celery, names: Iterable[str]) -> EntryChanges:
     """
     ensure_conf(app)
     changes = EntryChanges()
-    now = datetime.now(UTC)
+    now = utcnow()
     for chunk in chunks(sorted(set(names))):
         _sync_chunk(app, chunk, now, changes)
     return changes
@@ -399,7 +399,7 @@ def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
     run starts it). Run keys make a late original and this re-fire one execution.
     """
     ensure_conf(app)
-    now = now or datetime.now(UTC)
+    now = now or utcnow()
     horizon = now - LOST_FIRE_GRACE
     due: list[_Overdue] = []
     with transaction(app.settings.database_url, read_only=True) as session:
@@ -497,7 +497,7 @@ def reconcile(app: Celery, *, full: bool = False) -> EntryChanges:
     ensure_conf(app)
     client = get_redis(app)
     mark = app.redbeat_conf.key_prefix + WATERMARK_KEY
-    started = datetime.now(UTC)
+    started = utcnow()
     since = None if full else _watermark(client.get(mark))
     with transaction(app.settings.database_url, read_only=True) as session:
         if since is None:

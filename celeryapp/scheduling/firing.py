@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-#: A fire message's slot may lie this far in the future of the worker's clock (beat's clock skew);
-#: further, it is forged: claiming it would make every real slot before it look superseded.
+#: A fire message's slot may lie this far in the future of the reference clock. Beat reckons slots
+#: by that clock too, so only a message sent by hand gets near it: further, it is forged, and
+#: claiming it would make every real slot before it look superseded.
 MAX_SLOT_AHEAD = timedelta(seconds=60)
 #: What beat (and the lost-fire re-fire) send; manual runs go through ``trigger_schedule``.
 FIRE_TRIGGERS = (Trigger.CRON, Trigger.INTERVAL, Trigger.RETRY)

@@ -31,7 +31,7 @@ from celeryapp.interfaces.web.auth import WebUser, check_auth_config
 from celeryapp.interfaces.web.broker_state import broker_state
 from celeryapp.monitoring.health import age_s
 from celeryapp.scheduling.limits import MAX_ID, MAX_NAME_CHARS
-from models import ScheduleStep, transaction
+from models import ScheduleStep, transaction, utcnow
 
 logger = logging.getLogger(__name__)
 HERE = os.path.dirname(__file__)
@@ -104,7 +104,7 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def get_template_namespace(self) -> dict[str, Any]:
         namespace = super().get_template_namespace()
-        namespace.update(flash=None, h=humanize, iso=iso_z, now=datetime.now(UTC), quote=quote, urlencode=urlencode)
+        namespace.update(flash=None, h=humanize, iso=iso_z, now=utcnow(), quote=quote, urlencode=urlencode)
         return namespace
 
     def take_flash(self) -> str | None:
@@ -206,7 +206,7 @@ class ScheduleHandler(BaseHandler):
         # No stored name is longer or holds NUL (which PostgreSQL refuses outright).
         if len(name) > MAX_NAME_CHARS or "\x00" in name:
             raise tornado.web.HTTPError(404, reason="no such schedule")
-        view = await self.read(queries.schedule_view, name, datetime.now(UTC))
+        view = await self.read(queries.schedule_view, name, utcnow())
         if view is None:
             raise tornado.web.HTTPError(404, reason="no such schedule")
         if fragment:
@@ -220,7 +220,7 @@ class ExecutionHandler(BaseHandler):
     async def get(self, execution_id: str, fragment: str | None = None) -> None:
         if int(execution_id) > MAX_ID:  # beyond the id column: PostgreSQL would refuse the query
             raise tornado.web.HTTPError(404, reason="no such execution")
-        view = await self.read(queries.execution_view, int(execution_id), datetime.now(UTC))
+        view = await self.read(queries.execution_view, int(execution_id), utcnow())
         if view is None:
             raise tornado.web.HTTPError(404, reason="no such execution")
         if fragment == "step":
@@ -238,7 +238,7 @@ class ExecutionHandler(BaseHandler):
 class HealthHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, fragment: str | None = None) -> None:
-        now = datetime.now(UTC)
+        now = utcnow()
         app = self.ctx.app
         queues = await self.read(lambda s: [q for q in s.scalars(select(ScheduleStep.queue).distinct()).all() if q])
         # The workers' ping takes its whole timeout: the database is read meanwhile.

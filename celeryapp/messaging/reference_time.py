@@ -1,0 +1,102 @@
+"""Redis's ``TIME`` as the deployment's reference clock, and every process's offset from it.
+
+Redis is the one server every chordbeat process talks to, on every database, and the heartbeats'
+time to live is already measured by its clock; so it is the reference (:mod:`models.clock`). Each
+process notes its offset in :data:`OFFSETS_KEY` at every reading: a host whose clock is more than
+:data:`OFFSET_WARNING_S` off is logged, counted in the metrics and shown on the dashboard's health
+page. It does no harm to chordbeat (nothing compares its clock with another's) but it tells of a
+broken NTP that the steps' own code, logs and other systems on that host still suffer from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import redis
+
+from celeryapp.messaging.keys import PREFIX
+from celeryapp.messaging.redis_client import get_redis
+from models.clock import clock
+
+logger = logging.getLogger(__name__)
+
+#: Hash of process -> its last offset reading (JSON ``{"offset_s": ..., "at": ...}``).
+OFFSETS_KEY = f"{PREFIX}:clock:offsets"
+#: An offset larger than this (either way), in seconds, is warned about.
+OFFSET_WARNING_S = 5.0
+#: A process still off is warned about again after this many seconds (not at every reading).
+WARNING_REPEAT_S = 600.0
+#: A process's entry older than this (reference seconds) is gone: the process stopped.
+OFFSET_STALE_S = 120.0
+
+
+@dataclass(frozen=True)
+class ProcessOffset:
+    process: str
+    #: This process's host clock minus the reference, in seconds.
+    offset_s: float
+    #: Reference time of the reading (seconds since the epoch).
+    at: float
+
+
+class _OffsetReporter:
+    """Notes a process's readings in Redis and warns, at most every WARNING_REPEAT_S, while it is off."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._warned_at = float("-inf")
+
+    def __call__(self, offset_s: float, at: float) -> None:
+        off = abs(offset_s) > OFFSET_WARNING_S
+        if off and time.monotonic() - self._warned_at >= WARNING_REPEAT_S:
+            self._warned_at = time.monotonic()
+            logger.warning(
+                "this host's clock is %.1f s %s Redis's (the reference); chordbeat keeps time by Redis, "
+                "but fix the host's time sync: the steps' own code and logs use the host's clock",
+                abs(offset_s),
+                "ahead of" if offset_s > 0 else "behind",
+            )
+        elif not off and self._warned_at > float("-inf"):
+            self._warned_at = float("-inf")
+            logger.info("this host's clock is back within %.1f s of Redis's", OFFSET_WARNING_S)
+        get_redis(self.url).hset(OFFSETS_KEY, process_name(), json.dumps({"offset_s": round(offset_s, 3), "at": at}))
+
+
+def process_name() -> str:
+    return f"{socket.gethostname()} pid {os.getpid()}"
+
+
+def read_reference(url: str) -> float:
+    """Redis's time, in seconds since the epoch."""
+    seconds, microseconds = get_redis(url).time()
+    return float(seconds) + microseconds / 1_000_000
+
+
+def install(url: str) -> None:
+    """Make the Redis at ``url`` this process's reference clock (read at first use)."""
+    clock.use(lambda: read_reference(url), _OffsetReporter(url))
+
+
+def offsets(client: redis.Redis, now_s: float) -> list[ProcessOffset]:
+    """The processes that noted a reading within :data:`OFFSET_STALE_S`, largest offset first;
+    older entries (processes gone) are removed."""
+    found, gone = [], []
+    for process, raw in client.hgetall(OFFSETS_KEY).items():
+        try:
+            value = json.loads(raw)
+            entry = ProcessOffset(str(process), float(value["offset_s"]), float(value["at"]))
+        except (TypeError, ValueError, KeyError):
+            gone.append(process)
+            continue
+        if now_s - entry.at > OFFSET_STALE_S:
+            gone.append(process)
+        else:
+            found.append(entry)
+    if gone:
+        client.hdel(OFFSETS_KEY, *gone)
+    return sorted(found, key=lambda entry: -abs(entry.offset_s))

@@ -1,0 +1,126 @@
+"""The reference clock: one time for every process of a deployment, whatever its host's clock says.
+
+A time one process writes and another compares (a slot, a deadline, a step's start and end, the
+grace before a silent worker is taken for lost) must come from one clock: hosts' clocks disagree by
+seconds, and a host whose NTP broke by minutes. Every process therefore reads the reference (the
+shared Redis server's ``TIME``, installed by :mod:`celeryapp.messaging.reference_time`) at its first
+use and then every :data:`MEASURE_INTERVAL_S`; in between, reference time moves on with the
+process's monotonic clock, so a host clock stepped meanwhile (by NTP, by an operator) changes
+nothing. The local wall clock serves only until a reference was installed and read once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two readings of the reference by one process.
+MEASURE_INTERVAL_S = 30.0
+#: After a failed reading, the next is tried this much later (a reference away must not make every
+#: caller wait for it).
+RETRY_AFTER_FAILURE_S = 5.0
+#: A reading whose round trip took longer is not trusted: the reference answered somewhere within
+#: it, so the time it gives may be off by up to half of it.
+MAX_ROUND_TRIP_S = 0.25
+
+#: Reads the reference: seconds since the epoch, as the reference server says it now.
+ReadReference = Callable[[], float]
+#: Told each successful reading: (offset of this host's clock from the reference in seconds,
+#: reference time of the reading). For warnings, metrics and the dashboard.
+OnMeasured = Callable[[float, float], None]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The reference time at one instant of this process's monotonic clock."""
+
+    reference_s: float
+    monotonic_s: float
+    #: This host's wall clock minus the reference's, in seconds.
+    offset_s: float
+
+
+class ReferenceClock:
+    """Reference time, from an occasional reading of the reference and the monotonic clock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._read: ReadReference | None = None
+        self._on_measured: OnMeasured | None = None
+        self._reading: Reading | None = None
+        self._next_try_s = float("-inf")
+
+    def use(self, read: ReadReference | None, on_measured: OnMeasured | None = None) -> None:
+        """Take ``read`` as the reference from now on (``None``: this host's own clock)."""
+        with self._lock:
+            self._read, self._on_measured = read, on_measured
+            self._reading, self._next_try_s = None, float("-inf")
+
+    @property
+    def reading(self) -> Reading | None:
+        """The last successful reading (``None``: none yet, or no reference installed)."""
+        return self._reading
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.timestamp(), UTC)
+
+    def timestamp(self) -> float:
+        """Reference time in seconds since the epoch."""
+        if self._read is not None and time.monotonic() >= self._next_try_s:
+            self.measure()
+        reading = self._reading
+        if reading is None:
+            return time.time()
+        return reading.reference_s + (time.monotonic() - reading.monotonic_s)
+
+    def measure(self) -> Reading | None:
+        """Read the reference now; on failure keep the previous reading (``None`` if there is none)."""
+        read, on_measured = self._read, self._on_measured
+        if read is None:
+            return None
+        # One reader at a time; the others go on with the previous reading meanwhile.
+        if not self._lock.acquire(blocking=False):
+            return self._reading
+        try:
+            reading = self._read_once(read)
+            now_s = time.monotonic()
+            if reading is None:
+                self._next_try_s = now_s + RETRY_AFTER_FAILURE_S
+                return self._reading
+            self._reading, self._next_try_s = reading, now_s + MEASURE_INTERVAL_S
+        finally:
+            self._lock.release()
+        if on_measured is not None:
+            try:
+                on_measured(reading.offset_s, reading.reference_s)
+            except Exception:
+                logger.warning("reference clock: reporting the offset failed", exc_info=True)
+        return reading
+
+    @staticmethod
+    def _read_once(read: ReadReference) -> Reading | None:
+        for _try in range(3):
+            wall_before, before = time.time(), time.monotonic()
+            try:
+                reference_s = read()
+            except Exception as exc:
+                logger.warning("reference clock: cannot read the reference (%s); keeping the last reading", exc)
+                return None
+            after, wall_after = time.monotonic(), time.time()
+            if after - before <= MAX_ROUND_TRIP_S:
+                # The reference answered about halfway through the round trip.
+                middle = (before + after) / 2
+                offset_s = (wall_before + wall_after) / 2 - reference_s
+                return Reading(reference_s + (after - middle), after, offset_s)
+        logger.warning("reference clock: every reading took over %ss; keeping the last reading", MAX_ROUND_TRIP_S)
+        return None
+
+
+#: The process's reference clock.
+clock = ReferenceClock()

@@ -1,0 +1,170 @@
+"""One clock for every process: hosts whose clocks disagree (libfaketime) fire, time out, recover
+and record runs as if they agreed."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from sqlalchemy import select
+
+from celeryapp.app import ChordbeatCelery
+from celeryapp.config import Settings
+from celeryapp.messaging import keys, reference_time
+from celeryapp.messaging.redis_client import get_redis
+from celeryapp.recovery.recovery import RECOVERY_SEEN_KEY
+from models import SlotOutcome, SlotRecord, transaction
+from models.clock import MAX_ROUND_TRIP_S, ReferenceClock
+from tests import processes
+from tests.helpers import call, executions, finished, step, ts, wait_for
+
+# --- the clock itself -------------------------------------------------------------------------
+
+
+def test_without_a_reference_the_clock_is_the_hosts() -> None:
+    clock = ReferenceClock()
+    assert abs(clock.timestamp() - time.time()) < 0.05
+    assert clock.reading is None
+
+
+def test_reference_time_moves_on_by_the_monotonic_clock_between_readings() -> None:
+    reads: list[float] = []
+
+    def reference() -> float:
+        reads.append(time.time() - 90)
+        return reads[-1]
+
+    clock = ReferenceClock()
+    clock.use(reference)
+    first = clock.timestamp()
+    assert abs(first - (time.time() - 90)) < 0.05
+    assert clock.reading is not None and abs(clock.reading.offset_s - 90) < 0.05
+    second = clock.timestamp()
+    assert len(reads) == 1, "read once, then kept by the monotonic clock"
+    assert second >= first
+
+
+def test_a_failed_reading_keeps_the_last_one_and_is_not_retried_at_once() -> None:
+    answers: list[float | Exception] = [1_000.0, ConnectionError("Redis away")]
+
+    def reference() -> float:
+        answer = answers.pop(0) if answers else 2_000.0
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    clock = ReferenceClock()
+    clock.use(reference)
+    assert abs(clock.timestamp() - 1_000) < 0.05
+    assert clock.measure() is not None and answers == []  # the failure: the last reading kept
+    assert abs(clock.timestamp() - 1_000) < 0.05, "not read again at once after a failure"
+
+
+def test_a_reading_slower_than_its_bound_is_not_trusted() -> None:
+    def slow() -> float:
+        time.sleep(MAX_ROUND_TRIP_S * 1.2)
+        return 5.0
+
+    clock = ReferenceClock()
+    clock.use(slow)
+    assert clock.measure() is None
+    assert abs(clock.timestamp() - time.time()) < 0.05
+
+
+def test_every_process_notes_its_offset_and_a_gone_one_is_dropped(app: ChordbeatCelery) -> None:
+    client = get_redis(app.settings.broker_url)
+    reference_time.install(app.settings.broker_url)
+    now_s = reference_time.read_reference(app.settings.broker_url)
+    from models.clock import clock
+
+    assert clock.measure() is not None
+    client.hset(reference_time.OFFSETS_KEY, "gone-host pid 1", '{"offset_s": 40, "at": 1}')
+    client.hset(reference_time.OFFSETS_KEY, "garbled", "{")
+    found = reference_time.offsets(client, now_s)
+    assert [o.process for o in found] == [reference_time.process_name()]
+    assert abs(found[0].offset_s) < 1
+    assert not client.hexists(reference_time.OFFSETS_KEY, "gone-host pid 1")
+
+
+# --- processes whose clocks disagree ----------------------------------------------------------
+
+
+def redis_now(url: str) -> float:
+    seconds, microseconds = get_redis(url).time()
+    return float(seconds) + microseconds / 1_000_000
+
+
+def _slots(app: ChordbeatCelery) -> list[SlotRecord]:
+    with transaction(app.settings.database_url) as session:
+        return list(session.scalars(select(SlotRecord).order_by(SlotRecord.id)))
+
+
+@pytest.mark.parametrize("beat_offset_s", [-90, 25, 90])
+def test_a_beat_whose_clock_is_off_fires_every_slot_on_time(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path, beat_offset_s: int
+) -> None:
+    """Beat 25 s ahead with slots 20 s apart had every slot recorded superseded; more than 60 s
+    ahead, every fire was refused; behind, slots fired late."""
+    call(client, "chordbeat.apply_schedule", definition={"name": "tick", "every": 2, "steps": [step("s")]})
+    with processes.beat(settings, tmp_path, env=processes.skewed(beat_offset_s)) as beat:
+        wait_for(lambda: len(executions(app)) >= 3, 30, interval=0.2, what=f"three runs; beat said:\n{beat.output()}")
+    reference_now = redis_now(settings.broker_url)
+    slots = _slots(app)
+    assert {s.outcome for s in slots} == {SlotOutcome.FIRED}, [(s.outcome, s.nominal_at) for s in slots]
+    for slot in slots:
+        assert slot.nominal_at is not None
+        # Reckoned by the reference clock: none in its future, none long past.
+        assert reference_now - 20 < slot.nominal_at.timestamp() <= reference_now + 0.5, slot.nominal_at
+
+
+def test_recovery_messages_reach_a_worker_whose_clock_is_ahead(
+    app: ChordbeatCelery, settings: Settings, tmp_path: Path
+) -> None:
+    """Celery compares a message's expiry with the receiving host's clock: a worker 35 s ahead
+    discarded every recovery message beat sent (their expiry is one recovery interval)."""
+    redis_client = get_redis(settings.broker_url)
+    with (
+        processes.control_worker(settings, tmp_path, queues=keys.CONTROL_QUEUE, env=processes.skewed(35)) as control,
+        processes.beat(settings, tmp_path),
+    ):
+        wait_for(lambda: redis_client.exists(RECOVERY_SEEN_KEY), 30, what=f"a recovery pass:\n{control.output()}")
+    assert "Discarding revoked task: chordbeat.recover" not in control.output()
+
+
+def test_hosts_whose_clocks_disagree_record_a_consistent_timeline_and_keep_deadlines(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    """Three hosts: service calls on a true clock, steps 60 s behind, control (advancement and
+    recovery) 35 s ahead. The run's 20 s deadline, set by one host and checked by another, holds
+    (recovery 35 s ahead failed it at once), and no time recorded comes before the run's start."""
+    definition = {
+        "name": "skewed",
+        "every": 3600,
+        "timeout": 20,
+        "steps": [step("a", kwargs={"seconds": 4}), step("b", kwargs={"seconds": 0.1})],
+    }
+    with (
+        processes.control_worker(settings, tmp_path, "service", queues=keys.PUBLIC_QUEUE),
+        processes.step_worker(settings, tmp_path, env=processes.skewed(-60)),
+        processes.control_worker(settings, tmp_path, queues=keys.CONTROL_QUEUE, env=processes.skewed(35)),
+    ):
+        call(client, "chordbeat.apply_schedule", definition=definition)
+        execution_id = call(client, "chordbeat.trigger_schedule", name="skewed")["execution_id"]
+
+        def recovered_while_running() -> bool:
+            client.send_task("chordbeat.recover", queue=keys.CONTROL_QUEUE, ignore_result=True)
+            return call(client, "chordbeat.get_execution", execution_id=execution_id)["status"] != "in_progress"
+
+        wait_for(recovered_while_running, 30, interval=0.5, what="the run to end")
+        done = finished(client, execution_id)
+    assert done["status"] == "completed", done
+    started = ts(done["started_at"])
+    assert ts(done["completed_at"]) >= started
+    for activity in done["activities"]:
+        assert ts(activity["started_at"]) >= started - timedelta(seconds=1), activity
+        assert ts(activity["completed_at"]) >= ts(activity["started_at"]), activity
+    assert abs(started.timestamp() - redis_now(settings.broker_url)) < 30

@@ -16,11 +16,13 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.messaging import keys, reference_time
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery.recovery import RECOVERY_SEEN_KEY
 from models import SlotOutcome, SlotRecord, transaction
 from models.clock import MAX_ROUND_TRIP_S, ReferenceClock
 from tests import processes
 from tests.helpers import call, executions, finished, step, ts, wait_for
+from tests.web_server import ADMIN, WebServer, text_of
 
 # --- the clock itself -------------------------------------------------------------------------
 
@@ -168,3 +170,24 @@ def test_hosts_whose_clocks_disagree_record_a_consistent_timeline_and_keep_deadl
         assert ts(activity["started_at"]) >= started - timedelta(seconds=1), activity
         assert ts(activity["completed_at"]) >= ts(activity["started_at"]), activity
     assert abs(started.timestamp() - redis_now(settings.broker_url)) < 30
+
+
+def test_a_host_whose_clock_is_off_is_warned_about_shown_and_measured(
+    app: ChordbeatCelery, settings: Settings, tmp_path: Path
+) -> None:
+    """Its log warns, the dashboard's health page names it and the metrics give its offset."""
+    redis_client = get_redis(settings.broker_url)
+    with processes.step_worker(settings, tmp_path, "ahead", env=processes.skewed(40)) as ahead:
+        wait_for(lambda: "clock is" in ahead.output(), 20, what="the skewed worker's warning")
+        assert "40.0 s ahead of Redis's" in ahead.output(), ahead.output()
+        wait_for(lambda: redis_client.hlen(reference_time.OFFSETS_KEY), 10, what="its offset noted")
+        with WebServer(app) as web:
+            health = text_of(web.session(ADMIN).get(web.url + "/health", timeout=10).text)
+        assert "its host's clock is 40" in health and "ahead of Redis's" in health, health
+        offsets = {
+            sample.labels["process"]: sample.value
+            for family in ExecutionCollector(app).collect()
+            if family.name == "chordbeat_clock_offset_seconds"
+            for sample in family.samples
+        }
+        assert any(39 < offset < 41 for offset in offsets.values()), offsets

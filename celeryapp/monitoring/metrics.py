@@ -23,9 +23,11 @@ from sqlalchemy.orm import Session
 
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.messaging.reference_time import offsets
 from celeryapp.monitoring import metric_counts as mc
 from celeryapp.monitoring.overload import queued, skipped_last_minute
 from models import ExecutionStatus, MetricCount, Schedule, ScheduleExecution, ScheduleStatus, transaction
+from models.clock import clock
 
 if TYPE_CHECKING:
     from celeryapp.app import ChordbeatCelery
@@ -130,6 +132,7 @@ class ExecutionCollector(Collector):
             client = get_redis(self.app.settings.broker_url)
             skipped = skipped_last_minute(client)
             waiting = {queue: queued(client, queue) for queue in (keys.CONTROL_QUEUE, keys.STEPS_QUEUE)}
+            clocks = offsets(client, clock.timestamp())
         except redis.RedisError:
             return  # the database figures are still served
         skips = GaugeMetricFamily(
@@ -145,6 +148,15 @@ class ExecutionCollector(Collector):
         for queue, count in waiting.items():
             depth.add_metric([queue], count)
         yield depth
+        offset = GaugeMetricFamily(
+            "chordbeat_clock_offset_seconds",
+            "Each process's host clock minus the reference (Redis's), at its last reading; chordbeat keeps "
+            "time by the reference, but above 5 s the host's time sync is broken",
+            labels=["process"],
+        )
+        for entry in clocks:
+            offset.add_metric([entry.process], entry.offset_s)
+        yield offset
 
 
 def serve(app: ChordbeatCelery, port: int, address: str) -> None:

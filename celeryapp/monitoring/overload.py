@@ -2,19 +2,20 @@
 
 Under sustained overload (more due runs than workers finish) a ``skip`` schedule trades runs for
 skip records. That must not go unnoticed: every skip is counted in Redis per minute (one pipelined
-round trip), the first skip of a minute logs one WARNING for the whole deployment naming the
-previous minute's skips and the fire messages waiting, and ``chordbeat metrics`` exports both.
+round trip; minutes of the reference clock, which every process counts by), the first skip of a
+minute logs one WARNING for the whole deployment naming the previous minute's skips and the fire
+messages waiting, and ``chordbeat metrics`` exports both.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
 import redis
 
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
+from models.clock import clock
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def queued(client: redis.Redis, queue: str) -> int:
 
 def note_skipped(broker_url: str, count: int, *, now: float | None = None) -> None:
     """Count ``count`` overlap skips; once a minute, warn if the previous minute had any."""
-    minute = int((now if now is not None else time.time()) // 60)
+    minute = int((now if now is not None else clock.timestamp()) // 60)
     client = get_redis(broker_url)
     try:
         with client.pipeline(transaction=False) as pipe:
@@ -73,5 +74,5 @@ def note_skipped(broker_url: str, count: int, *, now: float | None = None) -> No
 
 def skipped_last_minute(client: redis.Redis, *, now: float | None = None) -> int:
     """Overlap skips in the last complete minute."""
-    minute = int((now if now is not None else time.time()) // 60)
+    minute = int((now if now is not None else clock.timestamp()) // 60)
     return int(client.get(_skipped_key(minute - 1)) or 0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from kombu.exceptions import OperationalError
@@ -10,6 +10,8 @@ from kombu.exceptions import OperationalError
 from celeryapp.app import REDBEAT_LOCK_TIMEOUT_S, ChordbeatCelery
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.messaging.reference_time import OFFSET_WARNING_S, ProcessOffset, offsets
+from models.clock import clock
 
 #: kombu's Redis transport keeps a queue's priority ``n`` (n > 0) messages under ``queue + SEP + n``.
 PRIORITY_SEP = "\x06\x16"
@@ -27,6 +29,8 @@ class BrokerState:
     #: Seconds since the lock holder last extended it (each tick does).
     last_tick_s: float | None
     error: str | None = None
+    #: Processes whose host clock is more than OFFSET_WARNING_S off the reference (Redis's).
+    clocks_off: list[ProcessOffset] = field(default_factory=list)
 
 
 def queue_depth(client: redis.Redis, queue: str, priorities: list[int]) -> int:
@@ -44,6 +48,7 @@ def broker_state(app: ChordbeatCelery, extra_queues: list[str]) -> BrokerState:
         depths = {q: queue_depth(client, q, priorities) for q in queues}
         beat = get_redis(app.settings.redbeat_url)
         ttl_ms = int(beat.pttl(f"{app.conf.redbeat_key_prefix}:lock"))
+        clocks_off = [o for o in offsets(client, clock.timestamp()) if abs(o.offset_s) > OFFSET_WARNING_S]
     except redis.RedisError as exc:
         return BrokerState([], {}, None, None, error=f"Redis: {exc}")
     lock_ttl = ttl_ms / 1000 if ttl_ms > 0 else None
@@ -51,9 +56,9 @@ def broker_state(app: ChordbeatCelery, extra_queues: list[str]) -> BrokerState:
     try:
         replies = _ping(app)
     except BROKER_ERRORS as exc:
-        return BrokerState([], depths, lock_ttl, last_tick, error=f"workers could not be asked: {exc}")
+        return BrokerState([], depths, lock_ttl, last_tick, f"workers could not be asked: {exc}", clocks_off)
     workers = sorted(node for reply in replies for node in reply)
-    return BrokerState(workers=workers, queues=depths, lock_ttl_s=lock_ttl, last_tick_s=last_tick)
+    return BrokerState(workers, depths, lock_ttl, last_tick, clocks_off=clocks_off)
 
 
 def _ping(app: ChordbeatCelery) -> list[dict[str, object]]:

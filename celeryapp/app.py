@@ -12,7 +12,7 @@ from kombu.entity import Queue
 
 from celeryapp.config import VISIBILITY_TIMEOUT_S, Settings
 from celeryapp.execution.redaction import credentials_apart
-from celeryapp.messaging import reference_time
+from celeryapp.messaging import reference_time, serialization
 from celeryapp.messaging.broker import TRANSPORT
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.recovery.signals import HealthStep
@@ -153,6 +153,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 def create_app(settings: Settings | None = None) -> ChordbeatCelery:
     app = ChordbeatCelery("chordbeat", include=list(TASK_MODULES), set_as_current=True)
+    # Poisoned messages and results are refused at decoding instead of killing a worker.
+    serialization.install()
     app.apply_settings(settings or Settings.from_env())
     app.steps["consumer"].add(HealthStep)
     return app

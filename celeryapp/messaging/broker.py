@@ -13,6 +13,10 @@ Two things in kombu 5.7 stop a worker from surviving a Redis restart with an out
   Redis; chordbeat's recovery re-sends their steps long before kombu's visibility timeout.)
 * Reconnection backs off to 30 s between tries, so after a 60 s outage a worker may idle for
   another 16 s. Ours backs off to :data:`RECONNECT_INTERVAL_MAX_S`.
+
+The channel refuses a message whose envelope cannot be decoded or nests too deep
+(:class:`~celeryapp.messaging.serialization.RefusingEnvelopes`): kombu's read raised in the event
+loop and the worker exited.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ from celery.app.amqp import AMQP
 from kombu.connection import Connection
 from kombu.transport import redis as kombu_redis
 
+from celeryapp.messaging.serialization import RefusingEnvelopes
+
 #: Longest pause between two reconnection attempts of a worker's or beat's broker connection.
 RECONNECT_INTERVAL_MAX_S = 2.0
 
 
-class Channel(kombu_redis.Channel):  # type: ignore[misc]
+class Channel(RefusingEnvelopes, kombu_redis.Channel):  # type: ignore[misc]
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         if self.connection is None or self.connection.client is None:
             raise redis.exceptions.ConnectionError("the broker connection was closed")

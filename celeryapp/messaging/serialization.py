@@ -1,0 +1,167 @@
+"""JSON decoding that refuses poison: what is not JSON, or nests deeper than :data:`MAX_MESSAGE_DEPTH`.
+
+Anyone who can write to the broker can send a message; Celery decodes it in the worker's main
+process. A body nested a few hundred levels deep decodes, but the prefork pool then pickles its
+arguments to hand them to a child, the pickler's recursion limit is hit in the main process and
+the worker exits ("Unrecoverable error: RecursionError"); the message is restored and kills the
+restarted worker too. Refused here, it raises kombu's :class:`~kombu.exceptions.DecodeError`, and
+Celery's consumer logs the message and acknowledges it (``Consumer.on_decode_error``): gone, and
+the worker lives. The same decoder reads results (chord parts, service calls' answers), so a
+poisoned result fails its reader's ``get`` or chord instead.
+
+The envelope around a body (headers, properties) is JSON that kombu's Redis transport decodes
+itself, before any of that: a poisoned one (not JSON, headers nested too deep, not shaped like an
+envelope) killed the worker the same way, from the transport's read in the event loop
+("Unrecoverable error"). :class:`RefusingEnvelopes` makes the transport's channels
+(:mod:`celeryapp.messaging.broker`) refuse it with :func:`envelope`, log it and drop it.
+"""
+
+from __future__ import annotations
+
+import binascii
+import logging
+from base64 import b64decode
+from queue import Empty
+from typing import Any
+
+from kombu.exceptions import DecodeError
+from kombu.serialization import registry
+from kombu.utils import json as kombu_json
+from kombu.utils.encoding import bytes_to_str
+
+logger = logging.getLogger(__name__)
+
+#: Deepest nesting of lists and dicts (the body's own list counts) a message or result may have:
+#: far beyond what any task takes, far below what the pickler and ``json`` recurse through.
+MAX_MESSAGE_DEPTH = 100
+#: Celery's (and the app's) content type for ``json``.
+JSON_CONTENT_TYPE = "application/json"
+
+
+def nesting_depth(value: Any, bound: int = MAX_MESSAGE_DEPTH) -> int:
+    """How deep ``value`` nests lists and dicts, counted up to ``bound + 1`` (then it stops).
+
+    Iterative: a structure too deep for Python's recursion limit is measured like any other.
+    """
+    if not isinstance(value, (list, dict)):
+        return 0
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > bound:
+                return deepest
+        children = node.values() if isinstance(node, dict) else node
+        for child in children:
+            if isinstance(child, (list, dict)):
+                stack.append((child, depth + 1))
+    return deepest
+
+
+def _bracket_count(data: str | bytes) -> int:
+    # An upper bound on the nesting (brackets inside strings count too), at C speed: a typical
+    # message has far fewer than the bound and is never walked.
+    if isinstance(data, str):
+        return data.count("[") + data.count("{")
+    return data.count(b"[") + data.count(b"{")
+
+
+def loads(data: str | bytes | bytearray | memoryview) -> Any:
+    """kombu's JSON decoding, refusing what cannot be decoded or nests too deep."""
+    if isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
+    try:
+        value = kombu_json.loads(data)  # type: ignore[no-untyped-call]
+    except RecursionError:
+        # Deeper than json's own recursion can go: far past the bound.
+        raise DecodeError(f"refused: nested more than {MAX_MESSAGE_DEPTH} levels deep") from None
+    except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise DecodeError(f"refused: not JSON ({exc})") from None
+    if _bracket_count(data) > MAX_MESSAGE_DEPTH and nesting_depth(value) > MAX_MESSAGE_DEPTH:
+        raise DecodeError(f"refused: nested more than {MAX_MESSAGE_DEPTH} levels deep")
+    return value
+
+
+def envelope(raw: bytes | str) -> dict[str, Any]:
+    """A message as kombu's Redis transport stores it, decoded; :class:`DecodeError` for anything
+    its delivery would trip over (the body itself is decoded later, by :func:`loads`)."""
+    value = loads(raw)
+    if not isinstance(value, dict):
+        raise DecodeError("refused: not a message envelope (not a JSON object)")
+    properties = value.get("properties")
+    if not isinstance(properties, dict) or not isinstance(properties.get("delivery_tag"), str):
+        raise DecodeError("refused: not a message envelope (no properties with a delivery tag)")
+    if not isinstance(value.get("headers") or {}, dict) or not isinstance(properties.get("delivery_info") or {}, dict):
+        raise DecodeError("refused: a message envelope's headers and delivery info must be objects")
+    body = value.get("body")
+    if body is not None and not isinstance(body, str):
+        raise DecodeError("refused: a message envelope's body must be a string")
+    encoding = properties.get("body_encoding")
+    if body and encoding and str(encoding).lower() != "utf-8":
+        if encoding != "base64":  # the transport knows no other codec
+            raise DecodeError(f"refused: unknown body encoding {str(encoding)[:40]!r}")
+        try:
+            b64decode(body)
+        except (binascii.Error, ValueError) as exc:
+            raise DecodeError(f"refused: a message body is not base64 ({exc})") from None
+    return value
+
+
+def install() -> None:
+    """Decode ``application/json`` with :func:`loads` in this process (kombu's registry is global;
+    encoding stays kombu's). Idempotent."""
+    registry.register(  # type: ignore[no-untyped-call]
+        "json", kombu_json.dumps, loads, content_type=JSON_CONTENT_TYPE, content_encoding="utf-8"
+    )
+
+
+def _envelope_or_none(item: bytes | str, queue: str) -> dict[str, Any] | None:
+    try:
+        return envelope(item)
+    except DecodeError as exc:
+        logger.error("broker: a message taken from queue %s was refused and dropped: %s", queue, exc)
+        return None
+
+
+class RefusingEnvelopes:
+    """Mixed into a ``kombu.transport.redis.Channel``: its two reads of a message (kombu 5.7's
+    own, but for the decoding). A refused message is already off its list and was never
+    delivered, nor recorded as unacknowledged: it is gone."""
+
+    def _brpop_read(self, **options: Any) -> bool:
+        channel: Any = self
+        try:
+            try:
+                dest_item = channel.client.parse_response(channel.client.connection, "BRPOP", **options)
+            except channel.connection_errors:
+                # Disconnected, the next poll reconnects.
+                channel.client.connection.disconnect()
+                raise
+            if not dest_item:
+                raise Empty()
+            dest, item = dest_item
+            dest = bytes_to_str(dest).rsplit(channel.sep, 1)[0]  # type: ignore[no-untyped-call]
+            channel._queue_cycle.rotate(dest)
+            message = _envelope_or_none(item, dest)
+            if message is not None:
+                channel.connection._deliver(message, dest)
+            return True
+        finally:
+            channel._in_poll = None
+            channel._flush_brpop_reauth()
+
+    def _get(self, queue: str) -> dict[str, Any]:
+        channel: Any = self
+        with channel.conn_or_acquire() as client:
+            for priority in channel.priority_steps:
+                item = client.rpop(channel._q_for_pri(queue, priority))
+                if item:
+                    message = _envelope_or_none(item, queue)
+                    if message is None:
+                        continue
+                    channel._maybe_update_queues_expire(client, queue)
+                    return message
+            channel._maybe_update_queues_expire(client, queue)
+            raise Empty()

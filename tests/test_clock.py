@@ -21,7 +21,7 @@ from celeryapp.recovery.recovery import RECOVERY_SEEN_KEY
 from models import SlotOutcome, SlotRecord, transaction
 from models.clock import MAX_ROUND_TRIP_S, ReferenceClock
 from tests import processes
-from tests.helpers import call, executions, finished, step, ts, wait_for
+from tests.helpers import call, executions, finished, running, step, ts, wait_for
 from tests.web_server import ADMIN, WebServer, text_of
 
 # --- the clock itself -------------------------------------------------------------------------
@@ -191,3 +191,27 @@ def test_a_host_whose_clock_is_off_is_warned_about_shown_and_measured(
             for sample in family.samples
         }
         assert any(39 < offset < 41 for offset in offsets.values()), offsets
+
+
+def test_a_dead_worker_whose_clock_was_ahead_has_its_step_recovered_without_waiting_out_the_skew(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    """The step's start was written by its worker's clock, 35 s ahead, and recovery waited for
+    that start to be a heartbeat's TTL old: 35 s more before the dead worker's step ran again."""
+    definition = {"name": "ahead", "every": 3600, "steps": [step("long", kwargs={"seconds": 3})]}
+    with (
+        processes.control_worker(settings, tmp_path),
+        processes.step_worker(settings, tmp_path, "doomed", env=processes.skewed(35)) as doomed,
+        processes.beat(settings, tmp_path),
+    ):
+        call(client, "chordbeat.apply_schedule", definition=definition)
+        execution_id = call(client, "chordbeat.trigger_schedule", name="ahead")["execution_id"]
+        running(client, execution_id, "long")
+        doomed.kill()
+        with processes.step_worker(settings, tmp_path, "replacement"):
+            # TTL 3 s and a pass every second: the step runs again within a few seconds.
+            done = finished(client, execution_id, timeout=25)
+    assert done["status"] == "completed", done
+    first, second = done["activities"]
+    assert first["error"].startswith("worker lost"), first
+    assert second["attempt"] == 2 and second["worker"].startswith("replacement@"), second

@@ -23,6 +23,10 @@ Fault kinds and what they do:
   writers wait up to the busy timeout (30 s), so on SQLite this is a stall, not an error, unless
   the lock outlives the busy timeout (``db_outage_long``, long plans only).
 - ``db_outage_long``: a database outage of 31-36 s (past SQLite's busy timeout).
+- ``clock_skew``: a worker's or beat's host clock steps 35-120 s ahead or behind (as when NTP
+  steps a drifted clock, or breaks) for the duration, then back: every process of the cluster runs
+  under libfaketime reading its offset from a file of its own (``FAKETIME_TIMESTAMP_FILE``, read
+  again every second). Nothing may notice: it excuses no missed slot and no stall.
 
 Every process that exits without being told to (a worker crashing on a Redis outage, say) is
 recorded as an unexpected exit and restarted two seconds later, as systemd's ``Restart=always``
@@ -52,9 +56,12 @@ WORKER_KINDS = ("worker_kill", "worker_stop")
 BEAT_KINDS = ("beat_kill", "beat_stop")
 REDIS_KINDS = ("redis_restart_data", "redis_restart_empty")
 DB_KINDS = ("db_outage", "db_outage_long")
-FAULT_KINDS = WORKER_KINDS + BEAT_KINDS + REDIS_KINDS + DB_KINDS
+CLOCK_KINDS = ("clock_skew",)
+FAULT_KINDS = WORKER_KINDS + BEAT_KINDS + REDIS_KINDS + DB_KINDS + CLOCK_KINDS
 #: Kinds a default (short) plan draws from; long plans add ``db_outage_long``.
-SHORT_PLAN_KINDS = WORKER_KINDS + BEAT_KINDS + REDIS_KINDS + ("db_outage",)
+SHORT_PLAN_KINDS = WORKER_KINDS + BEAT_KINDS + REDIS_KINDS + ("db_outage",) + CLOCK_KINDS
+#: How far a ``clock_skew`` fault steps a clock, either way (seconds).
+SKEW_S = (35, 120)
 
 #: Seconds a fault lasts (down time before restart, or stop time before SIGCONT): (min, max).
 DURATIONS_S = {
@@ -66,6 +73,7 @@ DURATIONS_S = {
     "redis_restart_empty": (1.0, 6.0),
     "db_outage": (2.0, 8.0),
     "db_outage_long": (31.0, 36.0),
+    "clock_skew": (5.0, 20.0),
 }
 #: Relative frequency of each kind in a plan.
 WEIGHTS = {
@@ -77,6 +85,7 @@ WEIGHTS = {
     "redis_restart_empty": 1,
     "db_outage": 2,
     "db_outage_long": 1,
+    "clock_skew": 2,
 }
 #: Seconds of load before the first fault, and between two faults: (min, max).
 WARMUP_S = 6.0
@@ -91,6 +100,8 @@ class Fault:
     kind: str
     target: str
     duration_s: float
+    #: ``clock_skew``: seconds the target's clock steps (negative: behind).
+    offset_s: int = 0
 
     def describe(self) -> str:
         what = {
@@ -102,6 +113,7 @@ class Fault:
             "redis_restart_empty": f"Redis graceful stop, down {self.duration_s:.1f}s, start empty",
             "db_outage": f"database unavailable for {self.duration_s:.1f}s",
             "db_outage_long": f"database unavailable for {self.duration_s:.1f}s (past SQLite's busy timeout)",
+            "clock_skew": f"{self.target}'s clock {self.offset_s:+d}s for {self.duration_s:.1f}s, then right",
         }[self.kind]
         return f"+{self.at_s:6.1f}s  {self.kind:<20} {what}"
 
@@ -120,8 +132,13 @@ def make_plan(seed: int, seconds: float, kinds: tuple[str, ...], workers: tuple[
         duration = round(rng.uniform(*DURATIONS_S[kind]), 1)
         if t + duration > seconds:
             return faults
-        target = rng.choice(workers) if kind in WORKER_KINDS else kind.split("_")[0]
-        faults.append(Fault(round(t, 1), kind, target, duration))
+        offset = 0
+        if kind in CLOCK_KINDS:
+            target = rng.choice((*workers, "beat"))
+            offset = rng.choice((-1, 1)) * rng.randint(*SKEW_S)
+        else:
+            target = rng.choice(workers) if kind in WORKER_KINDS else kind.split("_")[0]
+        faults.append(Fault(round(t, 1), kind, target, duration, offset))
         t += duration
 
 
@@ -209,10 +226,17 @@ class Cluster:
 
     # --- processes ------------------------------------------------------------------------------
 
+    def _clock_file(self, name: str) -> Path:
+        return self.tmp / f"clock-{name}"
+
     def _spawn(self, name: str, *, append: bool) -> processes.Process:
+        clock = self._clock_file(name)
+        if not clock.exists():
+            clock.write_text("+0s\n")
+        env = processes.steppable_clock(clock)
         if name == "beat":
-            return processes.start_beat(self.settings, self.tmp, "beat", append=append)
-        return processes.start_worker(self.settings, self.tmp, name, self.concurrency, append=append)
+            return processes.start_beat(self.settings, self.tmp, "beat", append=append, env=env)
+        return processes.start_worker(self.settings, self.tmp, name, self.concurrency, append=append, env=env)
 
     def start(self) -> None:
         for name in (*self.worker_names, "beat"):
@@ -294,6 +318,12 @@ class Cluster:
             with self._lock:
                 victim.signal_group(signal.SIGCONT)
                 self._held.discard(target)
+        elif kind in CLOCK_KINDS:
+            clock = self._clock_file(target)
+            clock.write_text(f"{fault.offset_s:+d}s\n")
+            applied.started = time.time()
+            sleep(duration)
+            clock.write_text("+0s\n")
         elif kind in REDIS_KINDS:
             self.redis.terminate()
             applied.started = time.time()

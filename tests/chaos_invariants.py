@@ -349,6 +349,40 @@ def check_attempts(ctx: Context) -> list[Violation]:
     return out
 
 
+#: A completed body's outcome may be lost with its worker if that worker was killed or frozen
+#: this long after the body ended (the outcome is written right after; a frozen worker's attempt
+#: is fenced once its heartbeat expires).
+OUTCOME_WINDOW_S = 60.0
+
+
+def check_completed_bodies_recorded(ctx: Context) -> list[Violation]:
+    """A body that completed is recorded so, unless its worker died or froze before it could say so:
+    never failed as lost (and run again) because the database or Redis was away meanwhile."""
+    out = []
+    for run in ctx.runs:
+        if run.outcome != "ok" or run.end is None:
+            continue
+        row = ctx.activity_of.get((run.execution_id, run.step, run.attempt))
+        if row is None or not (_worker_lost(row) or (row.error or "").startswith("outcome could not be recorded")):
+            continue
+        end = run.end
+        died = ctx.deaths.get(run.ppid)
+        froze = any(
+            a.fault.kind == "worker_stop" and a.pid == run.ppid and end - 1 <= a.started <= end + OUTCOME_WINDOW_S
+            for a in ctx.applied
+        )
+        if (died is not None and died <= end + OUTCOME_WINDOW_S) or froze:
+            continue
+        out.append(
+            Violation(
+                "a completed step is recorded completed",
+                f"execution {run.execution_id} step {run.step!r} attempt {run.attempt} completed at {ctx.rel(end)} "
+                f"on a live worker, yet was recorded {_describe(row)}; {ctx.near(end)}",
+            )
+        )
+    return out
+
+
 # --- slots ----------------------------------------------------------------------------------------
 
 
@@ -608,7 +642,9 @@ def check_no_stalls(ctx: Context) -> list[Violation]:
     This is what catches a stranded step even when an execution timeout ends the run later.
     """
     out = []
-    excused = _merged([(a.started - 0.5, a.ended + STALL_AFTER_S[a.fault.kind]) for a in ctx.applied])
+    excused = _merged(
+        [(a.started - 0.5, a.ended + STALL_AFTER_S[a.fault.kind]) for a in ctx.applied if a.fault.kind in STALL_AFTER_S]
+    )
     bodies: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for run in ctx.runs:
         bodies[run.execution_id].append((run.start, ctx.body_end(run)[0]))
@@ -658,6 +694,7 @@ def check_all(ctx: Context) -> tuple[list[Violation], dict[str, Any]]:
         *check_leftovers(ctx),
         *check_no_concurrent_bodies(ctx),
         *check_attempts(ctx),
+        *check_completed_bodies_recorded(ctx),
         *slot_violations,
         *check_nothing_after_final(ctx),
         *check_outcomes(ctx),
@@ -669,13 +706,13 @@ def check_all(ctx: Context) -> tuple[list[Violation], dict[str, Any]]:
 
 
 def measurements(ctx: Context) -> dict[str, Any]:
-    """What the run did, for the report: counts, and Redis outage end -> first step body start."""
-    redis_recovery = []
+    """What the run did, for the report: counts, and for each fault the time from its end to the
+    first step body starting after it."""
+    recovery = []
     for a in ctx.applied:
-        if a.fault.kind in REDIS_KINDS:
-            after = [r.start for r in ctx.runs if r.start >= a.ended]
-            first = min(after) - a.ended if after else None
-            redis_recovery.append({"fault": a.fault.kind, "at": ctx.rel(a.started), "first_step_s": first})
+        after = [r.start for r in ctx.runs if r.start >= a.ended]
+        first = round(min(after) - a.ended, 2) if after else None
+        recovery.append({"fault": a.fault.kind, "at": ctx.rel(a.started), "first_step_s": first})
     fenced_late = 0
     for r in ctx.runs:
         row = ctx.activity_of.get((r.execution_id, r.step, r.attempt))
@@ -691,5 +728,5 @@ def measurements(ctx: Context) -> dict[str, Any]:
         "step_bodies_started": len(ctx.runs),
         "fenced_bodies_that_finished_late": fenced_late,
         "unexpected_exits": len(ctx.exits),
-        "redis_outage_end_to_first_step_s": redis_recovery,
+        "fault_end_to_first_step_s": recovery,
     }

@@ -2,7 +2,8 @@
 
 Loaded by the subprocess workers through ``CHORDBEAT_TASK_MODULES=tests.chaos_tasks``. Each line
 of the log is one JSON object ``{"event": "start"|"end", "execution_id", "step", "attempt",
-"pid", "ppid", "t"}`` (``t`` is wall-clock epoch seconds; ``ppid`` is the worker's main process,
+"pid", "ppid", "t"}`` (``t`` is epoch seconds of the reference clock: the chaos plan steps hosts'
+clocks, and the harness compares times written by different processes; ``ppid`` is the worker's main process,
 which is what the harness kills; ``end`` also says how the body ended). Lines are written with
 one ``write`` on an ``O_APPEND`` descriptor and fsynced, so lines of concurrent workers never
 interleave and a line written before a SIGKILL is on disk.
@@ -22,6 +23,7 @@ from typing import Any
 from celeryapp import app
 from celeryapp.context import StepContext, current_step
 from celeryapp.errors import StepCancelled
+from models.clock import clock
 
 STEP_TASK = "chordbeat_chaos.step"
 
@@ -44,7 +46,7 @@ def record(log: str, event: str, context: StepContext, **extra: Any) -> None:
         "attempt": context.attempt,
         "pid": os.getpid(),
         "ppid": os.getppid(),
-        "t": time.time(),
+        "t": clock.timestamp(),
         **extra,
     }
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -34,6 +34,14 @@ def skewed(offset_s: int) -> dict[str, str]:
     return {"LD_PRELOAD": preload, "FAKETIME": f"{offset_s:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
+def steppable_clock(offset_file: Path) -> dict[str, str]:
+    """Like :func:`skewed`, with the offset read from ``offset_file`` (``+35s``) every second: a
+    test steps the process's clock while it runs, as NTP steps a drifted host's."""
+    env = skewed(0)
+    del env["FAKETIME"]
+    return {**env, "FAKETIME_TIMESTAMP_FILE": str(offset_file), "FAKETIME_CACHE_DURATION": "1"}
+
+
 def _true_sleep() -> Path:
     """tests/faketime_sleep.c built once per user (it says why)."""
     source = Path(ROOT) / "tests" / "faketime_sleep.c"

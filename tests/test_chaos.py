@@ -294,12 +294,16 @@ def test_invariants_hold_under_a_seeded_fault_plan(
         "results": results,
     }
     (tmp_path / "chaos-report.json").write_text(json.dumps(report, indent=2))
-    recovery = [m["first_step_s"] for r in results for m in r["redis_outage_end_to_first_step_s"]]
+    recovery: dict[str, list[str]] = {}
+    for r in results:
+        for m in r["fault_end_to_first_step_s"]:
+            took = m["first_step_s"]
+            recovery.setdefault(m["fault"], []).append("none" if took is None else f"{took:.1f}s")
     print(
         f"\n=== chaos on {database}: seed {SEED}, {PLANS} plan(s), {report['faults_injected']} faults, "
-        f"{report['executions_checked']} executions checked; Redis outage end -> first step: "
-        f"{', '.join('none' if s is None else f'{s:.1f}s' for s in recovery) or 'no Redis fault'}; "
-        f"report: {tmp_path / 'chaos-report.json'}"
+        f"{report['executions_checked']} executions checked; fault end -> first step: "
+        + ("; ".join(f"{kind} {', '.join(times)}" for kind, times in sorted(recovery.items())) or "no fault")
+        + f"; report: {tmp_path / 'chaos-report.json'}"
     )
     for r in results:
         print(json.dumps({k: v for k, v in r.items() if k not in ("violations", "faults", "deaths", "exits")}))

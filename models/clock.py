@@ -7,11 +7,16 @@ shared Redis server's ``TIME``, installed by :mod:`celeryapp.messaging.reference
 use and then every :data:`MEASURE_INTERVAL_S`; in between, reference time moves on with the
 process's monotonic clock, so a host clock stepped meanwhile (by NTP, by an operator) changes
 nothing. The local wall clock serves only until a reference was installed and read once.
+
+Only the first reading is waited for. Later ones are taken by a short-lived thread: a caller may be
+inside a transaction (on SQLite, holding the write lock), and a frozen or unreachable Redis must not
+hold it there for a socket timeout.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +60,9 @@ class ReferenceClock:
         self._on_measured: OnMeasured | None = None
         self._reading: Reading | None = None
         self._next_try_s = float("-inf")
+        #: Process whose background reading is under way (a forked child has no such thread).
+        self._reader_pid: int | None = None
+        self._reader_lock = threading.Lock()
 
     def use(self, read: ReadReference | None, on_measured: OnMeasured | None = None) -> None:
         """Take ``read`` as the reference from now on (``None``: this host's own clock)."""
@@ -73,11 +81,27 @@ class ReferenceClock:
     def timestamp(self) -> float:
         """Reference time in seconds since the epoch."""
         if self._read is not None and time.monotonic() >= self._next_try_s:
-            self.measure()
+            if self._reading is None:
+                self.measure()
+            else:
+                self._measure_in_background()
         reading = self._reading
         if reading is None:
             return time.time()
         return reading.reference_s + (time.monotonic() - reading.monotonic_s)
+
+    def _measure_in_background(self) -> None:
+        with self._reader_lock:
+            if self._reader_pid == os.getpid():
+                return
+            self._reader_pid = os.getpid()
+        threading.Thread(target=self._background_reading, name="chordbeat-reference-clock", daemon=True).start()
+
+    def _background_reading(self) -> None:
+        try:
+            self.measure()
+        finally:
+            self._reader_pid = None
 
     def measure(self) -> Reading | None:
         """Read the reference now; on failure keep the previous reading (``None`` if there is none)."""
@@ -124,3 +148,11 @@ class ReferenceClock:
 
 #: The process's reference clock.
 clock = ReferenceClock()
+
+
+def _fresh_locks_in_child() -> None:
+    # A fork copies a lock held by another thread (a reading under way) held for ever.
+    clock._lock, clock._reader_lock, clock._reader_pid = threading.Lock(), threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_fresh_locks_in_child)

@@ -3,6 +3,7 @@ and record runs as if they agreed."""
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -215,3 +216,28 @@ def test_a_dead_worker_whose_clock_was_ahead_has_its_step_recovered_without_wait
     first, second = done["activities"]
     assert first["error"].startswith("worker lost"), first
     assert second["attempt"] == 2 and second["worker"].startswith("replacement@"), second
+
+
+def test_a_reading_due_is_taken_without_making_the_caller_wait() -> None:
+    """A caller may hold a transaction (SQLite's write lock): a Redis that stalls must not hold it."""
+    release = threading.Event()
+    calls: list[float] = []
+
+    def reference() -> float:
+        calls.append(time.monotonic())
+        if len(calls) > 1:
+            release.wait(10)  # a stalled Redis
+        return time.time() + 50
+
+    clock = ReferenceClock()
+    clock.use(reference)
+    clock.timestamp()
+    clock._next_try_s = float("-inf")  # the interval has passed
+    asked = time.monotonic()
+    first = clock.timestamp()
+    assert time.monotonic() - asked < 0.1, "the caller did not wait for the stalled reading"
+    assert abs(first - (time.time() + 50)) < 0.05, "the last reading serves meanwhile"
+    wait_for(lambda: len(calls) == 2, 5, what="the background reading")
+    clock.timestamp()
+    assert len(calls) == 2, "one background reading at a time"
+    release.set()

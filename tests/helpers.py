@@ -18,10 +18,11 @@ from sqlalchemy import event, select
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.client import answer
+from celeryapp.execution.runs import start_execution
 from celeryapp.interfaces.views import execution_json
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
-from models import ScheduleExecution, get_engine, transaction
+from models import Schedule, ScheduleExecution, Trigger, get_engine, transaction, utcnow
 from tests.servers import wait_for
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "run_once",
     "running",
     "set_field",
+    "start_and_hold",
     "step",
     "ts",
     "wait_for",
@@ -91,6 +93,16 @@ def db_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
 def executions(app: ChordbeatCelery) -> list[ScheduleExecution]:
     with transaction(app.settings.database_url) as session:
         return list(session.scalars(select(ScheduleExecution).order_by(ScheduleExecution.id)))
+
+
+def start_and_hold(app: ChordbeatCelery, name: str) -> tuple[int, Any]:
+    """Record a run; return it with the effects (its first chord) still to be sent."""
+    with transaction(app.settings.database_url) as session:
+        schedule = session.scalar(select(Schedule).where(Schedule.name == name))
+        assert schedule is not None
+        result = start_execution(session, schedule, trigger=Trigger.MANUAL, run_key=f"{name}:held", now=utcnow())
+    assert result.execution_id is not None
+    return result.execution_id, result.effects
 
 
 def entry_exists(app: ChordbeatCelery, name: str) -> bool:

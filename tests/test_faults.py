@@ -23,14 +23,13 @@ from sqlalchemy.exc import OperationalError
 import tests.fault_tasks  # noqa: F401  (registers the fault step tasks in the in-process worker)
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.execution.runs import start_execution
 from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.recovery import recovery
-from models import Activity, Schedule, ScheduleExecution, Trigger, transaction, utcnow
+from models import Activity, ScheduleExecution, transaction, utcnow
 from models.session import PG_CONNECT_TIMEOUT_S, connection, get_engine
 from tests import processes
 from tests.fault_tasks import read_log
-from tests.helpers import call, db_execution, finished, step, wait_for
+from tests.helpers import call, db_execution, finished, start_and_hold, step, wait_for
 from tests.servers import PostgresServer
 
 
@@ -128,16 +127,6 @@ def active_on(app: ChordbeatCelery, node: str) -> list[dict[str, Any]]:
     return [task for name, tasks in replies.items() if name.startswith(f"{node}@") for task in tasks]
 
 
-def start_and_hold(app: ChordbeatCelery, name: str) -> tuple[int, Any]:
-    """Record a run; return it with the effects (its first chord) still to be sent."""
-    with transaction(app.settings.database_url) as session:
-        schedule = session.scalar(select(Schedule).where(Schedule.name == name))
-        assert schedule is not None
-        result = start_execution(session, schedule, trigger=Trigger.MANUAL, run_key=f"{name}:held", now=utcnow())
-    assert result.execution_id is not None
-    return result.execution_id, result.effects
-
-
 @pytest.mark.slow
 def test_a_worker_killed_while_its_claim_waits_on_the_database_strands_nothing(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
@@ -228,7 +217,7 @@ def test_a_claim_the_database_refuses_is_run_once_the_database_is_back(
         allow(False)  # PostgreSQL restarting: every connection refused, existing ones reset
         try:
             apply_effects(app, effects)
-            wait_for(lambda: "could not claim worker task" in w1.output(), 60, what="the claim to fail")
+            wait_for(lambda: "claiming worker task" in w1.output(), 60, what="the claim to fail")
             time.sleep(6)  # the outage's length (longer than recovery's re-send grace), not a synchronisation
         finally:
             allow(True)

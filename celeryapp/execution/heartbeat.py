@@ -40,8 +40,12 @@ class StepWatch:
 
     The interrupt is :class:`StepCancelled` raised inside the step's thread; it lands at the next
     Python bytecode, so a step blocked in a long C call stops when that call returns. The heartbeat
-    goes on until the step has really returned: a step that unwinds slowly after the interrupt is
-    still running, and must not look like a lost worker whose attempt recovery runs again.
+    goes on until the watch is left, after the step has returned and its outcome is recorded: a
+    step that unwinds slowly after the interrupt is still running, and one whose outcome waits for
+    the database has not ended; neither must look like a lost worker whose attempt recovery runs
+    again. Once :meth:`disarm` is called (the step's code returned) nothing interrupts any more.
+
+    A watch without ``cancel_key`` only keeps its key alive (a claim's pickup lease).
     """
 
     def __init__(
@@ -49,7 +53,7 @@ class StepWatch:
         client: redis.Redis,
         *,
         heartbeat_key: str,
-        cancel_key: str,
+        cancel_key: str | None,
         fenced_key: str | None = None,
         stop_key: str | None = None,
         ttl_s: float,
@@ -58,7 +62,7 @@ class StepWatch:
     ) -> None:
         self.client = client
         self._heartbeat_key = heartbeat_key
-        self._flag_keys = (cancel_key,) if fenced_key is None else (cancel_key, fenced_key)
+        self._flag_keys = tuple(k for k in (cancel_key, fenced_key) if k is not None)
         self._stop_key = stop_key
         self._deadline = time.monotonic() + timeout_s if timeout_s else None
         #: Deleted once the step has returned (by the watching thread, at its next poll).
@@ -77,7 +81,19 @@ class StepWatch:
         #: Why an operator stopped the attempt (Flower's Terminate or Revoke), if one did.
         self.stopped: str | None = None
 
+    @classmethod
+    def keep_alive(cls, client: redis.Redis, key: str, ttl_s: float) -> StepWatch:
+        """A watch that only refreshes ``key`` (first at the next poll) and deletes it when left."""
+        return cls(client, heartbeat_key=key, cancel_key=None, ttl_s=ttl_s)
+
     def __enter__(self) -> StepWatch:
+        if self._flag_keys:
+            self._first_beat()
+            self._armed = True
+        _watch(self)
+        return self
+
+    def _first_beat(self) -> None:
         try:
             with self.client.pipeline(transaction=False) as pipe:
                 # The first heartbeat and the look at the operator's stop flag share a round trip.
@@ -92,9 +108,6 @@ class StepWatch:
             self._last_beat = time.monotonic()
             if self._stop_key is not None:
                 self.stopped = _text(answers[1])
-        self._armed = True
-        _watch(self)
-        return self
 
     def disarm(self) -> None:
         """Called when the step's code has returned: no interrupt may land after this."""
@@ -105,7 +118,7 @@ class StepWatch:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         # The step's keys are deleted at the watching thread's next poll, with those of every step
-        # that ended meanwhile: the outcome is recorded without waiting for a round trip.
+        # that ended meanwhile: the runner goes on without waiting for a round trip.
         self.disarm()
         _unwatch(self)
 
@@ -123,7 +136,7 @@ class StepWatch:
     def wants_look(self, now: float) -> bool:
         """Whether this poll looks at the flags; a step past its timeout is interrupted instead
         (also in thread pools and inside code that swallows the soft time limit)."""
-        if self._fired:
+        if self._fired or not self._flag_keys:
             return False
         if self._deadline is not None and now >= self._deadline:
             self._fire("timed_out")

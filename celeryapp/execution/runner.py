@@ -7,12 +7,15 @@ body always runs.
 from __future__ import annotations
 
 import logging
+import random
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from billiard.common import terminate_handler_fired
 from celery.exceptions import SoftTimeLimitExceeded
-from sqlalchemy import update
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from celeryapp.context import StepContext, running_step
 from celeryapp.errors import StepCancelled
@@ -22,12 +25,11 @@ from celeryapp.execution.step_events import step_result
 from celeryapp.execution.step_policy import StepRules
 from celeryapp.execution.steps import Claim, Recorded, claim_step, finish_step
 from celeryapp.messaging import keys
-from celeryapp.messaging.dispatch import apply_effects, drop_pickup
+from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
 from models import ActivityStatus, utcnow
 from models.session import autocommit, connection
-from models.tables import ACTIVITIES
 
 if TYPE_CHECKING:
     from celeryapp.app import ChordbeatCelery
@@ -36,10 +38,17 @@ logger = logging.getLogger(__name__)
 
 #: Characters of an error message kept on the activity.
 ERROR_CHARS = 2000
-#: Tries at recording an outcome before falling back to a bare update.
-RECORD_TRIES = 3
-#: Pauses after each failed claim (a database blip); then the attempt is left to recovery.
-CLAIM_RETRY_DELAYS_S = (0.2, 0.5, 0)
+#: Seconds a runner keeps trying to claim its attempt, and to record its outcome, while the
+#: database does not answer (restarts and failovers of 10-60 s are routine). Its pickup lease or
+#: heartbeat is kept meanwhile, so recovery neither sends the attempt again nor takes it for lost.
+#: A warm shutdown waits for it; a worker killed meanwhile is a lost worker to recovery.
+DATABASE_PATIENCE_S = 600.0
+#: Pause after the first failed try; doubled after each, up to ``RETRY_PAUSE_MAX_S``, with jitter
+#: (half of it at random) so that the workers of a fleet do not come back in step.
+RETRY_PAUSE_FIRST_S = 0.1
+RETRY_PAUSE_MAX_S = 2.0
+#: A database still away is logged (WARNING) at the first failure and then this often, not every try.
+RETRY_LOG_EVERY_S = 30.0
 #: A step with a timeout advances its run itself only with at least this long left before its
 #: soft time limit: the limit's exception must not land while the next group is being sent.
 ADVANCE_MARGIN_S = 5.0
@@ -111,64 +120,97 @@ def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcom
     return status, error, None if status.failed else message
 
 
+def _transient(exc: Exception) -> bool:
+    """A database that is away or busy (refused, reset, timed out, locked, a deadlock), not a
+    statement it refuses: only the first goes away by trying again."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, OperationalError | InterfaceError | DisconnectionError | PoolTimeoutError)
+
+
+_T = TypeVar("_T")
+
+
+def _patiently(what: str, once: Callable[[], _T]) -> _T | Exception:
+    """``once()`` until it succeeds, for up to ``DATABASE_PATIENCE_S`` while the database is away;
+    its last error once patience ran out or the error is not one that trying again can cure."""
+    started = time.monotonic()
+    pause_s = RETRY_PAUSE_FIRST_S
+    tries = 0
+    logged_at: float | None = None
+    while True:
+        tries += 1
+        try:
+            result = once()
+        except Exception as exc:
+            now = time.monotonic()
+            if not _transient(exc):
+                logger.exception("%s failed; not tried again", what)
+                return exc
+            if now - started >= DATABASE_PATIENCE_S:
+                logger.critical(
+                    "%s: the database has not answered for %.0fs (%s tries); given up", what, now - started, tries
+                )
+                return exc
+            if logged_at is None or now - logged_at >= RETRY_LOG_EVERY_S:
+                logged_at = now
+                logger.warning(
+                    "%s failed (%s tries in %.0fs; tried again for up to %.0fs): %s",
+                    what,
+                    tries,
+                    now - started,
+                    DATABASE_PATIENCE_S,
+                    exc,
+                )
+            time.sleep(min(pause_s / 2 + random.uniform(0, pause_s / 2), started + DATABASE_PATIENCE_S - now))
+            pause_s = min(pause_s * 2, RETRY_PAUSE_MAX_S)
+            continue
+        if tries > 1:
+            logger.warning("%s succeeded after %s tries in %.1fs", what, tries, time.monotonic() - started)
+        return result
+
+
 def _record(
     app: ChordbeatCelery, claim: Claim, status: ActivityStatus, error: str | None, message: str | None
-) -> Recorded:
+) -> Recorded | Exception:
     url = app.settings.database_url
     error, message = _storable(error), _storable(message)
-    for attempt in range(1, RECORD_TRIES + 1):
-        try:
-            with autocommit(url) as conn:
-                return finish_step(conn, claim, status, now=utcnow(), error=error, message=message)
-        except Exception:
-            logger.exception(
-                "recording outcome of %s attempt %s failed (try %s)", claim.spec.name, claim.attempt, attempt
-            )
-            time.sleep(0.2 * attempt)
-    # SafeFail: never leave the activity in progress. A bare update in a fresh transaction; if even
-    # that fails, heartbeat recovery will fail and re-queue the attempt.
-    try:
-        with connection(url) as conn:
-            conn.execute(
-                update(ACTIVITIES)
-                .where(ACTIVITIES.c.id == claim.activity_id, ACTIVITIES.c.status == ActivityStatus.IN_PROGRESS)
-                .values(
-                    status=ActivityStatus.FAILED_WITH_ERROR,
-                    completed_at=utcnow(),
-                    error=f"outcome could not be recorded (was {status.value})",
-                )
-            )
-    except Exception:
-        logger.critical("activity %s is left in progress: database unreachable", claim.activity_id, exc_info=True)
-    return Recorded(closed=False, last_of_group=False)
+
+    def once() -> Recorded:
+        with autocommit(url) as conn:
+            return finish_step(conn, claim, status, now=utcnow(), error=error, message=message)
+
+    # Not a failure the step did not have in its place, ever: the outcome is true or nothing is
+    # written. Given up, the activity stays in progress and, its heartbeat gone, recovery runs the
+    # attempt again as after a lost worker.
+    return _patiently(f"recording the outcome ({status.value}) of {claim.spec.name!r} attempt {claim.attempt}", once)
 
 
 def _claim(app: ChordbeatCelery, worker_task_id: int, attempt: int, node: str) -> Claim | Exception | None:
-    error: Exception | None = None
-    for delay in CLAIM_RETRY_DELAYS_S:
-        try:
-            # A transaction even for PostgreSQL's single statement: the claim commits only once
-            # its runner, alive, asks for it. Alone it would commit whenever the statement ran,
-            # and a worker killed while it waited (a locked table, a stalled server) would leave
-            # an attempt claimed that nothing runs: recovery would fail it and use up an attempt.
-            with connection(app.settings.database_url) as conn:
-                return claim_step(conn, worker_task_id, attempt, node=node, now=utcnow())
-        except Exception as exc:
-            error = exc
-            logger.warning("claiming worker task %s attempt %s failed: %s", worker_task_id, attempt, exc)
-            time.sleep(delay)
-    assert error is not None
-    return error
+    """The claim; ``None``: not ours to run; an error: the database did not let it."""
+
+    def once() -> Claim | None:
+        # A transaction even for PostgreSQL's single statement: the claim commits only once
+        # its runner, alive, asks for it. Alone it would commit whenever the statement ran,
+        # and a worker killed while it waited (a locked table, a stalled server) would leave
+        # an attempt claimed that nothing runs: recovery would fail it and use up an attempt.
+        with connection(app.settings.database_url) as conn:
+            return claim_step(conn, worker_task_id, attempt, node=node, now=utcnow())
+
+    return _patiently(f"claiming worker task {worker_task_id} attempt {attempt}", once)
 
 
 def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: str) -> dict[str, Any]:
     settings = app.settings
-    # The pickup lease was taken when the worker received the message (signals.py).
-    claim = _claim(app, worker_task_id, attempt, node)
+    client = get_redis(settings.broker_url)
+    # The pickup lease was taken when the worker received the message (signals.py). Kept while
+    # the claim waits for the database, and deleted after it: claimed, the attempt is past needing
+    # one; not claimed, recovery sends the attempt again once the lease is gone (a duplicate of
+    # a message still retrying elsewhere is harmless: only one claim can win).
+    with StepWatch.keep_alive(client, keys.pickup_key(worker_task_id, attempt), settings.heartbeat_ttl_s):
+        claim = _claim(app, worker_task_id, attempt, node)
     if not isinstance(claim, Claim):
         # Nothing was claimed, so nothing runs here; the attempt is still queued in the database.
-        # Without the pickup lease, recovery sends it again once the database answers.
-        drop_pickup(app, worker_task_id, attempt)
         if claim is None:
             logger.info("worker task %s attempt %s is not runnable here (duplicate or fenced)", worker_task_id, attempt)
             return {"status": "skipped"}
@@ -186,23 +228,27 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         claim.spec.timeout_s,
     )
     watch = StepWatch(
-        get_redis(settings.broker_url),
+        client,
         heartbeat_key=keys.heartbeat_key(worker_task_id, attempt),
         cancel_key=keys.cancel_key(claim.execution_id),
         fenced_key=keys.fenced_key(worker_task_id, attempt),
         stop_key=keys.stop_key(worker_task_id, attempt),
         ttl_s=settings.heartbeat_ttl_s,
         timeout_s=claim.spec.timeout_s,
-        done_keys=(keys.pickup_key(worker_task_id, attempt),),
     )
     started = time.monotonic()
-    try:
-        with running_step(context), watch:
-            status, error, message = execute_step(app, claim, watch)
-    except StepCancelled:
-        # Landed between the step's return and the watch's stop.
-        status, error, message = _interrupted(claim, watch)
-    recorded = _record(app, claim, status, error, message)
+    # The heartbeat is kept until the outcome is recorded: a step whose outcome waits for the
+    # database has not ended, and must not be taken for a lost one and run again.
+    with watch:
+        try:
+            with running_step(context):
+                status, error, message = execute_step(app, claim, watch)
+        except StepCancelled:
+            # Landed between the step's return and the watch's disarming.
+            status, error, message = _interrupted(claim, watch)
+        recorded = _record(app, claim, status, error, message)
+    if not isinstance(recorded, Recorded):
+        return {"status": "unrecorded"}
     timeout_s = claim.spec.timeout_s
     if recorded.last_of_group and (not timeout_s or time.monotonic() - started < timeout_s - ADVANCE_MARGIN_S):
         _advance_now(app, claim)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import random
 import select
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Connection, CursorResult, Engine, Executable, create_engine, event, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Milliseconds a SQLite writer waits for another process's write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -20,6 +26,11 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: host that drops packets holds a connect for the OS's SYN retries (over 2 minutes on Linux):
 #: a step, a recovery pass or beat's repair would hang that long. The URL's own value wins.
 PG_CONNECT_TIMEOUT_S = 10
+#: PostgreSQL's isolation level, set on every engine whatever the server's or the database's
+#: default: every compare-and-set and lock here is written for READ COMMITTED (a statement that
+#: waited for a row lock re-checks its condition on the row's newest version). Under REPEATABLE
+#: READ the same wait ends in a serialization failure instead.
+PG_ISOLATION_LEVEL = "READ COMMITTED"
 
 _lock = threading.Lock()
 _engines: dict[tuple[int, str], tuple[Engine, sessionmaker[Session], sessionmaker[Session]]] = {}
@@ -67,6 +78,16 @@ def _replace_closed_connections(engine: Engine) -> None:
             raise DisconnectionError("the server closed the connection")
 
 
+def _pin_isolation_level(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # The engine's level makes each BEGIN name it; statements sent without one (autocommit)
+        # run at the session's default, which the database or role may have set otherwise.
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {PG_ISOLATION_LEVEL}")
+        dbapi_connection.commit()
+
+
 def get_engine(url: str) -> Engine:
     return _get(url)[0]
 
@@ -82,6 +103,7 @@ def _get(url: str) -> tuple[Engine, sessionmaker[Session], sessionmaker[Session]
                 kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}}
             elif url.startswith("postgresql"):
                 kwargs["pool_size"] = 5
+                kwargs["isolation_level"] = PG_ISOLATION_LEVEL
                 if "connect_timeout" not in make_url(url).query:
                     kwargs["connect_args"] = {"connect_timeout": PG_CONNECT_TIMEOUT_S}
             else:
@@ -91,6 +113,7 @@ def _get(url: str) -> tuple[Engine, sessionmaker[Session], sessionmaker[Session]
                 _configure_sqlite(engine)
             elif engine.dialect.name == "postgresql":
                 _replace_closed_connections(engine)
+                _pin_isolation_level(engine)
             reader = engine.execution_options(**{READ_ONLY: True})
             found = (engine, sessionmaker(engine, expire_on_commit=False), sessionmaker(reader, expire_on_commit=False))
             _engines[key] = found
@@ -148,6 +171,67 @@ def dispose_all() -> None:
             if pid == os.getpid():
                 engine.dispose()
         _engines.clear()
+
+
+#: SQLSTATEs of a transaction the server aborted to let others go on, which may simply be run
+#: again: a deadlock (40P01) and a serialization failure (40001).
+RETRIED_SQLSTATES = {"40P01": "deadlock", "40001": "serialization failure"}
+#: How many times :func:`retrying` runs a transaction in all before the failure is raised.
+CONFLICT_TRIES = 6
+#: Seconds the first pause before running again may last at most; each next one doubles, up to
+#: ``CONFLICT_MAX_PAUSE_S``. A pause is drawn at random below its bound, so that the
+#: transactions that deadlocked do not meet again at the same moment.
+CONFLICT_FIRST_PAUSE_S = 0.05
+CONFLICT_MAX_PAUSE_S = 1.0
+
+
+def conflict_of(error: BaseException) -> str | None:
+    """The SQLSTATE of a deadlock or serialization failure (the driver's error, or SQLAlchemy's
+    wrapping it); ``None`` for any other error."""
+    original = getattr(error, "orig", None) or error
+    code = getattr(original, "sqlstate", None) or getattr(original, "pgcode", None)
+    return code if code in RETRIED_SQLSTATES else None
+
+
+def retrying(what: str, run: Callable[[], T], *, tries: int = CONFLICT_TRIES) -> T:
+    """``run()``, run again (bounded, with jittered backoff) when the database aborted it as a
+    deadlock's victim or for a serialization failure; any other error is raised at once.
+
+    ``run`` must be a whole unit of work: one transaction, opened and committed inside it, or
+    statements each committing alone that are all right to run again. Never a part of a
+    transaction (the server rolled all of it back), and nothing sent to the outside inside it:
+    it returns what to send, sent once it has returned.
+    """
+    number = 0
+    while True:
+        number += 1
+        try:
+            return run()
+        except Exception as exc:
+            code = conflict_of(exc)
+            if code is None or number >= tries:
+                raise
+            pause_s = random.uniform(0, min(CONFLICT_MAX_PAUSE_S, CONFLICT_FIRST_PAUSE_S * 2 ** (number - 1)))
+            logger.warning(
+                "%s: aborted by the database (%s, SQLSTATE %s); running it again in %.3f s (try %s of %s)",
+                what,
+                RETRIED_SQLSTATES[code],
+                code,
+                pause_s,
+                number + 1,
+                tries,
+            )
+            time.sleep(pause_s)
+
+
+def retried_transaction(url: str, what: str, work: Callable[[Session], T]) -> T:
+    """``work(session)`` in a transaction of its own, run again as :func:`retrying` does."""
+
+    def attempt() -> T:
+        with transaction(url) as session:
+            return work(session)
+
+    return retrying(what, attempt)
 
 
 def affected(session: Session, statement: Executable) -> int:

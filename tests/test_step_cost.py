@@ -60,15 +60,16 @@ def test_a_step_costs_two_statements_on_postgresql_five_on_sqlite(app: Chordbeat
     event.listen(get_engine(app.settings.database_url), "commit", lambda _conn: commits.append(1))
     with recorded_statements(app) as statements:
         assert runner.run_step(app, task_id, 1, node="here") == {"status": "complete"}
-    # Claim (the attempt, with its step's definition) and open the activity; then close the
-    # activity and drop the worker task. Each is committed before the next step of the work: on
-    # PostgreSQL one statement each, the outcome committing by itself (no BEGIN and COMMIT).
-    # SQLite then counts the group's attempts left (PostgreSQL, in the same statement).
+    # Claim (the attempt, with its step's definition) and open the activity; then drop the
+    # worker task and close the activity (the lock order: task, then activity). Each is
+    # committed before the next step of the work: on PostgreSQL one statement each, the outcome
+    # committing by itself (no BEGIN and COMMIT). SQLite then counts the group's attempts left
+    # (PostgreSQL, in the same statement).
     if app.settings.database_url.startswith("postgresql"):
         assert statements == ["WITH", "WITH"], statements
         assert len(commits) == 1
     else:
-        assert statements == ["UPDATE", "INSERT", "UPDATE", "DELETE", "SELECT"], statements
+        assert statements == ["UPDATE", "INSERT", "DELETE", "UPDATE", "SELECT"], statements
         assert len(commits) == 2
     # The group's last step advances its run itself: here it ends it.
     assert runner.run_step(app, last_id, 1, node="here") == {"status": "complete"}
@@ -184,10 +185,11 @@ def test_ending_a_run_costs_eight_statements_and_loads_no_steps(app: ChordbeatCe
         with recorded_statements(app, words=None) as statements, transaction(app.settings.database_url) as session:
             advance_execution(session, execution_id, index, now=utcnow())
     # The last group's check (run and outcomes), the run's row, the schedule's row lock, the
-    # compare-and-set to completed, its metrics (attempts read, one upsert), its worker tasks
-    # dropped, and the schedule's counters with the columns its retry policy needs (RETURNING).
+    # compare-and-set to completed, its worker tasks dropped, its metrics (attempts read, one
+    # upsert: last, the lock order), and the schedule's counters with the columns its retry
+    # policy needs (RETURNING).
     kinds = [s.split()[0] for s in statements]
-    assert kinds == ["SELECT", "SELECT", "SELECT", "UPDATE", "SELECT", "INSERT", "DELETE", "UPDATE"], kinds
+    assert kinds == ["SELECT", "SELECT", "SELECT", "UPDATE", "DELETE", "SELECT", "INSERT", "UPDATE"], kinds
     assert not [s for s in statements if "schedule_steps" in s], statements
     with transaction(app.settings.database_url) as session:
         assert session.scalar(select(Schedule.run_count).where(Schedule.name == "ends")) == 1

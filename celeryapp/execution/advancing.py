@@ -10,6 +10,7 @@ send once the transaction has committed; :mod:`celeryapp.messaging.dispatch` sen
 from __future__ import annotations
 
 from datetime import datetime
+from functools import partial
 from typing import Any, NamedTuple
 
 from sqlalchemy import JSON, Connection, and_, bindparam, func, select, update
@@ -20,7 +21,7 @@ from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.execution.runs import finish_execution
 from celeryapp.scheduling.definition import StepSpec
 from models import ExecutionStatus, ScheduleExecution, WorkerTaskStatus
-from models.session import autocommit, transaction
+from models.session import autocommit, retrying, transaction
 from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS
 
 # Every group of every run is advanced: like the step path, the statements are Core statements
@@ -163,7 +164,8 @@ def advance_execution(session: Session, execution_id: int, step_index: int, *, n
 
 def advance_group(url: str, execution_id: int, step_index: int, *, now: datetime) -> Effects:
     """:func:`advance_execution` for the paths every group takes (its last step, its chord's body),
-    without a transaction around the whole.
+    without a transaction around the whole; run again whole if the database aborted a part to
+    break a deadlock (each part is a compare-and-set, right to run again).
 
     The look needs none: what it reads of a finished group no longer changes (no attempt of it is
     left, activities are immutable), and the compare-and-set checks again that the run is still
@@ -172,6 +174,13 @@ def advance_group(url: str, execution_id: int, step_index: int, *, now: datetime
     chord's body that finds the run already past its group does not queue behind every writer.
     Ending the run, once per run, takes a transaction (and reads the group again in it).
     """
+    return retrying(
+        f"advancing execution {execution_id} after group {step_index}",
+        partial(_advance_group, url, execution_id, step_index, now=now),
+    )
+
+
+def _advance_group(url: str, execution_id: int, step_index: int, *, now: datetime) -> Effects:
     with autocommit(url, read_only=True) as conn:
         look = look_at_group(conn, execution_id, step_index)
     if look is None:

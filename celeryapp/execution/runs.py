@@ -373,8 +373,14 @@ def finish_execution(
     *,
     error: str | None,
     now: datetime,
+    cancel: bool = False,
 ) -> Effects | None:
-    """End the execution if ``guard`` still holds; ``None`` if someone else changed it first."""
+    """End the execution if ``guard`` still holds; ``None`` if someone else changed it first.
+
+    ``cancel``: its attempts still running end with it (their activities closed as cancelled)
+    and are revoked. Locks are taken in the documented order (docs/architecture.md, "Locks"):
+    schedule, execution, worker tasks, activities, then the metric counts.
+    """
     if execution.schedule_id is not None:
         lock_schedule(session, execution.schedule_id)
     done = affected(
@@ -385,14 +391,30 @@ def finish_execution(
     )
     if not done:
         return None
+    # Read as deleted (under the execution's lock), not before: a group queued meanwhile is revoked too.
+    dropped = session.execute(
+        delete(WorkerTask)
+        .where(WorkerTask.execution_id == execution.id)
+        .returning(WorkerTask.id, WorkerTask.attempt, WorkerTask.status),
+        execution_options=NO_SYNC,
+    ).all()
+    if cancel:
+        session.execute(
+            update(Activity)
+            .where(Activity.execution_id == execution.id, Activity.status == ActivityStatus.IN_PROGRESS)
+            .values(status=ActivityStatus.CANCELLED, completed_at=now, error=error)
+        )
     metric_counts.observe_execution(session, execution, status, now)
-    session.execute(delete(WorkerTask).where(WorkerTask.execution_id == execution.id))
     if status is ExecutionStatus.FAILED:
         logger.warning("execution %s of %r failed: %s", execution.id, execution.schedule_name, error)
     else:
         logger.info("execution %s of %r %s", execution.id, execution.schedule_name, status.value)
     effects = _after_execution(session, execution, status, error=error, now=now)
     effects.ended.append(execution.id)
+    if cancel:
+        effects.cancelled.append(execution.id)
+        running = [(i, a) for i, a, state in dropped if state is not WorkerTaskStatus.WAITING]
+        effects.revoke += [keys.runner_task_id(execution.id, i, a) for i, a in running]
     return effects
 
 
@@ -558,19 +580,5 @@ def cancel_execution(
     if execution.status is not ExecutionStatus.IN_PROGRESS:
         return Effects()
     guard = (ScheduleExecution.id == execution_id, ScheduleExecution.status == ExecutionStatus.IN_PROGRESS)
-    running = session.execute(
-        select(WorkerTask.id, WorkerTask.attempt).where(
-            WorkerTask.execution_id == execution_id, WorkerTask.status != WorkerTaskStatus.WAITING
-        )
-    ).all()
-    effects = finish_execution(session, execution, guard, status, error=reason, now=now)
-    if effects is None:
-        return Effects()  # it ended meanwhile: nothing to cancel
-    session.execute(
-        update(Activity)
-        .where(Activity.execution_id == execution_id, Activity.status == ActivityStatus.IN_PROGRESS)
-        .values(status=ActivityStatus.CANCELLED, completed_at=now, error=reason)
-    )
-    effects.cancelled.append(execution_id)
-    effects.revoke += [keys.runner_task_id(execution_id, i, a) for i, a in running]
-    return effects
+    effects = finish_execution(session, execution, guard, status, error=reason, now=now, cancel=True)
+    return Effects() if effects is None else effects  # None: it ended meanwhile, nothing to cancel

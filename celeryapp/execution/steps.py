@@ -65,11 +65,19 @@ _GROUP_OF_PLAN = type_coerce(
 # data-modifying CTEs; it runs the same changes as two statements in a transaction, which cost
 # no round trips there.
 _task = WORKER_TASKS.c
+#: The run, still in progress, locked FOR KEY SHARE before the worker task is (the lock order,
+#: docs/architecture.md "Locks"): the lock the activity's foreign key takes anyway, taken first.
+#: Taken after the task's, it waited on a run being cancelled, whose cancel waited on the task.
+_RUN_IN_PROGRESS = exists(
+    select(EXECUTIONS.c.id)
+    .where(EXECUTIONS.c.id == _task.execution_id, EXECUTIONS.c.status == ExecutionStatus.IN_PROGRESS)
+    .with_for_update(read=True, key_share=True)
+)
 _CLAIMABLE = (
     _task.id == bindparam("p_task_id"),
     _task.attempt == bindparam("p_attempt"),
     _task.status == WorkerTaskStatus.QUEUED,
-    exists().where(EXECUTIONS.c.id == _task.execution_id, EXECUTIONS.c.status == ExecutionStatus.IN_PROGRESS),
+    _RUN_IN_PROGRESS,
 )
 _TO_PROCESSING = {"status": WorkerTaskStatus.PROCESSING, "node": bindparam("p_node"), "started_at": bindparam("p_now")}
 _CLAIM = (
@@ -173,8 +181,12 @@ _GROUP_LEFT = (
 
 def _finish_in_one_statement() -> Any:
     # Each data-modifying CTE runs once and to completion whether or not the query reads it.
-    closed = _CLOSE_ACTIVITY.returning(ACTIVITIES.c.id).cte("closed")
+    # The activity's update reads the task's delete, which therefore runs (and locks the task)
+    # first: worker task before activity, the lock order. PostgreSQL otherwise runs the CTEs
+    # in no promised order, and activity first deadlocked with a cancel (task, then activities).
     dropped = _DROP_TASK.returning(_task.id).cte("dropped")
+    after_drop = select(func.count()).select_from(dropped).scalar_subquery() >= 0
+    closed = _CLOSE_ACTIVITY.where(after_drop).returning(ACTIVITIES.c.id).cte("closed")
     return select(
         select(func.count()).select_from(closed).scalar_subquery(),
         select(func.count()).select_from(dropped).scalar_subquery(),
@@ -249,6 +261,6 @@ def finish_step(
     if _one_statement(conn):
         closed, dropped, left = conn.execute(_FINISH_IN_ONE_STATEMENT, {**outcome, **task, **group, "p_now": now}).one()
         return Recorded(bool(closed), bool(dropped) and left == dropped)
-    closed = conn.execute(_CLOSE_ACTIVITY, {**outcome, "p_now": now}).rowcount
     dropped = conn.execute(_DROP_TASK, task).rowcount
+    closed = conn.execute(_CLOSE_ACTIVITY, {**outcome, "p_now": now}).rowcount
     return Recorded(bool(closed), bool(dropped) and conn.execute(select(_GROUP_LEFT), group).scalar_one() == 0)

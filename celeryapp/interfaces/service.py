@@ -2,7 +2,8 @@
 
 Each checks every argument before it opens its one transaction (anyone who can publish to the
 broker can call these: a wrong argument raises :class:`InvalidArgument` naming it, and nothing is
-written), and sends what it decided (chords, cancels) only after commit.
+written), and sends what it decided (chords, cancels) only after commit. A transaction that writes
+is run again when the database aborts it to break a deadlock (:func:`models.session.retrying`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
 from celeryapp.execution.effects import Effects
+from celeryapp.execution.runs import StartResult, start_execution
 from celeryapp.execution.runs import cancel_execution as cancel_in_db
-from celeryapp.execution.runs import start_execution
 from celeryapp.execution.step_policy import StepRules
 from celeryapp.interfaces.views import execution_json, execution_list_json, iso, schedule_json
 from celeryapp.messaging.dispatch import apply_effects
@@ -43,7 +45,7 @@ from models import (
     transaction,
     utcnow,
 )
-from models.session import affected
+from models.session import affected, retried_transaction
 
 if TYPE_CHECKING:
     from celeryapp.app import ChordbeatCelery
@@ -59,9 +61,11 @@ def apply_schedule(
     app: ChordbeatCelery, definition: Any, *, source: ScheduleSource = ScheduleSource.API
 ) -> dict[str, Any]:
     parsed = parse_definition(definition, known_task=known_task(app))
-    with transaction(app.settings.database_url) as session:
-        schedule, _change = upsert_schedule(session, parsed, source=source, now=utcnow())
-        result = schedule_json(schedule)
+
+    def store(session: Session) -> dict[str, Any]:
+        return schedule_json(upsert_schedule(session, parsed, source=source, now=utcnow())[0])
+
+    result = retried_transaction(app.settings.database_url, f"applying schedule {parsed.name!r}", store)
     _sync(app, parsed.name)
     return result
 
@@ -72,9 +76,12 @@ def _sync(app: ChordbeatCelery, name: str) -> None:
 
 def delete_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
     name = _name(name)
-    with transaction(app.settings.database_url) as session:
-        schedule = find_schedule(session, name)
-        session.delete(schedule)
+
+    def remove(session: Session) -> None:
+        # Locked first, as everything that changes a schedule and its runs does (the lock order).
+        session.delete(find_schedule(session, name, lock=True))
+
+    retried_transaction(app.settings.database_url, f"deleting schedule {name!r}", remove)
     _sync(app, name)
     return {"name": name, "deleted": True}
 
@@ -144,17 +151,15 @@ def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
 def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
     name = _name(name)
     payload = _payload(payload)
-    with transaction(app.settings.database_url) as session:
+    run_key = f"{name}:manual:{uuid.uuid4().hex}"
+
+    def start(session: Session) -> StartResult:
         schedule = find_schedule(session, name, lock=True)
-        result = start_execution(
-            session,
-            schedule,
-            trigger=Trigger.MANUAL,
-            now=utcnow(),
-            payload=payload,
-            run_key=f"{name}:manual:{uuid.uuid4().hex}",
-            locked=True,
+        return start_execution(
+            session, schedule, trigger=Trigger.MANUAL, now=utcnow(), payload=payload, run_key=run_key, locked=True
         )
+
+    result = retried_transaction(app.settings.database_url, f"starting a run of {name!r}", start)
     apply_effects(app, result.effects)
     if result.execution_id is None or result.skipped:
         return {"execution_id": None, "skipped": result.skipped}
@@ -163,8 +168,11 @@ def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | 
 
 def cancel_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
     execution_id = _execution_id(execution_id)
-    with transaction(app.settings.database_url) as session:
-        effects = cancel_in_db(session, execution_id, now=utcnow())
+    effects = retried_transaction(
+        app.settings.database_url,
+        f"cancelling execution {execution_id}",
+        lambda session: cancel_in_db(session, execution_id, now=utcnow()),
+    )
     apply_effects(app, effects)
     return get_execution(app, execution_id)
 

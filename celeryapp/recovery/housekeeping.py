@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
 
-from models import ExecutionStatus, ScheduleExecution, SlotRecord, transaction, utcnow
-from models.session import affected
+from models import ExecutionStatus, ScheduleExecution, SlotRecord, utcnow
+from models.session import affected, retried_transaction
 
 if TYPE_CHECKING:
     from celeryapp.app import ChordbeatCelery
@@ -25,27 +27,13 @@ def purge(app: ChordbeatCelery, *, now: datetime | None = None, batch: int = BAT
     cutoff = (now or utcnow()) - timedelta(days=app.settings.retention_days)
     removed = {"executions": 0, "slots": 0}
     url = app.settings.database_url
-    while True:
-        with transaction(url) as session:
-            ids = list(
-                session.scalars(
-                    select(ScheduleExecution.id)
-                    .where(
-                        ScheduleExecution.status != ExecutionStatus.IN_PROGRESS, ScheduleExecution.completed_at < cutoff
-                    )
-                    .limit(batch)
-                )
-            )
-            if not ids:
-                break
-            # Activities go with their execution (ON DELETE CASCADE).
-            removed["executions"] += affected(session, delete(ScheduleExecution).where(ScheduleExecution.id.in_(ids)))
-    while True:
-        with transaction(url) as session:
-            ids = list(session.scalars(select(SlotRecord.id).where(SlotRecord.recorded_at < cutoff).limit(batch)))
-            if not ids:
-                break
-            removed["slots"] += affected(session, delete(SlotRecord).where(SlotRecord.id.in_(ids)))
+    finished = (ScheduleExecution.status != ExecutionStatus.IN_PROGRESS, ScheduleExecution.completed_at < cutoff)
+    # Activities go with their execution (ON DELETE CASCADE).
+    old_slots = (SlotRecord.recorded_at < cutoff,)
+    while deleted := retried_transaction(url, "purging runs", partial(_delete, ScheduleExecution, finished, batch)):
+        removed["executions"] += deleted
+    while deleted := retried_transaction(url, "purging slot records", partial(_delete, SlotRecord, old_slots, batch)):
+        removed["slots"] += deleted
     if any(removed.values()):
         logger.info(
             "housekeeping removed %s executions and %s slot records older than %s",
@@ -54,3 +42,12 @@ def purge(app: ChordbeatCelery, *, now: datetime | None = None, batch: int = BAT
             cutoff.isoformat(),
         )
     return removed
+
+
+def _delete(
+    table: type[ScheduleExecution] | type[SlotRecord], where: tuple[Any, ...], batch: int, session: Session
+) -> int:
+    """Delete up to ``batch`` rows of ``table``, locked in id order (two passes at once wait for
+    each other instead of deadlocking); how many."""
+    ids = list(session.scalars(select(table.id).where(*where).order_by(table.id).limit(batch).with_for_update()))
+    return affected(session, delete(table).where(table.id.in_(ids))) if ids else 0

@@ -27,6 +27,7 @@ from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.repair import requeue_attempt, resend_queued
 from celeryapp.scheduling.beat_entries import reconcile
 from models import Activity, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction, utcnow
+from models.session import retried_transaction
 
 if TYPE_CHECKING:
     from celeryapp.app import ChordbeatCelery
@@ -70,8 +71,7 @@ def _repair(app: ChordbeatCelery, what: str, repair: Callable[[Session], Effects
     """One item's repair in its own transaction. A failure (a corrupt plan, an overflow) is logged
     loudly and skipped: one bad row must not stop the pass for every other run."""
     try:
-        with transaction(app.settings.database_url) as session:
-            effects = repair(session)
+        effects = retried_transaction(app.settings.database_url, f"recovery: repairing {what}", repair)
     except Exception:
         logger.exception("recovery: repairing %s failed; skipped, the other repairs go on", what)
         return Effects()

@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.execution.advancing import advance_execution
 from celeryapp.execution.decisions import decide_lost_attempt
 from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.execution.runs import lock_schedule
 from celeryapp.execution.steps import spec_of
 from celeryapp.monitoring import metric_counts
 from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus
@@ -42,16 +43,8 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
     verdict = decide_lost_attempt(
         attempt, spec.max_attempts, started_at=task.started_at, timeout_s=spec.timeout_s, now=now, reason=reason
     )
-    session.execute(
-        update(Activity)
-        .where(
-            Activity.execution_id == execution.id,
-            Activity.step_name == task.step_name,
-            Activity.attempt == attempt,
-            Activity.status == ActivityStatus.IN_PROGRESS,
-        )
-        .values(status=ActivityStatus.FAILED_WITH_ERROR, completed_at=now, error=verdict.error)
-    )
+    # Locks in the documented order (docs/architecture.md, "Locks"): the worker task before its
+    # activity; failing the step may end the run, so then the schedule and the run before both.
     fenced = (
         WorkerTask.id == worker_task_id,
         WorkerTask.attempt == attempt,
@@ -66,6 +59,7 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
         )
         if not moved:
             return Effects()
+        _fail_activity(session, task, attempt, verdict.error, now=now)
         logger.warning(
             "step %r of execution %s: %s; re-queued as attempt %s", task.step_name, execution.id, reason, attempt + 1
         )
@@ -74,13 +68,30 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
         group = GroupDispatch(execution.id, task.step_index, (step,), requeue=True, schedule_name=name)
         metric_counts.count_requeue(session)  # last: after every lock this transaction takes
         return Effects(dispatch=[group], fenced=[(worker_task_id, attempt)])
+    if execution.schedule_id is not None:
+        lock_schedule(session, execution.schedule_id)
+    session.execute(select(ScheduleExecution.id).where(ScheduleExecution.id == execution.id).with_for_update())
     if not affected(session, delete(WorkerTask).where(*fenced)):
         return Effects()
+    _fail_activity(session, task, attempt, verdict.error, now=now)
     logger.error("step %r of execution %s: %s; not run again", task.step_name, execution.id, verdict.error)
     effects = advance_execution(session, execution.id, task.step_index, now=now)
     metric_counts.count_requeue(session)  # last: after every lock this transaction takes
     effects.fenced.append((worker_task_id, attempt))
     return effects
+
+
+def _fail_activity(session: Session, task: WorkerTask, attempt: int, error: str, *, now: datetime) -> None:
+    session.execute(
+        update(Activity)
+        .where(
+            Activity.execution_id == task.execution_id,
+            Activity.step_name == task.step_name,
+            Activity.attempt == attempt,
+            Activity.status == ActivityStatus.IN_PROGRESS,
+        )
+        .values(status=ActivityStatus.FAILED_WITH_ERROR, completed_at=now, error=error)
+    )
 
 
 def resend_queued(session: Session, worker_task_id: int, *, now: datetime) -> Effects:

@@ -35,7 +35,7 @@ from models import (
     transaction,
     utcnow,
 )
-from models.session import affected
+from models.session import affected, retried_transaction, retrying
 
 if TYPE_CHECKING:
     from celeryapp.app import ChordbeatCelery
@@ -78,8 +78,11 @@ def fire_arguments(name: Any, nominal_at: Any, trigger: Any, *, now: datetime) -
 
 
 def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trigger) -> dict[str, Any]:
-    effects = Effects()
-    answer = _fire(app, name, nominal_at=nominal_at, trigger=trigger, effects=effects)
+    def attempt() -> tuple[dict[str, Any], Effects]:
+        effects = Effects()  # a fresh one each time: an aborted try's decisions were rolled back
+        return _fire(app, name, nominal_at=nominal_at, trigger=trigger, effects=effects), effects
+
+    answer, effects = retrying(f"fire of {name!r} for {nominal_at.isoformat()}", attempt)
     apply_effects(app, effects)
     return answer
 
@@ -125,10 +128,15 @@ def fire_batch(app: ChordbeatCelery, fires: list[Fire]) -> list[dict[str, Any]]:
     Each slot's outcome is what :func:`fire` would have made of it alone. A failure of one slot
     fired alone does not stop the others; the first is raised once all were tried.
     """
-    effects = Effects()
+
+    def together(session: Session) -> tuple[dict[int, dict[str, Any]], list[int], Effects]:
+        effects = Effects()  # a fresh one each time: an aborted try's decisions were rolled back
+        return (*_fire_together(session, fires, now=utcnow(), effects=effects), effects)
+
     try:
-        with transaction(app.settings.database_url) as session:
-            answers, alone = _fire_together(session, fires, now=utcnow(), effects=effects)
+        answers, alone, effects = retried_transaction(
+            app.settings.database_url, f"fires of {len(fires)} schedules together", together
+        )
     except Exception:
         # Nothing was committed: every slot gets its own transaction, and its own error.
         logger.exception("fires of %s schedules together failed; firing each alone", len(fires))

@@ -28,7 +28,8 @@ from celeryapp.scheduling.definition import NAME_PATTERN, ScheduleDefinition
 from celeryapp.scheduling.limits import MAX_FILE_BYTES, shown
 from celeryapp.scheduling.store import Change, definition_of, upsert_schedule
 from celeryapp.scheduling.validation import parse_definitions
-from models import Schedule, ScheduleSource, transaction, utcnow
+from models import Schedule, ScheduleSource, utcnow
+from models.session import retried_transaction
 
 if TYPE_CHECKING:
     from celeryapp.app import ChordbeatCelery
@@ -267,13 +268,12 @@ def apply_file(
             session, schedule_file.definitions, source=schedule_file.source, dry_run=dry_run, remove=remove
         )
 
+    what = f"applying {path}"
     try:
-        with transaction(app.settings.database_url) as session:
-            diff = apply(session)
+        diff = retried_transaction(app.settings.database_url, what, apply)
     except IntegrityError:
         # Another beat applied the same file at the same moment; the second pass sees its rows.
-        with transaction(app.settings.database_url) as session:
-            diff = apply(session)
+        diff = retried_transaction(app.settings.database_url, what, apply)
     if not dry_run:
         try:
             sync_schedules(app, diff.added + diff.changed + diff.removed)

@@ -120,7 +120,9 @@ def upsert_schedule(
     (a changed definition revives a ``done`` or ``dead`` schedule and resets its retries). An
     unchanged definition leaves status and counters alone, so re-applying a file is a no-op.
     """
-    schedule = session.scalar(select(Schedule).where(Schedule.name == definition.name))
+    # Locked before its steps are replaced: the schedule's row first, as everything that
+    # changes a schedule or its runs takes it (docs/architecture.md, "Locks").
+    schedule = session.scalar(select(Schedule).where(Schedule.name == definition.name).with_for_update())
     if schedule is not None and definition_of(schedule) == definition:
         if schedule.source is not source or schedule.source_name != source_name:
             schedule.source = source

@@ -9,6 +9,7 @@ and go on firing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import signal
@@ -129,3 +130,39 @@ def test_a_beat_stuck_in_a_call_ends_itself_with_every_stack_on_stderr(
     # Where it hung: the main thread's stack, down to the socket read.
     main_thread_in_redis = r"Thread 0x[0-9a-f]+ \(most recent call first\):\n(  File .*\n)*  File .*redis/"
     assert re.search(main_thread_in_redis, dump), dump[-3000:]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_beat_started_while_redis_is_away_waits_for_it_then_fires(
+    app: ChordbeatCelery, settings: Settings, tmp_path: Path
+) -> None:
+    """Beat exited at once ("beat raised exception ConnectionError") where a worker waits."""
+    service.apply_schedule(app, {"name": "waited", "every": 1, "steps": [step("s")]})
+    away = RedisServer()  # not started: its port refuses connections
+    redis_away = dataclasses.replace(settings, broker_url=away.url, result_backend=away.url, redbeat_url=away.url)
+    liveness = Path(settings.health_dir) / "chordbeat-beat.health"
+
+    def written_at() -> int:
+        return liveness.stat().st_mtime_ns if liveness.exists() else 0
+
+    try:
+        with processes.beat(redis_away, tmp_path) as beat:
+            wait_for(
+                lambda: "waiting for Redis to start" in beat.output() or not beat.running,
+                30,
+                interval=0.2,
+                what="beat to wait for Redis",
+            )
+            assert beat.running, beat.output()[-3000:]
+            # It goes on trying (each try writes its liveness file), still alive.
+            for _ in range(3):
+                wait_for(functools.partial(lambda last: written_at() > last, written_at()), 20, what="another try")
+            assert beat.running, beat.output()[-3000:]
+            away.start()
+            with processes.worker(redis_away, tmp_path, "w1"):
+                wait_for(
+                    lambda: service.list_executions(app, "waited"), 60, interval=0.3, what="a fire once Redis is up"
+                )
+            assert "Redis answered after" in beat.output()
+    finally:
+        away.close()

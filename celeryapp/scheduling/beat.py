@@ -1,14 +1,16 @@
 """The beat scheduler: RedBeat, made to survive lost locks and Redis restarts.
 
 ``celery -A celeryapp beat`` uses :class:`ChordbeatScheduler` (set in the app's config). On start it
-applies the schedule file (if any) and repairs the entries from the database before the first
-tick; each fire message carries the nominal slot it stands for, which makes the run key.
+waits for Redis as long as it is away (as a worker does), applies the schedule file (if any) and
+repairs the entries from the database before the first tick; each fire message carries the
+nominal slot it stands for, which makes the run key.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +19,7 @@ from celery.signals import beat_init
 from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, acquire_distributed_beat_lock, get_redis
 
 from celeryapp.errors import DefinitionError
+from celeryapp.messaging.broker import RECONNECT_INTERVAL_MAX_S
 from celeryapp.messaging.keys import CONTROL_QUEUE
 from celeryapp.monitoring import health
 from celeryapp.monitoring.watchdog import StallWatchdog
@@ -38,6 +41,11 @@ STANDBY_TOUCH_S = 5.0
 MIN_TICK_S = 0.1
 #: Entries loaded in one round trip.
 LOAD_CHUNK = 1000
+#: First pause between two tries at reaching Redis while beat starts; each try waits half a
+#: second longer, up to the broker's own longest pause between reconnections.
+START_RETRY_FIRST_S = 0.5
+#: While beat waits for Redis at start, a warning at the first failure and then this often.
+START_WARN_EVERY_S = 30.0
 BATCH_FIRE_TASK = "chordbeat.fire_batch"
 
 
@@ -50,7 +58,9 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
     watchdog: StallWatchdog | None = None
 
     def setup_schedule(self) -> None:
-        super().setup_schedule()
+        # RedBeat's start-up reads and writes Redis; with Redis away beat exited
+        # ("beat raised exception ConnectionError") where a worker waits for it.
+        self._until_redis_answers(super().setup_schedule)
         settings = self.app.settings
         try:
             if settings.schedules_file:
@@ -70,6 +80,40 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         except Exception:
             # Redis or the database away at start: beat still starts; the periodic reconcile repairs.
             logger.exception("beat: could not repair entries at start; the periodic reconcile will")
+
+    def _until_redis_answers(self, start: Callable[[], None]) -> None:
+        """Run ``start`` (all of it again after each failure: RedBeat's start-up may be repeated)
+        until Redis lets it through.
+
+        The wait keeps the liveness file fresh (and would feed the stall watchdog, armed only
+        later): a beat waiting for Redis is alive, and a probe restarting it would only start
+        another wait.
+        """
+        began = time.monotonic()
+        warned_at: float | None = None
+        pause_s = START_RETRY_FIRST_S
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                start()
+            except redis.RedisError as exc:
+                now = time.monotonic()
+                if warned_at is None or now - warned_at >= START_WARN_EVERY_S:
+                    warned_at = now
+                    logger.warning(
+                        "beat: waiting for Redis to start (%s tries in %.0f s so far): %s",
+                        tries,
+                        now - began,
+                        exc,
+                    )
+                self._alive()
+                time.sleep(pause_s)
+                pause_s = min(pause_s + START_RETRY_FIRST_S, RECONNECT_INTERVAL_MAX_S)
+                continue
+            if tries > 1:
+                logger.info("beat: Redis answered after %s tries in %.1f s; starting", tries, time.monotonic() - began)
+            return
 
     @property
     def schedule(self) -> dict[str, Any]:

@@ -122,7 +122,9 @@ def upsert_schedule(
     """
     # Locked before its steps are replaced: the schedule's row first, as everything that
     # changes a schedule or its runs takes it (docs/architecture.md, "Locks").
-    schedule = session.scalar(select(Schedule).where(Schedule.name == definition.name).with_for_update())
+    locked = select(Schedule).where(Schedule.name == definition.name).with_for_update()
+    # Read again as locked, even when the session holds it already (a file's apply read them all).
+    schedule = session.scalar(locked.execution_options(populate_existing=True))
     if schedule is not None and definition_of(schedule) == definition:
         if schedule.source is not source or schedule.source_name != source_name:
             schedule.source = source

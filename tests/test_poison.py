@@ -2,7 +2,8 @@
 
 A body or an envelope nested a few hundred levels deep decoded and then killed a prefork worker's
 main process while pickling it for the pool (``Unrecoverable error: RecursionError``); restored,
-it killed the restarted worker too. An envelope that is not JSON killed it in the transport's read.
+it killed the restarted worker too. An envelope that is not JSON, or not a message, killed it in
+the transport's read; so did one nested 5,000 deep published on its remote control channel.
 """
 
 from __future__ import annotations
@@ -201,6 +202,18 @@ def send_poison(client: Celery, broker_url: str, queue: str) -> int:
     return 5
 
 
+def broadcast_poison(broker_url: str) -> int:
+    """Poison published where workers listen for remote control (``celery control``), as any
+    Redis client can; the number of messages sent."""
+    client = redis.Redis.from_url(broker_url)
+    # kombu's pub/sub channel of the "celery.pidbox" exchange (fanout prefix "/<db>.").
+    channel = f"/{client.connection_pool.connection_kwargs.get('db', 0)}.celery.pidbox"
+    poison = ("[" * 5000 + "]" * 5000, "[1]", b"\xffnot an envelope")
+    for data in poison:
+        assert client.publish(channel, data) == 1, "the worker listens there"
+    return len(poison)
+
+
 def queued(client: redis.Redis) -> int:
     names = [q if pri == 0 else f"{q}{PRIORITY_SEP}{pri}" for q in QUEUES for pri in range(10)]
     return sum(int(client.llen(name)) for name in names)  # type: ignore[arg-type]
@@ -218,6 +231,7 @@ def test_poisoned_messages_on_every_queue_are_refused_and_the_prefork_worker_liv
     with processes.worker(settings, tmp_path, "w1") as worker:
         wait_for(lambda: "ready." in worker.output(), 60, interval=0.2, what="the worker to start")
         sent = sum(send_poison(client, settings.broker_url, queue) for queue in QUEUES)
+        sent += broadcast_poison(settings.broker_url)
         wait_for(
             lambda: refusals(worker.output()) >= sent or not worker.running,
             60,

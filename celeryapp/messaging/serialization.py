@@ -117,18 +117,20 @@ def install() -> None:
     )
 
 
-def _envelope_or_none(item: bytes | str, queue: str) -> dict[str, Any] | None:
+def _envelope_or_none(item: bytes | str, source: str) -> dict[str, Any] | None:
     try:
         return envelope(item)
     except DecodeError as exc:
-        logger.error("broker: a message taken from queue %s was refused and dropped: %s", queue, exc)
+        logger.error("broker: a message from %s was refused and dropped: %s", source, exc)
         return None
 
 
 class RefusingEnvelopes:
-    """Mixed into a ``kombu.transport.redis.Channel``: its two reads of a message (kombu 5.7's
-    own, but for the decoding). A refused message is already off its list and was never
-    delivered, nor recorded as unacknowledged: it is gone."""
+    """Mixed into a ``kombu.transport.redis.Channel``: its three reads of a message (kombu 5.7's
+    own, but for the decoding): from a queue's list, blocking or not, and from a broadcast
+    (remote control, events) over pub/sub, which kombu decoded letting ``RecursionError`` and
+    anything not shaped like a message through. A refused message is already off its list and
+    was never delivered, nor recorded as unacknowledged: it is gone."""
 
     def _brpop_read(self, **options: Any) -> bool:
         channel: Any = self
@@ -165,3 +167,27 @@ class RefusingEnvelopes:
                     return message
             channel._maybe_update_queues_expire(client, queue)
             raise Empty()
+
+    def _receive_one(self, client: Any) -> bool | None:
+        channel: Any = self
+        try:
+            response = client.parse_response()
+        except channel.connection_errors:
+            channel._in_listen = None
+            raise
+        if isinstance(response, (list, tuple)):
+            payload = channel._handle_message(client, response)
+            if bytes_to_str(payload["type"]).endswith("message"):  # type: ignore[no-untyped-call]
+                name = bytes_to_str(payload["channel"])  # type: ignore[no-untyped-call]
+                if payload["data"]:
+                    if name[0] == "/":
+                        _, _, name = name.partition(".")
+                    message = _envelope_or_none(payload["data"], name)
+                    if message is None:
+                        # Not Empty, as kombu raises: from the second message of a read on, it
+                        # escapes the loop over what is buffered, and the rest waits for the
+                        # next publication (seen: 50 s).
+                        return False
+                    delivered: bool = channel._deliver_fanout_message(message, name.split("/", 1)[0])
+                    return delivered
+        return None

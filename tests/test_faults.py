@@ -151,7 +151,7 @@ def test_a_worker_killed_while_its_claim_waits_on_the_database_strands_nothing(
 
 
 _OUTCOME_WAITING = text(
-    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH closed AS%'"
+    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH dropped AS%'"
 )
 
 

@@ -25,9 +25,9 @@ from kombu.serialization import loads as kombu_loads
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.messaging import keys, serialization
+from celeryapp.messaging import keys, serialization, unacked
 from celeryapp.messaging.serialization import MAX_MESSAGE_DEPTH, envelope, loads, nesting_depth
-from celeryapp.messaging.unacked import UNACKED_KEY
+from celeryapp.messaging.unacked import UNACKED_INDEX_KEY, UNACKED_KEY
 from tests import processes
 from tests.helpers import call, run_once, step, wait_for
 
@@ -175,6 +175,17 @@ def test_a_poisoned_result_fails_its_reader_and_nothing_else(app: ChordbeatCeler
     stored.set("celery-task-meta-garbage", b"\xff{")
     with pytest.raises(DecodeError, match="not JSON"):
         app.AsyncResult("garbage").get(timeout=5)
+
+
+@SQLITE_ONLY
+def test_recovery_reads_past_a_poisoned_unacknowledged_entry(app: ChordbeatCelery, settings: Settings) -> None:
+    """Recovery looks up kombu's unacknowledged messages; one nested too deep for the JSON decoder
+    raised RecursionError out of every recovery pass."""
+    broker = redis.Redis.from_url(settings.broker_url)
+    good = [{"headers": {"id": "wanted"}}, "", "chordbeat"]
+    broker.hset(UNACKED_KEY, mapping={"poison": "[" * 5000 + "]" * 5000, "good": json.dumps(good)})
+    broker.zadd(UNACKED_INDEX_KEY, {"poison": 1, "good": 1})
+    assert unacked.taken_before(broker, ["wanted"], 10) == {"wanted": b"good"}
 
 
 # -- a real worker ------------------------------------------------------------------------------

@@ -25,8 +25,10 @@ def _task_id(raw: object) -> str | None:
     try:
         message = json.loads(raw)[0]  # type: ignore[arg-type]
         task_id = message["headers"]["id"]
-    except (ValueError, TypeError, KeyError, IndexError):
-        return None  # not a Celery task message of ours: nothing to match
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
+        # Not a Celery task message of ours (RecursionError: JSON nested too deep for the
+        # decoder, written by anyone with access to Redis): nothing to match.
+        return None
     return task_id if isinstance(task_id, str) else None
 
 

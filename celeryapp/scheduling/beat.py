@@ -26,6 +26,7 @@ from celeryapp.monitoring.watchdog import StallWatchdog
 from celeryapp.scheduling.beat_entries import CadenceSchedule, ScheduleEntry, chunks, few, fire_of, reconcile
 from celeryapp.scheduling.firing import MAX_BATCH
 from celeryapp.scheduling.schedule_file import apply_file
+from models.clock import clock
 
 logger = logging.getLogger(__name__)
 
@@ -264,6 +265,9 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
                     logger.warning("beat: cannot reach Redis to extend the lock (%s); retrying", exc)
                     self._needs_repair = True
                     return LOCK_RETRY_S
+            # Beat reckons every slot by the reference clock: its offset is read again each time
+            # round (after a Redis failover the reference is another host's clock).
+            clock.measure()
             self._kept_alive_at = time.monotonic()
         if self._needs_repair:
             self._repair()

@@ -137,11 +137,55 @@ def test_a_poll_that_fails_unforeseen_does_not_end_the_watching_thread() -> None
     try:
         client = redis.Redis.from_url(server.url)
         broken = _BrokenOnce(client, heartbeat_key="hb:broken", cancel_key="cancel", ttl_s=30)
-        healthy = StepWatch(client, heartbeat_key="hb:healthy", cancel_key="cancel", ttl_s=1.2)  # refreshed every 0.4 s
+        healthy = StepWatch(client, heartbeat_key="hb:healthy", cancel_key="cancel", ttl_s=3)  # refreshed every 0.75 s
         with broken, healthy:
             wait_for(lambda: broken.failed, 5, interval=0.02, what="the failing poll")
             left_ms = client.pttl("hb:healthy")
             # A key's time to live only goes down, unless it is written again: by a later poll.
             wait_for(lambda: client.pttl("hb:healthy") > left_ms, 3, interval=0.05, what="a later heartbeat")
+    finally:
+        server.close()
+
+
+def test_a_step_whose_heartbeat_cannot_be_refreshed_stops_before_the_heartbeat_expires() -> None:
+    """Lease discipline: recovery re-queues an attempt once its heartbeat expires on Redis's clock,
+    and another worker runs it. A worker cut off from Redis (here Redis frozen: the watching thread
+    hangs in its call, as behind a partition) must have stopped the step by then. Before, the step
+    ran on: the same step twice at once."""
+    server = RedisServer()
+    server.start()
+    try:
+        assert server.proc is not None
+        client = redis.Redis.from_url(server.url)  # no socket timeout: a frozen server blocks for ever
+        # Made in the step's thread: the thread it interrupts.
+        watches: list[StepWatch] = []
+        stopped_at: list[float] = []
+
+        def step() -> None:
+            watch = StepWatch(redis.Redis.from_url(server.url), heartbeat_key="hb", cancel_key="cancel", ttl_s=3)
+            watches.append(watch)
+            try:
+                with watch:
+                    deadline = time.monotonic() + 30
+                    while time.monotonic() < deadline:
+                        time.sleep(0.01)  # a step at work
+            except StepCancelled:
+                stopped_at.append(time.time())
+
+        thread = threading.Thread(target=step)
+        thread.start()
+        first = wait_for(lambda: client.pexpiretime("hb") > 0 and client.pexpiretime("hb"), 5, what="a heartbeat")
+        wait_for(lambda: client.pexpiretime("hb") > first, 5, interval=0.05, what="a refresh")
+        expires_ms = client.pexpiretime("hb")  # no later than that, it may only move on
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: stopped_at, 5, interval=0.05, what="the step to stop itself")
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        thread.join(5)
+        (watch,) = watches
+        assert watch.lease_lost and not (watch.cancelled or watch.fenced or watch.timed_out)
+        assert stopped_at[0] * 1000 < expires_ms, f"stopped {stopped_at[0] * 1000 - expires_ms:.0f} ms after expiry"
+        print(f"\nstep stopped {expires_ms - stopped_at[0] * 1000:.0f} ms before its heartbeat could expire")
     finally:
         server.close()

@@ -1,9 +1,13 @@
-"""The watch kept beside a running step: heartbeat key refresh and cancel-flag polling.
+"""The watch kept beside a running step: heartbeat key refresh, cancel-flag polling and the lease.
 
 One thread per process (and Redis client) watches every step running there, in one pipelined
 round trip a poll for all of them, instead of a thread and its round trips per step: starting
 and ending a thread, and deleting the step's keys, cost a no-op step about 0.2 ms of CPU. The
 thread ends once it has nothing left to watch or delete, so an idle worker wakes for nothing.
+
+A second thread per process keeps time: it stops a step whose timeout passed, or whose lease ran
+out (see :class:`StepWatch`). It never touches Redis, so a call the watching thread is stuck in
+(a partition: no answer until the client's socket timeout, tried again) cannot delay a stop.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -24,6 +29,26 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two looks at the cancel flag; also bounds how fast a cancel stops a step.
 CANCEL_POLL_S = 0.5
+#: Seconds an interrupt may take to land in a step at work: it lands at the step's next bytecode,
+#: after whatever C call (a short sleep, a socket read) the step is in returns.
+INTERRUPT_LANDING_S = 0.5
+#: Seconds the time-keeping thread may wake late (a loaded host, the GIL held by the step).
+KEEPER_LATENESS_S = 0.25
+#: What the lease keeps back from the heartbeat's TTL (a quarter of a TTL below 3 s, which would
+#: otherwise leave no lease at all).
+LEASE_MARGIN_S = INTERRUPT_LANDING_S + KEEPER_LATENESS_S
+#: Seconds the time-keeping thread sleeps at most: a step watched since may have an earlier deadline.
+KEEPER_IDLE_S = 1.0
+
+
+def lease_s(ttl_s: float) -> float:
+    """How long a step may run on without a heartbeat refresh Redis acknowledged.
+
+    Counted from when the last acknowledged refresh was *sent*: Redis started the key's TTL no
+    earlier, so recovery, which sees the key gone only after a TTL on Redis's clock, cannot re-queue
+    the attempt before the lease and its margin have passed and the interrupt has landed.
+    """
+    return ttl_s - min(LEASE_MARGIN_S, ttl_s / 4)
 
 
 def _text(value: object) -> str | None:
@@ -36,7 +61,9 @@ def _interrupt(thread_id: int) -> None:
 
 class StepWatch:
     """Keeps ``heartbeat_key`` alive while a step runs and interrupts the step when it must stop:
-    its execution was cancelled, its timeout passed, or recovery gave its attempt up (``fenced_key``).
+    its execution was cancelled, its timeout passed, recovery gave its attempt up (``fenced_key``),
+    or its lease ran out (:func:`lease_s`: no refresh reached Redis for that long, so recovery may
+    soon re-queue the attempt elsewhere, and only a step stopped by then cannot run beside it).
 
     The interrupt is :class:`StepCancelled` raised inside the step's thread; it lands at the next
     Python bytecode, so a step blocked in a long C call stops when that call returns. The heartbeat
@@ -45,6 +72,8 @@ class StepWatch:
     the database has not ended; neither must look like a lost worker whose attempt recovery runs
     again. Once :meth:`disarm` is called (the step's code returned) nothing interrupts any more.
 
+    ``since`` (monotonic seconds) is when the lease starts if no refresh is ever acknowledged:
+    before the claim that made the attempt this worker's was sent (recovery counts from the claim).
     A watch without ``cancel_key`` only keeps its key alive (a claim's pickup lease).
     """
 
@@ -59,6 +88,7 @@ class StepWatch:
         ttl_s: float,
         timeout_s: float | None = None,
         done_keys: tuple[str, ...] = (),
+        since: float | None = None,
     ) -> None:
         self.client = client
         self._heartbeat_key = heartbeat_key
@@ -68,8 +98,10 @@ class StepWatch:
         #: Deleted once the step has returned (by the watching thread, at its next poll).
         self.done_keys = (heartbeat_key, *done_keys)
         self._ttl_ms = int(ttl_s * 1000)
-        self._refresh_s = ttl_s / 3
-        self._last_beat = 0.0
+        self.lease_s = lease_s(ttl_s)
+        self._refresh_s = self.lease_s / 3
+        #: When the last refresh Redis acknowledged was sent (monotonic).
+        self._last_sent = time.monotonic() if since is None else since
         self._target = threading.get_ident()
         self._armed = False
         self._lock = threading.Lock()
@@ -78,13 +110,17 @@ class StepWatch:
         self.cancelled = False
         self.timed_out = False
         self.fenced = False
+        #: The lease ran out: the attempt is lost to this worker (recovery runs it again).
+        self.lease_lost = False
         #: Why an operator stopped the attempt (Flower's Terminate or Revoke), if one did.
         self.stopped: str | None = None
 
     @classmethod
     def keep_alive(cls, client: redis.Redis, key: str, ttl_s: float) -> StepWatch:
         """A watch that only refreshes ``key`` (first at the next poll) and deletes it when left."""
-        return cls(client, heartbeat_key=key, cancel_key=None, ttl_s=ttl_s)
+        watch = cls(client, heartbeat_key=key, cancel_key=None, ttl_s=ttl_s)
+        watch._last_sent = -ttl_s  # due at once: the key was written a moment ago, maybe longer
+        return watch
 
     def __enter__(self) -> StepWatch:
         if self._flag_keys:
@@ -94,6 +130,7 @@ class StepWatch:
         return self
 
     def _first_beat(self) -> None:
+        sent = time.monotonic()
         try:
             with self.client.pipeline(transaction=False) as pipe:
                 # The first heartbeat and the look at the operator's stop flag share a round trip.
@@ -102,10 +139,10 @@ class StepWatch:
                     pipe.get(self._stop_key)
                 answers = pipe.execute()
         except redis.RedisError as exc:
-            # The watching thread writes it at its next poll.
+            # The watching thread writes it at its next poll; the lease counts from ``since``.
             logger.warning("heartbeat %s not refreshed: %s", self._heartbeat_key, exc)
         else:
-            self._last_beat = time.monotonic()
+            self._last_sent = sent
             if self._stop_key is not None:
                 self.stopped = _text(answers[1])
 
@@ -125,23 +162,16 @@ class StepWatch:
     # What the watching thread asks of each watch: its part of a poll's pipeline, then the answers.
 
     def refresh_due(self, now: float) -> bool:
-        return now - self._last_beat >= self._refresh_s
+        return now - self._last_sent >= self._refresh_s
 
     def queue_refresh(self, pipe: Any) -> None:
         pipe.set(self._heartbeat_key, "1", px=self._ttl_ms)
 
-    def refreshed(self, now: float) -> None:
-        self._last_beat = now
+    def refreshed(self, sent: float) -> None:
+        self._last_sent = max(self._last_sent, sent)
 
-    def wants_look(self, now: float) -> bool:
-        """Whether this poll looks at the flags; a step past its timeout is interrupted instead
-        (also in thread pools and inside code that swallows the soft time limit)."""
-        if self._fired or not self._flag_keys:
-            return False
-        if self._deadline is not None and now >= self._deadline:
-            self._fire("timed_out")
-            return False
-        return True
+    def wants_look(self) -> bool:
+        return not self._fired and bool(self._flag_keys)
 
     def queue_look(self, pipe: Any) -> int:
         for key in self._flag_keys:
@@ -161,6 +191,28 @@ class StepWatch:
         elif stopped is not None:
             self.stopped = _text(stopped)
             self._fire("stopped_by_operator")
+
+    # What the time-keeping thread asks.
+
+    def check_time(self, now: float) -> float | None:
+        """Interrupt the step if its timeout passed or its lease ran out; else the next time to
+        look again (``None``: nothing left to interrupt)."""
+        if not self._armed:
+            return None
+        if self._deadline is not None and now >= self._deadline:
+            self._fire("timed_out")
+            return None
+        lease_end = self._last_sent + self.lease_s
+        if now >= lease_end:
+            logger.warning(
+                "heartbeat %s: no refresh reached Redis for %.1fs; the step is stopped before recovery "
+                "may run its attempt elsewhere",
+                self._heartbeat_key,
+                now - self._last_sent,
+            )
+            self._fire("lease_lost")
+            return None
+        return lease_end if self._deadline is None else min(lease_end, self._deadline)
 
     def _fire(self, why: str) -> None:
         self._fired = True
@@ -195,13 +247,14 @@ class _Watcher:
                 self._poll(watches, doomed)
             except Exception:
                 # Whatever went wrong, the thread must go on: without it no heartbeat of this
-                # process is refreshed, and every step running longer than a TTL would be re-run.
+                # process is refreshed, and every step would be stopped when its lease ran out.
                 logger.exception("step watch: a poll failed; the next one is in %ss", CANCEL_POLL_S)
 
     def _poll(self, watches: list[StepWatch], doomed: list[str]) -> None:
+        # Taken before anything is sent: the lease counts from the send, never from the answer.
         now = time.monotonic()
         refreshing = [w for w in watches if w.refresh_due(now)]
-        looking = [w for w in watches if w.wants_look(now)]
+        looking = [w for w in watches if w.wants_look()]
         try:
             with self.client.pipeline(transaction=False) as pipe:
                 for watch in refreshing:
@@ -240,11 +293,37 @@ class _Watcher:
             del replies[:size]
 
 
+def _moved_on(generation: int) -> bool:
+    return _generation != generation
+
+
+def _keep_time() -> None:
+    """The time-keeping thread: sleeps until the earliest deadline of a watched step, then looks."""
+    global _keeper
+    while True:
+        with _lock:
+            watches = [w for watcher in _watchers.values() for w in watcher.watches]
+            if not watches:
+                _keeper = None
+                return
+            generation = _generation
+        now = time.monotonic()
+        next_looks = [look for look in (w.check_time(now) for w in watches) if look is not None]
+        wait_s = min([KEEPER_IDLE_S, *(look - now for look in next_looks)])
+        with _woken:
+            _woken.wait_for(partial(_moved_on, generation), max(wait_s, 0.0))
+
+
 _lock = threading.Lock()
+#: Notified when a step is watched (its deadline may come before the keeper's next look).
+_woken = threading.Condition(_lock)
+_generation = 0
 _watchers: dict[tuple[int, int], _Watcher] = {}
+_keeper: threading.Thread | None = None
 
 
 def _watch(watch: StepWatch) -> None:
+    global _keeper, _generation
     key = (os.getpid(), id(watch.client))
     with _lock:
         watcher = _watchers.get(key)
@@ -252,6 +331,12 @@ def _watch(watch: StepWatch) -> None:
             watcher = _watchers[key] = _Watcher(watch.client, key)
             watcher.thread.start()
         watcher.watches[watch] = None
+        if watch._armed:  # its deadlines may come before the keeper's next look
+            _generation += 1
+            _woken.notify_all()
+        if _keeper is None:
+            _keeper = threading.Thread(target=_keep_time, name="chordbeat-step-time", daemon=True)
+            _keeper.start()
 
 
 def _unwatch(watch: StepWatch) -> None:
@@ -264,8 +349,10 @@ def _unwatch(watch: StepWatch) -> None:
 
 def _forget_parents_watchers() -> None:
     # A forked child has none of its parent's threads (and maybe a lock held by one of them).
-    global _lock
+    global _lock, _woken, _keeper
     _lock = threading.Lock()
+    _woken = threading.Condition(_lock)
+    _keeper = None
     _watchers.clear()
 
 

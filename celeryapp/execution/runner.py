@@ -76,7 +76,8 @@ def _timed_out(claim: Claim) -> Outcome:
 
 def _interrupted(claim: Claim, watch: StepWatch) -> Outcome:
     """The watch interrupted the step: its timeout passed, its execution was cancelled, or recovery
-    gave the attempt up (its outcome is then fenced off and changes nothing)."""
+    gave the attempt up (its outcome is then fenced off and changes nothing). (A lease that ran
+    out records no outcome at all: see ``run_step``.)"""
     if watch.timed_out:
         return _timed_out(claim)
     if watch.fenced:
@@ -186,10 +187,16 @@ def _record(
     return _patiently(f"recording the outcome ({status.value}) of {claim.spec.name!r} attempt {claim.attempt}", once)
 
 
-def _claim(app: ChordbeatCelery, worker_task_id: int, attempt: int, node: str) -> Claim | Exception | None:
-    """The claim; ``None``: not ours to run; an error: the database did not let it."""
+def _claim(
+    app: ChordbeatCelery, worker_task_id: int, attempt: int, node: str
+) -> tuple[Claim | Exception | None, float]:
+    """The claim (``None``: not ours to run; an error: the database did not let it), and when its
+    successful try was sent (monotonic: recovery counts a lost attempt's time from the claim)."""
+    sent = time.monotonic()
 
     def once() -> Claim | None:
+        nonlocal sent
+        sent = time.monotonic()
         # A transaction even for PostgreSQL's single statement: the claim commits only once
         # its runner, alive, asks for it. Alone it would commit whenever the statement ran,
         # and a worker killed while it waited (a locked table, a stalled server) would leave
@@ -197,7 +204,7 @@ def _claim(app: ChordbeatCelery, worker_task_id: int, attempt: int, node: str) -
         with connection(app.settings.database_url) as conn:
             return claim_step(conn, worker_task_id, attempt, node=node, now=utcnow())
 
-    return _patiently(f"claiming worker task {worker_task_id} attempt {attempt}", once)
+    return _patiently(f"claiming worker task {worker_task_id} attempt {attempt}", once), sent
 
 
 def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: str) -> dict[str, Any]:
@@ -208,7 +215,7 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
     # one; not claimed, recovery sends the attempt again once the lease is gone (a duplicate of
     # a message still retrying elsewhere is harmless: only one claim can win).
     with StepWatch.keep_alive(client, keys.pickup_key(worker_task_id, attempt), settings.heartbeat_ttl_s):
-        claim = _claim(app, worker_task_id, attempt, node)
+        claim, claim_sent = _claim(app, worker_task_id, attempt, node)
     if not isinstance(claim, Claim):
         # Nothing was claimed, so nothing runs here; the attempt is still queued in the database.
         if claim is None:
@@ -235,6 +242,7 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         stop_key=keys.stop_key(worker_task_id, attempt),
         ttl_s=settings.heartbeat_ttl_s,
         timeout_s=claim.spec.timeout_s,
+        since=claim_sent,
     )
     started = time.monotonic()
     # The heartbeat is kept until the outcome is recorded: a step whose outcome waits for the
@@ -246,6 +254,17 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         except StepCancelled:
             # Landed between the step's return and the watch's disarming.
             status, error, message = _interrupted(claim, watch)
+        if watch.lease_lost:
+            # No outcome: to recovery the attempt is lost (its heartbeat expires or is deleted
+            # now), and it is run again as after a lost worker, under a new attempt number.
+            logger.warning(
+                "step %r of execution %s attempt %s stopped: its lease ran out (Redis out of reach); "
+                "recovery runs it again",
+                claim.spec.name,
+                claim.execution_id,
+                claim.attempt,
+            )
+            return {"status": "lease_lost"}
         recorded = _record(app, claim, status, error, message)
     if not isinstance(recorded, Recorded):
         return {"status": "unrecorded"}

@@ -9,6 +9,7 @@ is run again when the database aborts it to break a deadlock (:func:`models.sess
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
@@ -99,53 +100,57 @@ def list_schedules(app: ChordbeatCelery) -> list[dict[str, Any]]:
 
 def pause_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
     name = _name(name)
-    with transaction(app.settings.database_url) as session:
-        schedule = find_schedule(session, name)
-        if schedule.status is not ScheduleStatus.PAUSED:
-            paused = affected(
-                session,
-                update(Schedule)
-                .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.ACTIVE)
-                .values(
-                    status=ScheduleStatus.PAUSED, next_run_at=None, retry_at=None, buffered=False, changed_at=utcnow()
-                ),
-            )
-            if not paused:
-                raise InvalidTransition(
-                    f"schedule {name!r} is {schedule.status.value}; only an active schedule can be paused"
-                )
-            session.refresh(schedule)
-        result = schedule_json(schedule)
+    result = retried_transaction(app.settings.database_url, f"pausing schedule {name!r}", partial(_pause, name=name))
     _sync(app, name)
     return result
+
+
+def _pause(session: Session, *, name: str) -> dict[str, Any]:
+    schedule = find_schedule(session, name)
+    if schedule.status is not ScheduleStatus.PAUSED:
+        paused = affected(
+            session,
+            update(Schedule)
+            .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.ACTIVE)
+            .values(status=ScheduleStatus.PAUSED, next_run_at=None, retry_at=None, buffered=False, changed_at=utcnow()),
+        )
+        if not paused:
+            raise InvalidTransition(
+                f"schedule {name!r} is {schedule.status.value}; only an active schedule can be paused"
+            )
+        session.refresh(schedule)
+    return schedule_json(schedule)
 
 
 def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
     name = _name(name)
-    with transaction(app.settings.database_url) as session:
-        schedule = find_schedule(session, name)
-        if schedule.status is not ScheduleStatus.ACTIVE:
-            now = utcnow()
-            resumed = affected(
-                session,
-                update(Schedule)
-                .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.PAUSED)
-                # Resumed from the next slot: the paused ones were not missed (last_slot_at).
-                .values(
-                    status=ScheduleStatus.ACTIVE,
-                    next_run_at=cadence_of(schedule).slot_after(now),
-                    last_slot_at=None,
-                    changed_at=now,
-                ),
-            )
-            if not resumed:
-                raise InvalidTransition(
-                    f"schedule {name!r} is {schedule.status.value}; only a paused schedule can be resumed"
-                )
-            session.refresh(schedule)
-        result = schedule_json(schedule)
+    result = retried_transaction(app.settings.database_url, f"resuming schedule {name!r}", partial(_resume, name=name))
     _sync(app, name)
     return result
+
+
+def _resume(session: Session, *, name: str) -> dict[str, Any]:
+    schedule = find_schedule(session, name)
+    if schedule.status is not ScheduleStatus.ACTIVE:
+        now = utcnow()
+        resumed = affected(
+            session,
+            update(Schedule)
+            .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.PAUSED)
+            # Resumed from the next slot: the paused ones were not missed (last_slot_at).
+            .values(
+                status=ScheduleStatus.ACTIVE,
+                next_run_at=cadence_of(schedule).slot_after(now),
+                last_slot_at=None,
+                changed_at=now,
+            ),
+        )
+        if not resumed:
+            raise InvalidTransition(
+                f"schedule {name!r} is {schedule.status.value}; only a paused schedule can be resumed"
+            )
+        session.refresh(schedule)
+    return schedule_json(schedule)
 
 
 def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import bindparam, case, func, literal, or_, select, update
@@ -128,15 +129,9 @@ def fire_batch(app: ChordbeatCelery, fires: list[Fire]) -> list[dict[str, Any]]:
     Each slot's outcome is what :func:`fire` would have made of it alone. A failure of one slot
     fired alone does not stop the others; the first is raised once all were tried.
     """
-
-    def together(session: Session) -> tuple[dict[int, dict[str, Any]], list[int], Effects]:
-        effects = Effects()  # a fresh one each time: an aborted try's decisions were rolled back
-        return (*_fire_together(session, fires, now=utcnow(), effects=effects), effects)
-
+    together = partial(_fire_together, fires=fires)
     try:
-        answers, alone, effects = retried_transaction(
-            app.settings.database_url, f"fires of {len(fires)} schedules together", together
-        )
+        answers, alone, effects = retried_transaction(app.settings.database_url, "fires together", together)
     except Exception:
         # Nothing was committed: every slot gets its own transaction, and its own error.
         logger.exception("fires of %s schedules together failed; firing each alone", len(fires))
@@ -159,11 +154,10 @@ def fire_batch(app: ChordbeatCelery, fires: list[Fire]) -> list[dict[str, Any]]:
     return [answers[index] for index in range(len(fires))]
 
 
-def _fire_together(
-    session: Session, fires: list[Fire], *, now: datetime, effects: Effects
-) -> tuple[dict[int, dict[str, Any]], list[int]]:
+def _fire_together(session: Session, fires: list[Fire]) -> tuple[dict[int, dict[str, Any]], list[int], Effects]:
     """Start the runs of the slots whose fire only claims the slot and starts a run; the indexes
-    of the others (to fire alone, after this commits) come back with the answers."""
+    of the others (to fire alone, after this commits) and what to send come back with the answers."""
+    now, effects = utcnow(), Effects()
     alone: list[int] = []
     index_of: dict[str, int] = {}
     for index, slot in enumerate(fires):
@@ -172,7 +166,7 @@ def _fire_together(
         else:
             index_of[slot.name] = index
     if not index_of:
-        return {}, alone
+        return {}, alone, effects
     # Locked in id order: two batches sharing schedules wait for each other instead of deadlocking.
     rows = session.execute(
         select(*_FIRE_COLUMNS).where(Schedule.name.in_(sorted(index_of))).order_by(Schedule.id).with_for_update()
@@ -195,7 +189,7 @@ def _fire_together(
     alone += [index for index, row, _ in starting if row.id in busy]
     starting = [(index, row, cadence) for index, row, cadence in starting if row.id not in busy]
     if not starting:
-        return {}, alone
+        return {}, alone, effects
     claimed = _claimed(session, [(row.id, fires[index].nominal_at, cadence) for index, row, cadence in starting], now)
     if claimed != len(starting):
         raise _ClaimRaced(f"{claimed} of {len(starting)} slots claimed")
@@ -219,7 +213,7 @@ def _fire_together(
             if result.skipped
             else {"execution_id": result.execution_id, "status": "in_progress"}
         )
-    return answers, alone
+    return answers, alone, effects
 
 
 #: The schedules, of those asked, with a run in progress.

@@ -12,10 +12,11 @@ from kombu.entity import Queue
 
 from celeryapp.config import VISIBILITY_TIMEOUT_S, Settings
 from celeryapp.execution.redaction import credentials_apart
-from celeryapp.messaging import reference_time, serialization
-from celeryapp.messaging.broker import TRANSPORT
+from celeryapp.messaging import redis_client, reference_time, serialization
+from celeryapp.messaging.broker import sentinel_transport_options, transport_for
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.recovery.signals import HealthStep
+from celeryapp.redis_urls import is_sentinel, parse_sentinels
 from models.clock import clock
 
 #: Modules holding chordbeat's own tasks; a worker imports them at start.
@@ -38,10 +39,13 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
 
     settings: Settings
     amqp_cls = "celeryapp.messaging.broker:ChordbeatAMQP"
+    # redis:// result backends on connections that follow a failover (see results.py).
+    loader_cls = "celeryapp.messaging.results:Loader"
     task_cls = "celeryapp.messaging.expiry:ReferenceClockTask"
 
     def apply_settings(self, settings: Settings) -> None:
         self.settings = settings
+        redis_client.use_sentinel_master(settings.sentinel_master)
         self.conf.update(celery_config(settings))
         reference_time.install(settings.broker_url)
 
@@ -49,6 +53,13 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
         """The reference clock's time (:mod:`models.clock`): beat's due times and fire slots, and
         the expiry of every message sent, are reckoned by it, never by this host's clock."""
         return clock.now()
+
+    @property
+    def redbeat_redis(self) -> Any:
+        """RedBeat's client (RedBeat takes it from here when there is one): chordbeat's own, which
+        follows a failover (Sentinel or ``READONLY``) and keeps one pool a process; RedBeat's
+        Sentinel client would build a new pool, and ask the Sentinels, at every call."""
+        return redis_client.get_redis(self.settings.redbeat_url)
 
 
 def _broker_ssl(url: str) -> dict[str, Any] | None:
@@ -64,16 +75,35 @@ def _broker_ssl(url: str) -> dict[str, Any] | None:
     return {"ssl_cert_reqs": levels.get(required.removeprefix("cert_"), ssl.CERT_REQUIRED)}
 
 
-def celery_config(settings: Settings) -> dict[str, Any]:
+def _redbeat_redis(settings: Settings) -> dict[str, Any]:
     # ``celery inspect conf`` and Flower show the settings, masking only what Celery knows by name:
     # RedBeat's URL goes without its password, which travels in the (masked) options.
-    redbeat_url, redbeat_credentials = credentials_apart(settings.redbeat_url)
+    options: dict[str, Any] = {"socket_timeout": 30, "socket_connect_timeout": 5, "health_check_interval": 25}
+    if not is_sentinel(settings.redbeat_url):
+        url, credentials = credentials_apart(settings.redbeat_url)
+        return {"redbeat_redis_url": url, "redbeat_redis_options": {**options, **credentials}}
+    sentinels = parse_sentinels(settings.redbeat_url)
+    given = {"username": sentinels.username, "password": sentinels.password}
+    return {
+        "redbeat_redis_url": sentinels.display("redis-sentinel"),
+        "redbeat_redis_options": {
+            **options,
+            "sentinels": [list(address) for address in sentinels.addresses],
+            "service_name": settings.sentinel_master,
+            "db": sentinels.db,
+            "sentinel_kwargs": redis_client.sentinel_options(),
+            **{name: value for name, value in given.items() if value},
+        },
+    }
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
     return {
         "broker_url": settings.broker_url,
         "result_backend": settings.result_backend,
         # Workers and beat ride out a Redis outage of any length: they never give up reconnecting,
         # and the transport survives losing its connection with messages in flight (see broker.py).
-        "broker_transport": TRANSPORT,
+        "broker_transport": transport_for(settings.broker_url),
         "broker_use_ssl": _broker_ssl(settings.broker_url),
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
@@ -101,8 +131,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # so a next group never waits behind a backlog of other runs' first steps.
             "queue_order_strategy": "priority",
             "priority_steps": list(range(10)),
+            **sentinel_transport_options(settings.broker_url, settings.sentinel_master),
         },
-        "result_backend_transport_options": {"result_chord_ordered": True},
+        "result_backend_transport_options": {
+            "result_chord_ordered": True,
+            **sentinel_transport_options(settings.result_backend, settings.sentinel_master),
+        },
         # Only service calls store a result (their caller reads it at once); step runners, fires,
         # advancements and beat's messages store none. A chord's bookkeeping keys are deleted when
         # its body is sent; they expire only if the chord never completes (recovery advances it).
@@ -138,15 +172,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             },
         },
         "beat_max_loop_interval": BEAT_MAX_LOOP_INTERVAL_S,
-        "redbeat_redis_url": redbeat_url,
+        **_redbeat_redis(settings),
         "redbeat_key_prefix": "chordbeat:redbeat:",
         "redbeat_lock_timeout": REDBEAT_LOCK_TIMEOUT_S,
-        "redbeat_redis_options": {
-            "socket_timeout": 30,
-            "socket_connect_timeout": 5,
-            "health_check_interval": 25,
-            **redbeat_credentials,
-        },
         "imports": settings.task_modules,
     }
 

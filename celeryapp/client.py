@@ -86,11 +86,17 @@ class ChordbeatClient:
         *,
         app: Celery | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        sentinel_master: str = "mymaster",
     ) -> None:
         self.timeout_s = seconds("timeout_s", timeout_s)
         if app is None:
             app = Celery("chordbeat-client", broker=broker_url, backend=backend_url or broker_url, set_as_current=False)
             app.conf.update(task_serializer="json", accept_content=["json"], result_accept_content=["json"])
+            # Read only when a URL is a sentinel:// list: the name of the primary its Sentinels watch.
+            app.conf.update(
+                broker_transport_options={"master_name": sentinel_master},
+                result_backend_transport_options={"master_name": sentinel_master},
+            )
         self.app = app
 
     def call(self, task: str, **kwargs: Any) -> Any:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from celeryapp.errors import ConfigError
+from celeryapp.redis_urls import DEFAULT_SENTINEL_MASTER, check_redis_url
 
 #: Broker used when ``CHORDBEAT_BROKER_URL`` is unset: a Redis on this machine.
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
@@ -64,10 +65,25 @@ VARIABLES = (
     Variable(
         "CHORDBEAT_BROKER_URL",
         f"`{DEFAULT_BROKER_URL}`",
-        "Celery broker (Redis; `rediss://` and passwords supported)",
+        "Celery broker (Redis; `rediss://` and passwords supported), or a Sentinel list "
+        "`sentinel://[:password@]host:port[/db];sentinel://host:port;...` (the password and database on the first "
+        "entry; see [operations.md](operations.md#redis-sentinel))",
     ),
-    Variable("CHORDBEAT_RESULT_BACKEND", "the broker URL", "Celery result backend (Redis; chords join there)"),
-    Variable("CHORDBEAT_REDBEAT_URL", "the broker URL", "where RedBeat keeps schedule entries and its lock"),
+    Variable(
+        "CHORDBEAT_RESULT_BACKEND",
+        "the broker URL",
+        "Celery result backend (Redis or a Sentinel list; chords join there)",
+    ),
+    Variable(
+        "CHORDBEAT_REDBEAT_URL",
+        "the broker URL",
+        "where RedBeat keeps schedule entries and its lock (Redis or a Sentinel list)",
+    ),
+    Variable(
+        "CHORDBEAT_SENTINEL_MASTER",
+        f"`{DEFAULT_SENTINEL_MASTER}`",
+        "the primary's name the Sentinels monitor, for every URL that is a Sentinel list",
+    ),
     Variable(
         "CHORDBEAT_DATABASE_URL",
         f"`{DEFAULT_DATABASE_URL}`",
@@ -170,6 +186,7 @@ VARIABLES = (
 #: Every variable the settings read: a sql step may never name one of them.
 OWN_VARIABLES = frozenset(v.name for v in VARIABLES if v.setting)
 _VARIABLE_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MASTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 def _env_list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
@@ -237,6 +254,25 @@ def _env_float(env: Mapping[str, str], name: str, default: float, *, minimum: fl
     return value
 
 
+def _redis_url(env: Mapping[str, str], name: str, default: str) -> str:
+    url = env.get(name) or default
+    try:
+        check_redis_url(url)
+    except ValueError as exc:
+        # The reason never quotes the URL: it may hold a password.
+        raise ConfigError(f"{name}: {exc}") from None
+    return url
+
+
+def _sentinel_master(env: Mapping[str, str]) -> str:
+    name = env.get("CHORDBEAT_SENTINEL_MASTER") or DEFAULT_SENTINEL_MASTER
+    if not _MASTER_NAME.fullmatch(name):
+        raise ConfigError(
+            f"CHORDBEAT_SENTINEL_MASTER: expected a name (letters, digits, '.', '_', '-'; at most 100), got {name!r}"
+        )
+    return name
+
+
 def _web_port(env: Mapping[str, str]) -> int:
     raw = env.get("CHORDBEAT_WEB_PORT") or str(DEFAULT_WEB_PORT)
     if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 65535:
@@ -251,6 +287,8 @@ class Settings:
     broker_url: str = DEFAULT_BROKER_URL
     result_backend: str = DEFAULT_BROKER_URL
     redbeat_url: str = DEFAULT_BROKER_URL
+    #: The primary's name the Sentinels know (used by the URLs that are Sentinel lists).
+    sentinel_master: str = DEFAULT_SENTINEL_MASTER
     database_url: str = DEFAULT_DATABASE_URL
     schedules_file: str | None = None
     heartbeat_ttl_s: float = DEFAULT_HEARTBEAT_TTL_S
@@ -283,14 +321,15 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
-        broker = env.get("CHORDBEAT_BROKER_URL") or DEFAULT_BROKER_URL
+        broker = _redis_url(env, "CHORDBEAT_BROKER_URL", DEFAULT_BROKER_URL)
         modules = tuple(m.strip() for m in env.get("CHORDBEAT_TASK_MODULES", "").split(",") if m.strip())
         kinds = _step_kinds(env)
         sql_prefix = _sql_env_prefix(env)
         return cls(
             broker_url=broker,
-            result_backend=env.get("CHORDBEAT_RESULT_BACKEND") or broker,
-            redbeat_url=env.get("CHORDBEAT_REDBEAT_URL") or broker,
+            result_backend=_redis_url(env, "CHORDBEAT_RESULT_BACKEND", broker),
+            redbeat_url=_redis_url(env, "CHORDBEAT_REDBEAT_URL", broker),
+            sentinel_master=_sentinel_master(env),
             database_url=env.get("CHORDBEAT_DATABASE_URL") or DEFAULT_DATABASE_URL,
             schedules_file=env.get("CHORDBEAT_SCHEDULES_FILE") or None,
             heartbeat_ttl_s=_env_float(env, "CHORDBEAT_HEARTBEAT_TTL", DEFAULT_HEARTBEAT_TTL_S, minimum=1),

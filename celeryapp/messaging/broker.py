@@ -14,7 +14,12 @@ Two things in kombu 5.7 stop a worker from surviving a Redis restart with an out
 * Reconnection backs off to 30 s between tries, so after a 60 s outage a worker may idle for
   another 16 s. Ours backs off to :data:`RECONNECT_INTERVAL_MAX_S`.
 
-The channel refuses a message whose envelope cannot be decoded or nests too deep
+A ``sentinel://`` list selects kombu's Sentinel transport (with the same two fixes), whose
+connections ask the Sentinels again when the primary fails over; a plain URL's connections drop
+themselves on ``READONLY`` (:mod:`celeryapp.messaging.failover`), so a failover behind a DNS name or
+a virtual IP is ridden out the same way.
+
+Both channels refuse a message whose envelope cannot be decoded or nests too deep
 (:class:`~celeryapp.messaging.serialization.RefusingEnvelopes`): kombu's read raised in the event
 loop and the worker exited.
 """
@@ -28,21 +33,42 @@ from celery.app.amqp import AMQP
 from kombu.connection import Connection
 from kombu.transport import redis as kombu_redis
 
+from celeryapp.messaging.failover import FailoverConnection, FailoverSSLConnection, retry_once_moved
+from celeryapp.messaging.redis_client import sentinel_options
 from celeryapp.messaging.serialization import RefusingEnvelopes
+from celeryapp.redis_urls import is_sentinel
 
 #: Longest pause between two reconnection attempts of a worker's or beat's broker connection.
 RECONNECT_INTERVAL_MAX_S = 2.0
 
 
-class Channel(RefusingEnvelopes, kombu_redis.Channel):  # type: ignore[misc]
+class _DetachedIsLost(RefusingEnvelopes, kombu_redis.Channel):  # type: ignore[misc]
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         if self.connection is None or self.connection.client is None:
             raise redis.exceptions.ConnectionError("the broker connection was closed")
         return super()._connparams(asynchronous=asynchronous)  # type: ignore[no-any-return,no-untyped-call]
 
 
+class Channel(_DetachedIsLost):
+    connection_class = FailoverConnection
+    connection_class_ssl = FailoverSSLConnection
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        # An ack refused by a demoted primary is sent again to the new one at once; left to the
+        # consumer's reconnection, the message would be redelivered.
+        return {**super()._connparams(asynchronous=asynchronous), "retry": retry_once_moved()}
+
+
+class SentinelChannel(_DetachedIsLost, kombu_redis.SentinelChannel):  # type: ignore[misc]
+    """kombu's Sentinel channel (its connections already follow the primary), with our fix."""
+
+
 class Transport(kombu_redis.Transport):  # type: ignore[misc]
     Channel = Channel
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):  # type: ignore[misc]
+    Channel = SentinelChannel
 
 
 class ReconnectingConnection(Connection):  # type: ignore[misc]
@@ -70,9 +96,16 @@ class ReconnectingConnection(Connection):  # type: ignore[misc]
             timeout,
         )
 
+    def maybe_switch_next(self) -> None:
+        # kombu would move on to the list's next URL, taking kombu's own transport from its scheme
+        # and the password from that entry (none). Our lists are Sentinel lists, each of whose
+        # connections asks every Sentinel in turn: there is nothing to switch to.
+        pass
+
     def as_uri(self, *args: Any, **kwargs: Any) -> str:
         # Logs name the broker by its URL scheme, not by the transport class path.
         uri: str = super().as_uri(*args, **kwargs)
+        uri = uri.replace(f"{SENTINEL_TRANSPORT}://", "sentinel://", 1)
         return uri.replace(f"{TRANSPORT}://", "rediss://" if self.ssl else "redis://", 1)
 
 
@@ -82,3 +115,18 @@ class ChordbeatAMQP(AMQP):  # type: ignore[misc]
 
 #: ``broker_transport`` value selecting :class:`Transport` (the URL keeps its redis:// scheme).
 TRANSPORT = f"{__name__}:Transport"
+#: ``broker_transport`` value selecting :class:`SentinelTransport` for a ``sentinel://`` list.
+SENTINEL_TRANSPORT = f"{__name__}:SentinelTransport"
+
+
+def transport_for(url: str) -> str:
+    """The ``broker_transport`` for a broker URL."""
+    return SENTINEL_TRANSPORT if is_sentinel(url) else TRANSPORT
+
+
+def sentinel_transport_options(url: str, master: str) -> dict[str, Any]:
+    """What kombu's Sentinel transport and Celery's Sentinel result backend need besides a
+    ``sentinel://`` list (nothing for a plain URL)."""
+    if not is_sentinel(url):
+        return {}
+    return {"master_name": master, "sentinel_kwargs": sentinel_options()}

@@ -61,6 +61,7 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
         CHORDBEAT_BROKER_URL=settings.broker_url,
         CHORDBEAT_RESULT_BACKEND=settings.result_backend,
         CHORDBEAT_REDBEAT_URL=settings.redbeat_url,
+        CHORDBEAT_SENTINEL_MASTER=settings.sentinel_master,
         CHORDBEAT_DATABASE_URL=settings.database_url,
         CHORDBEAT_HEARTBEAT_TTL=str(settings.heartbeat_ttl_s),
         CHORDBEAT_RECOVERY_INTERVAL=str(settings.recovery_interval_s),

@@ -110,11 +110,7 @@ def run_through_failover(
     Redis fails over finishes, and beat's runs go on. The run, and the seconds from the failover
     to the first step of beat's runs after it."""
     client = ChordbeatClient(settings.broker_url, settings.result_backend, sentinel_master=settings.sentinel_master)
-    env = {"CHORDBEAT_SENTINEL_MASTER": settings.sentinel_master}
-    with (
-        processes.worker(settings, tmp_path, "w1", env=env) as worker,
-        processes.beat(settings, tmp_path, env=env) as beat,
-    ):
+    with processes.worker(settings, tmp_path, "w1") as worker, processes.beat(settings, tmp_path) as beat:
         steps = [step("before"), step("long", kwargs={"seconds": 4}), step("after")]
         call(client.app, "chordbeat.apply_schedule", definition={"name": "through", "every": 3600, "steps": steps})
         call(client.app, "chordbeat.apply_schedule", definition={"name": "ticker", "every": 1, "steps": [step("t")]})

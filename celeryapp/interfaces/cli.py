@@ -60,7 +60,7 @@ def _client() -> Any:
     from celeryapp.client import ChordbeatClient
 
     settings = _app().settings
-    return ChordbeatClient(settings.broker_url, settings.result_backend)
+    return ChordbeatClient(settings.broker_url, settings.result_backend, sentinel_master=settings.sentinel_master)
 
 
 #: Said when no worker answers: the service tasks behind every command but ``apply``, ``db`` and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import pwd
 import shutil
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from sqlalchemy import create_engine, text
 
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
 
@@ -45,9 +47,11 @@ class RedisServer:
     """``persistent`` keeps an append-only file in ``dir`` (fsync every second, as production
     Redis commonly runs), so a graceful stop and start gives the data back."""
 
-    def __init__(self, password: str | None = None, *, persistent: bool = False) -> None:
+    def __init__(self, password: str | None = None, *, persistent: bool = False, also_bind: str | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="chordbeat-redis-"))
         self.port = free_port()
+        #: An address it listens on besides 127.0.0.1 (the multi-host lab's, tests/lab.py).
+        self.also_bind = also_bind
         #: With a password the server refuses unauthenticated clients (``--requirepass``).
         self.password = password
         self.persistent = persistent
@@ -69,6 +73,9 @@ class RedisServer:
                 str(self.port),
                 "--bind",
                 "127.0.0.1",
+                # Protected mode refuses every client but loopback ones without a password; the
+                # lab's address is on a bridge that only the lab's namespaces reach.
+                *([self.also_bind, "--protected-mode", "no"] if self.also_bind else []),
                 "--dir",
                 str(self.dir),
                 "--save",
@@ -163,7 +170,10 @@ class RedisServer:
 class PostgresServer:
     """A throwaway cluster; run as the ``postgres`` user when the tests run as root."""
 
-    def __init__(self) -> None:
+    def __init__(self, also_listen: str | None = None) -> None:
+        """``also_listen``: an interface (``10.1.2.1/24``) it listens on besides 127.0.0.1, trusting
+        its network's clients as loopback ones (the multi-host lab's, tests/lab.py)."""
+        self.also_listen = ipaddress.IPv4Interface(also_listen) if also_listen else None
         if not PG_BIN_DIRS:
             raise RuntimeError("PostgreSQL server binaries are not installed (make test installs them)")
         self.bin = PG_BIN_DIRS[0]
@@ -182,12 +192,16 @@ class PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
         self._run("initdb", "-D", str(self.data), "-U", self.user, "-A", "trust", "--no-sync", "-E", "UTF8")
+        if self.also_listen is not None:
+            with (self.data / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.also_listen.network} trust\n")
         self.start_server()
 
     def start_server(self) -> None:
         """Start the initialised cluster (again) on the same port and wait until it accepts connections."""
+        listen = "127.0.0.1" if self.also_listen is None else f"127.0.0.1,{self.also_listen.ip}"
         options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
+            f"-p {self.port} -k {self.dir} -c listen_addresses={listen} -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
         )
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "log"), "-w", "start")
@@ -200,8 +214,14 @@ class PostgresServer:
         """The running server's main process (its backends are its children)."""
         return int((self.data / "postmaster.pid").read_text().split()[0])
 
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{database}"
+    def create_database(self, name: str, template: str | None = None) -> None:
+        engine = create_engine(self.url(), isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else "")))
+        engine.dispose()
+
+    def url(self, database: str = "postgres", host: str = "127.0.0.1") -> str:
+        return f"postgresql+psycopg://{self.user}@{host}:{self.port}/{database}"
 
     def close(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError):

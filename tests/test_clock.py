@@ -241,3 +241,24 @@ def test_a_reading_due_is_taken_without_making_the_caller_wait() -> None:
     clock.timestamp()
     assert len(calls) == 2, "one background reading at a time"
     release.set()
+
+
+def test_the_broker_notes_when_a_worker_whose_clock_is_ahead_took_a_message_by_the_reference(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    """kombu timed its unacknowledged messages by the host's clock; recovery compares that time with
+    its own: a dead worker 60 s ahead had its message sent again 60 s late."""
+    definition = {"name": "held", "every": 3600, "steps": [step("long", kwargs={"seconds": 4})]}
+    redis_client = get_redis(settings.broker_url)
+    with (
+        processes.control_worker(settings, tmp_path),
+        processes.step_worker(settings, tmp_path, "ahead", env=processes.skewed(60)),
+    ):
+        call(client, "chordbeat.apply_schedule", definition=definition)
+        execution_id = call(client, "chordbeat.trigger_schedule", name="held")["execution_id"]
+        running(client, execution_id, "long")
+        taken = wait_for(lambda: redis_client.zrange("unacked_index", 0, -1, withscores=True), 10, what="unacked")
+        reference_now = redis_now(settings.broker_url)
+        assert isinstance(taken, list)
+        assert all(abs(score - reference_now) < 10 for _tag, score in taken), (taken, reference_now)
+        finished(client, execution_id)

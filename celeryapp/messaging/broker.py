@@ -32,17 +32,38 @@ import redis
 from celery.app.amqp import AMQP
 from kombu.connection import Connection
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from kombu.utils.json import dumps
 
 from celeryapp.messaging.failover import FailoverConnection, FailoverSSLConnection, retry_once_moved
 from celeryapp.messaging.redis_client import sentinel_options
 from celeryapp.messaging.serialization import RefusingEnvelopes
 from celeryapp.redis_urls import is_sentinel
+from models.clock import clock
 
 #: Longest pause between two reconnection attempts of a worker's or beat's broker connection.
 RECONNECT_INTERVAL_MAX_S = 2.0
 
 
+class ReferenceClockQoS(kombu_redis.QoS):  # type: ignore[misc]
+    """kombu's record of the messages a consumer took and has not acknowledged, with the time each
+    was taken by the reference clock, not by this host's: recovery compares it with its own
+    reference time (:func:`celeryapp.messaging.unacked.taken_before`), and a host clock 2 minutes
+    ahead made a dead worker's message wait 2 minutes longer to be sent again."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        delivery = message.delivery_info
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: clock.timestamp()})
+            entry = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])  # type: ignore[no-untyped-call]
+            pipe.hset(self.unacked_key, delivery_tag, entry)
+            pipe.execute()
+        virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+
+
 class _DetachedIsLost(RefusingEnvelopes, kombu_redis.Channel):  # type: ignore[misc]
+    QoS = ReferenceClockQoS
+
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         if self.connection is None or self.connection.client is None:
             raise redis.exceptions.ConnectionError("the broker connection was closed")

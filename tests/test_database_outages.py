@@ -20,7 +20,7 @@ from celeryapp.config import Settings
 from celeryapp.messaging.dispatch import apply_effects
 from tests import processes
 from tests.fault_tasks import read_log
-from tests.helpers import call, db_execution, start_and_hold, wait_for
+from tests.helpers import call, db_execution, start_and_hold, ts, wait_for
 from tests.servers import PostgresServer
 
 pytestmark = pytest.mark.slow
@@ -99,6 +99,8 @@ def test_a_step_finishing_while_the_database_is_stopped_is_recorded_complete_onc
         ("long", 1, "complete"),
         ("after", 1, "complete"),
     ]
+    after = ts(done["activities"][1]["started_at"]).timestamp()
+    print(f"\ndatabase back ({OUTAGE_S:g}s outage) to the next step running: {after - back:.1f}s")
     assert "recording the outcome (complete) of 'long' attempt 1 failed" in output
     # Logged at the first failure and then every 30 s, not at every try.
     assert output.count("recording the outcome (complete) of 'long' attempt 1 failed") <= 1 + OUTAGE_S // 30

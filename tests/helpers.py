@@ -6,6 +6,7 @@ Test modules import from here (or from tests.servers and tests.processes), never
 from __future__ import annotations
 
 import base64
+import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.client import answer
 from celeryapp.execution.runs import start_execution
 from celeryapp.interfaces.views import execution_json
+from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
 from models import Schedule, ScheduleExecution, Trigger, get_engine, transaction, utcnow
@@ -32,6 +34,7 @@ __all__ = [
     "execution",
     "executions",
     "finished",
+    "fire_messages",
     "http_get",
     "run_once",
     "running",
@@ -103,6 +106,17 @@ def start_and_hold(app: ChordbeatCelery, name: str) -> tuple[int, Any]:
         result = start_execution(session, schedule, trigger=Trigger.MANUAL, run_key=f"{name}:held", now=utcnow())
     assert result.execution_id is not None
     return result.execution_id, result.effects
+
+
+def fire_messages(app: ChordbeatCelery) -> list[tuple[list[dict[str, str]], str | None]]:
+    """(slots, expiry) of each fire message waiting in the control queue."""
+    messages = []
+    for raw in get_redis(app.settings.broker_url).lrange(keys.CONTROL_QUEUE, 0, -1):
+        message = json.loads(raw)
+        if message["headers"]["task"] == "chordbeat.fire_batch":
+            _args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+            messages.append((kwargs["fires"], message["headers"]["expires"]))
+    return messages
 
 
 def entry_exists(app: ChordbeatCelery, name: str) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import functools
 import itertools
@@ -26,7 +25,6 @@ from celeryapp.config import Settings
 from celeryapp.context import current_step
 from celeryapp.interfaces import service
 from celeryapp.interfaces.views import iso
-from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.health import age_s
 from celeryapp.scheduling import beat_entries
@@ -41,7 +39,7 @@ from celeryapp.scheduling.beat_entries import (
 from celeryapp.scheduling.cadence import Cadence
 from models import ExecutionStatus, Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from tests import processes
-from tests.helpers import call, entry_exists, executions, finished, step, wait_for
+from tests.helpers import call, entry_exists, executions, finished, fire_messages, step, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -320,17 +318,6 @@ def test_a_retry_that_met_a_manual_run_runs_once_when_it_ends_and_the_cadence_re
     assert [s.outcome for s in waited] == [SlotOutcome.BUFFERED]
     assert waited[0].detail == f"execution {manual['execution_id']} is in progress; retry 1 runs when it ends"
     assert schedule_of(client, "blocked")["current_retry"] == 0
-
-
-def fire_messages(app: ChordbeatCelery) -> list[tuple[list[dict[str, str]], str | None]]:
-    """(slots, expiry) of each fire message waiting in the control queue."""
-    messages = []
-    for raw in get_redis(app.settings.broker_url).lrange(keys.CONTROL_QUEUE, 0, -1):
-        message = json.loads(raw)
-        if message["headers"]["task"] == "chordbeat.fire_batch":
-            _args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-            messages.append((kwargs["fires"], message["headers"]["expires"]))
-    return messages
 
 
 def queued_fires(app: ChordbeatCelery) -> list[tuple[datetime, datetime]]:

@@ -68,6 +68,12 @@ def _bracket_count(data: str | bytes) -> int:
     return data.count(b"[") + data.count(b"{")
 
 
+def too_deep(data: str | bytes, value: Any) -> bool:
+    """Whether ``value``, decoded from ``data``, nests deeper than :data:`MAX_MESSAGE_DEPTH`
+    (walked only when ``data`` holds more brackets than that)."""
+    return _bracket_count(data) > MAX_MESSAGE_DEPTH and nesting_depth(value) > MAX_MESSAGE_DEPTH
+
+
 def loads(data: str | bytes | bytearray | memoryview) -> Any:
     """kombu's JSON decoding, refusing what cannot be decoded or nests too deep."""
     if isinstance(data, (bytearray, memoryview)):
@@ -79,7 +85,7 @@ def loads(data: str | bytes | bytearray | memoryview) -> Any:
         raise DecodeError(f"refused: nested more than {MAX_MESSAGE_DEPTH} levels deep") from None
     except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise DecodeError(f"refused: not JSON ({exc})") from None
-    if _bracket_count(data) > MAX_MESSAGE_DEPTH and nesting_depth(value) > MAX_MESSAGE_DEPTH:
+    if too_deep(data, value):
         raise DecodeError(f"refused: nested more than {MAX_MESSAGE_DEPTH} levels deep")
     return value
 

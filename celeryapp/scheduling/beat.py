@@ -23,9 +23,10 @@ from celeryapp.messaging.broker import RECONNECT_INTERVAL_MAX_S
 from celeryapp.messaging.keys import CONTROL_QUEUE
 from celeryapp.monitoring import health
 from celeryapp.monitoring.watchdog import StallWatchdog
-from celeryapp.scheduling.beat_entries import CadenceSchedule, ScheduleEntry, chunks, few, fire_of, reconcile
+from celeryapp.scheduling.beat_entries import chunks, few, reconcile, reconcile_fully_next
 from celeryapp.scheduling.firing import MAX_BATCH
 from celeryapp.scheduling.schedule_file import apply_file
+from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, fire_of, wrong_type
 from models.clock import clock
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ START_RETRY_FIRST_S = 0.5
 #: While beat waits for Redis at start, a warning at the first failure and then this often.
 START_WARN_EVERY_S = 30.0
 BATCH_FIRE_TASK = "chordbeat.fire_batch"
+#: Unreadable entries a beat remembers having reported (each is logged at ERROR once); past this
+#: many (someone writing garbage in bulk) it forgets them and reports again.
+REPORTED_MAX = 10_000
 
 
 class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
@@ -57,6 +61,10 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
     #: Armed when beat's service starts (:func:`take_lock_at_start`); a scheduler built elsewhere
     #: (tests, tools) is watched by nothing.
     watchdog: StallWatchdog | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._reported: set[str] = set()
+        super().__init__(*args, **kwargs)
 
     def setup_schedule(self) -> None:
         # RedBeat's start-up reads and writes Redis; with Redis away beat exited
@@ -136,15 +144,40 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             with client.pipeline(transaction=False) as pipe:
                 for key in keys:
                     pipe.hmget(key, "definition", "meta")
-                stored = pipe.execute()
-            for key, (definition, meta) in zip(keys, stored, strict=True):
-                if not definition:
-                    logger.warning("beat: failed to load %s, removing it from the index", key)
-                    client.zrem(index_key, key)
+                stored = pipe.execute(raise_on_error=False)
+            for key, fields in zip(keys, stored, strict=True):
+                try:
+                    if wrong_type(fields):
+                        raise CorruptEntry("it is not a hash")
+                    definition, meta = fields
+                    if not definition:
+                        logger.warning("beat: failed to load %s, removing it from the index", key)
+                        client.zrem(index_key, key)
+                        continue
+                    entry = self.Entry.from_stored(definition, meta, app=self.app, key=key)
+                except CorruptEntry as exc:
+                    self._drop(key, str(exc))
                     continue
-                entry = self.Entry.from_stored(definition, meta, app=self.app)
                 entries[entry.name] = entry
         return entries
+
+    def _drop(self, key: str, why: str) -> None:
+        """Take an entry beat cannot work with out of its index: left there, it made every tick
+        fail and beat exit, stopping every schedule. The database is the source of truth: the
+        next periodic reconcile is made a full one, which writes the entry again; beat's own
+        entries (recovery, reconcile...) are written again by the repair before the next tick."""
+        get_redis(self.app).zrem(self.app.redbeat_conf.schedule_key, key)
+        reconcile_fully_next(self.app)
+        if key in {self.Entry.generate_key(self.app, name) for name in self.app.redbeat_conf.schedule}:
+            self._needs_repair = True
+        if key in self._reported:
+            # Written again from a database row that gives the same trouble: said already.
+            logger.info("beat: entry %s dropped again: %s", key, why)
+            return
+        if len(self._reported) >= REPORTED_MAX:
+            self._reported.clear()
+        self._reported.add(key)
+        logger.error("beat: entry %s cannot be used and is dropped until it is written again: %s", key, why)
 
     def _send_fires(self, entries: list[ScheduleEntry]) -> None:
         """Fire the due schedule entries, :data:`~celeryapp.scheduling.firing.MAX_BATCH` slots a
@@ -158,13 +191,18 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         slots: list[tuple[dict[str, str], datetime | None]] = []
         with get_redis(self.app).pipeline(transaction=False) as pipe:
             for entry in entries:
-                name = entry.kwargs.get("name")
-                if isinstance(name, str):
-                    slots.append(fire_of(entry.schedule, entry.last_run_at, name, now))
+                try:
+                    name = entry.kwargs.get("name")
+                    slot = fire_of(entry.schedule, entry.last_run_at, name, now) if isinstance(name, str) else None
+                    entry.reserve_in(pipe)  # queues nothing if it fails
+                except Exception as exc:
+                    self._drop(entry.key, f"its slot cannot be computed ({exc!r})")
+                    continue
+                if slot is not None:
+                    slots.append(slot)
                 else:
                     # Not written by chordbeat: its slot would get the whole message refused.
                     logger.warning("beat: entry %s names no schedule; not fired", entry.name)
-                entry.reserve_in(pipe)
             pipe.execute()
         for batch in chunks(slots, MAX_BATCH):
             names = [fire["name"] for fire, _ in batch]
@@ -277,12 +315,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             remaining: list[float] = [float(self.max_interval)]
             fires: list[ScheduleEntry] = []
             for entry in self.schedule.values():
-                if isinstance(entry.schedule, CadenceSchedule):
-                    is_due, next_time_to_run = entry.is_due()
-                    if is_due:
-                        fires.append(entry)
-                else:  # beat's own periodic tasks: recovery, reconcile, housekeeping
-                    next_time_to_run = self.maybe_due(entry, **self._maybe_due_kwargs)
+                next_time_to_run = self._due_in(entry, fires)
                 if next_time_to_run:
                     remaining.append(float(next_time_to_run))
             if fires:
@@ -292,6 +325,23 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         except redis.RedisError as exc:
             logger.warning("beat: Redis error during tick (%s); retrying shortly", exc)
             return LOCK_RETRY_S
+
+    def _due_in(self, entry: ScheduleEntry, fires: list[ScheduleEntry]) -> float | None:
+        """Seconds until ``entry`` is due again; due now, a schedule's entry joins ``fires`` and
+        beat's own (recovery, reconcile, housekeeping) is sent at once."""
+        try:
+            if isinstance(entry.schedule, CadenceSchedule):
+                is_due, next_time_to_run = entry.is_due()
+                if is_due:
+                    fires.append(entry)
+                return float(next_time_to_run)
+            return self.maybe_due(entry, **self._maybe_due_kwargs)  # type: ignore[no-any-return]
+        except redis.RedisError:
+            raise
+        except Exception as exc:
+            # Read fine, yet its due time cannot be reckoned (an instant out of range).
+            self._drop(entry.key, f"its due time cannot be computed ({exc!r})")
+            return None
 
     def _until_next_entry(self, started: float) -> float:
         """Seconds until the first entry due after the tick began.

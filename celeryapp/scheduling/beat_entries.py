@@ -1,4 +1,4 @@
-"""RedBeat entries of schedules: a schedule type RedBeat can store, and syncing entries with the DB.
+"""RedBeat entries of schedules: syncing them with the database, and re-firing lost slots.
 
 Every active schedule has exactly one dynamic RedBeat entry (``<prefix>schedule:<name>``) that
 sends ``chordbeat.fire_schedule``. Entries are written whenever a schedule changes and repaired
@@ -16,191 +16,32 @@ from typing import Any, TypeVar
 
 import redis
 from celery import Celery
-from celery.beat import ScheduleEntry as BaseScheduleEntry
-from celery.schedules import BaseSchedule, schedstate
-from redbeat.decoder import RedBeatJSONDecoder, RedBeatJSONEncoder
-from redbeat.schedulers import RedBeatSchedulerEntry, ensure_conf, get_redis
+from redbeat.schedulers import ensure_conf, get_redis
 from sqlalchemy import and_, or_, select
 
 from celeryapp.execution.runs import run_key
 from celeryapp.messaging import keys
-from celeryapp.scheduling.cadence import Cadence, Due, next_due
+from celeryapp.scheduling.cadence import Cadence
+from celeryapp.scheduling.stored_entry import (
+    FIRE_EXPIRY_GRACE,
+    CadenceSchedule,
+    CorruptEntry,
+    EntryEncoder,
+    ScheduleEntry,
+    aware,
+    check_reply,
+    wrong_type,
+)
 from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleStatus, Trigger, transaction, utcnow
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 FIRE_TASK = "chordbeat.fire_schedule"
-#: A regular slot's fire message expires this long after the next slot is due. By then it is
-#: superseded anyway (:func:`celeryapp.execution.decisions.decide_fire`); the grace lets a late one still
-#: record its slot as superseded. (Beat and workers reckon it by the same reference clock.)
-FIRE_EXPIRY_GRACE = timedelta(minutes=1)
 #: A rebuilt entry whose retry is overdue gets a last fire time this much before the retry, so
 #: beat fires the retry at once instead of moving past it.
 RETRY_LEAD = timedelta(milliseconds=1)
 ENTRY_PREFIX = "schedule:"
-#: Tag of chordbeat's schedule type inside RedBeat's JSON.
-SCHEDULE_TYPE = "chordbeat_cadence"
-
-
-class CadenceSchedule(BaseSchedule):  # type: ignore[misc]
-    """A Celery schedule over a :class:`Cadence` (cron in a zone, or anchored interval) and a retry."""
-
-    def __init__(self, cadence: Cadence, retry_at: datetime | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.cadence = cadence
-        self.retry_at = retry_at
-
-    def due(self, last_run_at: datetime) -> Due:
-        return next_due(self.cadence, last_fired=_aware(last_run_at), retry_at=self.retry_at)
-
-    def remaining_estimate(self, last_run_at: datetime) -> timedelta:
-        now: datetime = self.now()
-        return self.due(last_run_at).at - now
-
-    def is_due(self, last_run_at: datetime) -> schedstate:
-        now: datetime = self.now()
-        due = self.due(last_run_at)
-        if due.at <= now:
-            return schedstate(True, max((self.due(now).at - now).total_seconds(), 0.1))
-        return schedstate(False, (due.at - now).total_seconds())
-
-    def encode(self) -> dict[str, Any]:
-        return {
-            "__type__": SCHEDULE_TYPE,
-            "cron": self.cadence.cron,
-            "every": self.cadence.every_s,
-            "timezone": self.cadence.timezone,
-            "anchor": self.cadence.anchor.timestamp(),
-            "retry_at": self.retry_at.timestamp() if self.retry_at else None,
-        }
-
-    @classmethod
-    def decode(cls, data: dict[str, Any]) -> CadenceSchedule:
-        cadence = Cadence(
-            cron=data["cron"],
-            every_s=data["every"],
-            timezone=data["timezone"],
-            anchor=datetime.fromtimestamp(data["anchor"], UTC),
-        )
-        retry = data.get("retry_at")
-        return cls(cadence, datetime.fromtimestamp(retry, UTC) if retry is not None else None)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, CadenceSchedule) and self.encode() == other.encode()
-
-    def __hash__(self) -> int:
-        return hash(json.dumps(self.encode(), sort_keys=True))
-
-    def __repr__(self) -> str:
-        what = self.cadence.cron and f"cron {self.cadence.cron!r} {self.cadence.timezone}"
-        return f"<CadenceSchedule {what or f'every {self.cadence.every_s}s'}>"
-
-
-def fire_of(
-    schedule: CadenceSchedule, last_run_at: datetime | None, name: str, now: datetime
-) -> tuple[dict[str, str], datetime | None]:
-    """The slot a due entry fires, as its fire message states it, and when that message expires."""
-    last = _aware(last_run_at or now)
-    due = schedule.due(last)
-    if due.retry:
-        return {"name": name, "nominal_at": due.at.isoformat(), "trigger": Trigger.RETRY.value}, None
-    nominal = schedule.cadence.latest_slot(now, since=last) or due.at
-    trigger = Trigger.CRON if schedule.cadence.cron else Trigger.INTERVAL
-    # Once the next slot is due, this fire is superseded (decide_fire); a backlog of them after
-    # a worker outage is dropped by the broker instead of being worked off.
-    expires = schedule.cadence.slot_after(nominal) + FIRE_EXPIRY_GRACE
-    return {"name": name, "nominal_at": nominal.isoformat(), "trigger": trigger.value}, expires
-
-
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-class EntryEncoder(RedBeatJSONEncoder):  # type: ignore[misc]
-    def default(self, obj: Any) -> Any:
-        if isinstance(obj, CadenceSchedule):
-            return obj.encode()
-        return super().default(obj)
-
-
-class EntryDecoder(RedBeatJSONDecoder):  # type: ignore[misc]
-    def dict_to_object(self, d: dict[str, Any]) -> Any:
-        if d.get("__type__") == SCHEDULE_TYPE:
-            return CadenceSchedule.decode(d)
-        return super().dict_to_object(d)
-
-
-class ScheduleEntry(RedBeatSchedulerEntry):  # type: ignore[misc]
-    """RedBeat's entry, storing :class:`CadenceSchedule` and scoring it by its exact due time."""
-
-    @staticmethod
-    def decode_definition(definition: str) -> Any:
-        return json.loads(definition, cls=EntryDecoder)
-
-    @classmethod
-    def from_stored(cls, definition: str, meta: str | None, app: Celery) -> ScheduleEntry:
-        """The entry from its two stored fields (RedBeat's ``from_key`` without its round trip)."""
-        fields = cls.decode_definition(definition)
-        last = cls.decode_meta(meta)
-        fields.update(last)
-        entry = cls(app=app, **fields)
-        entry.last_run_at = last["last_run_at"]  # Celery's entry would set "now"
-        return entry
-
-    def reserve_in(self, pipe: Any) -> ScheduleEntry:
-        """RedBeat's reserve (the entry fired now: its last fire time and score move on), written
-        into ``pipe`` instead of a round trip of its own."""
-        entry: ScheduleEntry = BaseScheduleEntry._next_instance(self)
-        meta = {"last_run_at": entry.last_run_at, "total_run_count": entry.total_run_count}
-        pipe.hset(self.key, "meta", json.dumps(meta, cls=RedBeatJSONEncoder))
-        pipe.zadd(self.app.redbeat_conf.schedule_key, {entry.key: entry.score})
-        return entry
-
-    @property
-    def due_at(self) -> datetime | None:
-        if not isinstance(self.schedule, CadenceSchedule):
-            return super().due_at  # type: ignore[no-any-return]
-        if self.last_run_at is None:
-            return self._default_now()  # type: ignore[no-any-return]
-        return self.schedule.due(self.last_run_at).at
-
-    @property
-    def score(self) -> float:
-        """The exact due time. RedBeat scores whole seconds, so an entry due at 12:00:00.700 would be
-        loaded (one round trip) on every tick from 12:00:00 on: with thousands of entries staggered
-        over a minute, most of beat's CPU went into reloading entries not yet due."""
-        due = self.due_at
-        return -1.0 if due is None else _aware(due).timestamp()
-
-    def definition_json(self) -> str:
-        return json.dumps(
-            {
-                "name": self.name,
-                "task": self.task,
-                "args": self.args,
-                "kwargs": self.kwargs,
-                "options": self.options,
-                "schedule": self.schedule,
-                "enabled": self.enabled,
-            },
-            cls=EntryEncoder,
-        )
-
-    def save(self, *, reset_last_run: bool = False) -> ScheduleEntry:
-        """Write the definition; keep the last fire time unless ``reset_last_run`` (new cadence)."""
-        meta = json.dumps({"last_run_at": self.last_run_at}, cls=EntryEncoder)
-        with get_redis(self.app).pipeline() as pipe:
-            pipe.hset(self.key, "definition", self.definition_json())
-            if reset_last_run:
-                pipe.hset(self.key, "meta", meta)
-            else:
-                pipe.hsetnx(self.key, "meta", meta)
-            pipe.execute()
-        # Score from what is stored now (the kept last fire time), in whole seconds as RedBeat needs.
-        stored = ScheduleEntry.from_key(self.key, app=self.app)
-        get_redis(self.app).zadd(self.app.redbeat_conf.schedule_key, {self.key: stored.score})
-        return self
 
 
 def entry_name(schedule_name: str) -> str:
@@ -286,6 +127,19 @@ def _cadence_part(definition: str) -> Any:
     return {k: v for k, v in schedule.items() if k != "retry_at"} if isinstance(schedule, dict) else schedule
 
 
+def _kept_last_run(stored: str | None, meta: str | None, wanted: str) -> datetime | None:
+    """When beat last fired the stored entry, if it has the cadence of ``wanted`` (a changed retry
+    time only adds a due time); ``None`` if there is none to keep."""
+    if stored is None:
+        return None
+    try:
+        ScheduleEntry.decode_definition(stored)  # safe to compare as plain JSON from here on
+        kept: datetime | None = ScheduleEntry.decode_meta(meta)["last_run_at"]
+    except CorruptEntry:
+        return None  # unreadable (beat dropped it from its index): written anew, as a new entry is
+    return kept if kept is not None and _cadence_part(stored) == _cadence_part(wanted) else None
+
+
 def _entry_fields(app: Celery, names: Sequence[str]) -> dict[str, EntryFields]:
     with transaction(app.settings.database_url, read_only=True) as session:
         rows = session.execute(select(*ENTRY_COLUMNS).where(Schedule.name.in_(names))).all()
@@ -322,10 +176,14 @@ def _sync_chunk(app: Celery, names: Sequence[str], now: datetime, changes: Entry
         for key in entry_keys.values():
             pipe.hmget(key, "definition", "meta")
             pipe.zscore(index_key, key)
-        replies = pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
     with client.pipeline(transaction=False) as pipe:
         for position, (name, entry) in enumerate(desired.items()):
-            (stored, meta), score = replies[2 * position], replies[2 * position + 1]
+            fields, score = replies[2 * position], check_reply(replies[2 * position + 1])
+            if wrong_type(fields):
+                pipe.delete(entry_keys[name])  # not a hash: written anew below, or gone
+                fields = (None, None)
+            stored, meta = fields
             try:
                 _queue_write(pipe, app, entry_keys[name], entry, stored, meta, score)
             except Exception:
@@ -358,9 +216,9 @@ def _queue_write(
     wanted = entry.definition_json()
     if stored == wanted and score is not None:
         return
-    kept = ScheduleEntry.decode_meta(meta).get("last_run_at") if stored is not None else None
-    same_cadence = kept is not None and stored is not None and _cadence_part(stored) == _cadence_part(wanted)
-    if same_cadence:
+    kept = _kept_last_run(stored, meta, wanted)
+    same_cadence = kept is not None
+    if kept is not None:
         # Same cadence: keep when beat last fired it (a changed retry time only adds a due time).
         entry.last_run_at = kept
     new_meta = json.dumps({"last_run_at": entry.last_run_at}, cls=EntryEncoder)
@@ -442,10 +300,16 @@ def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
         with client.pipeline(transaction=False) as pipe:
             for item in batch:
                 pipe.hget(ScheduleEntry.generate_key(app, entry_name(item.name)), "meta")
-            metas = pipe.execute()
+            metas = pipe.execute(raise_on_error=False)
         for item, meta in zip(batch, metas, strict=True):
             try:
-                if _refire(app, item, ScheduleEntry.decode_meta(meta).get("last_run_at")):
+                last_run_at = None if wrong_type(meta) else ScheduleEntry.decode_meta(meta)["last_run_at"]
+            except CorruptEntry:
+                # When beat last fired it is unknown; beat drops the entry, and the reconcile
+                # writes it again from the database.
+                continue
+            try:
+                if _refire(app, item, last_run_at):
                     refired.append(item.name)
             except redis.RedisError:
                 raise
@@ -458,14 +322,14 @@ def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
 
 def _refire(app: Celery, item: _Overdue, last_run_at: datetime | None) -> bool:
     """Fire ``item.slot`` again if beat moved past it (the database never saw it fired)."""
-    if last_run_at is None or _aware(last_run_at) < item.slot:
+    if last_run_at is None or aware(last_run_at) < item.slot:
         return False  # beat has not reached the slot yet (it is down, or behind): it will fire it
     options: dict[str, Any] = {"queue": keys.CONTROL_QUEUE, "ignore_result": True}
     if item.retry:
         nominal, trigger = item.slot, Trigger.RETRY
     else:
         cadence = item.cadence
-        nominal = cadence.latest_slot(_aware(last_run_at), since=item.slot - timedelta(microseconds=1)) or item.slot
+        nominal = cadence.latest_slot(aware(last_run_at), since=item.slot - timedelta(microseconds=1)) or item.slot
         trigger = Trigger.CRON if cadence.cron else Trigger.INTERVAL
         options["expires"] = cadence.slot_after(nominal) + FIRE_EXPIRY_GRACE
     marker = app.redbeat_conf.key_prefix + REFIRED_KEY + run_key(item.name, trigger, nominal)
@@ -484,6 +348,12 @@ def _watermark(value: str | None) -> datetime | None:
         return datetime.fromtimestamp(float(value), UTC) if value is not None else None
     except (TypeError, ValueError, OverflowError):
         return None
+
+
+def reconcile_fully_next(app: Celery) -> None:
+    """Make the next periodic reconcile a full pass: it writes again every entry missing from the
+    index (one beat dropped, unreadable), not only those of schedules changed since the last."""
+    get_redis(app).delete(app.redbeat_conf.key_prefix + WATERMARK_KEY)
 
 
 def reconcile(app: Celery, *, full: bool = False) -> EntryChanges:

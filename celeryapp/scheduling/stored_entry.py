@@ -1,0 +1,331 @@
+"""A beat entry as RedBeat stores it in Redis, reading one back without trusting it, and the slot it fires.
+
+An entry is a hash of two JSON fields, ``definition`` (what to fire, and its schedule) and ``meta``
+(when beat last fired it). Anyone who can write to Redis (or a bit flip, or an older version's
+format) can leave something else there; beat reads entries on every tick, and an entry it could
+not read made the tick raise and beat exit: every schedule stopped. Reading one either gives an
+entry beat can work with or raises :class:`CorruptEntry`, and the caller drops it (the database
+is the source of truth: the reconcile writes it again).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeGuard
+from zoneinfo import ZoneInfo
+
+import redis
+from celery import Celery
+from celery.beat import ScheduleEntry as BaseScheduleEntry
+from celery.schedules import BaseSchedule, schedstate
+from redbeat.decoder import RedBeatJSONDecoder, RedBeatJSONEncoder
+from redbeat.schedulers import RedBeatSchedulerEntry, get_redis
+
+from celeryapp.messaging.serialization import MAX_MESSAGE_DEPTH, too_deep
+from celeryapp.scheduling import limits
+from celeryapp.scheduling.cadence import Cadence, Due, next_due
+from celeryapp.scheduling.cron import CronExpression
+from celeryapp.scheduling.definition import MAX_ZONE_CHARS
+from models import Trigger
+
+#: Tag of chordbeat's schedule type inside RedBeat's JSON.
+SCHEDULE_TYPE = "chordbeat_cadence"
+#: The fields of a stored definition (RedBeat's): any other would reach the entry's constructor.
+DEFINITION_FIELDS = frozenset({"name", "task", "args", "kwargs", "options", "schedule", "enabled"})
+#: A regular slot's fire message expires this long after the next slot is due. By then it is
+#: superseded anyway (:func:`celeryapp.execution.decisions.decide_fire`); the grace lets a late one still
+#: record its slot as superseded. (Beat and workers reckon it by the same reference clock.)
+FIRE_EXPIRY_GRACE = timedelta(minutes=1)
+#: Stored instants (anchors, retries, last fires) lie between these, in seconds since the epoch: far
+#: beyond any real one, and far enough inside datetime's range that slots reckoned from them fit.
+MIN_INSTANT_S = 0.0
+MAX_INSTANT_S = datetime(9000, 1, 1, tzinfo=UTC).timestamp()
+#: Redis's answer to a hash command on a key holding another type.
+WRONG_TYPE = "WRONGTYPE"
+
+
+class CorruptEntry(ValueError):
+    """A stored beat entry that cannot be read as one."""
+
+
+def wrong_type(reply: Any) -> bool:
+    """Whether a pipeline's reply (``raise_on_error=False``) is Redis refusing a hash command on a
+    key of another type: not an entry. Any other error is raised."""
+    return isinstance(check_reply(reply, WRONG_TYPE), redis.ResponseError)
+
+
+def check_reply(reply: Any, allowed: str | None = None) -> Any:
+    """A pipeline's reply (``raise_on_error=False``); an error is raised, but for one that starts
+    with ``allowed``, returned."""
+    if isinstance(reply, redis.ResponseError) and allowed is not None and str(reply).startswith(allowed):
+        return reply
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+class CadenceSchedule(BaseSchedule):  # type: ignore[misc]
+    """A Celery schedule over a :class:`Cadence` (cron in a zone, or anchored interval) and a retry."""
+
+    def __init__(self, cadence: Cadence, retry_at: datetime | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cadence = cadence
+        self.retry_at = retry_at
+
+    def due(self, last_run_at: datetime) -> Due:
+        return next_due(self.cadence, last_fired=aware(last_run_at), retry_at=self.retry_at)
+
+    def remaining_estimate(self, last_run_at: datetime) -> timedelta:
+        now: datetime = self.now()
+        return self.due(last_run_at).at - now
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        now: datetime = self.now()
+        due = self.due(last_run_at)
+        if due.at <= now:
+            return schedstate(True, max((self.due(now).at - now).total_seconds(), 0.1))
+        return schedstate(False, (due.at - now).total_seconds())
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "__type__": SCHEDULE_TYPE,
+            "cron": self.cadence.cron,
+            "every": self.cadence.every_s,
+            "timezone": self.cadence.timezone,
+            "anchor": self.cadence.anchor.timestamp(),
+            "retry_at": self.retry_at.timestamp() if self.retry_at else None,
+        }
+
+    @classmethod
+    def decode(cls, data: dict[str, Any]) -> CadenceSchedule:
+        """The schedule ``encode`` wrote; :class:`CorruptEntry` for anything else (every field is
+        checked the way a definition's are, or beat would fail on it later, at every tick)."""
+        cron, every = data.get("cron"), data.get("every")
+        if (cron is None) == (every is None):
+            raise CorruptEntry("its schedule needs exactly one of cron and every")
+        if cron is not None:
+            if not isinstance(cron, str) or len(cron) > limits.MAX_CRON_CHARS:
+                raise CorruptEntry("its cron is not a cron expression")
+            CronExpression.parse(cron)  # CronError, a ValueError: reported by the caller
+        elif not _number(every) or not limits.MIN_EVERY_S <= every <= limits.MAX_EVERY_S:
+            raise CorruptEntry(f"its interval {every!r} is not {limits.MIN_EVERY_S}-{limits.MAX_EVERY_S} s")
+        timezone = data.get("timezone")
+        if not isinstance(timezone, str) or len(timezone) > MAX_ZONE_CHARS:
+            raise CorruptEntry("its time zone is not a zone name")
+        ZoneInfo(timezone)  # unknown: ZoneInfoNotFoundError, reported by the caller
+        retry = data.get("retry_at")
+        cadence = Cadence(cron=cron, every_s=every, timezone=timezone, anchor=_instant(data.get("anchor"), "anchor"))
+        return cls(cadence, _instant(retry, "retry_at") if retry is not None else None)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CadenceSchedule) and self.encode() == other.encode()
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.encode(), sort_keys=True))
+
+    def __repr__(self) -> str:
+        what = self.cadence.cron and f"cron {self.cadence.cron!r} {self.cadence.timezone}"
+        return f"<CadenceSchedule {what or f'every {self.cadence.every_s}s'}>"
+
+
+def _number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _instant(value: Any, field: str) -> datetime:
+    if not _number(value) or not MIN_INSTANT_S <= value <= MAX_INSTANT_S:
+        raise CorruptEntry(f"its {field} {value!r} is not a time")
+    return datetime.fromtimestamp(value, UTC)
+
+
+def fire_of(
+    schedule: CadenceSchedule, last_run_at: datetime | None, name: str, now: datetime
+) -> tuple[dict[str, str], datetime | None]:
+    """The slot a due entry fires, as its fire message states it, and when that message expires."""
+    last = aware(last_run_at or now)
+    due = schedule.due(last)
+    if due.retry:
+        return {"name": name, "nominal_at": due.at.isoformat(), "trigger": Trigger.RETRY.value}, None
+    nominal = schedule.cadence.latest_slot(now, since=last) or due.at
+    trigger = Trigger.CRON if schedule.cadence.cron else Trigger.INTERVAL
+    # Once the next slot is due, this fire is superseded (decide_fire); a backlog of them after
+    # a worker outage is dropped by the broker instead of being worked off.
+    expires = schedule.cadence.slot_after(nominal) + FIRE_EXPIRY_GRACE
+    return {"name": name, "nominal_at": nominal.isoformat(), "trigger": trigger.value}, expires
+
+
+def aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+class EntryEncoder(RedBeatJSONEncoder):  # type: ignore[misc]
+    def default(self, obj: Any) -> Any:
+        if isinstance(obj, CadenceSchedule):
+            return obj.encode()
+        return super().default(obj)
+
+
+class EntryDecoder(RedBeatJSONDecoder):  # type: ignore[misc]
+    def dict_to_object(self, d: dict[str, Any]) -> Any:
+        if d.get("__type__") == SCHEDULE_TYPE:
+            return CadenceSchedule.decode(d)
+        return super().dict_to_object(d)
+
+
+def _decoded(text: str | bytes | None, field: str) -> Any:
+    """A stored field's JSON, through RedBeat's types and ours, nested no deeper than a message."""
+    if text is None:
+        raise CorruptEntry(f"its {field} is missing")
+    try:
+        value = json.loads(text, cls=EntryDecoder)
+    except RecursionError:
+        raise CorruptEntry(f"its {field} nests more than {MAX_MESSAGE_DEPTH} levels deep") from None
+    except CorruptEntry as exc:
+        raise CorruptEntry(f"its {field}: {exc}") from None
+    except Exception as exc:
+        # Whatever the text makes json or the type hooks raise (TypeError of datetime(**garbage),
+        # ZoneInfoNotFoundError, OverflowError, CronError...): it is not an entry this code wrote.
+        raise CorruptEntry(f"its {field} cannot be decoded ({type(exc).__name__}: {exc})") from None
+    if too_deep(text, value):
+        raise CorruptEntry(f"its {field} nests more than {MAX_MESSAGE_DEPTH} levels deep")
+    return value
+
+
+class ScheduleEntry(RedBeatSchedulerEntry):  # type: ignore[misc]
+    """RedBeat's entry, storing :class:`CadenceSchedule` and scoring it by its exact due time."""
+
+    last_run_at: datetime | None
+
+    @staticmethod
+    def decode_definition(definition: str | bytes | None) -> dict[str, Any]:
+        fields = _decoded(definition, "definition")
+        if not isinstance(fields, dict):
+            raise CorruptEntry(f"its definition is a JSON {type(fields).__name__}, not an object")
+        unknown = set(fields) - DEFINITION_FIELDS
+        if unknown:
+            raise CorruptEntry(f"its definition has unknown fields {sorted(unknown)!r}")
+        if not isinstance(fields.get("name"), str) or not isinstance(fields.get("task"), str):
+            raise CorruptEntry("its definition names no entry or no task")
+        if not isinstance(fields.get("schedule"), BaseSchedule):
+            raise CorruptEntry("its definition has no schedule")
+        for name, kind in (("args", (list, tuple)), ("kwargs", dict), ("options", dict)):
+            if fields.get(name) is not None and not isinstance(fields[name], kind):
+                raise CorruptEntry(f"its {name} is a {type(fields[name]).__name__}")
+        if not isinstance(fields.get("enabled", True), bool):
+            raise CorruptEntry("its enabled is not true or false")
+        return fields
+
+    @staticmethod
+    def decode_meta(meta: str | bytes | None, app: Celery | None = None) -> dict[str, Any]:
+        """When beat last fired the entry (``None``: never); :class:`CorruptEntry` if unreadable."""
+        if not meta:
+            return {"last_run_at": None}
+        last = _decoded(meta, "meta")
+        if not isinstance(last, dict) or not isinstance(last.get("last_run_at"), (datetime, type(None))):
+            raise CorruptEntry("its meta holds no last fire time")
+        try:
+            at = last["last_run_at"] and aware(last["last_run_at"]).timestamp()
+        except (OverflowError, ValueError):
+            at = math.nan
+        if at is not None:
+            _instant(at, "last fire time")
+        if not isinstance(last.get("total_run_count", 0), int) or set(last) - {"last_run_at", "total_run_count"}:
+            raise CorruptEntry("its meta has unknown or bad fields")
+        return last
+
+    @classmethod
+    def from_stored(
+        cls, definition: str | None, meta: str | None, app: Celery, key: str | None = None
+    ) -> ScheduleEntry:
+        """The entry from its two stored fields (RedBeat's ``from_key`` without its round trip);
+        :class:`CorruptEntry` if they are not an entry (stored under ``key``, if given)."""
+        fields = cls.decode_definition(definition)
+        last = cls.decode_meta(meta)
+        if key is not None and cls.generate_key(app, fields["name"]) != key:
+            # Beat writes an entry's fire times under the key its name makes: another key's.
+            raise CorruptEntry(f"its definition names another entry, {fields['name'][:80]!r}")
+        fields.update(last)
+        entry = cls(app=app, **fields)
+        entry.last_run_at = last["last_run_at"]  # Celery's entry would set "now"
+        return entry
+
+    @classmethod
+    def from_key(cls, key: str, app: Celery | None = None) -> ScheduleEntry:
+        """RedBeat's; an unreadable entry is :class:`KeyError` as a missing one is: RedBeat's
+        start-up then writes its own entries (recovery, reconcile...) anew."""
+        definition, meta = get_redis(app).hmget(key, "definition", "meta")
+        if not definition:
+            raise KeyError(key)
+        try:
+            return cls.from_stored(definition, meta, app=app, key=key)  # type: ignore[arg-type]
+        except CorruptEntry as exc:
+            raise KeyError(key) from exc
+
+    def reserve_in(self, pipe: Any) -> ScheduleEntry:
+        """RedBeat's reserve (the entry fired now: its last fire time and score move on), written
+        into ``pipe`` instead of a round trip of its own."""
+        entry: ScheduleEntry = BaseScheduleEntry._next_instance(self)
+        meta = {"last_run_at": entry.last_run_at, "total_run_count": entry.total_run_count}
+        score = entry.score  # before anything is queued: an entry that cannot be scored writes nothing
+        pipe.hset(self.key, "meta", json.dumps(meta, cls=RedBeatJSONEncoder))
+        pipe.zadd(self.app.redbeat_conf.schedule_key, {entry.key: score})
+        return entry
+
+    @property
+    def due_at(self) -> datetime | None:
+        if not isinstance(self.schedule, CadenceSchedule):
+            return super().due_at  # type: ignore[no-any-return]
+        if self.last_run_at is None:
+            return self._default_now()  # type: ignore[no-any-return]
+        return self.schedule.due(self.last_run_at).at
+
+    @property
+    def score(self) -> float:
+        """The exact due time. RedBeat scores whole seconds, so an entry due at 12:00:00.700 would be
+        loaded (one round trip) on every tick from 12:00:00 on: with thousands of entries staggered
+        over a minute, most of beat's CPU went into reloading entries not yet due."""
+        due = self.due_at
+        return -1.0 if due is None else aware(due).timestamp()
+
+    def definition_json(self) -> str:
+        return json.dumps(
+            {
+                "name": self.name,
+                "task": self.task,
+                "args": self.args,
+                "kwargs": self.kwargs,
+                "options": self.options,
+                "schedule": self.schedule,
+                "enabled": self.enabled,
+            },
+            cls=EntryEncoder,
+        )
+
+    def save(self, *, reset_last_run: bool = False) -> ScheduleEntry:
+        """Write the definition; keep the last fire time unless ``reset_last_run`` (new cadence)
+        or unreadable."""
+        meta = json.dumps({"last_run_at": self.last_run_at}, cls=EntryEncoder)
+        client = get_redis(self.app)
+        if client.type(self.key) not in ("hash", "none", b"hash", b"none"):
+            client.delete(self.key)  # not an entry at all: every hash command on it would fail
+        with client.pipeline() as pipe:
+            pipe.hset(self.key, "definition", self.definition_json())
+            if reset_last_run:
+                pipe.hset(self.key, "meta", meta)
+            else:
+                pipe.hsetnx(self.key, "meta", meta)
+            pipe.hget(self.key, "meta")
+            *_, kept = pipe.execute()
+        ours = self.last_run_at
+        try:
+            self.last_run_at = self.decode_meta(kept)["last_run_at"]
+        except CorruptEntry:
+            client.hset(self.key, "meta", meta)
+        try:
+            # Score from what is stored now (the kept last fire time).
+            client.zadd(self.app.redbeat_conf.schedule_key, {self.key: self.score})
+        finally:
+            self.last_run_at = ours
+        return self

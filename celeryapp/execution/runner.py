@@ -6,6 +6,7 @@ body always runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -126,7 +127,11 @@ def _transient(exc: Exception) -> bool:
     statement it refuses: only the first goes away by trying again."""
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
-    return isinstance(exc, OperationalError | InterfaceError | DisconnectionError | PoolTimeoutError)
+    # The step's soft time limit, falling while its runner waits: the step is over (or has not
+    # started), and the runner's bookkeeping goes on until the hard limit.
+    return isinstance(
+        exc, OperationalError | InterfaceError | DisconnectionError | PoolTimeoutError | SoftTimeLimitExceeded
+    )
 
 
 _T = TypeVar("_T")
@@ -163,7 +168,8 @@ def _patiently(what: str, once: Callable[[], _T]) -> _T | Exception:
                     DATABASE_PATIENCE_S,
                     exc,
                 )
-            time.sleep(min(pause_s / 2 + random.uniform(0, pause_s / 2), started + DATABASE_PATIENCE_S - now))
+            with contextlib.suppress(SoftTimeLimitExceeded):  # see _transient
+                time.sleep(min(pause_s / 2 + random.uniform(0, pause_s / 2), started + DATABASE_PATIENCE_S - now))
             pause_s = min(pause_s * 2, RETRY_PAUSE_MAX_S)
             continue
         if tries > 1:

@@ -20,6 +20,7 @@ from celeryapp.client import ChordbeatClient
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
 from celeryapp.messaging.redis_client import get_redis, reset_clients
+from celeryapp.recovery.recovery import recover
 from tests import processes
 from tests.helpers import call, db_execution, running, step, ts
 from tests.sentinel import Forwarder, SentinelCluster
@@ -211,3 +212,13 @@ def test_worker_and_beat_on_sentinels_ride_out_a_failover(
     done, seconds = run_through_failover(app, sentinels, tmp_path, fail_over)
     assert_each_step_ran_once(done)
     print(f"\nSentinel failover ({how}): a fired step ran again {seconds:.1f}s after the fault")
+
+
+@pytest.mark.parametrize("url", ["sentinel://127.0.0.1:1/0", "sentinel://127.0.0.1:1/0;sentinel://127.0.0.1:2/0"])
+def test_a_recovery_pass_rides_out_sentinels_that_do_not_answer(app: ChordbeatCelery, url: str) -> None:
+    """No primary found is a Redis error like any other: the pass logs it and does its database
+    repairs. Before: get_redis raised ValueError on a sentinel:// URL, out of the pass."""
+    reset_clients()
+    app.apply_settings(replace(app.settings, broker_url=url, redbeat_url=url))
+    report = recover(app)
+    assert not report.redis_reset

@@ -20,6 +20,7 @@ from sqlalchemy import event, select
 from celeryapp.app import ChordbeatCelery
 from celeryapp.client import answer
 from celeryapp.execution.runs import start_execution
+from celeryapp.interfaces import service
 from celeryapp.interfaces.views import execution_json
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
@@ -36,6 +37,7 @@ __all__ = [
     "finished",
     "fire_messages",
     "http_get",
+    "rode_out",
     "run_once",
     "running",
     "set_field",
@@ -91,6 +93,31 @@ def db_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
 
     with transaction(app.settings.database_url) as session:
         return execution_json(session, session.get_one(ScheduleExecution, execution_id))
+
+
+def rode_out(
+    app: ChordbeatCelery, execution_id: int, schedule: str, since: datetime, fault: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """After a fault: the run that was in flight once it finished, and ``schedule``'s runs started
+    after ``since`` once one of them completed (beat fires again and its runs go through)."""
+    done = wait_for(
+        lambda: (e := db_execution(app, execution_id))["status"] != "in_progress" and e,
+        90,
+        interval=0.3,
+        what=f"the run in flight to finish after the {fault}",
+    )
+    fresh = wait_for(
+        lambda: [
+            e
+            for e in service.list_executions(app, schedule)
+            if ts(e["started_at"]) > since and e["status"] == "completed"
+        ],
+        90,
+        interval=0.3,
+        what=f"a run fired by beat after the {fault} to complete",
+    )
+    assert isinstance(done, dict) and isinstance(fresh, list)
+    return done, fresh
 
 
 def executions(app: ChordbeatCelery) -> list[ScheduleExecution]:

@@ -23,7 +23,7 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
 from tests import processes
-from tests.helpers import call, db_execution, running, step, ts, wait_for
+from tests.helpers import call, rode_out, running, step, ts, wait_for
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -67,23 +67,8 @@ def test_worker_and_beat_ride_out_a_redis_outage(
         redis_server.outage(OUTAGE_S, how=how, keep_data=keep_data)
         back = datetime.now(UTC)
         try:
-            done = wait_for(
-                lambda: (e := db_execution(app, execution_id))["status"] != "in_progress" and e,
-                90,
-                interval=0.3,
-                what="the run in flight to finish after the outage",
-            )
             # Beat fires again, and its runs complete.
-            fresh = wait_for(
-                lambda: [
-                    e
-                    for e in service.list_executions(app, "ticker")
-                    if ts(e["started_at"]) > back and e["status"] == "completed"
-                ],
-                90,
-                interval=0.3,
-                what="a run fired by beat after the outage to complete",
-            )
+            done, fresh = rode_out(app, execution_id, "ticker", back, "outage")
         except AssertionError as exc:
             log = beat.output()[-8000:]
             raise AssertionError(f"{exc}\n--- beat's log (with its stacks if it stalled) ---\n{log}") from exc
@@ -92,7 +77,7 @@ def test_worker_and_beat_ride_out_a_redis_outage(
         assert worker.proc.poll() is None, f"worker exited:\n{worker.output()[-3000:]}"
         assert beat.proc.poll() is None, f"beat exited:\n{beat.output()[-3000:]}"
         assert "Unrecoverable error" not in worker.output()
-    assert isinstance(done, dict) and done["status"] == "completed", done
+    assert done["status"] == "completed", done
     per_step: dict[str, list[str]] = {}
     for activity in done["activities"]:
         per_step.setdefault(activity["step"], []).append(activity["status"])
@@ -103,7 +88,6 @@ def test_worker_and_beat_ride_out_a_redis_outage(
     # docs/reliability.md): its worker, which cannot tell an outage from being cut off, stopped it
     # before recovery could run it elsewhere, and it ran again once Redis was back, to its end.
     assert per_step["long"] == ["failed_with_error", "complete"]
-    assert isinstance(fresh, list)
     first_step = min(ts(a["started_at"]) for e in fresh for a in e["activities"])
     print(
         f"\nRedis back ({how}, data {'kept' if keep_data else 'lost'}) to a fired step running: "

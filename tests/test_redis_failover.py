@@ -22,7 +22,7 @@ from celeryapp.interfaces import service
 from celeryapp.messaging.redis_client import get_redis, reset_clients
 from celeryapp.recovery.recovery import recover
 from tests import processes
-from tests.helpers import call, db_execution, running, step, ts
+from tests.helpers import call, rode_out, running, step, ts
 from tests.sentinel import Forwarder, SentinelCluster
 from tests.servers import RedisServer, wait_for
 
@@ -121,22 +121,7 @@ def run_through_failover(
         fault = datetime.now(UTC)
         fail_over()
         try:
-            done = wait_for(
-                lambda: (e := db_execution(app, execution_id))["status"] != "in_progress" and e,
-                90,
-                interval=0.3,
-                what="the run in flight to finish after the failover",
-            )
-            fresh = wait_for(
-                lambda: [
-                    e
-                    for e in service.list_executions(app, "ticker")
-                    if ts(e["started_at"]) > fault and e["status"] == "completed"
-                ],
-                90,
-                interval=0.3,
-                what="a run fired by beat after the failover to complete",
-            )
+            done, fresh = rode_out(app, execution_id, "ticker", fault, "failover")
         except AssertionError as exc:
             logs = f"--- beat ---\n{beat.output()[-6000:]}\n--- worker ---\n{worker.output()[-6000:]}"
             raise AssertionError(f"{exc}\n{logs}") from exc
@@ -146,7 +131,6 @@ def run_through_failover(
     assert "Unrecoverable error" not in log
     # Recovery passes that met the failover logged it and went on; none crashed.
     assert not re.search(r"chordbeat\.recover\[[^\]]*\] raised unexpected", log), log[-3000:]
-    assert isinstance(done, dict) and isinstance(fresh, list)
     first_step = min(ts(a["started_at"]) for e in fresh for a in e["activities"])
     return done, (first_step - fault).total_seconds()
 

@@ -25,6 +25,7 @@ from celeryapp.monitoring import health
 from celeryapp.monitoring.watchdog import StallWatchdog
 from celeryapp.scheduling.beat_entries import chunks, few, reconcile, reconcile_fully_next
 from celeryapp.scheduling.firing import MAX_BATCH
+from celeryapp.scheduling.redis_outage import RedisOutage
 from celeryapp.scheduling.schedule_file import apply_file
 from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, fire_of, wrong_type
 from models.clock import clock
@@ -46,8 +47,6 @@ LOAD_CHUNK = 1000
 #: First pause between two tries at reaching Redis while beat starts; each try waits half a
 #: second longer, up to the broker's own longest pause between reconnections.
 START_RETRY_FIRST_S = 0.5
-#: While beat waits for Redis at start, a warning at the first failure and then this often.
-START_WARN_EVERY_S = 30.0
 BATCH_FIRE_TASK = "chordbeat.fire_batch"
 #: Unreadable entries a beat remembers having reported (each is logged at ERROR once); past this
 #: many (someone writing garbage in bulk) it forgets them and reports again.
@@ -64,6 +63,14 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._reported: set[str] = set()
+        # Each thing beat keeps trying while Redis is away says so once, not every second.
+        self._locking = RedisOutage(
+            logger, "beat: cannot reach Redis for the lock; retrying", "trying for the lock again"
+        )
+        self._extending = RedisOutage(
+            logger, "beat: cannot reach Redis to extend the lock; retrying", "the lock is extended again"
+        )
+        self._ticking = RedisOutage(logger, "beat: Redis error during tick; retrying shortly", "ticking again")
         super().__init__(*args, **kwargs)
 
     def setup_schedule(self) -> None:
@@ -98,30 +105,18 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         later): a beat waiting for Redis is alive, and a probe restarting it would only start
         another wait.
         """
-        began = time.monotonic()
-        warned_at: float | None = None
+        outage = RedisOutage(logger, "beat: waiting for Redis to start", "starting")
         pause_s = START_RETRY_FIRST_S
-        tries = 0
         while True:
-            tries += 1
             try:
                 start()
             except redis.RedisError as exc:
-                now = time.monotonic()
-                if warned_at is None or now - warned_at >= START_WARN_EVERY_S:
-                    warned_at = now
-                    logger.warning(
-                        "beat: waiting for Redis to start (%s tries in %.0f s so far): %s",
-                        tries,
-                        now - began,
-                        exc,
-                    )
+                outage.failed(exc)
                 self._alive()
                 time.sleep(pause_s)
                 pause_s = min(pause_s + START_RETRY_FIRST_S, RECONNECT_INTERVAL_MAX_S)
                 continue
-            if tries > 1:
-                logger.info("beat: Redis answered after %s tries in %.1f s; starting", tries, time.monotonic() - began)
+            outage.answered()
             return
 
     @property
@@ -265,13 +260,15 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
                 lock = client.lock(self.lock_key, timeout=self.lock_timeout, sleep=LOCK_RETRY_S)
                 lock.lua_extend = client.register_script(LUA_EXTEND_TO_SCRIPT)
                 # The first try does not wait: a standby says so at once.
-                if not lock.acquire(blocking=standing_by, blocking_timeout=STANDBY_TOUCH_S):
+                acquired = lock.acquire(blocking=standing_by, blocking_timeout=STANDBY_TOUCH_S)
+                self._locking.answered()
+                if not acquired:
                     if not standing_by:
                         logger.info("beat: another beat holds the lock; standing by")
                         standing_by = True
                     continue
             except redis.RedisError as exc:
-                logger.warning("beat: cannot reach Redis for the lock (%s); retrying", exc)
+                self._locking.failed(exc)
                 time.sleep(LOCK_RETRY_S)
                 continue
             self.lock = lock
@@ -290,9 +287,11 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
                     if self.lock is None:
                         raise redis.exceptions.LockError("no lock held")
                     self.lock.extend(int(self.lock_timeout))
+                    self._extending.answered()
                 except redis.exceptions.LockError as exc:
                     # Lost for good (expired, taken over, or Redis came back without it): go back
                     # to standby instead of exiting, and repair entries once the lock is ours again.
+                    self._extending.answered()
                     logger.warning("beat: lost the lock (%s); waiting to take it again", exc)
                     self.lock = None
                     self._take_lock()
@@ -300,7 +299,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
                     # Redis unreachable: keep the lock (its token). If Redis comes back with its
                     # data before the lock expires, extending it goes on as if nothing happened;
                     # taking a new one would wait for our own old lock to expire first.
-                    logger.warning("beat: cannot reach Redis to extend the lock (%s); retrying", exc)
+                    self._extending.failed(exc)
                     self._needs_repair = True
                     return LOCK_RETRY_S
             # Beat reckons every slot by the reference clock: its offset is read again each time
@@ -321,9 +320,10 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             if fires:
                 self._send_fires(fires)
             remaining.append(self._until_next_entry(started))
+            self._ticking.answered()
             return max(float(min(remaining)), MIN_TICK_S)
         except redis.RedisError as exc:
-            logger.warning("beat: Redis error during tick (%s); retrying shortly", exc)
+            self._ticking.failed(exc)
             return LOCK_RETRY_S
 
     def _due_in(self, entry: ScheduleEntry, fires: list[ScheduleEntry]) -> float | None:

@@ -367,8 +367,13 @@ def check_completed_bodies_recorded(ctx: Context) -> list[Violation]:
             continue
         end = run.end
         died = ctx.deaths.get(run.ppid)
+        # Frozen while the body ran (its end logged as it woke, after recovery fenced it) or before
+        # its outcome was written.
         froze = any(
-            a.fault.kind == "worker_stop" and a.pid == run.ppid and end - 1 <= a.started <= end + OUTCOME_WINDOW_S
+            a.fault.kind == "worker_stop"
+            and a.pid == run.ppid
+            and a.started <= end + OUTCOME_WINDOW_S
+            and (a.ended or ctx.settled) >= run.start
             for a in ctx.applied
         )
         if (died is not None and died <= end + OUTCOME_WINDOW_S) or froze:

@@ -89,9 +89,10 @@ class Host:
     #: What :meth:`start` started here.
     started: list[processes.Process] = field(default_factory=list)
 
-    def start(self, argv: list[str], env: dict[str, str], log: Path) -> processes.Process:
-        """Run ``argv`` in this host's namespace (``ip netns exec`` execs it: same pid)."""
-        process = processes.Process(["ip", "netns", "exec", self.namespace, *argv], env, log)
+    def start(self, argv: list[str], env: dict[str, str], log: Path, *, append: bool = False) -> processes.Process:
+        """Run ``argv`` in this host's namespace (``ip netns exec`` execs it: same pid); ``append``:
+        a restart writes on after its predecessor's log."""
+        process = processes.Process(["ip", "netns", "exec", self.namespace, *argv], env, log, append=append)
         self.started.append(process)
         return process
 
@@ -115,8 +116,7 @@ class Host:
         return self.start(argv, processes.settings_env(settings, **(env or {})), tmp / f"{name}.log")
 
     def beat(self, settings: Settings, tmp: Path, name: str = "beat") -> processes.Process:
-        argv = [processes.CELERY, "-A", "celeryapp", "beat", "-l", "INFO", "--schedule", str(tmp / f"{name}-schedule")]
-        return self.start(argv, processes.settings_env(settings), tmp / f"{name}.log")
+        return self.start(processes.beat_argv(tmp, name), processes.settings_env(settings), tmp / f"{name}.log")
 
     def stop_processes(self) -> None:
         """Warm shutdown of what this host runs, then SIGKILL of anything left in the namespace."""

@@ -139,11 +139,15 @@ def running(process: Process) -> Iterator[Process]:
         process.stop()
 
 
+def beat_argv(tmp: Path, name: str = "beat") -> list[str]:
+    """``celery beat`` keeping its local schedule file in ``tmp``."""
+    return [CELERY, "-A", "celeryapp", "beat", "-l", "INFO", "--schedule", str(tmp / f"{name}-schedule")]
+
+
 def start_beat(
     settings: Settings, tmp: Path, name: str = "beat", *, append: bool = False, env: dict[str, str] | None = None
 ) -> Process:
-    argv = [CELERY, "-A", "celeryapp", "beat", "-l", "INFO", "--schedule", str(tmp / f"{name}-schedule")]
-    return Process(argv, settings_env(settings, **(env or {})), tmp / f"{name}.log", append=append)
+    return Process(beat_argv(tmp, name), settings_env(settings, **(env or {})), tmp / f"{name}.log", append=append)
 
 
 def beat(

@@ -4,6 +4,10 @@ a TCP forwarder that stands for a DNS name or virtual IP moved from one server t
 Each server and Sentinel has its own directory and config file (Sentinel rewrites its own). The
 Sentinels judge a server down after :data:`DOWN_AFTER_MS` and two of them must agree; a failover
 may take :data:`FAILOVER_TIMEOUT_MS`.
+
+Given an ``address`` (the multi-host lab's bridge, :mod:`tests.lab`), every server and Sentinel
+also listens there, and the Sentinels know the servers (and each other) by it: the addresses they
+hand out must be reachable from the lab's hosts, where 127.0.0.1 is the host's own loopback.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ def _binary(name: str) -> str:
 
 
 class SentinelCluster:
-    def __init__(self, master: str = MASTER) -> None:
+    def __init__(self, master: str = MASTER, address: str = "127.0.0.1") -> None:
         self.master = master
+        #: Where the servers and Sentinels are known (besides 127.0.0.1, where the test reaches them).
+        self.address = address
         self.dir = Path(tempfile.mkdtemp(prefix="chordbeat-sentinel-"))
         #: Redis servers by port (the primary first, then the replica).
         self.servers: dict[int, subprocess.Popen[bytes]] = {}
@@ -48,7 +54,7 @@ class SentinelCluster:
     @property
     def url(self) -> str:
         """The Sentinel list as chordbeat's settings take it."""
-        return ";".join(f"sentinel://127.0.0.1:{port}/0" for port in self.sentinels)
+        return ";".join(f"sentinel://{self.address}:{port}/0" for port in self.sentinels)
 
     def start(self) -> None:
         try:
@@ -72,11 +78,11 @@ class SentinelCluster:
         port = port or free_port()
         home = self.dir / f"redis-{port}"
         home.mkdir(exist_ok=True)
-        argv = [_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(home)]
+        argv = [_binary("redis-server"), "--port", str(port), "--bind", *self._binds(), "--dir", str(home)]
         argv += ["--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"]
-        argv += ["--logfile", str(home / "log")]
+        argv += ["--logfile", str(home / "log"), "--protected-mode", self._protected()]
         if replica_of is not None:
-            argv += ["--replicaof", "127.0.0.1", str(replica_of)]
+            argv += ["--replicaof", self.address, str(replica_of)]
         self.servers[port] = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
         wait_for(self.client(port).ping, 10, what=f"redis-server on {port} to answer")
         return port
@@ -87,14 +93,22 @@ class SentinelCluster:
         home.mkdir()
         config = home / "sentinel.conf"
         config.write_text(
-            f"port {port}\nbind 127.0.0.1\ndir {home}\nlogfile {home / 'log'}\n"
-            f"sentinel monitor {self.master} 127.0.0.1 {primary} {QUORUM}\n"
+            f"port {port}\nbind {' '.join(self._binds())}\nprotected-mode {self._protected()}\n"
+            f"dir {home}\nlogfile {home / 'log'}\n"
+            f"sentinel monitor {self.master} {self.address} {primary} {QUORUM}\n"
             f"sentinel down-after-milliseconds {self.master} {DOWN_AFTER_MS}\n"
             f"sentinel failover-timeout {self.master} {FAILOVER_TIMEOUT_MS}\n"
         )
         self.sentinels[port] = subprocess.Popen([_binary("redis-sentinel"), str(config)], stdout=subprocess.DEVNULL)
         wait_for(self.client(port).ping, 10, what=f"redis-sentinel on {port} to answer")
         return port
+
+    def _binds(self) -> list[str]:
+        return sorted({"127.0.0.1", self.address})
+
+    def _protected(self) -> str:
+        # Protected mode (no password) refuses every client but loopback ones: the lab's hosts.
+        return "yes" if self.address == "127.0.0.1" else "no"
 
     def _ready(self) -> bool:
         for port in self.sentinels:
@@ -129,6 +143,10 @@ class SentinelCluster:
         every Sentinel counts it as a healthy replica (one a failover may promote)."""
         primary = self.primary()
         self._server(replica_of=primary, port=port)
+        self.wait_healthy_replica(port)
+
+    def wait_healthy_replica(self, port: int) -> None:
+        """Wait until every Sentinel counts ``port`` as a healthy replica (one a failover may promote)."""
 
         def healthy() -> bool:
             for sentinel in self.sentinels:

@@ -27,6 +27,7 @@ Fault kinds and what they do:
   steps a drifted clock, or breaks) for the duration, then back: every process of the cluster runs
   under libfaketime reading its offset from a file of its own (``FAKETIME_TIMESTAMP_FILE``, read
   again every second). Nothing may notice: it excuses no missed slot and no stall.
+- ``partition``, ``partition_one_way``, ``sentinel_failover``: the multi-host lab's (:mod:`tests.chaos_lab`).
 
 Every process that exits without being told to (a worker crashing on a Redis outage, say) is
 recorded as an unexpected exit and restarted two seconds later, as systemd's ``Restart=always``
@@ -58,6 +59,9 @@ REDIS_KINDS = ("redis_restart_data", "redis_restart_empty")
 DB_KINDS = ("db_outage", "db_outage_long")
 CLOCK_KINDS = ("clock_skew",)
 FAULT_KINDS = WORKER_KINDS + BEAT_KINDS + REDIS_KINDS + DB_KINDS + CLOCK_KINDS
+PARTITION_KINDS, FAILOVER_KINDS = ("partition", "partition_one_way"), ("sentinel_failover",)
+#: Kinds only a cluster of the multi-host lab (:class:`tests.chaos_lab.LabCluster`) can inject.
+LAB_KINDS = PARTITION_KINDS + FAILOVER_KINDS
 #: Kinds a default (short) plan draws from; long plans add ``db_outage_long``.
 SHORT_PLAN_KINDS = WORKER_KINDS + BEAT_KINDS + REDIS_KINDS + ("db_outage",) + CLOCK_KINDS
 #: How far a ``clock_skew`` fault steps a clock, either way (seconds).
@@ -74,6 +78,9 @@ DURATIONS_S = {
     "db_outage": (2.0, 8.0),
     "db_outage_long": (31.0, 36.0),
     "clock_skew": (5.0, 20.0),
+    "partition": (2.0, 15.0),
+    "partition_one_way": (2.0, 15.0),
+    "sentinel_failover": (2.0, 8.0),  # a SIGKILLed primary's time down (at least until the promotion)
 }
 #: Relative frequency of each kind in a plan.
 WEIGHTS = {
@@ -86,6 +93,9 @@ WEIGHTS = {
     "db_outage": 2,
     "db_outage_long": 1,
     "clock_skew": 2,
+    "partition": 2,
+    "partition_one_way": 2,
+    "sentinel_failover": 2,
 }
 #: Seconds of load before the first fault, and between two faults: (min, max).
 WARMUP_S = 6.0
@@ -102,8 +112,11 @@ class Fault:
     duration_s: float
     #: ``clock_skew``: seconds the target's clock steps (negative: behind).
     offset_s: int = 0
+    #: Partitions: ``both``, ``inbound`` or ``outbound``; ``sentinel_failover``: ``sigkill`` or ``sentinel-failover``.
+    how: str = ""
 
     def describe(self) -> str:
+        killed = f"SIGKILL of the Redis primary, back as a replica after {self.duration_s:.1f}s"
         what = {
             "worker_kill": f"SIGKILL worker {self.target}, restart after {self.duration_s:.1f}s",
             "worker_stop": f"SIGSTOP worker {self.target} for {self.duration_s:.1f}s, then SIGCONT",
@@ -114,6 +127,9 @@ class Fault:
             "db_outage": f"database unavailable for {self.duration_s:.1f}s",
             "db_outage_long": f"database unavailable for {self.duration_s:.1f}s (past SQLite's busy timeout)",
             "clock_skew": f"{self.target}'s clock {self.offset_s:+d}s for {self.duration_s:.1f}s, then right",
+            "partition": f"host {self.target} cut off both ways for {self.duration_s:.1f}s, then healed",
+            "partition_one_way": f"host {self.target} cut off ({self.how} dropped) for {self.duration_s:.1f}s",
+            "sentinel_failover": killed if self.how == "sigkill" else "SENTINEL FAILOVER: the replica promoted",
         }[self.kind]
         return f"+{self.at_s:6.1f}s  {self.kind:<20} {what}"
 
@@ -132,13 +148,18 @@ def make_plan(seed: int, seconds: float, kinds: tuple[str, ...], workers: tuple[
         duration = round(rng.uniform(*DURATIONS_S[kind]), 1)
         if t + duration > seconds:
             return faults
-        offset = 0
+        offset, how = 0, ""
         if kind in CLOCK_KINDS:
             target = rng.choice((*workers, "beat"))
             offset = rng.choice((-1, 1)) * rng.randint(*SKEW_S)
+        elif kind in PARTITION_KINDS:
+            target = rng.choice((*workers, "beat"))
+            how = "both" if kind == "partition" else rng.choice(("inbound", "outbound"))
+        elif kind in FAILOVER_KINDS:
+            target, how = "redis", rng.choice(("sigkill", "sentinel-failover"))
         else:
             target = rng.choice(workers) if kind in WORKER_KINDS else kind.split("_")[0]
-        faults.append(Fault(round(t, 1), kind, target, duration, offset))
+        faults.append(Fault(round(t, 1), kind, target, duration, offset, how))
         t += duration
 
 
@@ -208,7 +229,8 @@ class Cluster:
 
     settings: Settings
     tmp: Path
-    redis: RedisServer
+    #: None on Sentinels (:class:`tests.chaos_lab.LabCluster`), which draws no ``REDIS_KINDS``.
+    redis: RedisServer | None
     database: Database
     worker_names: tuple[str, ...] = ("w1", "w2")
     concurrency: int = 2
@@ -229,11 +251,14 @@ class Cluster:
     def _clock_file(self, name: str) -> Path:
         return self.tmp / f"clock-{name}"
 
-    def _spawn(self, name: str, *, append: bool) -> processes.Process:
+    def _clock_env(self, name: str) -> dict[str, str]:
         clock = self._clock_file(name)
         if not clock.exists():
             clock.write_text("+0s\n")
-        env = processes.steppable_clock(clock)
+        return processes.steppable_clock(clock)
+
+    def _spawn(self, name: str, *, append: bool) -> processes.Process:
+        env = self._clock_env(name)
         if name == "beat":
             return processes.start_beat(self.settings, self.tmp, "beat", append=append, env=env)
         return processes.start_worker(self.settings, self.tmp, name, self.concurrency, append=append, env=env)
@@ -325,6 +350,7 @@ class Cluster:
             sleep(duration)
             clock.write_text("+0s\n")
         elif kind in REDIS_KINDS:
+            assert self.redis is not None, "a cluster on Sentinels draws no Redis restarts"
             self.redis.terminate()
             applied.started = time.time()
             if kind == "redis_restart_empty":
@@ -355,8 +381,11 @@ def harness_client(settings: Settings) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         result_accept_content=["json"],
+        # master_name: read only when a URL is a Sentinel list (the lab's cluster).
+        broker_transport_options={"master_name": settings.sentinel_master},
         result_backend_transport_options={
-            "retry_policy": {"max_retries": 1, "interval_start": 0, "interval_step": 0.1}
+            "retry_policy": {"max_retries": 1, "interval_start": 0, "interval_step": 0.1},
+            "master_name": settings.sentinel_master,
         },
     )
     return client

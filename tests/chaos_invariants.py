@@ -54,9 +54,12 @@ from models import (
     WorkerTask,
     transaction,
 )
-from tests.chaos import BEAT_KINDS, DB_KINDS, REDIS_KINDS, Applied, Exit
+from models.clock import MAX_ROUND_TRIP_S
+from tests.chaos import PARTITION_KINDS, Applied, Exit, Fault
 
-#: Seconds after a fault during which missing slots are excused (see the module docstring).
+#: Seconds after a fault during which missing slots are excused (see the module docstring; the
+#: lab's kinds: :mod:`tests.chaos_lab`). ``kind@target`` applies to that target only, and is
+#: looked up before ``kind``.
 BLACKOUT_AFTER_S = {
     "beat_kill": 40.0,
     "beat_stop": 8.0,
@@ -64,6 +67,9 @@ BLACKOUT_AFTER_S = {
     "redis_restart_empty": 10.0,
     "db_outage": 10.0,
     "db_outage_long": 10.0,
+    "partition@beat": 30.0,
+    "partition_one_way@beat": 30.0,
+    "sentinel_failover": 10.0,
 }
 #: Seconds after a fault during which an execution may sit with no step body running (recovery
 #: needs the heartbeat TTL and a recovery pass; with beat down or waiting for its lock it does
@@ -77,11 +83,27 @@ STALL_AFTER_S = {
     "redis_restart_empty": 15.0,
     "db_outage": 10.0,
     "db_outage_long": 10.0,
+    "partition": 10.0,
+    "partition_one_way": 10.0,
+    "partition@beat": 30.0,
+    "partition_one_way@beat": 30.0,
+    "sentinel_failover": 15.0,
 }
+
+
+def window_s(table: dict[str, float], fault: Fault) -> float | None:
+    """The fault's window in ``table`` (its ``kind@target`` entry, else its kind's), or None."""
+    return table.get(f"{fault.kind}@{fault.target}", table.get(fault.kind))
+
+
 #: Seconds an in-progress execution may sit with no step body running, outside those windows.
 STALL_S = 15.0
 #: Slack for timestamps taken before a commit (see "Nothing after final").
 WRITE_SLACK_S = 2.0
+#: Times two processes wrote may disagree by this much: each reads the reference clock (Redis's
+#: ``TIME``) off by up to half its reading's round trip, which is at most ``MAX_ROUND_TRIP_S``. A
+#: group's first step may so seem to open before the previous group's last step closed.
+CLOCK_SLACK_S = MAX_ROUND_TRIP_S
 #: A nominal time within this of a grid point is that slot (run keys keep milliseconds).
 SLOT_TOLERANCE_S = 0.05
 SUCCEEDED = {ActivityStatus.COMPLETE, ActivityStatus.COMPLETE_WITH_WARNING}
@@ -349,15 +371,15 @@ def check_attempts(ctx: Context) -> list[Violation]:
     return out
 
 
-#: A completed body's outcome may be lost with its worker if that worker was killed or frozen
-#: this long after the body ended (the outcome is written right after; a frozen worker's attempt
-#: is fenced once its heartbeat expires).
+#: A completed body's outcome may be lost with its worker if that worker was killed, frozen or cut
+#: off this long after the body ended (the outcome is written right after; a frozen or cut-off
+#: worker's attempt is fenced once its heartbeat expires: it cannot tell anyone the step is done).
 OUTCOME_WINDOW_S = 60.0
 
 
 def check_completed_bodies_recorded(ctx: Context) -> list[Violation]:
-    """A body that completed is recorded so, unless its worker died or froze before it could say so:
-    never failed as lost (and run again) because the database or Redis was away meanwhile."""
+    """A body that completed is recorded so, unless its worker died, froze or was cut off before it
+    could say so: never failed as lost (and run again) because the database or Redis was away."""
     out = []
     for run in ctx.runs:
         if run.outcome != "ok" or run.end is None:
@@ -367,10 +389,10 @@ def check_completed_bodies_recorded(ctx: Context) -> list[Violation]:
             continue
         end = run.end
         died = ctx.deaths.get(run.ppid)
-        # Frozen while the body ran (its end logged as it woke, after recovery fenced it) or before
-        # its outcome was written.
+        # Frozen or cut off while the body ran (its end logged as it woke, after recovery fenced it)
+        # or before its outcome was written.
         froze = any(
-            a.fault.kind == "worker_stop"
+            a.fault.kind in ("worker_stop", *PARTITION_KINDS)
             and a.pid == run.ppid
             and a.started <= end + OUTCOME_WINDOW_S
             and (a.ended or ctx.settled) >= run.start
@@ -427,9 +449,9 @@ def _retry_windows(ctx: Context, schedule: Schedule) -> list[tuple[float, float]
 
 def _blackouts(ctx: Context) -> list[tuple[float, float]]:
     return [
-        (a.started - 0.5, a.ended + BLACKOUT_AFTER_S[a.fault.kind])
+        (a.started - 0.5, a.ended + after)
         for a in ctx.applied
-        if a.fault.kind in BEAT_KINDS + REDIS_KINDS + DB_KINDS
+        if (after := window_s(BLACKOUT_AFTER_S, a.fault)) is not None
     ]
 
 
@@ -569,7 +591,7 @@ def check_outcomes(ctx: Context) -> list[Violation]:
                 continue
             closed = [ts(a.completed_at) for a in previous if a.completed_at is not None]
             opened = min(ts(a.started_at) for a in current)
-            if len(closed) < len(e.plan[index - 1]) or opened < max(closed) - 0.001:
+            if len(closed) < len(e.plan[index - 1]) or opened < max(closed) - CLOCK_SLACK_S:
                 out.append(
                     Violation(
                         "groups run in order",
@@ -648,7 +670,11 @@ def check_no_stalls(ctx: Context) -> list[Violation]:
     """
     out = []
     excused = _merged(
-        [(a.started - 0.5, a.ended + STALL_AFTER_S[a.fault.kind]) for a in ctx.applied if a.fault.kind in STALL_AFTER_S]
+        [
+            (a.started - 0.5, a.ended + after)
+            for a in ctx.applied
+            if (after := window_s(STALL_AFTER_S, a.fault)) is not None
+        ]
     )
     bodies: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for run in ctx.runs:

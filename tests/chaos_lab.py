@@ -1,0 +1,101 @@
+"""The chaos cluster on several hosts: each worker and beat in a host of the multi-host lab
+(:mod:`tests.lab`), Redis a Sentinel group (:mod:`tests.sentinel`) on the lab's bridge.
+
+It injects every kind of :mod:`tests.chaos` but the Redis restarts (a Sentinel group is not one
+server), and the lab's own kinds (:data:`tests.chaos.LAB_KINDS`):
+
+- ``partition``: one host (a worker's or beat's) cut off from the servers both ways (nftables
+  drops in its namespace: no reset, no error) for 2-15 s, then healed.
+- ``partition_one_way``: the same, one direction drawn by the seed: ``outbound`` (nothing it
+  sends arrives) or ``inbound`` (what it sends arrives, the answers do not: its writes land
+  unacknowledged).
+- ``sentinel_failover``: drawn by the seed, ``sigkill`` (the primary SIGKILLed; once the
+  Sentinels promoted the replica, and not before the fault's duration, it is started again as a
+  replica) or ``sentinel-failover`` (``SENTINEL FAILOVER``: the replica promoted, the primary
+  demoted). The fault ends when every Sentinel names the new primary and it takes writes: the
+  measured recovery counts from there. The next fault waits until the old primary is a healthy
+  replica again (a failover needs one).
+
+Windows (:mod:`tests.chaos_invariants`) and why, with the cluster's heartbeat TTL of 3 s and
+recovery every second:
+
+- A cut-off beat fires nothing (there is one beat, no standby: every slot due meanwhile is
+  missed, as with ``beat_stop``) and fires no recovery pass. Blackout and stall: 30 s after the
+  heal. A command sent into the cut is answered only when TCP's retransmission, backing off
+  exponentially (12.8 s apart after 15 s), gets through, or the client's socket timeout gives up
+  and reconnects: 10 s for chordbeat's own clients (RedBeat's lock and entries), 30 s for kombu's
+  (the fire messages beat publishes). 30 s bounds both.
+- A cut-off worker's steps are stopped by its lease and re-queued by recovery to the other
+  worker while the cut lasts: stall 10 s after the heal (the TTL, a recovery pass, and the
+  attempt's delivery, as for ``worker_stop``). It excuses no slot: the other worker fires, and a
+  fire message the cut-off one held is re-sent by recovery. A body it completed but could not
+  record is fenced (it cannot say so), as a frozen worker's.
+- A Sentinel failover: from the SIGKILL to the promotion nothing can be written (about 3 s:
+  :data:`tests.sentinel.DOWN_AFTER_MS` and an election), and every client then asks the
+  Sentinels for the new primary and reconnects. Blackout 10 s after the promotion (as a Redis
+  restart from empty: writes the old primary had not replicated are lost); stall 15 s (a step's
+  heartbeat refreshes did not reach Redis through the failover: its lease ends, it is re-queued
+  after the TTL and a recovery pass, as after ``redis_restart_empty``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tests import processes
+from tests.chaos import LAB_KINDS, PARTITION_KINDS, Applied, Cluster, Fault
+from tests.lab import Host, Lab
+from tests.sentinel import SentinelCluster
+
+
+@dataclass
+class LabCluster(Cluster):
+    """A :class:`tests.chaos.Cluster` whose workers and beat each run in their own lab host."""
+
+    lab: Lab | None = None
+    sentinels: SentinelCluster | None = None
+    hosts: dict[str, Host] = field(default_factory=dict)
+
+    def start(self) -> None:
+        assert self.lab is not None and self.sentinels is not None
+        for name in (*self.worker_names, "beat"):
+            self.hosts[name] = self.lab.add_host(name)
+        super().start()
+
+    def _spawn(self, name: str, *, append: bool) -> processes.Process:
+        env = processes.settings_env(self.settings, **self._clock_env(name))
+        beat = name == "beat"
+        argv = processes.beat_argv(self.tmp, name) if beat else processes.worker_argv(name, self.concurrency)
+        return self.hosts[name].start(argv, env, self.tmp / f"{name}.log", append=append)
+
+    def inject(self, fault: Fault, sleep: Callable[[float], None] = time.sleep) -> Applied:
+        if fault.kind not in LAB_KINDS:
+            return super().inject(fault, sleep)
+        assert self.lab is not None and self.sentinels is not None
+        applied = Applied(fault, started=time.time())
+        self.applied.append(applied)
+        if fault.kind in PARTITION_KINDS:
+            host = self.hosts[fault.target]
+            # The main pid of what runs there: the step log's ppid of its bodies.
+            applied.pid = self.process(fault.target).pid
+            self.lab.cut(host, fault.how)
+            applied.started = time.time()
+            sleep(fault.duration_s)
+            self.lab.heal(host)
+            applied.ended = time.time()
+        elif fault.how == "sigkill":
+            old = self.sentinels.kill_primary()
+            applied.started = time.time()
+            self.sentinels.wait_promoted(old)
+            applied.ended = time.time()
+            sleep(max(0.0, applied.started + fault.duration_s - time.time()))
+            self.sentinels.revive(old)
+        else:
+            old = self.sentinels.force_failover()
+            applied.started = time.time()
+            self.sentinels.wait_promoted(old)
+            applied.ended = time.time()
+            self.sentinels.wait_healthy_replica(old)
+        return applied

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,8 @@ def app(settings: Settings, redis_server: RedisServer) -> Iterator[ChordbeatCele
     reset_clients()
     previous = chordbeat_app.settings
     chordbeat_app.apply_settings(settings)
+    if settings.broker_url != previous.broker_url or settings.result_backend != previous.result_backend:
+        _forget_connections(chordbeat_app)
     chordbeat_app.conf.result_backend_transport_options = {
         **chordbeat_app.conf.result_backend_transport_options,
         **FAST_GIVE_UP,
@@ -119,6 +122,17 @@ def app(settings: Settings, redis_server: RedisServer) -> Iterator[ChordbeatCele
     yield chordbeat_app
     gc.collect()
     chordbeat_app.apply_settings(previous)
+    if settings.broker_url != previous.broker_url or settings.result_backend != previous.result_backend:
+        _forget_connections(chordbeat_app)
+
+
+def _forget_connections(app: ChordbeatCelery) -> None:
+    """Celery keeps its broker pools and result backend from the URLs it first used: a test on a
+    Redis of its own (the lab's, a Sentinel group) would publish to the session's Redis."""
+    app._pool = None
+    app.amqp._producer_pool = None
+    app._backend_cache = None
+    app._local = threading.local()
 
 
 @pytest.fixture

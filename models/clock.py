@@ -127,22 +127,32 @@ class ReferenceClock:
                 logger.warning("reference clock: reporting the offset failed", exc_info=True)
         return reading
 
-    @staticmethod
-    def _read_once(read: ReadReference) -> Reading | None:
+    def _read_once(self, read: ReadReference) -> Reading | None:
+        """The reading of the quickest of a few round trips. A slow one (a loaded host, a busy
+        Redis) does not replace a good reading; with none yet, it is still much nearer the
+        reference than this host's clock, which may be minutes off."""
+        best: tuple[float, Reading] | None = None
         for _try in range(3):
             wall_before, before = time.time(), time.monotonic()
             try:
                 reference_s = read()
             except Exception as exc:
                 logger.warning("reference clock: cannot read the reference (%s); keeping the last reading", exc)
-                return None
+                break
             after, wall_after = time.monotonic(), time.time()
+            # The reference answered about halfway through the round trip.
+            middle = (before + after) / 2
+            offset_s = (wall_before + wall_after) / 2 - reference_s
+            reading = Reading(reference_s + (after - middle), after, offset_s)
             if after - before <= MAX_ROUND_TRIP_S:
-                # The reference answered about halfway through the round trip.
-                middle = (before + after) / 2
-                offset_s = (wall_before + wall_after) / 2 - reference_s
-                return Reading(reference_s + (after - middle), after, offset_s)
-        logger.warning("reference clock: every reading took over %ss; keeping the last reading", MAX_ROUND_TRIP_S)
+                return reading
+            if best is None or after - before < best[0]:
+                best = (after - before, reading)
+        if best is not None and self._reading is None:
+            logger.info("reference clock: first reading within %.2f s (a slow round trip)", best[0] / 2)
+            return best[1]
+        if best is not None:
+            logger.warning("reference clock: every reading took over %ss; keeping the last one", MAX_ROUND_TRIP_S)
         return None
 
 

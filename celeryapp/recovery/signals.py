@@ -1,4 +1,5 @@
-"""Worker wiring: startup recovery of this node's orphaned steps, and the liveness file."""
+"""Worker wiring: startup recovery of this node's orphaned steps, the liveness file, the first reading
+of the reference clock."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from celery.signals import task_received, worker_init, worker_ready, worker_shut
 from celeryapp.messaging.dispatch import RUN_STEP, take_message
 from celeryapp.monitoring.health import remove, touch
 from celeryapp.recovery.recovery import recover_node
+from models.clock import clock
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,13 @@ def forget_liveness(sender: Any = None, **_: Any) -> None:
     """A clean stop is not a live worker: ``chordbeat health worker`` says so at once, not 60 s later."""
     if sender is not None:
         remove(sender.app.settings, "worker")
+
+
+@worker_init.connect
+def read_reference_clock(sender: Any = None, **_: Any) -> None:
+    """Read the reference clock before the pool forks: the children inherit the reading instead
+    of each taking its own first one inside its first step's claim."""
+    clock.measure()
 
 
 @worker_init.connect

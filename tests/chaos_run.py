@@ -27,7 +27,7 @@ from sqlalchemy import func, select
 
 from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTask, transaction
 from models.session import dispose_all
-from tests.chaos import Cluster, Fault, harness_client, running
+from tests.chaos import Cluster, Fault, harness_client, make_plan, plan_text, running
 from tests.chaos_invariants import Context, Violation, check_all, measurements, read_step_log, snapshot
 from tests.chaos_tasks import STEP_TASK
 from tests.helpers import call, wait_for
@@ -132,6 +132,18 @@ def settle(cluster: Cluster, names: list[str]) -> float:
     finally:
         client.close()
     return time.time()
+
+
+def announced_plan(where: str, index: int, seed: int, kinds: tuple[str, ...], workers: tuple[str, ...]) -> list[Fault]:
+    """Plan ``index`` of a test (its seed ``seed``), printed with how to replay it."""
+    plan = make_plan(seed, SECONDS, kinds, workers)
+    print(
+        f"\n=== chaos plan {index} {where}: seed {seed}, {SECONDS:g}s; replay with "
+        f"CHORDBEAT_CHAOS_SEED={seed - index} CHORDBEAT_CHAOS_SECONDS={SECONDS:g} "
+        f"CHORDBEAT_CHAOS_FAULTS={','.join(kinds)}\n{plan_text(plan)}",
+        flush=True,
+    )
+    return plan
 
 
 def play_and_check(cluster: Cluster, plan: list[Fault], log: Path, seed: int) -> dict[str, Any]:

@@ -27,8 +27,18 @@ from sqlalchemy import create_engine, text
 
 from celeryapp.config import Settings
 from models.migrate import upgrade
-from tests.chaos import FAULT_KINDS, SHORT_PLAN_KINDS, Cluster, Database, make_plan, plan_text
-from tests.chaos_run import OVERHEAD_S, PLANS, SECONDS, SETTLE_S, base_seed, fault_kinds, play_and_check, report
+from tests.chaos import FAULT_KINDS, SHORT_PLAN_KINDS, Cluster, Database
+from tests.chaos_run import (
+    OVERHEAD_S,
+    PLANS,
+    SECONDS,
+    SETTLE_S,
+    announced_plan,
+    base_seed,
+    fault_kinds,
+    play_and_check,
+    report,
+)
 from tests.servers import PostgresServer, RedisServer
 
 pytestmark = pytest.mark.slow
@@ -68,13 +78,7 @@ def run_plan(kind: str, index: int, seed: int, kinds: tuple[str, ...], root: Pat
     tmp = root / f"plan-{index}"
     tmp.mkdir()
     workers = ("w1", "w2")
-    plan = make_plan(seed, SECONDS, kinds, workers)
-    print(
-        f"\n=== chaos plan {index} on {kind}: seed {seed}, {SECONDS:g}s; replay with "
-        f"CHORDBEAT_CHAOS_SEED={seed - index} CHORDBEAT_CHAOS_SECONDS={SECONDS:g} "
-        f"CHORDBEAT_CHAOS_FAULTS={','.join(kinds)}\n{plan_text(plan)}",
-        flush=True,
-    )
+    plan = announced_plan(f"on {kind}", index, seed, kinds, workers)
     redis = RedisServer(persistent=True)
     redis.start()
     database = new_database(kind, tmp, request)

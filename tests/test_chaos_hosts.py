@@ -20,9 +20,19 @@ from typing import Any
 import pytest
 
 from celeryapp.config import Settings
-from tests.chaos import BEAT_KINDS, CLOCK_KINDS, DB_KINDS, LAB_KINDS, WORKER_KINDS, Database, make_plan, plan_text
+from tests.chaos import BEAT_KINDS, CLOCK_KINDS, DB_KINDS, LAB_KINDS, WORKER_KINDS, Database
 from tests.chaos_lab import LabCluster
-from tests.chaos_run import OVERHEAD_S, PLANS, SECONDS, SETTLE_S, base_seed, fault_kinds, play_and_check, report
+from tests.chaos_run import (
+    OVERHEAD_S,
+    PLANS,
+    SECONDS,
+    SETTLE_S,
+    announced_plan,
+    base_seed,
+    fault_kinds,
+    play_and_check,
+    report,
+)
 from tests.lab import TEMPLATE_DB, LabServers, lab_servers  # noqa: F401  (fixture)
 from tests.sentinel import SentinelCluster
 
@@ -38,13 +48,7 @@ def run_plan(servers: LabServers, index: int, seed: int, kinds: tuple[str, ...],
     tmp = root / f"plan-{index}"
     tmp.mkdir()
     workers = ("w1", "w2")
-    plan = make_plan(seed, SECONDS, kinds, workers)
-    print(
-        f"\n=== chaos plan {index} across hosts: seed {seed}, {SECONDS:g}s; replay with "
-        f"CHORDBEAT_CHAOS_SEED={seed - index} CHORDBEAT_CHAOS_SECONDS={SECONDS:g} "
-        f"CHORDBEAT_CHAOS_FAULTS={','.join(kinds)}\n{plan_text(plan)}",
-        flush=True,
-    )
+    plan = announced_plan("across hosts", index, seed, kinds, workers)
     name = f"chaos_hosts_{os.getpid()}_{index}"
     servers.postgres.create_database(name, template=TEMPLATE_DB)
     database = Database(servers.database_url(name), postgres=servers.postgres)

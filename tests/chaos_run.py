@@ -209,17 +209,22 @@ def _count(violations: list[Violation]) -> dict[str, int]:
 def report(title: str, seed: int, results: list[dict[str, Any]], path: Path) -> None:
     """Write the JSON report to ``path``, print the summary line (per fault kind: how many were
     injected, and each one's end to the first step after it) and every violation; fail if any."""
-    recovery: dict[str, list[str]] = {}
+    # Per kind, each fault's end to the first step body starting after it (None: none started).
+    first_step_s: dict[str, list[float | None]] = {}
     for r in results:
         for m in r["fault_end_to_first_step_s"]:
-            took = m["first_step_s"]
-            recovery.setdefault(m["fault"], []).append("none" if took is None else f"{took:.1f}s")
+            first_step_s.setdefault(m["fault"], []).append(m["first_step_s"])
+    recovery = {
+        kind: ["none" if took is None else f"{took:.1f}s" for took in times]
+        for kind, times in sorted(first_step_s.items())
+    }
     data = {
         "seed": seed,
         "plans": len(results),
         "seconds": SECONDS,
         "faults_injected": sum(r["fault_count"] for r in results),
-        "faults_by_kind": {kind: len(times) for kind, times in sorted(recovery.items())},
+        "faults_by_kind": {kind: len(times) for kind, times in recovery.items()},
+        "first_step_s_by_kind": first_step_s,
         "executions_checked": sum(r["executions"] for r in results),
         "results": results,
     }

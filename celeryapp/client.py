@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from celery import Celery
@@ -104,12 +105,24 @@ class ChordbeatClient:
         # A call nobody answers in time expires with it: a worker that appears later drops it
         # instead of triggering a run the caller was told failed.
         result = self.app.send_task(
-            task, kwargs=kwargs, queue=SERVICE_QUEUE, kwargsrepr=repr(redact(kwargs)), expires=self.timeout_s
+            task, kwargs=kwargs, queue=SERVICE_QUEUE, kwargsrepr=repr(redact(kwargs)), expires=self._expiry()
         )
         try:
             return answer(result, self.timeout_s)
         finally:
             result.forget()
+
+    def _expiry(self) -> datetime | float:
+        """When a call sent now expires, by Redis's clock: chordbeat's workers judge expiry by it,
+        and this host's clock may be off by more than the timeout (every call would be dropped as
+        expired, or kept long after the caller gave up). Redis unreadable: relative to this host's
+        clock, as plain Celery does."""
+        try:
+            with self.app.pool.acquire(block=True) as connection:
+                seconds_, microseconds = connection.default_channel.client.time()
+        except Exception:
+            return self.timeout_s
+        return datetime.fromtimestamp(float(seconds_) + microseconds / 1_000_000 + self.timeout_s, UTC)
 
     def worker_listening(self, timeout_s: float = DEFAULT_PROBE_S) -> bool:
         """Whether some worker consumes the service queue, asked over Celery's remote control.

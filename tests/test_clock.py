@@ -3,6 +3,9 @@ and record runs as if they agreed."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -15,6 +18,7 @@ from sqlalchemy import select
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.interfaces import service
 from celeryapp.messaging import keys, reference_time
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metrics import ExecutionCollector
@@ -271,3 +275,27 @@ def test_the_broker_notes_when_a_worker_whose_clock_is_ahead_took_a_message_by_t
         assert isinstance(taken, list)
         assert all(abs(score - reference_now) < 10 for _tag, score in taken), (taken, reference_now)
         finished(client, execution_id)
+
+
+_CALLER = """
+import json, sys
+from celeryapp.client import ChordbeatClient
+client = ChordbeatClient(sys.argv[1], sys.argv[1], timeout_s=10)
+print(json.dumps(client.call("chordbeat.trigger_schedule", name="called")))
+"""
+
+
+@pytest.mark.parametrize("caller_offset_s", [-120, 120])
+def test_a_service_whose_clock_is_off_can_still_call(
+    app: ChordbeatCelery, worker: Any, settings: Settings, caller_offset_s: int
+) -> None:
+    """ChordbeatClient's calls expire with its timeout; written by its host's clock 2 minutes
+    behind, every call had expired before a worker saw it (2 minutes ahead: a call the caller gave
+    up on would still run up to 2 minutes later: not observable here, but the same expiry)."""
+    service.apply_schedule(app, {"name": "called", "every": 3600, "steps": [step("s")]})
+    env = {**processes.settings_env(settings), **processes.skewed(caller_offset_s), "PYTHONPATH": processes.ROOT}
+    done = subprocess.run(
+        [sys.executable, "-c", _CALLER, settings.broker_url], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1])["execution_id"] is not None

@@ -63,6 +63,8 @@ class ReferenceClock:
         #: Process whose background reading is under way (a forked child has no such thread).
         self._reader_pid: int | None = None
         self._reader_lock = threading.Lock()
+        #: The last reading failed: a failure is logged once, not every RETRY_AFTER_FAILURE_S.
+        self._failing = False
 
     def use(self, read: ReadReference | None, on_measured: OnMeasured | None = None) -> None:
         """Take ``read`` as the reference from now on (``None``: this host's own clock)."""
@@ -115,9 +117,11 @@ class ReferenceClock:
             reading = self._read_once(read)
             now_s = time.monotonic()
             if reading is None:
-                self._next_try_s = now_s + RETRY_AFTER_FAILURE_S
+                self._failing, self._next_try_s = True, now_s + RETRY_AFTER_FAILURE_S
                 return self._reading
-            self._reading, self._next_try_s = reading, now_s + MEASURE_INTERVAL_S
+            if self._failing:
+                logger.info("reference clock: read again")
+            self._reading, self._next_try_s, self._failing = reading, now_s + MEASURE_INTERVAL_S, False
         finally:
             self._lock.release()
         if on_measured is not None:
@@ -137,7 +141,8 @@ class ReferenceClock:
             try:
                 reference_s = read()
             except Exception as exc:
-                logger.warning("reference clock: cannot read the reference (%s); keeping the last reading", exc)
+                log = logger.debug if self._failing else logger.warning
+                log("reference clock: cannot read the reference (%s); keeping the last reading", exc)
                 break
             after, wall_after = time.monotonic(), time.time()
             # The reference answered about halfway through the round trip.
@@ -151,7 +156,7 @@ class ReferenceClock:
         if best is not None and self._reading is None:
             logger.info("reference clock: first reading within %.2f s (a slow round trip)", best[0] / 2)
             return best[1]
-        if best is not None:
+        if best is not None and not self._failing:
             logger.warning("reference clock: every reading took over %ss; keeping the last one", MAX_ROUND_TRIP_S)
         return None
 

@@ -4,6 +4,7 @@ and record runs as if they agreed."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -299,3 +300,24 @@ def test_a_service_whose_clock_is_off_can_still_call(
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.splitlines()[-1])["execution_id"] is not None
+
+
+def test_a_reference_away_is_logged_once_and_its_return_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A Redis outage must not add a warning every 5 s to every process's log."""
+    away = True
+
+    def reference() -> float:
+        if away:
+            raise ConnectionError("Redis away")
+        return time.time()
+
+    clock = ReferenceClock()
+    clock.use(reference)
+    with caplog.at_level(logging.DEBUG, logger="models.clock"):
+        for _ in range(4):
+            clock.measure()
+        away = False
+        clock.measure()
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert any("read again" in r.getMessage() for r in caplog.records)

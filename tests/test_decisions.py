@@ -159,6 +159,17 @@ def test_an_inactive_schedule_starts_nothing(status: ScheduleStatus, expected: F
     assert fire(replace(ACTIVE, status=status), at(60), at(60.1)) == expected
 
 
+def test_a_late_fire_of_a_slot_decided_already_records_nothing_new_once_paused() -> None:
+    """A later slot's fire recorded this one missed; the schedule was paused before this late fire
+    came: it is superseded (recorded only if no record exists), not a second record, paused.
+    Chaos seed 102 recorded one slot `missed` and `skipped_paused`."""
+    paused = replace(ACTIVE, status=ScheduleStatus.PAUSED, last_slot_at=at(120))
+    late = fire(paused, at(60), at(121))
+    assert late.outcome is SlotOutcome.SKIPPED_SUPERSEDED and not late.start and not late.claims_slot
+    assert fire(paused, at(120), at(121)) == FireDecision(reason="duplicate")
+    assert fire(paused, at(180), at(181)).outcome is SlotOutcome.SKIPPED_PAUSED
+
+
 # --- after an execution -----------------------------------------------------------------------
 
 POLICY = RetryPolicy(max_retries=2, total_repeats=0, retry_base_s=60)

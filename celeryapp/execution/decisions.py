@@ -144,6 +144,15 @@ def decide_fire(
     (downtime, fire messages queued while no worker ran) a newer fire exists or beat sends one,
     so a backlog of fires makes one run, not one per missed slot.
     """
+    if trigger is not Trigger.RETRY and state.last_slot_at is not None and nominal_at <= state.last_slot_at:
+        # Decided already, whatever the schedule's state now: a later fire processed before this
+        # one recorded the slot (missed), and a pause since must not record it a second time.
+        if nominal_at == state.last_slot_at:
+            return FireDecision(reason="duplicate")
+        return FireDecision(
+            outcome=SlotOutcome.SKIPPED_SUPERSEDED,
+            reason=f"superseded: the slot at {iso(state.last_slot_at)} was fired after it",
+        )
     if state.status is not ScheduleStatus.ACTIVE:
         if state.status is ScheduleStatus.PAUSED:
             # Pause is non-destructive: a fire message already on its way does nothing.
@@ -157,13 +166,6 @@ def decide_fire(
             # A late fire of an earlier retry: the pending one has a fire of its own.
             return FireDecision(reason=f"retry {state.current_retry} is due at {iso(state.retry_at)}")
         return FireDecision(start=True)
-    if state.last_slot_at is not None and nominal_at <= state.last_slot_at:
-        if nominal_at == state.last_slot_at:
-            return FireDecision(reason="duplicate")
-        return FireDecision(
-            outcome=SlotOutcome.SKIPPED_SUPERSEDED,
-            reason=f"superseded: the slot at {iso(state.last_slot_at)} was fired after it",
-        )
     following = cadence.slot_after(nominal_at)
     if now >= following:
         return FireDecision(

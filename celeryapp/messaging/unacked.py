@@ -15,15 +15,18 @@ from collections.abc import Iterable
 
 import redis
 
+from celeryapp.monitoring.overload import queue_keys
+
 #: kombu's Redis transport's keys (kombu.transport.redis.Channel.unacked_key, unacked_index_key).
 UNACKED_KEY = "unacked"
 UNACKED_INDEX_KEY = "unacked_index"
 
 
-def _task_id(raw: object) -> str | None:
-    """The Celery task id of an ``unacked`` entry (``[message, exchange, routing_key]``), if any."""
+def _task_id(raw: object, *, in_unacked: bool = True) -> str | None:
+    """The Celery task id of an ``unacked`` entry (``[message, exchange, routing_key]``), or of a
+    message waiting in a queue's list (the message alone), if any."""
     try:
-        message = json.loads(raw)[0]  # type: ignore[arg-type]
+        message = json.loads(raw)[0] if in_unacked else json.loads(raw)  # type: ignore[arg-type]
         task_id = message["headers"]["id"]
     except (ValueError, TypeError, KeyError, IndexError, RecursionError):
         # Not a Celery task message of ours (RecursionError: JSON nested too deep for the
@@ -45,6 +48,35 @@ def taken_before(client: redis.Redis, task_ids: Iterable[str], before: float) ->
         if task_id is not None and task_id in wanted:
             found[task_id] = tag
     return found
+
+
+def vanished(client: redis.Redis, task_ids: Iterable[str], queues: Iterable[str], max_scan: int) -> set[str] | None:
+    """Of ``task_ids``, those whose message neither waits in one of ``queues`` nor was taken and
+    left unacknowledged: a worker popped it and never got the answer (cut off mid-read, then
+    killed), and kombu keeps no trace of it. ``None`` when the queues hold more than ``max_scan``
+    messages: a backlog too long to read, where a message most likely still waits.
+
+    The queues are read before the unacknowledged set: a message a live worker takes meanwhile is
+    found in the latter. One taken in the instant between the two reads is reported (its pop
+    answered, its unacked entry not yet written): sending it again makes a harmless duplicate.
+    """
+    wanted = set(task_ids)
+    if not wanted:
+        return set()
+    lists = [key for queue in queues for key in queue_keys(queue)]
+    with client.pipeline(transaction=False) as pipe:
+        for key in lists:
+            pipe.llen(key)
+        lengths = [int(n) for n in pipe.execute()]
+    if sum(lengths) > max_scan:
+        return None
+    with client.pipeline(transaction=False) as pipe:
+        for key, length in zip(lists, lengths, strict=True):
+            if length:
+                pipe.lrange(key, 0, -1)
+        waiting = {_task_id(raw, in_unacked=False) for entries in pipe.execute() for raw in entries}
+    left = wanted - waiting
+    return left - set(taken_before(client, left, float("inf"))) if left else set()
 
 
 def forget(client: redis.Redis, tags: Iterable[str]) -> None:

@@ -23,10 +23,20 @@ from celeryapp.execution.effects import Effects
 from celeryapp.execution.runs import cancel_execution
 from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.dispatch import apply_effects
+from celeryapp.messaging.keys import STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.repair import requeue_attempt, resend_queued
 from celeryapp.scheduling.beat_entries import reconcile
-from models import Activity, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction, utcnow
+from models import (
+    Activity,
+    ExecutionStatus,
+    ScheduleExecution,
+    ScheduleStep,
+    WorkerTask,
+    WorkerTaskStatus,
+    transaction,
+    utcnow,
+)
 from models.session import retried_transaction
 
 if TYPE_CHECKING:
@@ -36,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 #: A queued attempt without a dispatch marker is re-sent only after this long (publish races).
 RESEND_GRACE_S = 5.0
+#: Most messages recovery reads from the step queues to find one that vanished; more is a backlog.
+MAX_QUEUE_SCAN = 1000
 #: Executions with nothing queued or running are advanced after this long (the chord body is faster).
 STUCK_GRACE_S = 2.0
 #: Present while Redis keeps its data; its absence means Redis restarted empty or failed over.
@@ -117,37 +129,52 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
     settings = app.settings
     with transaction(settings.database_url, read_only=True) as session:
         queued = session.execute(
-            select(WorkerTask.execution_id, WorkerTask.id, WorkerTask.attempt).where(
+            select(WorkerTask.execution_id, WorkerTask.id, WorkerTask.attempt, WorkerTask.queued_at).where(
                 WorkerTask.status == WorkerTaskStatus.QUEUED,
                 WorkerTask.queued_at < now - timedelta(seconds=RESEND_GRACE_S),
             )
         ).all()
-    if not queued:
-        return
+        if not queued:
+            return
+        step_queues = {STEPS_QUEUE, *(q for q in session.scalars(select(ScheduleStep.queue).distinct()) if q)}
     client = get_redis(settings.broker_url)
     with client.pipeline(transaction=False) as pipe:
-        for _execution_id, task_id, attempt in queued:
+        for _execution_id, task_id, attempt, _queued_at in queued:
             # On its way (marker); in a worker's hands until its claim commits (pickup lease).
             pipe.exists(keys.dispatch_marker_key(task_id, attempt))
             pipe.exists(keys.pickup_key(task_id, attempt))
         found = pipe.execute()
-    lost, on_its_way = [], {}
-    for (execution_id, task_id, attempt), marked, picked in zip(queued, found[::2], found[1::2], strict=True):
+    lost, on_its_way, waited = [], {}, set()
+    for (execution_id, task_id, attempt, queued_at), marked, picked in zip(
+        queued, found[::2], found[1::2], strict=True
+    ):
         if not marked and not picked:
             lost.append(task_id)
         elif not picked:
-            on_its_way[keys.runner_task_id(execution_id, task_id, attempt)] = task_id
+            runner_id = keys.runner_task_id(execution_id, task_id, attempt)
+            on_its_way[runner_id] = task_id
+            if queued_at is not None and queued_at < now - timedelta(seconds=settings.heartbeat_ttl_s):
+                waited.add(runner_id)
     # A message on its way may in fact have been taken by a worker that died before noting its
     # pickup: kombu holds it as unacknowledged until its visibility timeout. A live worker notes
     # the pickup within milliseconds of taking a message; one silent for a heartbeat's TTL is
     # lost, as for a running step. A second message is harmless: only one runner can claim.
     taken = unacked.taken_before(client, on_its_way, now.timestamp() - settings.heartbeat_ttl_s)
     stranded = [on_its_way[t] for t in taken]
-    for task_id in lost + stranded:
+    # Or it was popped by a worker that never got the answer (cut off mid-read, then killed): in
+    # no queue, not unacknowledged, only its marker says it is on its way, for 6 hours.
+    popped = [on_its_way[t] for t in unacked.vanished(client, waited - set(taken), step_queues, MAX_QUEUE_SCAN) or ()]
+    for task_id in lost + stranded + popped:
         effects = _repair(app, f"worker task {task_id}", partial(resend_queued, worker_task_id=task_id, now=now))
         if effects.dispatch:
             report.resent.append(task_id)
-            why = "taken by a worker that died before running it" if task_id in stranded else "gone"
+            why = (
+                "taken by a worker that died before running it"
+                if task_id in stranded
+                else "in no queue nor a worker's hands"
+                if task_id in popped
+                else "gone"
+            )
             logger.warning("worker task %s was queued but its message is %s; sent again", task_id, why)
     # Only once sent again: kombu must not also put the old message back (a crash before this
     # line costs a duplicate, not a stranded run).

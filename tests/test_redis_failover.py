@@ -93,6 +93,8 @@ def test_the_broker_connection_publishes_and_consumes_again_after_the_primary_mo
     app.apply_settings(replace(app.settings, broker_url=moved.name.url, redbeat_url=moved.name.url))
     with app.connection_for_write() as conn, conn.SimpleQueue("failover-test") as queue:
         queue.put({"n": 1}, retry=True)
+        # Replicated before the failover: a write the old primary had not passed on is lost with it.
+        wait_for(lambda: moved.direct(moved.new).llen("failover-test") == 1, 10, what="n=1 on the replica")
         moved.fail_over()
         queue.put({"n": 2}, retry=True)
         # A connection error is what the worker's consumer reconnects on; it tries again.

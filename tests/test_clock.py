@@ -25,7 +25,7 @@ from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery.recovery import RECOVERY_SEEN_KEY
 from models import SlotOutcome, SlotRecord, transaction
-from models.clock import MAX_ROUND_TRIP_S, ReferenceClock
+from models.clock import MAX_ROUND_TRIP_S, ReferenceClock, clock
 from tests import processes
 from tests.helpers import call, executions, finished, running, step, ts, wait_for
 from tests.web_server import ADMIN, WebServer, text_of
@@ -96,8 +96,6 @@ def test_every_process_notes_its_offset_and_a_gone_one_is_dropped(app: Chordbeat
     client = get_redis(app.settings.broker_url)
     reference_time.install(app.settings.broker_url)
     now_s = reference_time.read_reference(app.settings.broker_url)
-    from models.clock import clock
-
     assert clock.measure() is not None
     client.hset(reference_time.OFFSETS_KEY, "gone-host pid 1", '{"offset_s": 40, "at": 1}')
     client.hset(reference_time.OFFSETS_KEY, "garbled", "{")

@@ -134,9 +134,8 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
                 WorkerTask.queued_at < now - timedelta(seconds=RESEND_GRACE_S),
             )
         ).all()
-        if not queued:
-            return
-        step_queues = {STEPS_QUEUE, *(q for q in session.scalars(select(ScheduleStep.queue).distinct()) if q)}
+    if not queued:
+        return
     client = get_redis(settings.broker_url)
     with client.pipeline(transaction=False) as pipe:
         for _execution_id, task_id, attempt, _queued_at in queued:
@@ -163,7 +162,12 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
     stranded = [on_its_way[t] for t in taken]
     # Or it was popped by a worker that never got the answer (cut off mid-read, then killed): in
     # no queue, not unacknowledged, only its marker says it is on its way, for 6 hours.
-    popped = [on_its_way[t] for t in unacked.vanished(client, waited - set(taken), step_queues, MAX_QUEUE_SCAN) or ()]
+    unaccounted = waited - set(taken)
+    popped = (
+        [on_its_way[t] for t in unacked.vanished(client, unaccounted, _step_queues(app), MAX_QUEUE_SCAN) or ()]
+        if unaccounted
+        else []
+    )
     for task_id in lost + stranded + popped:
         effects = _repair(app, f"worker task {task_id}", partial(resend_queued, worker_task_id=task_id, now=now))
         if effects.dispatch:
@@ -179,6 +183,11 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
     # Only once sent again: kombu must not also put the old message back (a crash before this
     # line costs a duplicate, not a stranded run).
     unacked.forget(client, taken.values())
+
+
+def _step_queues(app: ChordbeatCelery) -> set[str]:
+    with transaction(app.settings.database_url, read_only=True) as session:
+        return {STEPS_QUEUE, *(q for q in session.scalars(select(ScheduleStep.queue).distinct()) if q)}
 
 
 def time_out_executions(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:

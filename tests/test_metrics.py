@@ -1,5 +1,5 @@
-"""Prometheus metrics: counters and histograms never go down, a scrape reads no activities, and the
-shipped Grafana dashboard only uses metrics that exist."""
+"""Prometheus metrics: counters and histograms never go down, a deleted schedule's series are retired,
+a scrape reads no activities, and the shipped Grafana dashboard only uses metrics that exist."""
 
 from __future__ import annotations
 
@@ -9,18 +9,20 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import yaml
 from celery import Celery
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import event
+from sqlalchemy import event, select
 
 from celeryapp.app import ChordbeatCelery
-from celeryapp.monitoring.metric_counts import bucket_of
+from celeryapp.monitoring.metric_counts import bucket_of, retire_orphans
 from celeryapp.monitoring.metrics import ExecutionCollector, histogram_samples
 from celeryapp.recovery.housekeeping import purge
-from models import utcnow
+from celeryapp.scheduling.schedule_file import apply_file
+from models import MetricCount, transaction, utcnow
 from models.session import get_engine
-from tests.helpers import call, finished, step
+from tests.helpers import call, execution, finished, running, step
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "chordbeat.json"
@@ -77,6 +79,84 @@ def test_counters_and_histograms_do_not_drop_when_housekeeping_deletes_history(
     assert value(again, "chordbeat_executions_total", schedule="m", status="completed") == 3
     assert value(again, "chordbeat_step_duration_seconds_count", schedule="m") == 9
     _assert_histograms_well_formed(again)
+
+
+def of_schedule(samples: Samples, name: str) -> Samples:
+    return {key: v for key, v in samples.items() if ("schedule", name) in key[1]}
+
+
+def rows_of(app: ChordbeatCelery, name: str) -> int:
+    with transaction(app.settings.database_url, read_only=True) as session:
+        return len(session.scalars(select(MetricCount.metric).where(MetricCount.schedule_name == name)).all())
+
+
+def test_a_deleted_schedules_series_are_retired_and_a_new_one_of_its_name_starts_from_zero(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    for name in ("gone", "kept"):
+        call(client, "chordbeat.apply_schedule", definition={"name": name, "every": 3600, "steps": [step("a")]})
+        assert run(client, name)["status"] == "completed"
+    # A run still in flight when its schedule is deleted ends afterwards.
+    long = {"name": "gone", "every": 3600, "steps": [step("long", kwargs={"seconds": 2})]}
+    call(client, "chordbeat.apply_schedule", definition=long)
+    in_flight = call(client, "chordbeat.trigger_schedule", name="gone")["execution_id"]
+    running(client, in_flight, "long")
+    before = scrape(app)
+    assert of_schedule(before, "gone") and of_schedule(before, "kept")
+
+    call(client, "chordbeat.delete_schedule", name="gone")
+    assert execution(client, in_flight)["status"] == "in_progress"
+    # Only the gauge of the run still going is left: its counters and histograms went with the schedule.
+    assert list(of_schedule(scrape(app), "gone")) == [("chordbeat_executions_in_progress", (("schedule", "gone"),))]
+    assert finished(client, in_flight)["status"] == "completed"
+    after = scrape(app)
+    assert not of_schedule(after, "gone"), "the run that ended after the delete brought the series back"
+    assert rows_of(app, "gone") == 0
+    assert of_schedule(after, "kept") == of_schedule(before, "kept")
+    requeues = ("chordbeat_recovery_requeues_total", ())
+    assert after[requeues] == before[requeues]
+
+    call(client, "chordbeat.apply_schedule", definition={"name": "gone", "every": 3600, "steps": [step("a")]})
+    assert run(client, "gone")["status"] == "completed"
+    again = scrape(app)
+    assert value(again, "chordbeat_executions_total", schedule="gone", status="completed") == 1
+    assert value(again, "chordbeat_slots_total", schedule="gone", outcome="fired") == 1
+    assert value(again, "chordbeat_step_duration_seconds_count", schedule="gone") == 1
+    _assert_histograms_well_formed(again)
+
+
+def test_a_schedule_pruned_from_its_file_loses_its_series(
+    app: ChordbeatCelery, worker: Any, client: Celery, tmp_path: Path
+) -> None:
+    path = tmp_path / "schedules.yaml"
+    both = [{"name": n, "every": 3600, "steps": [step("a")]} for n in ("pruned", "stays")]
+    path.write_text(yaml.safe_dump({"schedules": both}))
+    apply_file(app, path)
+    for name in ("pruned", "stays"):
+        assert run(client, name)["status"] == "completed"
+    before = scrape(app)
+    path.write_text(yaml.safe_dump({"schedules": both[1:]}))
+    assert apply_file(app, path).removed == ["pruned"]
+    after = scrape(app)
+    assert not of_schedule(after, "pruned") and rows_of(app, "pruned") == 0
+    assert of_schedule(after, "stays") == of_schedule(before, "stays")
+
+
+def test_housekeeping_can_retire_rows_left_by_schedules_deleted_before_the_upgrade(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    call(client, "chordbeat.apply_schedule", definition={"name": "live", "every": 3600, "steps": [step("a")]})
+    assert run(client, "live")["status"] == "completed"
+    with transaction(app.settings.database_url) as session:
+        session.add(MetricCount(metric="executions", schedule_name="old", label="completed", bucket="", count=7))
+        session.add(MetricCount(metric="recovery_requeues", schedule_name="", label="", bucket="", count=3))
+    before = scrape(app)
+    with transaction(app.settings.database_url) as session:
+        assert retire_orphans(session) == 1
+    after = scrape(app)
+    assert not of_schedule(after, "old")
+    assert of_schedule(after, "live") == of_schedule(before, "live")
+    assert value(after, "chordbeat_recovery_requeues_total") == 3
 
 
 def _assert_histograms_well_formed(samples: Samples) -> None:

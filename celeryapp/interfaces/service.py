@@ -22,6 +22,7 @@ from celeryapp.execution.runs import cancel_execution as cancel_in_db
 from celeryapp.execution.step_policy import StepRules
 from celeryapp.interfaces.views import execution_json, execution_list_json, iso, schedule_json
 from celeryapp.messaging.dispatch import apply_effects
+from celeryapp.monitoring import metric_counts
 from celeryapp.scheduling.beat_entries import cadence_of
 from celeryapp.scheduling.limits import (
     LIST_PAYLOAD_BYTES,
@@ -81,6 +82,7 @@ def delete_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
     def remove(session: Session) -> None:
         # Locked first, as everything that changes a schedule and its runs does (the lock order).
         session.delete(find_schedule(session, name, lock=True))
+        metric_counts.retire_schedule(session, name)
 
     retried_transaction(app.settings.database_url, f"deleting schedule {name!r}", remove)
     _sync(app, name)

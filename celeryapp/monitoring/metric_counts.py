@@ -3,9 +3,15 @@
 Each finished execution is observed once, in the transaction that finishes it: its final status,
 its run time, each step attempt's outcome and run time, and the pause between its groups. Slot
 outcomes are counted where slots are recorded, re-queues where recovery re-queues. Rows only
-grow (upserts adding to them) and housekeeping never deletes them, so the exported counters and
-histograms never go down, whichever worker host did the work, and a scrape reads a few rows per
-schedule instead of a day of activities.
+grow (upserts adding to them) and housekeeping never deletes them for purging history, so the
+exported counters and histograms never go down, whichever worker host did the work, and a scrape
+reads a few rows per schedule instead of a day of activities.
+
+A deleted schedule's rows go with it (:func:`retire_schedule`, in the transaction deleting it): its
+series disappear, which ``rate()`` handles as a series ending, instead of living on for every name
+ever used. Nothing is counted for a schedule that no longer exists afterwards (a run still in flight
+ends unobserved), so a schedule created again with the same name starts from zero and never gets
+the old one's counts. The deployment-wide rows (``schedule_name`` empty) are never deleted.
 
 (Why not prometheus_client's multiprocess mode: its files live on one host and belong to the
 processes that wrote them; work is recorded on many worker hosts, and the exporter is another
@@ -20,11 +26,12 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, delete, exists, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from models import Activity, ActivityStatus, ExecutionStatus, MetricCount, ScheduleExecution
+from models import Activity, ActivityStatus, ExecutionStatus, MetricCount, Schedule, ScheduleExecution
+from models.session import NO_SYNC, affected
 
 #: Upper bounds (seconds) of the duration histograms.
 DURATION_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600)
@@ -44,6 +51,8 @@ HISTOGRAMS = {
     STEP_DURATION: DURATION_BUCKETS,
     ADVANCE_LATENCY: ADVANCE_BUCKETS,
 }
+#: Metrics kept per schedule (the others have an empty ``schedule_name``, for the whole deployment).
+PER_SCHEDULE = (EXECUTIONS, STEP_ATTEMPTS, SLOTS, EXECUTION_DURATION, STEP_DURATION, ADVANCE_LATENCY)
 INF = "+Inf"
 
 #: (metric, schedule, label, bucket) -> (count, sum)
@@ -109,6 +118,8 @@ def _span(rows: Iterable[tuple[datetime, datetime]]) -> tuple[float, float]:
     return min(s.timestamp() for s in starts), max(e.timestamp() for e in ends)
 
 
+_SCHEDULE_EXISTS = select(Schedule.id).where(Schedule.id == bindparam("p_schedule_id"))
+
 _ATTEMPTS = select(Activity.step_index, Activity.status, Activity.started_at, Activity.completed_at).where(
     Activity.execution_id == bindparam("p_execution_id")
 )
@@ -118,8 +129,15 @@ def observe_execution(session: Session, execution: ScheduleExecution, status: Ex
     """Count a finished execution, its step attempts and its pauses between groups.
 
     Attempts still open count as cancelled when the execution ends (that is what a cancel
-    records for them next).
+    records for them next). Not counted if the schedule was deleted meanwhile: its series were
+    retired with it (the caller holds the schedule's row lock when it still exists, so the delete
+    either committed before, and is seen here, or waits and retires these rows too).
     """
+    if (
+        execution.schedule_id is None
+        or session.scalar(_SCHEDULE_EXISTS, {"p_schedule_id": execution.schedule_id}) is None
+    ):
+        return
     name = execution.schedule_name
     counts = Counts()
     counts.count(EXECUTIONS, name, status.value)
@@ -144,3 +162,20 @@ def count_requeue(session: Session) -> None:
     counts = Counts()
     counts.count(RECOVERY_REQUEUES, "", "")
     counts.add_to(session)
+
+
+def retire_schedule(session: Session, name: str) -> None:
+    """Delete the rows of schedule ``name``, in the transaction that deletes it."""
+    # ``metric IN (...)``: the primary key starts with the metric, so this is a few index lookups,
+    # not a scan of every schedule's rows.
+    session.execute(
+        delete(MetricCount).where(MetricCount.metric.in_(PER_SCHEDULE), MetricCount.schedule_name == name),
+        execution_options=NO_SYNC,
+    )
+
+
+def retire_orphans(session: Session) -> int:
+    """Delete the rows of names no schedule has (kept by versions that never retired them); for
+    housekeeping. Returns how many rows went."""
+    orphan = ~exists().where(Schedule.name == MetricCount.schedule_name)
+    return affected(session, delete(MetricCount).where(MetricCount.metric.in_(PER_SCHEDULE), orphan))

@@ -3,8 +3,9 @@
 Flower only knows Celery tasks. These come from the database, the source of truth, so every
 worker's work is counted once however many processes and hosts there are. Counters and histograms
 are the monotonic rows of :mod:`celeryapp.monitoring.metric_counts` (added to when work finishes, never
-deleted by housekeeping), so ``rate()`` and ``histogram_quantile()`` see no drops; a scrape reads
-those few rows and two small counts, never the activities. Served by ``chordbeat metrics``.
+deleted by housekeeping; a deleted schedule's series end with it), so ``rate()`` and
+``histogram_quantile()`` see no drops; a scrape reads those few rows and two small counts, never
+the activities. Served by ``chordbeat metrics``.
 """
 
 from __future__ import annotations

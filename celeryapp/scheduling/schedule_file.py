@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from celeryapp.errors import ChordbeatError, DefinitionError
 from celeryapp.interfaces.service import known_task
+from celeryapp.monitoring import metric_counts
 from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.scheduling.definition import NAME_PATTERN, ScheduleDefinition
 from celeryapp.scheduling.limits import MAX_FILE_BYTES, shown
@@ -246,6 +247,7 @@ def apply_definitions(
                 diff.removed.append(name)
                 if not dry_run:
                     session.delete(schedule)
+                    metric_counts.retire_schedule(session, name)
             else:
                 diff.kept.append(name)
     session.flush()

@@ -38,15 +38,28 @@ def _with_log_level(argv: list[str], level: str) -> list[str]:
     return [level if previous == "-l" else arg for previous, arg in zip(["", *argv], argv, strict=False)]
 
 
-def rss_mib(pid: int) -> float:
-    """Resident memory of a process and its children (a worker and its pool)."""
+def _memory_mib(pid: int, file: str, field: str) -> float:
+    """``field`` (kB) of ``/proc/<pid>/<file>``, summed over a process and its children (a worker
+    and its pool), in MiB."""
     total_kib = 0
     for p in [pid, *children(pid)]:
-        with suppress(FileNotFoundError):
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+        with suppress(FileNotFoundError, ProcessLookupError):
+            for line in Path(f"/proc/{p}/{file}").read_text().splitlines():
+                if line.startswith(field):
                     total_kib += int(line.split()[1])
     return total_kib / 1024
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process and its children: pages shared between them (a prefork pool
+    shares its parent's) count once in each."""
+    return _memory_mib(pid, "status", "VmRSS:")
+
+
+def pss_mib(pid: int) -> float:
+    """Proportional set size of a process and its children: each shared page divided among the
+    processes that map it, so what the pool shares with its parent counts once in the sum."""
+    return _memory_mib(pid, "smaps_rollup", "Pss:")
 
 
 def cpu_seconds(pid: int) -> float:

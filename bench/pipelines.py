@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Engine, select, text
 
 from bench import raw_app
-from bench.harness import OBSERVER, Bench, children, cpu_by_process, cpu_used, rss_mib, running, trigger
+from bench.harness import OBSERVER, Bench, children, cpu_by_process, cpu_used, pss_mib, rss_mib, running, trigger
 from bench.stats import gaps_ms, group_bounds, percentiles, throughput
 from celeryapp.client import ChordbeatClient
 from models import Activity, ExecutionStatus, ScheduleExecution
@@ -145,6 +145,7 @@ def chordbeat_runs(bench: Bench) -> list[dict[str, Any]]:
                     "steps_per_s": throughput(loaded),
                     "loaded_advance_ms": percentiles(gaps_ms(group_bounds(loaded)), "p50", "p95"),
                     "worker_rss_mib": rss_mib(worker.pid),
+                    "worker_pss_mib": pss_mib(worker.pid),
                     "db_statements_per_step": (statements - statements_before) / steps,
                     "db_round_trips_per_step": (sent - sent_before) / steps,
                     "cpu_ms_per_step": cpu.per_step(steps),
@@ -198,6 +199,7 @@ def raw_runs(bench: Bench) -> list[dict[str, Any]]:
                     "raw_steps_per_s": throughput(loaded),
                     "raw_loaded_advance_ms": percentiles(gaps_ms(group_bounds(loaded)), "p50", "p95"),
                     "raw_worker_rss_mib": rss_mib(worker.pid),
+                    "raw_worker_pss_mib": pss_mib(worker.pid),
                     "raw_redis_commands_per_step": (commands - commands_before) / len(loaded),
                     "raw_redis_bytes_per_step": (kept - bytes_before) / len(loaded),
                     "raw_cpu_ms_per_step": cpu.per_step(len(loaded)),

@@ -54,6 +54,7 @@ ROWS = (
     Row("requeue after worker SIGKILL", "requeue_s", None, "s"),
     Row("failover after beat SIGKILL", "failover_s", None, "s"),
     Row("worker RSS (prefork -c 2)", "worker_rss_mib", None, "MiB"),
+    Row("worker PSS (prefork -c 2)", "worker_pss_mib", None, "MiB"),
     Row("database statements per step", "db_statements_per_step"),
     Row("database round trips per step", "db_round_trips_per_step"),
     Row("CPU per step: worker, pool, beat", "cpu_ms_per_step", "worker", "ms"),
@@ -102,6 +103,7 @@ TARGETS = (
     Target("requeue", f"≤ TTL + interval + 1 s ({REQUEUE_LIMIT_S} s)", _get("requeue_s"), lambda _: REQUEUE_LIMIT_S),
     Target("failover", f"≤ {FAILOVER_LIMIT_S} s", _get("failover_s"), lambda _: FAILOVER_LIMIT_S),
     Target("worker RSS", "≤ 1.2x raw", _get("worker_rss_mib"), _times(1.2, "raw_worker_rss_mib")),
+    Target("worker PSS", "≤ 1.2x raw", _get("worker_pss_mib"), _times(1.2, "raw_worker_pss_mib")),
 )
 
 

@@ -71,6 +71,9 @@ NOTES = [
     "processes but the benchmark's own connections, Redis. Redis bytes kept per step: used memory after the "
     "loaded run less before, per step (results "
     "kept for result_expires, 24 h). Redis bytes per schedule: its RedBeat entry.",
+    "Worker memory after the loaded run, the worker and its pool processes summed: RSS (VmRSS, which counts "
+    "a page the pool shares with its parent once in each process) and PSS (smaps_rollup's Pss, each shared page "
+    "divided among the processes mapping it: what the worker costs the machine).",
 ]
 
 

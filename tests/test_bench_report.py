@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import report
+from bench import harness, report
 from bench.run import summarise
 
 SAMPLE_RUNS: dict[str, list[Any]] = {
@@ -19,6 +20,10 @@ SAMPLE_RUNS: dict[str, list[Any]] = {
     "requeue_s": [19.0, 30.0, 20.0],
     "cpu_ms_per_step": [{"worker": 5.0, "database": 0.8, "redis": 0.4, "all": 6.2}] * 3,
     "raw_cpu_ms_per_step": [{"worker": 2.5, "redis": 0.4, "all": 2.9}] * 3,
+    "worker_rss_mib": [280.0] * 3,
+    "raw_worker_rss_mib": [170.0] * 3,
+    "worker_pss_mib": [110.0, 112.0, 111.0],
+    "raw_worker_pss_mib": [95.0] * 3,
 }
 
 
@@ -36,6 +41,14 @@ def test_medians_spread_and_targets_come_from_the_runs() -> None:
     assert not targets["steps/s under load"]["met"]  # 250 < 0.9 x 360
     assert targets["requeue"]["met"] and targets["requeue"]["limit"] == 26
     assert "failover" not in targets  # not measured in this run: not judged
+    # Memory: RSS counts pages the pool shares with its parent in every process, PSS once.
+    assert not targets["worker RSS"]["met"]
+    assert targets["worker PSS"]["met"] and targets["worker PSS"]["limit"] == 114.0
+
+
+def test_pss_divides_what_processes_share() -> None:
+    pid = os.getpid()
+    assert 0 < harness.pss_mib(pid) <= harness.rss_mib(pid)
 
 
 def test_tables_fit_and_the_readme_section_is_rewritten(tmp_path: Path) -> None:
@@ -54,3 +67,4 @@ def test_tables_fit_and_the_readme_section_is_rewritten(tmp_path: Path) -> None:
     # Raw Celery has no database: its cell is empty, not an error.
     assert "| CPU per step: PostgreSQL (ms) | 0.80 | - |" in rewritten
     assert "| CPU per step: all of them (ms) | 6.20 | 2.90 |" in rewritten
+    assert "| worker PSS (prefork -c 2) (MiB) | 111 | 95.0 |" in rewritten

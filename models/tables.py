@@ -9,6 +9,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    ColumnElement,
     Float,
     ForeignKey,
     Index,
@@ -17,6 +18,8 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    literal_column,
+    or_,
 )
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import Mapped, mapped_column, relationship
@@ -132,15 +135,18 @@ class ScheduleExecution(Base):
     __tablename__ = "schedule_executions"
     __table_args__ = (
         Index("ix_schedule_executions_status_started", "status", "started_at"),
+        # A schedule's latest runs (dashboard strips and grid, lists by name): one index range each.
+        Index("ix_schedule_executions_schedule_id_id", "schedule_id", "id"),
+        Index("ix_schedule_executions_schedule_name_id", "schedule_name", "id"),
+        # Housekeeping finds the finished runs past retention without reading the kept ones.
+        Index("ix_schedule_executions_completed_at", "completed_at"),
         {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     #: Kept when the schedule is deleted (history outlives its schedule); the name stays readable.
-    schedule_id: Mapped[int | None] = mapped_column(
-        ForeignKey("schedules.id", ondelete="SET NULL"), index=True, default=None
-    )
-    schedule_name: Mapped[str] = mapped_column(String(NAME_LENGTH), index=True)
+    schedule_id: Mapped[int | None] = mapped_column(ForeignKey("schedules.id", ondelete="SET NULL"), default=None)
+    schedule_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     status: Mapped[ExecutionStatus] = _enum_column(ExecutionStatus, default=ExecutionStatus.IN_PROGRESS)
     trigger: Mapped[Trigger] = _enum_column(Trigger)
     #: Deterministic identity of the run (schedule, nominal slot, retry): one execution per key.
@@ -188,7 +194,8 @@ class Activity(Base):
     __table_args__ = (UniqueConstraint("execution_id", "step_name", "attempt"), {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    execution_id: Mapped[int] = mapped_column(ForeignKey("schedule_executions.id", ondelete="CASCADE"), index=True)
+    # Indexed by the unique constraint, which leads with it.
+    execution_id: Mapped[int] = mapped_column(ForeignKey("schedule_executions.id", ondelete="CASCADE"))
     step_index: Mapped[int] = mapped_column(Integer)
     step_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     attempt: Mapped[int] = mapped_column(Integer)
@@ -206,7 +213,14 @@ class SlotRecord(Base):
 
     __tablename__ = "schedule_slots"
     __table_args__ = (
-        Index("ix_schedule_slots_schedule_nominal", "schedule_name", "nominal_at"),
+        # A schedule's slot record, newest first.
+        Index("ix_schedule_slots_schedule_name_id", "schedule_name", "id"),
+        # Whether a slot is recorded already (firing, under the schedule's row lock); and a
+        # schedule's delete setting its records' schedule_id to NULL.
+        Index("ix_schedule_slots_schedule_id_nominal_at", "schedule_id", "nominal_at"),
+        # A deleted execution's slot records (ON DELETE SET NULL), one index probe each.
+        Index("ix_schedule_slots_execution_id", "execution_id"),
+        Index("ix_schedule_slots_recorded_at", "recorded_at"),
         {"sqlite_autoincrement": True},
     )
 
@@ -221,6 +235,15 @@ class SlotRecord(Base):
     )
     detail: Mapped[str | None] = mapped_column(Text, default=None)
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+#: Step attempts that recovery ended (their worker was lost) or that ran out of time: the health
+#: page's recent recoveries, found through a partial index holding only these rows. The patterns
+#: are literals so that PostgreSQL can match the query to the index's predicate.
+RECOVERED_ATTEMPT: ColumnElement[bool] = or_(
+    Activity.error.like(literal_column("'worker lost%'")), Activity.error.like(literal_column("'timed out%'"))
+)
+Index("ix_activities_recovered", Activity.id, postgresql_where=RECOVERED_ATTEMPT, sqlite_where=RECOVERED_ATTEMPT)
 
 
 class MetricCount(Base):

@@ -6,11 +6,12 @@ import logging
 from typing import Any
 
 from celeryapp import app
+from celeryapp.app import HOUSEKEEPING_INTERVAL_S
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.execution.advancing import advance_group
 from celeryapp.messaging.dispatch import apply_effects
+from celeryapp.recovery import housekeeping as history_purge
 from celeryapp.recovery import recovery
-from celeryapp.recovery.housekeeping import purge
 from celeryapp.scheduling import beat_entries, firing
 from celeryapp.scheduling.limits import check_int
 from models import utcnow
@@ -70,6 +71,12 @@ def recover() -> dict[str, Any]:
 
 
 @app.task(name="chordbeat.housekeeping", send_events=False)  # periodic: kept out of Flower
-def housekeeping() -> dict[str, int]:
-    """Delete finished executions and slot records past the retention."""
-    return purge(app)
+def housekeeping() -> dict[str, Any]:
+    """Delete finished executions and slot records past the retention; a pass that ran out of
+    time sends the next one, so a backlog is worked off in turns that leave the thread free."""
+    report = history_purge.purge(app)
+    if report.unfinished:
+        housekeeping.apply_async(
+            countdown=history_purge.FOLLOW_UP_DELAY_S, expires=HOUSEKEEPING_INTERVAL_S, ignore_result=True
+        )
+    return report.as_json()

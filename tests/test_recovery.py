@@ -274,7 +274,7 @@ def test_housekeeping_deletes_old_finished_runs_in_batches(app: ChordbeatCelery,
             .where(ScheduleExecution.id == ids[0])
             .values(completed_at=utcnow() - timedelta(days=91))
         )
-    assert purge(app, batch=1)["executions"] == 1
+    assert purge(app, batch=1).executions == 1
     with transaction(app.settings.database_url) as session:
         assert list(session.scalars(select(ScheduleExecution.id))) == [ids[1]]
         assert {a.execution_id for a in session.scalars(select(Activity))} == {ids[1]}

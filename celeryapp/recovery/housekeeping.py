@@ -1,15 +1,31 @@
-"""Housekeeping: finished executions (with their activities) and slot records past retention go."""
+"""Housekeeping: finished executions (with their activities) and slot records past retention go.
+
+One pass at a time across the deployment (a lease in Redis, renewed after every batch), in small
+batches that each commit by themselves, oldest first through the indexes on ``completed_at`` and
+``recorded_at``, so a pass never reads the history it keeps and never holds a lock a fire, a step
+or an advancement waits for longer than one batch. A pass stops after ``PASS_BUDGET_S`` and
+leaves the rest to a follow-up pass sent a moment later, so a backlog (retention shortened, a
+long outage) never keeps a control thread for long.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import LockError
+from redis.lock import Lock
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from celeryapp.messaging import keys
+from celeryapp.messaging.redis_client import get_redis
 from models import ExecutionStatus, ScheduleExecution, SlotRecord, utcnow
 from models.session import affected, retried_transaction
 
@@ -18,36 +34,117 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Rows deleted per transaction, so a large backlog never holds long locks.
-BATCH = 500
+#: Executions deleted per transaction; each takes its step attempts along (ON DELETE CASCADE).
+EXECUTION_BATCH = 500
+#: Slot records deleted per transaction (small rows, nothing refers to them).
+SLOT_BATCH = 5_000
+#: A pass gives its thread back after this long; what is left goes to the next pass.
+PASS_BUDGET_S = 60.0
+#: Lifetime of the pass's lease, renewed after every batch: a pass whose worker died frees the
+#: deployment's turn after this long.
+LEASE_S = 120.0
+#: Seconds between a pass that ran out of budget and the follow-up pass it sends.
+FOLLOW_UP_DELAY_S = 5.0
+LEASE_KEY = f"{keys.PREFIX}:housekeeping:lease"
 
 
-def purge(app: ChordbeatCelery, *, now: datetime | None = None, batch: int = BATCH) -> dict[str, int]:
-    """Delete finished executions and slot records older than the retention, in batches."""
+@dataclass
+class PassReport:
+    executions: int = 0
+    slots: int = 0
+    #: Another pass held the lease: this one did nothing.
+    skipped: bool = False
+    #: The budget ran out (or the lease was lost) with rows still due.
+    unfinished: bool = False
+    cutoff: str = ""
+    seconds: float = 0.0
+    batches: list[float] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "executions": self.executions,
+            "slots": self.slots,
+            "skipped": self.skipped,
+            "unfinished": self.unfinished,
+            "cutoff": self.cutoff,
+            "seconds": round(self.seconds, 3),
+            "longest_batch_s": round(max(self.batches, default=0.0), 3),
+        }
+
+
+def purge(
+    app: ChordbeatCelery, *, now: datetime | None = None, budget_s: float | None = None, batch: int | None = None
+) -> PassReport:
+    """One pass: delete finished executions and slot records older than the retention, in
+    batches (``batch`` rows each, or the tables' own sizes), until none are left or ``budget_s``
+    is spent (``PASS_BUDGET_S``); nothing if another pass is running."""
+    budget_s = PASS_BUDGET_S if budget_s is None else budget_s
     cutoff = (now or utcnow()) - timedelta(days=app.settings.retention_days)
-    removed = {"executions": 0, "slots": 0}
-    url = app.settings.database_url
-    finished = (ScheduleExecution.status != ExecutionStatus.IN_PROGRESS, ScheduleExecution.completed_at < cutoff)
-    # Activities go with their execution (ON DELETE CASCADE).
-    old_slots = (SlotRecord.recorded_at < cutoff,)
-    while deleted := retried_transaction(url, "purging runs", partial(_delete, ScheduleExecution, finished, batch)):
-        removed["executions"] += deleted
-    while deleted := retried_transaction(url, "purging slot records", partial(_delete, SlotRecord, old_slots, batch)):
-        removed["slots"] += deleted
-    if any(removed.values()):
-        logger.info(
-            "housekeeping removed %s executions and %s slot records older than %s",
-            removed["executions"],
-            removed["slots"],
-            cutoff.isoformat(),
+    report = PassReport(cutoff=cutoff.isoformat())
+    lease = get_redis(app.settings.broker_url).lock(LEASE_KEY, timeout=LEASE_S, blocking=False, thread_local=False)
+    if not lease.acquire():
+        report.skipped = True
+        logger.info("housekeeping: another pass is running; this one does nothing")
+        return report
+    started = time.monotonic()
+    try:
+        _delete_due(
+            app.settings.database_url, cutoff, batch, lambda: time.monotonic() - started > budget_s, lease, report
         )
-    return removed
+    except LockError:
+        logger.warning("housekeeping: the pass lost its lease (stalled for over %.0f s); stopping", LEASE_S)
+        report.unfinished = True
+    finally:
+        report.seconds = time.monotonic() - started
+        with contextlib.suppress(LockError):  # expired or taken over: nothing of ours to release
+            lease.release()
+    if report.executions or report.slots:
+        logger.info(
+            "housekeeping removed %s executions and %s slot records older than %s in %.1f s%s",
+            report.executions,
+            report.slots,
+            report.cutoff,
+            report.seconds,
+            "; more is due, a follow-up pass continues" if report.unfinished else "",
+        )
+    return report
 
 
-def _delete(
-    table: type[ScheduleExecution] | type[SlotRecord], where: tuple[Any, ...], batch: int, session: Session
+def _delete_due(
+    url: str, cutoff: datetime, batch: int | None, spent: Callable[[], bool], lease: Lock, report: PassReport
+) -> None:
+    for table, size in ((ScheduleExecution, EXECUTION_BATCH), (SlotRecord, SLOT_BATCH)):
+        size = batch or size
+        work = partial(_delete_batch, table, cutoff, size)
+        while True:
+            batch_started = time.monotonic()
+            deleted = retried_transaction(url, f"purging {table.__tablename__}", work)
+            report.batches.append(time.monotonic() - batch_started)
+            if table is ScheduleExecution:
+                report.executions += deleted
+            else:
+                report.slots += deleted
+            if deleted < size:
+                break
+            if spent():
+                report.unfinished = True
+                return
+            lease.reacquire()  # the deployment's turn is still this pass's, for another LEASE_S
+
+
+def _delete_batch(
+    table: type[ScheduleExecution] | type[SlotRecord], cutoff: datetime, batch: int, session: Session
 ) -> int:
-    """Delete up to ``batch`` rows of ``table``, locked in id order (two passes at once wait for
-    each other instead of deadlocking); how many."""
-    ids = list(session.scalars(select(table.id).where(*where).order_by(table.id).limit(batch).with_for_update()))
+    """Delete up to ``batch`` of the oldest rows of ``table`` past ``cutoff``; how many."""
+    if table is ScheduleExecution:
+        oldest = (
+            select(ScheduleExecution.id)
+            .where(ScheduleExecution.completed_at < cutoff, ScheduleExecution.status != ExecutionStatus.IN_PROGRESS)
+            .order_by(ScheduleExecution.completed_at, ScheduleExecution.id)
+        )
+    else:
+        oldest = (
+            select(SlotRecord.id).where(SlotRecord.recorded_at < cutoff).order_by(SlotRecord.recorded_at, SlotRecord.id)
+        )
+    ids = list(session.scalars(oldest.limit(batch).with_for_update()))
     return affected(session, delete(table).where(table.id.in_(ids))) if ids else 0

@@ -27,6 +27,7 @@ from models import (
     WorkerTask,
     WorkerTaskStatus,
 )
+from models.tables import RECOVERED_ATTEMPT
 
 #: Schedules per page of the list.
 PAGE_SIZE = 50
@@ -35,8 +36,6 @@ STRIP_RUNS = 12
 GRID_RUNS = 20
 SLOTS_SHOWN = 20
 UPCOMING = 10
-#: Recent recoveries are looked for among this many latest step attempts (a bounded scan).
-RECOVERY_SCAN_ATTEMPTS = 50_000
 #: A queued step not picked up for this long, or a run with nothing open, looks stuck.
 STUCK_QUEUED = timedelta(minutes=10)
 
@@ -291,7 +290,6 @@ def health_view(session: Session, now: datetime) -> HealthView:
             .limit(500)
         ).all()
     ]
-    newest = session.scalar(select(func.max(Activity.id))) or 0
     recoveries = list(
         session.execute(
             select(
@@ -304,10 +302,7 @@ def health_view(session: Session, now: datetime) -> HealthView:
                 Activity.completed_at,
             )
             .join(ScheduleExecution, ScheduleExecution.id == Activity.execution_id)
-            .where(
-                Activity.id > newest - RECOVERY_SCAN_ATTEMPTS,
-                Activity.error.like("worker lost%") | Activity.error.like("timed out%"),
-            )
+            .where(RECOVERED_ATTEMPT)
             .order_by(Activity.id.desc())
             .limit(20)
         ).all()

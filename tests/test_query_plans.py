@@ -1,0 +1,201 @@
+"""Every query on a hot or periodic path uses an index once history has grown (PostgreSQL).
+
+A database holding a scaled-down 90 days of history (``bench.history_fill``: 400,000 slot records,
+100,000 executions, 200,000 step attempts) runs the paths a deployment runs all day: a run from
+trigger to its last step on a real worker, beat's fires (a superseded one among them), recovery,
+beat-entry repair and re-firing, housekeeping, the service's reads, the dashboard's pages and a
+metrics scrape. Every statement they send is then explained with its own parameters; a sequential
+scan of a table that holds more than a few thousand rows fails the test, naming the statement, and
+so does any scan that reads more rows than a page of answers needs (an index walked backwards past
+other schedules' rows, a count of the whole history): each statement runs under ``EXPLAIN ANALYZE``
+in a transaction that is rolled back, so the figures are what it really read.
+A foreign key whose parent rows get deleted needs an index on its referencing side too, or each
+delete scans the child table in a trigger that no ``EXPLAIN`` shows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, event, text
+
+from bench.history_fill import HistoryShape, fill, schedule_name
+from celeryapp.app import ChordbeatCelery
+from celeryapp.interfaces import service
+from celeryapp.interfaces.web import queries
+from celeryapp.monitoring.metrics import ExecutionCollector
+from celeryapp.recovery import housekeeping, recovery
+from celeryapp.scheduling import beat_entries, firing
+from models import Trigger, get_engine, transaction, utcnow
+from tests.helpers import finished
+from tests.servers import PostgresServer
+
+SHAPE = HistoryShape(schedules=2_000, executions=100_000, slots=400_000, busy_schedules=20)
+#: A sequential scan of a table this big is a defect on a path that runs all day.
+LARGE_ROWS = 5_000
+#: Rows one statement may read (kept, or read and filtered out) on such a table: a page of answers and
+#: a housekeeping batch need far fewer.
+ROW_BUDGET = 10_000
+#: Tables read whole by design: the metrics scrape reads every counter row.
+READ_WHOLE = {"metric_counts"}
+
+
+@pytest.fixture(scope="module")
+def history_url(postgres_server: PostgresServer) -> str:
+    from tests.conftest import TEMPLATE_DB
+
+    postgres_server.create_database("history_plans", template=TEMPLATE_DB)
+    url = postgres_server.url("history_plans")
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        fill(conn, SHAPE, utcnow())
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def database_url(history_url: str) -> str:
+    return history_url
+
+
+class Statements:
+    """What the app's engine sends, with parameters, from every thread of this process."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, tuple[str, Any]] = {}
+
+    def record(self, _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, many: bool) -> None:
+        words = statement.split(None, 1)
+        if not words or words[0].upper() not in {"SELECT", "UPDATE", "DELETE", "WITH"}:
+            return
+        if many:
+            parameters = parameters[0] if parameters else None
+        self.seen.setdefault(statement, (statement, parameters))
+
+
+@pytest.fixture
+def statements(app: ChordbeatCelery) -> Iterator[Statements]:
+    seen = Statements()
+    engine = get_engine(app.settings.database_url)
+    event.listen(engine, "before_cursor_execute", seen.record)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", seen.record)
+
+
+def _large_tables(conn: Any) -> set[str]:
+    rows = conn.execute(
+        text("SELECT relname, reltuples FROM pg_class WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace")
+    )
+    return {name for name, tuples in rows if tuples > LARGE_ROWS} - READ_WHOLE
+
+
+def _scans(plan: dict[str, Any], large: set[str]) -> Iterator[tuple[str, str, int]]:
+    """(node type, table, rows read) of each scan of a large table in the plan."""
+    table = plan.get("Relation Name")
+    if table in large:
+        read = plan.get("Actual Rows", 0) * plan.get("Actual Loops", 1)
+        read += plan.get("Rows Removed by Filter", 0) + plan.get("Rows Removed by Index Recheck", 0)
+        yield plan["Node Type"], table, read
+    for child in plan.get("Plans", ()):
+        yield from _scans(child, large)
+
+
+def _waste(plan: dict[str, Any], large: set[str]) -> str | None:
+    scans = list(_scans(plan, large))
+    sequential = sorted({table for kind, table, _ in scans if kind == "Seq Scan"})
+    if sequential:
+        return f"seq scan of {', '.join(sequential)}"
+    read = sum(rows for _, _, rows in scans)
+    if read > ROW_BUDGET:
+        return f"read {read:,} rows of {', '.join(sorted({table for _, table, _ in scans}))}"
+    return None
+
+
+def _run_the_paths(app: ChordbeatCelery, client: Any) -> None:
+    url = app.settings.database_url
+    now = utcnow()
+    busy, quiet = schedule_name(1), schedule_name(SHAPE.schedules)
+    # A run from trigger to its end on the worker: claims, finishes, advancement, metric counts.
+    started = client.send_task("chordbeat.trigger_schedule", kwargs={"name": quiet}).get(timeout=30)
+    finished(client, started["execution_id"], timeout=60)
+    # Beat's fires: a due slot, then an older one arriving late (superseded).
+    firing.fire(app, busy, nominal_at=now, trigger=Trigger.INTERVAL)
+    firing.fire(app, busy, nominal_at=now - timedelta(minutes=5), trigger=Trigger.INTERVAL)
+    firing.fire_batch(
+        app,
+        firing.batch_arguments(
+            [{"name": schedule_name(2), "nominal_at": now.isoformat(), "trigger": "interval"}], now=now
+        ),
+    )
+    recovery.recover(app)
+    beat_entries.reconcile(app, full=True)
+    beat_entries.refire_lost_slots(app)
+    # One day past the retention: housekeeping deletes a day of runs and slot records.
+    housekeeping.purge(app, now=now + timedelta(days=1))
+    service.get_schedule(app, busy)
+    service.list_executions(app, busy, None, 50)
+    service.list_executions(app, None, "failed", 50)
+    service.get_execution(app, started["execution_id"])
+    service.list_slots(app, busy, 50)
+    service.list_slots(app, quiet, 50)
+    with transaction(url, read_only=True) as session:
+        queries.schedule_page(session, search="", status="", page=1)
+        queries.schedule_page(session, search="hist-0100", status="", page=1)
+        queries.schedule_view(session, busy, now)
+        queries.schedule_view(session, quiet, now)
+        queries.execution_view(session, started["execution_id"], now)
+        queries.health_view(session, now)
+    list(ExecutionCollector(app).collect())
+
+
+def test_paths_that_run_all_day_scan_no_large_table(
+    app: ChordbeatCelery, worker: Any, client: Any, statements: Statements
+) -> None:
+    _run_the_paths(app, client)
+    assert len(statements.seen) > 20, "the paths sent too few statements to be worth checking"
+    offenders: list[str] = []
+    engine = create_engine(app.settings.database_url)
+    with engine.connect() as conn:
+        large = _large_tables(conn)
+        conn.rollback()
+        assert {"schedule_slots", "schedule_executions", "activities"} <= large
+        for statement, parameters in statements.seen.values():
+            rolled_back = conn.begin()
+            plan = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", parameters).scalar_one()
+            rolled_back.rollback()
+            plan = plan if isinstance(plan, list) else json.loads(plan)
+            waste = _waste(plan[0]["Plan"], large)
+            if waste:
+                offenders.append(f"{waste}: {' '.join(statement.split())[:300]}")
+    engine.dispose()
+    assert not offenders, "scans of large tables that read too much:\n" + "\n".join(offenders)
+
+
+def test_every_foreign_key_has_an_index_on_its_referencing_columns(database_url: str) -> None:
+    engine = create_engine(database_url)
+    with engine.connect() as conn:
+        unindexed = (
+            conn.execute(
+                text(
+                    """
+                SELECT c.conname FROM pg_constraint c
+                WHERE c.contype = 'f' AND NOT EXISTS (
+                    SELECT 1 FROM pg_index i
+                    WHERE i.indrelid = c.conrelid
+                      AND (i.indkey::int2[])[0:cardinality(c.conkey) - 1] = c.conkey
+                )
+                ORDER BY 1
+                """
+                )
+            )
+            .scalars()
+            .all()
+        )
+    engine.dispose()
+    assert not unindexed, f"deleting a parent row scans the child table for: {unindexed}"

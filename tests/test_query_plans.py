@@ -31,6 +31,7 @@ from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery import housekeeping, recovery
 from celeryapp.scheduling import beat_entries, firing
 from models import Trigger, get_engine, transaction, utcnow
+from models.migrate import upgrade
 from tests.helpers import finished
 from tests.servers import PostgresServer
 
@@ -46,10 +47,9 @@ READ_WHOLE = {"metric_counts"}
 
 @pytest.fixture(scope="module")
 def history_url(postgres_server: PostgresServer) -> str:
-    from tests.conftest import TEMPLATE_DB
-
-    postgres_server.create_database("history_plans", template=TEMPLATE_DB)
+    postgres_server.create_database("history_plans")
     url = postgres_server.url("history_plans")
+    upgrade(url)
     engine = create_engine(url)
     with engine.connect() as conn:
         fill(conn, SHAPE, utcnow())

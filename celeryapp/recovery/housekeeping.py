@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.monitoring.metric_counts import retire_orphans
 from models import ExecutionStatus, ScheduleExecution, SlotRecord, utcnow
 from models.session import affected, retried_transaction
 
@@ -52,6 +53,8 @@ LEASE_KEY = f"{keys.PREFIX}:housekeeping:lease"
 class PassReport:
     executions: int = 0
     slots: int = 0
+    #: Metric rows of schedules deleted before versions that retire them with their schedule.
+    metric_rows: int = 0
     #: Another pass held the lease: this one did nothing.
     skipped: bool = False
     #: The budget ran out (or the lease was lost) with rows still due.
@@ -64,6 +67,7 @@ class PassReport:
         return {
             "executions": self.executions,
             "slots": self.slots,
+            "metric_rows": self.metric_rows,
             "skipped": self.skipped,
             "unfinished": self.unfinished,
             "cutoff": self.cutoff,
@@ -88,6 +92,7 @@ def purge(
         return report
     started = time.monotonic()
     try:
+        report.metric_rows = retried_transaction(app.settings.database_url, "retiring metrics", retire_orphans)
         _delete_due(
             app.settings.database_url, cutoff, batch, lambda: time.monotonic() - started > budget_s, lease, report
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,7 +23,7 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
-from celeryapp.contract import DeletedJson, ExecutionJson, ScheduleJson, SlotJson, TriggerJson
+from celeryapp.contract import DeletedJson, ExecutionJson, ExecutionSummaryJson, ScheduleJson, SlotJson, TriggerJson
 
 #: Queue the service tasks are consumed from by every worker (Celery's default queue).
 SERVICE_QUEUE = "celery"
@@ -158,8 +159,9 @@ class ChordbeatClient:
     def get_schedule(self, name: str) -> ScheduleJson:
         return self.call("chordbeat.get_schedule", name=name)  # type: ignore[no-any-return]
 
-    def list_schedules(self) -> list[ScheduleJson]:
-        return self.call("chordbeat.list_schedules")  # type: ignore[no-any-return]
+    def list_schedules(self, limit: int = 500, after_name: str | None = None) -> list[ScheduleJson]:
+        """One page, by name; :func:`each_schedule` follows the cursor through all of them."""
+        return self.call("chordbeat.list_schedules", limit=limit, after_name=after_name)  # type: ignore[no-any-return]
 
     def pause_schedule(self, name: str) -> ScheduleJson:
         return self.call("chordbeat.pause_schedule", name=name)  # type: ignore[no-any-return]
@@ -177,10 +179,11 @@ class ChordbeatClient:
         return self.call("chordbeat.get_execution", execution_id=execution_id)  # type: ignore[no-any-return]
 
     def list_executions(
-        self, schedule: str | None = None, status: str | None = None, limit: int = 50
-    ) -> list[ExecutionJson]:
+        self, schedule: str | None = None, status: str | None = None, limit: int = 50, before_id: int | None = None
+    ) -> list[ExecutionSummaryJson]:
+        """One page of summaries, newest first; :func:`each_execution` follows the cursor."""
         return self.call(  # type: ignore[no-any-return]
-            "chordbeat.list_executions", schedule=schedule, status=status, limit=limit
+            "chordbeat.list_executions", schedule=schedule, status=status, limit=limit, before_id=before_id
         )
 
     def list_slots(self, name: str, limit: int = 50) -> list[SlotJson]:
@@ -197,3 +200,28 @@ class ChordbeatClient:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def each_schedule(client: ChordbeatClient, page: int = 500) -> Iterator[ScheduleJson]:
+    """Every schedule, by name, read ``page`` at a time (a page shorter than asked is the last)."""
+    after: str | None = None
+    while True:
+        schedules = client.list_schedules(limit=page, after_name=after)
+        yield from schedules
+        if len(schedules) < page:
+            return
+        after = schedules[-1]["name"]
+
+
+def each_execution(
+    client: ChordbeatClient, schedule: str | None = None, status: str | None = None, page: int = 500
+) -> Iterator[ExecutionSummaryJson]:
+    """Every execution summary, newest first, read ``page`` at a time. Runs started meanwhile are
+    newer than the cursor and not included; none is repeated or skipped."""
+    before: int | None = None
+    while True:
+        executions = client.list_executions(schedule, status, limit=page, before_id=before)
+        yield from executions
+        if len(executions) < page:
+            return
+        before = executions[-1]["id"]

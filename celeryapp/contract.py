@@ -71,10 +71,26 @@ class ExecutionJson(TypedDict):
     completed_at: str | None
     error: str | None
     payload: dict[str, Any] | None
-    #: Only in lists, when the payload was left out for its size.
-    payload_omitted_bytes: NotRequired[int]
     activities: list[ActivityJson]
     tasks: list[WorkerTaskJson]
+
+
+class ExecutionSummaryJson(TypedDict):
+    """An execution as lists show it: the execution object without ``activities``, ``tasks`` and
+    ``payload`` (``error`` cut to 1,000 characters), plus ``steps``."""
+
+    id: int
+    schedule: str
+    status: str
+    trigger: str
+    run_key: str
+    current_step_index: int
+    started_at: str | None
+    completed_at: str | None
+    error: str | None
+    #: ``{"total": <steps in the plan>, "<activity status>": <steps whose latest attempt has it>}``;
+    #: steps not started yet count in ``total`` only.
+    steps: dict[str, int]
 
 
 class SlotJson(TypedDict):
@@ -169,6 +185,7 @@ class ServiceTask(NamedTuple):
 _NAME = Param("name")
 _EXECUTION_ID = Param("execution_id")
 _LIMIT = Param("limit", required=False, default=50, note="at most 1000")
+_EXECUTIONS_LIMIT = Param("limit", required=False, default=50, note="at most 500")
 _SCHEDULE_OBJECT = "schedule object"
 _EXECUTION_OBJECT = "execution object"
 
@@ -187,7 +204,15 @@ SERVICE_TASKS = (
         ("NotFound",),
     ),
     ServiceTask("chordbeat.get_schedule", (_NAME,), _SCHEDULE_OBJECT, ("NotFound",)),
-    ServiceTask("chordbeat.list_schedules", (), "list of schedule objects, by name"),
+    ServiceTask(
+        "chordbeat.list_schedules",
+        (
+            Param("limit", required=False, default=500, note="at most 5000"),
+            Param("after_name", required=False, note="optional cursor: only names after it"),
+        ),
+        "list of schedule objects, by name; a page shorter than `limit` is the last (next page: `after_name` = its "
+        "last name)",
+    ),
     ServiceTask("chordbeat.pause_schedule", (_NAME,), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")),
     ServiceTask("chordbeat.resume_schedule", (_NAME,), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")),
     ServiceTask(
@@ -201,9 +226,16 @@ SERVICE_TASKS = (
     ServiceTask("chordbeat.get_execution", (_EXECUTION_ID,), _EXECUTION_OBJECT, ("NotFound",)),
     ServiceTask(
         "chordbeat.list_executions",
-        (Param("schedule", required=False), Param("status", required=False), _LIMIT),
-        "execution objects, newest first; a payload over 4 KiB is `null` with its size in `payload_omitted_bytes`, "
-        "activities' `error`/`message` are cut to 1,000 characters (`get_execution` has them whole)",
+        (
+            Param("schedule", required=False),
+            Param("status", required=False),
+            _EXECUTIONS_LIMIT,
+            Param("before_id", required=False, note="optional cursor: only smaller ids"),
+        ),
+        "execution summaries, newest first: the execution object without `activities`, `tasks` and `payload` "
+        "(`error` cut to 1,000 characters; `get_execution` has it all), plus `steps` = "
+        '`{"total": n, "<activity status>": count, ...}` (steps by their latest attempt); a page shorter than '
+        "`limit` is the last (next page: `before_id` = its last id)",
     ),
     ServiceTask(
         "chordbeat.list_slots",

@@ -53,8 +53,8 @@ def get_schedule(name: str) -> dict[str, Any]:
 
 
 @app.task(base=ServiceTask, name="chordbeat.list_schedules", send_events=READ_ONLY_EVENTS)
-def list_schedules() -> list[dict[str, Any]]:
-    return service.list_schedules(app)
+def list_schedules(limit: int = 500, after_name: str | None = None) -> list[dict[str, Any]]:
+    return service.list_schedules(app, limit, after_name)
 
 
 @app.task(base=ServiceTask, name="chordbeat.pause_schedule")
@@ -83,8 +83,10 @@ def get_execution(execution_id: int) -> dict[str, Any]:
 
 
 @app.task(base=ServiceTask, name="chordbeat.list_executions", send_events=READ_ONLY_EVENTS)
-def list_executions(schedule: str | None = None, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    return service.list_executions(app, schedule, status, limit)
+def list_executions(
+    schedule: str | None = None, status: str | None = None, limit: int = 50, before_id: int | None = None
+) -> list[dict[str, Any]]:
+    return service.list_executions(app, schedule, status, limit, before_id)
 
 
 @app.task(base=ServiceTask, name="chordbeat.list_slots", send_events=READ_ONLY_EVENTS)

@@ -67,7 +67,7 @@ REFUSALS = [
     ("apply_schedule", {"definition": {"name": "x", "every": "often", "steps": []}}, "DefinitionError", "every: "),
     ("delete_schedule", {"name": "missing"}, "NotFound", "schedule 'missing' does not exist"),
     ("get_schedule", {"name": 7}, "InvalidArgument", "name: must be a schedule name (a string), got int"),
-    ("list_schedules", {"limit": 3}, "InvalidArgument", "arguments: got an unexpected keyword argument 'limit'"),
+    ("list_schedules", {"limit": 0}, "InvalidArgument", "limit: must be an integer between 1 and 5000, got 0"),
     ("pause_schedule", {"name": "finished"}, "InvalidTransition", "schedule 'finished' is done; only an active"),
     ("resume_schedule", {"name": "finished"}, "InvalidTransition", "schedule 'finished' is done; only a paused"),
     ("trigger_schedule", {"name": "missing"}, "NotFound", "schedule 'missing' does not exist"),

@@ -74,9 +74,16 @@ def test_executions_are_listed_newest_first_and_filtered(app: ChordbeatCelery, w
     assert [e["id"] for e in call(client, "chordbeat.list_executions", schedule="ok")] == [ids[2], ids[0]]
     assert [e["id"] for e in call(client, "chordbeat.list_executions", status="failed")] == [ids[1]]
     assert [e["id"] for e in call(client, "chordbeat.list_executions", limit=1)] == [ids[2]]
-    assert listed[0]["payload"] == {"run": 2}
-    with pytest.raises(Exception, match="limit: must be an integer between 1 and 1000"):
-        call(client, "chordbeat.list_executions", limit=0)
+    # Summaries: no payload, activities or tasks (get_execution has them), the steps counted.
+    assert "payload" not in listed[0] and "activities" not in listed[0] and "tasks" not in listed[0]
+    assert [e["steps"] for e in listed] == [
+        {"total": 1, "complete": 1},
+        {"total": 1, "failed_with_error": 1},
+        {"total": 1, "complete": 1},
+    ]
+    assert call(client, "chordbeat.get_execution", execution_id=ids[2])["payload"] == {"run": 2}
+    with pytest.raises(Exception, match="limit: must be an integer between 1 and 500, got 501"):
+        call(client, "chordbeat.list_executions", limit=501)
 
 
 def test_deleting_a_schedule_keeps_its_history(app: ChordbeatCelery, worker: Any, client: Celery) -> None:

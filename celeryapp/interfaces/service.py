@@ -20,15 +20,17 @@ from celeryapp.execution.effects import Effects
 from celeryapp.execution.runs import StartResult, start_execution
 from celeryapp.execution.runs import cancel_execution as cancel_in_db
 from celeryapp.execution.step_policy import StepRules
-from celeryapp.interfaces.views import execution_json, execution_list_json, iso, schedule_json
+from celeryapp.interfaces.summaries import execution_summaries
+from celeryapp.interfaces.views import execution_json, iso, schedule_json
 from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.monitoring import metric_counts
 from celeryapp.scheduling.beat_entries import cadence_of
 from celeryapp.scheduling.limits import (
-    LIST_PAYLOAD_BYTES,
+    MAX_EXECUTION_LIST_LIMIT,
     MAX_ID,
     MAX_LIST_LIMIT,
     MAX_NAME_CHARS,
+    MAX_SCHEDULE_LIST_LIMIT,
     check_json,
     is_unicode,
     shown,
@@ -95,9 +97,14 @@ def get_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
         return schedule_json(find_schedule(session, name))
 
 
-def list_schedules(app: ChordbeatCelery) -> list[dict[str, Any]]:
+def list_schedules(app: ChordbeatCelery, limit: int = 500, after_name: str | None = None) -> list[dict[str, Any]]:
+    """By name; ``after_name``: only the schedules after it (the cursor: the last name of a page)."""
+    limit = _limit(limit, MAX_SCHEDULE_LIST_LIMIT)
+    query = select(Schedule).order_by(Schedule.name).limit(limit)
+    if after_name is not None:
+        query = query.where(Schedule.name > _name(after_name, "after_name"))
     with transaction(app.settings.database_url, read_only=True) as session:
-        return [schedule_json(s) for s in session.scalars(select(Schedule).order_by(Schedule.name))]
+        return [schedule_json(s) for s in session.scalars(query)]
 
 
 def pause_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
@@ -194,20 +201,20 @@ def get_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
 
 
 def list_executions(
-    app: ChordbeatCelery, schedule: str | None = None, status: str | None = None, limit: int = 50
+    app: ChordbeatCelery,
+    schedule: str | None = None,
+    status: str | None = None,
+    limit: int = 50,
+    before_id: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Newest first. Payloads over ``LIST_PAYLOAD_BYTES`` and long activity texts are left out or
-    cut (``get_execution`` has them whole), so a list's size is bounded by ``limit``."""
+    """Summaries, newest first; ``before_id``: only older runs (the cursor: the last id of a page).
+    An answer is at most ``limit`` times ``summaries.MAX_SUMMARY_BYTES``."""
     schedule = None if schedule is None else _name(schedule, "schedule")
     wanted = _status(status)
-    limit = _limit(limit)
-    query = select(ScheduleExecution).order_by(ScheduleExecution.id.desc()).limit(limit)
-    if schedule is not None:
-        query = query.where(ScheduleExecution.schedule_name == schedule)
-    if wanted is not None:
-        query = query.where(ScheduleExecution.status == wanted)
+    limit = _limit(limit, MAX_EXECUTION_LIST_LIMIT)
+    before = None if before_id is None else _execution_id(before_id, "before_id")
     with transaction(app.settings.database_url, read_only=True) as session:
-        return [execution_list_json(session, e, LIST_PAYLOAD_BYTES) for e in session.scalars(query).all()]
+        return execution_summaries(session, schedule=schedule, status=wanted, limit=limit, before_id=before)
 
 
 def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[str, Any]]:
@@ -250,18 +257,18 @@ def _name(value: Any, field: str = "name") -> str:
     return value
 
 
-def _execution_id(value: Any) -> int:
+def _execution_id(value: Any, field: str = "execution_id") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument("execution_id", f"must be an integer (an execution id), got {type_name(value)}")
+        raise InvalidArgument(field, f"must be an integer (an execution id), got {type_name(value)}")
     if not 1 <= value <= MAX_ID:
-        raise InvalidArgument("execution_id", f"must be between 1 and {MAX_ID}, got {shown(value)}")
+        raise InvalidArgument(field, f"must be between 1 and {MAX_ID}, got {shown(value)}")
     return value
 
 
-def _limit(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIST_LIMIT:
+def _limit(value: Any, high: int = MAX_LIST_LIMIT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
         got = shown(value) if isinstance(value, int) and not isinstance(value, bool) else type_name(value)
-        raise InvalidArgument("limit", f"must be an integer between 1 and {MAX_LIST_LIMIT}, got {got}")
+        raise InvalidArgument("limit", f"must be an integer between 1 and {high}, got {got}")
     return value
 
 

@@ -9,7 +9,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celeryapp.execution.redaction import hide_env_values
-from celeryapp.scheduling.limits import LIST_TEXT_CHARS, json_size
 from celeryapp.scheduling.store import definition_of
 from models import Activity, Schedule, ScheduleExecution, WorkerTask
 
@@ -75,25 +74,3 @@ def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, 
         ],
     }
 
-
-def execution_list_json(session: Session, execution: ScheduleExecution, payload_bytes: int) -> dict[str, Any]:
-    """An execution object as lists show it: bounded in size whatever the run carried.
-
-    A payload larger than ``payload_bytes`` (serialized) is ``null``, with its size in
-    ``payload_omitted_bytes``; activities' ``error`` and ``message`` are cut to ``LIST_TEXT_CHARS``.
-    """
-    out = execution_json(session, execution)
-    size = json_size(out["payload"])
-    if size > payload_bytes:
-        out["payload"] = None
-        out["payload_omitted_bytes"] = size
-    for activity in out["activities"]:
-        for key in ("error", "message"):
-            activity[key] = _cut(activity[key])
-    return out
-
-
-def _cut(text: str | None) -> str | None:
-    if text is None or len(text) <= LIST_TEXT_CHARS:
-        return text
-    return text[: LIST_TEXT_CHARS - 1] + "…"

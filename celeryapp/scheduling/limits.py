@@ -48,11 +48,13 @@ MAX_JSON_DEPTH = 32
 
 #: Largest execution id (PostgreSQL ``integer``).
 MAX_ID = 2**31 - 1
-#: Most executions or slot records one list call returns.
+#: Most slot records one list call returns.
 MAX_LIST_LIMIT = 1000
-#: In lists, a payload larger than this (serialized) is left out (``get_execution`` has it all),
-#: and activities' ``error`` and ``message`` are cut to ``LIST_TEXT_CHARS``.
-LIST_PAYLOAD_BYTES = 4 * 1024
+#: Most execution summaries one ``list_executions`` call returns, and most schedules one
+#: ``list_schedules`` call returns (a longer list is read page by page, with the cursor).
+MAX_EXECUTION_LIST_LIMIT = 500
+MAX_SCHEDULE_LIST_LIMIT = 5000
+#: An execution's ``error`` in a list is cut to this many characters (``get_execution`` has it all).
 LIST_TEXT_CHARS = 1000
 
 #: The schedule file, in bytes.

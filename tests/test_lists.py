@@ -1,0 +1,199 @@
+"""Lists are summaries with cursors, and every answer has a size bound (issue 23).
+
+``list_executions`` used to load every run's activities: a page of 200 runs of 100 steps answered
+26 MB. A summary leaves out ``activities``, ``tasks`` and ``payload`` and counts the steps in SQL;
+``get_execution`` still gives everything.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import pytest
+from celery import Celery
+from kombu.utils.json import dumps
+
+from celeryapp.app import ChordbeatCelery
+from celeryapp.client import ChordbeatClient, each_execution, each_schedule
+from celeryapp.config import Settings
+from celeryapp.interfaces.summaries import MAX_SUMMARY_BYTES
+from celeryapp.scheduling.limits import MAX_EXECUTION_LIST_LIMIT, MAX_JSON_BYTES
+from tests.helpers import call, finished, step
+
+#: A step's warning text: 100 of them make a plan of about 210 KB (a definition holds 256 KB).
+LONG_TEXT_CHARS = 2000
+WIDE_STEPS = 100
+SUMMARY_KEYS = {
+    "id",
+    "schedule",
+    "status",
+    "trigger",
+    "run_key",
+    "current_step_index",
+    "started_at",
+    "completed_at",
+    "error",
+    "steps",
+}
+
+
+def wide_definition() -> dict[str, Any]:
+    """One group of 100 parallel steps, each completing with a 2,000-character warning."""
+    group = [
+        step(f"w{i:03}", "chordbeat.examples.warn", kwargs={"message": f"{i:03}" + "w" * (LONG_TEXT_CHARS - 3)})
+        for i in range(WIDE_STEPS)
+    ]
+    return {"name": "wide", "every": 3600, "overlap": "allow", "steps": [group]}
+
+
+def test_a_full_page_is_bounded_in_size_and_get_execution_still_has_everything(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    """Before: each run of the page carried its 100 activities (about 125 KB each here)."""
+    call(client, "chordbeat.apply_schedule", definition=wide_definition())
+    stops = [step("boom", "chordbeat.examples.fail", kwargs={"message": "x" * LONG_TEXT_CHARS}), step("b"), step("c")]
+    call(client, "chordbeat.apply_schedule", definition={"name": "stops", "every": 3600, "steps": stops})
+    payload = {"blob": "p" * (MAX_JSON_BYTES - 100)}
+    wide = [call(client, "chordbeat.trigger_schedule", name="wide", payload=payload)["execution_id"] for _ in range(3)]
+    failed = call(client, "chordbeat.trigger_schedule", name="stops")["execution_id"]
+    for execution_id in [*wide, failed]:
+        finished(client, execution_id, timeout=120)
+
+    listed = call(client, "chordbeat.list_executions", limit=MAX_EXECUTION_LIST_LIMIT)
+    answer = dumps(listed)  # as the worker stores it for the caller (Celery's JSON)
+    assert [e["id"] for e in listed] == [failed, *wide[::-1]]
+    assert max(len(dumps(e)) for e in listed) <= MAX_SUMMARY_BYTES
+    # The stated bound of any answer: at most limit summaries of at most MAX_SUMMARY_BYTES each.
+    assert len(answer) <= len(listed) * (MAX_SUMMARY_BYTES + 2) <= MAX_EXECUTION_LIST_LIMIT * (MAX_SUMMARY_BYTES + 2)
+    assert all(set(e) == SUMMARY_KEYS for e in listed), listed[0].keys()
+    by_id = {e["id"]: e for e in listed}
+    assert by_id[wide[0]]["steps"] == {"total": WIDE_STEPS, "complete_with_warning": WIDE_STEPS}
+    # Steps never started count in the total only; the run's long error is cut in the list.
+    assert by_id[failed]["steps"] == {"total": 3, "failed_with_error": 1}
+    assert by_id[failed]["status"] == "failed" and len(by_id[failed]["error"]) <= 1000
+
+    whole = call(client, "chordbeat.get_execution", execution_id=wide[0])
+    assert whole["payload"] == payload and whole["tasks"] == []
+    assert sorted(a["message"] for a in whole["activities"]) == sorted(
+        s["kwargs"]["message"] for s in wide_definition()["steps"][0]
+    )
+    failure = call(client, "chordbeat.get_execution", execution_id=failed)
+    assert "x" * 1500 in failure["activities"][0]["error"]
+    assert failure["error"].startswith(by_id[failed]["error"].removesuffix("…"))
+
+
+def test_the_cursor_pages_through_every_execution_once_while_runs_start(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings
+) -> None:
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "a", "every": 3600, "overlap": "allow", "steps": [step("s")]},
+    )
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "b", "every": 3600, "overlap": "allow", "steps": [step("s")]},
+    )
+    started = [call(client, "chordbeat.trigger_schedule", name="ab"[i % 2])["execution_id"] for i in range(11)]
+    caller = ChordbeatClient(settings.broker_url, settings.result_backend)
+    try:
+        seen: list[int] = []
+        meanwhile: list[int] = []
+        before: int | None = None
+        while True:
+            page = caller.list_executions(limit=4, before_id=before)
+            seen += [e["id"] for e in page]
+            # New runs between pages are newer than the cursor: they neither shift nor repeat a page.
+            meanwhile.append(caller.trigger_schedule("a")["execution_id"] or 0)
+            if len(page) < 4:
+                break
+            before = page[-1]["id"]
+        assert seen == sorted(started, reverse=True) and min(meanwhile) > max(started)
+
+        everything = [e["id"] for e in each_execution(caller, page=3)]
+        assert everything == sorted(started + meanwhile, reverse=True)
+        only_b = [e["id"] for e in each_execution(caller, schedule="b", page=2)]
+        assert only_b == [i for i in sorted(started, reverse=True) if started.index(i) % 2]
+        assert caller.list_executions(before_id=min(started)) == []
+    finally:
+        caller.close()
+
+
+def test_schedules_are_listed_a_page_at_a_time_by_name(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings
+) -> None:
+    names = [f"s{i:02}" for i in range(7)]
+    for name in reversed(names):
+        call(client, "chordbeat.apply_schedule", definition={"name": name, "every": 60, "steps": [step("x")]})
+    pages = [
+        [s["name"] for s in call(client, "chordbeat.list_schedules", limit=3, after_name=after)]
+        for after in (None, "s02", "s05", "s06")
+    ]
+    assert pages == [names[:3], names[3:6], names[6:], []]
+    assert [s["name"] for s in call(client, "chordbeat.list_schedules")] == names  # default limit 500
+    caller = ChordbeatClient(settings.broker_url, settings.result_backend)
+    try:
+        assert [s["name"] for s in each_schedule(caller, page=2)] == names
+        assert [s["name"] for s in caller.list_schedules(limit=2, after_name="s0")] == names[:2]
+    finally:
+        caller.close()
+
+
+#: (task, kwargs, field, reason): what a broker caller can send instead of a number or a name.
+HOSTILE = [
+    *[
+        ("list_executions", {"before_id": value}, "before_id", reason)
+        for value, reason in (
+            (True, "must be an integer (an execution id), got boolean"),
+            ("5", "got string"),
+            (5.0, "got float"),
+            (math.nan, "got float"),
+            ([5], "got list"),
+            (0, "must be between 1 and 2147483647, got 0"),
+            (-1, "got -1"),
+            (2**31, "got 2147483648"),
+            (10**30, "got 1000000000000000000000000000000"),
+        )
+    ],
+    *[
+        (task, {"limit": value}, "limit", f"must be an integer between 1 and {high}, got {got}")
+        for task, high in (("list_executions", 500), ("list_schedules", 5000))
+        for value, got in (
+            (0, "0"),
+            (-5, "-5"),
+            (high + 1, str(high + 1)),
+            (10**30, "1000000000000000000000000000000"),
+            (True, "boolean"),
+            ("50", "string"),
+            (50.0, "float"),
+            (math.inf, "float"),
+            (math.nan, "float"),
+            (None, "null"),
+        )
+    ],
+    *[
+        ("list_schedules", {"after_name": value}, "after_name", reason)
+        for value, reason in (
+            (5, "must be a schedule name (a string), got int"),
+            (True, "got boolean"),
+            (["s00"], "got list"),
+            ({"name": "s00"}, "got object"),
+            ("", "must be 1 to 200 characters, got 0"),
+            ("s" * 201, "got 201"),
+            ("s\x00", "must not hold NUL"),
+            ("s\ud800", "lone surrogates"),
+        )
+    ],
+]
+
+
+def test_hostile_cursors_and_limits_are_refused_naming_the_field(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    for task, kwargs, field, reason in HOSTILE:
+        with pytest.raises(Exception, match=f"^{field}: .*{re.escape(reason)}") as caught:
+            call(client, f"chordbeat.{task}", **kwargs)
+        assert type(caught.value).__name__ == "InvalidArgument", (task, kwargs)

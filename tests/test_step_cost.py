@@ -268,3 +268,22 @@ def test_the_look_at_the_last_group_has_no_next_one(app: ChordbeatCelery) -> Non
         last = look_at_group(conn, execution_id, 1)
     assert last is not None and last.next_group is None
     assert last.outcome().verdict is Verdict.COMPLETE
+
+
+def test_the_broker_channel_sends_through_one_client_per_connection_pool(app: ChordbeatCelery) -> None:
+    # kombu built a Redis client for every publish, acknowledgement and record of an
+    # unacknowledged message: several a step, in the worker and in its pool.
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        client = channel._create_client()
+        assert channel._create_client() is client
+        queue = conn.SimpleQueue("cost-client")
+        queue.put({"n": 1})
+        message = queue.get(timeout=5)
+        assert message.payload == {"n": 1}
+        message.ack()
+        assert channel._create_client() is client
+        channel._pool = None  # as kombu leaves it after closing a connection that broke
+        fresh = channel._create_client()
+        assert fresh is not client and fresh.connection_pool is channel.pool
+        queue.close()

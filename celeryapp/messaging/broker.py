@@ -63,6 +63,19 @@ class ReferenceClockQoS(kombu_redis.QoS):  # type: ignore[misc]
 
 class _DetachedIsLost(RefusingEnvelopes, kombu_redis.Channel):  # type: ignore[misc]
     QoS = ReferenceClockQoS
+    _pooled_client: Any = None
+
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        # kombu builds a new client on the channel's pool for every publish, acknowledgement and
+        # unacknowledged-message record (docs/performance.md: several a step, each costly); a client
+        # holds no connection of its own (each command takes one from the pool): one per pool serves.
+        if asynchronous:
+            return super()._create_client(asynchronous=True)  # type: ignore[no-untyped-call]
+        pool = self.pool
+        client = self._pooled_client
+        if client is None or client.connection_pool is not pool:
+            client = self._pooled_client = super()._create_client()  # type: ignore[no-untyped-call]
+        return client
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         if self.connection is None or self.connection.client is None:

@@ -347,3 +347,52 @@ def test_ctrl_c_on_run_wait_says_the_run_goes_on_and_how_to_cancel_it(
     call(client, "chordbeat.cancel_execution", execution_id=1)
     status, output = in_terminal(settings, "execution", "1", "--watch")
     assert status == 1 and "execution 1 of slow: cancelled" in RICH_STYLE.sub("", output), output
+
+
+def test_list_follows_the_cursor_and_executions_say_how_to_see_the_older_page(
+    app: ChordbeatCelery, worker: Any, client: Any
+) -> None:
+    """Since lists come in pages (issue 23), ``list`` showed only the first 500 schedules."""
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "s000", "every": 3600, "overlap": "allow", "steps": [step("x")]},
+    )
+    copy_schedule(app, "s000", [f"s{i:03}" for i in range(1, 501)])
+    listed = json.loads(cli("list", "--json").output)
+    assert [s["name"] for s in listed] == [f"s{i:03}" for i in range(501)]
+
+    ids = [call(client, "chordbeat.trigger_schedule", name="s000")["execution_id"] for _ in range(3)]
+    first = cli("executions", "--schedule", "s000", "--limit", "2")
+    assert f"more: chordbeat executions --schedule s000 --limit 2 --before {ids[1]}" in first.output
+    older = cli("executions", "--schedule", "s000", "--limit", "2", "--before", str(ids[1]), "--json")
+    assert [e["id"] for e in json.loads(older.output)] == [ids[0]]
+    assert "more:" not in cli("executions", "--limit", "2", "--before", str(ids[1])).output
+    for execution_id in ids:
+        finished(client, execution_id)
+    call(client, "chordbeat.delete_schedule", name="s000")
+    # Its runs are kept: shown in UTC now that the schedule (and its zone) is gone.
+    shown = cli("execution", str(ids[0]))
+    assert shown.exit_code == 0 and "+00:00 UTC" in shown.output, shown.output
+
+
+def copy_schedule(app: ChordbeatCelery, name: str, names: list[str]) -> None:
+    """Copies of a stored schedule (and its steps) under other names, written in SQL (fast)."""
+    with transaction(app.settings.database_url) as session:
+        source = session.execute(text("SELECT id FROM schedules WHERE name = :n"), {"n": name}).scalar_one()
+        for other in names:
+            copied = session.execute(
+                text(_copy_sql(session, "schedules", "id", {"name": ":name"}) + " RETURNING id"),
+                {"name": other, "id": source},
+            ).scalar_one()
+            session.execute(
+                text(_copy_sql(session, "schedule_steps", "schedule_id", {"schedule_id": ":to"})),
+                {"to": copied, "id": source},
+            )
+
+
+def _copy_sql(session: Any, table: str, key: str, replaced: dict[str, str]) -> str:
+    """INSERT … SELECT of the rows whose ``key`` is ``:id``, some columns replaced by parameters."""
+    columns = [c for c in session.execute(text(f"SELECT * FROM {table} LIMIT 0")).keys() if c != "id"]  # noqa: SIM118
+    picked = ", ".join(replaced.get(c, c) for c in columns)
+    return f"INSERT INTO {table} ({', '.join(columns)}) SELECT {picked} FROM {table} WHERE {key} = :id"

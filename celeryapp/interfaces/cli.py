@@ -15,6 +15,8 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -86,10 +88,17 @@ def _require_worker(client: Any) -> None:
 
 
 def _call(method: str, *args: Any, **kwargs: Any) -> Any:
+    with _connected() as client:
+        return getattr(client, method)(*args, **kwargs)
+
+
+@contextmanager
+def _connected() -> Iterator[Any]:
+    """A client for a command's calls; what goes wrong is said as the command's error."""
     client = _client()
     try:
         _require_worker(client)
-        return getattr(client, method)(*args, **kwargs)
+        yield client
     except click.ClickException:
         raise
     except CeleryTimeout:
@@ -188,19 +197,23 @@ def _confirm_removal(source: str, names: list[str]) -> list[str]:
     )
 
 
-def _zones() -> dict[str, ZoneInfo]:
-    from celeryapp.interfaces.display import zone_of
+def _zones(names: Iterable[str]) -> dict[str, ZoneInfo]:
+    from celeryapp.interfaces.listing import zones_of
 
-    return {s["name"]: zone_of(s.get("timezone")) for s in _call("list_schedules")}
+    with _connected() as client:
+        return zones_of(client, set(names))
 
 
 @main.command("list")
 @json_option
 def list_cmd(as_json: bool) -> None:
     """List schedules."""
+    from celeryapp.client import each_schedule
     from celeryapp.interfaces.display import zone_of
+    from celeryapp.interfaces.listing import SCHEDULE_PAGE
 
-    schedules = _call("list_schedules")
+    with _connected() as client:
+        schedules: list[dict[str, Any]] = [dict(s) for s in each_schedule(client, SCHEDULE_PAGE)]
     if as_json:
         _echo_json(schedules)
         return
@@ -423,24 +436,26 @@ def execution_cmd(execution_id: int, watch: bool, as_json: bool) -> None:
         if as_json:
             _echo_json(execution)
         sys.exit(0 if execution["status"] == "completed" else 1)
-    zone = _zones().get(execution["schedule"], zone_of("UTC"))
+    zone = _zones([execution["schedule"]]).get(execution["schedule"], zone_of("UTC"))
     console.print(execution_view(execution, zone, _now()))
 
 
 @main.command("executions")
 @click.option("--schedule", default=None)
 @click.option("--status", default=None)
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 500))
+@click.option("--before", "before_id", default=None, type=click.IntRange(1), help="Only executions older than this id.")
 @json_option
-def executions_cmd(schedule: str | None, status: str | None, limit: int, as_json: bool) -> None:
-    """Recent executions, newest first."""
+def executions_cmd(schedule: str | None, status: str | None, limit: int, before_id: int | None, as_json: bool) -> None:
+    """Recent executions, newest first, a page at a time."""
     from celeryapp.interfaces.display import parse_time, took, zone_of
+    from celeryapp.interfaces.listing import next_page_hint
 
-    executions = _call("list_executions", schedule=schedule, status=status, limit=limit)
+    executions = _call("list_executions", schedule=schedule, status=status, limit=limit, before_id=before_id)
     if as_json:
         _echo_json(executions)
         return
-    zones = _zones()
+    zones = _zones(e["schedule"] for e in executions)
     now = _now()
     table = new_table("id", "schedule", "status", "started", "took")
     for e in executions:
@@ -457,6 +472,8 @@ def executions_cmd(schedule: str | None, status: str | None, limit: int, as_json
         table.add_row(text_of(e["id"]), text_of(e["schedule"]), state, time_cell(e["started_at"], zone, now), duration)
     console.print(table)
     _print_errors(executions)
+    if hint := next_page_hint(len(executions), limit, executions[-1]["id"] if executions else 0, schedule, status):
+        console.print(text_of(hint, "dim"))
 
 
 @main.command("cancel")

@@ -73,4 +73,3 @@ def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, 
             for t in tasks
         ],
     }
-

@@ -1,7 +1,9 @@
-"""Recovery without crashing processes: stuck executions, lost messages, timeouts, own-node recovery."""
+"""Recovery without crashing processes: stuck executions, lost messages, timeouts, own-node recovery
+(by heartbeat: a live worker sharing the node name keeps its steps)."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
@@ -9,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from celery import Celery
 from sqlalchemy import select, update
 
@@ -19,7 +22,7 @@ from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.redis_client import get_redis
-from celeryapp.recovery import recovery
+from celeryapp.recovery import node_start, recovery
 from celeryapp.recovery.housekeeping import purge
 from models import (
     Activity,
@@ -234,21 +237,55 @@ def test_step_timeout_fails_the_step_with_a_clear_error(app: ChordbeatCelery, wo
 def test_startup_recovery_takes_only_the_starting_nodes_steps(
     app: ChordbeatCelery, worker: Any, client: Celery
 ) -> None:
-    call(
-        client,
-        "chordbeat.apply_schedule",
-        definition={"name": "nodes", "every": 60, "overlap": "allow", "steps": [step("a")]},
-    )
-    ids = [start_without_dispatch(app, "nodes") if i == 0 else _second(app) for i in range(2)]
+    ids = _two_runs(app)
+    long_ago = utcnow() - timedelta(seconds=60)
     with transaction(app.settings.database_url) as session:
         tasks = list(session.scalars(select(WorkerTask).order_by(WorkerTask.id)))
-        claim_step(session.connection(), tasks[0].id, 1, node="me@host", now=utcnow())
-        claim_step(session.connection(), tasks[1].id, 1, node="other@host", now=utcnow())
-    report = recovery.recover_node(app, "me@host")
-    assert report.requeued == [tasks[0].id]
+        claim_step(session.connection(), tasks[0].id, 1, node="me@host", now=long_ago)
+        claim_step(session.connection(), tasks[1].id, 1, node="other@host", now=long_ago)
+    start = node_start.recover_node(app, "me@host")
+    assert start.report.requeued == [tasks[0].id] and not start.pending
     assert finished(client, ids[0])["status"] == "completed"
     other = execution(client, ids[1])
     assert other["status"] == "in_progress" and other["tasks"][0]["status"] == "processing"
+
+
+def _two_runs(app: ChordbeatCelery) -> list[int]:
+    service.apply_schedule(app, {"name": "nodes", "every": 60, "overlap": "allow", "steps": [step("a")]})
+    return [start_without_dispatch(app, "nodes"), _second(app)]
+
+
+def test_startup_recovery_leaves_a_step_whose_heartbeat_another_live_worker_refreshes(
+    app: ChordbeatCelery, worker: Any, client: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two workers given the same node name: the one starting takes nothing the other runs. A step
+    whose heartbeat is still counting down is watched (refreshed: the other's); a claim too fresh to
+    have its first heartbeat yet is waited for a TTL. (An expiring heartbeat: test_node_names.)"""
+    ids = _two_runs(app)
+    redis_client = get_redis(app.settings.broker_url)
+    with transaction(app.settings.database_url) as session:
+        tasks = [t.id for t in session.scalars(select(WorkerTask).order_by(WorkerTask.id))]
+        claim_step(session.connection(), tasks[0], 1, node="twin@host", now=utcnow() - timedelta(seconds=60))
+        claim_step(session.connection(), tasks[1], 1, node="twin@host", now=utcnow())
+    live = keys.heartbeat_key(tasks[0], 1)
+    redis_client.set(live, "1", px=60_000)
+    start = node_start.recover_node(app, "twin@host")
+    assert not start.report.requeued and [w.worker_task_id for w in start.pending] == tasks
+    # The other worker refreshes its step's heartbeat.
+    redis_client.set(live, "1", px=60_100)
+    with caplog.at_level(logging.ERROR, logger=node_start.__name__):
+        assert start.look()
+    assert [w.worker_task_id for w in start.pending] == [tasks[1]] and start.duplicate
+    assert "twin@host is also the name of another live worker" in caplog.text
+    # A TTL after its claim, the fresh one still has no heartbeat: its worker died before the first.
+    assert not start.look(now=utcnow() + timedelta(seconds=app.settings.heartbeat_ttl_s + 1))
+    assert start.report.requeued == [tasks[1]]
+    lost, again = finished(client, ids[1])["activities"]
+    assert (lost["attempt"], lost["error"], again["status"]) == (1, "worker lost: twin@host restarted", "complete")
+    assert execution(client, ids[0])["tasks"][0]["status"] == "processing"
+    with transaction(app.settings.database_url) as session:
+        assert session.get_one(WorkerTask, tasks[0]).attempt == 1
+    redis_client.delete(live)
 
 
 def _second(app: ChordbeatCelery) -> int:

@@ -1,8 +1,8 @@
 """Recovery: nothing is lost or stuck when workers crash, messages vanish or Redis loses data.
 
-Runs periodically (``chordbeat.recover``) and when a worker starts. Every repair goes through the
-same compare-and-set transitions as normal work, so racing a slow worker or a second recovery is
-harmless.
+Runs periodically (``chordbeat.recover``); a starting worker recovers its own node's steps
+(:mod:`celeryapp.recovery.node_start`). Every repair goes through the same compare-and-set
+transitions as normal work, so racing a slow worker or a second recovery is harmless.
 """
 
 from __future__ import annotations
@@ -91,38 +91,38 @@ def _repair(app: ChordbeatCelery, what: str, repair: Callable[[Session], Effects
     return effects
 
 
-def recover_stale_steps(
-    app: ChordbeatCelery, now: datetime, report: RecoveryReport, *, node: str | None = None
-) -> None:
-    """Re-queue processing attempts whose heartbeat expired (or, with ``node``, all of that node's)."""
+def recover_stale_steps(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+    """Re-queue processing attempts whose heartbeat expired."""
     settings = app.settings
     query = select(WorkerTask.id, WorkerTask.attempt, WorkerTask.node).where(
-        WorkerTask.status == WorkerTaskStatus.PROCESSING
+        WorkerTask.status == WorkerTaskStatus.PROCESSING,
+        WorkerTask.started_at < now - timedelta(seconds=settings.heartbeat_ttl_s),
     )
-    if node is not None:
-        query = query.where(WorkerTask.node == node)
-    else:
-        query = query.where(WorkerTask.started_at < now - timedelta(seconds=settings.heartbeat_ttl_s))
     with transaction(settings.database_url, read_only=True) as session:
         candidates = session.execute(query).all()
     if not candidates:
         return
-    if node is None:
-        client = get_redis(settings.broker_url)
-        with client.pipeline(transaction=False) as pipe:
-            for task_id, attempt, _node in candidates:
-                pipe.exists(keys.heartbeat_key(task_id, attempt))
-            alive = pipe.execute()
-        candidates = [c for c, beating in zip(candidates, alive, strict=True) if not beating]
-    for task_id, attempt, owner in candidates:
-        reason = f"worker lost: {owner} restarted" if node is not None else f"worker lost: no heartbeat from {owner}"
-        effects = _repair(
-            app,
-            f"worker task {task_id}",
-            partial(requeue_attempt, worker_task_id=task_id, attempt=attempt, reason=reason, now=now),
-        )
-        if effects.fenced:
-            report.requeued.append(task_id)
+    client = get_redis(settings.broker_url)
+    with client.pipeline(transaction=False) as pipe:
+        for task_id, attempt, _node in candidates:
+            pipe.exists(keys.heartbeat_key(task_id, attempt))
+        alive = pipe.execute()
+    for (task_id, attempt, owner), beating in zip(candidates, alive, strict=True):
+        if not beating:
+            requeue_lost(app, task_id, attempt, f"worker lost: no heartbeat from {owner}", now, report)
+
+
+def requeue_lost(
+    app: ChordbeatCelery, task_id: int, attempt: int, reason: str, now: datetime, report: RecoveryReport
+) -> None:
+    """Re-queue (or fail, out of attempts) an attempt whose worker is gone; a no-op if it moved on."""
+    effects = _repair(
+        app,
+        f"worker task {task_id}",
+        partial(requeue_attempt, worker_task_id=task_id, attempt=attempt, reason=reason, now=now),
+    )
+    if effects.fenced:
+        report.requeued.append(task_id)
 
 
 def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
@@ -294,13 +294,4 @@ def recover(app: ChordbeatCelery, *, now: datetime | None = None) -> RecoveryRep
     unstick_executions(app, now, report)
     if not report.empty:
         logger.warning("recovery: %s", report)
-    return report
-
-
-def recover_node(app: ChordbeatCelery, node: str) -> RecoveryReport:
-    """At worker start: this node runs nothing yet, so its processing attempts are orphans."""
-    report = RecoveryReport()
-    recover_stale_steps(app, utcnow(), report, node=node)
-    if report.requeued:
-        logger.warning("worker %s started: re-queued %s orphaned steps", node, len(report.requeued))
     return report

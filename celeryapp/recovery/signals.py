@@ -14,7 +14,7 @@ from celery.signals import task_received, worker_init, worker_ready, worker_shut
 
 from celeryapp.messaging.dispatch import RUN_STEP, take_message
 from celeryapp.monitoring.health import remove, touch
-from celeryapp.recovery.recovery import recover_node
+from celeryapp.recovery.node_start import recover_node_in_background
 from models.clock import clock
 
 logger = logging.getLogger(__name__)
@@ -45,11 +45,12 @@ class HealthStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
 @worker_ready.connect
 def recover_own_steps(sender: Any = None, **_: Any) -> None:
-    """A starting node runs nothing yet: steps recorded as processing on it are orphans."""
+    """A starting node runs nothing yet: steps recorded as processing on it are orphans, unless
+    their heartbeat shows another live worker under the same name (see node_start)."""
     app = sender.app
     node = sender.hostname
     try:
-        recover_node(app, node)
+        recover_node_in_background(app, node)
     except Exception:
         # Signal receivers' errors are swallowed by Celery; say it loudly.
         logger.exception("startup recovery of %s failed; the periodic recovery will handle its steps", node)

@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 from celery import Celery
 from kombu.utils.json import dumps
+from sqlalchemy import update
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.client import ChordbeatClient, each_execution, each_schedule
 from celeryapp.config import Settings
 from celeryapp.interfaces.summaries import MAX_SUMMARY_BYTES
 from celeryapp.scheduling.limits import MAX_EXECUTION_LIST_LIMIT, MAX_JSON_BYTES
+from models import ScheduleExecution, transaction
 from tests.helpers import call, finished, step
 
 #: A step's warning text: 100 of them make a plan of about 210 KB (a definition holds 256 KB).
@@ -120,6 +122,28 @@ def test_the_cursor_pages_through_every_execution_once_while_runs_start(
         assert caller.list_executions(before_id=min(started)) == []
     finally:
         caller.close()
+
+
+def test_the_total_is_the_stored_step_count_or_for_older_runs_the_plan_counted(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    """The count is written with the run (revision 0007): a list reads no plan of up to 256 KB."""
+    call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "three", "every": 60, "steps": [step("a"), [step("b"), step("c")]]},
+    )
+    execution_id = call(client, "chordbeat.trigger_schedule", name="three")["execution_id"]
+    finished(client, execution_id)
+
+    def total(step_count: int | None) -> int:
+        with transaction(app.settings.database_url) as session:
+            session.execute(update(ScheduleExecution).values(step_count=step_count))
+        return int(call(client, "chordbeat.list_executions")[0]["steps"]["total"])
+
+    assert total(3) == 3
+    assert total(None) == 3  # a run started before the column existed: its plan is counted
+    assert total(7) == 7  # the stored count is what is read, not the plan
 
 
 def test_schedules_are_listed_a_page_at_a_time_by_name(

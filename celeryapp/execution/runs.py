@@ -279,6 +279,7 @@ def _execution_row(
     now: datetime,
     payload: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    plan = definition.plan()
     return {
         "schedule_id": schedule.id,
         "schedule_name": schedule.name,
@@ -287,7 +288,8 @@ def _execution_row(
         "run_key": run_key,
         "exclusive_key": None if schedule.overlap is Overlap.ALLOW else schedule.id,
         "current_step_index": 0,
-        "plan": definition.plan(),
+        "plan": plan,
+        "step_count": sum(len(group) for group in plan),
         "payload": {**definition.payload, **(payload or {})},
         "started_at": now,
         "deadline_at": now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,

@@ -3,8 +3,8 @@
 A summary is the execution object without ``activities``, ``tasks`` and ``payload``, plus ``steps``:
 ``{"total": <steps in the plan>, "<activity status>": <steps whose latest attempt has it>, ...}``;
 steps not started yet are in ``total`` only. A list never loads a plan, a payload or an activity
-row: the database counts them (a page of 500 runs of 100 steps each answered 26 MB when lists
-carried activities). ``get_execution`` still gives the whole object.
+row: ``total`` is the run's stored ``step_count`` and the database counts the rest (200 runs of 100
+steps answered 26 MB when lists carried activities). ``get_execution`` still gives the whole object.
 """
 
 from __future__ import annotations
@@ -53,13 +53,14 @@ MAX_SUMMARY_BYTES = _widest_fixed_part() + _JSON_BYTES_PER_CHAR * (MAX_NAME_CHAR
 
 
 def step_total(dialect: str) -> ColumnElement[Any]:
-    """Steps in a run's plan (a JSON list of groups, each a list of steps), counted by the database:
-    only the count leaves it."""
+    """Steps in a run's plan: its ``step_count``, or for a run started before that column existed,
+    the steps of its plan (a JSON list of groups, each a list of steps) counted by the database."""
     if dialect == "postgresql":
         sql = "(SELECT COALESCE(SUM(json_array_length(g)), 0) FROM json_array_elements(schedule_executions.plan) g)"
     else:
         sql = "(SELECT COALESCE(SUM(json_array_length(value)), 0) FROM json_each(schedule_executions.plan))"
-    return literal_column(sql)
+    # COALESCE evaluates the count only where step_count is null, on both databases.
+    return func.coalesce(_run.step_count, literal_column(sql))
 
 
 def summaries_query(

@@ -58,8 +58,8 @@ class WorkerTaskJson(TypedDict):
     attempt: int
 
 
-class ExecutionJson(TypedDict):
-    """An execution object."""
+class _ExecutionFields(TypedDict):
+    """What an execution object and an execution summary both carry."""
 
     id: int
     schedule: str
@@ -69,25 +69,22 @@ class ExecutionJson(TypedDict):
     current_step_index: int
     started_at: str | None
     completed_at: str | None
+    #: In a summary, cut to 1,000 characters.
     error: str | None
+
+
+class ExecutionJson(_ExecutionFields):
+    """An execution object."""
+
     payload: dict[str, Any] | None
     activities: list[ActivityJson]
     tasks: list[WorkerTaskJson]
 
 
-class ExecutionSummaryJson(TypedDict):
+class ExecutionSummaryJson(_ExecutionFields):
     """An execution as lists show it: the execution object without ``activities``, ``tasks`` and
-    ``payload`` (``error`` cut to 1,000 characters), plus ``steps``."""
+    ``payload``, plus ``steps``."""
 
-    id: int
-    schedule: str
-    status: str
-    trigger: str
-    run_key: str
-    current_step_index: int
-    started_at: str | None
-    completed_at: str | None
-    error: str | None
     #: ``{"total": <steps in the plan>, "<activity status>": <steps whose latest attempt has it>}``;
     #: steps not started yet count in ``total`` only.
     steps: dict[str, int]

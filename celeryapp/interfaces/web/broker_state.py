@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 
 import redis
@@ -16,6 +18,10 @@ from models.clock import clock
 #: kombu's Redis transport keeps a queue's priority ``n`` (n > 0) messages under ``queue + SEP + n``.
 PRIORITY_SEP = "\x06\x16"
 PING_TIMEOUT_S = 1.0
+#: The workers' answers are shown this long before they are asked again. A ping waits its whole
+#: timeout whoever answers, so the page never waits for one once it has answers: it shows the last
+#: ones (saying how old they are) and asks again in the background.
+PING_MAX_AGE_S = 5.0
 #: What a broadcast raises when Redis is away or dropped a pooled connection.
 BROKER_ERRORS = (redis.RedisError, OperationalError, OSError)
 
@@ -31,6 +37,56 @@ class BrokerState:
     error: str | None = None
     #: Processes whose host clock is more than OFFSET_WARNING_S off the reference (Redis's).
     clocks_off: list[ProcessOffset] = field(default_factory=list)
+    #: Seconds since the workers answered the ping the list comes from.
+    workers_age_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PingAnswers:
+    workers: list[str]
+    error: str | None
+    #: ``time.monotonic()`` when the ping was sent.
+    asked_at: float
+
+
+class WorkerPings:
+    """The workers' last answers to a ping, for every page of this process. Only the first call
+    waits for a ping; later ones get the last answers at once and, when those are older than
+    ``max_age_s``, start one ping in the background (never two at a time)."""
+
+    def __init__(self, max_age_s: float = PING_MAX_AGE_S) -> None:
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._last: PingAnswers | None = None
+        self._asking = False
+
+    def answers(self, app: ChordbeatCelery) -> PingAnswers:
+        with self._lock:
+            last = self._last
+            stale = last is None or time.monotonic() - last.asked_at > self.max_age_s
+            ask_in_background = last is not None and stale and not self._asking
+            self._asking = self._asking or ask_in_background
+        if last is None:
+            return self._ask(app)
+        if ask_in_background:
+            threading.Thread(target=self._ask, args=(app,), name="chordbeat-ping", daemon=True).start()
+        return last
+
+    def _ask(self, app: ChordbeatCelery) -> PingAnswers:
+        asked_at = time.monotonic()
+        try:
+            replies = _ping(app)
+            answers = PingAnswers(sorted(node for reply in replies for node in reply), None, asked_at)
+        except BROKER_ERRORS as exc:
+            answers = PingAnswers([], f"workers could not be asked: {exc}", asked_at)
+        with self._lock:
+            if self._last is None or self._last.asked_at <= asked_at:
+                self._last = answers
+            self._asking = False
+        return answers
+
+
+PINGS = WorkerPings()
 
 
 def queue_depth(client: redis.Redis, queue: str, priorities: list[int]) -> int:
@@ -40,7 +96,7 @@ def queue_depth(client: redis.Redis, queue: str, priorities: list[int]) -> int:
         return sum(int(n) for n in pipe.execute())
 
 
-def broker_state(app: ChordbeatCelery, extra_queues: list[str]) -> BrokerState:
+def broker_state(app: ChordbeatCelery, extra_queues: list[str], pings: WorkerPings = PINGS) -> BrokerState:
     priorities = list(app.conf.broker_transport_options.get("priority_steps", [0]))
     queues = [CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE, *sorted(set(extra_queues) - {STEPS_QUEUE})]
     try:
@@ -53,12 +109,9 @@ def broker_state(app: ChordbeatCelery, extra_queues: list[str]) -> BrokerState:
         return BrokerState([], {}, None, None, error=f"Redis: {exc}")
     lock_ttl = ttl_ms / 1000 if ttl_ms > 0 else None
     last_tick = None if lock_ttl is None else max(REDBEAT_LOCK_TIMEOUT_S - lock_ttl, 0.0)
-    try:
-        replies = _ping(app)
-    except BROKER_ERRORS as exc:
-        return BrokerState([], depths, lock_ttl, last_tick, f"workers could not be asked: {exc}", clocks_off)
-    workers = sorted(node for reply in replies for node in reply)
-    return BrokerState(workers, depths, lock_ttl, last_tick, clocks_off=clocks_off)
+    answers = pings.answers(app)
+    age = time.monotonic() - answers.asked_at
+    return BrokerState(answers.workers, depths, lock_ttl, last_tick, answers.error, clocks_off, age)
 
 
 def _ping(app: ChordbeatCelery) -> list[dict[str, object]]:

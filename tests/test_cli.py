@@ -23,6 +23,7 @@ from sqlalchemy import text
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.interfaces import listing
 from celeryapp.interfaces.cli import main
 from celeryapp.monitoring.health import touch
 from models import transaction
@@ -350,14 +351,11 @@ def test_ctrl_c_on_run_wait_says_the_run_goes_on_and_how_to_cancel_it(
 
 
 def test_list_follows_the_cursor_and_executions_say_how_to_see_the_older_page(
-    app: ChordbeatCelery, worker: Any, client: Any
+    app: ChordbeatCelery, worker: Any, client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Since lists come in pages (issue 23), ``list`` showed only the first 500 schedules."""
-    call(
-        client,
-        "chordbeat.apply_schedule",
-        definition={"name": "s000", "every": 3600, "overlap": "allow", "steps": [step("x")]},
-    )
+    definition = {"name": "s000", "every": 3600, "timezone": "Asia/Tokyo", "overlap": "allow", "steps": [step("x")]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
     copy_schedule(app, "s000", [f"s{i:03}" for i in range(1, 501)])
     listed = json.loads(cli("list", "--json").output)
     assert [s["name"] for s in listed] == [f"s{i:03}" for i in range(501)]
@@ -368,6 +366,10 @@ def test_list_follows_the_cursor_and_executions_say_how_to_see_the_older_page(
     older = cli("executions", "--schedule", "s000", "--limit", "2", "--before", str(ids[1]), "--json")
     assert [e["id"] for e in json.loads(older.output)] == [ids[0]]
     assert "more:" not in cli("executions", "--limit", "2", "--before", str(ids[1])).output
+    # Times in the schedule's zone, its zone asked for by name or, for many names, read page by page.
+    assert "+09:00 JST" in cli("executions").output
+    monkeypatch.setattr(listing, "ZONE_LOOKUPS", 0)
+    assert "+09:00 JST" in cli("executions").output
     for execution_id in ids:
         finished(client, execution_id)
     call(client, "chordbeat.delete_schedule", name="s000")

@@ -19,9 +19,10 @@ from sqlalchemy import update
 from celeryapp.app import ChordbeatCelery
 from celeryapp.client import ChordbeatClient, each_execution, each_schedule
 from celeryapp.config import Settings
+from celeryapp.interfaces import service
 from celeryapp.interfaces.summaries import MAX_SUMMARY_BYTES
 from celeryapp.scheduling.limits import MAX_EXECUTION_LIST_LIMIT, MAX_JSON_BYTES
-from models import ScheduleExecution, transaction
+from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, Trigger, transaction
 from tests.helpers import call, finished, step
 
 #: A step's warning text: 100 of them make a plan of about 210 KB (a definition holds 256 KB).
@@ -144,6 +145,27 @@ def test_the_total_is_the_stored_step_count_or_for_older_runs_the_plan_counted(
     assert total(3) == 3
     assert total(None) == 3  # a run started before the column existed: its plan is counted
     assert total(7) == 7  # the stored count is what is read, not the plan
+
+
+def test_steps_are_counted_by_their_latest_attempt(app: ChordbeatCelery) -> None:
+    """A step tried again counts once, as its newest attempt stands; one not started only in the total."""
+    plan = [[{"name": n, "task": "t"} for n in ("a", "b")], [{"name": "c", "task": "t"}]]
+    with transaction(app.settings.database_url) as session:
+        run = ScheduleExecution(
+            schedule_name="r", status=ExecutionStatus.IN_PROGRESS, trigger=Trigger.MANUAL, run_key="r:1", plan=plan
+        )
+        session.add(run)
+        session.flush()
+        for name, attempt, status in (
+            ("a", 1, ActivityStatus.FAILED_WITH_ERROR),
+            ("a", 2, ActivityStatus.COMPLETE),
+            ("b", 1, ActivityStatus.FAILED_WITH_ERROR),
+            ("b", 2, ActivityStatus.FAILED_WITH_ERROR),
+            ("b", 3, ActivityStatus.IN_PROGRESS),
+        ):
+            session.add(Activity(execution_id=run.id, step_index=0, step_name=name, attempt=attempt, status=status))
+    (summary,) = service.list_executions(app)
+    assert summary["steps"] == {"total": 3, "complete": 1, "in_progress": 1}
 
 
 def test_schedules_are_listed_a_page_at_a_time_by_name(

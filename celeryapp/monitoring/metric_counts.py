@@ -118,10 +118,12 @@ def _span(rows: Iterable[tuple[datetime, datetime]]) -> tuple[float, float]:
     return min(s.timestamp() for s in starts), max(e.timestamp() for e in ends)
 
 
-_SCHEDULE_EXISTS = select(Schedule.id).where(Schedule.id == bindparam("p_schedule_id"))
-
-_ATTEMPTS = select(Activity.step_index, Activity.status, Activity.started_at, Activity.completed_at).where(
-    Activity.execution_id == bindparam("p_execution_id")
+#: The execution's attempts, each beside its schedule's id: no row at all when the schedule is
+#: gone, one with empty attempt columns when it has no attempts (one round trip for both).
+_ATTEMPTS = (
+    select(Schedule.id, Activity.step_index, Activity.status, Activity.started_at, Activity.completed_at)
+    .outerjoin(Activity, Activity.execution_id == bindparam("p_execution_id"))
+    .where(Schedule.id == bindparam("p_schedule_id"))
 )
 
 
@@ -133,17 +135,20 @@ def observe_execution(session: Session, execution: ScheduleExecution, status: Ex
     retired with it (the caller holds the schedule's row lock when it still exists, so the delete
     either committed before, and is seen here, or waits and retires these rows too).
     """
-    if (
-        execution.schedule_id is None
-        or session.scalar(_SCHEDULE_EXISTS, {"p_schedule_id": execution.schedule_id}) is None
-    ):
+    if execution.schedule_id is None:
+        return
+    params = {"p_execution_id": execution.id, "p_schedule_id": execution.schedule_id}
+    rows = session.execute(_ATTEMPTS, params).all()
+    if not rows:
         return
     name = execution.schedule_name
     counts = Counts()
     counts.count(EXECUTIONS, name, status.value)
     counts.observe(EXECUTION_DURATION, name, (now - execution.started_at).total_seconds())
     groups: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
-    for index, outcome, started, completed in session.execute(_ATTEMPTS, {"p_execution_id": execution.id}):
+    for _schedule_id, index, outcome, started, completed in rows:
+        if outcome is None:
+            continue  # no attempts
         if outcome is ActivityStatus.IN_PROGRESS:
             outcome, completed = ActivityStatus.CANCELLED, now
         end = completed or now

@@ -20,8 +20,13 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.client import ChordbeatClient, each_execution, each_schedule
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
-from celeryapp.interfaces.summaries import MAX_SUMMARY_BYTES
-from celeryapp.scheduling.limits import MAX_EXECUTION_LIST_LIMIT, MAX_JSON_BYTES
+from celeryapp.interfaces.summaries import MAX_SCHEDULE_BYTES, MAX_SUMMARY_BYTES
+from celeryapp.scheduling.limits import (
+    MAX_DEFINITION_BYTES,
+    MAX_EXECUTION_LIST_LIMIT,
+    MAX_JSON_BYTES,
+    MAX_SCHEDULE_LIST_LIMIT,
+)
 from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, Trigger, transaction
 from tests.helpers import call, finished, step
 
@@ -186,6 +191,23 @@ def test_schedules_are_listed_a_page_at_a_time_by_name(
         assert [s["name"] for s in caller.list_schedules(limit=2, after_name="s0")] == names[:2]
     finally:
         caller.close()
+
+
+def test_a_schedules_page_is_bounded_by_the_definition_cap(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    """Schedule objects are whole (the contract): each is bounded by the definition cap, lengthened
+    by Celery's separators (small integers are the worst case) and its last error."""
+    groups = [[step(f"s{g}-{i}", kwargs={"n": [0] * 225}) for i in range(5)] for g in range(100)]
+    call(client, "chordbeat.apply_schedule", definition={"name": "dense", "every": 60, "steps": groups})
+    failing = [step("boom", "chordbeat.examples.fail", kwargs={"message": "\U0001f4a5" * 3000})]
+    call(client, "chordbeat.apply_schedule", definition={"name": "erring", "every": 60, "steps": failing})
+    finished(client, call(client, "chordbeat.trigger_schedule", name="erring")["execution_id"])
+
+    listed = call(client, "chordbeat.list_schedules", limit=MAX_SCHEDULE_LIST_LIMIT)
+    assert [s["name"] for s in listed] == ["dense", "erring"] and listed[1]["last_error"]
+    sizes = [len(dumps(s)) for s in listed]
+    assert sizes[0] > MAX_DEFINITION_BYTES  # lengthened by the separators, as the bound allows
+    assert max(sizes) <= MAX_SCHEDULE_BYTES
+    assert len(dumps(listed)) <= len(listed) * (MAX_SCHEDULE_BYTES + 2)
 
 
 #: (task, kwargs, field, reason): what a broker caller can send instead of a number or a name.

@@ -1,4 +1,4 @@
-"""Execution summaries: what a list shows of a run, read in two statements and bounded in size.
+"""Execution summaries (what a list shows of a run, read in two statements) and lists' size bounds.
 
 A summary is the execution object without ``activities``, ``tasks`` and ``payload``, plus ``steps``:
 ``{"total": <steps in the plan>, "<activity status>": <steps whose latest attempt has it>, ...}``;
@@ -15,8 +15,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, and_, exists, func, literal_column, select
 from sqlalchemy.orm import Session
 
+from celeryapp.execution.runner import ERROR_CHARS
 from celeryapp.interfaces.views import iso
-from celeryapp.scheduling.limits import LIST_TEXT_CHARS, MAX_ID, MAX_NAME_CHARS, MAX_STEPS
+from celeryapp.scheduling.limits import LIST_TEXT_CHARS, MAX_DEFINITION_BYTES, MAX_ID, MAX_NAME_CHARS, MAX_STEPS
 from models import ActivityStatus, ExecutionStatus, Trigger
 from models.tables import ACTIVITIES, EXECUTIONS
 
@@ -26,7 +27,7 @@ _run, _activity = EXECUTIONS.c, ACTIVITIES.c
 RUN_KEY_CHARS = 400
 #: Bytes one character can take in Celery's JSON (``ensure_ascii``: a character outside the BMP
 #: is two ``\\uXXXX`` escapes).
-_JSON_BYTES_PER_CHAR = 12
+JSON_BYTES_PER_CHAR = 12
 
 
 def _widest_fixed_part() -> int:
@@ -49,7 +50,14 @@ def _widest_fixed_part() -> int:
 
 #: Most bytes of one summary in an answer (Celery's JSON, separators included): a list's answer
 #: is at most ``limit`` times this, whatever its runs carried.
-MAX_SUMMARY_BYTES = _widest_fixed_part() + _JSON_BYTES_PER_CHAR * (MAX_NAME_CHARS + RUN_KEY_CHARS + LIST_TEXT_CHARS)
+MAX_SUMMARY_BYTES = _widest_fixed_part() + JSON_BYTES_PER_CHAR * (MAX_NAME_CHARS + RUN_KEY_CHARS + LIST_TEXT_CHARS)
+
+#: Most bytes of one schedule object in Celery's JSON, so a ``list_schedules`` page is at most
+#: ``limit`` times this. The definition is at most ``MAX_DEFINITION_BYTES`` of compact JSON:
+#: Celery's separators (``", "``, ``": "``) lengthen it by half at most, and ``"<hidden>"`` for
+#: one-character ``env`` values by a little more than double; three times covers both. The state
+#: adds ``last_error`` (a run's error: a step's error and two names), every character escaped.
+MAX_SCHEDULE_BYTES = 3 * MAX_DEFINITION_BYTES + JSON_BYTES_PER_CHAR * (ERROR_CHARS + 3 * MAX_NAME_CHARS) + 1024
 
 
 def step_total(dialect: str) -> ColumnElement[Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from base64 import b64decode
 from datetime import timedelta
 
 import pytest
@@ -11,11 +13,14 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.execution import runner
 from celeryapp.execution.advancing import GroupLook, advance_execution, advance_group, look_at_group, move_on
 from celeryapp.execution.decisions import Verdict
-from celeryapp.execution.effects import Effects
+from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
+from celeryapp.messaging import dispatch, keys
+from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.repair import requeue_attempt
 from celeryapp.scheduling import firing
+from celeryapp.scheduling.definition import StepSpec
 from models import (
     ActivityStatus,
     ExecutionStatus,
@@ -287,3 +292,32 @@ def test_the_broker_channel_sends_through_one_client_per_connection_pool(app: Ch
         fresh = channel._create_client()
         assert fresh is not client and fresh.connection_pool is channel.pool
         queue.close()
+
+
+def test_a_groups_chord_is_counted_by_the_result_backend_and_subscribes_to_no_result(app: ChordbeatCelery) -> None:
+    # Celery's chord().apply_async() builds a group result for a caller to wait on, which subscribes
+    # to each part's result channel (and unsubscribes once it is collected): nobody waits on them.
+    spec = StepSpec.from_json({"name": "a", "task": "chordbeat.examples.sleep"})
+    group = GroupDispatch(7, 1, (StepDispatch(7, 11, 1, spec), StepDispatch(7, 12, 1, spec)), schedule_name="s")
+    client = get_redis(app.settings.broker_url)
+
+    def subscribed() -> int:
+        return int(client.info("commandstats").get("cmdstat_subscribe", {}).get("calls", 0))
+
+    before = subscribed()
+    dispatch.send_group(app, group)
+    assert subscribed() == before
+    queue = [key for key in client.keys(f"{keys.STEPS_QUEUE}*") if client.type(key) == "list"]
+    messages = [json.loads(raw) for key in queue for raw in client.lrange(key, 0, -1)]
+    parts = sorted((m["headers"]["group_index"], m["headers"]) for m in messages)
+    assert [(index, headers["id"]) for index, headers in parts] == [
+        (0, "chordbeat-e7-wt11-a1"),
+        (1, "chordbeat-e7-wt12-a1"),
+    ]
+    group_id = parts[0][1]["group"]
+    assert parts[1][1]["group"] == group_id
+    assert client.get(f"celery-taskset-meta-{group_id}.s") == "2"  # the backend counts the parts against it
+    for message in messages:
+        _args, _kwargs, embed = json.loads(b64decode(message["body"]))
+        body = embed["chord"]
+        assert (body["task"], body["args"], body["options"]["group_id"]) == (dispatch.ADVANCE, [7, 1], group_id)

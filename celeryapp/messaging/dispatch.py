@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+from typing import Any
 
 import redis
-from celery import Celery, chord
+from celery import Celery
 from celery.canvas import Signature
+from kombu.utils.uuid import uuid
 
 from celeryapp.config import VISIBILITY_TIMEOUT_S
 from celeryapp.execution import step_events
@@ -63,8 +66,22 @@ def send_group(app: Celery, group: GroupDispatch) -> None:
             _runner(app, step, group).apply_async(link=_advance(app, group))
     else:
         # The chord body is the advancement check; runners never fail, so it always runs.
-        chord([_runner(app, step, group) for step in group.steps], _advance(app, group)).apply_async()
+        _send_chord(app, [_runner(app, step, group) for step in group.steps], _advance(app, group))
     _mark_sent(app, group)
+
+
+def _send_chord(app: Celery, header: list[Signature], body: Signature) -> None:
+    """``chord(header, body).apply_async()`` as Celery's Redis backend counts it (each part's
+    message carries the chord's group id, its index and the body; the group's size is noted
+    before any part can end), without the group result Celery builds for a caller to wait on:
+    building it subscribes to each part's result channel in Redis, a SUBSCRIBE and later an
+    UNSUBSCRIBE a step that nobody reads (docs/performance.md: what a step costs)."""
+    group_id = uuid()
+    body.freeze(uuid(), group_id=group_id)
+    app.backend.set_chord_size(group_id, len(header))
+    with app.producer_or_acquire() as producer:
+        for index, runner in enumerate(header):
+            runner.apply_async(producer=producer, add_to_parent=False, group_id=group_id, group_index=index, chord=body)
 
 
 #: KEYS: marker, pickup lease, marker, pickup lease, ...; ARGV[1]: the marker's TTL. A worker may
@@ -91,7 +108,13 @@ def _mark_sent(app: Celery, group: GroupDispatch) -> None:
         )
     ]
     # EVALSHA: the script's text travels once per Redis server, not with every group.
-    client.register_script(_MARK_SENT_LUA)(keys=names, args=[MARKER_TTL_S])
+    _mark_sent_script(client)(keys=names, args=[MARKER_TTL_S])
+
+
+@functools.lru_cache(maxsize=8)
+def _mark_sent_script(client: redis.Redis) -> Any:
+    """The script, hashed once per client rather than for every group."""
+    return client.register_script(_MARK_SENT_LUA)
 
 
 def take_message(app: Celery, worker_task_id: int, attempt: int) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 
 from celeryapp.errors import StepCancelled
+from celeryapp.execution import heartbeat
 from celeryapp.execution.heartbeat import CANCEL_POLL_S, StepWatch
 from tests.servers import RedisServer, wait_for
 
@@ -187,5 +188,42 @@ def test_a_step_whose_heartbeat_cannot_be_refreshed_stops_before_the_heartbeat_e
         assert watch.lease_lost and not (watch.cancelled or watch.fenced or watch.timed_out)
         assert stopped_at[0] * 1000 < expires_ms, f"stopped {stopped_at[0] * 1000 - expires_ms:.0f} ms after expiry"
         print(f"\nstep stopped {expires_ms - stopped_at[0] * 1000:.0f} ms before its heartbeat could expire")
+    finally:
+        server.close()
+
+
+def test_a_step_wakes_the_time_keeper_only_when_it_may_have_to_stop_before_the_keepers_next_look() -> None:
+    """Every step woke the time-keeping thread as it started, a thread switch a step, though a
+    step's first deadline (its lease, a timeout) is mostly far beyond the keeper's next look."""
+    server = RedisServer()
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        stopped: list[tuple[float, StepWatch]] = []
+
+        def short_step() -> None:
+            watch = StepWatch(client, heartbeat_key="hb:short", cancel_key="cancel", ttl_s=30, timeout_s=0.1)
+            try:
+                with watch:
+                    deadline = time.monotonic() + 10
+                    while time.monotonic() < deadline:
+                        time.sleep(0.01)  # a step at work
+            except StepCancelled:
+                stopped.append((time.monotonic(), watch))
+
+        with StepWatch(client, heartbeat_key="hb:long", cancel_key="cancel", ttl_s=30):
+            wait_for(lambda: heartbeat._keeper_wakes_at - time.monotonic() > 0.7, 5, interval=0.01, what="a sleep")
+            generation = heartbeat._generation
+            with StepWatch(client, heartbeat_key="hb:other", cancel_key="cancel", ttl_s=30):
+                assert heartbeat._generation == generation, "a step first due in 29 s woke the keeper"
+            wait_for(lambda: heartbeat._keeper_wakes_at - time.monotonic() > 0.7, 5, interval=0.01, what="a sleep")
+            wakes_at = heartbeat._keeper_wakes_at
+            thread = threading.Thread(target=short_step)
+            thread.start()
+            wait_for(lambda: stopped, 5, interval=0.01, what="the short step to time out")
+            thread.join(5)
+        ((stopped_at, watch),) = stopped
+        assert watch.timed_out
+        assert stopped_at < wakes_at, "the step due before the keeper's next look was stopped only then"
     finally:
         server.close()

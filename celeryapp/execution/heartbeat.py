@@ -212,6 +212,11 @@ class StepWatch:
             )
             self._fire("lease_lost")
             return None
+        return self.first_deadline()
+
+    def first_deadline(self) -> float:
+        """When :meth:`check_time` may first have to interrupt the step (monotonic)."""
+        lease_end = self._last_sent + self.lease_s
         return lease_end if self._deadline is None else min(lease_end, self._deadline)
 
     def _fire(self, why: str) -> None:
@@ -299,9 +304,10 @@ def _moved_on(generation: int) -> bool:
 
 def _keep_time() -> None:
     """The time-keeping thread: sleeps until the earliest deadline of a watched step, then looks."""
-    global _keeper
+    global _keeper, _keeper_wakes_at
     while True:
         with _lock:
+            _keeper_wakes_at = float("-inf")  # looking: a step watched meanwhile wakes it again
             watches = [w for watcher in _watchers.values() for w in watcher.watches]
             if not watches:
                 _keeper = None
@@ -311,6 +317,7 @@ def _keep_time() -> None:
         next_looks = [look for look in (w.check_time(now) for w in watches) if look is not None]
         wait_s = min([KEEPER_IDLE_S, *(look - now for look in next_looks)])
         with _woken:
+            _keeper_wakes_at = now + wait_s
             _woken.wait_for(partial(_moved_on, generation), max(wait_s, 0.0))
 
 
@@ -320,6 +327,9 @@ _woken = threading.Condition(_lock)
 _generation = 0
 _watchers: dict[tuple[int, int], _Watcher] = {}
 _keeper: threading.Thread | None = None
+#: When the time-keeping thread looks next (monotonic): a step whose first deadline is no earlier
+#: is looked at then, without waking the thread (a wake-up is a thread switch on every step).
+_keeper_wakes_at = float("-inf")
 
 
 def _watch(watch: StepWatch) -> None:
@@ -331,7 +341,7 @@ def _watch(watch: StepWatch) -> None:
             watcher = _watchers[key] = _Watcher(watch.client, key)
             watcher.thread.start()
         watcher.watches[watch] = None
-        if watch._armed:  # its deadlines may come before the keeper's next look
+        if watch._armed and watch.first_deadline() < _keeper_wakes_at:
             _generation += 1
             _woken.notify_all()
         if _keeper is None:
@@ -349,10 +359,11 @@ def _unwatch(watch: StepWatch) -> None:
 
 def _forget_parents_watchers() -> None:
     # A forked child has none of its parent's threads (and maybe a lock held by one of them).
-    global _lock, _woken, _keeper
+    global _lock, _woken, _keeper, _keeper_wakes_at
     _lock = threading.Lock()
     _woken = threading.Condition(_lock)
     _keeper = None
+    _keeper_wakes_at = float("-inf")
     _watchers.clear()
 
 

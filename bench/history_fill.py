@@ -67,15 +67,17 @@ def fill(conn: Connection, shape: HistoryShape, now: datetime) -> None:
 _RUN_SCHEDULE = "CASE WHEN i % 2 = 0 THEN (i / 2 - 1) % :busy + 1 ELSE (i - 1) / 2 % :s + 1 END"
 
 _STATEMENTS = (
-    # Schedules: every busy one each minute, the others hourly; next slot within the coming hour.
+    # Schedules: the busy ones every minute (anchors spread over the minute), the others nightly
+    # (cron, their minutes spread over the day), as a deployment of nightly jobs has them.
     """
     INSERT INTO schedules (id, name, source, status, enabled, cron, every_s, timezone, overlap, max_retries,
         retry_delay_s, total_repeats, payload, run_count, error_count, current_retry, last_run_at, next_run_at,
         last_slot_at, buffered, version, created_at, updated_at, changed_at)
-    SELECT g, :prefix || lpad(g::text, 5, '0'), 'api', 'active', true, NULL,
-        CASE WHEN g <= :busy THEN 60 ELSE 3600 END, 'UTC', 'skip', 0, 60, 0, '{}'::json,
-        :e / :s, :e / :s / 50, 0, :now - interval '1 hour', :now + (g % 3600) * interval '1 second',
-        :now - interval '1 hour', false, 1, :t0, :t0, :t0
+    SELECT g, :prefix || lpad(g::text, 5, '0'), 'api', 'active', true,
+        CASE WHEN g > :busy THEN (g % 60) || ' ' || (g / 60 % 24) || ' * * *' END,
+        CASE WHEN g <= :busy THEN 60 END, 'UTC', 'skip', 0, 60, 0, '{}'::json,
+        :e / :s, :e / :s / 50, 0, :now - interval '1 hour', NULL,
+        NULL, false, 1, :t0, :t0 + (g % 60) * interval '1 second', :t0
     FROM generate_series(1, :s) AS g
     """,
     "SELECT setval('schedules_id_seq', :s)",
@@ -89,13 +91,13 @@ _STATEMENTS = (
     # Runs in time order.
     """
     INSERT INTO schedule_executions (id, schedule_id, schedule_name, status, trigger, run_key, current_step_index,
-        plan, payload, started_at, completed_at, error)
+        plan, step_count, payload, started_at, completed_at, error)
     SELECT i, sid, :prefix || lpad(sid::text, 5, '0'),
         CASE WHEN i % 50 = 0 THEN 'failed' ELSE 'completed' END, 'interval', 'hist:' || i, :steps - 1,
         (SELECT json_agg(json_build_array(json_build_object('name', 'step-' || k,
             'task', 'chordbeat.examples.sleep', 'kwargs', json_build_object('seconds', 0))))
          FROM generate_series(1, :steps) AS k),
-        '{}'::json,
+        :steps, '{}'::json,
         :t0 + (i - 1) * :run_gap * interval '1 second',
         :t0 + ((i - 1) * :run_gap + 40) * interval '1 second',
         CASE WHEN i % 50 = 0 THEN 'step-' || :steps || ' failed: generated' END

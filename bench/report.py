@@ -64,6 +64,14 @@ ROWS = (
     Row("Redis commands per step", "redis_commands_per_step"),
     Row("Redis bytes kept per step", "redis_bytes_per_step", None, "B"),
     Row("Redis bytes per schedule", "redis_bytes_per_schedule", None, "B"),
+    Row("history: runs kept", "history_executions"),
+    Row("history: slot records kept", "history_slots"),
+    Row("history: dashboard page p50", "history_page_ms", "p50", "ms"),
+    Row("history: dashboard page p95", "history_page_ms", "p95", "ms"),
+    Row("history: list_executions p95", "history_list_ms", "first_p95", "ms"),
+    Row("history: deep page p95", "history_list_ms", "deep_p95", "ms"),
+    Row("history: housekeeping, a day", "housekeeping_pass_s", None, "s"),
+    Row("history: fire lateness p99 then", "housekeeping_fire_lateness_ms", "p99", "ms"),
 )
 
 
@@ -104,6 +112,11 @@ TARGETS = (
     Target("failover", f"≤ {FAILOVER_LIMIT_S} s", _get("failover_s"), lambda _: FAILOVER_LIMIT_S),
     Target("worker RSS", "≤ 1.2x raw", _get("worker_rss_mib"), _times(1.2, "raw_worker_rss_mib")),
     Target("worker PSS", "≤ 1.2x raw", _get("worker_pss_mib"), _times(1.2, "raw_worker_pss_mib")),
+    Target("history pages p95", "≤ 200 ms", _get("history_page_ms", "p95"), lambda _: 200.0),
+    Target("history list p95", "≤ 200 ms", _get("history_list_ms", "first_p95"), lambda _: 200.0),
+    Target("history deep page", "≤ 200 ms", _get("history_list_ms", "deep_p95"), lambda _: 200.0),
+    Target("housekeeping pass", "≤ 60 s", _get("housekeeping_pass_s"), lambda _: 60.0),
+    Target("lateness in a pass", "p99 ≤ 1 s", _get("housekeeping_fire_lateness_ms", "p99"), lambda _: 1000.0),
 )
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench import beat_scale, faults, pipelines, raw_app
+from bench import beat_scale, faults, history, pipelines, raw_app
 from bench.harness import Bench, bench
 from bench.report import LATEST_JSON, LATEST_MD, evaluate, markdown, rewrite_readme, text_table
 from bench.stats import combine
@@ -40,6 +40,7 @@ FAMILIES: dict[str, Callable[[Bench], list[dict[str, Any]]]] = {
     "raw_staggered": beat_scale.raw_staggered,
     "burst": beat_scale.burst_runs,
     "faults": faults.runs,
+    "history": history.history,
 }
 
 NOTES = [

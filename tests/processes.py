@@ -66,6 +66,7 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
         CHORDBEAT_HEARTBEAT_TTL=str(settings.heartbeat_ttl_s),
         CHORDBEAT_RECOVERY_INTERVAL=str(settings.recovery_interval_s),
         CHORDBEAT_BEAT_STALL=str(settings.beat_stall_s),
+        CHORDBEAT_RETENTION_DAYS=str(settings.retention_days),
         CHORDBEAT_HEALTH_DIR=settings.health_dir,
         CHORDBEAT_STEP_KINDS=",".join(sorted(settings.step_kinds)),
         CHORDBEAT_STEP_TASKS=",".join(settings.step_tasks),

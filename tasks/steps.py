@@ -7,12 +7,14 @@ from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore
+from celery.signals import celeryd_init
 
 from celeryapp import app
 from celeryapp.errors import InvalidArgument
 from celeryapp.execution import runner, step_events
 from celeryapp.messaging import keys
 from celeryapp.scheduling.limits import check_int
+from models.session import get_engine
 
 logger = logging.getLogger(__name__)
 
@@ -46,3 +48,15 @@ def run_step(self: Task, worker_task_id: int, attempt: int) -> dict[str, Any]:
         )
         raise Ignore()
     return runner.run_step(app, worker_task_id, attempt, node=self.request.hostname or "unknown")
+
+
+@celeryd_init.connect
+def load_database_driver(**_: Any) -> None:
+    """Load the database's driver in the worker before its pool forks (and before the worker
+    freezes what it has loaded): the pool processes share it instead of each importing their own
+    copy at its first step (docs/performance.md, worker memory). Nothing connects yet."""
+    try:
+        get_engine(app.settings.database_url)
+    except Exception:
+        # Not this receiver's to refuse: the first step reports a database that cannot be used.
+        logger.warning("database driver not loaded before the pool started", exc_info=True)

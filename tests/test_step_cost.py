@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from base64 import b64decode
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import event, select
 
 from celeryapp.app import ChordbeatCelery
+from celeryapp.config import Settings
 from celeryapp.execution import runner
 from celeryapp.execution.advancing import GroupLook, advance_execution, advance_group, look_at_group, move_on
 from celeryapp.execution.decisions import Verdict
@@ -34,7 +37,9 @@ from models import (
     utcnow,
 )
 from models.session import autocommit
+from tests import processes
 from tests.helpers import recorded_statements, step
+from tests.servers import wait_for
 
 
 def _group(app: ChordbeatCelery, execution_id: int, index: int) -> list[int]:
@@ -321,3 +326,20 @@ def test_a_groups_chord_is_counted_by_the_result_backend_and_subscribes_to_no_re
         _args, _kwargs, embed = json.loads(b64decode(message["body"]))
         body = embed["chord"]
         assert (body["task"], body["args"], body["options"]["group_id"]) == (dispatch.ADVANCE, [7, 1], group_id)
+
+
+def test_a_worker_loads_the_database_driver_before_its_pool_forks(settings: Settings, tmp_path: Path) -> None:
+    # Loaded by each pool process at its first step, the driver (with its bundled libpq) was a
+    # private copy in every process; loaded before the fork, its pages are shared.
+    if not settings.database_url.startswith("postgresql"):
+        pytest.skip("SQLite's driver is part of the standard library, loaded with it")
+    with processes.worker(settings, tmp_path, concurrency=1) as worker:
+        wait_for(lambda: "ready" in worker.output(), 60, interval=0.1, what="the worker to be ready")
+
+        def child() -> int | None:
+            found = subprocess.run(["pgrep", "-P", str(worker.pid)], capture_output=True, text=True).stdout.split()
+            return int(found[0]) if found else None
+
+        pid = wait_for(child, 10, interval=0.05, what="the pool process")
+        # It has run no step: whatever of the driver it maps, it had from its parent.
+        assert "psycopg" in Path(f"/proc/{pid}/maps").read_text()

@@ -203,13 +203,11 @@ class ChordbeatClient:
 
 
 def each_schedule(client: ChordbeatClient, page: int = 500) -> Iterator[ScheduleJson]:
-    """Every schedule, by name, read ``page`` at a time (a page shorter than asked is the last)."""
+    """Every schedule, by name, read ``page`` at a time. A page of large definitions can be
+    shorter than asked (its answer is bounded in bytes): only an empty page is the last."""
     after: str | None = None
-    while True:
-        schedules = client.list_schedules(limit=page, after_name=after)
+    while schedules := client.list_schedules(limit=page, after_name=after):
         yield from schedules
-        if len(schedules) < page:
-            return
         after = schedules[-1]["name"]
 
 

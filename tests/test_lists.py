@@ -20,6 +20,7 @@ from celeryapp.app import ChordbeatCelery
 from celeryapp.client import ChordbeatClient, each_execution, each_schedule
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
+from celeryapp.interfaces import summaries
 from celeryapp.interfaces.summaries import MAX_SCHEDULE_BYTES, MAX_SUMMARY_BYTES
 from celeryapp.scheduling.limits import (
     MAX_DEFINITION_BYTES,
@@ -208,6 +209,30 @@ def test_a_schedules_page_is_bounded_by_the_definition_cap(app: ChordbeatCelery,
     assert sizes[0] > MAX_DEFINITION_BYTES  # lengthened by the separators, as the bound allows
     assert max(sizes) <= MAX_SCHEDULE_BYTES
     assert len(dumps(listed)) <= len(listed) * (MAX_SCHEDULE_BYTES + 2)
+
+
+def test_a_schedules_page_stops_at_its_byte_bound_and_the_cursor_reads_on(
+    app: ChordbeatCelery, worker: Any, client: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of large definitions holds fewer than ``limit`` schedules: the answer stays under
+    the page bound (one schedule at least), and following ``after_name`` to an empty page reads all."""
+    big = [[step(f"s{g}-{i}", kwargs={"n": [0] * 200}) for i in range(5)] for g in range(20)]
+    names = [f"big-{n}" for n in range(5)]
+    for name in names:
+        call(client, "chordbeat.apply_schedule", definition={"name": name, "every": 60, "steps": big})
+    one = len(dumps(call(client, "chordbeat.get_schedule", name=names[0])))
+    monkeypatch.setattr(summaries, "MAX_SCHEDULE_PAGE_BYTES", 2 * one + 100)
+
+    seen: list[str] = []
+    after = None
+    while page := call(client, "chordbeat.list_schedules", limit=MAX_SCHEDULE_LIST_LIMIT, after_name=after):
+        assert len(dumps(page)) <= summaries.MAX_SCHEDULE_PAGE_BYTES, len(dumps(page))
+        assert len(page) == 2 or page[-1]["name"] == names[-1]
+        seen += [s["name"] for s in page]
+        after = page[-1]["name"]
+    assert seen == names
+    monkeypatch.setattr(summaries, "MAX_SCHEDULE_PAGE_BYTES", 1)
+    assert [s["name"] for s in call(client, "chordbeat.list_schedules", limit=3)] == names[:1]
 
 
 #: (task, kwargs, field, reason): what a broker caller can send instead of a number or a name.

@@ -20,7 +20,7 @@ from celeryapp.execution.effects import Effects
 from celeryapp.execution.runs import StartResult, start_execution
 from celeryapp.execution.runs import cancel_execution as cancel_in_db
 from celeryapp.execution.step_policy import StepRules
-from celeryapp.interfaces.summaries import execution_summaries
+from celeryapp.interfaces.summaries import execution_summaries, schedules_page
 from celeryapp.interfaces.views import execution_json, iso, schedule_json
 from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.monitoring import metric_counts
@@ -98,13 +98,19 @@ def get_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
 
 
 def list_schedules(app: ChordbeatCelery, limit: int = 500, after_name: str | None = None) -> list[dict[str, Any]]:
-    """By name; ``after_name``: only the schedules after it (the cursor: the last name of a page)."""
+    """By name; ``after_name``: only the schedules after it (the cursor: the last name of a page).
+    A page stops short of ``limit`` where its JSON would pass ``MAX_SCHEDULE_PAGE_BYTES``; rows are
+    read a hundred at a time, so the schedules past that point are never loaded."""
     limit = _limit(limit, MAX_SCHEDULE_LIST_LIMIT)
-    query = select(Schedule).order_by(Schedule.name).limit(limit)
+    query = select(Schedule).order_by(Schedule.name).limit(limit).execution_options(yield_per=100)
     if after_name is not None:
         query = query.where(Schedule.name > _name(after_name, "after_name"))
     with transaction(app.settings.database_url, read_only=True) as session:
-        return [schedule_json(s) for s in session.scalars(query)]
+        rows = session.scalars(query)
+        try:
+            return schedules_page(schedule_json(s) for s in rows)
+        finally:
+            rows.close()  # PostgreSQL streams them through a server-side cursor
 
 
 def pause_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ steps answered 26 MB when lists carried activities). ``get_execution`` still giv
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, exists, func, literal_column, select
@@ -58,6 +59,24 @@ MAX_SUMMARY_BYTES = _widest_fixed_part() + JSON_BYTES_PER_CHAR * (MAX_NAME_CHARS
 #: one-character ``env`` values by a little more than double; three times covers both. The state
 #: adds ``last_error`` (a run's error: a step's error and two names), every character escaped.
 MAX_SCHEDULE_BYTES = 3 * MAX_DEFINITION_BYTES + JSON_BYTES_PER_CHAR * (ERROR_CHARS + 3 * MAX_NAME_CHARS) + 1024
+#: Most bytes of the schedule objects of one ``list_schedules`` page (but its first, which is at
+#: most ``MAX_SCHEDULE_BYTES``): a page of large definitions stops short of ``limit`` (thousands
+#: of everyday schedules fit), and the caller reads on from its last name until an empty page.
+MAX_SCHEDULE_PAGE_BYTES = 8 * 2**20
+
+
+def schedules_page(schedules: Iterable[dict[str, Any]], limit_bytes: int | None = None) -> list[dict[str, Any]]:
+    """The schedule objects that fit in a page: in order, while their JSON stays within
+    ``limit_bytes`` (``MAX_SCHEDULE_PAGE_BYTES``), and always the first."""
+    limit_bytes = MAX_SCHEDULE_PAGE_BYTES if limit_bytes is None else limit_bytes
+    page: list[dict[str, Any]] = []
+    used = 0
+    for schedule in schedules:
+        used += len(json.dumps(schedule)) + 2  # Celery's separator between items
+        if page and used > limit_bytes:
+            break
+        page.append(schedule)
+    return page
 
 
 def step_total(dialect: str) -> ColumnElement[Any]:

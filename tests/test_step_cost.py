@@ -9,7 +9,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import event, select, text
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 
 from celeryapp.app import ChordbeatCelery
 from celeryapp.config import Settings
@@ -36,7 +37,7 @@ from models import (
     transaction,
     utcnow,
 )
-from models.session import autocommit
+from models.session import autocommit, connection
 from tests import processes
 from tests.helpers import recorded_statements, step
 from tests.servers import wait_for
@@ -343,3 +344,25 @@ def test_a_worker_loads_the_database_driver_before_its_pool_forks(settings: Sett
         pid = wait_for(child, 10, interval=0.05, what="the pool process")
         # It has run no step: whatever of the driver it maps, it had from its parent.
         assert "psycopg" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_the_step_paths_driver_statements_fail_as_sqlalchemys_would(app: ChordbeatCelery) -> None:
+    # On PostgreSQL the claim and the outcome go straight to the driver (celeryapp.execution.
+    # driver_sql): the runner still tells a database away (tried again) from a refused statement.
+    url = app.settings.database_url
+    if not url.startswith("postgresql"):
+        pytest.skip("SQLite's step path runs through SQLAlchemy")
+    service.apply_schedule(app, {"name": "errors", "every": 3600, "steps": [step("a")]})
+    execution_id = service.trigger_schedule(app, "errors")["execution_id"]
+    (task_id,) = _group(app, execution_id, 0)
+    with pytest.raises(DataError) as refused, connection(url) as conn:
+        claim_step(conn, task_id, 2**40, node="here", now=utcnow())  # no such integer
+    assert refused.value.orig is not None and not runner._transient(refused.value)
+    with pytest.raises(OperationalError) as away, connection(url) as conn:
+        backend = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        with autocommit(url) as other:
+            other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+        claim_step(conn, task_id, 1, node="here", now=utcnow())
+    assert isinstance(away.value, DBAPIError) and away.value.connection_invalidated and runner._transient(away.value)
+    with connection(url) as conn:  # a new connection, and the attempt is still there to claim
+        assert claim_step(conn, task_id, 1, node="here", now=utcnow()) is not None

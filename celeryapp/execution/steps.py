@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import JSON, Connection, bindparam, delete, exists, func, insert, literal, select, type_coerce, update
 
+from celeryapp.execution.driver_sql import DriverStatement
 from celeryapp.scheduling.definition import StepSpec
 from models import ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus
 from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS
@@ -147,7 +148,7 @@ def _claim_in_one_statement() -> Any:
     ).join_from(opened, EXECUTIONS, EXECUTIONS.c.id == opened.c.execution_id)
 
 
-_CLAIM_IN_ONE_STATEMENT = _claim_in_one_statement()
+_CLAIM_IN_ONE_STATEMENT = DriverStatement(_claim_in_one_statement())
 
 
 _CLOSE_ACTIVITY = (
@@ -194,7 +195,7 @@ def _finish_in_one_statement() -> Any:
     )
 
 
-_FINISH_IN_ONE_STATEMENT = _finish_in_one_statement()
+_FINISH_IN_ONE_STATEMENT = DriverStatement(_finish_in_one_statement())
 
 
 def _one_statement(conn: Connection) -> bool:
@@ -216,7 +217,7 @@ def claim_step(conn: Connection, worker_task_id: int, attempt: int, *, node: str
     """
     params = {"p_task_id": worker_task_id, "p_attempt": attempt, "p_node": node, "p_now": now}
     if _one_statement(conn):
-        row = conn.execute(_CLAIM_IN_ONE_STATEMENT, params).first()
+        row = _CLAIM_IN_ONE_STATEMENT.run(conn, params).fetchone()
         return None if row is None else _claim_of(worker_task_id, attempt, row, row[6])
     claimed = conn.execute(_CLAIM, params).first()
     if claimed is None:
@@ -259,7 +260,9 @@ def finish_step(
     task = {"p_task_id": claim.worker_task_id, "p_attempt": claim.attempt}
     group = {"p_execution_id": claim.execution_id, "p_step_index": claim.step_index}
     if _one_statement(conn):
-        closed, dropped, left = conn.execute(_FINISH_IN_ONE_STATEMENT, {**outcome, **task, **group, "p_now": now}).one()
+        closed, dropped, left = _FINISH_IN_ONE_STATEMENT.run(
+            conn, {**outcome, **task, **group, "p_now": now}
+        ).fetchone()
         return Recorded(bool(closed), bool(dropped) and left == dropped)
     dropped = conn.execute(_DROP_TASK, task).rowcount
     closed = conn.execute(_CLOSE_ACTIVITY, {**outcome, "p_now": now}).rowcount

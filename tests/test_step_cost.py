@@ -366,3 +366,27 @@ def test_the_step_paths_driver_statements_fail_as_sqlalchemys_would(app: Chordbe
     assert isinstance(away.value, DBAPIError) and away.value.connection_invalidated and runner._transient(away.value)
     with connection(url) as conn:  # a new connection, and the attempt is still there to claim
         assert claim_step(conn, task_id, 1, node="here", now=utcnow()) is not None
+
+
+def test_a_message_taken_and_acknowledged_costs_one_redis_command_each(app: ChordbeatCelery) -> None:
+    # kombu records a message taken (its time in unacked_index, the message in unacked) and forgets
+    # it once acknowledged, each in a MULTI/EXEC transaction: four commands and replies each time.
+    client = get_redis(app.settings.broker_url)
+
+    def calls(command: str) -> int:
+        return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+    with app.connection_for_write() as conn:
+        queue = conn.SimpleQueue("cost-unacked")
+        queue.put({"n": 0})
+        queue.get(timeout=5).ack()  # this Redis has now seen the scripts (no NOSCRIPT and load)
+        queue.put({"n": 1})
+        transactions, scripts = calls("multi"), calls("evalsha")
+        message = queue.get(timeout=5)
+        tag = message.delivery_tag
+        assert client.zscore("unacked_index", tag) is not None
+        assert json.loads(client.hget("unacked", tag) or "null")[2] == "cost-unacked"  # the routing key
+        message.ack()
+        assert client.zscore("unacked_index", tag) is None and client.hget("unacked", tag) is None
+        assert (calls("multi"), calls("evalsha")) == (transactions, scripts + 2)
+        queue.close()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-from typing import Any
 
 import redis
 from celery import Celery
@@ -16,7 +14,7 @@ from celeryapp.config import VISIBILITY_TIMEOUT_S
 from celeryapp.execution import step_events
 from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.messaging import keys
-from celeryapp.messaging.redis_client import get_redis
+from celeryapp.messaging.redis_client import get_redis, registered_script
 from celeryapp.monitoring.overload import note_skipped
 from celeryapp.scheduling.beat_entries import sync_schedules
 
@@ -108,13 +106,7 @@ def _mark_sent(app: Celery, group: GroupDispatch) -> None:
         )
     ]
     # EVALSHA: the script's text travels once per Redis server, not with every group.
-    _mark_sent_script(client)(keys=names, args=[MARKER_TTL_S])
-
-
-@functools.lru_cache(maxsize=8)
-def _mark_sent_script(client: redis.Redis) -> Any:
-    """The script, hashed once per client rather than for every group."""
-    return client.register_script(_MARK_SENT_LUA)
+    registered_script(client, _MARK_SENT_LUA)(keys=names, args=[MARKER_TTL_S])
 
 
 def take_message(app: Celery, worker_task_id: int, attempt: int) -> None:

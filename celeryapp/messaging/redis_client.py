@@ -9,6 +9,7 @@ already rides out; nothing else escapes to crash recovery, beat or a step's watc
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from typing import Any
@@ -85,6 +86,13 @@ def get_redis(url: str) -> redis.Redis:
         if client is None:
             client = _clients[key] = _build(url, _sentinel_master)
     return client
+
+
+@functools.lru_cache(maxsize=16)
+def registered_script(client: redis.Redis, text: str) -> Any:
+    """A Lua script of ``client``'s, hashed once rather than at every call (sent as EVALSHA: its
+    text travels once per server)."""
+    return client.register_script(text)
 
 
 def reset_clients() -> None:

@@ -19,8 +19,7 @@ from sqlalchemy import update
 from celeryapp.app import ChordbeatCelery
 from celeryapp.client import ChordbeatClient, each_execution, each_schedule
 from celeryapp.config import Settings
-from celeryapp.interfaces import service
-from celeryapp.interfaces import summaries
+from celeryapp.interfaces import service, summaries
 from celeryapp.interfaces.summaries import MAX_SCHEDULE_BYTES, MAX_SUMMARY_BYTES
 from celeryapp.scheduling.limits import (
     MAX_DEFINITION_BYTES,

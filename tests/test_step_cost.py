@@ -18,6 +18,7 @@ from celeryapp.execution import runner
 from celeryapp.execution.advancing import GroupLook, advance_execution, advance_group, look_at_group, move_on
 from celeryapp.execution.decisions import Verdict
 from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.execution.heartbeat import StepWatch
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
 from celeryapp.messaging import dispatch, keys
@@ -390,3 +391,26 @@ def test_a_message_taken_and_acknowledged_costs_one_redis_command_each(app: Chor
         assert client.zscore("unacked_index", tag) is None and client.hget("unacked", tag) is None
         assert (calls("multi"), calls("evalsha")) == (transactions, scripts + 2)
         queue.close()
+
+
+def test_a_steps_pickup_and_first_heartbeat_are_one_redis_command_each(app: ChordbeatCelery) -> None:
+    # Each was a pipeline of two commands: the pickup lease written and the dispatch marker
+    # deleted (in the worker's main process), the first heartbeat written and the operator's stop
+    # flag read (in the pool process, as the step starts).
+    client = get_redis(app.settings.broker_url)
+
+    def calls(command: str) -> int:
+        return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+    dispatch.take_message(app, 5, 1)  # this Redis has now seen the scripts (no NOSCRIPT and load)
+    with StepWatch(client, heartbeat_key="hb:5", cancel_key="cancel:5", stop_key="stop:5", ttl_s=30):
+        pass
+    client.set(keys.dispatch_marker_key(6, 1), "1")
+    client.set("stop:6", "stopped by hand")
+    scripts = calls("evalsha")  # (the commands a script runs count as themselves too)
+    dispatch.take_message(app, 6, 1)
+    assert client.pttl(keys.pickup_key(6, 1)) > 0 and not client.exists(keys.dispatch_marker_key(6, 1))
+    watch = StepWatch(client, heartbeat_key="hb:6", cancel_key="cancel:6", stop_key="stop:6", ttl_s=30)
+    with watch:
+        assert watch.stopped == "stopped by hand" and client.pttl("hb:6") > 0
+    assert calls("evalsha") == scripts + 2

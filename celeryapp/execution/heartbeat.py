@@ -24,6 +24,7 @@ from typing import Any
 import redis
 
 from celeryapp.errors import StepCancelled
+from celeryapp.messaging.redis_client import registered_script
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,9 @@ KEEPER_LATENESS_S = 0.25
 LEASE_MARGIN_S = INTERRUPT_LANDING_S + KEEPER_LATENESS_S
 #: Seconds the time-keeping thread sleeps at most: a step watched since may have an earlier deadline.
 KEEPER_IDLE_S = 1.0
+#: A step's first heartbeat (KEYS[1], for ARGV[1] ms) and the look at its operator's stop flag
+#: (KEYS[2]), as one command: cheaper for the worker than a pipeline of two.
+_FIRST_BEAT_LUA = "redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) return redis.call('GET', KEYS[2])"
 
 
 def lease_s(ttl_s: float) -> float:
@@ -132,19 +136,17 @@ class StepWatch:
     def _first_beat(self) -> None:
         sent = time.monotonic()
         try:
-            with self.client.pipeline(transaction=False) as pipe:
-                # The first heartbeat and the look at the operator's stop flag share a round trip.
-                pipe.set(self._heartbeat_key, "1", px=self._ttl_ms)
-                if self._stop_key is not None:
-                    pipe.get(self._stop_key)
-                answers = pipe.execute()
+            if self._stop_key is None:
+                self.client.set(self._heartbeat_key, "1", px=self._ttl_ms)
+            else:
+                # The first heartbeat and the look at the operator's stop flag: one command.
+                first_beat = registered_script(self.client, _FIRST_BEAT_LUA)
+                self.stopped = _text(first_beat(keys=[self._heartbeat_key, self._stop_key], args=[self._ttl_ms]))
         except redis.RedisError as exc:
             # The watching thread writes it at its next poll; the lease counts from ``since``.
             logger.warning("heartbeat %s not refreshed: %s", self._heartbeat_key, exc)
         else:
             self._last_sent = sent
-            if self._stop_key is not None:
-                self.stopped = _text(answers[1])
 
     def disarm(self) -> None:
         """Called when the step's code has returned: no interrupt may land after this."""

@@ -109,14 +109,18 @@ def _mark_sent(app: Celery, group: GroupDispatch) -> None:
     registered_script(client, _MARK_SENT_LUA)(keys=names, args=[MARKER_TTL_S])
 
 
+#: KEYS: pickup lease, dispatch marker; ARGV[1]: the lease's TTL (ms). One command, cheaper for the
+#: worker's main process than a pipeline of two.
+_TAKEN_LUA = "redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) redis.call('DEL', KEYS[2])"
+
+
 def take_message(app: Celery, worker_task_id: int, attempt: int) -> None:
     """An attempt's message reached a worker: its dispatch marker gives way to a pickup lease that
     lives only as long as a heartbeat (see :func:`keys.pickup_key`)."""
+    client = get_redis(app.settings.broker_url)
+    names = [keys.pickup_key(worker_task_id, attempt), keys.dispatch_marker_key(worker_task_id, attempt)]
     try:
-        with get_redis(app.settings.broker_url).pipeline(transaction=False) as pipe:
-            pipe.set(keys.pickup_key(worker_task_id, attempt), "1", px=int(app.settings.heartbeat_ttl_s * 1000))
-            pipe.delete(keys.dispatch_marker_key(worker_task_id, attempt))
-            pipe.execute()
+        registered_script(client, _TAKEN_LUA)(keys=names, args=[int(app.settings.heartbeat_ttl_s * 1000)])
     except redis.RedisError as exc:
         logger.warning("pickup of worker task %s attempt %s not recorded: %s", worker_task_id, attempt, exc)
 

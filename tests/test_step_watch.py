@@ -49,6 +49,19 @@ def test_a_look_that_outlasted_a_poll_is_made_again_at_once() -> None:
         server.close()
 
 
+def _run_until_interrupted(watch: StepWatch, seconds: float) -> bool:
+    """A step at work under ``watch`` (made in this thread: the one it interrupts) for up to
+    ``seconds``; whether the watch interrupted it."""
+    try:
+        with watch:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(0.01)  # a step at work
+    except StepCancelled:
+        return True
+    return False
+
+
 def _watch_threads(besides: frozenset[threading.Thread] = frozenset()) -> list[threading.Thread]:
     """Watching threads, but those in ``besides`` (other tests' steps in this process)."""
     return [t for t in threading.enumerate() if t.name == "chordbeat-step-watch" and t not in besides]
@@ -95,12 +108,9 @@ def test_a_cancel_interrupts_each_step_watched_by_the_shared_thread() -> None:
         interrupted: list[str] = []
 
         def step(name: str, cancel_key: str) -> None:
-            try:
-                with StepWatch(client, heartbeat_key=f"hb:{name}", cancel_key=cancel_key, ttl_s=30):
-                    deadline = time.monotonic() + 10
-                    while time.monotonic() < deadline:
-                        time.sleep(0.01)  # a step at work
-            except StepCancelled:
+            if _run_until_interrupted(
+                StepWatch(client, heartbeat_key=f"hb:{name}", cancel_key=cancel_key, ttl_s=30), 10
+            ):
                 interrupted.append(name)
 
         threads = [threading.Thread(target=step, args=(n, f"cancel:{n[0]}")) for n in ("a1", "a2", "b1")]
@@ -165,12 +175,7 @@ def test_a_step_whose_heartbeat_cannot_be_refreshed_stops_before_the_heartbeat_e
         def step() -> None:
             watch = StepWatch(redis.Redis.from_url(server.url), heartbeat_key="hb", cancel_key="cancel", ttl_s=3)
             watches.append(watch)
-            try:
-                with watch:
-                    deadline = time.monotonic() + 30
-                    while time.monotonic() < deadline:
-                        time.sleep(0.01)  # a step at work
-            except StepCancelled:
+            if _run_until_interrupted(watch, 30):
                 stopped_at.append(time.time())
 
         thread = threading.Thread(target=step)
@@ -203,12 +208,7 @@ def test_a_step_wakes_the_time_keeper_only_when_it_may_have_to_stop_before_the_k
 
         def short_step() -> None:
             watch = StepWatch(client, heartbeat_key="hb:short", cancel_key="cancel", ttl_s=30, timeout_s=0.1)
-            try:
-                with watch:
-                    deadline = time.monotonic() + 10
-                    while time.monotonic() < deadline:
-                        time.sleep(0.01)  # a step at work
-            except StepCancelled:
+            if _run_until_interrupted(watch, 10):
                 stopped.append((time.monotonic(), watch))
 
         with StepWatch(client, heartbeat_key="hb:long", cancel_key="cancel", ttl_s=30):

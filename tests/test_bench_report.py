@@ -39,6 +39,8 @@ def test_medians_spread_and_targets_come_from_the_runs() -> None:
     targets = {t["figure"]: t for t in results["targets"]}
     assert targets["advance p50"]["met"] and targets["advance p95"]["met"]
     assert not targets["steps/s under load"]["met"]  # 250 < 0.9 x 360
+    assert targets["steps/s (issue 23)"]["met"]  # 250 >= 0.6 x 360
+    assert not targets["worker CPU a step"]["met"] and targets["worker CPU a step"]["limit"] == 3.75  # 5.0 > 1.5 x 2.5
     assert targets["requeue"]["met"] and targets["requeue"]["limit"] == 26
     assert "failover" not in targets  # not measured in this run: not judged
     # Memory: RSS counts pages the pool shares with its parent in every process, PSS once.

@@ -108,7 +108,7 @@ def rode_out(
     )
     fresh = wait_for(
         lambda: [
-            e
+            service.get_execution(app, e["id"])  # whole, with activities (a list holds summaries)
             for e in service.list_executions(app, schedule)
             if ts(e["started_at"]) > since and e["status"] == "completed"
         ],

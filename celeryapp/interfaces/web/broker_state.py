@@ -86,9 +86,6 @@ class WorkerPings:
         return answers
 
 
-PINGS = WorkerPings()
-
-
 def queue_depth(client: redis.Redis, queue: str, priorities: list[int]) -> int:
     with client.pipeline(transaction=False) as pipe:
         for priority in priorities:
@@ -96,7 +93,7 @@ def queue_depth(client: redis.Redis, queue: str, priorities: list[int]) -> int:
         return sum(int(n) for n in pipe.execute())
 
 
-def broker_state(app: ChordbeatCelery, extra_queues: list[str], pings: WorkerPings = PINGS) -> BrokerState:
+def broker_state(app: ChordbeatCelery, extra_queues: list[str], pings: WorkerPings) -> BrokerState:
     priorities = list(app.conf.broker_transport_options.get("priority_steps", [0]))
     queues = [CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE, *sorted(set(extra_queues) - {STEPS_QUEUE})]
     try:

@@ -14,7 +14,7 @@ import hmac
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
@@ -28,7 +28,7 @@ from celeryapp.errors import ChordbeatError
 from celeryapp.interfaces import service
 from celeryapp.interfaces.web import humanize, queries
 from celeryapp.interfaces.web.auth import WebUser, check_auth_config
-from celeryapp.interfaces.web.broker_state import broker_state
+from celeryapp.interfaces.web.broker_state import WorkerPings, broker_state
 from celeryapp.monitoring.health import age_s
 from celeryapp.scheduling.limits import MAX_ID, MAX_NAME_CHARS
 from models import ScheduleStep, transaction, utcnow
@@ -57,6 +57,8 @@ T = TypeVar("T")
 class WebContext:
     app: ChordbeatCelery
     users: dict[str, WebUser]
+    #: The workers' last answers to a ping, this server's own.
+    pings: WorkerPings = field(default_factory=WorkerPings)
 
 
 def session_stamp(user: WebUser) -> str:
@@ -244,7 +246,7 @@ class HealthHandler(BaseHandler):
         # The workers' ping takes its whole timeout: the database is read meanwhile.
         view, state = await asyncio.gather(
             self.read(queries.health_view, now),
-            asyncio.get_running_loop().run_in_executor(None, broker_state, app, queues),
+            asyncio.get_running_loop().run_in_executor(None, broker_state, app, queues, self.ctx.pings),
         )
         beat_file = age_s(app.settings, "beat")
         args = {"v": view, "b": state, "beat_file_age": beat_file}

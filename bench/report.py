@@ -153,6 +153,8 @@ def _number(value: float) -> float:
 
 
 def _fmt(value: float) -> str:
+    if abs(value) >= 1_000_000:
+        return f"{value / 1_000_000:.1f}M"
     if abs(value) >= 10_000:
         return f"{value / 1000:.1f}k"
     if abs(value) >= 1000:
@@ -206,7 +208,7 @@ def text_table(results: Results, width: int = 80) -> str:
     lines.append(f"{'figure':<{first}}  {'chordbeat':<{rest}}  {'raw Celery':<{rest}}".rstrip())
     lines.append("-" * width)
     lines += [f"{a:<{first}}  {b[:rest]:<{rest}}  {c[:rest]}".rstrip() for a, b, c in rows]
-    lines += ["", "targets (issue 10)", "-" * width]
+    lines += ["", "targets (issues 10 and 23)", "-" * width]
     for t in results.get("targets", []):
         mark = "met" if t["met"] else "NOT MET"
         measured, limit = _fmt(t["measured"]), _fmt(t["limit"])

@@ -1,6 +1,6 @@
 """``make bench``: chordbeat and a raw Celery baseline, side by side, in one run.
 
-    .venv/bin/python -m bench.run                 # everything, 3 runs each (12-15 minutes on 2 cores)
+    .venv/bin/python -m bench.run                 # everything, 3 runs each (13 minutes on 2 cores)
     .venv/bin/python -m bench.run --quick         # 1 run, 1,000 schedules: a smoke test (quick.json)
     .venv/bin/python -m bench.run --only pipelines,faults   # some scenarios (partial.json)
 

@@ -50,9 +50,9 @@ class PingAnswers:
 
 
 class WorkerPings:
-    """The workers' last answers to a ping, for every page of this process. Only the first call
-    waits for a ping; later ones get the last answers at once and, when those are older than
-    ``max_age_s``, start one ping in the background (never two at a time)."""
+    """The workers' last answers to a ping, for every page of one dashboard server. Only the
+    first call waits for a ping; later ones get the last answers at once and, when those are
+    older than ``max_age_s``, start one ping in the background (never two at a time)."""
 
     def __init__(self, max_age_s: float = PING_MAX_AGE_S) -> None:
         self.max_age_s = max_age_s
@@ -79,6 +79,10 @@ class WorkerPings:
             answers = PingAnswers(sorted(node for reply in replies for node in reply), None, asked_at)
         except BROKER_ERRORS as exc:
             answers = PingAnswers([], f"workers could not be asked: {exc}", asked_at)
+        except BaseException:
+            with self._lock:  # a later page asks again
+                self._asking = False
+            raise
         with self._lock:
             if self._last is None or self._last.asked_at <= asked_at:
                 self._last = answers

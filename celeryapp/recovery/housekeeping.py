@@ -14,14 +14,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import LockError
 from redis.lock import Lock
-from sqlalchemy import delete, select
+from sqlalchemy import Select, delete, select
 from sqlalchemy.orm import Session
 
 from celeryapp.messaging import keys
@@ -61,7 +61,7 @@ class PassReport:
     unfinished: bool = False
     cutoff: str = ""
     seconds: float = 0.0
-    batches: list[float] = field(default_factory=list)
+    longest_batch_s: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -72,7 +72,7 @@ class PassReport:
             "unfinished": self.unfinished,
             "cutoff": self.cutoff,
             "seconds": round(self.seconds, 3),
-            "longest_batch_s": round(max(self.batches, default=0.0), 3),
+            "longest_batch_s": round(self.longest_batch_s, 3),
         }
 
 
@@ -96,9 +96,6 @@ def purge(
         _delete_due(
             app.settings.database_url, cutoff, batch, lambda: time.monotonic() - started > budget_s, lease, report
         )
-    except LockError:
-        logger.warning("housekeeping: the pass lost its lease (stalled for over %.0f s); stopping", LEASE_S)
-        report.unfinished = True
     finally:
         report.seconds = time.monotonic() - started
         with contextlib.suppress(LockError):  # expired or taken over: nothing of ours to release
@@ -118,38 +115,60 @@ def purge(
 def _delete_due(
     url: str, cutoff: datetime, batch: int | None, spent: Callable[[], bool], lease: Lock, report: PassReport
 ) -> None:
-    for table, size in ((ScheduleExecution, EXECUTION_BATCH), (SlotRecord, SLOT_BATCH)):
-        size = batch or size
-        work = partial(_delete_batch, table, cutoff, size)
-        while True:
-            batch_started = time.monotonic()
-            deleted = retried_transaction(url, f"purging {table.__tablename__}", work)
-            report.batches.append(time.monotonic() - batch_started)
-            if table is ScheduleExecution:
-                report.executions += deleted
-            else:
-                report.slots += deleted
-            if deleted < size:
-                break
-            if spent():
-                report.unfinished = True
-                return
+    report.executions, done = _delete_oldest(
+        url, ScheduleExecution, _oldest_runs(cutoff), batch or EXECUTION_BATCH, spent, lease, report
+    )
+    if done:
+        report.slots, done = _delete_oldest(
+            url, SlotRecord, _oldest_slots(cutoff), batch or SLOT_BATCH, spent, lease, report
+        )
+    report.unfinished = not done
+
+
+def _delete_oldest(
+    url: str,
+    table: type[ScheduleExecution] | type[SlotRecord],
+    oldest: Select[Any],
+    size: int,
+    spent: Callable[[], bool],
+    lease: Lock,
+    report: PassReport,
+) -> tuple[int, bool]:
+    """Batches of ``size`` of the rows ``oldest`` selects until none are left (True), or the pass's
+    budget is ``spent`` or its lease lost (False); how many rows went."""
+    work = partial(_delete_batch, table, oldest, size)
+    total = 0
+    while True:
+        batch_started = time.monotonic()
+        deleted = retried_transaction(url, f"purging {table.__tablename__}", work)
+        report.longest_batch_s = max(report.longest_batch_s, time.monotonic() - batch_started)
+        total += deleted
+        if deleted < size:
+            return total, True
+        if spent():
+            return total, False
+        try:
             lease.reacquire()  # the deployment's turn is still this pass's, for another LEASE_S
+        except LockError:
+            logger.warning("housekeeping: the pass lost its lease (stalled for over %.0f s); stopping", LEASE_S)
+            return total, False
+
+
+def _oldest_runs(cutoff: datetime) -> Select[Any]:
+    return (
+        select(ScheduleExecution.id)
+        .where(ScheduleExecution.completed_at < cutoff, ScheduleExecution.status != ExecutionStatus.IN_PROGRESS)
+        .order_by(ScheduleExecution.completed_at, ScheduleExecution.id)
+    )
+
+
+def _oldest_slots(cutoff: datetime) -> Select[Any]:
+    return select(SlotRecord.id).where(SlotRecord.recorded_at < cutoff).order_by(SlotRecord.recorded_at, SlotRecord.id)
 
 
 def _delete_batch(
-    table: type[ScheduleExecution] | type[SlotRecord], cutoff: datetime, batch: int, session: Session
+    table: type[ScheduleExecution] | type[SlotRecord], oldest: Select[Any], batch: int, session: Session
 ) -> int:
-    """Delete up to ``batch`` of the oldest rows of ``table`` past ``cutoff``; how many."""
-    if table is ScheduleExecution:
-        oldest = (
-            select(ScheduleExecution.id)
-            .where(ScheduleExecution.completed_at < cutoff, ScheduleExecution.status != ExecutionStatus.IN_PROGRESS)
-            .order_by(ScheduleExecution.completed_at, ScheduleExecution.id)
-        )
-    else:
-        oldest = (
-            select(SlotRecord.id).where(SlotRecord.recorded_at < cutoff).order_by(SlotRecord.recorded_at, SlotRecord.id)
-        )
+    """Delete up to ``batch`` of the rows ``oldest`` selects, locked in that order; how many."""
     ids = list(session.scalars(oldest.limit(batch).with_for_update()))
     return affected(session, delete(table).where(table.id.in_(ids))) if ids else 0

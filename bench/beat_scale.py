@@ -24,9 +24,9 @@ from bench import raw_app
 from bench.harness import Bench, cpu_seconds, poll
 from bench.stats import percentiles
 from celeryapp import app
+from celeryapp.domain.validation import parse_definitions
 from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.scheduling.store import upsert_schedule
-from celeryapp.scheduling.validation import parse_definitions
 from models import Schedule, ScheduleExecution, ScheduleSource, SlotRecord, transaction, utcnow
 
 NOOP = {"name": "noop", "task": "chordbeat.examples.sleep", "kwargs": {"seconds": 0}}

@@ -35,7 +35,7 @@ app.conf.update(
     task_default_queue=QUEUE,
     timezone="UTC",
     enable_utc=True,
-    # The same beat loop and lock settings as chordbeat's beat (celeryapp/app.py).
+    # The same beat loop and lock settings as chordbeat's beat (celeryapp/application.py).
     beat_max_loop_interval=5,
     redbeat_redis_url=REDIS_URL,
     redbeat_key_prefix="raw:redbeat:",

@@ -24,6 +24,7 @@ from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
 from celeryapp.contract import DeletedJson, ExecutionJson, ExecutionSummaryJson, ScheduleJson, SlotJson, TriggerJson
+from celeryapp.domain.redaction import redact
 
 #: Queue the service tasks are consumed from by every worker (Celery's default queue).
 SERVICE_QUEUE = "celery"
@@ -34,15 +35,6 @@ DEFAULT_PROBE_S = 2.0
 ANSWER_RECHECK_S = 1.0
 
 Json = dict[str, Any]
-
-
-def redact(value: Any) -> Any:
-    """A copy with every ``payload`` and ``env`` value replaced, for display only."""
-    if isinstance(value, dict):
-        return {k: "<hidden>" if k in {"payload", "env"} and v else redact(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
 
 
 def seconds(name: str, value: object) -> float:

@@ -7,7 +7,7 @@ from typing import Any
 from celeryapp import app
 from celeryapp.context import current_step
 from celeryapp.errors import StepError
-from celeryapp.execution import step_kinds
+from celeryapp.worker import step_kinds
 
 
 def _require(kind: str) -> None:

@@ -6,14 +6,15 @@ import logging
 from typing import Any
 
 from celeryapp import app
-from celeryapp.app import HOUSEKEEPING_INTERVAL_S
+from celeryapp.application import HOUSEKEEPING_INTERVAL_S
+from celeryapp.domain.limits import check_int
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.execution.advancing import advance_group
-from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.recovery import housekeeping as history_purge
 from celeryapp.recovery import recovery
-from celeryapp.scheduling import beat_entries, firing
-from celeryapp.scheduling.limits import check_int
+from celeryapp.scheduling import beat_entries
+from celeryapp.worker import firing
+from celeryapp.worker.dispatch import apply_effects
 from models import utcnow
 
 logger = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ import inspect
 from typing import Any
 
 from celeryapp import app
+from celeryapp.domain.redaction import RedactedResult
 from celeryapp.errors import ChordbeatError, InvalidArgument
-from celeryapp.execution.redaction import RedactedResult
 from celeryapp.interfaces import service
 from celeryapp.messaging.expiry import ReferenceClockTask
 

@@ -10,10 +10,10 @@ from celery.exceptions import Ignore
 from celery.signals import celeryd_init
 
 from celeryapp import app
+from celeryapp.domain.limits import check_int
 from celeryapp.errors import InvalidArgument
-from celeryapp.execution import runner, step_events
 from celeryapp.messaging import keys
-from celeryapp.scheduling.limits import check_int
+from celeryapp.worker import runner, step_events
 from models.session import get_engine
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
     ignore_result=True,
     store_errors_even_if_ignored=True,
     # Flower's view of a step: FAILURE with its error, Terminate as a cancel (step_events.py).
-    Request="celeryapp.execution.step_events:StepRequest",
+    Request="celeryapp.worker.step_events:StepRequest",
     resultrepr_maxsize=step_events.RESULT_REPR_CHARS,
 )
 def run_step(self: Task, worker_task_id: int, attempt: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from celery.worker import state as worker_state
 from sqlalchemy import create_engine, text
 
 from celeryapp import app as chordbeat_app
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, reset_clients

@@ -17,7 +17,7 @@ from typing import Any
 from celery import Celery
 from sqlalchemy import event, select
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.client import answer
 from celeryapp.execution.runs import start_execution
 from celeryapp.interfaces import service

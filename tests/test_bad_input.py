@@ -23,11 +23,11 @@ import redis
 from celery import Celery
 from sqlalchemy import func, select
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
+from celeryapp.domain.limits import MAX_JSON_BYTES
 from celeryapp.errors import ChordbeatError, DefinitionError, FieldError, InvalidArgument
 from celeryapp.interfaces import service
 from celeryapp.scheduling.beat_entries import CadenceSchedule, cadence_of
-from celeryapp.scheduling.limits import MAX_JSON_BYTES
 from celeryapp.scheduling.schedule_file import apply_file
 from models import Activity, Schedule, ScheduleExecution, ScheduleStep, SlotRecord, WorkerTask, transaction, utcnow
 from tests.helpers import call, finished, set_field

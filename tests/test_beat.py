@@ -20,11 +20,12 @@ from sqlalchemy import select, update
 
 from celeryapp import app as chordbeat_app
 from celeryapp import outcome
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.context import current_step
+from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.times import iso
 from celeryapp.interfaces import service
-from celeryapp.interfaces.views import iso
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.health import age_s
 from celeryapp.scheduling import beat_entries
@@ -36,7 +37,6 @@ from celeryapp.scheduling.beat_entries import (
     cadence_of,
     entry_name,
 )
-from celeryapp.scheduling.cadence import Cadence
 from models import ExecutionStatus, Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from tests import processes
 from tests.helpers import call, entry_exists, executions, finished, fire_messages, step, wait_for

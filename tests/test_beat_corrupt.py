@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
 from celeryapp.messaging.redis_client import get_redis

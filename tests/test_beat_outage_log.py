@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
 from tests import processes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from celeryapp.scheduling.cadence import Cadence, Due, next_due
+from celeryapp.domain.cadence import Cadence, Due, next_due
 
 T0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import text
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import listing
 from celeryapp.interfaces.cli import main

@@ -104,7 +104,7 @@ def test_the_application_is_still_found_where_celery_looks_for_it() -> None:
         """
         import json
         from celery.app.utils import find_app
-        from celeryapp.app import ChordbeatCelery  # the module first: the package must still give the app
+        from celeryapp.application import ChordbeatCelery  # the module first: the package must still give the app
 
         import celeryapp
         from celeryapp import app

@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import select
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys, reference_time

@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 from redbeat.schedulers import RedBeatSchedulerEntry
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.messaging.redis_client import get_redis
 from tests import processes

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from celeryapp.scheduling.cron import CronError, CronExpression
+from celeryapp.domain.cron import CronError, CronExpression
 
 LONDON = ZoneInfo("Europe/London")
 NEW_YORK = ZoneInfo("America/New_York")

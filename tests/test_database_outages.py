@@ -15,9 +15,9 @@ import pytest
 from celery import Celery
 from sqlalchemy.engine import make_url
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.messaging.dispatch import apply_effects
+from celeryapp.worker.dispatch import apply_effects
 from tests import processes
 from tests.fault_tasks import read_log
 from tests.helpers import call, db_execution, start_and_hold, ts, wait_for

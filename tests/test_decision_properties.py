@@ -11,7 +11,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celeryapp.execution.decisions import (
+from celeryapp.domain.cadence import BACKOFF_CAP_FACTOR, Cadence, retry_delay_s
+from celeryapp.domain.decisions import (
     NextRun,
     RetryPolicy,
     ScheduleState,
@@ -21,8 +22,7 @@ from celeryapp.execution.decisions import (
     decide_after_group,
     decide_fire,
 )
-from celeryapp.scheduling.cadence import BACKOFF_CAP_FACTOR, Cadence, retry_delay_s
-from celeryapp.scheduling.definition import StepSpec
+from celeryapp.domain.definition import StepSpec
 from models.states import ActivityStatus, ExecutionStatus, ScheduleStatus, Trigger
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)

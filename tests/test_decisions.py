@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from celeryapp.execution.decisions import (
+from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.decisions import (
     AfterExecution,
     FireDecision,
     GroupOutcome,
@@ -24,8 +25,7 @@ from celeryapp.execution.decisions import (
     decide_overlap,
     retry_delay_s,
 )
-from celeryapp.scheduling.cadence import Cadence
-from celeryapp.scheduling.definition import StepSpec
+from celeryapp.domain.definition import StepSpec
 from models.states import ActivityStatus as A
 from models.states import ExecutionStatus, Overlap, ScheduleStatus, SlotOutcome, Trigger
 
@@ -80,7 +80,7 @@ def test_retry_numbers_start_at_one() -> None:
 def test_a_lost_attempt_runs_again_while_attempts_are_left() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from celeryapp.execution.decisions import decide_lost_attempt
+    from celeryapp.domain.decisions import decide_lost_attempt
 
     now = datetime(2026, 1, 1, tzinfo=UTC)
     started = now - timedelta(seconds=5)

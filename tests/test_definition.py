@@ -12,13 +12,13 @@ from celery import Celery
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
+from celeryapp.domain.cadence import Cadence, retry_delay_s
+from celeryapp.domain.definition import ScheduleDefinition, StepSpec
+from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.scheduling.beat_entries import CadenceSchedule
-from celeryapp.scheduling.cadence import Cadence, retry_delay_s
-from celeryapp.scheduling.definition import ScheduleDefinition, StepSpec
 from celeryapp.scheduling.store import next_fire_after
-from celeryapp.scheduling.validation import parse_definition
 from tests.helpers import call, set_field
 
 KNOWN = {"chordbeat.examples.sleep", "chordbeat.examples.fail"}

@@ -15,7 +15,7 @@ import sqlalchemy.exc
 from celery import Celery
 from sqlalchemy import create_engine, text
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.recovery.housekeeping import purge
 from models.migrate import upgrade

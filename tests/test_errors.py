@@ -15,7 +15,7 @@ from celery import Celery
 from sqlalchemy import update
 
 from celeryapp import contract, errors
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from models import Schedule, ScheduleStatus, transaction
 from tests.helpers import call, step
 

@@ -21,10 +21,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 import tests.fault_tasks  # noqa: F401  (registers the fault step tasks in the in-process worker)
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.recovery import recovery
+from celeryapp.worker.dispatch import apply_effects
 from models import Activity, ScheduleExecution, transaction, utcnow
 from models.session import PG_CONNECT_TIMEOUT_S, connection, get_engine
 from tests import processes

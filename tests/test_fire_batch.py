@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
-from celeryapp.scheduling import firing
-from celeryapp.scheduling.firing import Fire
+from celeryapp.worker import firing
+from celeryapp.worker.firing import Fire
 from models import (
     MetricCount,
     Schedule,

@@ -15,11 +15,12 @@ import requests
 from celery import Celery
 from sqlalchemy import select
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.execution import step_events
+from celeryapp.domain.names import runner_task_id
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.worker import step_events
 from models import ActivityStatus, WorkerTask, transaction
 from tests import processes
 from tests.helpers import call, finished, running, step, wait_for
@@ -173,7 +174,7 @@ def test_terminate_from_flower_cancels_the_step_for_good_and_the_run_goes_on(
         call(client, "chordbeat.apply_schedule", definition=definition)
         execution_id = call(client, "chordbeat.trigger_schedule", name="terminate-me")["execution_id"]
         running(client, execution_id, "long")
-        task_id = keys.runner_task_id(execution_id, worker_task(app, execution_id, "long").id, 1)
+        task_id = runner_task_id(execution_id, worker_task(app, execution_id, "long").id, 1)
         # What Flower's Terminate button sends (the same broadcast, through Flower's API).
         response = requests.post(
             f"{monitor.url}/api/task/revoke/{task_id}", data={"terminate": "true"}, auth=monitor.auth, timeout=10
@@ -217,7 +218,7 @@ def test_revoking_a_queued_step_cancels_it_and_the_group_still_advances(
         running(client, execution_id, "blocker")
         task = worker_task(app, execution_id, "target")
         # What Flower's Revoke button sends.
-        client.control.revoke(keys.runner_task_id(execution_id, task.id, 1))
+        client.control.revoke(runner_task_id(execution_id, task.id, 1))
         done = finished(client, execution_id, timeout=60)
     assert done["status"] == "completed", done
     outcomes = {a["step"]: (a["attempt"], a["status"], a["error"]) for a in done["activities"]}
@@ -280,7 +281,7 @@ def test_a_cancel_revoking_queued_steps_is_not_taken_for_an_operators_revoke(
         running(client, execution_id, "s0")
         tasks = [worker_task(app, execution_id, f"s{i}") for i in range(3)]
         assert call(client, "chordbeat.cancel_execution", execution_id=execution_id)["status"] == "cancelled"
-        task_ids = [keys.runner_task_id(execution_id, t.id, 1) for t in tasks]
+        task_ids = [runner_task_id(execution_id, t.id, 1) for t in tasks]
         # Every runner ends, the revoked ones included: they ran (and skipped), so the chord did not
         # fail (a dropped message would be a REVOKED chord part).
         wait_for(

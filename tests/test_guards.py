@@ -8,7 +8,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import func, select
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from models import Activity, SlotOutcome, SlotRecord, WorkerTask, WorkerTaskStatus, transaction
 from tests.helpers import call, execution, finished, running, step, wait_for
 
@@ -167,9 +167,9 @@ def test_two_starts_racing_make_one_execution(app: ChordbeatCelery) -> None:
     import threading
     import time
 
+    from celeryapp.domain.validation import parse_definition
     from celeryapp.execution.runs import StartResult, start_execution
     from celeryapp.scheduling.store import upsert_schedule
-    from celeryapp.scheduling.validation import parse_definition
     from models import Schedule, ScheduleSource, Trigger, utcnow
 
     url = app.settings.database_url
@@ -213,10 +213,10 @@ def test_a_fire_reading_the_active_run_while_it_ends_still_runs_the_buffered_slo
 
     from sqlalchemy import text
 
+    from celeryapp.domain.validation import parse_definition
     from celeryapp.execution.runs import cancel_execution, start_execution
-    from celeryapp.scheduling import firing
     from celeryapp.scheduling.store import upsert_schedule
-    from celeryapp.scheduling.validation import parse_definition
+    from celeryapp.worker import firing
     from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleSource, Trigger, utcnow
 
     if not database_url.startswith("postgresql"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces.web.broker_state import WorkerPings, broker_state
 from tests.helpers import wait_for
 

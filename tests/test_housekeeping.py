@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import func, select, update
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery import housekeeping
 from models import Activity, ScheduleExecution, SlotRecord, transaction, utcnow

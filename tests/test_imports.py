@@ -11,6 +11,30 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("celeryapp", "tasks", "models")
+#: The layers, lowest first: a module imports its own part and the layers below, nothing above, and
+#: nothing of another part of its own layer. ``docs/architecture.md`` shows this table.
+LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
+    {
+        "base": (
+            "celeryapp.errors",
+            "celeryapp.config",
+            "celeryapp.redis_urls",
+            "celeryapp.context",
+            "celeryapp.outcome",
+            "models.states",
+        )
+    },
+    {"domain": ("celeryapp.domain",)},
+    {"storage": ("models",)},
+    {"messaging": ("celeryapp.messaging",)},
+    {"monitoring": ("celeryapp.monitoring",)},
+    {"execution": ("celeryapp.execution",), "scheduling": ("celeryapp.scheduling",)},
+    {"worker": ("celeryapp.worker",)},
+    {"recovery": ("celeryapp.recovery",)},
+    {"application": ("celeryapp.application", "celeryapp")},
+    {"interfaces": ("celeryapp.interfaces", "celeryapp.client", "celeryapp.contract")},
+    {"tasks": ("tasks",)},
+)
 #: Modules that import inside functions, and why.
 LATE_IMPORTS = {
     "celeryapp.interfaces.cli": "each command imports what it needs: `chordbeat health` stays small and quick",
@@ -47,7 +71,10 @@ def import_graph() -> dict[str, set[str]]:
             if id(node) in hidden:
                 continue
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+                # ``from package import module`` imports the module (and runs the package's
+                # ``__init__``, which imports nothing here); ``from module import name`` the module.
+                modules = [f"{node.module}.{alias.name}" for alias in node.names]
+                targets = [m for m in modules if m in files] or [node.module]
             elif isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -76,6 +103,60 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if cycle:
             return cycle
     return None
+
+
+def part_of(module: str, layers: tuple[dict[str, tuple[str, ...]], ...] = LAYERS) -> tuple[int, str]:
+    """(layer number, part name) of ``module``: the part with the longest prefix that contains it."""
+    found = [
+        (len(prefix), index, part)
+        for index, parts in enumerate(layers)
+        for part, prefixes in parts.items()
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    if not found:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS and docs/architecture.md")
+    _, index, part = max(found)
+    return index, part
+
+
+def wrong_way_imports(graph: dict[str, set[str]], layers: tuple[dict[str, tuple[str, ...]], ...] = LAYERS) -> list[str]:
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        layer, part = part_of(module, layers)
+        for target in sorted(targets):
+            target_layer, target_part = part_of(target, layers)
+            if target_layer > layer or (target_layer == layer and target_part != part):
+                wrong.append(f"{module} ({part}) imports {target} ({target_part})")
+    return wrong
+
+
+def test_imports_only_go_down_the_layers() -> None:
+    assert wrong_way_imports(import_graph()) == []
+
+
+def test_a_wrong_way_import_is_found_and_named() -> None:
+    graph = import_graph()
+    graph["celeryapp.domain.cadence"].add("celeryapp.execution.runs")
+    graph["celeryapp.execution.runs"].add("celeryapp.scheduling.store")
+    graph["celeryapp.messaging.keys"].add("celeryapp.worker.dispatch")
+    assert wrong_way_imports(graph) == [
+        "celeryapp.domain.cadence (domain) imports celeryapp.execution.runs (execution)",
+        "celeryapp.execution.runs (execution) imports celeryapp.scheduling.store (scheduling)",
+        "celeryapp.messaging.keys (messaging) imports celeryapp.worker.dispatch (worker)",
+    ]
+
+
+def test_docs_architecture_shows_the_layers_as_the_test_checks_them() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:4] for line in section.splitlines() if line.startswith("| ")][1:]
+    shown = [(layer.strip(), part.strip(), cell.strip()) for part, layer, cell in rows]
+    expected = []
+    for index, parts in reversed(list(enumerate(LAYERS))):
+        for part, prefixes in parts.items():
+            expected.append((str(index), part, ", ".join(f"`{p}`" for p in prefixes)))
+    assert [(layer, part, cell.split(": ", 1)[0]) for layer, part, cell in shown] == expected
 
 
 def test_the_import_graph_is_acyclic() -> None:

@@ -8,7 +8,7 @@ from celery import Celery
 
 from celeryapp import app as chordbeat_app
 from celeryapp import outcome
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.context import current_step
 from tests.helpers import call, finished, run_once, step, ts
 

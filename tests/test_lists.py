@@ -16,17 +16,17 @@ from celery import Celery
 from kombu.utils.json import dumps
 from sqlalchemy import update
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.client import ChordbeatClient, each_execution, each_schedule
 from celeryapp.config import Settings
-from celeryapp.interfaces import service, summaries
-from celeryapp.interfaces.summaries import MAX_SCHEDULE_BYTES, MAX_SUMMARY_BYTES
-from celeryapp.scheduling.limits import (
+from celeryapp.domain.limits import (
     MAX_DEFINITION_BYTES,
     MAX_EXECUTION_LIST_LIMIT,
     MAX_JSON_BYTES,
     MAX_SCHEDULE_LIST_LIMIT,
 )
+from celeryapp.interfaces import service, summaries
+from celeryapp.interfaces.summaries import MAX_SCHEDULE_BYTES, MAX_SUMMARY_BYTES
 from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, Trigger, transaction
 from tests.helpers import call, finished, step
 

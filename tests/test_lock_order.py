@@ -20,7 +20,7 @@ from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.execution.runs import cancel_execution
 from celeryapp.execution.steps import Claim, Recorded, claim_step, finish_step
 from celeryapp.interfaces import service

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, select
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.monitoring.metric_counts import bucket_of, retire_orphans
 from celeryapp.monitoring.metrics import ExecutionCollector, histogram_samples
 from celeryapp.recovery.housekeeping import purge

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from tests import processes
 from tests.helpers import call, execution, finished, running, step, wait_for

@@ -14,7 +14,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.monitoring.health import age_s, problem, touch
 from tests import processes

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select, update
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring import overload
 from celeryapp.monitoring.metrics import ExecutionCollector
-from celeryapp.scheduling import firing
+from celeryapp.worker import firing
 from models import Schedule, SlotOutcome, SlotRecord, Trigger, get_engine, transaction, utcnow
 from tests.helpers import step
 

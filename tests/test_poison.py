@@ -23,7 +23,7 @@ from kombu import Connection, Producer
 from kombu.exceptions import DecodeError
 from kombu.serialization import loads as kombu_loads
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.messaging import keys, serialization, unacked
 from celeryapp.messaging.serialization import MAX_MESSAGE_DEPTH, envelope, loads, nesting_depth

@@ -24,12 +24,13 @@ import pytest
 from sqlalchemy import create_engine, event, text
 
 from bench.history_fill import HistoryShape, fill, schedule_name
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
 from celeryapp.interfaces.web import queries
 from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery import housekeeping, recovery
-from celeryapp.scheduling import beat_entries, firing
+from celeryapp.scheduling import beat_entries
+from celeryapp.worker import firing
 from models import Trigger, get_engine, transaction, utcnow
 from models.migrate import upgrade
 from tests.helpers import finished

@@ -10,11 +10,11 @@ import pytest
 from celery import Celery
 from sqlalchemy import update
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
-from celeryapp.scheduling.validation import parse_definition
 from models import ScheduleStep, transaction
 from tests import processes
 from tests.helpers import call, finished, running, step, wait_for

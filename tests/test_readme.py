@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from tests.helpers import call, finished
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, event, insert, update
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
+from celeryapp.domain.validation import parse_definition
 from celeryapp.interfaces import service
 from celeryapp.messaging.redis_client import get_redis
-from celeryapp.scheduling import beat_entries, firing
+from celeryapp.scheduling import beat_entries
 from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
 from celeryapp.scheduling.store import upsert_schedule
-from celeryapp.scheduling.validation import parse_definition
+from celeryapp.worker import firing
 from models import Schedule, ScheduleSource, ScheduleStatus, Trigger, get_engine, transaction, utcnow
 from tasks.control import reconcile_beat
 from tests.helpers import step

@@ -15,7 +15,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import select, update
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.execution.runs import start_execution
 from celeryapp.execution.steps import claim_step, finish_step
@@ -334,7 +334,7 @@ def test_an_outcome_that_cannot_be_recorded_is_not_replaced_by_a_failure_the_ste
     tests/test_database_outages.py). The activity stays in progress, its heartbeat goes, and
     recovery runs the step again as after a lost worker. (It used to be recorded
     ``failed_with_error: outcome could not be recorded``, a failure the step did not have.)"""
-    from celeryapp.execution import runner
+    from celeryapp.worker import runner
 
     def broken(*_args: Any, **_kwargs: Any) -> bool:
         raise RuntimeError("a bug while recording")

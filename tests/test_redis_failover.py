@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.client import ChordbeatClient
 from celeryapp.config import Settings
 from celeryapp.interfaces import service

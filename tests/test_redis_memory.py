@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import Celery
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.messaging.redis_client import get_redis
 from tests.helpers import run_once, step
 

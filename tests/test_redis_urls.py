@@ -7,7 +7,7 @@ import pytest
 import redis
 from celery.app.utils import filter_hidden_settings
 
-from celeryapp.app import celery_config
+from celeryapp.application import celery_config
 from celeryapp.config import Settings
 from celeryapp.errors import ConfigError
 from celeryapp.messaging.broker import SENTINEL_TRANSPORT, TRANSPORT

@@ -12,7 +12,7 @@ from celery import Celery
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.errors import DefinitionError
 from celeryapp.interfaces.cli import main

@@ -17,7 +17,7 @@ from redis.connection import parse_url
 
 from celeryapp.client import ChordbeatClient
 from celeryapp.config import Settings
-from celeryapp.execution.redaction import credentials_apart
+from celeryapp.domain.redaction import credentials_apart
 from tests import processes
 from tests.helpers import http_get, wait_for
 from tests.servers import RedisServer, free_port

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from tests.helpers import call, finished, step
 
 SCHEDULE_KEYS = {
@@ -96,7 +96,7 @@ def test_deleting_a_schedule_keeps_its_history(app: ChordbeatCelery, worker: Any
 
 
 def test_the_client_hides_payloads_and_env_from_task_reprs() -> None:
-    from celeryapp.client import redact
+    from celeryapp.domain.redaction import redact
 
     definition = {"name": "x", "payload": {"token": "s3cret"}, "steps": [{"name": "e", "env": {"PASSWORD": "p"}}]}
     shown = repr(redact({"definition": definition}))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, make_url, select, text, update
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.execution.runs import cancel_execution
 from celeryapp.execution.steps import Claim, Recorded, claim_step, finish_step
 from celeryapp.interfaces import service

@@ -12,20 +12,19 @@ import pytest
 from sqlalchemy import event, select, text
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.execution import runner
+from celeryapp.domain.decisions import Verdict
+from celeryapp.domain.definition import StepSpec
+from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.execution.advancing import GroupLook, advance_execution, advance_group, look_at_group, move_on
-from celeryapp.execution.decisions import Verdict
-from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
-from celeryapp.execution.heartbeat import StepWatch
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
-from celeryapp.messaging import dispatch, keys
+from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.repair import requeue_attempt
-from celeryapp.scheduling import firing
-from celeryapp.scheduling.definition import StepSpec
+from celeryapp.worker import dispatch, firing, runner
+from celeryapp.worker.heartbeat import StepWatch
 from models import (
     ActivityStatus,
     ExecutionStatus,

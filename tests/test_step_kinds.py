@@ -16,11 +16,11 @@ import pytest
 from celery import Celery
 from sqlalchemy import create_engine, text, update
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import STEP_KINDS, Settings
+from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
-from celeryapp.execution.step_kinds import split_statements
-from celeryapp.scheduling.validation import parse_definition
+from celeryapp.worker.step_kinds import split_statements
 from models import ScheduleStep, transaction
 from tests import processes
 from tests.helpers import call, finished, wait_for

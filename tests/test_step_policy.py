@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from celeryapp.config import Settings
-from celeryapp.errors import ConfigError
-from celeryapp.execution.step_policy import (
+from celeryapp.domain.step_policy import (
     StepRules,
     env_name_refusal,
     executable_refusal,
     sql_env_refusal,
     step_task_refusal,
 )
+from celeryapp.errors import ConfigError
 
 SH = os.path.realpath("/bin/sh")
 

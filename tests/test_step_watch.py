@@ -11,8 +11,8 @@ from typing import Any
 import redis
 
 from celeryapp.errors import StepCancelled
-from celeryapp.execution import heartbeat
-from celeryapp.execution.heartbeat import CANCEL_POLL_S, StepWatch
+from celeryapp.worker import heartbeat
+from celeryapp.worker.heartbeat import CANCEL_POLL_S, StepWatch
 from tests.servers import RedisServer, wait_for
 
 

@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
-from celeryapp.monitoring.overload import queue_keys
 from celeryapp.recovery import recovery
 from tests import processes
 from tests.helpers import step, wait_for
@@ -31,7 +30,7 @@ def test_a_step_message_popped_without_trace_is_sent_again(
     broker = get_redis(settings.broker_url)
 
     def pop() -> bytes | str | None:
-        for key in queue_keys(keys.STEPS_QUEUE):
+        for key in keys.queue_keys(keys.STEPS_QUEUE):
             popped = broker.rpop(key)
             if popped:
                 return popped  # type: ignore[no-any-return]

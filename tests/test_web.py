@@ -10,7 +10,7 @@ import pytest
 import redis
 from sqlalchemy import update
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
 from models import Schedule, transaction
 from tests.servers import wait_for

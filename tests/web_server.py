@@ -11,7 +11,7 @@ import requests
 import tornado.httpserver
 import tornado.ioloop
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces.web.auth import hash_password, parse_users
 from celeryapp.interfaces.web.server import make_app
 from tests.servers import free_port

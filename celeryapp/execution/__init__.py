@@ -1,2 +1,2 @@
-"""One run from start to finish: pure decisions, the run's lifecycle in the database (start, steps,
-advance) and running a step (runner, heartbeat, step kinds and their policy)."""
+"""One run in the database: its start and the slot records, claiming and finishing steps,
+advancing after a group, its end and cancellation."""

@@ -1,10 +1,10 @@
 """After a step group: the execution fails, moves to its next group, or completes
-(:func:`celeryapp.execution.decisions.decide_after_group` decides).
+(:func:`celeryapp.domain.decisions.decide_after_group` decides).
 
 Every state change is a compare-and-set ``UPDATE ... WHERE <expected state>``: whoever loses a
 race (a redelivered message, a second callback, recovery racing a slow worker) changes nothing.
-Functions here only touch the database and return the :class:`~celeryapp.execution.effects.Effects` to
-send once the transaction has committed; :mod:`celeryapp.messaging.dispatch` sends them.
+Functions here only touch the database and return the :class:`~celeryapp.domain.effects.Effects` to
+send once the transaction has committed; :mod:`celeryapp.worker.dispatch` sends them.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 from sqlalchemy import JSON, Connection, and_, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
-from celeryapp.execution.decisions import GroupOutcome, StepResult, Verdict, decide_after_group
-from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.domain.decisions import GroupOutcome, StepResult, Verdict, decide_after_group
+from celeryapp.domain.definition import StepSpec
+from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.execution.runs import finish_execution
-from celeryapp.scheduling.definition import StepSpec
 from models import ExecutionStatus, ScheduleExecution, WorkerTaskStatus
 from models.session import autocommit, retrying, transaction
 from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS

@@ -7,8 +7,8 @@ waited for it.
 
 Every state change is a compare-and-set ``UPDATE ... WHERE <expected state>``: whoever loses a
 race (a redelivered message, a second callback, recovery racing a slow worker) changes nothing.
-Functions here only touch the database and return the :class:`~celeryapp.execution.effects.Effects` to
-send once the transaction has committed; :mod:`celeryapp.messaging.dispatch` sends them.
+Functions here only touch the database and return the :class:`~celeryapp.domain.effects.Effects` to
+send once the transaction has committed; :mod:`celeryapp.worker.dispatch` sends them.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from sqlalchemy import delete, exists, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from celeryapp.errors import NotFound
-from celeryapp.execution.decisions import (
+from celeryapp.domain.decisions import (
     AfterExecution,
     NextRun,
     OverlapAction,
@@ -33,12 +32,12 @@ from celeryapp.execution.decisions import (
     decide_after_execution,
     decide_overlap,
 )
-from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
-from celeryapp.interfaces.views import iso
-from celeryapp.messaging import keys
+from celeryapp.domain.definition import ScheduleDefinition, retry_base_s
+from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.domain.names import run_key, runner_task_id
+from celeryapp.domain.times import iso
+from celeryapp.errors import NotFound
 from celeryapp.monitoring import metric_counts
-from celeryapp.scheduling.definition import ScheduleDefinition, retry_base_s
-from celeryapp.scheduling.store import definition_of
 from models import (
     Activity,
     ActivityStatus,
@@ -52,6 +51,7 @@ from models import (
     WorkerTask,
     WorkerTaskStatus,
 )
+from models.definitions import definition_of
 from models.session import NO_SYNC, affected
 from models.tables import EXECUTIONS, SLOT_RECORDS, WORKER_TASKS
 
@@ -63,12 +63,6 @@ class StartResult:
     execution_id: int | None
     skipped: str | None = None
     effects: Effects = field(default_factory=Effects)
-
-
-def run_key(name: str, trigger: Trigger, nominal_at: datetime, retry: int = 0) -> str:
-    """The same slot (and retry) always gives the same key: two beats or a redelivery make one run."""
-    kind = f"retry{retry}" if trigger is Trigger.RETRY else trigger.value
-    return f"{name}:{kind}:{iso(nominal_at)}"
 
 
 def lock_schedule(session: Session, schedule_id: int) -> None:
@@ -416,7 +410,7 @@ def finish_execution(
     if cancel:
         effects.cancelled.append(execution.id)
         running = [(i, a) for i, a, state in dropped if state is not WorkerTaskStatus.WAITING]
-        effects.revoke += [keys.runner_task_id(execution.id, i, a) for i, a in running]
+        effects.revoke += [runner_task_id(execution.id, i, a) for i, a in running]
     return effects
 
 

@@ -3,8 +3,8 @@ opened) and finishes it (its activity closed, its worker task deleted).
 
 Every state change is a compare-and-set ``UPDATE ... WHERE <expected state>``: whoever loses a
 race (a redelivered message, a second callback, recovery racing a slow worker) changes nothing.
-Functions here only touch the database and return the :class:`~celeryapp.execution.effects.Effects` to
-send once the transaction has committed; :mod:`celeryapp.messaging.dispatch` sends them.
+Functions here only touch the database and return the :class:`~celeryapp.domain.effects.Effects` to
+send once the transaction has committed; :mod:`celeryapp.worker.dispatch` sends them.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import JSON, Connection, bindparam, delete, exists, func, insert, literal, select, type_coerce, update
 
+from celeryapp.domain.definition import StepSpec
 from celeryapp.execution.driver_sql import DriverStatement
-from celeryapp.scheduling.definition import StepSpec
 from models import ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus
 from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS
 

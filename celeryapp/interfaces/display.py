@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from celeryapp.scheduling.cron import CronExpression
+from celeryapp.domain.cron import CronExpression
 
 #: Colour of each stored state (schedule, execution, worker task and activity states).
 STATE_STYLES = {

@@ -15,17 +15,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
-from celeryapp.execution.effects import Effects
-from celeryapp.execution.runs import StartResult, start_execution
-from celeryapp.execution.runs import cancel_execution as cancel_in_db
-from celeryapp.execution.step_policy import StepRules
-from celeryapp.interfaces.summaries import execution_summaries, schedules_page
-from celeryapp.interfaces.views import execution_json, iso, schedule_json
-from celeryapp.messaging.dispatch import apply_effects
-from celeryapp.monitoring import metric_counts
-from celeryapp.scheduling.beat_entries import cadence_of
-from celeryapp.scheduling.limits import (
+from celeryapp.domain.effects import Effects
+from celeryapp.domain.limits import (
     MAX_EXECUTION_LIST_LIMIT,
     MAX_ID,
     MAX_LIST_LIMIT,
@@ -36,8 +27,18 @@ from celeryapp.scheduling.limits import (
     shown,
     type_name,
 )
+from celeryapp.domain.step_policy import StepRules
+from celeryapp.domain.times import iso
+from celeryapp.domain.validation import parse_definition
+from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
+from celeryapp.execution.runs import StartResult, start_execution
+from celeryapp.execution.runs import cancel_execution as cancel_in_db
+from celeryapp.interfaces.summaries import execution_summaries, schedules_page
+from celeryapp.interfaces.views import execution_json, schedule_json
+from celeryapp.monitoring import metric_counts
+from celeryapp.scheduling.beat_entries import cadence_of
 from celeryapp.scheduling.store import find_schedule, upsert_schedule
-from celeryapp.scheduling.validation import parse_definition
+from celeryapp.worker.dispatch import apply_effects
 from models import (
     ExecutionStatus,
     Schedule,
@@ -52,7 +53,7 @@ from models import (
 from models.session import affected, retried_transaction
 
 if TYPE_CHECKING:
-    from celeryapp.app import ChordbeatCelery
+    from celeryapp.application import ChordbeatCelery
 
 
 def known_task(app: ChordbeatCelery) -> StepRules:

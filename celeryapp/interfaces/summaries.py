@@ -16,9 +16,15 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, and_, exists, func, literal_column, select
 from sqlalchemy.orm import Session
 
-from celeryapp.execution.runner import ERROR_CHARS
-from celeryapp.interfaces.views import iso
-from celeryapp.scheduling.limits import LIST_TEXT_CHARS, MAX_DEFINITION_BYTES, MAX_ID, MAX_NAME_CHARS, MAX_STEPS
+from celeryapp.domain.limits import (
+    ERROR_CHARS,
+    LIST_TEXT_CHARS,
+    MAX_DEFINITION_BYTES,
+    MAX_ID,
+    MAX_NAME_CHARS,
+    MAX_STEPS,
+)
+from celeryapp.domain.times import iso
 from models import ActivityStatus, ExecutionStatus, Trigger
 from models.tables import ACTIVITIES, EXECUTIONS
 

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from celeryapp.execution.redaction import hide_env_values
-from celeryapp.scheduling.store import definition_of
+from celeryapp.domain.redaction import hide_env_values
+from celeryapp.domain.times import iso
 from models import Activity, Schedule, ScheduleExecution, WorkerTask
-
-
-def iso(value: datetime | None) -> str | None:
-    """ISO 8601 in UTC with a ``Z``, as the contract shows."""
-    if value is None:
-        return None
-    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+from models.definitions import definition_of
 
 
 def schedule_json(schedule: Schedule) -> dict[str, Any]:

@@ -1,1 +1,1 @@
-"""Redis and the broker: connections that ride out outages, key names, sending chords."""
+"""Redis and the broker: connections that ride out outages, key names, the reference clock."""

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
-PREFIX = "chordbeat"
-
-#: Queue of step runners unless a step names its own queue.
-STEPS_QUEUE = "chordbeat"
-#: Queue of short control tasks (advancement, firing, service calls, recovery). Kept apart so an
-#: advancement never waits behind a backlog of step messages.
-CONTROL_QUEUE = "chordbeat.control"
-#: Celery's default queue: where other services' ``send_task`` calls arrive without routing.
-PUBLIC_QUEUE = "celery"
-#: Queues of the control worker. No step may run there: a long step would hold the slot a service
-#: call or an advancement is waiting for.
-CONTROL_QUEUES = frozenset({CONTROL_QUEUE, PUBLIC_QUEUE})
-
+# The queue names are the domain's (a step may not run on a control queue); listed here too so
+# that every name chordbeat uses in Redis is in this module.
+from celeryapp.domain.names import CONTROL_QUEUE as CONTROL_QUEUE
+from celeryapp.domain.names import CONTROL_QUEUES as CONTROL_QUEUES
+from celeryapp.domain.names import PREFIX as PREFIX
+from celeryapp.domain.names import PUBLIC_QUEUE as PUBLIC_QUEUE
+from celeryapp.domain.names import STEPS_QUEUE as STEPS_QUEUE
 
 #: Lowest message priority on Redis (0 is the highest).
 LOWEST_PRIORITY = 9
+
+
+#: kombu's Redis transport keeps priority ``p`` of queue ``q`` at ``q + SEP + p`` (``q`` for 0).
+PRIORITY_SEP = "\x06\x16"
+
+
+def priority_queue_key(queue: str, priority: int) -> str:
+    """The Redis list of ``queue``'s messages of ``priority``, as kombu names it."""
+    return queue if priority == 0 else f"{queue}{PRIORITY_SEP}{priority}"
+
+
+def queue_keys(queue: str) -> list[str]:
+    """The Redis lists of all ``queue``'s priorities."""
+    return [priority_queue_key(queue, p) for p in range(LOWEST_PRIORITY + 1)]
 
 
 def step_priority(step_index: int) -> int:
@@ -60,12 +68,3 @@ def stop_key(worker_task_id: int, attempt: int) -> str:
 def cancel_key(execution_id: int) -> str:
     """Key whose presence tells running steps of an execution to stop."""
     return f"{PREFIX}:cancel:{execution_id}"
-
-
-def runner_task_id(execution_id: int, worker_task_id: int, attempt: int) -> str:
-    """Deterministic Celery task id of a step runner: revocable and recognisable when redelivered.
-
-    Ids are never reused (tables are AUTOINCREMENT on SQLite too), so a revoked id cannot hit a
-    later run.
-    """
-    return f"{PREFIX}-e{execution_id}-wt{worker_task_id}-a{attempt}"

@@ -3,7 +3,7 @@
 kombu's Redis transport keeps every message a consumer has taken, until it is acknowledged, in
 the ``unacked`` hash (delivery tag → the message) with the time it was taken in ``unacked_index``;
 it puts such a message back only after the visibility timeout (hours). A worker killed between
-taking a step's message and noting its pickup (:func:`celeryapp.messaging.dispatch.take_message`)
+taking a step's message and noting its pickup (:func:`celeryapp.worker.dispatch.take_message`)
 leaves the step's dispatch marker behind, which tells recovery the message is on its way: without
 looking here, the run would wait for that timeout.
 """
@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import redis
 
-from celeryapp.monitoring.overload import queue_keys
+from celeryapp.messaging import keys
 
 #: kombu's Redis transport's keys (kombu.transport.redis.Channel.unacked_key, unacked_index_key).
 UNACKED_KEY = "unacked"
@@ -63,7 +63,7 @@ def vanished(client: redis.Redis, task_ids: Iterable[str], queues: Iterable[str]
     wanted = set(task_ids)
     if not wanted:
         return set()
-    lists = [key for queue in queues for key in queue_keys(queue)]
+    lists = [key for queue in queues for key in keys.queue_keys(queue)]
     with client.pipeline(transaction=False) as pipe:
         for key in lists:
             pipe.llen(key)

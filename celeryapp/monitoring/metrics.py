@@ -31,7 +31,7 @@ from models import ExecutionStatus, MetricCount, Schedule, ScheduleExecution, Sc
 from models.clock import clock
 
 if TYPE_CHECKING:
-    from celeryapp.app import ChordbeatCelery
+    from celeryapp.application import ChordbeatCelery
 
 Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
 

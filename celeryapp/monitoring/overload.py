@@ -21,8 +21,6 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a minute's counter is kept: long enough to be read during the following minute.
 COUNTER_TTL_S = 180
-#: kombu's Redis transport keeps priority ``p`` of queue ``q`` at ``q + SEP + p`` (``q`` for 0).
-PRIORITY_SEP = "\x06\x16"
 
 
 def _skipped_key(minute: int) -> str:
@@ -33,14 +31,10 @@ def _warned_key(minute: int) -> str:
     return f"{keys.PREFIX}:overload:warned:{minute}"
 
 
-def queue_keys(queue: str) -> list[str]:
-    return [queue] + [f"{queue}{PRIORITY_SEP}{p}" for p in range(1, keys.LOWEST_PRIORITY + 1)]
-
-
 def queued(client: redis.Redis, queue: str) -> int:
     """Messages waiting in ``queue`` (all priorities), not counting those a worker holds."""
     with client.pipeline(transaction=False) as pipe:
-        for key in queue_keys(queue):
+        for key in keys.queue_keys(queue):
             pipe.llen(key)
         return sum(int(n) for n in pipe.execute())
 

@@ -31,7 +31,7 @@ from models import ExecutionStatus, ScheduleExecution, SlotRecord, utcnow
 from models.session import affected, retried_transaction
 
 if TYPE_CHECKING:
-    from celeryapp.app import ChordbeatCelery
+    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 

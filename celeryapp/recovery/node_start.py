@@ -29,7 +29,7 @@ from celeryapp.recovery.recovery import RecoveryReport, requeue_lost
 from models import WorkerTask, WorkerTaskStatus, transaction, utcnow
 
 if TYPE_CHECKING:
-    from celeryapp.app import ChordbeatCelery
+    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 

@@ -18,15 +18,16 @@ import redis
 from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session
 
+from celeryapp.domain.effects import Effects
+from celeryapp.domain.names import runner_task_id
 from celeryapp.execution.advancing import advance_execution
-from celeryapp.execution.effects import Effects
 from celeryapp.execution.runs import cancel_execution
 from celeryapp.messaging import keys, unacked
-from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.messaging.keys import STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.repair import requeue_attempt, resend_queued
 from celeryapp.scheduling.beat_entries import reconcile
+from celeryapp.worker.dispatch import apply_effects
 from models import (
     Activity,
     ExecutionStatus,
@@ -40,7 +41,7 @@ from models import (
 from models.session import retried_transaction
 
 if TYPE_CHECKING:
-    from celeryapp.app import ChordbeatCelery
+    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
         if not marked and not picked:
             lost.append(task_id)
         elif not picked:
-            runner_id = keys.runner_task_id(execution_id, task_id, attempt)
+            runner_id = runner_task_id(execution_id, task_id, attempt)
             on_its_way[runner_id] = task_id
             if queued_at is not None and queued_at < now - timedelta(seconds=settings.heartbeat_ttl_s):
                 waited.add(runner_id)

@@ -3,8 +3,8 @@ message is gone sent again.
 
 Every state change is a compare-and-set ``UPDATE ... WHERE <expected state>``: whoever loses a
 race (a redelivered message, a second callback, recovery racing a slow worker) changes nothing.
-Functions here only touch the database and return the :class:`~celeryapp.execution.effects.Effects` to
-send once the transaction has committed; :mod:`celeryapp.messaging.dispatch` sends them.
+Functions here only touch the database and return the :class:`~celeryapp.domain.effects.Effects` to
+send once the transaction has committed; :mod:`celeryapp.worker.dispatch` sends them.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from datetime import datetime
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from celeryapp.domain.decisions import decide_lost_attempt
+from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.execution.advancing import advance_execution
-from celeryapp.execution.decisions import decide_lost_attempt
-from celeryapp.execution.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.execution.runs import lock_schedule
 from celeryapp.execution.steps import spec_of
 from celeryapp.monitoring import metric_counts

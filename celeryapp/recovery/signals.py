@@ -12,9 +12,9 @@ from celery.concurrency import get_implementation
 from celery.concurrency.prefork import TaskPool
 from celery.signals import task_received, worker_init, worker_ready, worker_shutdown
 
-from celeryapp.messaging.dispatch import RUN_STEP, take_message
 from celeryapp.monitoring.health import remove, touch
 from celeryapp.recovery.node_start import recover_node_in_background
+from celeryapp.worker.dispatch import RUN_STEP, take_message
 from models.clock import clock
 
 logger = logging.getLogger(__name__)

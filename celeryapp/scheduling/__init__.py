@@ -1,2 +1,2 @@
-"""When schedules are due: definitions and their limits, cadences and cron, the schedule store,
-schedule files, beat (RedBeat entries, reconcile) and firing a slot."""
+"""Schedules in the database and in beat: the schedule store and schedule files, beat with
+RedBeat, its entries as stored in Redis and their reconcile with the database."""

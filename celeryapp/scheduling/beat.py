@@ -18,13 +18,13 @@ import redis
 from celery.signals import beat_init
 from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, acquire_distributed_beat_lock, get_redis
 
+from celeryapp.domain.limits import MAX_FIRE_BATCH
 from celeryapp.errors import DefinitionError
 from celeryapp.messaging.broker import RECONNECT_INTERVAL_MAX_S
 from celeryapp.messaging.keys import CONTROL_QUEUE
 from celeryapp.monitoring import health
 from celeryapp.monitoring.watchdog import StallWatchdog
 from celeryapp.scheduling.beat_entries import chunks, few, reconcile, reconcile_fully_next
-from celeryapp.scheduling.firing import MAX_BATCH
 from celeryapp.scheduling.redis_outage import RedisOutage
 from celeryapp.scheduling.schedule_file import apply_file
 from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, fire_of, wrong_type
@@ -175,7 +175,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         logger.error("beat: entry %s cannot be used and is dropped until it is written again: %s", key, why)
 
     def _send_fires(self, entries: list[ScheduleEntry]) -> None:
-        """Fire the due schedule entries, :data:`~celeryapp.scheduling.firing.MAX_BATCH` slots a
+        """Fire the due schedule entries, :data:`~celeryapp.domain.limits.MAX_FIRE_BATCH` slots a
         message: a message each cost beat a few round trips and the workers a transaction per
         slot (10,000 schedules due at once took 42 s to start).
 
@@ -199,7 +199,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
                     # Not written by chordbeat: its slot would get the whole message refused.
                     logger.warning("beat: entry %s names no schedule; not fired", entry.name)
             pipe.execute()
-        for batch in chunks(slots, MAX_BATCH):
+        for batch in chunks(slots, MAX_FIRE_BATCH):
             names = [fire["name"] for fire, _ in batch]
             expiries = [expires for _, expires in batch]
             # A message lives as long as its longest-lived slot; the worker supersedes the others.

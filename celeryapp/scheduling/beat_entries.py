@@ -19,9 +19,9 @@ from celery import Celery
 from redbeat.schedulers import ensure_conf, get_redis
 from sqlalchemy import and_, or_, select
 
-from celeryapp.execution.runs import run_key
+from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.names import run_key
 from celeryapp.messaging import keys
-from celeryapp.scheduling.cadence import Cadence
 from celeryapp.scheduling.stored_entry import (
     FIRE_EXPIRY_GRACE,
     CadenceSchedule,

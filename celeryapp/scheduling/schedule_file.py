@@ -21,19 +21,20 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from celeryapp.domain.definition import NAME_PATTERN, ScheduleDefinition
+from celeryapp.domain.limits import MAX_FILE_BYTES, shown
+from celeryapp.domain.step_policy import StepRules
+from celeryapp.domain.validation import parse_definitions
 from celeryapp.errors import ChordbeatError, DefinitionError
-from celeryapp.interfaces.service import known_task
 from celeryapp.monitoring import metric_counts
 from celeryapp.scheduling.beat_entries import sync_schedules
-from celeryapp.scheduling.definition import NAME_PATTERN, ScheduleDefinition
-from celeryapp.scheduling.limits import MAX_FILE_BYTES, shown
-from celeryapp.scheduling.store import Change, definition_of, upsert_schedule
-from celeryapp.scheduling.validation import parse_definitions
+from celeryapp.scheduling.store import Change, upsert_schedule
 from models import Schedule, ScheduleSource, utcnow
+from models.definitions import definition_of
 from models.session import retried_transaction
 
 if TYPE_CHECKING:
-    from celeryapp.app import ChordbeatCelery
+    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +264,7 @@ def apply_file(
 
     Only schedules of the file's own source are pruned (see :func:`apply_definitions`).
     """
-    schedule_file = read_file(path, known_task=known_task(app))
+    schedule_file = read_file(path, known_task=StepRules(app.settings, registered=app.tasks.__contains__))
 
     def apply(session: Session) -> FileDiff:
         return apply_definitions(

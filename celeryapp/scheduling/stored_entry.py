@@ -23,11 +23,11 @@ from celery.schedules import BaseSchedule, schedstate
 from redbeat.decoder import RedBeatJSONDecoder, RedBeatJSONEncoder
 from redbeat.schedulers import RedBeatSchedulerEntry, get_redis
 
+from celeryapp.domain import limits
+from celeryapp.domain.cadence import Cadence, Due, next_due
+from celeryapp.domain.cron import CronExpression
+from celeryapp.domain.definition import MAX_ZONE_CHARS
 from celeryapp.messaging.serialization import MAX_MESSAGE_DEPTH, too_deep
-from celeryapp.scheduling import limits
-from celeryapp.scheduling.cadence import Cadence, Due, next_due
-from celeryapp.scheduling.cron import CronExpression
-from celeryapp.scheduling.definition import MAX_ZONE_CHARS
 from models import Trigger
 
 #: Tag of chordbeat's schedule type inside RedBeat's JSON.
@@ -35,7 +35,7 @@ SCHEDULE_TYPE = "chordbeat_cadence"
 #: The fields of a stored definition (RedBeat's): any other would reach the entry's constructor.
 DEFINITION_FIELDS = frozenset({"name", "task", "args", "kwargs", "options", "schedule", "enabled"})
 #: A regular slot's fire message expires this long after the next slot is due. By then it is
-#: superseded anyway (:func:`celeryapp.execution.decisions.decide_fire`); the grace lets a late one still
+#: superseded anyway (:func:`celeryapp.domain.decisions.decide_fire`); the grace lets a late one still
 #: record its slot as superseded. (Beat and workers reckon it by the same reference clock.)
 FIRE_EXPIRY_GRACE = timedelta(minutes=1)
 #: Stored instants (anchors, retries, last fires) lie between these, in seconds since the epoch: far

@@ -9,14 +9,13 @@ from dataclasses import dataclass, field
 import redis
 from kombu.exceptions import OperationalError
 
-from celeryapp.app import REDBEAT_LOCK_TIMEOUT_S, ChordbeatCelery
+from celeryapp.application import REDBEAT_LOCK_TIMEOUT_S, ChordbeatCelery
+from celeryapp.messaging import keys
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.messaging.reference_time import OFFSET_WARNING_S, ProcessOffset, offsets
 from models.clock import clock
 
-#: kombu's Redis transport keeps a queue's priority ``n`` (n > 0) messages under ``queue + SEP + n``.
-PRIORITY_SEP = "\x06\x16"
 PING_TIMEOUT_S = 1.0
 #: The workers' answers are shown this long before they are asked again. A ping waits its whole
 #: timeout whoever answers, so the page never waits for one once it has answers: it shows the last
@@ -93,7 +92,7 @@ class WorkerPings:
 def queue_depth(client: redis.Redis, queue: str, priorities: list[int]) -> int:
     with client.pipeline(transaction=False) as pipe:
         for priority in priorities:
-            pipe.llen(queue if priority == 0 else f"{queue}{PRIORITY_SEP}{priority}")
+            pipe.llen(keys.priority_queue_key(queue, priority))
         return sum(int(n) for n in pipe.execute())
 
 

@@ -23,14 +23,14 @@ import tornado.ioloop
 import tornado.web
 from sqlalchemy import select
 
-from celeryapp.app import ChordbeatCelery
+from celeryapp.application import ChordbeatCelery
+from celeryapp.domain.limits import MAX_ID, MAX_NAME_CHARS
 from celeryapp.errors import ChordbeatError
 from celeryapp.interfaces import service
 from celeryapp.interfaces.web import humanize, queries
 from celeryapp.interfaces.web.auth import WebUser, check_auth_config
 from celeryapp.interfaces.web.broker_state import WorkerPings, broker_state
 from celeryapp.monitoring.health import age_s
-from celeryapp.scheduling.limits import MAX_ID, MAX_NAME_CHARS
 from models import ScheduleStep, transaction, utcnow
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Schedule definitions from the contract's JSON: every field checked before anything is stored.
 
 Every error names the field and the reason. Every number has a range and every size a cap
-(celeryapp/scheduling/limits.py), and the cadence is computed here once, so nothing stored can fail
+(celeryapp/domain/limits.py), and the cadence is computed here once, so nothing stored can fail
 later.
 """
 
@@ -14,19 +14,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from celeryapp.errors import DefinitionError, DefinitionErrors
-from celeryapp.execution.step_policy import (
-    StepRules,
-    env_name_refusal,
-    program_refusal,
-    sql_env_refusal,
-    step_task_refusal,
-)
-from celeryapp.messaging.keys import CONTROL_QUEUES
-from celeryapp.scheduling import limits
-from celeryapp.scheduling.cadence import Cadence, retry_delay_s
-from celeryapp.scheduling.cron import CronError, CronExpression
-from celeryapp.scheduling.definition import (
+from celeryapp.domain import limits
+from celeryapp.domain.cadence import Cadence, retry_delay_s
+from celeryapp.domain.cron import CronError, CronExpression
+from celeryapp.domain.definition import (
     ALL_STEP_FIELDS,
     COMMON_STEP_FIELDS,
     DEFAULT_MAX_ATTEMPTS,
@@ -44,8 +35,17 @@ from celeryapp.scheduling.definition import (
     ScheduleDefinition,
     StepSpec,
 )
-from celeryapp.scheduling.limits import MAX_JSON_BYTES, shown
-from celeryapp.scheduling.zones import canonical_zone_problem
+from celeryapp.domain.limits import MAX_JSON_BYTES, shown
+from celeryapp.domain.names import CONTROL_QUEUES
+from celeryapp.domain.step_policy import (
+    StepRules,
+    env_name_refusal,
+    program_refusal,
+    sql_env_refusal,
+    step_task_refusal,
+)
+from celeryapp.domain.zones import canonical_zone_problem
+from celeryapp.errors import DefinitionError, DefinitionErrors
 from models.states import Overlap
 
 

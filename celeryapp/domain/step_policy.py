@@ -156,7 +156,7 @@ def sql_env_refusal(name: str, prefix: str | None) -> str | None:
 class StepRules:
     """The rules of one process: its settings and the tasks it has registered.
 
-    Callable as a ``known_task`` for :func:`celeryapp.scheduling.validation.parse_definition`: whether
+    Callable as a ``known_task`` for :func:`celeryapp.domain.validation.parse_definition`: whether
     ``task`` is registered here and allowed as a step.
     """
 

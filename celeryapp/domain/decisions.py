@@ -13,12 +13,12 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from celeryapp.interfaces.views import iso
-from celeryapp.scheduling.cadence import Cadence, retry_delay_s
+from celeryapp.domain.cadence import Cadence, retry_delay_s
+from celeryapp.domain.times import iso
 from models.states import ActivityStatus, ExecutionStatus, Overlap, ScheduleStatus, SlotOutcome, Trigger
 
 if TYPE_CHECKING:
-    from celeryapp.scheduling.definition import StepSpec
+    from celeryapp.domain.definition import StepSpec
 
 
 class Verdict(StrEnum):

@@ -11,7 +11,7 @@ from celery import Celery
 from kombu.entity import Queue
 
 from celeryapp.config import VISIBILITY_TIMEOUT_S, Settings
-from celeryapp.execution.redaction import credentials_apart
+from celeryapp.domain.redaction import credentials_apart
 from celeryapp.messaging import redis_client, reference_time, serialization
 from celeryapp.messaging.broker import sentinel_transport_options, transport_for
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE

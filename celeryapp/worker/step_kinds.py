@@ -20,10 +20,10 @@ from typing import Any
 import sqlparse
 from sqlalchemy import Engine, create_engine, event
 
-from celeryapp import outcome
+import celeryapp.outcome as outcome
 from celeryapp.context import current_step
+from celeryapp.domain.step_policy import env_name_refusal, executable_refusal, sql_env_refusal
 from celeryapp.errors import StepError
-from celeryapp.execution.step_policy import env_name_refusal, executable_refusal, sql_env_refusal
 
 #: Characters of an executable's combined output kept on its activity (the end of it).
 OUTPUT_CHARS = 4000

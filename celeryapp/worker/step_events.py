@@ -127,7 +127,7 @@ def stop_attempt(app: Any, args: Any, reason: str) -> bool:
     return True
 
 
-#: :func:`keys.runner_task_id`'s shape.
+#: :func:`celeryapp.domain.names.runner_task_id`'s shape.
 _RUNNER_ID = re.compile(rf"{keys.PREFIX}-e(\d+)-wt\d+-a\d+")
 
 

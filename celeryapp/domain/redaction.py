@@ -11,10 +11,17 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-from celeryapp.client import redact
-
 #: What replaces a hidden value.
 HIDDEN = "<hidden>"
+
+
+def redact(value: Any) -> Any:
+    """A copy with every ``payload`` and ``env`` value replaced, for display only."""
+    if isinstance(value, dict):
+        return {k: HIDDEN if k in {"payload", "env"} and v else redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
 
 
 class RedactedResult:

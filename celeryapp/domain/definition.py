@@ -1,5 +1,5 @@
 """Schedule definitions as typed, immutable values: a schedule, its step groups and steps, the
-names, patterns and defaults they use. :mod:`celeryapp.scheduling.validation` makes them from the
+names, patterns and defaults they use. :mod:`celeryapp.domain.validation` makes them from the
 contract's JSON.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from celeryapp.scheduling import limits
+from celeryapp.domain import limits
 from models.states import Overlap
 
 #: Schedule names end up in Redis keys, CLI arguments and metric labels: keep them plain.

@@ -60,6 +60,13 @@ LIST_TEXT_CHARS = 1000
 #: The schedule file, in bytes.
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
+#: Characters of an error message kept on the activity.
+ERROR_CHARS = 2000
+
+#: Most slots one fire message carries (beat sends more as several): one transaction's worth,
+#: and a bound on the statement parameters (SQLite allows 32,766).
+MAX_FIRE_BATCH = 100
+
 
 def json_size(value: Any) -> int:
     """Bytes of ``value`` as compact JSON, counting what is not JSON as a short string.

@@ -19,26 +19,25 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, Opera
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from celeryapp.context import StepContext, running_step
+from celeryapp.domain.limits import ERROR_CHARS
+from celeryapp.domain.step_policy import StepRules
 from celeryapp.errors import StepCancelled
 from celeryapp.execution.advancing import advance_group
-from celeryapp.execution.heartbeat import StepWatch
-from celeryapp.execution.step_events import step_result
-from celeryapp.execution.step_policy import StepRules
 from celeryapp.execution.steps import Claim, Recorded, claim_step, finish_step
 from celeryapp.messaging import keys
-from celeryapp.messaging.dispatch import apply_effects
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
+from celeryapp.worker.dispatch import apply_effects
+from celeryapp.worker.heartbeat import StepWatch
+from celeryapp.worker.step_events import step_result
 from models import ActivityStatus, utcnow
 from models.session import autocommit, connection
 
 if TYPE_CHECKING:
-    from celeryapp.app import ChordbeatCelery
+    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
-#: Characters of an error message kept on the activity.
-ERROR_CHARS = 2000
 #: Seconds a runner keeps trying to claim its attempt, and to record its outcome, while the
 #: database does not answer (restarts and failovers of 10-60 s are routine). Its pickup lease or
 #: heartbeat is kept meanwhile, so recovery neither sends the attempt again nor takes it for lost.

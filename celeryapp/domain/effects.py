@@ -1,13 +1,13 @@
 """What a change in the database leaves to do once its transaction commits: chords to send,
-runs to stop, messages to revoke, beat entries to rewrite. :mod:`celeryapp.messaging.dispatch` does it.
+runs to stop, messages to revoke, beat entries to rewrite. :mod:`celeryapp.worker.dispatch` does it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from celeryapp.messaging import keys
-from celeryapp.scheduling.definition import StepSpec
+from celeryapp.domain.definition import StepSpec
+from celeryapp.domain.names import runner_task_id
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class StepDispatch:
 
     @property
     def celery_task_id(self) -> str:
-        return keys.runner_task_id(self.execution_id, self.worker_task_id, self.attempt)
+        return runner_task_id(self.execution_id, self.worker_task_id, self.attempt)
 
 
 @dataclass(frozen=True)

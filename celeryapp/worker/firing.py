@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from sqlalchemy import bindparam, case, func, literal, or_, select, update
 from sqlalchemy.orm import Session, joinedload
 
+from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.decisions import ScheduleState, decide_fire
+from celeryapp.domain.effects import Effects
+from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, shown, type_name
+from celeryapp.domain.names import run_key
+from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument
-from celeryapp.execution.decisions import ScheduleState, decide_fire
-from celeryapp.execution.effects import Effects
-from celeryapp.execution.runs import SlotOwner, Start, record_slot, run_key, start_execution, start_executions
-from celeryapp.interfaces.views import iso
-from celeryapp.messaging.dispatch import apply_effects
+from celeryapp.execution.runs import SlotOwner, Start, record_slot, start_execution, start_executions
 from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, cadence_of
-from celeryapp.scheduling.cadence import Cadence
-from celeryapp.scheduling.limits import MAX_NAME_CHARS, shown, type_name
+from celeryapp.worker.dispatch import apply_effects
 from models import (
     ExecutionStatus,
     Overlap,
@@ -39,7 +40,7 @@ from models import (
 from models.session import affected, retried_transaction, retrying
 
 if TYPE_CHECKING:
-    from celeryapp.app import ChordbeatCelery
+    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -96,17 +97,14 @@ class Fire(NamedTuple):
     trigger: Trigger
 
 
-#: Most slots one fire message carries (beat sends more as several): one transaction's worth,
-#: and a bound on the statement parameters (SQLite allows 32,766).
-MAX_BATCH = 100
 _FIRE_FIELDS = frozenset(Fire._fields)
 
 
 def batch_arguments(fires: Any, *, now: datetime) -> list[Fire]:
     """Check a batch fire message's argument; one bad slot refuses the whole message."""
-    if not isinstance(fires, list) or not 1 <= len(fires) <= MAX_BATCH:
+    if not isinstance(fires, list) or not 1 <= len(fires) <= MAX_FIRE_BATCH:
         got = f"{len(fires)} slots" if isinstance(fires, list) else type_name(fires)
-        raise InvalidArgument("fires", f"must be a list of 1 to {MAX_BATCH} slots, got {got}")
+        raise InvalidArgument("fires", f"must be a list of 1 to {MAX_FIRE_BATCH} slots, got {got}")
     checked: list[Fire] = []
     for index, item in enumerate(fires):
         if not isinstance(item, dict) or set(item) != _FIRE_FIELDS:

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import delete, exists, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import delete, exists, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.decisions import (
-    AfterExecution,
     NextRun,
     OverlapAction,
     OverlapDecision,
@@ -32,11 +30,19 @@ from celeryapp.domain.decisions import (
     decide_after_execution,
     decide_overlap,
 )
-from celeryapp.domain.definition import ScheduleDefinition, retry_base_s
-from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.domain.definition import retry_base_s
+from celeryapp.domain.effects import Effects
 from celeryapp.domain.names import run_key, runner_task_id
-from celeryapp.domain.times import iso
 from celeryapp.errors import NotFound
+from celeryapp.execution.after_run import log_after_run, pending_retry_started, write_after_run
+from celeryapp.execution.run_rows import (
+    execution_row,
+    execution_with_key,
+    first_group,
+    insert_ignoring_conflicts,
+    insert_worker_tasks,
+)
+from celeryapp.execution.slot_records import SlotRow, record_slot, record_slots
 from celeryapp.monitoring import metric_counts
 from models import (
     Activity,
@@ -53,7 +59,7 @@ from models import (
 )
 from models.definitions import definition_of
 from models.session import NO_SYNC, affected
-from models.tables import EXECUTIONS, SLOT_RECORDS, WORKER_TASKS
+from models.tables import EXECUTIONS
 
 logger = logging.getLogger(__name__)
 
@@ -89,73 +95,6 @@ def _active_execution_ids(session: Session, schedule_id: int) -> list[int]:
     )
 
 
-class SlotOwner(NamedTuple):
-    """The schedule a slot record belongs to (what a fire reads without loading the schedule)."""
-
-    id: int
-    name: str
-
-
-def record_slot(
-    session: Session,
-    schedule: Schedule | SlotOwner,
-    outcome: SlotOutcome,
-    *,
-    trigger: Trigger,
-    nominal_at: datetime | None,
-    now: datetime,
-    execution_id: int | None = None,
-    detail: str | None = None,
-) -> None:
-    record_slots(session, [SlotRow(schedule, outcome, trigger, nominal_at, execution_id, detail)], now=now)
-
-
-class SlotRow(NamedTuple):
-    """What :func:`record_slots` records of one slot."""
-
-    owner: Schedule | SlotOwner
-    outcome: SlotOutcome
-    trigger: Trigger
-    nominal_at: datetime | None
-    execution_id: int | None = None
-    detail: str | None = None
-
-
-def record_slots(session: Session, slots: list[SlotRow], *, now: datetime) -> None:
-    """Record what became of slots, and count them, in one statement each."""
-    rows = [
-        {
-            "schedule_id": slot.owner.id,
-            "schedule_name": slot.owner.name,
-            "nominal_at": slot.nominal_at,
-            "trigger": slot.trigger,
-            "outcome": slot.outcome,
-            "execution_id": slot.execution_id,
-            "detail": slot.detail,
-            "recorded_at": now,
-        }
-        for slot in slots
-    ]
-    session.connection().execute(_INSERT_SLOT, rows)
-    counts = metric_counts.Counts()
-    for slot in slots:
-        counts.count(metric_counts.SLOTS, slot.owner.name, slot.outcome.value)
-    counts.add_to(session)
-
-
-_INSERT_SLOT = insert(SLOT_RECORDS)
-
-
-def _execution_with_key(session: Session, run_key: str) -> int | None:
-    """The execution a run key already made, if any."""
-    return session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
-
-
-def _insert_ignoring_conflicts(session: Session) -> Any:
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    return dialect.insert(EXECUTIONS).on_conflict_do_nothing()
-
-
 def start_execution(
     session: Session,
     schedule: Schedule,
@@ -179,7 +118,7 @@ def start_execution(
     active = [] if no_active or schedule.overlap is Overlap.ALLOW else _active_execution_ids(session, schedule.id)
     if active:
         # Before cancelling or buffering anything for it: a redelivered start is a duplicate.
-        existing = _execution_with_key(session, run_key)
+        existing = execution_with_key(session, run_key)
         if existing is not None:
             return StartResult(existing, skipped="duplicate")
         overlap = decide_overlap(schedule.overlap, trigger, active_id=active[0], current_retry=schedule.current_retry)
@@ -195,12 +134,12 @@ def start_execution(
     # One statement: a unique conflict (the same run key, or another active run of an exclusive
     # schedule) inserts nothing instead of failing, and is sorted out below.
     execution_id = session.scalar(
-        _insert_ignoring_conflicts(session)
-        .values(_execution_row(schedule, definition, trigger=trigger, run_key=run_key, now=now, payload=payload))
+        insert_ignoring_conflicts(session)
+        .values(execution_row(schedule, definition, trigger=trigger, run_key=run_key, now=now, payload=payload))
         .returning(EXECUTIONS.c.id)
     )
     if execution_id is None:
-        winner = _execution_with_key(session, run_key)
+        winner = execution_with_key(session, run_key)
         if winner is not None:
             return StartResult(winner, skipped="duplicate")
         # Lost the race for the schedule's one active run to a run that just started.
@@ -210,12 +149,12 @@ def start_execution(
         overlapped = _overlapped(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
         return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
 
-    task_ids = _insert_worker_tasks(session, {execution_id: definition}, now=now)[execution_id]
+    task_ids = insert_worker_tasks(session, {execution_id: definition}, now=now)[execution_id]
     session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
     record_slot(
         session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution_id
     )
-    effects.dispatch.append(_first_group(schedule, definition, execution_id, task_ids, trigger))
+    effects.dispatch.append(first_group(schedule, definition, execution_id, task_ids, trigger))
     return StartResult(execution_id, effects=effects)
 
 
@@ -237,24 +176,24 @@ def start_executions(session: Session, starts: list[Start], *, now: datetime) ->
     """
     definitions = [definition_of(start.schedule) for start in starts]
     rows = [
-        _execution_row(start.schedule, definition, trigger=start.trigger, run_key=start.run_key, now=now)
+        execution_row(start.schedule, definition, trigger=start.trigger, run_key=start.run_key, now=now)
         for start, definition in zip(starts, definitions, strict=True)
     ]
     inserted = session.connection().execute(
-        _insert_ignoring_conflicts(session).returning(EXECUTIONS.c.run_key, EXECUTIONS.c.id), rows
+        insert_ignoring_conflicts(session).returning(EXECUTIONS.c.run_key, EXECUTIONS.c.id), rows
     )
     ids: dict[str, int] = {key: execution_id for key, execution_id in inserted}
     made = {ids[s.run_key]: d for s, d in zip(starts, definitions, strict=True) if s.run_key in ids}
-    task_ids = _insert_worker_tasks(session, made, now=now) if made else {}
+    task_ids = insert_worker_tasks(session, made, now=now) if made else {}
     results: list[StartResult] = []
     slots: list[SlotRow] = []
     for start, definition in zip(starts, definitions, strict=True):
         execution_id = ids.get(start.run_key)
         if execution_id is None:
             # The row lock and the caller's check leave only one conflict: the run key's.
-            results.append(StartResult(_execution_with_key(session, start.run_key), skipped="duplicate"))
+            results.append(StartResult(execution_with_key(session, start.run_key), skipped="duplicate"))
             continue
-        group = _first_group(start.schedule, definition, execution_id, task_ids[execution_id], start.trigger)
+        group = first_group(start.schedule, definition, execution_id, task_ids[execution_id], start.trigger)
         results.append(StartResult(execution_id, effects=Effects(dispatch=[group])))
         slots.append(SlotRow(start.schedule, SlotOutcome.FIRED, start.trigger, start.nominal_at, execution_id))
     if slots:
@@ -262,74 +201,6 @@ def start_executions(session: Session, starts: list[Start], *, now: datetime) ->
         session.execute(update(Schedule).where(Schedule.id.in_(started_ids)).values(last_run_at=now))
         record_slots(session, slots, now=now)
     return results
-
-
-def _execution_row(
-    schedule: Schedule,
-    definition: ScheduleDefinition,
-    *,
-    trigger: Trigger,
-    run_key: str,
-    now: datetime,
-    payload: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    plan = definition.plan()
-    return {
-        "schedule_id": schedule.id,
-        "schedule_name": schedule.name,
-        "status": ExecutionStatus.IN_PROGRESS,
-        "trigger": trigger,
-        "run_key": run_key,
-        "exclusive_key": None if schedule.overlap is Overlap.ALLOW else schedule.id,
-        "current_step_index": 0,
-        "plan": plan,
-        "step_count": sum(len(group) for group in plan),
-        "payload": {**definition.payload, **(payload or {})},
-        "started_at": now,
-        "deadline_at": now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
-    }
-
-
-def _insert_worker_tasks(
-    session: Session, executions: dict[int, ScheduleDefinition], *, now: datetime
-) -> dict[int, dict[str, int]]:
-    """Every worker task of the executions; their ids by execution and step name (unique within a
-    schedule). An executemany: SQLAlchemy sends it as multi-row INSERTs of at most 1,000 rows
-    (SQLite allows 32,766 parameters a statement, PostgreSQL 65,535), compiled once."""
-    steps = [
-        (execution_id, index, step.name)
-        for execution_id, definition in executions.items()
-        for index, group in enumerate(definition.groups)
-        for step in group
-    ]
-    rows = [
-        {
-            "execution_id": execution_id,
-            "step_index": index,
-            "step_name": name,
-            "status": WorkerTaskStatus.QUEUED if index == 0 else WorkerTaskStatus.WAITING,
-            "attempt": 1,
-            "queued_at": now if index == 0 else None,
-        }
-        for execution_id, index, name in steps
-    ]
-    task_ids: dict[int, dict[str, int]] = {execution_id: {} for execution_id in executions}
-    for execution_id, name, task_id in session.connection().execute(_INSERT_WORKER_TASKS, rows):
-        task_ids[execution_id][name] = task_id
-    return task_ids
-
-
-_INSERT_WORKER_TASKS = insert(WORKER_TASKS).returning(
-    WORKER_TASKS.c.execution_id, WORKER_TASKS.c.step_name, WORKER_TASKS.c.id
-)
-
-
-def _first_group(
-    schedule: Schedule, definition: ScheduleDefinition, execution_id: int, task_ids: dict[str, int], trigger: Trigger
-) -> GroupDispatch:
-    logger.info("execution %s of schedule %r started (%s)", execution_id, schedule.name, trigger.value)
-    first = [StepDispatch(execution_id, task_ids[step.name], 1, step) for step in definition.groups[0]]
-    return GroupDispatch(execution_id, 0, tuple(first), schedule_name=schedule.name)
 
 
 def _overlapped(
@@ -461,7 +332,7 @@ def _after_execution(
         RetryPolicy(row.max_retries, row.total_repeats, retry_base_s(row.every_s, row.retry_delay_s)),
         ended=status,
         is_pending_retry=is_pending_retry,
-        pending_retry_started=is_pending_retry or _pending_retry_started(session, state, pending_key, now),
+        pending_retry_started=is_pending_retry or pending_retry_started(session, state, pending_key, now),
         run_count=row.run_count,
         buffered=row.buffered,
         now=now,
@@ -470,10 +341,10 @@ def _after_execution(
     # leaves the entry alone: no read of it per run. A lost race is synced anyway.
     changed = (after.status, after.current_retry, after.retry_at) != (state.status, state.current_retry, state.retry_at)
     effects = Effects(resync=[name] if changed else [])
-    if not _apply_after(session, schedule_id, state, after, now=now):
+    if not write_after_run(session, schedule_id, state, after, now=now):
         logger.warning("schedule %r changed while execution %s ended; left as it is", name, execution.id)
         return Effects(resync=[name])
-    _log_after(name, state, after, run_count=row.run_count, is_pending_retry=is_pending_retry, ended=status)
+    log_after_run(name, state, after, run_count=row.run_count, is_pending_retry=is_pending_retry, ended=status)
     if after.start is NextRun.RETRY and state.retry_at is not None and pending_key is not None:
         started = start_execution(
             session,
@@ -502,60 +373,6 @@ def _after_execution(
         )
         effects.merge(started.effects)
     return effects
-
-
-def _pending_retry_started(session: Session, state: ScheduleState, key: str | None, now: datetime) -> bool:
-    """Whether the pending retry's run exists; only asked once the retry is due."""
-    if state.retry_at is None or key is None or state.retry_at > now:
-        return False
-    return _execution_with_key(session, key) is not None
-
-
-def _apply_after(
-    session: Session, schedule_id: int, state: ScheduleState, after: AfterExecution, *, now: datetime
-) -> bool:
-    """Write the decided retry state and status, guarded on what the decision read."""
-    changes: dict[str, Any] = {}
-    if (after.current_retry, after.retry_at) != (state.current_retry, state.retry_at):
-        changes.update(current_retry=after.current_retry, retry_at=after.retry_at)
-    if after.status is not state.status:
-        changes.update(status=after.status, retry_at=None, next_run_at=None, buffered=False)
-    if not changes:
-        return True
-    changes["changed_at"] = now  # the beat entry follows: the incremental reconcile must see it
-    return bool(
-        affected(
-            session,
-            update(Schedule)
-            .where(
-                Schedule.id == schedule_id,
-                Schedule.status == state.status,
-                Schedule.current_retry == state.current_retry,
-                Schedule.retry_at.is_not_distinct_from(state.retry_at),
-            )
-            .values(**changes)
-            .execution_options(synchronize_session=False),
-        )
-    )
-
-
-def _log_after(
-    name: str,
-    state: ScheduleState,
-    after: AfterExecution,
-    *,
-    run_count: int,
-    is_pending_retry: bool,
-    ended: ExecutionStatus,
-) -> None:
-    if after.status is ScheduleStatus.DONE:
-        logger.info("schedule %r is done after %s runs", name, run_count)
-    elif after.status is ScheduleStatus.DEAD:
-        logger.error("schedule %r is dead: %s consecutive failures", name, state.current_retry + 1)
-    elif after.counted and after.retry_at is not None:
-        logger.info("schedule %r: retry %s at %s", name, after.current_retry, iso(after.retry_at))
-    elif ended is ExecutionStatus.FAILED and state.retry_at is not None and not is_pending_retry:
-        logger.info("schedule %r: retry %s is already pending; no retry added", name, state.current_retry)
 
 
 def cancel_execution(

@@ -22,7 +22,8 @@ from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, shown, type_
 from celeryapp.domain.names import run_key
 from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument
-from celeryapp.execution.runs import SlotOwner, Start, record_slot, start_execution, start_executions
+from celeryapp.execution.runs import Start, start_execution, start_executions
+from celeryapp.execution.slot_records import SlotOwner, record_slot
 from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, cadence_of
 from celeryapp.worker.dispatch import apply_effects
 from models import (

@@ -1,0 +1,98 @@
+"""The rows a run is made of: its execution row (inserted ignoring unique conflicts, which a
+redelivered start or a second active run of an exclusive schedule causes), all its worker tasks
+up front, and the first group to send once they are committed."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from celeryapp.domain.definition import ScheduleDefinition
+from celeryapp.domain.effects import GroupDispatch, StepDispatch
+from models import ExecutionStatus, Overlap, Schedule, ScheduleExecution, Trigger, WorkerTaskStatus
+from models.tables import EXECUTIONS, WORKER_TASKS
+
+logger = logging.getLogger(__name__)
+
+
+def execution_with_key(session: Session, run_key: str) -> int | None:
+    """The execution a run key already made, if any."""
+    return session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.run_key == run_key))
+
+
+def insert_ignoring_conflicts(session: Session) -> Any:
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    return dialect.insert(EXECUTIONS).on_conflict_do_nothing()
+
+
+def execution_row(
+    schedule: Schedule,
+    definition: ScheduleDefinition,
+    *,
+    trigger: Trigger,
+    run_key: str,
+    now: datetime,
+    payload: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    plan = definition.plan()
+    return {
+        "schedule_id": schedule.id,
+        "schedule_name": schedule.name,
+        "status": ExecutionStatus.IN_PROGRESS,
+        "trigger": trigger,
+        "run_key": run_key,
+        "exclusive_key": None if schedule.overlap is Overlap.ALLOW else schedule.id,
+        "current_step_index": 0,
+        "plan": plan,
+        "step_count": sum(len(group) for group in plan),
+        "payload": {**definition.payload, **(payload or {})},
+        "started_at": now,
+        "deadline_at": now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
+    }
+
+
+def insert_worker_tasks(
+    session: Session, executions: dict[int, ScheduleDefinition], *, now: datetime
+) -> dict[int, dict[str, int]]:
+    """Every worker task of the executions; their ids by execution and step name (unique within a
+    schedule). An executemany: SQLAlchemy sends it as multi-row INSERTs of at most 1,000 rows
+    (SQLite allows 32,766 parameters a statement, PostgreSQL 65,535), compiled once."""
+    steps = [
+        (execution_id, index, step.name)
+        for execution_id, definition in executions.items()
+        for index, group in enumerate(definition.groups)
+        for step in group
+    ]
+    rows = [
+        {
+            "execution_id": execution_id,
+            "step_index": index,
+            "step_name": name,
+            "status": WorkerTaskStatus.QUEUED if index == 0 else WorkerTaskStatus.WAITING,
+            "attempt": 1,
+            "queued_at": now if index == 0 else None,
+        }
+        for execution_id, index, name in steps
+    ]
+    task_ids: dict[int, dict[str, int]] = {execution_id: {} for execution_id in executions}
+    for execution_id, name, task_id in session.connection().execute(_INSERT_WORKER_TASKS, rows):
+        task_ids[execution_id][name] = task_id
+    return task_ids
+
+
+_INSERT_WORKER_TASKS = insert(WORKER_TASKS).returning(
+    WORKER_TASKS.c.execution_id, WORKER_TASKS.c.step_name, WORKER_TASKS.c.id
+)
+
+
+def first_group(
+    schedule: Schedule, definition: ScheduleDefinition, execution_id: int, task_ids: dict[str, int], trigger: Trigger
+) -> GroupDispatch:
+    logger.info("execution %s of schedule %r started (%s)", execution_id, schedule.name, trigger.value)
+    first = [StepDispatch(execution_id, task_ids[step.name], 1, step) for step in definition.groups[0]]
+    return GroupDispatch(execution_id, 0, tuple(first), schedule_name=schedule.name)

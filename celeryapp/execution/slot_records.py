@@ -1,0 +1,70 @@
+"""What became of each slot of a schedule (fired, skipped and why, missed), recorded and counted."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import NamedTuple
+
+from sqlalchemy import insert
+from sqlalchemy.orm import Session
+
+from celeryapp.monitoring import metric_counts
+from models import Schedule, SlotOutcome, Trigger
+from models.tables import SLOT_RECORDS
+
+
+class SlotOwner(NamedTuple):
+    """The schedule a slot record belongs to (what a fire reads without loading the schedule)."""
+
+    id: int
+    name: str
+
+
+def record_slot(
+    session: Session,
+    schedule: Schedule | SlotOwner,
+    outcome: SlotOutcome,
+    *,
+    trigger: Trigger,
+    nominal_at: datetime | None,
+    now: datetime,
+    execution_id: int | None = None,
+    detail: str | None = None,
+) -> None:
+    record_slots(session, [SlotRow(schedule, outcome, trigger, nominal_at, execution_id, detail)], now=now)
+
+
+class SlotRow(NamedTuple):
+    """What :func:`record_slots` records of one slot."""
+
+    owner: Schedule | SlotOwner
+    outcome: SlotOutcome
+    trigger: Trigger
+    nominal_at: datetime | None
+    execution_id: int | None = None
+    detail: str | None = None
+
+
+def record_slots(session: Session, slots: list[SlotRow], *, now: datetime) -> None:
+    """Record what became of slots, and count them, in one statement each."""
+    rows = [
+        {
+            "schedule_id": slot.owner.id,
+            "schedule_name": slot.owner.name,
+            "nominal_at": slot.nominal_at,
+            "trigger": slot.trigger,
+            "outcome": slot.outcome,
+            "execution_id": slot.execution_id,
+            "detail": slot.detail,
+            "recorded_at": now,
+        }
+        for slot in slots
+    ]
+    session.connection().execute(_INSERT_SLOT, rows)
+    counts = metric_counts.Counts()
+    for slot in slots:
+        counts.count(metric_counts.SLOTS, slot.owner.name, slot.outcome.value)
+    counts.add_to(session)
+
+
+_INSERT_SLOT = insert(SLOT_RECORDS)

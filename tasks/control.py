@@ -11,7 +11,7 @@ from celeryapp.domain.limits import check_int
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.execution.advancing import advance_group
 from celeryapp.recovery import housekeeping as history_purge
-from celeryapp.recovery import recovery
+from celeryapp.recovery import lost_slots, recovery
 from celeryapp.scheduling import beat_entries
 from celeryapp.worker import firing
 from celeryapp.worker.dispatch import apply_effects
@@ -52,7 +52,7 @@ def reconcile_beat() -> dict[str, list[str]]:
     except Exception:
         logger.exception("repairing beat entries failed; lost slots are still re-fired")
         changes = None
-    refired = beat_entries.refire_lost_slots(app)
+    refired = lost_slots.refire_lost_slots(app)
     if changes is None:
         return {"written": [], "removed": [], "refired": refired, "failed": ["reconcile"]}
     return {"written": changes.written, "removed": changes.removed, "refired": refired}

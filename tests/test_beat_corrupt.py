@@ -22,6 +22,7 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.recovery import lost_slots
 from celeryapp.scheduling import beat_entries
 from celeryapp.scheduling.beat_entries import ScheduleEntry
 from models import Schedule, transaction, utcnow
@@ -188,5 +189,5 @@ def test_the_lost_slot_refire_passes_over_a_corrupt_entry(
     # Beat moved past the slot of the good one (it recorded the fire) but the message never came.
     fine = ScheduleEntry.from_key(ScheduleEntry.generate_key(app, beat_entries.entry_name("fine")), app=app)
     fine.reschedule(last_run_at=slot + timedelta(seconds=61))
-    assert beat_entries.refire_lost_slots(app) == ["fine"]
+    assert lost_slots.refire_lost_slots(app) == ["fine"]
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text

@@ -28,7 +28,7 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
 from celeryapp.interfaces.web import queries
 from celeryapp.monitoring.metrics import ExecutionCollector
-from celeryapp.recovery import housekeeping, recovery
+from celeryapp.recovery import housekeeping, lost_slots, recovery
 from celeryapp.scheduling import beat_entries
 from celeryapp.worker import firing
 from models import Trigger, get_engine, transaction, utcnow
@@ -136,7 +136,7 @@ def _run_the_paths(app: ChordbeatCelery, client: Any) -> None:
     )
     recovery.recover(app)
     beat_entries.reconcile(app, full=True)
-    beat_entries.refire_lost_slots(app)
+    lost_slots.refire_lost_slots(app)
     # One day past the retention: housekeeping deletes a day of runs and slot records.
     housekeeping.purge(app, now=now + timedelta(days=1))
     service.get_schedule(app, busy)

@@ -30,13 +30,8 @@ from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.health import age_s
 from celeryapp.scheduling import beat_entries
 from celeryapp.scheduling.beat import ChordbeatScheduler
-from celeryapp.scheduling.beat_entries import (
-    FIRE_EXPIRY_GRACE,
-    CadenceSchedule,
-    ScheduleEntry,
-    cadence_of,
-    entry_name,
-)
+from celeryapp.scheduling.beat_entries import CadenceSchedule, ScheduleEntry, cadence_of, entry_name
+from celeryapp.scheduling.stored_entry import FIRE_EXPIRY_GRACE
 from models import ExecutionStatus, Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from tests import processes
 from tests.helpers import call, entry_exists, executions, finished, fire_messages, step, wait_for

@@ -20,20 +20,20 @@ def _exists_calls(client: redis.Redis) -> int:
     return int(client.info("commandstats").get("cmdstat_exists", {}).get("calls", 0))
 
 
-def test_a_look_that_outlasted_a_poll_is_made_again_at_once() -> None:
-    """A look at the cancel and fence flags that took longer than a poll may answer from before a
+def test_a_flag_check_that_outlasted_a_poll_is_made_again_at_once() -> None:
+    """A check of the cancel and fence flags that took longer than a poll may answer from before a
     freeze (a SIGSTOP or VM pause of the worker, a stalled Redis): recovery may have fenced the
-    attempt meanwhile. The watch looks again at once instead of a poll later (the chaos test saw a
+    attempt meanwhile. The watch checks again at once instead of a poll later (the chaos test saw a
     fenced step run on for a poll after its worker woke)."""
     server = RedisServer()
     server.start()
     try:
         assert server.proc is not None
         client = redis.Redis.from_url(server.url)
-        # One EXISTS a look (no fence or stop key); the heartbeat is refreshed every 10 s only.
+        # One EXISTS a check (no fence or stop key); the heartbeat is refreshed every 10 s only.
         watch = StepWatch(redis.Redis.from_url(server.url), heartbeat_key="hb", cancel_key="cancel", ttl_s=30)
         with watch:
-            wait_for(lambda: _exists_calls(client) >= 1, 5, interval=0.05, what="the watch's first look")
+            wait_for(lambda: _exists_calls(client) >= 1, 5, interval=0.05, what="the watch's first flag check")
             before = _exists_calls(client)
             os.kill(server.proc.pid, signal.SIGSTOP)
             try:
@@ -41,9 +41,9 @@ def test_a_look_that_outlasted_a_poll_is_made_again_at_once() -> None:
             finally:
                 os.kill(server.proc.pid, signal.SIGCONT)
             resumed = time.monotonic()
-            # The look made during the outage, answered now, and the one made at once after it.
-            wait_for(lambda: _exists_calls(client) >= before + 2, 2, interval=0.02, what="a second look")
-            assert time.monotonic() - resumed < CANCEL_POLL_S * 0.7, "the second look waited for the next poll"
+            # The check made during the outage, answered now, and the one made at once after it.
+            wait_for(lambda: _exists_calls(client) >= before + 2, 2, interval=0.02, what="a second flag check")
+            assert time.monotonic() - resumed < CANCEL_POLL_S * 0.7, "the second flag check waited for the next poll"
         assert not (watch.cancelled or watch.fenced or watch.timed_out)
     finally:
         server.close()
@@ -88,7 +88,7 @@ def test_steps_of_a_process_share_one_watching_thread_which_ends_when_idle() -> 
         client.set("cancel", "1")  # every watched step is interrupted; here, none is armed any more
         for watch in watches:
             watch.disarm()
-        wait_for(lambda: all(w.cancelled is False for w in watches) and _exists_calls(client) >= 5, 5, what="a look")
+        wait_for(lambda: all(w.cancelled is False for w in watches) and _exists_calls(client) >= 5, 5, what="a check")
         for watch in watches:
             watch.__exit__(None, None, None)
         wait_for(lambda: not client.keys("hb:*") and not client.keys("pickup:*"), 5, interval=0.05, what="keys deleted")
@@ -129,15 +129,15 @@ def test_a_cancel_interrupts_each_step_watched_by_the_shared_thread() -> None:
 
 
 class _BrokenOnce(StepWatch):
-    """A watch whose first look fails in a way nobody foresaw."""
+    """A watch whose first flag check fails in a way nobody foresaw."""
 
     failed = False
 
-    def queue_look(self, pipe: Any) -> int:
+    def queue_flag_check(self, pipe: Any) -> int:
         if not self.failed:
             self.failed = True
             raise ValueError("unforeseen")
-        return super().queue_look(pipe)
+        return super().queue_flag_check(pipe)
 
 
 def test_a_poll_that_fails_unforeseen_does_not_end_the_watching_thread() -> None:
@@ -197,9 +197,9 @@ def test_a_step_whose_heartbeat_cannot_be_refreshed_stops_before_the_heartbeat_e
         server.close()
 
 
-def test_a_step_wakes_the_time_keeper_only_when_it_may_have_to_stop_before_the_keepers_next_look() -> None:
+def test_a_step_wakes_the_time_keeper_only_when_it_may_have_to_stop_before_the_keepers_next_check() -> None:
     """Every step woke the time-keeping thread as it started, a thread switch a step, though a
-    step's first deadline (its lease, a timeout) is mostly far beyond the keeper's next look."""
+    step's first deadline (its lease, a timeout) is mostly far beyond the keeper's next check."""
     server = RedisServer()
     server.start()
     try:
@@ -224,6 +224,6 @@ def test_a_step_wakes_the_time_keeper_only_when_it_may_have_to_stop_before_the_k
             thread.join(5)
         ((stopped_at, watch),) = stopped
         assert watch.timed_out
-        assert stopped_at < wakes_at, "the step due before the keeper's next look was stopped only then"
+        assert stopped_at < wakes_at, "the step due before the keeper's next check was stopped only then"
     finally:
         server.close()

@@ -2,8 +2,9 @@
 
 One thread per process (and Redis client) watches every step running there, in one pipelined
 round trip a poll for all of them, instead of a thread and its round trips per step: starting
-and ending a thread, and deleting the step's keys, cost a no-op step about 0.2 ms of CPU. The
-thread ends once it has nothing left to watch or delete, so an idle worker wakes for nothing.
+and ending a thread, and deleting the step's keys, were most of a no-op step's watch (the figures
+are in docs/performance.md). The thread ends once it has nothing left to watch or delete, so an
+idle worker wakes for nothing.
 
 A second thread per process keeps time: it stops a step whose timeout passed, or whose lease ran
 out (see :class:`StepWatch`). It never touches Redis, so a call the watching thread is stuck in
@@ -17,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from enum import Enum
 from functools import partial
 from types import TracebackType
 from typing import Any
@@ -28,7 +30,7 @@ from celeryapp.messaging.redis_client import registered_script
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between two looks at the cancel flag; also bounds how fast a cancel stops a step.
+#: Seconds between two reads of the cancel flag; also bounds how fast a cancel stops a step.
 CANCEL_POLL_S = 0.5
 #: Seconds an interrupt may take to land in a step at work: it lands at the step's next bytecode,
 #: after whatever C call (a short sleep, a socket read) the step is in returns.
@@ -40,7 +42,7 @@ KEEPER_LATENESS_S = 0.25
 LEASE_MARGIN_S = INTERRUPT_LANDING_S + KEEPER_LATENESS_S
 #: Seconds the time-keeping thread sleeps at most: a step watched since may have an earlier deadline.
 KEEPER_IDLE_S = 1.0
-#: A step's first heartbeat (KEYS[1], for ARGV[1] ms) and the look at its operator's stop flag
+#: A step's first heartbeat (KEYS[1], for ARGV[1] ms) and the read of its operator's stop flag
 #: (KEYS[2]), as one command: cheaper for the worker than a pipeline of two.
 _FIRST_BEAT_LUA = "redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) return redis.call('GET', KEYS[2])"
 
@@ -61,6 +63,16 @@ def _text(value: object) -> str | None:
 
 def _interrupt(thread_id: int) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(StepCancelled))
+
+
+class Interrupt(Enum):
+    """Why a watch interrupted its step (once at most)."""
+
+    CANCELLED = "cancelled"  # its execution was cancelled
+    FENCED = "fenced"  # recovery gave its attempt up
+    STOPPED_BY_OPERATOR = "stopped by operator"  # Flower's Terminate or Revoke: ``stopped`` says which
+    TIMED_OUT = "timed out"
+    LEASE_LOST = "lease lost"  # the attempt is lost to this worker: recovery runs it again
 
 
 class StepWatch:
@@ -111,13 +123,26 @@ class StepWatch:
         self._lock = threading.Lock()
         #: Interrupted: only the heartbeat is kept until the step has returned.
         self._fired = False
-        self.cancelled = False
-        self.timed_out = False
-        self.fenced = False
-        #: The lease ran out: the attempt is lost to this worker (recovery runs it again).
-        self.lease_lost = False
+        #: Why the step was interrupted, if it was (``None`` also when the interrupt came too late).
+        self.interrupted: Interrupt | None = None
         #: Why an operator stopped the attempt (Flower's Terminate or Revoke), if one did.
         self.stopped: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.interrupted is Interrupt.CANCELLED
+
+    @property
+    def fenced(self) -> bool:
+        return self.interrupted is Interrupt.FENCED
+
+    @property
+    def timed_out(self) -> bool:
+        return self.interrupted is Interrupt.TIMED_OUT
+
+    @property
+    def lease_lost(self) -> bool:
+        return self.interrupted is Interrupt.LEASE_LOST
 
     @classmethod
     def keep_alive(cls, client: redis.Redis, key: str, ttl_s: float) -> StepWatch:
@@ -139,7 +164,7 @@ class StepWatch:
             if self._stop_key is None:
                 self.client.set(self._heartbeat_key, "1", px=self._ttl_ms)
             else:
-                # The first heartbeat and the look at the operator's stop flag: one command.
+                # The first heartbeat and the read of the operator's stop flag: one command.
                 first_beat = registered_script(self.client, _FIRST_BEAT_LUA)
                 self.stopped = _text(first_beat(keys=[self._heartbeat_key, self._stop_key], args=[self._ttl_ms]))
         except redis.RedisError as exc:
@@ -172,10 +197,10 @@ class StepWatch:
     def refreshed(self, sent: float) -> None:
         self._last_sent = max(self._last_sent, sent)
 
-    def wants_look(self) -> bool:
+    def wants_flag_check(self) -> bool:
         return not self._fired and bool(self._flag_keys)
 
-    def queue_look(self, pipe: Any) -> int:
+    def queue_flag_check(self, pipe: Any) -> int:
         for key in self._flag_keys:
             pipe.exists(key)
         if self._stop_key is not None:
@@ -183,26 +208,26 @@ class StepWatch:
         return len(self._flag_keys) + (self._stop_key is not None)
 
     def answer(self, replies: list[Any]) -> None:
-        """The look's replies, in the order :meth:`queue_look` asked."""
+        """The flag check's replies, in the order :meth:`queue_flag_check` asked."""
         cancelled, *rest = replies
         stopped = rest.pop() if self._stop_key is not None else None
         if rest and rest[0]:
-            self._fire("fenced")
+            self._fire(Interrupt.FENCED)
         elif cancelled:
-            self._fire("cancelled")
+            self._fire(Interrupt.CANCELLED)
         elif stopped is not None:
             self.stopped = _text(stopped)
-            self._fire("stopped_by_operator")
+            self._fire(Interrupt.STOPPED_BY_OPERATOR)
 
     # What the time-keeping thread asks.
 
     def check_time(self, now: float) -> float | None:
         """Interrupt the step if its timeout passed or its lease ran out; else the next time to
-        look again (``None``: nothing left to interrupt)."""
+        check again (``None``: nothing left to interrupt)."""
         if not self._armed:
             return None
         if self._deadline is not None and now >= self._deadline:
-            self._fire("timed_out")
+            self._fire(Interrupt.TIMED_OUT)
             return None
         lease_end = self._last_sent + self.lease_s
         if now >= lease_end:
@@ -212,7 +237,7 @@ class StepWatch:
                 self._heartbeat_key,
                 now - self._last_sent,
             )
-            self._fire("lease_lost")
+            self._fire(Interrupt.LEASE_LOST)
             return None
         return self.first_deadline()
 
@@ -221,12 +246,11 @@ class StepWatch:
         lease_end = self._last_sent + self.lease_s
         return lease_end if self._deadline is None else min(lease_end, self._deadline)
 
-    def _fire(self, why: str) -> None:
+    def _fire(self, why: Interrupt) -> None:
         self._fired = True
         with self._lock:
             if self._armed:
-                if why != "stopped_by_operator":
-                    setattr(self, why, True)
+                self.interrupted = why
                 self._armed = False
                 _interrupt(self._target)
 
@@ -238,37 +262,37 @@ class _Watcher:
         self.client = client
         self.key = key
         self.watches: dict[StepWatch, None] = {}  # insertion-ordered set
-        self.doomed: list[str] = []
+        self.keys_to_delete: list[str] = []
         self.thread = threading.Thread(target=self._run, name="chordbeat-step-watch", daemon=True)
 
     def _run(self) -> None:
         while True:
             time.sleep(CANCEL_POLL_S)
             with _lock:
-                if not self.watches and not self.doomed:
+                if not self.watches and not self.keys_to_delete:
                     del _watchers[self.key]
                     return
-                watches, doomed = list(self.watches), self.doomed
-                self.doomed = []
+                watches, keys_to_delete = list(self.watches), self.keys_to_delete
+                self.keys_to_delete = []
             try:
-                self._poll(watches, doomed)
+                self._poll(watches, keys_to_delete)
             except Exception:
                 # Whatever went wrong, the thread must go on: without it no heartbeat of this
                 # process is refreshed, and every step would be stopped when its lease ran out.
                 logger.exception("step watch: a poll failed; the next one is in %ss", CANCEL_POLL_S)
 
-    def _poll(self, watches: list[StepWatch], doomed: list[str]) -> None:
+    def _poll(self, watches: list[StepWatch], keys_to_delete: list[str]) -> None:
         # Taken before anything is sent: the lease counts from the send, never from the answer.
         now = time.monotonic()
         refreshing = [w for w in watches if w.refresh_due(now)]
-        looking = [w for w in watches if w.wants_look()]
+        checking = [w for w in watches if w.wants_flag_check()]
         try:
             with self.client.pipeline(transaction=False) as pipe:
                 for watch in refreshing:
                     watch.queue_refresh(pipe)
-                sizes = [watch.queue_look(pipe) for watch in looking]
-                if doomed:
-                    pipe.delete(*doomed)
+                sizes = [watch.queue_flag_check(pipe) for watch in checking]
+                if keys_to_delete:
+                    pipe.delete(*keys_to_delete)
                 replies = pipe.execute()
         except redis.RedisError as exc:
             # A failed refresh is tried again at the next poll, not a period later, so the keys are
@@ -279,23 +303,23 @@ class _Watcher:
             replies.pop(0)
             watch.refreshed(now)
         if time.monotonic() - now > CANCEL_POLL_S:
-            # The look outlasted a poll: the process was frozen (SIGSTOP, a VM pause) or Redis
+            # The poll outlasted its period: the process was frozen (SIGSTOP, a VM pause) or Redis
             # stalled meanwhile, and the answers may be from before the freeze, when recovery had
-            # not yet fenced an attempt. Look again now, not a poll later.
-            self._look_again(looking)
+            # not yet fenced an attempt. Check the flags again now, not a poll later.
+            self._check_flags_again(checking)
             return
-        for watch, size in zip(looking, sizes, strict=True):
+        for watch, size in zip(checking, sizes, strict=True):
             watch.answer(replies[:size])
             del replies[:size]
 
-    def _look_again(self, looking: list[StepWatch]) -> None:
+    def _check_flags_again(self, checking: list[StepWatch]) -> None:
         try:
             with self.client.pipeline(transaction=False) as pipe:
-                sizes = [watch.queue_look(pipe) for watch in looking]
+                sizes = [watch.queue_flag_check(pipe) for watch in checking]
                 replies = pipe.execute()
         except redis.RedisError:
             return
-        for watch, size in zip(looking, sizes, strict=True):
+        for watch, size in zip(checking, sizes, strict=True):
             watch.answer(replies[:size])
             del replies[:size]
 
@@ -305,32 +329,32 @@ def _moved_on(generation: int) -> bool:
 
 
 def _keep_time() -> None:
-    """The time-keeping thread: sleeps until the earliest deadline of a watched step, then looks."""
+    """The time-keeping thread: sleeps until the earliest deadline of a watched step, then checks."""
     global _keeper, _keeper_wakes_at
     while True:
         with _lock:
-            _keeper_wakes_at = float("-inf")  # looking: a step watched meanwhile wakes it again
+            _keeper_wakes_at = float("-inf")  # checking: a step watched meanwhile wakes it again
             watches = [w for watcher in _watchers.values() for w in watcher.watches]
             if not watches:
                 _keeper = None
                 return
             generation = _generation
         now = time.monotonic()
-        next_looks = [look for look in (w.check_time(now) for w in watches) if look is not None]
-        wait_s = min([KEEPER_IDLE_S, *(look - now for look in next_looks)])
+        next_checks = [at for at in (w.check_time(now) for w in watches) if at is not None]
+        wait_s = min([KEEPER_IDLE_S, *(at - now for at in next_checks)])
         with _woken:
             _keeper_wakes_at = now + wait_s
             _woken.wait_for(partial(_moved_on, generation), max(wait_s, 0.0))
 
 
 _lock = threading.Lock()
-#: Notified when a step is watched (its deadline may come before the keeper's next look).
+#: Notified when a step is watched (its deadline may come before the keeper's next check).
 _woken = threading.Condition(_lock)
 _generation = 0
 _watchers: dict[tuple[int, int], _Watcher] = {}
 _keeper: threading.Thread | None = None
-#: When the time-keeping thread looks next (monotonic): a step whose first deadline is no earlier
-#: is looked at then, without waking the thread (a wake-up is a thread switch on every step).
+#: When the time-keeping thread checks next (monotonic): a step whose first deadline is no earlier
+#: is checked then, without waking the thread (a wake-up is a thread switch on every step).
 _keeper_wakes_at = float("-inf")
 
 
@@ -356,7 +380,7 @@ def _unwatch(watch: StepWatch) -> None:
         # Still there: a watcher only leaves once it has nothing to watch.
         watcher = _watchers[(os.getpid(), id(watch.client))]
         watcher.watches.pop(watch, None)
-        watcher.doomed.extend(watch.done_keys)
+        watcher.keys_to_delete.extend(watch.done_keys)
 
 
 def _forget_parents_watchers() -> None:

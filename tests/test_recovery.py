@@ -274,11 +274,11 @@ def test_startup_recovery_leaves_a_step_whose_heartbeat_another_live_worker_refr
     # The other worker refreshes its step's heartbeat.
     redis_client.set(live, "1", px=60_100)
     with caplog.at_level(logging.ERROR, logger=node_start.__name__):
-        assert start.look()
+        assert start.check_heartbeats()
     assert [w.worker_task_id for w in start.pending] == [tasks[1]] and start.duplicate
     assert "twin@host is also the name of another live worker" in caplog.text
     # A TTL after its claim, the fresh one still has no heartbeat: its worker died before the first.
-    assert not start.look(now=utcnow() + timedelta(seconds=app.settings.heartbeat_ttl_s + 1))
+    assert not start.check_heartbeats(now=utcnow() + timedelta(seconds=app.settings.heartbeat_ttl_s + 1))
     assert start.report.requeued == [tasks[1]]
     lost, again = finished(client, ids[1])["activities"]
     assert (lost["attempt"], lost["error"], again["status"]) == (1, "worker lost: twin@host restarted", "complete")

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between two looks at the watched heartbeats (a refresh comes every third of a lease).
-LOOK_INTERVAL_S = 0.25
+#: Seconds between two checks of the watched heartbeats (a refresh comes every third of a lease).
+CHECK_INTERVAL_S = 0.25
 #: How long the watch lasts, in heartbeat TTLs: by then every heartbeat was refreshed or expired.
 WATCH_TTLS = 2
 #: What Redis's PTTL answers for a key that does not exist, and for one without a TTL.
@@ -43,20 +43,20 @@ _MISSING, _NO_TTL = -2, -1
 
 @dataclass
 class Watched:
-    """A processing attempt of the node, and what its heartbeat looked like last."""
+    """A processing attempt of the node, and its heartbeat as last checked."""
 
     worker_task_id: int
     attempt: int
     execution_id: int
     step_name: str
     claimed_at: datetime | None
-    #: The heartbeat's remaining TTL (ms) at the last look; ``None`` while it was never seen.
+    #: The heartbeat's remaining TTL (ms) at the last check; ``None`` while it was never seen.
     ttl_ms: int | None = None
 
 
 @dataclass
 class NodeStart:
-    """Startup recovery of node ``node``: :meth:`look` once at start, then :meth:`watch` in a thread."""
+    """Startup recovery of node ``node``: :meth:`check_heartbeats` once at start, then :meth:`watch` in a thread."""
 
     app: ChordbeatCelery
     node: str
@@ -64,7 +64,8 @@ class NodeStart:
     pending: list[Watched] = field(default_factory=list)
     #: The live worker sharing the name was reported (once per start).
     duplicate: bool = False
-    _looked: bool = False
+    #: Heartbeats were checked before: one seen for the first time now was written since.
+    _checked_before: bool = False
 
     def load(self) -> NodeStart:
         query = select(
@@ -74,7 +75,7 @@ class NodeStart:
             self.pending = [Watched(*row) for row in session.execute(query.order_by(WorkerTask.id))]
         return self
 
-    def look(self, now: datetime | None = None) -> bool:
+    def check_heartbeats(self, now: datetime | None = None) -> bool:
         """Read the pending attempts' heartbeats once, re-queue the orphans found, drop the attempts
         of a live worker. Whether any attempt is still to be watched."""
         if not self.pending:
@@ -102,12 +103,12 @@ class NodeStart:
                     )
                 else:
                     still.append(watched)
-            elif ttl_ms == _NO_TTL or _refreshed(watched.ttl_ms, ttl_ms, looked=self._looked):
+            elif ttl_ms == _NO_TTL or _refreshed(watched.ttl_ms, ttl_ms, checked_before=self._checked_before):
                 self._live(watched)
             else:
                 watched.ttl_ms = ttl_ms
                 still.append(watched)
-        self.pending, self._looked = still, True
+        self.pending, self._checked_before = still, True
         return bool(still)
 
     def _live(self, watched: Watched) -> None:
@@ -127,12 +128,12 @@ class NodeStart:
             logger.info("worker task %s on %s is another live worker's; left alone", watched.worker_task_id, self.node)
 
     def watch(self) -> None:
-        """Look until every pending heartbeat was refreshed or expired (at most :data:`WATCH_TTLS`)."""
+        """Check until every pending heartbeat was refreshed or expired (at most :data:`WATCH_TTLS`)."""
         deadline = time.monotonic() + WATCH_TTLS * self.app.settings.heartbeat_ttl_s
         try:
             while time.monotonic() < deadline:
-                time.sleep(LOOK_INTERVAL_S)
-                if not self.look():
+                time.sleep(CHECK_INTERVAL_S)
+                if not self.check_heartbeats():
                     break
         except Exception:
             # A thread's error would only reach stderr; the periodic recovery still covers the steps.
@@ -146,16 +147,16 @@ class NodeStart:
             )
 
 
-def _refreshed(before_ms: int | None, now_ms: int, *, looked: bool) -> bool:
-    """Whether a heartbeat was written since the last look: its TTL went up, or it appeared."""
-    return now_ms > before_ms if before_ms is not None else looked
+def _refreshed(before_ms: int | None, now_ms: int, *, checked_before: bool) -> bool:
+    """Whether a heartbeat was written since the last check: its TTL went up, or it appeared."""
+    return now_ms > before_ms if before_ms is not None else checked_before
 
 
 def recover_node(app: ChordbeatCelery, node: str) -> NodeStart:
     """At worker start: re-queue the node's orphans whose heartbeat is gone; what remains to watch
     is in the answer's ``pending`` (see :meth:`NodeStart.watch`)."""
     start = NodeStart(app, node).load()
-    start.look()
+    start.check_heartbeats()
     if start.report.requeued:
         logger.warning("worker %s started: re-queued %s orphaned steps", node, len(start.report.requeued))
     return start

@@ -17,7 +17,7 @@ from celeryapp.config import Settings
 from celeryapp.domain.decisions import Verdict
 from celeryapp.domain.definition import StepSpec
 from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
-from celeryapp.execution.advancing import GroupLook, advance_execution, advance_group, look_at_group, move_on
+from celeryapp.execution.advancing import GroupState, advance_execution, advance_group, move_on, read_group
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys
@@ -157,7 +157,7 @@ def test_an_advancement_costs_two_statements_on_postgresql_whatever_the_width_of
         assert not commits
     else:
         assert statements == ["SELECT", "UPDATE", "UPDATE"], statements
-        assert len(commits) == 2  # the look's read-only transaction and the compare-and-set's
+        assert len(commits) == 2  # the group read (read-only) and the compare-and-set
     [sent] = effects.dispatch
     assert sent.step_index == 1 and [s.spec.name for s in sent.steps] == [f"b{i}" for i in range(width)]
     assert [s.worker_task_id for s in sent.steps] == sorted(s.worker_task_id for s in sent.steps)
@@ -167,19 +167,19 @@ def test_an_advancement_costs_two_statements_on_postgresql_whatever_the_width_of
     assert queued == [WorkerTaskStatus.QUEUED] * width
 
 
-def test_an_advancement_that_lost_its_race_after_looking_queues_nothing(app: ChordbeatCelery) -> None:
-    """Between the look and the compare-and-set another advancement moved the run on (the chord's
+def test_an_advancement_that_lost_its_race_after_reading_queues_nothing(app: ChordbeatCelery) -> None:
+    """Between the read and the compare-and-set another advancement moved the run on (the chord's
     body racing the last step): the stale one changes nothing and sends nothing."""
     service.apply_schedule(app, {"name": "race", "every": 3600, "steps": [step("a"), step("b"), step("c")]})
     execution_id = service.trigger_schedule(app, "race")["execution_id"]
     url = app.settings.database_url
     _finish_group(app, execution_id, 0)
     with autocommit(url, read_only=True) as conn:
-        look = look_at_group(conn, execution_id, 0)
-    assert look is not None and look.outcome().verdict is Verdict.ADVANCE
+        state = read_group(conn, execution_id, 0)
+    assert state is not None and state.outcome().verdict is Verdict.ADVANCE
     assert advance_group(url, execution_id, 0, now=utcnow()).dispatch
     with autocommit(url) as conn:
-        assert move_on(conn, execution_id, 0, look, now=utcnow()) == Effects()
+        assert move_on(conn, execution_id, 0, state, now=utcnow()) == Effects()
     with transaction(url) as session:
         assert session.get_one(ScheduleExecution, execution_id).current_step_index == 1
         rows = session.execute(
@@ -232,23 +232,23 @@ def test_a_last_step_advances_its_run_unless_its_time_limit_is_near(app: Chordbe
     assert index == (0 if timeout else 1)
 
 
-def test_the_look_at_a_group_reads_its_steps_and_latest_outcomes_not_the_whole_plan(app: ChordbeatCelery) -> None:
+def test_reading_a_group_gives_its_steps_and_latest_outcomes_not_the_whole_plan(app: ChordbeatCelery) -> None:
     groups = [[step("a", max_attempts=2), step("b")], [step("c")], [step("d")]]
-    service.apply_schedule(app, {"name": "look", "every": 3600, "steps": groups})
-    execution_id = service.trigger_schedule(app, "look")["execution_id"]
+    service.apply_schedule(app, {"name": "read", "every": 3600, "steps": groups})
+    execution_id = service.trigger_schedule(app, "read")["execution_id"]
     url = app.settings.database_url
 
-    def look(index: int) -> GroupLook | None:
+    def read(index: int) -> GroupState | None:
         with autocommit(url, read_only=True) as conn:
-            return look_at_group(conn, execution_id, index)
+            return read_group(conn, execution_id, index)
 
-    started = look(0)
+    started = read(0)
     assert started is not None
     assert [s["name"] for s in started.group] == ["a", "b"]
     assert started.next_group is not None and [s["name"] for s in started.next_group] == ["c"]
-    assert (started.schedule_name, started.unfinished, started.results) == ("look", 2, {})
+    assert (started.schedule_name, started.unfinished, started.results) == ("read", 2, {})
     assert started.outcome().verdict is Verdict.WAIT
-    assert look(1) is None  # not at that group
+    assert read(1) is None  # not at that group
     # a's first attempt is lost (its worker gone) and its second completes; b fails.
     a_id, b_id = _group(app, execution_id, 0)
     with transaction(url) as session:
@@ -260,7 +260,7 @@ def test_the_look_at_a_group_reads_its_steps_and_latest_outcomes_not_the_whole_p
             claim = claim_step(session.connection(), task_id, attempt, node="here", now=utcnow())
             assert claim is not None
             finish_step(session.connection(), claim, status, now=utcnow(), error="boom" if status.failed else None)
-    ended = look(0)
+    ended = read(0)
     assert ended is not None and ended.unfinished == 0
     assert {name: r.status for name, r in ended.results.items()} == {
         "a": ActivityStatus.COMPLETE,  # the latest attempt's, not the lost one's
@@ -269,14 +269,14 @@ def test_the_look_at_a_group_reads_its_steps_and_latest_outcomes_not_the_whole_p
     assert ended.outcome().verdict is Verdict.FAIL
 
 
-def test_the_look_at_the_last_group_has_no_next_one(app: ChordbeatCelery) -> None:
+def test_reading_the_last_group_gives_no_next_one(app: ChordbeatCelery) -> None:
     service.apply_schedule(app, {"name": "last", "every": 3600, "steps": [step("a"), step("b")]})
     execution_id = service.trigger_schedule(app, "last")["execution_id"]
     _finish_group(app, execution_id, 0)
     assert advance_group(app.settings.database_url, execution_id, 0, now=utcnow()).dispatch
     _finish_group(app, execution_id, 1)
     with autocommit(app.settings.database_url, read_only=True) as conn:
-        last = look_at_group(conn, execution_id, 1)
+        last = read_group(conn, execution_id, 1)
     assert last is not None and last.next_group is None
     assert last.outcome().verdict is Verdict.COMPLETE
 

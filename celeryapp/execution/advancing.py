@@ -38,7 +38,7 @@ _OF_GROUP = (_task.execution_id == bindparam("p_execution_id"), _task.step_index
 #: its outcomes so far, in one statement: a row per activity (or one row without any), each with
 #: this group's and the next group's steps from the plan (not the whole plan; past the last
 #: group, the next one is NULL).
-_LOOK_AT_GROUP = (
+_READ_GROUP = (
     select(
         _run.plan[bindparam("p_group", type_=JSON.JSONIntIndexType)],
         _run.plan[bindparam("p_next_group", type_=JSON.JSONIntIndexType)],
@@ -88,7 +88,7 @@ def _queue_next_in_one_statement() -> Any:
 _MOVE_ON_IN_ONE_STATEMENT = _queue_next_in_one_statement()
 
 
-class GroupLook(NamedTuple):
+class GroupState(NamedTuple):
     """A run still at a group, as its advancement reads it."""
 
     #: This group's steps and the next group's (None after the last), as the run's plan has them.
@@ -106,7 +106,7 @@ class GroupLook(NamedTuple):
         return decide_after_group(steps, self.results, unfinished=self.unfinished, has_next_group=has_next)
 
 
-def look_at_group(conn: Connection, execution_id: int, step_index: int) -> GroupLook | None:
+def read_group(conn: Connection, execution_id: int, step_index: int) -> GroupState | None:
     """The run if it is still at this group (``None``: finished, cancelled, or already past it)."""
     params = {
         "p_execution_id": execution_id,
@@ -114,15 +114,15 @@ def look_at_group(conn: Connection, execution_id: int, step_index: int) -> Group
         "p_group": step_index,
         "p_next_group": step_index + 1,
     }
-    rows = conn.execute(_LOOK_AT_GROUP, params).all()
+    rows = conn.execute(_READ_GROUP, params).all()
     if not rows:
         return None
     group, next_group, schedule_name, unfinished = rows[0][:4]
     results = {name: StepResult(status, error) for *_, name, status, error in rows if name is not None}
-    return GroupLook(group, next_group, schedule_name, unfinished, results)
+    return GroupState(group, next_group, schedule_name, unfinished, results)
 
 
-def move_on(conn: Connection, execution_id: int, step_index: int, look: GroupLook, *, now: datetime) -> Effects:
+def move_on(conn: Connection, execution_id: int, step_index: int, state: GroupState, *, now: datetime) -> Effects:
     """Compare-and-set the run to its next group and queue that group's attempts; nothing if the
     run is no longer at this group (someone else advanced, cancelled or ended it)."""
     params = {"p_execution_id": execution_id, "p_step_index": step_index, "p_now": now}
@@ -134,23 +134,23 @@ def move_on(conn: Connection, execution_id: int, step_index: int, look: GroupLoo
         if not conn.execute(_MOVE_ON, params).rowcount:
             return Effects()
         queued = sorted(conn.execute(_QUEUE_NEXT, params).all())
-    assert look.next_group is not None  # only a group with a next one moves on
-    specs = {s["name"]: StepSpec.from_json(s) for s in look.next_group}
+    assert state.next_group is not None  # only a group with a next one moves on
+    specs = {s["name"]: StepSpec.from_json(s) for s in state.next_group}
     steps = tuple(StepDispatch(execution_id, i, a, specs[n]) for i, a, n in queued)
-    return Effects(dispatch=[GroupDispatch(execution_id, step_index + 1, steps, schedule_name=look.schedule_name)])
+    return Effects(dispatch=[GroupDispatch(execution_id, step_index + 1, steps, schedule_name=state.schedule_name)])
 
 
 def advance_execution(session: Session, execution_id: int, step_index: int, *, now: datetime) -> Effects:
     """The activity-based check after a group: fail, advance to the next group, or complete."""
     conn = session.connection()
-    look = look_at_group(conn, execution_id, step_index)
-    if look is None:
+    state = read_group(conn, execution_id, step_index)
+    if state is None:
         return Effects()
-    outcome = look.outcome()
+    outcome = state.outcome()
     if outcome.verdict is Verdict.WAIT:
         return Effects()
     if outcome.verdict is Verdict.ADVANCE:
-        return move_on(conn, execution_id, step_index, look, now=now)
+        return move_on(conn, execution_id, step_index, state, now=now)
     # Ending a run is once per run: the ORM's bookkeeping (counters, retries, repeats) is worth it there.
     execution = session.get_one(ScheduleExecution, execution_id)
     guard = (
@@ -167,10 +167,10 @@ def advance_group(url: str, execution_id: int, step_index: int, *, now: datetime
     without a transaction around the whole; run again whole if the database aborted a part to
     break a deadlock (each part is a compare-and-set, right to run again).
 
-    The look needs none: what it reads of a finished group no longer changes (no attempt of it is
+    The read needs none: what it reads of a finished group no longer changes (no attempt of it is
     left, activities are immutable), and the compare-and-set checks again that the run is still
-    at the group. On PostgreSQL the look is one statement and moving on one, each committing by
-    itself: 2 round trips instead of 6. On SQLite the look does not wait for the write lock, so a
+    at the group. On PostgreSQL the read is one statement and moving on one, each committing by
+    itself: 2 round trips instead of 6. On SQLite the read does not wait for the write lock, so a
     chord's body that finds the run already past its group does not queue behind every writer.
     Ending the run, once per run, takes a transaction (and reads the group again in it).
     """
@@ -182,14 +182,14 @@ def advance_group(url: str, execution_id: int, step_index: int, *, now: datetime
 
 def _advance_group(url: str, execution_id: int, step_index: int, *, now: datetime) -> Effects:
     with autocommit(url, read_only=True) as conn:
-        look = look_at_group(conn, execution_id, step_index)
-    if look is None:
+        state = read_group(conn, execution_id, step_index)
+    if state is None:
         return Effects()
-    verdict = look.outcome().verdict
+    verdict = state.outcome().verdict
     if verdict is Verdict.WAIT:
         return Effects()
     if verdict is Verdict.ADVANCE:
         with autocommit(url) as conn:
-            return move_on(conn, execution_id, step_index, look, now=now)
+            return move_on(conn, execution_id, step_index, state, now=now)
     with transaction(url) as session:
         return advance_execution(session, execution_id, step_index, now=now)

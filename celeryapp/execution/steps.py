@@ -1,10 +1,7 @@
 """A step attempt in the database: a runner claims it (``queued`` → ``processing``, its activity
 opened) and finishes it (its activity closed, its worker task deleted).
 
-Every state change is a compare-and-set ``UPDATE ... WHERE <expected state>``: whoever loses a
-race (a redelivered message, a second callback, recovery racing a slow worker) changes nothing.
-Functions here only touch the database and return the :class:`~celeryapp.domain.effects.Effects` to
-send once the transaction has committed; :mod:`celeryapp.worker.dispatch` sends them.
+Every change is a compare-and-set; its effects are sent after commit (docs/architecture.md "Compare-and-set").
 """
 
 from __future__ import annotations

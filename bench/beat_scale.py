@@ -17,7 +17,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery.schedules import schedule as every
-from redbeat.schedulers import RedBeatSchedulerEntry, get_redis
+from redbeat.schedulers import RedBeatSchedulerEntry
+from redbeat.schedulers import get_redis as redbeat_client
 from sqlalchemy import Engine, func, select, text
 
 from bench import raw_app
@@ -95,7 +96,7 @@ def _create_raw_entries(count: int, due_s: list[float]) -> None:
             app=raw_app.app,
         ).save()
         scores[entry.key] = due_s[i]
-    get_redis(raw_app.app).zadd(raw_app.app.redbeat_conf.schedule_key, scores)
+    redbeat_client(raw_app.app).zadd(raw_app.app.redbeat_conf.schedule_key, scores)
     if time.time() > min(due_s) - RAW_SETUP_S / 2:
         raise RuntimeError("raw entries took too long to write: raise RAW_SETUP_S")
 

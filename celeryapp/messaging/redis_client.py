@@ -80,6 +80,8 @@ def _build(url: str, master: str) -> redis.Redis:
 
 
 def get_redis(url: str) -> redis.Redis:
+    """This process's client for ``url``. (RedBeat's ``get_redis(app)`` is another function,
+    imported as ``redbeat_client``; for our app it answers this one for the RedBeat URL.)"""
     key = (os.getpid(), url, _sentinel_master)
     with _lock:
         client = _clients.get(key)

@@ -9,7 +9,8 @@ from typing import Any
 
 import redis
 from celery import Celery
-from redbeat.schedulers import ensure_conf, get_redis
+from redbeat.schedulers import ensure_conf
+from redbeat.schedulers import get_redis as redbeat_client
 from sqlalchemy import and_, or_, select
 
 from celeryapp.domain.cadence import Cadence
@@ -99,7 +100,7 @@ def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
             if ran_or_busy is None:
                 due.append(_Overdue(row.name, cadence_of(fields), row.retry_at, True))
     refired: list[str] = []
-    client = get_redis(app)
+    client = redbeat_client(app)
     for start in range(0, len(due), CHUNK):
         batch = due[start : start + CHUNK]
         with client.pipeline(transaction=False) as pipe:
@@ -138,7 +139,7 @@ def _refire(app: Celery, item: _Overdue, last_run_at: datetime | None) -> bool:
         trigger = Trigger.CRON if cadence.cron else Trigger.INTERVAL
         options["expires"] = cadence.slot_after(nominal) + FIRE_EXPIRY_GRACE
     marker = app.redbeat_conf.key_prefix + REFIRED_KEY + run_key(item.name, trigger, nominal)
-    if not get_redis(app).set(marker, "1", nx=True, ex=int(LOST_FIRE_GRACE.total_seconds() * 20)):
+    if not redbeat_client(app).set(marker, "1", nx=True, ex=int(LOST_FIRE_GRACE.total_seconds() * 20)):
         return False  # re-fired once already: that fire is still queued (overload) or ran meanwhile
     app.send_task(
         FIRE_TASK,

@@ -16,7 +16,8 @@ from typing import Any
 
 import redis
 from celery.signals import beat_init
-from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, acquire_distributed_beat_lock, get_redis
+from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, acquire_distributed_beat_lock
+from redbeat.schedulers import get_redis as redbeat_client
 
 from celeryapp.domain.limits import MAX_FIRE_BATCH
 from celeryapp.errors import DefinitionError
@@ -128,7 +129,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         loaded, each entry once, and :data:`LOAD_CHUNK` of them a round trip (RedBeat: one each).
         """
         now = self.app.now().timestamp()
-        client = get_redis(self.app)
+        client = redbeat_client(self.app)
         index_key = self.app.redbeat_conf.schedule_key
         with client.pipeline() as pipe:
             pipe.zrangebyscore(index_key, 0, now)
@@ -161,7 +162,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         fail and beat exit, stopping every schedule. The database is the source of truth: the
         next periodic reconcile is made a full one, which writes the entry again; beat's own
         entries (recovery, reconcile...) are written again by the repair before the next tick."""
-        get_redis(self.app).zrem(self.app.redbeat_conf.schedule_key, key)
+        redbeat_client(self.app).zrem(self.app.redbeat_conf.schedule_key, key)
         reconcile_fully_next(self.app)
         if key in {self.Entry.generate_key(self.app, name) for name in self.app.redbeat_conf.schedule}:
             self._needs_repair = True
@@ -184,7 +185,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         """
         now = self.app.now()
         slots: list[tuple[dict[str, str], datetime | None]] = []
-        with get_redis(self.app).pipeline(transaction=False) as pipe:
+        with redbeat_client(self.app).pipeline(transaction=False) as pipe:
             for entry in entries:
                 try:
                     name = entry.kwargs.get("name")
@@ -252,7 +253,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         A standby is alive and ready: it keeps its liveness file fresh while it waits, or a
         liveness probe (``chordbeat health beat``) would restart it over and over.
         """
-        client = get_redis(self.app)
+        client = redbeat_client(self.app)
         standing_by = False
         while True:
             self._alive()
@@ -350,7 +351,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         (and was sent) while the tick worked: under load, every entry due after it then waited
         for max_interval (5 s late). Entries due before the tick began were handled by it.
         """
-        client = get_redis(self.app)
+        client = redbeat_client(self.app)
         head = client.zrangebyscore(
             self.app.redbeat_conf.schedule_key, f"({started!r}", "+inf", start=0, num=1, withscores=True
         )

@@ -21,7 +21,8 @@ from celery import Celery
 from celery.beat import ScheduleEntry as BaseScheduleEntry
 from celery.schedules import BaseSchedule, schedstate
 from redbeat.decoder import RedBeatJSONDecoder, RedBeatJSONEncoder
-from redbeat.schedulers import RedBeatSchedulerEntry, get_redis
+from redbeat.schedulers import RedBeatSchedulerEntry
+from redbeat.schedulers import get_redis as redbeat_client
 
 from celeryapp.domain import limits
 from celeryapp.domain.cadence import Cadence, Due, next_due
@@ -255,7 +256,7 @@ class ScheduleEntry(RedBeatSchedulerEntry):  # type: ignore[misc]
     def from_key(cls, key: str, app: Celery | None = None) -> ScheduleEntry:
         """RedBeat's; an unreadable entry is :class:`KeyError` as a missing one is: RedBeat's
         start-up then writes its own entries (recovery, reconcile...) anew."""
-        definition, meta = get_redis(app).hmget(key, "definition", "meta")
+        definition, meta = redbeat_client(app).hmget(key, "definition", "meta")
         if not definition:
             raise KeyError(key)
         try:
@@ -307,7 +308,7 @@ class ScheduleEntry(RedBeatSchedulerEntry):  # type: ignore[misc]
         """Write the definition; keep the last fire time unless ``reset_last_run`` (new cadence)
         or unreadable."""
         meta = json.dumps({"last_run_at": self.last_run_at}, cls=EntryEncoder)
-        client = get_redis(self.app)
+        client = redbeat_client(self.app)
         if client.type(self.key) not in ("hash", "none", b"hash", b"none"):
             client.delete(self.key)  # not an entry at all: every hash command on it would fail
         with client.pipeline() as pipe:

@@ -77,7 +77,7 @@ def json_size(value: Any) -> int:
     return len(json.dumps(value, skipkeys=True, default=repr, separators=(",", ":")))
 
 
-def shown(value: Any, limit: int = 40) -> str:
+def short_repr(value: Any, limit: int = 40) -> str:
     """``repr`` of a caller's value for an error message, cut so a message stays short."""
     try:
         text = repr(value)
@@ -146,7 +146,7 @@ class _Walk:
                 if self.budget < 0:
                     return None
                 if not isinstance(key, str) or not is_unicode(key):
-                    return path, f"must have string keys, got {shown(key)}"
+                    return path, f"must have string keys, got {short_repr(key)}"
                 problem = self.problem(item, _key_path(path, key), depth + 1)
                 if problem is not None or self.budget < 0:
                     return problem
@@ -174,7 +174,7 @@ def is_unicode(text: str) -> bool:
 
 def _key_path(path: str, key: str) -> str:
     plain = 0 < len(key) <= 40 and key.isascii() and key.replace("_", "a").replace("-", "a").isalnum()
-    return f"{path}.{key}" if plain else f"{path}[{shown(key)}]"
+    return f"{path}.{key}" if plain else f"{path}[{short_repr(key)}]"
 
 
 def check_int(value: Any, field: str, error: type[FieldError], *, low: int = 1, high: int = MAX_ID) -> int:
@@ -182,5 +182,5 @@ def check_int(value: Any, field: str, error: type[FieldError], *, low: int = 1, 
     if isinstance(value, bool) or not isinstance(value, int):
         raise error(field, f"must be an integer, got {type_name(value)}")
     if not low <= value <= high:
-        raise error(field, f"must be between {low} and {high}, got {shown(value)}")
+        raise error(field, f"must be between {low} and {high}, got {short_repr(value)}")
     return value

@@ -35,7 +35,7 @@ from celeryapp.domain.definition import (
     ScheduleDefinition,
     StepSpec,
 )
-from celeryapp.domain.limits import MAX_JSON_BYTES, shown
+from celeryapp.domain.limits import MAX_JSON_BYTES, short_repr
 from celeryapp.domain.names import CONTROL_QUEUES
 from celeryapp.domain.step_policy import (
     StepRules,
@@ -63,7 +63,7 @@ def _refuse_unknown(raw: Mapping[str, Any], allowed: frozenset[str], path: str) 
     if unknown:
         where = f"{path}." if path else ""
         first = unknown[0]
-        label = first if isinstance(first, str) and NAME_PATTERN.fullmatch(first) else shown(first)
+        label = first if isinstance(first, str) and NAME_PATTERN.fullmatch(first) else short_repr(first)
         raise DefinitionError(f"{where}{label}", f"unknown field (allowed: {', '.join(sorted(allowed))})")
 
 
@@ -90,7 +90,7 @@ def _int(raw: Mapping[str, Any], key: str, path: str, default: int, *, low: int,
     if isinstance(value, bool) or not isinstance(value, int):
         raise DefinitionError(path, f"must be an integer, got {_type_name(value)}")
     if not low <= value <= high:
-        raise DefinitionError(path, f"must be between {low} and {high}, got {shown(value)}")
+        raise DefinitionError(path, f"must be between {low} and {high}, got {short_repr(value)}")
     return value
 
 
@@ -107,7 +107,7 @@ def _seconds(
         raise DefinitionError(path, "must be a number of seconds, got NaN")
     if not low <= value <= high:
         bounds = f"{limits.seconds_text(low).removesuffix(' seconds')} and {limits.seconds_text(high)}"
-        raise DefinitionError(path, f"must be between {bounds}, got {shown(value)}")
+        raise DefinitionError(path, f"must be between {bounds}, got {short_repr(value)}")
     return float(value)
 
 
@@ -137,7 +137,7 @@ def _step_name(raw: Mapping[str, Any], path: str) -> str:
 def _pattern(raw: Mapping[str, Any], key: str, path: str, pattern: re.Pattern[str], what: str) -> str | None:
     value = _string(raw, key, path)
     if value is not None and not pattern.fullmatch(value):
-        raise DefinitionError(path, f"{shown(value)} is not {what}")
+        raise DefinitionError(path, f"{short_repr(value)} is not {what}")
     return value
 
 
@@ -145,7 +145,7 @@ def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -
     raw = _require_mapping(raw, path)
     kind = raw.get("kind", "task")
     if not isinstance(kind, str) or kind not in KIND_FIELDS:
-        raise DefinitionError(f"{path}.kind", f"must be one of {', '.join(KIND_FIELDS)}, got {shown(kind)}")
+        raise DefinitionError(f"{path}.kind", f"must be one of {', '.join(KIND_FIELDS)}, got {short_repr(kind)}")
     _refuse_unknown(raw, COMMON_STEP_FIELDS | KIND_FIELDS[kind], path)
     name = _step_name(raw, f"{path}.name")
     if kind == "task":
@@ -335,7 +335,7 @@ def _schedule_name(raw: Mapping[str, Any]) -> str:
         raise DefinitionError(
             "name",
             "must start with a letter or digit and hold only letters, digits, '.', '_' and '-' "
-            f"(at most {limits.MAX_NAME_CHARS} characters), got {shown(name)}",
+            f"(at most {limits.MAX_NAME_CHARS} characters), got {short_repr(name)}",
         )
     return name
 
@@ -407,7 +407,7 @@ def parse_definition(
         overlap = Overlap(overlap_raw)
     except ValueError:
         choices = ", ".join(o.value for o in Overlap)
-        raise DefinitionError("overlap", f"must be one of {choices}, got {shown(overlap_raw)}") from None
+        raise DefinitionError("overlap", f"must be one of {choices}, got {short_repr(overlap_raw)}") from None
     payload = raw.get("payload", {})
     if payload is None:
         payload = {}

@@ -24,7 +24,7 @@ from celeryapp.domain.limits import (
     MAX_SCHEDULE_LIST_LIMIT,
     check_json,
     is_unicode,
-    shown,
+    short_repr,
     type_name,
 )
 from celeryapp.domain.step_policy import StepRules
@@ -268,13 +268,13 @@ def _execution_id(value: Any, field: str = "execution_id") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(field, f"must be an integer (an execution id), got {type_name(value)}")
     if not 1 <= value <= MAX_ID:
-        raise InvalidArgument(field, f"must be between 1 and {MAX_ID}, got {shown(value)}")
+        raise InvalidArgument(field, f"must be between 1 and {MAX_ID}, got {short_repr(value)}")
     return value
 
 
 def _limit(value: Any, high: int = MAX_LIST_LIMIT) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-        got = shown(value) if isinstance(value, int) and not isinstance(value, bool) else type_name(value)
+        got = short_repr(value) if isinstance(value, int) and not isinstance(value, bool) else type_name(value)
         raise InvalidArgument("limit", f"must be an integer between 1 and {high}, got {got}")
     return value
 
@@ -288,7 +288,7 @@ def _status(value: Any) -> ExecutionStatus | None:
     try:
         return ExecutionStatus(value)
     except ValueError:
-        raise InvalidArgument("status", f"must be one of {choices}, got {shown(value)}") from None
+        raise InvalidArgument("status", f"must be one of {choices}, got {short_repr(value)}") from None
 
 
 def _payload(value: Any) -> dict[str, Any] | None:

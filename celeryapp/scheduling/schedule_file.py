@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.definition import NAME_PATTERN, ScheduleDefinition
-from celeryapp.domain.limits import MAX_FILE_BYTES, shown
+from celeryapp.domain.limits import MAX_FILE_BYTES, short_repr
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.validation import parse_definitions
 from celeryapp.errors import ChordbeatError, DefinitionError
@@ -133,7 +133,7 @@ class StrictLoader(yaml.SafeLoader):
             except TypeError:
                 continue  # an unhashable key: the constructor refuses it with its own message
             if first is not key_node.start_mark:
-                raise _Refused(key_node.start_mark, f"duplicate key {shown(key)} (first on line {first.line + 1})")
+                raise _Refused(key_node.start_mark, f"duplicate key {short_repr(key)} (first on line {first.line + 1})")
         return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
 
@@ -152,11 +152,11 @@ def source_name(path: str | Path, declared: Any) -> str:
         if NAME_PATTERN.fullmatch(stem):
             return stem
         raise DefinitionError(
-            "source", f"the file name {shown(stem)} is not a usable source name; add 'source: <name>'"
+            "source", f"the file name {short_repr(stem)} is not a usable source name; add 'source: <name>'"
         )
     if not isinstance(declared, str) or not NAME_PATTERN.fullmatch(declared):
         raise DefinitionError(
-            "source", f"must be a name of letters, digits, '.', '_' and '-' (at most 200), got {shown(declared)}"
+            "source", f"must be a name of letters, digits, '.', '_' and '-' (at most 200), got {short_repr(declared)}"
         )
     return declared
 

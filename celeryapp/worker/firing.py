@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, joinedload
 from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.decisions import ScheduleState, decide_fire
 from celeryapp.domain.effects import Effects
-from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, shown, type_name
+from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, short_repr, type_name
 from celeryapp.domain.names import run_key
 from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument
@@ -63,7 +63,7 @@ def fire_arguments(name: Any, nominal_at: Any, trigger: Any, *, now: datetime) -
     else:
         choices = ", ".join(t.value for t in FIRE_TRIGGERS)
         if not isinstance(trigger, str) or trigger not in {t.value for t in FIRE_TRIGGERS}:
-            raise InvalidArgument("trigger", f"must be one of {choices}, got {shown(trigger)}")
+            raise InvalidArgument("trigger", f"must be one of {choices}, got {short_repr(trigger)}")
         kind = Trigger(trigger)
     if nominal_at is None:
         return name, now, kind
@@ -72,7 +72,9 @@ def fire_arguments(name: Any, nominal_at: Any, trigger: Any, *, now: datetime) -
     except ValueError:
         when = None
     if when is None or when.tzinfo is None:
-        raise InvalidArgument("nominal_at", f"must be an ISO 8601 time with its UTC offset, got {shown(nominal_at)}")
+        raise InvalidArgument(
+            "nominal_at", f"must be an ISO 8601 time with its UTC offset, got {short_repr(nominal_at)}"
+        )
     if when > now + MAX_SLOT_AHEAD:
         raise InvalidArgument(
             "nominal_at", f"{when.isoformat()} is in the future; a fire stands for a slot that is due"
@@ -109,7 +111,7 @@ def batch_arguments(fires: Any, *, now: datetime) -> list[Fire]:
     checked: list[Fire] = []
     for index, item in enumerate(fires):
         if not isinstance(item, dict) or set(item) != _FIRE_FIELDS:
-            got = f"keys {shown(sorted(map(str, item)))}" if isinstance(item, dict) else type_name(item)
+            got = f"keys {short_repr(sorted(map(str, item)))}" if isinstance(item, dict) else type_name(item)
             raise InvalidArgument(f"fires[{index}]", f"must be an object with name, nominal_at and trigger, got {got}")
         if item["nominal_at"] is None:
             raise InvalidArgument(

@@ -159,7 +159,7 @@ class ScheduleExecution(Base):
     #: change a run in flight.
     plan: Mapped[list[list[dict[str, Any]]]] = mapped_column(JSON)
     #: Steps in ``plan``, written with it: lists show a run's step count without reading its plan
-    #: (up to 256 KB; counting a page of 500 such plans took PostgreSQL 240 ms). ``None`` for runs
+    #: (up to 256 KB, slow to count a page of: docs/performance.md). ``None`` for runs
     #: started before revision 0007, whose plans are counted.
     step_count: Mapped[int | None] = mapped_column(Integer, default=None)
     payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

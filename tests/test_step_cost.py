@@ -89,8 +89,8 @@ def test_a_step_costs_two_statements_on_postgresql_five_on_sqlite(app: Chordbeat
 
 
 def test_a_claim_reads_its_steps_group_from_the_plan_not_the_whole_plan(app: ChordbeatCelery) -> None:
-    """A plan grows with its schedule (up to 256 KB); sent and parsed for every step of the run,
-    a 230 KB plan cost each step 0.6 ms of parsing alone."""
+    """A plan grows with its schedule (up to 256 KB); sent and parsed whole for every step of the
+    run, its parsing alone was a noticeable part of a step's cost (docs/performance.md)."""
     groups = [[step(f"g{g}s{s}") for s in range(3)] for g in range(40)]
     service.apply_schedule(app, {"name": "wide-plan", "every": 3600, "steps": groups})
     execution_id = service.trigger_schedule(app, "wide-plan")["execution_id"]

@@ -58,10 +58,9 @@ _GROUP_OF_PLAN = type_coerce(
 # On PostgreSQL the claim and the outcome are one statement each (data-modifying CTEs). The
 # outcome is sent alone, committing by itself (``models.session.autocommit``); the claim
 # stays in a transaction, so that it commits only if its runner is still there to ask (see
-# ``runner._claim``). 4 round trips to the server a step instead of 8; measured in one process,
-# 0.97 -> 0.66 ms wall and 0.93 -> 0.56 ms CPU (client and server) a step. SQLite has no
-# data-modifying CTEs; it runs the same changes as two statements in a transaction, which cost
-# no round trips there.
+# ``runner._claim``). 4 round trips to the server a step instead of 8 (what that saves:
+# docs/performance.md). SQLite has no data-modifying CTEs; it runs the same changes as two
+# statements in a transaction, which cost no round trips there.
 _task = WORKER_TASKS.c
 #: The run, still in progress, locked FOR KEY SHARE before the worker task is (the lock order,
 #: docs/architecture.md "Locks"): the lock the activity's foreign key takes anyway, taken first.

@@ -3,8 +3,9 @@
 A summary is the execution object without ``activities``, ``tasks`` and ``payload``, plus ``steps``:
 ``{"total": <steps in the plan>, "<activity status>": <steps whose latest attempt has it>, ...}``;
 steps not started yet are in ``total`` only. A list never loads a plan, a payload or an activity
-row: ``total`` is the run's stored ``step_count`` and the database counts the rest (200 runs of 100
-steps answered 26 MB when lists carried activities). ``get_execution`` still gives the whole object.
+row: ``total`` is the run's stored ``step_count`` and the database counts the rest (lists that
+carried activities answered megabytes: docs/performance.md). ``get_execution`` still gives the whole
+object.
 """
 
 from __future__ import annotations

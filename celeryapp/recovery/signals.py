@@ -87,7 +87,7 @@ def read_reference_clock(sender: Any = None, **_: Any) -> None:
 def freeze_before_fork(sender: Any = None, **_: Any) -> None:
     """Prefork: everything loaded so far is shared with the pool processes forked next. Keep the
     garbage collector off those objects, so that a collection in a child does not copy their pages
-    (measured with -c 2: 131 -> 100 MiB proportional set size). Other pools fork nothing."""
+    (the memory saved: docs/performance.md). Other pools fork nothing."""
     pool = get_implementation(getattr(sender, "pool_cls", None) or "prefork")
     if isinstance(pool, type) and issubclass(pool, TaskPool):
         gc.freeze()

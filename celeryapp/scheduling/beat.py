@@ -40,8 +40,8 @@ KEEPALIVE_S = 1.0
 #: A standby beat writes its liveness file this often while it waits for the lock.
 STANDBY_TOUCH_S = 5.0
 #: Shortest sleep between ticks: entries due within it are sent together by the next tick (a
-#: fire at most this late) instead of one tick each (10,000 staggered schedules: beat CPU 31%
-#: ticking back to back, 14% at 0.1 s).
+#: fire at most this late) instead of one tick each, which cost beat twice the CPU with many
+#: schedules (docs/performance.md, "Why fires are on time").
 MIN_TICK_S = 0.1
 #: Entries loaded in one round trip.
 LOAD_CHUNK = 1000
@@ -178,7 +178,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
     def _send_fires(self, entries: list[ScheduleEntry]) -> None:
         """Fire the due schedule entries, :data:`~celeryapp.domain.limits.MAX_FIRE_BATCH` slots a
         message: a message each cost beat a few round trips and the workers a transaction per
-        slot (10,000 schedules due at once took 42 s to start).
+        slot (docs/performance.md, "Why 10,000 schedules due at once start in time").
 
         As RedBeat does, the entries move on first (one round trip for all): a beat dying before
         it sent them loses those fires, never doubles them; the lost-slot re-fire repairs that.

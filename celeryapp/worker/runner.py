@@ -282,7 +282,7 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
 def _advance_now(app: ChordbeatCelery, claim: Claim) -> None:
     """The group's last attempt has ended: advance its run now, in this process, instead of after
     the chord's body went round (the group's count in Redis, a message, a free pool process: about
-    2 ms, half of a group-to-group hop). The body still runs; the run being past the group by then,
+    half of a group-to-group hop, docs/performance.md). The body still runs; the run being past the group by then,
     its compare-and-set changes nothing. It is also the backstop: should this fail, or two last
     attempts end at once and each count the other, the body advances the run as before."""
     try:

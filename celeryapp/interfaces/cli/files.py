@@ -1,0 +1,79 @@
+"""Commands that work on the database directly, before any worker exists (deploy jobs,
+``make run``): ``db upgrade`` and ``apply`` of a declarative schedule file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from celeryapp.errors import ChordbeatError
+from celeryapp.interfaces.cli.calls import built_app, console, echo_json, json_option
+from celeryapp.interfaces.terminal import printable, text_of
+
+
+@click.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+def db_upgrade() -> None:
+    """Create or migrate the schema (idempotent)."""
+    from models.migrate import upgrade
+
+    upgrade(built_app().settings.database_url)
+    click.echo("database is up to date")
+
+
+@click.command("apply")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
+@click.option("--yes", "--prune", "yes", is_flag=True, help="Remove the file's dropped schedules without asking.")
+@json_option
+def apply_cmd(path: str, dry_run: bool, yes: bool, as_json: bool) -> None:
+    """Apply a declarative schedule file (file schedules override stored ones).
+
+    Only schedules of the file's own source (its 'source:', by default its name without the
+    extension) that it no longer names are removed, after confirmation.
+    """
+    from celeryapp.scheduling.schedule_file import apply_file
+
+    app = built_app()
+    try:
+        diff = apply_file(app, path, dry_run=True)
+        if not dry_run:
+            remove: bool | list[str] = True
+            if diff.removed and not yes:
+                _show_diff(diff)
+                remove = _confirm_removal(diff.source, diff.removed)
+            diff = apply_file(app, path, remove=remove)
+    except ChordbeatError as exc:
+        raise click.ClickException(printable(exc)) from None
+    if as_json:
+        echo_json({"dry_run": dry_run, **diff.as_json()})
+        return
+    _show_diff(diff)
+    click.echo(printable(f"{'would change' if dry_run else 'applied'} (source {diff.source}): {diff.summary()}"))
+
+
+def _show_diff(diff: Any) -> None:
+    for label, names, style in (("+", diff.added, "green"), ("~", diff.changed, "yellow"), ("-", diff.removed, "red")):
+        for name in names:
+            fields = diff.fields.get(name)
+            console.print(text_of(f"{label} {name}" + (f" ({', '.join(fields)})" if fields else ""), style))
+    for name, owner in diff.taken_over.items():
+        console.print(text_of(f"! {name}: taken over from {owner}", "yellow"))
+
+
+def _confirm_removal(source: str, names: list[str]) -> list[str]:
+    """The names the operator agreed to remove; refuses (nothing changed) otherwise."""
+    question = f"remove {len(names)} schedule(s) of source {source} that the file no longer names?"
+    try:
+        if click.confirm(printable(question), default=False, err=True):
+            return names
+    except click.Abort:  # no terminal to ask in (end of input)
+        pass
+    raise click.ClickException(
+        printable(f"nothing applied: removing {', '.join(names)} needs confirmation (or --prune)")
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celeryapp.domain.definition import KIND_OF_TASK, ScheduleDefinition, StepSpec
+from celeryapp.domain.definition import KIND_OF_TASK, ScheduleDefinition, StepKind, StepSpec
 from models.tables import Schedule, ScheduleStep
 
 
@@ -17,7 +17,7 @@ def definition_of(schedule: Schedule) -> ScheduleDefinition:
             tuple(
                 StepSpec(
                     name=s.name,
-                    kind=KIND_OF_TASK.get(s.task, "task"),
+                    kind=KIND_OF_TASK.get(s.task, StepKind.TASK),
                     task=s.task,
                     args=tuple(s.args),
                     kwargs=dict(s.kwargs),

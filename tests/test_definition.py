@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.cadence import Cadence, retry_delay_s
-from celeryapp.domain.definition import ScheduleDefinition, StepSpec
+from celeryapp.domain.definition import ScheduleDefinition, StepKind, StepSpec
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.scheduling.beat_entries import CadenceSchedule
@@ -85,6 +85,17 @@ def test_invalid_definitions_name_the_field_and_the_reason(path: str, value: Any
         parse_definition(with_change(path, value), known_task=KNOWN.__contains__)
     assert caught.value.field == field
     assert reason in caught.value.reason
+
+
+def test_a_steps_kind_is_a_step_kind_and_reads_back_as_plain_json() -> None:
+    sql = {"name": "s", "kind": "sql", "script": "select 1", "database_env": "CHORDBEAT_SQL_REPORTS"}
+    program = {"name": "p", "kind": "executable", "argv": ["/bin/true"]}
+    parsed = parse_definition({"name": "kinds", "every": 60, "steps": [sql, program, valid()["steps"][0]]})
+    assert [group[0].kind for group in parsed.groups] == [StepKind.SQL, StepKind.EXECUTABLE, StepKind.TASK]
+    steps = parsed.to_json()["steps"]
+    assert steps[:2] == [sql, program] and [type(step.get("kind")) for step in steps] == [str, str, type(None)]
+    assert json.loads(json.dumps(steps)) == steps
+    assert [StepSpec.from_json(step) for step in steps] == [group[0] for group in parsed.groups]
 
 
 def test_every_and_cron_together_are_refused() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -47,14 +48,24 @@ SCHEDULE_FIELDS = frozenset(
     }
 )
 COMMON_STEP_FIELDS = frozenset({"name", "kind", "continue_on_failure", "timeout", "queue", "max_attempts"})
+
+
+class StepKind(StrEnum):
+    """What a step runs (its ``kind`` in the JSON): a Celery task, a program, or an SQL script."""
+
+    TASK = "task"
+    EXECUTABLE = "executable"
+    SQL = "sql"
+
+
 #: Fields of each step kind, and the built-in task that runs the non-task kinds.
 KIND_FIELDS = {
-    "task": frozenset({"task", "args", "kwargs"}),
-    "executable": frozenset({"argv", "cwd", "env"}),
-    "sql": frozenset({"script", "database_env"}),
+    StepKind.TASK: frozenset({"task", "args", "kwargs"}),
+    StepKind.EXECUTABLE: frozenset({"argv", "cwd", "env"}),
+    StepKind.SQL: frozenset({"script", "database_env"}),
 }
 ALL_STEP_FIELDS = COMMON_STEP_FIELDS.union(*KIND_FIELDS.values())
-KIND_TASKS = {"executable": "chordbeat.steps.executable", "sql": "chordbeat.steps.sql"}
+KIND_TASKS = {StepKind.EXECUTABLE: "chordbeat.steps.executable", StepKind.SQL: "chordbeat.steps.sql"}
 KIND_OF_TASK = {task: kind for kind, task in KIND_TASKS.items()}
 
 
@@ -70,12 +81,12 @@ class StepSpec:
     timeout_s: float | None = None
     queue: str | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    kind: str = "task"
+    kind: StepKind = StepKind.TASK
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
-        if self.kind != "task":
-            out["kind"] = self.kind
+        if self.kind is not StepKind.TASK:
+            out["kind"] = self.kind.value  # a plain str: YAML and repr() do not know the enum
             out.update(self.kwargs)
         else:
             out["task"] = self.task
@@ -96,8 +107,8 @@ class StepSpec:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> StepSpec:
         """Rebuild from :meth:`to_json` output (already validated, e.g. an execution's plan)."""
-        kind = raw.get("kind", "task")
-        if kind == "task":
+        kind = StepKind(raw.get("kind", StepKind.TASK))
+        if kind is StepKind.TASK:
             task, args, kwargs = raw["task"], tuple(raw.get("args", ())), dict(raw.get("kwargs", {}))
         else:
             task, args, kwargs = KIND_TASKS[kind], (), {k: raw[k] for k in KIND_FIELDS[kind] if k in raw}

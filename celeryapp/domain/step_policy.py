@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from celeryapp.config import OWN_VARIABLES, Settings
+from celeryapp.domain.definition import StepKind
 
 #: Environment variable names (executable ``env`` keys, a sql step's ``database_env``).
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -166,7 +167,7 @@ class StepRules:
     def __call__(self, task: str) -> bool:
         return self.task_refusal(task) is None
 
-    def kind_refusal(self, kind: str) -> str | None:
+    def kind_refusal(self, kind: StepKind) -> str | None:
         if kind not in self.settings.step_kinds:
             return f"{kind} steps are not enabled on the workers (CHORDBEAT_STEP_KINDS)"
         return None
@@ -177,9 +178,9 @@ class StepRules:
             return f"task {task!r} is not registered in the worker"
         return refusal
 
-    def spec_refusal(self, kind: str, task: str) -> str | None:
+    def spec_refusal(self, kind: StepKind, task: str) -> str | None:
         """Whether a step of ``kind`` running ``task`` may run here at all."""
-        if kind == "task":
+        if kind is StepKind.TASK:
             return self.task_refusal(task)
         refusal = self.kind_refusal(kind)
         if refusal is None and not self.registered(task):

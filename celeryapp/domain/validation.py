@@ -33,6 +33,7 @@ from celeryapp.domain.definition import (
     SCHEDULE_FIELDS,
     TASK_PATTERN,
     ScheduleDefinition,
+    StepKind,
     StepSpec,
 )
 from celeryapp.domain.limits import MAX_JSON_BYTES, short_repr
@@ -143,12 +144,14 @@ def _pattern(raw: Mapping[str, Any], key: str, path: str, pattern: re.Pattern[st
 
 def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -> StepSpec:
     raw = _require_mapping(raw, path)
-    kind = raw.get("kind", "task")
-    if not isinstance(kind, str) or kind not in KIND_FIELDS:
-        raise DefinitionError(f"{path}.kind", f"must be one of {', '.join(KIND_FIELDS)}, got {short_repr(kind)}")
+    raw_kind = raw.get("kind", StepKind.TASK)
+    if not isinstance(raw_kind, str) or raw_kind not in KIND_FIELDS:
+        choices = ", ".join(k.value for k in StepKind)
+        raise DefinitionError(f"{path}.kind", f"must be one of {choices}, got {short_repr(raw_kind)}")
+    kind = StepKind(raw_kind)
     _refuse_unknown(raw, COMMON_STEP_FIELDS | KIND_FIELDS[kind], path)
     name = _step_name(raw, f"{path}.name")
-    if kind == "task":
+    if kind is StepKind.TASK:
         _pattern(raw, "task", f"{path}.task", TASK_PATTERN, "a Celery task name (printable, no spaces)")
     task, args, kwargs = _parse_kind(raw, kind, path, known_task)
     queue = _pattern(raw, "queue", f"{path}.queue", QUEUE_PATTERN, "a queue name (letters, digits, '.', '_', '-', ':')")
@@ -172,7 +175,7 @@ def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -
 
 
 def _parse_kind(
-    raw: Mapping[str, Any], kind: str, path: str, known_task: Callable[[str], bool] | None
+    raw: Mapping[str, Any], kind: StepKind, path: str, known_task: Callable[[str], bool] | None
 ) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     """The task, args and kwargs a step of this kind runs.
 
@@ -186,9 +189,9 @@ def _parse_kind(
             refusal = f"{kind} steps are not enabled on the workers (CHORDBEAT_STEP_KINDS)"
         if refusal:
             raise DefinitionError(f"{path}.kind", refusal)
-    if kind == "executable":
+    if kind is StepKind.EXECUTABLE:
         return KIND_TASKS[kind], (), _parse_executable(raw, path, rules)
-    if kind == "sql":
+    if kind is StepKind.SQL:
         return KIND_TASKS[kind], (), _parse_sql(raw, path, rules)
     task = _string(raw, "task", f"{path}.task", required=True)
     assert task is not None

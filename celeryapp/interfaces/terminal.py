@@ -14,17 +14,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from celeryapp.interfaces.display import (
-    FAILED_STEP,
-    WARNED_STEP,
-    clock,
-    parse_time,
-    relative,
-    state_style,
-    step_states,
-    took,
-    when,
-)
+from celeryapp.domain.times import clock, parse_time, relative, took, when
+from celeryapp.interfaces.display import FAILED_STEP, WARNED_STEP, state_style, step_states
 
 #: Characters that steer a terminal or reorder text (C0 and C1 controls but tab and newline, line
 #: and paragraph separators, bidi controls). Names, errors and outputs are data: shown as escapes.

@@ -53,7 +53,7 @@ def run_cmd(name: str, payload: str | None, wait: bool, as_json: bool) -> None:
 @json_option
 def execution_cmd(execution_id: int, watch: bool, as_json: bool) -> None:
     """One execution: its steps, states, times, errors and warnings."""
-    from celeryapp.interfaces.display import zone_of
+    from celeryapp.domain.times import zone_of
 
     execution = call("get_execution", execution_id)
     if as_json and not watch:
@@ -76,7 +76,7 @@ def execution_cmd(execution_id: int, watch: bool, as_json: bool) -> None:
 @json_option
 def executions_cmd(schedule: str | None, status: str | None, limit: int, before_id: int | None, as_json: bool) -> None:
     """Recent executions, newest first, a page at a time."""
-    from celeryapp.interfaces.display import parse_time, took, zone_of
+    from celeryapp.domain.times import parse_time, took, zone_of
     from celeryapp.interfaces.listing import next_page_hint
 
     executions = call("list_executions", schedule=schedule, status=status, limit=limit, before_id=before_id)

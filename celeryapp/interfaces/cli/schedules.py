@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import click
@@ -27,12 +28,20 @@ from celeryapp.interfaces.terminal import (
 )
 
 
+def _upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
+    """The schedule's next ``count`` fire times, in its own time zone."""
+    from celeryapp.domain.times import fire_times, parse_time, zone_of
+
+    first, zone = parse_time(schedule.get("next_run_at")), zone_of(schedule["timezone"])
+    return fire_times(first, cron=schedule.get("cron"), every_s=schedule.get("every"), zone=zone, count=count)
+
+
 @click.command("list")
 @json_option
 def list_cmd(as_json: bool) -> None:
     """List schedules."""
     from celeryapp.client import each_schedule
-    from celeryapp.interfaces.display import zone_of
+    from celeryapp.domain.times import zone_of
     from celeryapp.interfaces.listing import SCHEDULE_PAGE
 
     with connected() as client:
@@ -56,7 +65,7 @@ def list_cmd(as_json: bool) -> None:
 @json_option
 def show_cmd(name: str, as_json: bool) -> None:
     """A schedule: definition, status, next fire times, recent executions and slots (--json: all of it)."""
-    from celeryapp.interfaces.display import took, upcoming, zone_of
+    from celeryapp.domain.times import took, zone_of
 
     schedule = call("get_schedule", name)
     executions = call("list_executions", schedule=name, limit=5)
@@ -65,7 +74,7 @@ def show_cmd(name: str, as_json: bool) -> None:
         echo_json(
             {
                 "schedule": schedule,
-                "next": [t.isoformat() for t in upcoming(schedule, 5)],
+                "next": [t.isoformat() for t in _upcoming(schedule, 5)],
                 "executions": executions,
                 "slots": slots,
             }
@@ -83,10 +92,10 @@ def show_cmd(name: str, as_json: bool) -> None:
     if schedule["last_error"]:
         console.print(Text("last error: "), text_of(schedule["last_error"], "red"), sep="")
     console.print(definition_table(schedule))
-    from celeryapp.interfaces.display import when
+    from celeryapp.domain.times import when
 
     console.print(Text("next runs", style="italic"))
-    for t in upcoming(schedule, 3):
+    for t in _upcoming(schedule, 3):
         console.print(text_of(f"  {when(t, zone, now)}"))
     if schedule["next_run_at"] is None:
         console.print(text_of(f"  none ({schedule['status']})"))
@@ -122,10 +131,10 @@ def show_cmd(name: str, as_json: bool) -> None:
 @json_option
 def next_cmd(name: str, count: int, as_json: bool) -> None:
     """The coming fire times, in the schedule's zone with their UTC offsets."""
-    from celeryapp.interfaces.display import upcoming, when, zone_of
+    from celeryapp.domain.times import when, zone_of
 
     schedule = call("get_schedule", name)
-    times = upcoming(schedule, count)
+    times = _upcoming(schedule, count)
     if as_json:
         echo_json([t.isoformat() for t in times])
         return
@@ -148,7 +157,7 @@ def pause_cmd(name: str, as_json: bool) -> None:
 @json_option
 def resume_cmd(name: str, as_json: bool) -> None:
     """Resume a paused schedule from its next slot (no make-up runs)."""
-    from celeryapp.interfaces.display import when, zone_of
+    from celeryapp.domain.times import when, zone_of
 
     schedule = call("resume_schedule", name)
     if as_json:

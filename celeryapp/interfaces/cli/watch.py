@@ -19,7 +19,8 @@ def watch(execution_id: int) -> dict[str, Any]:
     from rich.progress import BarColumn, Progress, Task, TextColumn
     from rich.progress_bar import ProgressBar
 
-    from celeryapp.interfaces.display import step_states, zone_of
+    from celeryapp.domain.times import zone_of
+    from celeryapp.interfaces.display import step_states
 
     class Bar(BarColumn):  # type: ignore[misc]
         def render(self, task: Task) -> ProgressBar:

@@ -10,11 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import func, select, union_all
 from sqlalchemy.orm import Session, raiseload
 
-from celeryapp.interfaces.display import step_states, upcoming
+from celeryapp.domain.times import fire_times, parse_time
+from celeryapp.interfaces.display import step_states
 from celeryapp.interfaces.views import execution_json
 from celeryapp.scheduling.beat_entries import cadence_of
 from models import (
@@ -181,13 +183,8 @@ def next_fire_times(schedule: Schedule, now: datetime, count: int = UPCOMING) ->
     if schedule.status in {ScheduleStatus.DONE, ScheduleStatus.DEAD}:
         return []
     first = schedule.retry_at or schedule.next_run_at or cadence_of(schedule).slot_after(now)
-    shape = {
-        "timezone": schedule.timezone,
-        "cron": schedule.cron,
-        "every": schedule.every_s,
-        "next_run_at": first.isoformat(),
-    }
-    return upcoming(shape, count)
+    zone = ZoneInfo(schedule.timezone)
+    return fire_times(first, cron=schedule.cron, every_s=schedule.every_s, zone=zone, count=count)
 
 
 @dataclass
@@ -227,8 +224,8 @@ def execution_view(session: Session, execution_id: int, now: datetime) -> Execut
     start = execution.started_at
     end = execution.completed_at or now
     for a in data["activities"]:
-        a["_started"] = _parse(a["started_at"])
-        a["_completed"] = _parse(a["completed_at"])
+        a["_started"] = parse_time(a["started_at"])
+        a["_completed"] = parse_time(a["completed_at"])
         if a["_completed"] and a["_completed"] > end:
             end = a["_completed"]
     span = max((end - start).total_seconds(), 0.001)
@@ -256,10 +253,6 @@ def execution_view(session: Session, execution_id: int, now: datetime) -> Execut
             state, attempt = states.get((index, name), ("not_started", 0))
             lines.append(StepLine(index, name, state, attempt, bars, attempts))
     return ExecutionView(execution, data, lines, span)
-
-
-def _parse(value: str | None) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 @dataclass

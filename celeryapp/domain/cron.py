@@ -58,15 +58,15 @@ _FIELDS = (
 )
 
 
-def _is_number(text: str) -> bool:
-    # str.isdigit alone accepts '¹' and '٣'.
+def is_number(text: str) -> bool:
+    """A cron field's number: ASCII digits only (str.isdigit alone accepts '¹' and '٣')."""
     return text.isascii() and text.isdigit()
 
 
 def _value(text: str, field: _Field) -> int:
     if field.names and text.isascii() and text.lower() in field.names:
         return field.names[text.lower()]
-    if not _is_number(text):
+    if not is_number(text):
         kind = "a number or a name" if field.names else "a number"
         raise CronError(f"{field.name} field: {text!r} is not {kind}")
     value = int(text)
@@ -81,7 +81,7 @@ def _parse_part(part: str, field: _Field) -> range:
         raise CronError(f"{field.name} field: {part!r} has nothing before '/'")
     step = 1
     if slash:
-        if not _is_number(step_text) or not 1 <= int(step_text) <= field.max_step:
+        if not is_number(step_text) or not 1 <= int(step_text) <= field.max_step:
             raise CronError(f"{field.name} field: step {step_text!r} must be a number from 1 to {field.max_step}")
         step = int(step_text)
     if base == "*":

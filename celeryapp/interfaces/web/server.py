@@ -24,6 +24,7 @@ import tornado.web
 from sqlalchemy import select
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.domain import times
 from celeryapp.domain.limits import MAX_ID, MAX_NAME_CHARS
 from celeryapp.errors import ChordbeatError
 from celeryapp.interfaces import service
@@ -106,7 +107,7 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def get_template_namespace(self) -> dict[str, Any]:
         namespace = super().get_template_namespace()
-        namespace.update(flash=None, h=humanize, iso=iso_z, now=utcnow(), quote=quote, urlencode=urlencode)
+        namespace.update(flash=None, h=humanize, times=times, iso=iso_z, now=utcnow(), quote=quote, urlencode=urlencode)
         return namespace
 
     def take_flash(self) -> str | None:

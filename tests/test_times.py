@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from celeryapp.domain.times import clock, fire_times, parse_time, relative, span, took, when, zone_of
+from celeryapp.domain.times import clock, fire_times, iso, parse_time, relative, span, took, when, zone_of
 from celeryapp.interfaces.web.humanize import cadence_words
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, 123456, tzinfo=UTC)
@@ -116,3 +116,12 @@ def test_interval_fire_times_and_none_to_show() -> None:
     assert fire_times(None, cron=None, every_s=90, zone=LONDON, count=3) == []
     assert fire_times(first, cron="0 2 * * *", every_s=None, zone=LONDON, count=0) == []
     assert fire_times(first, cron="0 2 * * *", every_s=None, zone=LONDON, count=-5) == []
+
+
+def test_iso_writes_utc_with_a_z_to_the_millisecond_or_as_asked() -> None:
+    moment = datetime(2026, 11, 22, 2, 0, 0, 123456, tzinfo=UTC)
+    assert iso(moment) == "2026-11-22T02:00:00.123Z"
+    assert iso(moment, timespec="seconds") == "2026-11-22T02:00:00Z"
+    # The same instant given in another zone is written the same way: one format for machines.
+    assert iso(moment.astimezone(ZoneInfo("Asia/Kolkata"))) == "2026-11-22T02:00:00.123Z"
+    assert iso(None) is None

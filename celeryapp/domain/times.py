@@ -19,11 +19,14 @@ from celeryapp.domain.cron import CronExpression
 NOTHING = "-"
 
 
-def iso(value: datetime | None) -> str | None:
-    """ISO 8601 in UTC with a ``Z``, to the millisecond."""
+def iso(value: datetime | None, *, timespec: str = "milliseconds") -> str | None:
+    """ISO 8601 in UTC with a ``Z``, to the millisecond (the contract's) unless ``timespec`` says
+    otherwise (the dashboard shows seconds)."""
     if value is None:
         return None
-    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value.isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def parse_time(value: str | None) -> datetime | None:

@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
@@ -26,6 +26,7 @@ from sqlalchemy import select
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain import times
 from celeryapp.domain.limits import MAX_ID, MAX_NAME_CHARS
+from celeryapp.domain.times import iso
 from celeryapp.errors import ChordbeatError
 from celeryapp.interfaces import service
 from celeryapp.interfaces.web import humanize, queries
@@ -67,8 +68,9 @@ def session_stamp(user: WebUser) -> str:
     return hashlib.sha256(f"{user.role.value}:{user.password}".encode()).hexdigest()[:16]
 
 
-def iso_z(value: datetime | None) -> str:
-    return "" if value is None else value.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+def iso_seconds(value: datetime | None) -> str:
+    """The dashboard's instants for machines (``<time datetime>``, titles): to the second."""
+    return iso(value, timespec="seconds") or ""
 
 
 class BaseHandler(tornado.web.RequestHandler):
@@ -107,7 +109,9 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def get_template_namespace(self) -> dict[str, Any]:
         namespace = super().get_template_namespace()
-        namespace.update(flash=None, h=humanize, times=times, iso=iso_z, now=utcnow(), quote=quote, urlencode=urlencode)
+        namespace.update(
+            flash=None, h=humanize, times=times, iso=iso_seconds, now=utcnow(), quote=quote, urlencode=urlencode
+        )
         return namespace
 
     def take_flash(self) -> str | None:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.cadence import Cadence, retry_delay_s
 from celeryapp.domain.definition import ScheduleDefinition, StepKind, StepSpec
+from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.scheduling.beat_entries import CadenceSchedule
@@ -22,6 +23,8 @@ from celeryapp.scheduling.store import next_fire_after
 from tests.helpers import call, set_field
 
 KNOWN = {"chordbeat.examples.sleep", "chordbeat.examples.fail"}
+#: No policy of the workers', only which tasks they have.
+KNOWN_ONLY = StepRules.without_policy(KNOWN.__contains__)
 
 
 def valid() -> dict[str, Any]:
@@ -44,12 +47,12 @@ def with_change(path: str, value: Any) -> dict[str, Any]:
 
 
 def test_a_valid_definition_reads_back_as_written() -> None:
-    parsed = parse_definition(valid(), known_task=KNOWN.__contains__)
+    parsed = parse_definition(valid(), rules=KNOWN_ONLY)
     out = parsed.to_json()
     assert out["steps"] == valid()["steps"]
     assert out["overlap"] == "skip" and out["timezone"] == "Europe/London" and "every" not in out
     assert [len(g) for g in parsed.groups] == [1, 2]
-    assert parse_definition(out, known_task=KNOWN.__contains__) == parsed
+    assert parse_definition(out, rules=KNOWN_ONLY) == parsed
 
 
 @pytest.mark.parametrize(
@@ -82,7 +85,7 @@ def test_a_valid_definition_reads_back_as_written() -> None:
 )
 def test_invalid_definitions_name_the_field_and_the_reason(path: str, value: Any, field: str, reason: str) -> None:
     with pytest.raises(DefinitionError) as caught:
-        parse_definition(with_change(path, value), known_task=KNOWN.__contains__)
+        parse_definition(with_change(path, value), rules=KNOWN_ONLY)
     assert caught.value.field == field
     assert reason in caught.value.reason
 
@@ -100,7 +103,7 @@ def test_a_steps_kind_is_a_step_kind_and_reads_back_as_plain_json() -> None:
 
 def test_every_and_cron_together_are_refused() -> None:
     with pytest.raises(DefinitionError, match="exactly one"):
-        parse_definition({**valid(), "every": 60}, known_task=None)
+        parse_definition({**valid(), "every": 60}, rules=None)
 
 
 def test_an_invalid_definition_sent_by_another_service_stores_nothing(
@@ -221,7 +224,7 @@ def assert_fire_times_computable(definition: ScheduleDefinition, at: datetime) -
 @given(raw=JSON_VALUES | near_valid())
 def test_parsing_anything_raises_only_definition_errors(raw: Any) -> None:
     try:
-        parse_definition(raw, known_task=KNOWN.__contains__)
+        parse_definition(raw, rules=KNOWN_ONLY)
     except DefinitionError as exc:
         assert exc.field and exc.reason and len(str(exc)) < 600
 
@@ -230,7 +233,7 @@ def test_parsing_anything_raises_only_definition_errors(raw: Any) -> None:
 @given(raw=near_valid(), now=UTC_TIMES, later=UTC_TIMES)
 def test_a_definition_that_parses_can_always_compute_its_fire_times(raw: Any, now: datetime, later: datetime) -> None:
     try:
-        parsed = parse_definition(raw, known_task=KNOWN.__contains__, now=now)
+        parsed = parse_definition(raw, rules=KNOWN_ONLY, now=now)
     except DefinitionError:
         assume(False)
         return
@@ -238,5 +241,5 @@ def test_a_definition_that_parses_can_always_compute_its_fire_times(raw: Any, no
     assert_fire_times_computable(parsed, later)
     # What is stored reads back as the same definition, as plain JSON.
     stored = json.loads(json.dumps(parsed.to_json(), allow_nan=False))
-    assert parse_definition(stored, known_task=KNOWN.__contains__, now=later) == parsed
+    assert parse_definition(stored, rules=KNOWN_ONLY, now=later) == parsed
     assert [[StepSpec.from_json(s) for s in group] for group in parsed.plan()] == [list(g) for g in parsed.groups]

@@ -144,10 +144,10 @@ def test_a_bad_source_name_is_refused(tmp_path: Path, source: Any, reason: str) 
     from celeryapp.scheduling.schedule_file import read_file
 
     with pytest.raises(DefinitionError) as caught:
-        read_file(write(tmp_path / "s.yaml", source=source), known_task=None)
+        read_file(write(tmp_path / "s.yaml", source=source), rules=None)
     assert caught.value.field == "source" and reason in caught.value.reason
     with pytest.raises(DefinitionError, match="source: the file name 'my schedules' is not a usable source name"):
-        read_file(write(tmp_path / "my schedules.yaml"), known_task=None)
+        read_file(write(tmp_path / "my schedules.yaml"), rules=None)
 
 
 def test_every_invalid_schedule_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
@@ -161,7 +161,7 @@ def test_every_invalid_schedule_of_a_file_is_reported_at_once(tmp_path: Path) ->
         {"name": "ok", "every": 5, "steps": [step("s")]},
     )
     with pytest.raises(DefinitionError) as caught:
-        read_file(path, known_task=None)
+        read_file(path, rules=None)
     lines = str(caught.value).splitlines()
     assert [line.split(":")[0] for line in lines] == [
         "schedules[0] (a).every",
@@ -170,7 +170,7 @@ def test_every_invalid_schedule_of_a_file_is_reported_at_once(tmp_path: Path) ->
     ]
     many = write(tmp_path / "m.yaml", *({"name": f"n{i}", "steps": []} for i in range(30)))
     with pytest.raises(DefinitionError) as caught:
-        read_file(many, known_task=None)
+        read_file(many, rules=None)
     assert len(str(caught.value).splitlines()) == 21 and str(caught.value).endswith("... and 10 more")
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from celeryapp.config import Settings
+from celeryapp.domain.definition import StepKind
 from celeryapp.domain.step_policy import (
     StepRules,
     env_name_refusal,
@@ -162,11 +163,24 @@ def test_sql_variables_under_the_prefix_are_allowed() -> None:
 
 
 def test_rules_combine_the_settings_with_what_is_registered() -> None:
-    rules = StepRules(Settings(step_tasks=("hr.*",)), registered={"hr.export", "celery.starmap"}.__contains__)
-    assert rules("hr.export") and not rules("hr.missing") and not rules("celery.starmap")
+    rules = StepRules.of(Settings(step_tasks=("hr.*",)), registered={"hr.export", "celery.starmap"}.__contains__)
+    assert rules.task_refusal("hr.export") is None and rules.task_refusal("celery.starmap")
     assert "not registered" in (rules.task_refusal("hr.missing") or "")
-    assert "not enabled" in (rules.spec_refusal("executable", "chordbeat.steps.executable") or "")
-    assert rules.spec_refusal("task", "hr.export") is None
+    assert "not enabled" in (rules.spec_refusal(StepKind.EXECUTABLE, "chordbeat.steps.executable") or "")
+    assert rules.spec_refusal(StepKind.TASK, "hr.export") is None
+
+
+def test_rules_without_policy_keep_what_holds_whatever_the_settings() -> None:
+    rules = StepRules.without_policy()
+    assert rules.spec_refusal(StepKind.EXECUTABLE, "chordbeat.steps.executable") is None
+    assert rules.spec_refusal(StepKind.SQL, "chordbeat.steps.sql") is None
+    assert rules.executable_refusal("/any/program") is None and rules.sql_env_refusal("REPORTS_URL") is None
+    assert "absolute path" in (rules.executable_refusal("bin/sh") or "")
+    assert "Celery's own tasks" in (rules.task_refusal("celery.starmap") or "")
+    assert "worker's own settings" in (rules.sql_env_refusal("CHORDBEAT_DATABASE_URL") or "")
+    assert rules.task_refusal("anything.at.all") is None
+    known = StepRules.without_policy({"hr.export"}.__contains__)
+    assert known.task_refusal("hr.export") is None and "not registered" in (known.task_refusal("hr.missing") or "")
 
 
 # --- settings -----------------------------------------------------------------------------------

@@ -153,27 +153,54 @@ def sql_env_refusal(name: str, prefix: str | None) -> str | None:
     return None
 
 
+def _every_task(task: str) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class StepRules:
-    """The rules of one process: its settings and the tasks it has registered.
+    """What one process lets a step run: the operator's policy and the tasks it has registered."""
 
-    Callable as a ``known_task`` for :func:`celeryapp.domain.validation.parse_definition`: whether
-    ``task`` is registered here and allowed as a step.
-    """
-
-    settings: Settings
+    #: Whether a task is registered in this process.
     registered: Callable[[str], bool]
+    #: Patterns of the tasks a step may run (``CHORDBEAT_STEP_TASKS``).
+    step_tasks: tuple[str, ...]
+    #: The step kinds enabled (``CHORDBEAT_STEP_KINDS``).
+    step_kinds: frozenset[str]
+    #: Programs, and directories ending in ``/``, executable steps may run (``CHORDBEAT_EXECUTABLE_ALLOW``).
+    executable_allow: tuple[str, ...]
+    #: What a sql step's ``database_env`` starts with (``CHORDBEAT_SQL_ENV_PREFIX``); ``None``: any
+    #: variable but the worker's own.
+    sql_env_prefix: str | None
 
-    def __call__(self, task: str) -> bool:
-        return self.task_refusal(task) is None
+    @classmethod
+    def of(cls, settings: Settings, registered: Callable[[str], bool]) -> StepRules:
+        """The rules of a process with these settings and tasks."""
+        return cls(
+            registered,
+            step_tasks=settings.step_tasks,
+            step_kinds=settings.step_kinds,
+            executable_allow=settings.executable_allow,
+            sql_env_prefix=settings.sql_env_prefix,
+        )
+
+    @classmethod
+    def without_policy(cls, registered: Callable[[str], bool] = _every_task) -> StepRules:
+        """Only the rules that hold whatever the settings (no reserved task, an absolute program,
+        not the worker's own variables) and, if given, which tasks are registered: for checking a
+        definition away from the workers whose settings would apply."""
+        # "/" allows every absolute path: what program_refusal alone allows.
+        return cls(
+            registered, step_tasks=("*",), step_kinds=frozenset(StepKind), executable_allow=("/",), sql_env_prefix=None
+        )
 
     def kind_refusal(self, kind: StepKind) -> str | None:
-        if kind not in self.settings.step_kinds:
+        if kind not in self.step_kinds:
             return f"{kind} steps are not enabled on the workers (CHORDBEAT_STEP_KINDS)"
         return None
 
     def task_refusal(self, task: str) -> str | None:
-        refusal = step_task_refusal(task, self.settings.step_tasks)
+        refusal = step_task_refusal(task, self.step_tasks)
         if refusal is None and not self.registered(task):
             return f"task {task!r} is not registered in the worker"
         return refusal
@@ -188,7 +215,7 @@ class StepRules:
         return refusal
 
     def executable_refusal(self, program: str) -> str | None:
-        return executable_refusal(program, self.settings.executable_allow)
+        return executable_refusal(program, self.executable_allow)
 
     def sql_env_refusal(self, name: str) -> str | None:
-        return sql_env_refusal(name, self.settings.sql_env_prefix)
+        return sql_env_refusal(name, self.sql_env_prefix)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -38,13 +38,7 @@ from celeryapp.domain.definition import (
 )
 from celeryapp.domain.limits import MAX_JSON_BYTES, short_repr
 from celeryapp.domain.names import CONTROL_QUEUES
-from celeryapp.domain.step_policy import (
-    StepRules,
-    env_name_refusal,
-    program_refusal,
-    sql_env_refusal,
-    step_task_refusal,
-)
+from celeryapp.domain.step_policy import StepRules, env_name_refusal
 from celeryapp.domain.zones import canonical_zone_problem
 from celeryapp.errors import DefinitionError, DefinitionErrors
 from models.states import Overlap
@@ -142,7 +136,11 @@ def _pattern(raw: Mapping[str, Any], key: str, path: str, pattern: re.Pattern[st
     return value
 
 
-def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -> StepSpec:
+#: Rules for a definition checked with none given.
+_NO_POLICY = StepRules.without_policy()
+
+
+def _parse_step(raw: Any, path: str, rules: StepRules) -> StepSpec:
     raw = _require_mapping(raw, path)
     raw_kind = raw.get("kind", StepKind.TASK)
     if not isinstance(raw_kind, str) or raw_kind not in KIND_FIELDS:
@@ -153,7 +151,7 @@ def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -
     name = _step_name(raw, f"{path}.name")
     if kind is StepKind.TASK:
         _pattern(raw, "task", f"{path}.task", TASK_PATTERN, "a Celery task name (printable, no spaces)")
-    task, args, kwargs = _parse_kind(raw, kind, path, known_task)
+    task, args, kwargs = _parse_kind(raw, kind, path, rules)
     queue = _pattern(raw, "queue", f"{path}.queue", QUEUE_PATTERN, "a queue name (letters, digits, '.', '_', '-', ':')")
     if queue in CONTROL_QUEUES:
         raise DefinitionError(f"{path}.queue", f"{queue!r} is a control queue; steps run on their own queues")
@@ -175,18 +173,11 @@ def _parse_step(raw: Any, path: str, known_task: Callable[[str], bool] | None) -
 
 
 def _parse_kind(
-    raw: Mapping[str, Any], kind: StepKind, path: str, known_task: Callable[[str], bool] | None
+    raw: Mapping[str, Any], kind: StepKind, path: str, rules: StepRules
 ) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-    """The task, args and kwargs a step of this kind runs.
-
-    A :class:`StepRules` as ``known_task`` also applies the workers' policy (allowed programs,
-    SQL variables, step tasks); the rules that need no settings apply whatever ``known_task`` is.
-    """
-    rules = known_task if isinstance(known_task, StepRules) else None
+    """The task, args and kwargs a step of this kind runs, if ``rules`` let it run."""
     if kind in KIND_TASKS:
-        refusal = rules.spec_refusal(kind, KIND_TASKS[kind]) if rules else None
-        if rules is None and known_task is not None and not known_task(KIND_TASKS[kind]):
-            refusal = f"{kind} steps are not enabled on the workers (CHORDBEAT_STEP_KINDS)"
+        refusal = rules.spec_refusal(kind, KIND_TASKS[kind])
         if refusal:
             raise DefinitionError(f"{path}.kind", refusal)
     if kind is StepKind.EXECUTABLE:
@@ -197,11 +188,9 @@ def _parse_kind(
     assert task is not None
     if task in KIND_OF_TASK:
         raise DefinitionError(f"{path}.task", f'use "kind": "{KIND_OF_TASK[task]}" instead of the task {task!r}')
-    refusal = rules.task_refusal(task) if rules else step_task_refusal(task, ("*",))
+    refusal = rules.task_refusal(task)
     if refusal:
         raise DefinitionError(f"{path}.task", refusal)
-    if known_task is not None and not known_task(task):
-        raise DefinitionError(f"{path}.task", f"task {task!r} is not registered in the worker")
     args = raw.get("args", [])
     if not isinstance(args, list):
         raise DefinitionError(f"{path}.args", f"must be a list, got {_type_name(args)}")
@@ -213,14 +202,14 @@ def _parse_kind(
     return task, tuple(args), dict(task_kwargs)
 
 
-def _parse_executable(raw: Mapping[str, Any], path: str, rules: StepRules | None) -> dict[str, Any]:
+def _parse_executable(raw: Mapping[str, Any], path: str, rules: StepRules) -> dict[str, Any]:
     argv = raw.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:
         raise DefinitionError(f"{path}.argv", "must be a non-empty list of strings (program first)")
     if any("\0" in a for a in argv):
         raise DefinitionError(f"{path}.argv", "must not contain NUL characters")
     _json_value(argv, f"{path}.argv")
-    refusal = rules.executable_refusal(argv[0]) if rules else program_refusal(argv[0])
+    refusal = rules.executable_refusal(argv[0])
     if refusal:
         raise DefinitionError(f"{path}.argv", refusal)
     kwargs: dict[str, Any] = {"argv": list(argv)}
@@ -243,12 +232,12 @@ def _parse_executable(raw: Mapping[str, Any], path: str, rules: StepRules | None
     return kwargs
 
 
-def _parse_sql(raw: Mapping[str, Any], path: str, rules: StepRules | None) -> dict[str, Any]:
+def _parse_sql(raw: Mapping[str, Any], path: str, rules: StepRules) -> dict[str, Any]:
     script = _string(raw, "script", f"{path}.script", required=True)
     _json_value(script, f"{path}.script")
     variable = _string(raw, "database_env", f"{path}.database_env", required=True)
     assert script is not None and variable is not None
-    refusal = rules.sql_env_refusal(variable) if rules else sql_env_refusal(variable, None)
+    refusal = rules.sql_env_refusal(variable)
     if refusal:
         raise DefinitionError(f"{path}.database_env", refusal)
     return {"script": script, "database_env": variable}
@@ -304,9 +293,7 @@ def _parts(raw: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return parts
 
 
-def _parse_groups(
-    raw: Any, known_task: Callable[[str], bool] | None
-) -> tuple[tuple[tuple[StepSpec, ...], ...], tuple[bool, ...]]:
+def _parse_groups(raw: Any, rules: StepRules) -> tuple[tuple[tuple[StepSpec, ...], ...], tuple[bool, ...]]:
     if not isinstance(raw, list) or not raw:
         raise DefinitionError("steps", "must be a non-empty list of step groups")
     groups: list[tuple[StepSpec, ...]] = []
@@ -317,10 +304,10 @@ def _parse_groups(
         if isinstance(group, list):
             if not group:
                 raise DefinitionError(path, "a parallel group must hold at least one step")
-            steps = tuple(_parse_step(s, f"{path}[{i}]", known_task) for i, s in enumerate(group))
+            steps = tuple(_parse_step(s, f"{path}[{i}]", rules) for i, s in enumerate(group))
             is_list.append(True)
         else:
-            steps = (_parse_step(group, path, known_task),)
+            steps = (_parse_step(group, path, rules),)
             is_list.append(False)
         for i, step in enumerate(steps):
             where = f"{path}[{i}].name" if is_list[-1] else f"{path}.name"
@@ -391,12 +378,11 @@ def _check_fire_times(definition: ScheduleDefinition, now: datetime) -> None:
         raise DefinitionError(field_name, f"its fire times cannot be computed ({exc})") from None
 
 
-def parse_definition(
-    raw: Any, *, known_task: Callable[[str], bool] | None = None, now: datetime | None = None
-) -> ScheduleDefinition:
+def parse_definition(raw: Any, *, rules: StepRules | None = None, now: datetime | None = None) -> ScheduleDefinition:
     """Validate a definition object; raise :class:`DefinitionError` naming the first bad field.
 
-    ``known_task`` tells whether a task name is registered; ``None`` skips that check.
+    ``rules`` are the workers' (which tasks are registered, the operator's policy); ``None``
+    checks only what holds whatever the settings (:meth:`StepRules.without_policy`).
     """
     raw = _require_mapping(raw, "definition")
     _refuse_unknown(raw, SCHEDULE_FIELDS, "")
@@ -417,7 +403,7 @@ def parse_definition(
     if not isinstance(payload, Mapping):
         raise DefinitionError("payload", f"must be an object, got {_type_name(payload)}")
     _json_value(payload, "payload")
-    groups, group_is_list = _parse_groups(raw.get("steps"), known_task)
+    groups, group_is_list = _parse_groups(raw.get("steps"), rules or _NO_POLICY)
     definition = ScheduleDefinition(
         name=name,
         groups=groups,
@@ -448,9 +434,7 @@ def parse_definition(
     return definition
 
 
-def parse_definitions(
-    items: Sequence[Any], *, known_task: Callable[[str], bool] | None = None
-) -> list[ScheduleDefinition]:
+def parse_definitions(items: Sequence[Any], *, rules: StepRules | None = None) -> list[ScheduleDefinition]:
     """Validate a list of definitions (a schedule file); errors say which schedule is wrong.
 
     Every invalid schedule is reported at once (its first problem each, up to
@@ -465,7 +449,7 @@ def parse_definitions(
         shown_label = isinstance(label, str) and NAME_PATTERN.fullmatch(label)
         where = f"schedules[{index}]" + (f" ({label})" if shown_label else "")
         try:
-            definition = parse_definition(raw, known_task=known_task)
+            definition = parse_definition(raw, rules=rules)
         except DefinitionError as exc:
             errors.append(DefinitionError(f"{where}.{exc.field}", exc.reason))
             continue

@@ -56,16 +56,16 @@ if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery
 
 
-def known_task(app: ChordbeatCelery) -> StepRules:
+def step_rules(app: ChordbeatCelery) -> StepRules:
     """What steps may do, as this process (the worker, for service calls) sees it: tasks that are
     registered here and allowed as steps, enabled kinds, allowed programs and SQL variables."""
-    return StepRules(app.settings, registered=app.tasks.__contains__)
+    return StepRules.of(app.settings, registered=app.tasks.__contains__)
 
 
 def apply_schedule(
     app: ChordbeatCelery, definition: Any, *, source: ScheduleSource = ScheduleSource.API
 ) -> dict[str, Any]:
-    parsed = parse_definition(definition, known_task=known_task(app))
+    parsed = parse_definition(definition, rules=step_rules(app))
 
     def store(session: Session) -> dict[str, Any]:
         return schedule_json(upsert_schedule(session, parsed, source=source, now=utcnow())[0])

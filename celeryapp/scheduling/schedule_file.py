@@ -10,7 +10,7 @@ aliases, merge keys or duplicate keys; errors name the file and the line.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -161,13 +161,16 @@ def source_name(path: str | Path, declared: Any) -> str:
     return declared
 
 
-def load_file(path: str | Path, *, known_task: Callable[[str], bool] | None) -> list[ScheduleDefinition]:
+def load_file(path: str | Path, *, rules: StepRules | None) -> list[ScheduleDefinition]:
     """Read and validate a whole schedule file's schedules (see :func:`read_file`)."""
-    return read_file(path, known_task=known_task).definitions
+    return read_file(path, rules=rules).definitions
 
 
-def read_file(path: str | Path, *, known_task: Callable[[str], bool] | None) -> ScheduleFile:
-    """Read and validate a whole schedule file; raise :class:`DefinitionError` naming every invalid schedule."""
+def read_file(path: str | Path, *, rules: StepRules | None) -> ScheduleFile:
+    """Read and validate a whole schedule file; raise :class:`DefinitionError` naming every invalid schedule.
+
+    ``rules`` are the workers' (see :func:`celeryapp.domain.validation.parse_definition`).
+    """
     where = str(path)
     try:
         with open(path, "rb") as stream:
@@ -195,7 +198,7 @@ def read_file(path: str | Path, *, known_task: Callable[[str], bool] | None) -> 
     items = document.get("schedules") or []
     if not isinstance(items, list):
         raise DefinitionError("schedules", "must be a list of schedule definitions")
-    return ScheduleFile(source, parse_definitions(items, known_task=known_task))
+    return ScheduleFile(source, parse_definitions(items, rules=rules))
 
 
 def apply_definitions(
@@ -264,7 +267,7 @@ def apply_file(
 
     Only schedules of the file's own source are pruned (see :func:`apply_definitions`).
     """
-    schedule_file = read_file(path, known_task=StepRules(app.settings, registered=app.tasks.__contains__))
+    schedule_file = read_file(path, rules=StepRules.of(app.settings, registered=app.tasks.__contains__))
 
     def apply(session: Session) -> FileDiff:
         return apply_definitions(

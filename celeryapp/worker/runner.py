@@ -93,7 +93,7 @@ def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcom
     The task is checked against this worker's rules first: a plan stored before the policy
     tightened, or a step of a kind switched off since, fails instead of running.
     """
-    refusal = StepRules(app.settings, app.tasks.__contains__).spec_refusal(claim.spec.kind, claim.spec.task)
+    refusal = StepRules.of(app.settings, app.tasks.__contains__).spec_refusal(claim.spec.kind, claim.spec.task)
     try:
         try:
             if refusal is not None:

@@ -1,0 +1,86 @@
+"""Fields of untrusted JSON objects read with their types checked: each error names the field.
+
+What both a schedule and its steps are made of: objects with known fields, strings, true or
+false, integers and seconds within a range, JSON values within their caps (:mod:`limits`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from celeryapp.domain import limits
+from celeryapp.domain.definition import NAME_PATTERN
+from celeryapp.domain.limits import short_repr, type_name
+from celeryapp.errors import DefinitionError
+
+
+def require_mapping(value: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise DefinitionError(path, f"must be an object, got {type_name(value)}")
+    return value
+
+
+def refuse_unknown(raw: Mapping[str, Any], allowed: frozenset[str], path: str) -> None:
+    unknown = sorted((k for k in raw if k not in allowed), key=str)
+    if unknown:
+        where = f"{path}." if path else ""
+        first = unknown[0]
+        label = first if isinstance(first, str) and NAME_PATTERN.fullmatch(first) else short_repr(first)
+        raise DefinitionError(f"{where}{label}", f"unknown field (allowed: {', '.join(sorted(allowed))})")
+
+
+def string_field(raw: Mapping[str, Any], key: str, path: str, *, required: bool = False) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        if required:
+            raise DefinitionError(path, "is required")
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise DefinitionError(path, f"must be a non-empty string, got {type_name(value)}")
+    return value
+
+
+def bool_field(raw: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise DefinitionError(path, f"must be true or false, got {type_name(value)}")
+    return value
+
+
+def int_field(raw: Mapping[str, Any], key: str, path: str, default: int, *, low: int, high: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DefinitionError(path, f"must be an integer, got {type_name(value)}")
+    if not low <= value <= high:
+        raise DefinitionError(path, f"must be between {low} and {high}, got {short_repr(value)}")
+    return value
+
+
+def seconds_field(
+    raw: Mapping[str, Any], key: str, path: str, default: float | None, *, low: float, high: float
+) -> float | None:
+    value = raw.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DefinitionError(path, f"must be a number of seconds, got {type_name(value)}")
+    # Compared before float(): an int too large for a float is just out of range.
+    if isinstance(value, float) and value != value:
+        raise DefinitionError(path, "must be a number of seconds, got NaN")
+    if not low <= value <= high:
+        bounds = f"{limits.seconds_text(low).removesuffix(' seconds')} and {limits.seconds_text(high)}"
+        raise DefinitionError(path, f"must be between {bounds}, got {short_repr(value)}")
+    return float(value)
+
+
+def pattern_field(raw: Mapping[str, Any], key: str, path: str, pattern: re.Pattern[str], what: str) -> str | None:
+    value = string_field(raw, key, path)
+    if value is not None and not pattern.fullmatch(value):
+        raise DefinitionError(path, f"{short_repr(value)} is not {what}")
+    return value
+
+
+def json_field(value: Any, path: str) -> None:
+    limits.check_json(value, path, DefinitionError)

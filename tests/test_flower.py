@@ -259,6 +259,16 @@ def test_the_event_sent_for_a_runner_tells_its_steps_outcome(returned: str, even
     assert step_events.event_for(returned) == (event, fields)
 
 
+@pytest.mark.parametrize("answer", list(step_events.RunnerAnswer))
+def test_a_runners_answer_is_plain_text_in_its_repr_and_read_back(answer: step_events.RunnerAnswer) -> None:
+    returned = repr(answer.result())
+    assert returned == f"{{'status': '{answer.value}'}}"
+    _, fields = step_events.event_for(returned)
+    assert fields["result"].startswith(answer.value)
+    nothing_ran = answer not in (step_events.RunnerAnswer.LEASE_LOST, step_events.RunnerAnswer.UNRECORDED)
+    assert ("nothing ran" in fields["result"]) is nothing_ran
+
+
 def test_step_names_shown_to_monitors_are_bounded() -> None:
     long = "x" * 300
     name = step_events.shadow_name(long, "extract")

@@ -29,7 +29,7 @@ from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
 from celeryapp.worker.dispatch import apply_effects
 from celeryapp.worker.heartbeat import StepWatch
-from celeryapp.worker.step_events import step_result
+from celeryapp.worker.step_events import RunnerAnswer, step_result
 from models import ActivityStatus, utcnow
 from models.session import autocommit, connection
 
@@ -225,11 +225,11 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         # Nothing was claimed, so nothing runs here; the attempt is still queued in the database.
         if claim is None:
             logger.info("worker task %s attempt %s is not runnable here (duplicate or fenced)", worker_task_id, attempt)
-            return {"status": "skipped"}
+            return RunnerAnswer.SKIPPED.result()
         logger.error(
             "could not claim worker task %s attempt %s (%s); recovery sends it again", worker_task_id, attempt, claim
         )
-        return {"status": "unclaimed"}
+        return RunnerAnswer.UNCLAIMED.result()
     context = StepContext(
         claim.execution_id,
         claim.schedule_name,
@@ -269,14 +269,14 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
                 claim.execution_id,
                 claim.attempt,
             )
-            return {"status": "lease_lost"}
+            return RunnerAnswer.LEASE_LOST.result()
         recorded = _record(app, claim, status, error, message)
     if not isinstance(recorded, Recorded):
-        return {"status": "unrecorded"}
+        return RunnerAnswer.UNRECORDED.result()
     timeout_s = claim.spec.timeout_s
     if recorded.last_of_group and (not timeout_s or time.monotonic() - started < timeout_s - ADVANCE_MARGIN_S):
         _advance_now(app, claim)
-    return step_result(status, error, message) if recorded.closed else {"status": "fenced"}
+    return step_result(status, error, message) if recorded.closed else RunnerAnswer.FENCED.result()
 
 
 def _advance_now(app: ChordbeatCelery, claim: Claim) -> None:

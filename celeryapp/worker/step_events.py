@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import logging
 import re
+from enum import StrEnum
 from typing import Any
 
 import redis
@@ -65,6 +66,30 @@ def kwargs_repr(worker_task_id: int) -> str:
     return f"{{'worker_task': {worker_task_id}}}"
 
 
+class RunnerAnswer(StrEnum):
+    """The runner's answer when it tells no outcome of the step (its ``status``, beside those of
+    :class:`ActivityStatus`)."""
+
+    #: Not runnable here: a duplicate, or an attempt fenced off or its run over.
+    SKIPPED = "skipped"
+    #: The database did not let the claim through; recovery sends the attempt again.
+    UNCLAIMED = "unclaimed"
+    #: The lease ran out while the step ran (Redis out of reach); recovery runs it again.
+    LEASE_LOST = "lease_lost"
+    #: The outcome could not be recorded; recovery runs the attempt again.
+    UNRECORDED = "unrecorded"
+    #: The outcome changed nothing: the attempt was fenced meanwhile (recovery gave it up).
+    FENCED = "fenced"
+
+    def result(self) -> dict[str, Any]:
+        """As the runner returns it: a plain str, since monitors read the result back from its repr."""
+        return {"status": self.value}
+
+
+#: Answers for a message whose step did not run here at all.
+_NOTHING_RAN = frozenset({RunnerAnswer.SKIPPED, RunnerAnswer.UNCLAIMED, RunnerAnswer.FENCED})
+
+
 def step_result(status: ActivityStatus, error: str | None, message: str | None) -> dict[str, Any]:
     """The runner's return value: the outcome, with the error or warning for monitors."""
     result: dict[str, Any] = {"status": status.value}
@@ -107,7 +132,7 @@ def event_for(retval: Any) -> tuple[str, dict[str, Any]]:
         }
     if "warning" in outcome:
         return "task-succeeded", {"result": f"{status}: {outcome['warning']}"}
-    if status in ("skipped", "unclaimed", "fenced"):
+    if status in _NOTHING_RAN:
         return "task-succeeded", {"result": f"{status}: nothing ran (duplicate, fenced or not claimable message)"}
     return "task-succeeded", {"result": status}
 

@@ -160,6 +160,19 @@ def test_docs_architecture_shows_the_layers_as_the_test_checks_them() -> None:
     assert [(layer, part, cell.split(": ", 1)[0]) for layer, part, cell in shown] == expected
 
 
+#: Lines a module may have: past it, a module holds more than one concept.
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {
+        name: lines
+        for name, path in module_files().items()
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
+
+
 def test_the_import_graph_is_acyclic() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, " → ".join(cycle or [])

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, case, func, literal, or_, select, update
 from sqlalchemy.orm import Session, joinedload
 
+from celeryapp.domain.batching import BatchSchedule, Fire, decide_batchable
 from celeryapp.domain.cadence import Cadence
-from celeryapp.domain.decisions import ScheduleState, decide_fire
+from celeryapp.domain.decisions import ScheduleState, decide_fire, decide_overlap
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, short_repr, type_name
 from celeryapp.domain.names import run_key
@@ -92,14 +93,6 @@ def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trig
     return answer
 
 
-class Fire(NamedTuple):
-    """One slot of a :func:`fire_batch` message."""
-
-    name: str
-    nominal_at: datetime
-    trigger: Trigger
-
-
 _FIRE_FIELDS = frozenset(Fire._fields)
 
 
@@ -159,55 +152,51 @@ def _fire_together(session: Session, fires: list[Fire]) -> tuple[dict[int, dict[
     """Start the runs of the slots whose fire only claims the slot and starts a run; the indexes
     of the others (to fire alone, after this commits) and what to send come back with the answers."""
     now, effects = utcnow(), Effects()
-    alone: list[int] = []
-    index_of: dict[str, int] = {}
-    for index, slot in enumerate(fires):
-        if slot.trigger is Trigger.RETRY or slot.name in index_of:
-            alone.append(index)  # a retry replaces regular slots; a second slot of one schedule waits for the first
-        else:
-            index_of[slot.name] = index
-    if not index_of:
-        return {}, alone, effects
+    names = sorted({slot.name for slot in fires if slot.trigger is not Trigger.RETRY})
     # Locked in id order: two batches sharing schedules wait for each other instead of deadlocking.
-    rows = session.execute(
-        select(*_FIRE_COLUMNS).where(Schedule.name.in_(sorted(index_of))).order_by(Schedule.id).with_for_update()
-    ).all()
-    found = {row.name for row in rows}
-    alone += [index for name, index in index_of.items() if name not in found]
-    starting: list[tuple[int, Any, Cadence]] = []
-    for row in rows:
-        index, slot = index_of[row.name], fires[index_of[row.name]]
-        cadence = cadence_of(EntryFields(*row[4:]))
-        state = ScheduleState(row.status, row.current_retry, row.retry_at, row.last_slot_at)
-        decision = decide_fire(state, trigger=slot.trigger, nominal_at=slot.nominal_at, now=now, cadence=cadence)
-        missed = state.last_slot_at is not None and cadence.slot_after(state.last_slot_at) < slot.nominal_at
-        if decision.start and decision.claims_slot and not missed:
-            starting.append((index, row, cadence))
-        else:
-            alone.append(index)
-    exclusive = [row.id for _, row, _ in starting if row.overlap is not Overlap.ALLOW]
-    busy = set(session.scalars(_ACTIVE_OF.where(ScheduleExecution.schedule_id.in_(exclusive)))) if exclusive else set()
-    alone += [index for index, row, _ in starting if row.id in busy]
-    starting = [(index, row, cadence) for index, row, cadence in starting if row.id not in busy]
-    if not starting:
+    rows = (
+        session.execute(
+            select(*_FIRE_COLUMNS).where(Schedule.name.in_(names)).order_by(Schedule.id).with_for_update()
+        ).all()
+        if names
+        else []
+    )
+    row_of = {row.name: row for row in rows}
+    found = {
+        row.name: BatchSchedule(
+            ScheduleState(row.status, row.current_retry, row.retry_at, row.last_slot_at),
+            cadence_of(EntryFields(*row[4:])),
+            row.overlap,
+        )
+        for row in rows
+    }
+    plan = decide_batchable(fires, found, now=now)
+    if plan.exclusive:
+        index_of = {row_of[fires[index].name].id: index for index in plan.exclusive}
+        busy = session.scalars(_ACTIVE_OF.where(ScheduleExecution.schedule_id.in_(index_of)))
+        plan = plan.without_busy({index_of[schedule_id] for schedule_id in busy})
+    alone = list(plan.alone)
+    if not plan.together:
         return {}, alone, effects
-    claimed = _claimed(session, [(row.id, fires[index].nominal_at, cadence) for index, row, cadence in starting], now)
+    starting = [(index, row_of[fires[index].name]) for index in plan.together]
+    claims = [(row.id, fires[index].nominal_at, found[row.name].cadence) for index, row in starting]
+    claimed = _claimed(session, claims, now)
     if claimed != len(starting):
         raise _ClaimRaced(f"{claimed} of {len(starting)} slots claimed")
     # With their steps in the same statement.
     schedules = {
         schedule.id: schedule
         for schedule in session.scalars(
-            select(Schedule).options(joinedload(Schedule.steps)).where(Schedule.id.in_([r.id for _, r, _ in starting]))
+            select(Schedule).options(joinedload(Schedule.steps)).where(Schedule.id.in_([r.id for _, r in starting]))
         ).unique()
     }
     starts = []
-    for index, row, _ in starting:
+    for index, row in starting:
         slot = fires[index]
         key = run_key(slot.name, slot.trigger, slot.nominal_at)
         starts.append(Start(schedules[row.id], slot.trigger, key, slot.nominal_at))
     answers: dict[int, dict[str, Any]] = {}
-    for (index, _, _), result in zip(starting, start_executions(session, starts, now=now), strict=True):
+    for (index, _), result in zip(starting, start_executions(session, starts, now=now), strict=True):
         effects.merge(result.effects)
         answers[index] = (
             {"execution_id": None, "skipped": result.skipped}
@@ -311,19 +300,20 @@ def _fire(
             # The row lock is held: no run of this schedule starts or ends until commit.
             active = session.scalar(_ACTIVE_RUN, {"p_schedule_id": row.id})
             if active is not None:
-                running = f"execution {active} is in progress"
+                overlap = decide_overlap(row.overlap, trigger, active_id=active, current_retry=row.current_retry)
+                assert overlap.outcome is SlotOutcome.SKIPPED_OVERLAP  # what ``skip`` does to a regular slot
                 record_slot(
                     session,
                     owner,
-                    SlotOutcome.SKIPPED_OVERLAP,
+                    overlap.outcome,
                     trigger=trigger,
                     nominal_at=nominal_at,
                     now=now,
-                    detail=running,
+                    detail=overlap.detail,
                 )
                 effects.skipped_overlap += 1
-                logger.info("schedule %r: %s, run skipped", name, running)
-                return {"execution_id": None, "skipped": f"overlap: {running}"}
+                logger.info("schedule %r: %s, run skipped", name, overlap.detail)
+                return {"execution_id": None, "skipped": overlap.skipped}
         # With its steps in the same statement (their relationship alone would load them in a second).
         schedule = session.get_one(Schedule, row.id, options=(joinedload(Schedule.steps),))
         if trigger is Trigger.RETRY and schedule.retry_at is not None:

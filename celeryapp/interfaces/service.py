@@ -12,7 +12,7 @@ import uuid
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.effects import Effects
@@ -29,28 +29,27 @@ from celeryapp.domain.limits import (
 )
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.times import iso
+from celeryapp.domain.transitions import decide_pause, decide_resume
 from celeryapp.domain.validation import parse_definition
-from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
+from celeryapp.errors import InvalidArgument, NotFound
 from celeryapp.execution.runs import StartResult, start_execution
 from celeryapp.execution.runs import cancel_execution as cancel_in_db
 from celeryapp.interfaces.summaries import execution_summaries, schedules_page
 from celeryapp.interfaces.views import execution_json, schedule_json
 from celeryapp.monitoring import metric_counts
-from celeryapp.scheduling.beat_entries import cadence_of
-from celeryapp.scheduling.store import find_schedule, upsert_schedule
+from celeryapp.scheduling.store import change_status, find_schedule, upsert_schedule
 from celeryapp.worker.dispatch import apply_effects
 from models import (
     ExecutionStatus,
     Schedule,
     ScheduleExecution,
     ScheduleSource,
-    ScheduleStatus,
     SlotRecord,
     Trigger,
     transaction,
     utcnow,
 )
-from models.session import affected, retried_transaction
+from models.session import retried_transaction
 
 if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery
@@ -122,20 +121,7 @@ def pause_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
 
 
 def _pause(session: Session, *, name: str) -> dict[str, Any]:
-    schedule = find_schedule(session, name)
-    if schedule.status is not ScheduleStatus.PAUSED:
-        paused = affected(
-            session,
-            update(Schedule)
-            .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.ACTIVE)
-            .values(status=ScheduleStatus.PAUSED, next_run_at=None, retry_at=None, buffered=False, changed_at=utcnow()),
-        )
-        if not paused:
-            raise InvalidTransition(
-                f"schedule {name!r} is {schedule.status.value}; only an active schedule can be paused"
-            )
-        session.refresh(schedule)
-    return schedule_json(schedule)
+    return schedule_json(change_status(session, name, decide_pause, now=utcnow()))
 
 
 def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
@@ -146,27 +132,7 @@ def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
 
 
 def _resume(session: Session, *, name: str) -> dict[str, Any]:
-    schedule = find_schedule(session, name)
-    if schedule.status is not ScheduleStatus.ACTIVE:
-        now = utcnow()
-        resumed = affected(
-            session,
-            update(Schedule)
-            .where(Schedule.id == schedule.id, Schedule.status == ScheduleStatus.PAUSED)
-            # Resumed from the next slot: the paused ones were not missed (last_slot_at).
-            .values(
-                status=ScheduleStatus.ACTIVE,
-                next_run_at=cadence_of(schedule).slot_after(now),
-                last_slot_at=None,
-                changed_at=now,
-            ),
-        )
-        if not resumed:
-            raise InvalidTransition(
-                f"schedule {name!r} is {schedule.status.value}; only a paused schedule can be resumed"
-            )
-        session.refresh(schedule)
-    return schedule_json(schedule)
+    return schedule_json(change_status(session, name, decide_resume, now=utcnow()))
 
 
 def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:

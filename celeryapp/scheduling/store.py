@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.cron import CronExpression
 from celeryapp.domain.definition import ScheduleDefinition
-from celeryapp.errors import NotFound
+from celeryapp.domain.transitions import Transition
+from celeryapp.errors import InvalidTransition, NotFound
+from celeryapp.scheduling.beat_entries import cadence_of
 from models import Schedule, ScheduleSource, ScheduleStatus, ScheduleStep
 from models.definitions import definition_of
+from models.session import affected
+
+#: Times a pause or resume decides again when the status changed between its read and its write.
+STATUS_RACE_TRIES = 3
 
 
 class Change(StrEnum):
@@ -37,6 +45,40 @@ def find_schedule(session: Session, name: str, *, lock: bool = False) -> Schedul
     if schedule is None:
         raise NotFound(f"schedule {name!r} does not exist")
     return schedule
+
+
+def change_status(
+    session: Session, name: str, decide: Callable[[str, ScheduleStatus], Transition], *, now: datetime
+) -> Schedule:
+    """Pause or resume (``decide``) the schedule called ``name``: the status it decides on is
+    written only where it is still the one read (compare-and-set), so a run that ends it ``done``
+    or ``dead`` meanwhile is not overwritten; then it decides again on the new one."""
+    schedule = find_schedule(session, name)
+    for _ in range(STATUS_RACE_TRIES):
+        read = schedule.status
+        transition = decide(name, read)
+        if transition.refusal is not None:
+            raise InvalidTransition(transition.refusal)
+        if transition.to is None:
+            return schedule
+        changed = update(Schedule).where(Schedule.id == schedule.id, Schedule.status == read)
+        values = _entering(schedule, transition.to, now)
+        if affected(session, changed.values(status=transition.to, changed_at=now, **values)):
+            session.refresh(schedule)
+            return schedule
+        # Read again (an expired object is loaded afresh from the row); gone meanwhile: NotFound.
+        session.expire(schedule)
+        schedule = find_schedule(session, name)
+    raise InvalidTransition(f"schedule {name!r} kept changing status; try again")
+
+
+def _entering(schedule: Schedule, status: ScheduleStatus, now: datetime) -> dict[str, Any]:
+    """What changes with the status a pause or resume writes, besides it."""
+    if status is ScheduleStatus.PAUSED:
+        # Pause is non-destructive but nothing is due while paused: no next run, retry or buffered run.
+        return {"next_run_at": None, "retry_at": None, "buffered": False}
+    # Resumed from the next slot: the paused ones were not missed (last_slot_at).
+    return {"next_run_at": cadence_of(schedule).slot_after(now), "last_slot_at": None}
 
 
 def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> None:

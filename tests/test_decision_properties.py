@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -55,12 +56,28 @@ def test_a_group_fails_exactly_when_a_step_that_may_not_fail_did(
         assert outcome.verdict is (Verdict.ADVANCE if has_next else Verdict.COMPLETE)
 
 
+def test_backoff_waits_as_the_contract_says() -> None:
+    """Delay = min(base * 2^(retry-1), base * 10): a minute's base waits 1, 2, 4, 8, then 10 minutes."""
+    assert [retry_delay_s(60, retry) for retry in range(1, 8)] == [60, 120, 240, 480, 600, 600, 600]
+    assert [retry_delay_s(1.5, retry) for retry in (1, 2, 4, 5, 1000)] == [1.5, 3, 12, 15, 15]
+    with pytest.raises(ValueError, match="start at 1"):
+        retry_delay_s(60, 0)
+
+
 @given(st.floats(min_value=1, max_value=7 * 86400), st.integers(min_value=1, max_value=1000))
-def test_backoff_doubles_from_the_base_and_is_capped_at_ten_times_it(base: float, retry: int) -> None:
-    delay = retry_delay_s(base, retry)
-    assert delay == min(base * 2 ** (retry - 1), base * BACKOFF_CAP_FACTOR)
-    assert base <= delay <= base * BACKOFF_CAP_FACTOR
-    assert retry_delay_s(base, retry + 1) >= delay
+def test_backoff_starts_at_the_base_doubles_until_ten_times_it_and_stays_there(base: float, retry: int) -> None:
+    cap = base * BACKOFF_CAP_FACTOR
+    delay, following = retry_delay_s(base, retry), retry_delay_s(base, retry + 1)
+    assert retry_delay_s(base, 1) == base
+    assert base <= delay <= following <= cap, "grows with each retry, never past the cap"
+    if delay == cap:
+        assert following == cap, "once capped, it stays"
+    elif 2 * delay <= cap:
+        assert following == 2 * delay, "below the cap, each retry waits twice the one before"
+    else:
+        assert following == cap, "the doubling that would pass the cap stops at it"
+    if retry >= 5:  # 2^4 = 16 times the base is past ten
+        assert delay == cap
 
 
 outcomes = st.sampled_from([ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED])

@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: run test lint typecheck system-deps bench clean
+.PHONY: run test test-fast lint typecheck system-deps bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ typecheck: $(STAMP)
 
 test: $(STAMP) system-deps lint typecheck
 	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+
+# A developer's quick loop, not CI's: leaves out the tests marked slow (subprocess workers, beat,
+# Flower, browsers, Sentinel, network namespaces, outages; tests/conftest.py finds them).
+test-fast: $(STAMP) system-deps
+	$(BIN)/pytest -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 # Own Redis and PostgreSQL; 12-15 minutes on 2 cores. BENCH_ARGS=--quick: a smoke test (quick.json).
 bench: $(STAMP) system-deps

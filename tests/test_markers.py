@@ -1,0 +1,131 @@
+"""The `slow` marker that `make test-fast` leaves out is found, not kept by hand (tests/conftest.py):
+these tests make sure that what starts workers, beat, browsers, Sentinel or a lab is found, that a
+fast test starting one anyway fails, and that `make test` deselects nothing."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celeryapp.config import Settings
+from tests import processes
+from tests.conftest import SLOW_PROGRAMS, pytest_runtest_teardown, slow_reason
+from tests.servers import PostgresServer, RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# Never called: what the finding reads is their code.
+def _starts_a_worker(settings: Settings, tmp: Path) -> None:
+    with processes.worker(settings, tmp):
+        pass
+
+
+def _through_a_helper(settings: Settings, tmp: Path) -> None:
+    _starts_a_worker(settings, tmp)
+
+
+def _only_builds_an_environment(settings: Settings) -> dict[str, str]:
+    return processes.settings_env(settings)
+
+
+def _takes_redis_down(redis_server: RedisServer) -> None:
+    redis_server.outage(3)
+
+
+def _freezes_postgres(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+
+
+def _own_postgres() -> None:
+    PostgresServer().start()
+
+
+def _in_a_nested_function(settings: Settings, tmp: Path) -> None:
+    def inner() -> None:
+        with processes.beat(settings, tmp):
+            pass
+
+    inner()
+
+
+def _popen_directly() -> None:
+    subprocess.Popen(["true"]).wait()
+
+
+def _quick_interpreter() -> None:
+    subprocess.run(["true"], check=True)
+
+
+@pytest.mark.parametrize(
+    "func",
+    [
+        _starts_a_worker,
+        _through_a_helper,
+        _takes_redis_down,
+        _freezes_postgres,
+        _own_postgres,
+        _in_a_nested_function,
+        _popen_directly,
+    ],
+)
+def test_what_starts_processes_or_outages_is_found_slow(func: Any) -> None:
+    assert slow_reason(func) is not None
+
+
+@pytest.mark.parametrize("func", [_only_builds_an_environment, _quick_interpreter])
+def test_what_only_prepares_or_runs_a_quick_command_is_not(func: Any) -> None:
+    assert slow_reason(func) is None
+
+
+@pytest.mark.parametrize(
+    ("module", "fixture"),
+    [
+        ("tests.test_web_browser", "browser"),
+        ("tests.test_redis_failover", "cluster"),
+        ("tests.test_redis_failover", "moved"),
+        ("tests.lab", "lab_servers"),
+        ("tests.test_chaos", "chaos_postgres"),
+    ],
+)
+def test_the_suites_browser_sentinel_lab_and_own_postgres_fixtures_are_found_slow(module: str, fixture: str) -> None:
+    imported = __import__(module, fromlist=[fixture])
+    assert slow_reason(getattr(imported, fixture)) is not None
+
+
+def test_the_in_process_worker_is_slow_and_the_shared_servers_are_not() -> None:
+    """The session's Redis and PostgreSQL are what the fast suite runs on; Celery's worker in this
+    process takes a second to stop after each test."""
+    from tests import conftest
+
+    assert slow_reason(conftest.worker) is not None
+    for fixture in (conftest.app, conftest.settings, conftest.database_url, conftest.client):
+        assert slow_reason(fixture) is None, fixture
+
+
+def test_a_fast_test_that_starts_a_worker_program_fails(request: pytest.FixtureRequest) -> None:
+    """The check at teardown sees what a test really started (an audit hook on subprocess.Popen),
+    so a way of starting workers the finding does not know cannot slip into the fast suite."""
+    assert "celery" in SLOW_PROGRAMS and request.node.get_closest_marker("slow") is None
+    done = subprocess.run([processes.CELERY, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(pytest.fail.Exception, match=r"started \['celery'\] but is not marked slow"):
+        pytest_runtest_teardown(request.node)
+
+
+def test_make_test_deselects_nothing() -> None:
+    """`make test` (the README's and CI's command) runs every test, slow ones too."""
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert recipe is not None
+    for command in (addopts, recipe.group(1)):
+        assert not re.search(r"(^|\s)-m(\s|$)|not slow", command), command
+    fast = re.search(r"^test-fast:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert fast is not None and '-m "not slow"' in fast.group(1)

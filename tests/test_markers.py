@@ -1,4 +1,4 @@
-"""The `slow` marker that `make test-fast` leaves out is found, not kept by hand (tests/conftest.py):
+"""The `slow` marker that `make test-fast` leaves out is found, not kept by hand (tests/slowness.py):
 these tests make sure that what starts workers, beat, browsers, Sentinel or a lab is found, that a
 fast test starting one anyway fails, and that `make test` deselects nothing."""
 
@@ -13,11 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from selenium import webdriver
 
 from celeryapp.config import Settings
 from tests import processes
-from tests.conftest import SLOW_PROGRAMS, pytest_runtest_teardown, slow_reason
+from tests.chaos import Cluster
+from tests.lab import lab_servers
+from tests.sentinel import SentinelCluster
 from tests.servers import PostgresServer, RedisServer
+from tests.slowness import SLOW_PROGRAMS, slow_reason, started_but_not_slow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,6 +66,19 @@ def _popen_directly() -> None:
     subprocess.Popen(["true"]).wait()
 
 
+def _in_process_worker(app: Celery) -> None:
+    with start_worker(app, pool="threads"):
+        pass
+
+
+def _browser() -> None:
+    webdriver.Chrome().quit()
+
+
+def _shared_servers(redis_server: RedisServer, postgres_server: PostgresServer) -> str:
+    return redis_server.url + postgres_server.url()
+
+
 def _quick_interpreter() -> None:
     subprocess.run(["true"], check=True)
 
@@ -85,29 +104,17 @@ def test_what_only_prepares_or_runs_a_quick_command_is_not(func: Any) -> None:
     assert slow_reason(func) is None
 
 
-@pytest.mark.parametrize(
-    ("module", "fixture"),
-    [
-        ("tests.test_web_browser", "browser"),
-        ("tests.test_redis_failover", "cluster"),
-        ("tests.test_redis_failover", "moved"),
-        ("tests.lab", "lab_servers"),
-        ("tests.test_chaos", "chaos_postgres"),
-    ],
-)
-def test_the_suites_browser_sentinel_lab_and_own_postgres_fixtures_are_found_slow(module: str, fixture: str) -> None:
-    imported = __import__(module, fromlist=[fixture])
-    assert slow_reason(getattr(imported, fixture)) is not None
+@pytest.mark.parametrize("helper", [lab_servers, SentinelCluster, Cluster, processes.Process])
+def test_the_lab_sentinel_chaos_and_process_helpers_are_found_slow(helper: Any) -> None:
+    assert slow_reason(helper) is not None
 
 
-def test_the_in_process_worker_is_slow_and_the_shared_servers_are_not() -> None:
+def test_the_in_process_worker_and_a_browser_are_slow_and_the_shared_servers_are_not() -> None:
     """The session's Redis and PostgreSQL are what the fast suite runs on; Celery's worker in this
     process takes a second to stop after each test."""
-    from tests import conftest
-
-    assert slow_reason(conftest.worker) is not None
-    for fixture in (conftest.app, conftest.settings, conftest.database_url, conftest.client):
-        assert slow_reason(fixture) is None, fixture
+    assert slow_reason(_in_process_worker) is not None
+    assert slow_reason(_browser) is not None
+    assert slow_reason(_shared_servers) is None
 
 
 def test_a_fast_test_that_starts_a_worker_program_fails(request: pytest.FixtureRequest) -> None:
@@ -116,8 +123,8 @@ def test_a_fast_test_that_starts_a_worker_program_fails(request: pytest.FixtureR
     assert "celery" in SLOW_PROGRAMS and request.node.get_closest_marker("slow") is None
     done = subprocess.run([processes.CELERY, "--version"], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    with pytest.raises(pytest.fail.Exception, match=r"started \['celery'\] but is not marked slow"):
-        pytest_runtest_teardown(request.node)
+    assert started_but_not_slow(request.node) == ["celery"]
+    assert started_but_not_slow(request.node) == [], "forgotten once checked"
 
 
 def test_make_test_deselects_nothing() -> None:

@@ -32,7 +32,7 @@ test: $(STAMP) system-deps lint typecheck
 	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # A developer's quick loop, not CI's: leaves out the tests marked slow (subprocess workers, beat,
-# Flower, browsers, Sentinel, network namespaces, outages; tests/conftest.py finds them).
+# Flower, browsers, Sentinel, network namespaces, outages; tests/slowness.py finds them).
 test-fast: $(STAMP) system-deps
 	$(BIN)/pytest -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
 

@@ -5,10 +5,7 @@ Start and end share this module because each leads to the other: ``cancel_previo
 active runs as a new one starts, and an ending run starts the retry or the buffered run that
 waited for it.
 
-Every state change is a compare-and-set ``UPDATE ... WHERE <expected state>``: whoever loses a
-race (a redelivered message, a second callback, recovery racing a slow worker) changes nothing.
-Functions here only touch the database and return the :class:`~celeryapp.domain.effects.Effects` to
-send once the transaction has committed; :mod:`celeryapp.worker.dispatch` sends them.
+Every change is a compare-and-set; its effects are sent after commit (docs/architecture.md "Compare-and-set").
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from celeryapp.scheduling.beat_entries import (
     EntryFields,
     cadence_of,
     entry_name,
-    few,
+    short_name_list,
 )
 from celeryapp.scheduling.stored_entry import (
     FIRE_EXPIRY_GRACE,
@@ -122,7 +122,7 @@ def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
             except Exception:
                 logger.exception("lost slot of schedule %r cannot be re-fired; the others are", item.name)
     if refired:
-        logger.warning("re-fired slots whose fire message was lost: %s", few(refired))
+        logger.warning("re-fired slots whose fire message was lost: %s", short_name_list(refired))
     return refired
 
 

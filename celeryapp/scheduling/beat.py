@@ -25,7 +25,7 @@ from celeryapp.messaging.broker import RECONNECT_INTERVAL_MAX_S
 from celeryapp.messaging.keys import CONTROL_QUEUE
 from celeryapp.monitoring import health
 from celeryapp.monitoring.watchdog import StallWatchdog
-from celeryapp.scheduling.beat_entries import chunks, few, reconcile, reconcile_fully_next
+from celeryapp.scheduling.beat_entries import chunks, reconcile, reconcile_fully_next, short_name_list
 from celeryapp.scheduling.redis_outage import RedisOutage
 from celeryapp.scheduling.schedule_file import apply_file
 from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, fire_of, wrong_type
@@ -205,7 +205,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             expiries = [expires for _, expires in batch]
             # A message lives as long as its longest-lived slot; the worker supersedes the others.
             options = {"expires": max(e for e in expiries if e is not None)} if None not in expiries else {}
-            logger.info("beat: firing %s", few(names))
+            logger.info("beat: firing %s", short_name_list(names))
             try:
                 self.app.send_task(
                     BATCH_FIRE_TASK,
@@ -217,7 +217,9 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
                     **options,
                 )
             except Exception:
-                logger.exception("beat: sending the fires of %s failed; the lost-slot re-fire repairs them", few(names))
+                logger.exception(
+                    "beat: sending the fires of %s failed; the lost-slot re-fire repairs them", short_name_list(names)
+                )
 
     def _repair(self) -> None:
         """After the lock was lost Redis may have lost everything: internal entries included."""

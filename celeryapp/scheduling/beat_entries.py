@@ -15,7 +15,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from celery import Celery
-from redbeat.schedulers import ensure_conf, get_redis
+from redbeat.schedulers import ensure_conf
+from redbeat.schedulers import get_redis as redbeat_client
 from sqlalchemy import select
 
 from celeryapp.domain.cadence import Cadence
@@ -165,7 +166,7 @@ def _sync_chunk(app: Celery, names: Sequence[str], now: datetime, changes: Entry
         except Exception:
             # One unreadable schedule (a corrupt row) must not stop every other entry's repair.
             logger.exception("beat entry of schedule %r cannot be built; left as it is", name)
-    client = get_redis(app)
+    client = redbeat_client(app)
     index_key = app.redbeat_conf.schedule_key
     entry_keys = {name: ScheduleEntry.generate_key(app, entry_name(name)) for name in desired}
     with client.pipeline(transaction=False) as pipe:
@@ -237,7 +238,7 @@ def _watermark(value: str | None) -> datetime | None:
 def reconcile_fully_next(app: Celery) -> None:
     """Make the next periodic reconcile a full pass: it writes again every entry missing from the
     index (one beat dropped, unreadable), not only those of schedules changed since the last."""
-    get_redis(app).delete(app.redbeat_conf.key_prefix + WATERMARK_KEY)
+    redbeat_client(app).delete(app.redbeat_conf.key_prefix + WATERMARK_KEY)
 
 
 def reconcile(app: Celery, *, full: bool = False) -> EntryChanges:
@@ -249,7 +250,7 @@ def reconcile(app: Celery, *, full: bool = False) -> EntryChanges:
     Schedules deleted without their entry going too are cleaned up by their next fire.
     """
     ensure_conf(app)
-    client = get_redis(app)
+    client = redbeat_client(app)
     mark = app.redbeat_conf.key_prefix + WATERMARK_KEY
     started = utcnow()
     since = None if full else _watermark(client.get(mark))
@@ -267,7 +268,11 @@ def reconcile(app: Celery, *, full: bool = False) -> EntryChanges:
     changes = sync_schedules(app, names)
     client.set(mark, repr(started.timestamp()))
     if not changes.empty:
-        logger.warning("beat entries repaired: written %s; removed %s", few(changes.written), few(changes.removed))
+        logger.warning(
+            "beat entries repaired: written %s; removed %s",
+            short_name_list(changes.written),
+            short_name_list(changes.removed),
+        )
     return changes
 
 
@@ -275,7 +280,8 @@ def reconcile(app: Celery, *, full: bool = False) -> EntryChanges:
 LOGGED_NAMES = 20
 
 
-def few(names: Sequence[str]) -> str:
+def short_name_list(names: Sequence[str]) -> str:
+    """``a, b, c``, or the first :data:`LOGGED_NAMES` and ``and N more``, for a log line."""
     if len(names) <= LOGGED_NAMES:
         return ", ".join(names) or "-"
     return f"{', '.join(names[:LOGGED_NAMES])} and {len(names) - LOGGED_NAMES} more"

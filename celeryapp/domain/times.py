@@ -110,7 +110,8 @@ def fire_times(
         return []
     if cron:
         times = [first, *CronExpression.parse(cron).upcoming(first, zone, count - 1)]
-    else:
-        assert every_s is not None, "a schedule has a cron or an interval"
+    elif every_s is not None:
         times = [first + timedelta(seconds=every_s * i) for i in range(count)]
+    else:
+        times = [first]  # a definition always has one of the two; without either, only what is known
     return [t.astimezone(zone) for t in times[:count]]

@@ -1,4 +1,6 @@
-"""RedBeat entries of schedules: syncing them with the database, and re-firing lost slots.
+"""RedBeat entries of schedules: written from the database and reconciled with it.
+
+Slots whose fire message was lost are fired again by :mod:`celeryapp.recovery.lost_slots`.
 
 Every active schedule has exactly one dynamic RedBeat entry (``<prefix>schedule:<name>``) that
 sends ``chordbeat.fire_schedule``. Entries are written whenever a schedule changes and repaired

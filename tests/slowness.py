@@ -118,8 +118,15 @@ _started: list[str] = []
 
 def record_start(event: str, args: tuple[Any, ...]) -> None:
     """Audit hook (sys.addaudithook): note each program subprocess.Popen starts."""
-    if event == "subprocess.Popen":
-        argv = args[1] if isinstance(args[1], (list, tuple)) else [args[0]]
+    if event != "subprocess.Popen":
+        return
+    executable, argv = args[0], args[1]
+    if not isinstance(argv, list | tuple) or not argv:
+        argv = [executable]
+    # With shell=True the program is the shell: the command it runs is what was started.
+    if len(argv) > 2 and argv[1] in ("-c", b"-c") and isinstance(argv[2], str | bytes):
+        argv = os.fsdecode(argv[2]).split() or argv
+    if isinstance(argv[0], str | bytes | os.PathLike):
         _started.append(os.path.basename(os.fsdecode(argv[0])))
 
 

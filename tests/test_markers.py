@@ -127,6 +127,13 @@ def test_a_fast_test_that_starts_a_worker_program_fails(request: pytest.FixtureR
     assert started_but_not_slow(request.node) == [], "forgotten once checked"
 
 
+def test_a_worker_program_started_through_a_shell_is_seen(request: pytest.FixtureRequest) -> None:
+    """With ``shell=True`` the program Popen starts is the shell; the command it runs is what counts."""
+    done = subprocess.run(f"{processes.CELERY} --version", shell=True, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0
+    assert started_but_not_slow(request.node) == ["celery"]
+
+
 def test_make_test_deselects_nothing() -> None:
     """`make test` (the README's and CI's command) runs every test, slow ones too."""
     addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]

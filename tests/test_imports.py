@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,18 @@ def test_no_module_is_over_400_lines() -> None:
         if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert long == {}
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject.toml lists the packages a wheel or the image installs: one left out installs
+    without it (setuptools only warns) and fails at its first import."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for package in PACKAGES
+        for init in (ROOT / package).rglob("__init__.py")
+    }
+    assert packages - listed == set()
 
 
 def test_the_import_graph_is_acyclic() -> None:

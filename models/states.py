@@ -83,3 +83,32 @@ class SlotOutcome(StrEnum):
     MISSED = "missed"
     BUFFERED = "buffered"
     RETRY = "retry"
+
+
+class AuditSource(StrEnum):
+    """Who asked for a change: another service's task, the CLI, the dashboard, or beat itself."""
+
+    SERVICE = "service"
+    CLI = "cli"
+    WEB = "web"
+    BEAT = "beat"
+
+
+class AuditAction(StrEnum):
+    """What an audit row records; operators' actions and beat's own decisions alike."""
+
+    APPLY = "apply"
+    DELETE = "delete"
+    PAUSE = "pause"
+    RESUME = "resume"
+    TRIGGER = "trigger"
+    CANCEL = "cancel"
+    RERUN = "rerun"
+    FILE_APPLIED = "file_applied"
+    RETRY_SCHEDULED = "retry_scheduled"
+    DEAD = "dead"
+    DONE = "done"
+    TIMED_OUT = "timed_out"
+    CANCELLED_BY_OVERLAP = "cancelled_by_overlap"
+    LOGIN_FAILED = "login_failed"
+    LOCKED_OUT = "locked_out"

@@ -27,6 +27,8 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 from models.base import Base, UTCDateTime, utcnow
 from models.states import (
     ActivityStatus,
+    AuditAction,
+    AuditSource,
     ExecutionStatus,
     Overlap,
     ScheduleSource,
@@ -91,6 +93,10 @@ class Schedule(Base):
     retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     #: A ``buffer_one`` run waiting for the active execution to end.
     buffered: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Who paused the schedule, why and when; None unless paused.
+    paused_by: Mapped[str | None] = mapped_column(String(100), default=None)
+    paused_reason: Mapped[str | None] = mapped_column(String(500), default=None)
+    paused_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     #: Bumped on every definition change; beat entries carry it to detect drift.
     version: Mapped[int] = mapped_column(Integer, default=1)
     #: When something beat's entry depends on last changed (definition, status, pending retry).
@@ -167,6 +173,9 @@ class ScheduleExecution(Base):
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     error: Mapped[str | None] = mapped_column(Text, default=None)
+    #: A re-run's source execution, and the group it started from (0: the whole plan).
+    rerun_of: Mapped[int | None] = mapped_column(Integer, default=None)
+    rerun_from_group: Mapped[int | None] = mapped_column(Integer, default=None)
 
 
 class WorkerTask(Base):
@@ -210,6 +219,9 @@ class Activity(Base):
     error: Mapped[str | None] = mapped_column(Text, default=None)
     #: Warning text, or a short summary of what the step returned.
     message: Mapped[str | None] = mapped_column(Text, default=None)
+    #: A failed attempt's traceback and the attempt's last log lines, both bounded and redacted.
+    traceback: Mapped[str | None] = mapped_column(Text, default=None)
+    log_tail: Mapped[str | None] = mapped_column(Text, default=None)
 
 
 class SlotRecord(Base):
@@ -250,6 +262,32 @@ RECOVERED_ATTEMPT: ColumnElement[bool] = or_(
 Index("ix_activities_recovered", Activity.id, postgresql_where=RECOVERED_ATTEMPT, sqlite_where=RECOVERED_ATTEMPT)
 
 
+class AuditEvent(Base):
+    """Who did what: one operator action or one of beat's own decisions. Kept apart from the
+    executions (no foreign key to them) so that the trail outlives history housekeeping."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        # A schedule's trail, newest first.
+        Index("ix_audit_events_schedule_name_id", "schedule_name", "id"),
+        # An execution's trail.
+        Index("ix_audit_events_execution_id", "execution_id"),
+        Index("ix_audit_events_at", "at"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    actor: Mapped[str] = mapped_column(String(100))
+    source: Mapped[AuditSource] = _enum_column(AuditSource)
+    action: Mapped[AuditAction] = _enum_column(AuditAction)
+    schedule_name: Mapped[str | None] = mapped_column(String(NAME_LENGTH), default=None)
+    execution_id: Mapped[int | None] = mapped_column(Integer, default=None)
+    reason: Mapped[str | None] = mapped_column(String(500), default=None)
+    #: What else a reader needs (the changed fields, a retry's time); a small JSON object.
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+
+
 class MetricCount(Base):
     """A monotonic metric value: a counter, or one bucket of a histogram (count and sum of the
     values that fell in it, not cumulative). Added to in the transaction that records what it
@@ -274,3 +312,4 @@ EXECUTIONS = cast(Table, ScheduleExecution.__table__)
 WORKER_TASKS = cast(Table, WorkerTask.__table__)
 ACTIVITIES = cast(Table, Activity.__table__)
 SLOT_RECORDS = cast(Table, SlotRecord.__table__)
+AUDIT_EVENTS = cast(Table, AuditEvent.__table__)

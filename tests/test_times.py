@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime, timedelta
+import re
+from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from celeryapp.domain.times import clock, fire_times, iso, parse_time, relative, span, took, when, zone_of
+from celeryapp.domain.times import (
+    clock,
+    fire_times,
+    iso,
+    parse_time,
+    relative,
+    span,
+    stamp,
+    took,
+    when,
+    zone_of,
+)
 from celeryapp.interfaces.web.humanize import cadence_words
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, 123456, tzinfo=UTC)
@@ -125,3 +137,40 @@ def test_iso_writes_utc_with_a_z_to_the_millisecond_or_as_asked() -> None:
     # The same instant given in another zone is written the same way: one format for machines.
     assert iso(moment.astimezone(ZoneInfo("Asia/Kolkata"))) == "2026-11-22T02:00:00.123Z"
     assert iso(None) is None
+
+
+KOLKATA = ZoneInfo("Asia/Kolkata")
+
+
+def test_one_stamp_the_schedules_zone_the_viewers_beside_it_and_how_far() -> None:
+    moment = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)
+    assert stamp(moment, LONDON, KOLKATA, NOW) == "2026-11-22 02:00:00 +00:00 GMT, 07:30 IST here, 10 h ago"
+    # The same offset (here or UTC in winter) is the same wall time: nothing beside it.
+    assert stamp(moment, LONDON, LONDON, NOW) == "2026-11-22 02:00:00 +00:00 GMT, 10 h ago"
+    assert stamp(moment, LONDON, "UTC", NOW) == stamp(moment, LONDON, None, NOW) == when(moment, LONDON, NOW)
+    # In summer London is an hour ahead of UTC: a UTC viewer sees their own time beside it.
+    summer = datetime(2026, 7, 1, 1, 0, tzinfo=UTC)
+    assert stamp(summer, "Europe/London", "UTC", NOW).startswith("2026-07-01 02:00:00 +01:00 BST, 01:00 UTC here, ")
+    # Another day where the viewer is: the date is said.
+    late = datetime(2026, 11, 22, 20, 0, tzinfo=UTC)
+    assert (
+        stamp(late, LONDON, KOLKATA, NOW) == "2026-11-22 20:00:00 +00:00 GMT, 2026-11-23 01:30 IST here, in 7 h 59 min"
+    )
+    # The contract's strings are read the same; none is "-".
+    assert stamp("2026-11-22T02:00:00.000Z", LONDON, KOLKATA, NOW) == stamp(moment, LONDON, KOLKATA, NOW)
+    assert stamp(None, LONDON, KOLKATA, NOW) == "-"
+
+
+def test_a_stamp_is_never_iso_and_numeric_zone_names_show_as_offsets() -> None:
+    moment = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)
+    # America/Sao_Paulo has no letters for its zone (its abbreviation is "-03").
+    assert clock(moment, "America/Sao_Paulo") == "2026-11-21 23:00:00 -03:00"
+    assert stamp(moment, LONDON, "America/Sao_Paulo", NOW) == (
+        "2026-11-22 02:00:00 +00:00 GMT, 2026-11-21 23:00 -03:00 here, 10 h ago"
+    )
+    # A viewer's zone that is a fixed offset (a POSIX TZ read from the C library) works too.
+    fixed = datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=5, minutes=30)))
+    assert stamp(moment, LONDON, fixed.tzinfo, NOW) == "2026-11-22 02:00:00 +00:00 GMT, 07:30 UTC+05:30 here, 10 h ago"
+    for zone in ("UTC", "Asia/Kolkata", "America/Sao_Paulo", "Pacific/Chatham"):
+        text = stamp(moment, zone, "Asia/Kolkata", NOW)
+        assert not re.search(r"T\d\d:|Z\b", text), text

@@ -1,8 +1,9 @@
 """How chordbeat writes instants and lengths of time: ISO 8601 for machines, one format for people.
 
-The CLI and the dashboard show times the same way. An instant is the zone's wall time to the
-second, its UTC offset and abbreviation (``2026-11-22 02:00:00 +00:00 GMT``), then how far it is
-from now (``in 5 h 12 min``, ``3 min ago``, ``now``). A length of time names its two largest units
+The CLI and the dashboard show times the same way (:func:`stamp`). An instant is the schedule's
+zone's wall time to the second, its UTC offset and abbreviation (``2026-11-22 02:00:00 +00:00
+GMT``), then the viewer's wall time when their zone's offset differs (``07:30 IST here``), then
+how far it is from now (``in 5 h 12 min``, ``3 min ago``, ``now``). A length of time names its two largest units
 (``0.4 s``, ``5 s``, ``12 s``, ``3 min 4 s``, ``5 h 12 min``, ``2 d 3 h``). Nothing to show (no
 time, a length that is not a number) is ``-``. Pure: every instant, ``now`` included, is passed in.
 """
@@ -10,7 +11,7 @@ time, a length that is not a number) is ``-``. Pure: every instant, ``now`` incl
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celeryapp.domain.cron import CronExpression
@@ -71,23 +72,56 @@ def relative(moment: datetime | None, now: datetime) -> str:
 
 
 def clock(moment: datetime | None, zone: ZoneInfo | str) -> str:
-    """``2026-11-22 02:00:00 +00:00 GMT``: the zone's wall time, its offset and abbreviation."""
+    """``2026-11-22 02:00:00 +00:00 GMT``: the zone's wall time, its offset and abbreviation (left
+    out where the zone has only a number, as America/Sao_Paulo's ``-03``)."""
     if moment is None:
         return NOTHING
     local = moment.astimezone(zone_of(zone) if isinstance(zone, str) else zone)
+    name = local.tzname() or ""
+    return f"{local:%Y-%m-%d %H:%M:%S} {_offset(local)}" + (f" {name}" if name[:1].isalpha() else "")
+
+
+def _offset(local: datetime) -> str:
     offset = local.strftime("%z")
-    return f"{local:%Y-%m-%d %H:%M:%S} {offset[:3]}:{offset[3:]} {local.tzname()}"
+    return f"{offset[:3]}:{offset[3:]}"
 
 
-def when(value: str | datetime | None, zone: ZoneInfo | str, now: datetime) -> str:
-    """A time as shown everywhere: :func:`clock`, then :func:`relative`; ``-`` if there is none.
+def _abbreviation(local: datetime) -> str:
+    """The zone's abbreviation (``GMT``, ``IST``), or its offset where it has only a number (``-03``)."""
+    name = local.tzname() or ""
+    return name if name[:1].isalpha() else _offset(local)
+
+
+def here(moment: datetime | None, zone: ZoneInfo | str, viewer: tzinfo | str | None) -> str:
+    """The viewer's wall time (``07:30 IST here``, with the date when it is another day there), or
+    ``""`` when the viewer's offset is the zone's at that instant (the same wall time)."""
+    if moment is None or viewer is None:
+        return ""
+    local = moment.astimezone(zone_of(zone) if isinstance(zone, str) else zone)
+    theirs = moment.astimezone(zone_of(viewer) if isinstance(viewer, str) else viewer)
+    if theirs.utcoffset() == local.utcoffset():
+        return ""
+    day = f"{theirs:%Y-%m-%d} " if theirs.date() != local.date() else ""
+    return f"{day}{theirs:%H:%M} {_abbreviation(theirs)} here"
+
+
+def stamp(moment: str | datetime | None, zone: ZoneInfo | str, viewer: tzinfo | str | None, now: datetime) -> str:
+    """An instant as people see it everywhere: ``2026-11-22 02:00:00 +00:00 GMT, 07:30 IST here, 3 min
+    ago``: the schedule's zone with its offset, the viewer's zone beside it when its offset differs
+    (none given: left out), how far from now; ``-`` if there is none. Never ISO's ``T…Z``.
 
     ``now`` is the reference clock's (``models.utcnow``): a host clock that is off would make every
     "3 min ago" wrong by as much."""
-    moment = parse_time(value) if isinstance(value, str) or value is None else value
-    if moment is None:
+    instant = parse_time(moment) if isinstance(moment, str) or moment is None else moment
+    if instant is None:
         return NOTHING
-    return f"{clock(moment, zone)}, {relative(moment, now)}"
+    parts = [clock(instant, zone), here(instant, zone, viewer), relative(instant, now)]
+    return ", ".join(part for part in parts if part)
+
+
+def when(value: str | datetime | None, zone: ZoneInfo | str, now: datetime) -> str:
+    """:func:`stamp` without a viewer's zone: the schedule's zone and how far from now."""
+    return stamp(value, zone, None, now)
 
 
 def took(started: str | datetime | None, completed: str | datetime | None, now: datetime) -> str:

@@ -1,12 +1,32 @@
-"""How the CLI shows states to people: their colours, and each step's current state in a run.
+"""How the CLI and the dashboard show states to people: their words (:func:`label`, never a
+stored name such as ``failed_with_error``), a run's state with its warnings (:func:`run_state`),
+their colours, and each step's current state in a run.
 
-Times and lengths of time are shown as :mod:`celeryapp.domain.times` writes them, as the dashboard
-shows them. Pure functions: no I/O.
+Times and lengths of time are shown as :mod:`celeryapp.domain.times` writes them. Pure functions:
+no I/O.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+#: A completed run one of whose steps warned or failed with ``continue_on_failure``: not stored
+#: (the contract fixes a run's states), derived from its steps.
+COMPLETED_WITH_WARNINGS = "completed with warnings"
+#: People's words for stored state names (schedule, execution, worker task, activity and slot
+#: outcome); a name not here is shown with its underscores as spaces.
+LABELS = {
+    "in_progress": "running",
+    "processing": "running",
+    "waiting_for_previous_step": "waiting",
+    "complete": "completed",
+    "complete_with_warning": "warning",
+    "complete_with_error": "error, went on",
+    "failed_with_error": "failed",
+    "skipped_overlap": "skipped: overlap",
+    "skipped_paused": "skipped: paused",
+    "skipped_superseded": "skipped: superseded",
+}
 
 #: Colour of each stored state (schedule, execution, worker task and activity states).
 STATE_STYLES = {
@@ -25,6 +45,7 @@ STATE_STYLES = {
     "failed": "bold red",
     "failed_with_error": "bold red",
     "cancelled": "magenta",
+    COMPLETED_WITH_WARNINGS: "yellow",
 }
 #: Step states that count as trouble in their group (its bar turns red or yellow).
 FAILED_STEP = frozenset({"failed_with_error", "cancelled"})
@@ -33,6 +54,29 @@ WARNED_STEP = frozenset({"complete_with_warning", "complete_with_error"})
 
 def state_style(state: str) -> str:
     return STATE_STYLES.get(state, "")
+
+
+def label(state: str) -> str:
+    """People's words for a stored state name: ``failed_with_error`` is "failed"."""
+    return LABELS.get(state, state.replace("_", " "))
+
+
+def warned(execution_or_summary: dict[str, Any]) -> bool:
+    """Whether a step of the run warned or failed with ``continue_on_failure``: from a summary's
+    ``steps`` counts or a whole execution's ``activities``."""
+    counts = execution_or_summary.get("steps") or {}
+    if any(counts.get(state) for state in WARNED_STEP):
+        return True
+    return any(a.get("status") in WARNED_STEP for a in execution_or_summary.get("activities") or ())
+
+
+def run_state(execution_or_summary: dict[str, Any]) -> str:
+    """A run's state in people's words: "completed with warnings" for a completed run with a
+    warned step (:func:`warned`), else the label of its status."""
+    status = str(execution_or_summary.get("status", ""))
+    if status == "completed" and warned(execution_or_summary):
+        return COMPLETED_WITH_WARNINGS
+    return label(status)
 
 
 def step_states(execution: dict[str, Any]) -> dict[tuple[int, str], tuple[str, int]]:

@@ -58,6 +58,8 @@ def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, 
                 "error": a.error,
                 "message": a.message,
                 "worker": a.worker,
+                "traceback": a.traceback,
+                "log_tail": a.log_tail,
             }
             for a in activities
         ],

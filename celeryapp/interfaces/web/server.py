@@ -1,162 +1,38 @@
-"""The dashboard's tornado application: pages, live fragments, actions and login.
+"""The dashboard's tornado application: pages, live fragments, actions, and the routes.
 
 Reads go straight to the database (read-only transactions, in a thread pool so a slow query
 never stalls other requests); actions call the same service functions the service tasks run.
-Every page needs a login; actions need the admin role and a CSRF token (tornado's xsrf cookie).
+Every page needs a login (web/login.py, web/sessions.py); actions need the admin role and a CSRF
+token (tornado's xsrf cookie).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import hmac
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, TypeVar
-from urllib.parse import quote, urlencode
+from typing import Any
+from urllib.parse import urlencode
 
 import tornado.ioloop
 import tornado.web
 from sqlalchemy import select
 
 from celeryapp.application import ChordbeatCelery
-from celeryapp.domain import times
 from celeryapp.domain.limits import MAX_ID, MAX_NAME_CHARS
-from celeryapp.domain.times import iso
 from celeryapp.errors import ChordbeatError
 from celeryapp.interfaces import service
-from celeryapp.interfaces.web import humanize, queries
+from celeryapp.interfaces.web import queries
 from celeryapp.interfaces.web.auth import WebUser, check_auth_config
-from celeryapp.interfaces.web.broker_state import WorkerPings, broker_state
+from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler, WebContext
+from celeryapp.interfaces.web.broker_state import broker_state
+from celeryapp.interfaces.web.login import LoginHandler, LogoutHandler
 from celeryapp.monitoring.health import age_s
-from models import ScheduleStep, transaction, utcnow
+from models import ScheduleStep, utcnow
 
 logger = logging.getLogger(__name__)
 HERE = os.path.dirname(__file__)
-SESSION_COOKIE = "chordbeat_session"
-FLASH_COOKIE = "chordbeat_flash"
-#: Days a login lasts.
-SESSION_DAYS = 1
-#: Seconds a wrong password waits before the answer.
-FAILED_LOGIN_DELAY_S = 1.0
-#: Scripts and styles only from here; nothing framed; no referrer leaves.
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store",
-}
-T = TypeVar("T")
-
-
-@dataclass
-class WebContext:
-    app: ChordbeatCelery
-    users: dict[str, WebUser]
-    #: The workers' last answers to a ping, this server's own.
-    pings: WorkerPings = field(default_factory=WorkerPings)
-
-
-def session_stamp(user: WebUser) -> str:
-    """Part of the session cookie that changes with the user's password entry and role."""
-    return hashlib.sha256(f"{user.role.value}:{user.password}".encode()).hexdigest()[:16]
-
-
-def iso_seconds(value: datetime | None) -> str:
-    """The dashboard's instants for machines (``<time datetime>``, titles): to the second."""
-    return iso(value, timespec="seconds") or ""
-
-
-class BaseHandler(tornado.web.RequestHandler):
-    ctx: WebContext
-
-    def initialize(self, ctx: WebContext) -> None:
-        self.ctx = ctx
-
-    def set_default_headers(self) -> None:
-        for name, value in SECURITY_HEADERS.items():
-            self.set_header(name, value)
-
-    def get_current_user(self) -> WebUser | None:
-        raw = self.get_signed_cookie(SESSION_COOKIE, max_age_days=SESSION_DAYS)
-        if raw is None:
-            return None
-        name, _, stamp = raw.decode("utf-8", "replace").rpartition(":")
-        user = self.ctx.users.get(name)
-        # A user removed from the configuration, or whose password changed, is logged out.
-        return user if user is not None and hmac.compare_digest(stamp, session_stamp(user)) else None
-
-    @property
-    def user(self) -> WebUser:
-        user = self.current_user
-        assert isinstance(user, WebUser)  # pages are @authenticated
-        return user
-
-    async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(session, *args)`` in a read-only transaction, off the event loop."""
-
-        def run() -> T:
-            with transaction(self.ctx.app.settings.database_url, read_only=True) as session:
-                return fn(session, *args)
-
-        return await asyncio.get_running_loop().run_in_executor(None, run)
-
-    def get_template_namespace(self) -> dict[str, Any]:
-        namespace = super().get_template_namespace()
-        namespace.update(
-            flash=None, h=humanize, times=times, iso=iso_seconds, now=utcnow(), quote=quote, urlencode=urlencode
-        )
-        return namespace
-
-    def take_flash(self) -> str | None:
-        raw = self.get_signed_cookie(FLASH_COOKIE, max_age_days=1)
-        if raw is not None:
-            self.clear_cookie(FLASH_COOKIE)
-        return None if raw is None else raw.decode("utf-8", "replace")
-
-    def page(self, template: str, **kwargs: Any) -> None:
-        self.render(template, user=self.user, flash=self.take_flash(), **kwargs)
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        self.render("error.html", status_code=status_code, reason=self._reason, user=self.current_user)
-
-
-class LoginHandler(BaseHandler):
-    def get(self) -> None:
-        self.render("login.html", error=None, next=self._next(), user=None)
-
-    async def post(self) -> None:
-        name = self.get_body_argument("username", "")
-        password = self.get_body_argument("password", "")
-        user = self.ctx.users.get(name)
-        # A hash check takes a good fraction of a second of CPU: off the event loop.
-        valid = user is not None and await asyncio.get_running_loop().run_in_executor(None, user.check, password)
-        if user is None or not valid:
-            await asyncio.sleep(FAILED_LOGIN_DELAY_S)  # slows down guessing
-            self.set_status(401)
-            self.render("login.html", error="Wrong user name or password.", next=self._next(), user=None)
-            return
-        logger.info("web: %s logged in", user.name)
-        self.set_signed_cookie(
-            SESSION_COOKIE,
-            f"{user.name}:{session_stamp(user)}",
-            expires_days=SESSION_DAYS,
-            httponly=True,
-            samesite="Strict",
-            secure=self.request.protocol == "https",
-        )
-        self.redirect(self._next())
-
-    def _next(self) -> str:
-        target = self.get_argument("next", "/")
-        # Only a path of this site: never //evil.example or a scheme.
-        return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/"
 
 
 class AliveHandler(BaseHandler):
@@ -164,12 +40,6 @@ class AliveHandler(BaseHandler):
 
     def get(self) -> None:
         self.write("ok\n")
-
-
-class LogoutHandler(BaseHandler):
-    def post(self) -> None:
-        self.clear_cookie(SESSION_COOKIE)
-        self.redirect("/login")
 
 
 class SchedulesHandler(BaseHandler):

@@ -47,6 +47,8 @@ DEFAULT_HEALTH_DIR = "/tmp"
 #: Where ``chordbeat web`` listens unless told otherwise: this machine only.
 DEFAULT_WEB_ADDRESS = "127.0.0.1"
 DEFAULT_WEB_PORT = 8180
+#: Longest name the CLI may say it acts as (``CHORDBEAT_ACTOR``, ``--as``).
+MAX_ACTOR_CHARS = 100
 
 
 class Variable(NamedTuple):
@@ -177,6 +179,11 @@ VARIABLES = (
     Variable("CHORDBEAT_WEB_ADDRESS", f"`{DEFAULT_WEB_ADDRESS}`", "interface the dashboard listens on"),
     Variable("CHORDBEAT_WEB_PORT", f"`{DEFAULT_WEB_PORT}`", "port of the dashboard"),
     Variable(
+        "CHORDBEAT_ACTOR",
+        "`user@host` of who runs the CLI",
+        "who the `chordbeat` command says made a change (the actor of its audit rows); `--as NAME` overrides it",
+    ),
+    Variable(
         "CHORDBEAT_RESULT_EXPIRES",
         f"`{DEFAULT_RESULT_EXPIRES_S:g}` (s)",
         "how long Redis keeps a service call's answer (the only task results stored; steps, fires and "
@@ -273,6 +280,14 @@ def _sentinel_master(env: Mapping[str, str]) -> str:
     return name
 
 
+def _actor(env: Mapping[str, str]) -> str | None:
+    raw = env.get("CHORDBEAT_ACTOR") or None
+    # The service refuses the same (models.audit.ACTOR_CHARS); said here, it names the variable.
+    if raw is not None and (len(raw) > MAX_ACTOR_CHARS or not raw.isprintable() or not raw.strip()):
+        raise ConfigError(f"CHORDBEAT_ACTOR: expected a name of 1 to {MAX_ACTOR_CHARS} printable characters")
+    return raw
+
+
 def _web_port(env: Mapping[str, str]) -> int:
     raw = env.get("CHORDBEAT_WEB_PORT") or str(DEFAULT_WEB_PORT)
     if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 65535:
@@ -317,6 +332,11 @@ class Settings:
     web_port: int = DEFAULT_WEB_PORT
     #: Seconds Redis keeps a stored task result; only service calls store one.
     result_expires_s: float = DEFAULT_RESULT_EXPIRES_S
+    #: Who the CLI acts as; unset: the CLI's ``user@host``.
+    actor: str | None = None
+    #: The viewer's time zone (the system's ``TZ``, not a setting of ours): the CLI shows times
+    #: there beside the schedule's zone; unset: this host's local zone.
+    viewer_zone: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -354,4 +374,6 @@ class Settings:
             web_address=env.get("CHORDBEAT_WEB_ADDRESS") or DEFAULT_WEB_ADDRESS,
             web_port=_web_port(env),
             result_expires_s=_env_float(env, "CHORDBEAT_RESULT_EXPIRES", DEFAULT_RESULT_EXPIRES_S, minimum=60),
+            actor=_actor(env),
+            viewer_zone=env.get("TZ") or None,
         )

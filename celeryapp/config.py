@@ -5,6 +5,7 @@ Nothing else in the project reads ``os.environ``; everything takes a :class:`Set
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -179,6 +180,13 @@ VARIABLES = (
     Variable("CHORDBEAT_WEB_ADDRESS", f"`{DEFAULT_WEB_ADDRESS}`", "interface the dashboard listens on"),
     Variable("CHORDBEAT_WEB_PORT", f"`{DEFAULT_WEB_PORT}`", "port of the dashboard"),
     Variable(
+        "CHORDBEAT_WEB_TRUSTED_PROXY",
+        "unset (none)",
+        "comma-separated addresses or networks (`10.0.0.5`, `10.0.0.0/24`) of the TLS-terminating proxy in front of "
+        "the dashboard: only from them are `X-Forwarded-Proto` (HTTPS: `Secure`, `__Host-` cookies) and "
+        "`X-Forwarded-For` (login throttling by the client's address) believed",
+    ),
+    Variable(
         "CHORDBEAT_ACTOR",
         "`user@host` of who runs the CLI",
         "who the `chordbeat` command says made a change (the actor of its audit rows); `--as NAME` overrides it",
@@ -288,6 +296,13 @@ def _actor(env: Mapping[str, str]) -> str | None:
     return raw
 
 
+def _web_proxies(env: Mapping[str, str]) -> tuple[str, ...]:
+    try:
+        return tuple(str(ipaddress.ip_network(p)) for p in _env_list(env, "CHORDBEAT_WEB_TRUSTED_PROXY"))
+    except ValueError as exc:
+        raise ConfigError(f"CHORDBEAT_WEB_TRUSTED_PROXY: expected addresses or networks, {exc}") from None
+
+
 def _web_port(env: Mapping[str, str]) -> int:
     raw = env.get("CHORDBEAT_WEB_PORT") or str(DEFAULT_WEB_PORT)
     if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 65535:
@@ -330,6 +345,8 @@ class Settings:
     web_secret: str = field(default="", repr=False)
     web_address: str = DEFAULT_WEB_ADDRESS
     web_port: int = DEFAULT_WEB_PORT
+    #: Networks of the TLS proxy whose X-Forwarded-Proto and X-Forwarded-For the dashboard believes.
+    web_trusted_proxies: tuple[str, ...] = ()
     #: Seconds Redis keeps a stored task result; only service calls store one.
     result_expires_s: float = DEFAULT_RESULT_EXPIRES_S
     #: Who the CLI acts as; unset: the CLI's ``user@host``.
@@ -373,6 +390,7 @@ class Settings:
             web_secret=env.get("CHORDBEAT_WEB_SECRET", ""),
             web_address=env.get("CHORDBEAT_WEB_ADDRESS") or DEFAULT_WEB_ADDRESS,
             web_port=_web_port(env),
+            web_trusted_proxies=_web_proxies(env),
             result_expires_s=_env_float(env, "CHORDBEAT_RESULT_EXPIRES", DEFAULT_RESULT_EXPIRES_S, minimum=60),
             actor=_actor(env),
             viewer_zone=env.get("TZ") or None,

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from celeryapp.config import Settings
 from celeryapp.domain.times import clock, relative, span
 from celeryapp.errors import ConfigError
 from celeryapp.interfaces.web.auth import Role, check_auth_config, check_password, hash_password, parse_users
@@ -109,3 +110,12 @@ def test_the_dashboard_refuses_to_start_without_accounts_or_secret() -> None:
     with pytest.raises(ConfigError, match="CHORDBEAT_WEB_SECRET"):
         check_auth_config("ops:admin:pw", "short")
     assert set(check_auth_config("ops:admin:pw", "x" * 40)) == {"ops"}
+
+
+def test_the_trusted_proxy_setting_takes_addresses_and_networks_and_names_itself_when_wrong() -> None:
+    env = {"CHORDBEAT_WEB_TRUSTED_PROXY": "10.0.0.5, 10.1.0.0/24,::1"}
+    assert Settings.from_env(env).web_trusted_proxies == ("10.0.0.5/32", "10.1.0.0/24", "::1/128")
+    assert Settings.from_env({}).web_trusted_proxies == ()
+    for bad in ("proxy.example", "10.0.0.0/33", "10.0.0.5/24"):
+        with pytest.raises(ConfigError, match="CHORDBEAT_WEB_TRUSTED_PROXY"):
+            Settings.from_env({"CHORDBEAT_WEB_TRUSTED_PROXY": bad})

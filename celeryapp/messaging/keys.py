@@ -68,3 +68,18 @@ def stop_key(worker_task_id: int, attempt: int) -> str:
 def cancel_key(execution_id: int) -> str:
     """Key whose presence tells running steps of an execution to stop."""
     return f"{PREFIX}:cancel:{execution_id}"
+
+
+def web_session_key(session_digest: str) -> str:
+    """A dashboard session, by the digest of the id its cookie holds (so Redis holds no usable id)."""
+    return f"{PREFIX}:web:session:{session_digest}"
+
+
+def login_attempts_key(scope: str, who_digest: str) -> str:
+    """Login attempts in the current window, per ``scope`` (``user`` or ``address``)."""
+    return f"{PREFIX}:web:attempts:{scope}:{who_digest}"
+
+
+def login_lock_key(who_digest: str) -> str:
+    """Present while a user name is locked out of the dashboard's login; its TTL is the lockout left."""
+    return f"{PREFIX}:web:lock:{who_digest}"

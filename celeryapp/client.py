@@ -23,7 +23,16 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
-from celeryapp.contract import DeletedJson, ExecutionJson, ExecutionSummaryJson, ScheduleJson, SlotJson, TriggerJson
+from celeryapp.contract import (
+    SOURCE_HEADER,
+    AuditJson,
+    DeletedJson,
+    ExecutionJson,
+    ExecutionSummaryJson,
+    ScheduleJson,
+    SlotJson,
+    TriggerJson,
+)
 from celeryapp.domain.redaction import redact
 
 #: Queue the service tasks are consumed from by every worker (Celery's default queue).
@@ -70,7 +79,8 @@ class ChordbeatClient:
     """Calls the contract's service tasks and waits for their JSON answers.
 
     Errors raised by a task (an invalid definition, an unknown name) are raised here with the
-    worker's message, which names the field and the reason.
+    worker's message, which names the field and the reason. ``source="cli"`` marks every call as
+    the CLI's in the audit trail (any other value: as another service's, ``service``).
     """
 
     def __init__(
@@ -81,8 +91,10 @@ class ChordbeatClient:
         app: Celery | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         sentinel_master: str = "mymaster",
+        source: str = "service",
     ) -> None:
         self.timeout_s = seconds("timeout_s", timeout_s)
+        self.source = source
         if app is None:
             app = Celery("chordbeat-client", broker=broker_url, backend=backend_url or broker_url, set_as_current=False)
             app.conf.update(task_serializer="json", accept_content=["json"], result_accept_content=["json"])
@@ -98,7 +110,12 @@ class ChordbeatClient:
         # A call nobody answers in time expires with it: a worker that appears later drops it
         # instead of triggering a run the caller was told failed.
         result = self.app.send_task(
-            task, kwargs=kwargs, queue=SERVICE_QUEUE, kwargsrepr=repr(redact(kwargs)), expires=self._expiry()
+            task,
+            kwargs=kwargs,
+            queue=SERVICE_QUEUE,
+            kwargsrepr=repr(redact(kwargs)),
+            expires=self._expiry(),
+            headers={SOURCE_HEADER: self.source},
         )
         try:
             return answer(result, self.timeout_s)
@@ -142,11 +159,13 @@ class ChordbeatClient:
                 return True
         return False
 
-    def apply_schedule(self, definition: Json) -> ScheduleJson:
-        return self.call("chordbeat.apply_schedule", definition=definition)  # type: ignore[no-any-return]
+    def apply_schedule(self, definition: Json, actor: str | None = None, reason: str | None = None) -> ScheduleJson:
+        return self.call(  # type: ignore[no-any-return]
+            "chordbeat.apply_schedule", definition=definition, **_who(actor, reason)
+        )
 
-    def delete_schedule(self, name: str) -> DeletedJson:
-        return self.call("chordbeat.delete_schedule", name=name)  # type: ignore[no-any-return]
+    def delete_schedule(self, name: str, actor: str | None = None, reason: str | None = None) -> DeletedJson:
+        return self.call("chordbeat.delete_schedule", name=name, **_who(actor, reason))  # type: ignore[no-any-return]
 
     def get_schedule(self, name: str) -> ScheduleJson:
         return self.call("chordbeat.get_schedule", name=name)  # type: ignore[no-any-return]
@@ -155,17 +174,35 @@ class ChordbeatClient:
         """One page, by name; :func:`each_schedule` follows the cursor through all of them."""
         return self.call("chordbeat.list_schedules", limit=limit, after_name=after_name)  # type: ignore[no-any-return]
 
-    def pause_schedule(self, name: str) -> ScheduleJson:
-        return self.call("chordbeat.pause_schedule", name=name)  # type: ignore[no-any-return]
+    def pause_schedule(self, name: str, actor: str | None = None, reason: str | None = None) -> ScheduleJson:
+        return self.call("chordbeat.pause_schedule", name=name, **_who(actor, reason))  # type: ignore[no-any-return]
 
-    def resume_schedule(self, name: str) -> ScheduleJson:
-        return self.call("chordbeat.resume_schedule", name=name)  # type: ignore[no-any-return]
+    def resume_schedule(self, name: str, actor: str | None = None, reason: str | None = None) -> ScheduleJson:
+        return self.call("chordbeat.resume_schedule", name=name, **_who(actor, reason))  # type: ignore[no-any-return]
 
-    def trigger_schedule(self, name: str, payload: Json | None = None) -> TriggerJson:
-        return self.call("chordbeat.trigger_schedule", name=name, payload=payload)  # type: ignore[no-any-return]
+    def trigger_schedule(
+        self, name: str, payload: Json | None = None, actor: str | None = None, reason: str | None = None
+    ) -> TriggerJson:
+        return self.call(  # type: ignore[no-any-return]
+            "chordbeat.trigger_schedule", name=name, payload=payload, **_who(actor, reason)
+        )
 
-    def cancel_execution(self, execution_id: int) -> ExecutionJson:
-        return self.call("chordbeat.cancel_execution", execution_id=execution_id)  # type: ignore[no-any-return]
+    def cancel_execution(self, execution_id: int, actor: str | None = None, reason: str | None = None) -> ExecutionJson:
+        return self.call(  # type: ignore[no-any-return]
+            "chordbeat.cancel_execution", execution_id=execution_id, **_who(actor, reason)
+        )
+
+    def rerun_execution(
+        self, execution_id: int, from_failed: bool = True, actor: str | None = None, reason: str | None = None
+    ) -> ExecutionJson:
+        """A new run of a failed or cancelled one, from its first failed group (or all of it)."""
+        return self.call(  # type: ignore[no-any-return]
+            "chordbeat.rerun_execution", execution_id=execution_id, from_failed=from_failed, **_who(actor, reason)
+        )
+
+    def list_audit(self, schedule: str | None = None, limit: int = 50) -> list[AuditJson]:
+        """Who did what, newest first (one schedule's rows, or all)."""
+        return self.call("chordbeat.list_audit", schedule=schedule, limit=limit)  # type: ignore[no-any-return]
 
     def get_execution(self, execution_id: int) -> ExecutionJson:
         return self.call("chordbeat.get_execution", execution_id=execution_id)  # type: ignore[no-any-return]
@@ -192,6 +229,11 @@ class ChordbeatClient:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _who(actor: str | None, reason: str | None) -> dict[str, str]:
+    """The audit kwargs given (left out when not: an older worker's tasks do not take them)."""
+    return {k: v for k, v in (("actor", actor), ("reason", reason)) if v is not None}
 
 
 def each_schedule(client: ChordbeatClient, page: int = 500) -> Iterator[ScheduleJson]:

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, NotRequired, TypedDict
 
+#: The message header that marks a call as the CLI's in the audit trail (``chordbeat-source``
+#: spelled as an identifier: Celery hands custom headers to the task as request attributes).
+#: Only ``"cli"`` is believed; any other value counts as ``service``.
+SOURCE_HEADER = "chordbeat_source"
+
 
 class ScheduleJson(TypedDict):
     """A schedule object: its definition plus its state."""
@@ -33,6 +38,10 @@ class ScheduleJson(TypedDict):
     last_error: str | None
     last_run_at: str | None
     next_run_at: str | None
+    #: Who paused it, why (null when not said) and when; all null unless paused.
+    paused_by: str | None
+    paused_reason: str | None
+    paused_at: str | None
 
 
 class ActivityJson(TypedDict):
@@ -47,6 +56,9 @@ class ActivityJson(TypedDict):
     error: str | None
     message: str | None
     worker: str | None
+    #: A failed attempt's traceback, and the attempt's last log lines (both bounded); or null.
+    traceback: str | None
+    log_tail: str | None
 
 
 class WorkerTaskJson(TypedDict):
@@ -69,8 +81,12 @@ class _ExecutionFields(TypedDict):
     current_step_index: int
     started_at: str | None
     completed_at: str | None
-    #: In a summary, cut to 1,000 characters.
+    #: In a summary, cut to 1,000 characters. A cancelled run's reads
+    #: ``cancelled by <actor> (<source>)``, then ``: <reason>`` when one was given.
     error: str | None
+    #: A re-run's source execution and the step group it started from (0: all); else null.
+    rerun_of: int | None
+    rerun_from_group: int | None
 
 
 class ExecutionJson(_ExecutionFields):
@@ -100,6 +116,24 @@ class SlotJson(TypedDict):
     execution_id: int | None
     detail: str | None
     recorded_at: str | None
+
+
+class AuditJson(TypedDict):
+    """Who did what: one operator action or one of beat's own decisions."""
+
+    id: int
+    at: str
+    actor: str
+    #: ``service``, ``cli``, ``web`` or ``beat``.
+    source: str
+    #: ``apply``, ``delete``, ``pause``, ``resume``, ``trigger``, ``cancel``, ``rerun``, and beat's
+    #: ``file_applied``, ``retry_scheduled``, ``dead``, ``done``, ``timed_out``, ``cancelled_by_overlap``.
+    action: str
+    schedule: str | None
+    execution_id: int | None
+    reason: str | None
+    #: What else a reader needs (what an apply changed, a retry's time), or null.
+    detail: dict[str, Any] | None
 
 
 class TriggerJson(TypedDict):
@@ -180,8 +214,11 @@ class ServiceTask(NamedTuple):
 
 
 _NAME = Param("name")
+_ACTOR = Param("actor", required=False, note="who, at most 100 characters; default: the caller's host")
+_REASON = Param("reason", required=False, note="why, at most 500 characters")
 _EXECUTION_ID = Param("execution_id")
 _LIMIT = Param("limit", required=False, default=50, note="at most 1000")
+_AUDIT_LIMIT = Param("limit", required=False, default=50, note="at most 500")
 _EXECUTIONS_LIMIT = Param("limit", required=False, default=50, note="at most 500")
 _SCHEDULE_OBJECT = "schedule object"
 _EXECUTION_OBJECT = "execution object"
@@ -190,13 +227,13 @@ _EXECUTION_OBJECT = "execution object"
 SERVICE_TASKS = (
     ServiceTask(
         "chordbeat.apply_schedule",
-        (Param("definition"),),
+        (Param("definition"), _ACTOR, _REASON),
         "schedule object (invalid: error naming the field; nothing stored)",
         ("DefinitionError",),
     ),
     ServiceTask(
         "chordbeat.delete_schedule",
-        (_NAME,),
+        (_NAME, _ACTOR, _REASON),
         '`{"name": ..., "deleted": true}` (execution history is kept)',
         ("NotFound",),
     ),
@@ -210,16 +247,33 @@ SERVICE_TASKS = (
         "list of schedule objects, by name; a page shorter than `limit` is the last (next page: `after_name` = its "
         "last name)",
     ),
-    ServiceTask("chordbeat.pause_schedule", (_NAME,), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")),
-    ServiceTask("chordbeat.resume_schedule", (_NAME,), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")),
+    ServiceTask(
+        "chordbeat.pause_schedule", (_NAME, _ACTOR, _REASON), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")
+    ),
+    ServiceTask(
+        "chordbeat.resume_schedule", (_NAME, _ACTOR, _REASON), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")
+    ),
     ServiceTask(
         "chordbeat.trigger_schedule",
-        (_NAME, Param("payload", required=False)),
+        (_NAME, Param("payload", required=False), _ACTOR, _REASON),
         '`{"execution_id": ..., "status": "in_progress"}` or `{"execution_id": null, "skipped": "<reason>"}`; a '
         "manual run is explicit, so it works whatever the schedule's status, and follows its overlap policy",
         ("NotFound",),
     ),
-    ServiceTask("chordbeat.cancel_execution", (_EXECUTION_ID,), _EXECUTION_OBJECT, ("NotFound",)),
+    ServiceTask(
+        "chordbeat.cancel_execution",
+        (_EXECUTION_ID, _ACTOR, _REASON),
+        "execution object; its `error` says who cancelled it: `cancelled by <actor> (<source>): <reason>`",
+        ("NotFound",),
+    ),
+    ServiceTask(
+        "chordbeat.rerun_execution",
+        (_EXECUTION_ID, Param("from_failed", required=False, default=True), _ACTOR, _REASON),
+        "execution object of a new run (trigger `manual`, the source's steps, payload and slot, `rerun_of` set) "
+        "starting at the first failed group (`from_failed`: false, at group 0); only a failed or cancelled run; "
+        "follows the overlap policy",
+        ("NotFound", "InvalidTransition"),
+    ),
     ServiceTask("chordbeat.get_execution", (_EXECUTION_ID,), _EXECUTION_OBJECT, ("NotFound",)),
     ServiceTask(
         "chordbeat.list_executions",
@@ -233,6 +287,12 @@ SERVICE_TASKS = (
         "(`error` cut to 1,000 characters; `get_execution` has it all), plus `steps` = "
         '`{"total": n, "<activity status>": count, ...}` (steps by their latest attempt); a page shorter than '
         "`limit` is the last (next page: `before_id` = its last id)",
+    ),
+    ServiceTask(
+        "chordbeat.list_audit",
+        (Param("schedule", required=False), _AUDIT_LIMIT),
+        'who did what, newest first: `[{"at", "actor", "source", "action", "schedule", '
+        '"execution_id", "reason", "id", "detail"}]`; a schedule\'s rows outlive it',
     ),
     ServiceTask(
         "chordbeat.list_slots",

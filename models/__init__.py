@@ -4,6 +4,8 @@ from models.base import Base, utcnow
 from models.session import get_engine, transaction
 from models.states import (
     ActivityStatus,
+    AuditAction,
+    AuditSource,
     ExecutionStatus,
     Overlap,
     ScheduleSource,
@@ -12,11 +14,23 @@ from models.states import (
     Trigger,
     WorkerTaskStatus,
 )
-from models.tables import Activity, MetricCount, Schedule, ScheduleExecution, ScheduleStep, SlotRecord, WorkerTask
+from models.tables import (
+    Activity,
+    AuditEvent,
+    MetricCount,
+    Schedule,
+    ScheduleExecution,
+    ScheduleStep,
+    SlotRecord,
+    WorkerTask,
+)
 
 __all__ = [
     "Activity",
     "ActivityStatus",
+    "AuditAction",
+    "AuditEvent",
+    "AuditSource",
     "Base",
     "ExecutionStatus",
     "MetricCount",

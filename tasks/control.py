@@ -60,7 +60,8 @@ def reconcile_beat() -> dict[str, list[str]]:
 
 @app.task(name="chordbeat.recover", send_events=False)  # periodic: kept out of Flower
 def recover() -> dict[str, Any]:
-    """Periodic recovery: lost workers, lost messages, stuck executions, timeouts."""
+    """Periodic recovery: lost workers, lost messages, stuck executions, timeouts, and the slot
+    record of paused schedules."""
     report = recovery.recover(app)
     return {
         "requeued": report.requeued,
@@ -68,6 +69,7 @@ def recover() -> dict[str, Any]:
         "unstuck": report.unstuck,
         "timed_out": report.timed_out,
         "redis_reset": report.redis_reset,
+        "paused_slots": report.paused_slots,
     }
 
 

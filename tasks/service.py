@@ -6,10 +6,13 @@ import inspect
 from typing import Any
 
 from celeryapp import app
+from celeryapp.contract import SOURCE_HEADER
 from celeryapp.domain.redaction import RedactedResult
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.interfaces import service
+from celeryapp.interfaces.arguments import default_actor
 from celeryapp.messaging.expiry import ReferenceClockTask
+from models.states import AuditSource
 
 
 class ServiceTask(ReferenceClockTask):
@@ -32,19 +35,32 @@ class ServiceTask(ReferenceClockTask):
         return RedactedResult(super().__call__(*args, **kwargs))
 
 
+def _caller(actor: Any) -> dict[str, Any]:
+    """The audit's actor and source of the call being run: the source is ``cli`` when the message
+    says so (:class:`celeryapp.client.ChordbeatClient` with ``source="cli"``), else ``service``:
+    a message claiming ``web`` or ``beat`` is not believed, those act in-process. No actor given:
+    the caller's Celery origin (``gen<pid>@<host>``), so a row never lacks one."""
+    request = app.current_task.request if app.current_task is not None else None
+    claimed = getattr(request, SOURCE_HEADER, None) or (getattr(request, "headers", None) or {}).get(SOURCE_HEADER)
+    source = AuditSource.CLI if claimed == AuditSource.CLI.value else AuditSource.SERVICE
+    if actor is None:
+        actor = default_actor(source, getattr(request, "origin", None)).name
+    return {"actor": actor, "source": source}
+
+
 #: Read-only calls (the CLI's polling among them) send no task events: they would drown what
 #: changed anything in Flower's task list.
 READ_ONLY_EVENTS = False
 
 
 @app.task(base=ServiceTask, name="chordbeat.apply_schedule")
-def apply_schedule(definition: dict[str, Any]) -> dict[str, Any]:
-    return service.apply_schedule(app, definition)
+def apply_schedule(definition: dict[str, Any], actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    return service.apply_schedule(app, definition, reason=reason, **_caller(actor))
 
 
 @app.task(base=ServiceTask, name="chordbeat.delete_schedule")
-def delete_schedule(name: str) -> dict[str, Any]:
-    return service.delete_schedule(app, name)
+def delete_schedule(name: str, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    return service.delete_schedule(app, name, reason=reason, **_caller(actor))
 
 
 @app.task(base=ServiceTask, name="chordbeat.get_schedule", send_events=READ_ONLY_EVENTS)
@@ -58,23 +74,32 @@ def list_schedules(limit: int = 500, after_name: str | None = None) -> list[dict
 
 
 @app.task(base=ServiceTask, name="chordbeat.pause_schedule")
-def pause_schedule(name: str) -> dict[str, Any]:
-    return service.pause_schedule(app, name)
+def pause_schedule(name: str, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    return service.pause_schedule(app, name, reason=reason, **_caller(actor))
 
 
 @app.task(base=ServiceTask, name="chordbeat.resume_schedule")
-def resume_schedule(name: str) -> dict[str, Any]:
-    return service.resume_schedule(app, name)
+def resume_schedule(name: str, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    return service.resume_schedule(app, name, reason=reason, **_caller(actor))
 
 
 @app.task(base=ServiceTask, name="chordbeat.trigger_schedule")
-def trigger_schedule(name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-    return service.trigger_schedule(app, name, payload)
+def trigger_schedule(
+    name: str, payload: dict[str, Any] | None = None, actor: str | None = None, reason: str | None = None
+) -> dict[str, Any]:
+    return service.trigger_schedule(app, name, payload, reason=reason, **_caller(actor))
 
 
 @app.task(base=ServiceTask, name="chordbeat.cancel_execution")
-def cancel_execution(execution_id: int) -> dict[str, Any]:
-    return service.cancel_execution(app, execution_id)
+def cancel_execution(execution_id: int, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    return service.cancel_execution(app, execution_id, reason=reason, **_caller(actor))
+
+
+@app.task(base=ServiceTask, name="chordbeat.rerun_execution")
+def rerun_execution(
+    execution_id: int, from_failed: bool = True, actor: str | None = None, reason: str | None = None
+) -> dict[str, Any]:
+    return service.rerun_execution(app, execution_id, from_failed, reason=reason, **_caller(actor))
 
 
 @app.task(base=ServiceTask, name="chordbeat.get_execution", send_events=READ_ONLY_EVENTS)
@@ -92,3 +117,8 @@ def list_executions(
 @app.task(base=ServiceTask, name="chordbeat.list_slots", send_events=READ_ONLY_EVENTS)
 def list_slots(name: str, limit: int = 50) -> list[dict[str, Any]]:
     return service.list_slots(app, name, limit)
+
+
+@app.task(base=ServiceTask, name="chordbeat.list_audit", send_events=READ_ONLY_EVENTS)
+def list_audit(schedule: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    return service.list_audit(app, schedule, limit)

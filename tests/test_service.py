@@ -29,6 +29,9 @@ SCHEDULE_KEYS = {
     "last_error",
     "last_run_at",
     "next_run_at",
+    "paused_by",
+    "paused_reason",
+    "paused_at",
 }
 
 

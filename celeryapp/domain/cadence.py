@@ -59,6 +59,20 @@ class Cadence:
                 return found
             window *= 4
 
+    def slots_between(self, since: datetime, until: datetime, cap: int) -> tuple[list[datetime], bool]:
+        """The first ``cap`` nominal slots in (since, until], oldest first, and whether more slots
+        fell in it after them (each slot is found from the one before: only ``cap + 1`` are)."""
+        if cap < 1:
+            raise ValueError("cap must be at least 1")
+        slots: list[datetime] = []
+        slot = self.slot_after(since)
+        while slot <= until:
+            if len(slots) == cap:
+                return slots, True
+            slots.append(slot)
+            slot = self.slot_after(slot)
+        return slots, False
+
     def _last_in(self, start: datetime, end: datetime) -> datetime | None:
         found = None
         slot = self.slot_after(start)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy import update
@@ -14,7 +15,9 @@ from celeryapp.domain.decisions import AfterExecution, ScheduleState
 from celeryapp.domain.times import iso
 from celeryapp.execution.run_rows import execution_with_key
 from models import ExecutionStatus, Schedule, ScheduleStatus
+from models.audit import BEAT
 from models.session import affected
+from models.states import AuditAction
 
 logger = logging.getLogger(__name__)
 
@@ -55,19 +58,32 @@ def write_after_run(
 
 
 def log_after_run(
+    session: Session,
     name: str,
+    execution_id: int,
     state: ScheduleState,
     after: AfterExecution,
     *,
     run_count: int,
     is_pending_retry: bool,
     ended: ExecutionStatus,
+    now: datetime,
 ) -> None:
+    """Log what the end of a run did to its schedule; beat's decisions (done, dead, a retry) also
+    get their audit row, in the transaction that writes them."""
+    audit = partial(BEAT.record, session, schedule_name=name, execution_id=execution_id, at=now)
     if after.status is ScheduleStatus.DONE:
         logger.info("schedule %r is done after %s runs", name, run_count)
+        audit(AuditAction.DONE, reason=f"repeat limit reached after {run_count} runs")
     elif after.status is ScheduleStatus.DEAD:
-        logger.error("schedule %r is dead: %s consecutive failures", name, state.current_retry + 1)
+        failures = state.current_retry + 1
+        logger.error("schedule %r is dead: %s consecutive failures", name, failures)
+        audit(AuditAction.DEAD, reason=f"{failures} consecutive failures", detail={"failures": failures})
     elif after.counted and after.retry_at is not None:
         logger.info("schedule %r: retry %s at %s", name, after.current_retry, iso(after.retry_at))
+        detail = {"retry": after.current_retry, "at": iso(after.retry_at)}
+        audit(
+            AuditAction.RETRY_SCHEDULED, reason=f"retry {after.current_retry} at {iso(after.retry_at)}", detail=detail
+        )
     elif ended is ExecutionStatus.FAILED and state.retry_at is not None and not is_pending_retry:
         logger.info("schedule %r: retry %s is already pending; no retry added", name, state.current_retry)

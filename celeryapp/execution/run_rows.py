@@ -5,6 +5,8 @@ up front, and the first group to send once they are committed."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,12 +14,50 @@ from sqlalchemy import insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from celeryapp.domain.definition import ScheduleDefinition
-from celeryapp.domain.effects import GroupDispatch, StepDispatch
+from celeryapp.domain.definition import ScheduleDefinition, StepSpec
+from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
 from models import ExecutionStatus, Overlap, Schedule, ScheduleExecution, Trigger, WorkerTaskStatus
 from models.tables import EXECUTIONS, WORKER_TASKS
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StartResult:
+    """A start's answer: the run made (or the one its run key made before), or why none was."""
+
+    execution_id: int | None
+    skipped: str | None = None
+    effects: Effects = field(default_factory=Effects)
+
+
+#: Step groups: what a run executes, from a definition or a stored plan.
+Groups = Sequence[Sequence[StepSpec]]
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """A run again of an ended one: its stored plan and payload, from group ``from_group`` on."""
+
+    of: int
+    from_group: int
+    plan: list[list[dict[str, Any]]]
+    payload: dict[str, Any]
+
+    @property
+    def groups(self) -> Groups:
+        return [[StepSpec.from_json(step) for step in group] for group in self.plan]
+
+    def row(self) -> dict[str, Any]:
+        """What an execution row of the re-run holds instead of the schedule's current definition."""
+        return {
+            "plan": self.plan,
+            "step_count": sum(len(group) for group in self.plan),
+            "payload": self.payload,
+            "current_step_index": self.from_group,
+            "rerun_of": self.of,
+            "rerun_from_group": self.from_group,
+        }
 
 
 def execution_with_key(session: Session, run_key: str) -> int | None:
@@ -38,9 +78,10 @@ def execution_row(
     run_key: str,
     now: datetime,
     payload: dict[str, Any] | None = None,
+    rerun: Rerun | None = None,
 ) -> dict[str, Any]:
     plan = definition.plan()
-    return {
+    row = {
         "schedule_id": schedule.id,
         "schedule_name": schedule.name,
         "status": ExecutionStatus.IN_PROGRESS,
@@ -54,18 +95,21 @@ def execution_row(
         "started_at": now,
         "deadline_at": now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
     }
+    return row if rerun is None else {**row, **rerun.row()}
 
 
 def insert_worker_tasks(
-    session: Session, executions: dict[int, ScheduleDefinition], *, now: datetime
+    session: Session, executions: Mapping[int, Groups], *, now: datetime, start_group: int = 0
 ) -> dict[int, dict[str, int]]:
-    """Every worker task of the executions; their ids by execution and step name (unique within a
+    """Every worker task of the executions from group ``start_group`` on (a re-run skips the groups
+    its source completed); their ids by execution and step name (unique within a
     schedule). An executemany: SQLAlchemy sends it as multi-row INSERTs of at most 1,000 rows
     (SQLite allows 32,766 parameters a statement, PostgreSQL 65,535), compiled once."""
     steps = [
         (execution_id, index, step.name)
-        for execution_id, definition in executions.items()
-        for index, group in enumerate(definition.groups)
+        for execution_id, groups in executions.items()
+        for index, group in enumerate(groups)
+        if index >= start_group
         for step in group
     ]
     rows = [
@@ -73,9 +117,9 @@ def insert_worker_tasks(
             "execution_id": execution_id,
             "step_index": index,
             "step_name": name,
-            "status": WorkerTaskStatus.QUEUED if index == 0 else WorkerTaskStatus.WAITING,
+            "status": WorkerTaskStatus.QUEUED if index == start_group else WorkerTaskStatus.WAITING,
             "attempt": 1,
-            "queued_at": now if index == 0 else None,
+            "queued_at": now if index == start_group else None,
         }
         for execution_id, index, name in steps
     ]
@@ -91,8 +135,13 @@ _INSERT_WORKER_TASKS = insert(WORKER_TASKS).returning(
 
 
 def first_group(
-    schedule: Schedule, definition: ScheduleDefinition, execution_id: int, task_ids: dict[str, int], trigger: Trigger
+    schedule: Schedule,
+    groups: Groups,
+    execution_id: int,
+    task_ids: dict[str, int],
+    trigger: Trigger,
+    start_group: int = 0,
 ) -> GroupDispatch:
     logger.info("execution %s of schedule %r started (%s)", execution_id, schedule.name, trigger.value)
-    first = [StepDispatch(execution_id, task_ids[step.name], 1, step) for step in definition.groups[0]]
-    return GroupDispatch(execution_id, 0, tuple(first), schedule_name=schedule.name)
+    first = [StepDispatch(execution_id, task_ids[step.name], 1, step) for step in groups[start_group]]
+    return GroupDispatch(execution_id, start_group, tuple(first), schedule_name=schedule.name)

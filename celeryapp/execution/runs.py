@@ -11,9 +11,8 @@ Every change is a compare-and-set; its effects are sent after commit (docs/archi
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import delete, exists, select, update
 from sqlalchemy.orm import Session
@@ -32,14 +31,18 @@ from celeryapp.domain.effects import Effects
 from celeryapp.domain.names import run_key, runner_task_id
 from celeryapp.errors import NotFound
 from celeryapp.execution.after_run import log_after_run, pending_retry_started, write_after_run
+from celeryapp.execution.batch_starts import Start as Start
+from celeryapp.execution.batch_starts import start_executions as start_executions
 from celeryapp.execution.run_rows import (
+    Rerun,
+    StartResult,
     execution_row,
     execution_with_key,
     first_group,
     insert_ignoring_conflicts,
     insert_worker_tasks,
 )
-from celeryapp.execution.slot_records import SlotRow, record_slot, record_slots
+from celeryapp.execution.slot_records import record_slot
 from celeryapp.monitoring import metric_counts
 from models import (
     Activity,
@@ -54,18 +57,16 @@ from models import (
     WorkerTask,
     WorkerTaskStatus,
 )
+from models.audit import BEAT, Note
 from models.definitions import definition_of
 from models.session import NO_SYNC, affected
+from models.states import AuditAction
 from models.tables import EXECUTIONS
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass
-class StartResult:
-    execution_id: int | None
-    skipped: str | None = None
-    effects: Effects = field(default_factory=Effects)
+#: The audit row of a run the overlap policy ``cancel_previous`` stopped.
+_BY_OVERLAP = Note(BEAT, AuditAction.CANCELLED_BY_OVERLAP, "a new run started (overlap: cancel_previous)")
 
 
 def lock_schedule(session: Session, schedule_id: int) -> None:
@@ -103,10 +104,12 @@ def start_execution(
     nominal_at: datetime | None = None,
     locked: bool = False,
     no_active: bool = False,
+    rerun: Rerun | None = None,
 ) -> StartResult:
     """Create an execution with all its worker tasks, honouring the schedule's overlap policy.
 
     ``locked``: the caller holds the schedule's row lock; ``no_active``: and found no active run.
+    ``rerun``: the run is that of an ended execution's plan, not of the current definition.
     """
     if not locked:
         lock_schedule(session, schedule.id)
@@ -121,7 +124,8 @@ def start_execution(
         overlap = decide_overlap(schedule.overlap, trigger, active_id=active[0], current_retry=schedule.current_retry)
         if overlap.action is OverlapAction.CANCEL_AND_START:
             for execution_id in active:
-                effects.merge(cancel_execution(session, execution_id, now=now, reason="cancelled: a new run started"))
+                why = "cancelled: a new run started"
+                effects.merge(cancel_execution(session, execution_id, now=now, reason=why, note=_BY_OVERLAP))
         elif overlap.action is not OverlapAction.START:
             overlapped = _overlapped(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
             if overlapped is not None:
@@ -132,7 +136,9 @@ def start_execution(
     # schedule) inserts nothing instead of failing, and is sorted out below.
     execution_id = session.scalar(
         insert_ignoring_conflicts(session)
-        .values(execution_row(schedule, definition, trigger=trigger, run_key=run_key, now=now, payload=payload))
+        .values(
+            execution_row(schedule, definition, trigger=trigger, run_key=run_key, now=now, payload=payload, rerun=rerun)
+        )
         .returning(EXECUTIONS.c.id)
     )
     if execution_id is None:
@@ -146,58 +152,14 @@ def start_execution(
         overlapped = _overlapped(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
         return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
 
-    task_ids = insert_worker_tasks(session, {execution_id: definition}, now=now)[execution_id]
+    groups, start = (definition.groups, 0) if rerun is None else (rerun.groups, rerun.from_group)
+    task_ids = insert_worker_tasks(session, {execution_id: groups}, now=now, start_group=start)[execution_id]
     session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
     record_slot(
         session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution_id
     )
-    effects.dispatch.append(first_group(schedule, definition, execution_id, task_ids, trigger))
+    effects.dispatch.append(first_group(schedule, groups, execution_id, task_ids, trigger, start))
     return StartResult(execution_id, effects=effects)
-
-
-class Start(NamedTuple):
-    """A run to start by :func:`start_executions`."""
-
-    schedule: Schedule
-    trigger: Trigger
-    run_key: str
-    nominal_at: datetime
-
-
-def start_executions(session: Session, starts: list[Start], *, now: datetime) -> list[StartResult]:
-    """Start runs of several schedules in a few statements, whatever their number (a beat tick's fires).
-
-    The caller holds every schedule's row lock and found no active run of any that is not
-    ``overlap: allow`` (what :func:`start_execution` checks first), and no schedule appears twice.
-    A run key already used makes no run ("duplicate"), as in :func:`start_execution`.
-    """
-    definitions = [definition_of(start.schedule) for start in starts]
-    rows = [
-        execution_row(start.schedule, definition, trigger=start.trigger, run_key=start.run_key, now=now)
-        for start, definition in zip(starts, definitions, strict=True)
-    ]
-    inserted = session.connection().execute(
-        insert_ignoring_conflicts(session).returning(EXECUTIONS.c.run_key, EXECUTIONS.c.id), rows
-    )
-    ids: dict[str, int] = {key: execution_id for key, execution_id in inserted}
-    made = {ids[s.run_key]: d for s, d in zip(starts, definitions, strict=True) if s.run_key in ids}
-    task_ids = insert_worker_tasks(session, made, now=now) if made else {}
-    results: list[StartResult] = []
-    slots: list[SlotRow] = []
-    for start, definition in zip(starts, definitions, strict=True):
-        execution_id = ids.get(start.run_key)
-        if execution_id is None:
-            # The row lock and the caller's check leave only one conflict: the run key's.
-            results.append(StartResult(execution_with_key(session, start.run_key), skipped="duplicate"))
-            continue
-        group = first_group(start.schedule, definition, execution_id, task_ids[execution_id], start.trigger)
-        results.append(StartResult(execution_id, effects=Effects(dispatch=[group])))
-        slots.append(SlotRow(start.schedule, SlotOutcome.FIRED, start.trigger, start.nominal_at, execution_id))
-    if slots:
-        started_ids = [row.owner.id for row in slots]
-        session.execute(update(Schedule).where(Schedule.id.in_(started_ids)).values(last_run_at=now))
-        record_slots(session, slots, now=now)
-    return results
 
 
 def _overlapped(
@@ -341,7 +303,17 @@ def _after_execution(
     if not write_after_run(session, schedule_id, state, after, now=now):
         logger.warning("schedule %r changed while execution %s ended; left as it is", name, execution.id)
         return Effects(resync=[name])
-    log_after_run(name, state, after, run_count=row.run_count, is_pending_retry=is_pending_retry, ended=status)
+    log_after_run(
+        session,
+        name,
+        execution.id,
+        state,
+        after,
+        run_count=row.run_count,
+        is_pending_retry=is_pending_retry,
+        ended=status,
+        now=now,
+    )
     if after.start is NextRun.RETRY and state.retry_at is not None and pending_key is not None:
         started = start_execution(
             session,
@@ -379,8 +351,10 @@ def cancel_execution(
     now: datetime,
     reason: str = "cancelled",
     status: ExecutionStatus = ExecutionStatus.CANCELLED,
+    note: Note | None = None,
 ) -> Effects:
-    """Stop an in-progress execution; a finished one is left as it is.
+    """Stop an in-progress execution; a finished one is left as it is. ``reason``: its error;
+    ``note``: the audit row written when it was stopped (not when it had ended already).
 
     ``status`` is ``failed`` when the cancel is a timeout, so the run counts as a failure.
     """
@@ -391,4 +365,8 @@ def cancel_execution(
         return Effects()
     guard = (ScheduleExecution.id == execution_id, ScheduleExecution.status == ExecutionStatus.IN_PROGRESS)
     effects = finish_execution(session, execution, guard, status, error=reason, now=now, cancel=True)
-    return Effects() if effects is None else effects  # None: it ended meanwhile, nothing to cancel
+    if effects is None:
+        return Effects()  # it ended meanwhile, nothing to cancel
+    if note is not None:
+        note.actor.record(session, note.action, execution.schedule_name, execution_id=execution_id, reason=note.reason)
+    return effects

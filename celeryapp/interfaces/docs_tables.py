@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -27,7 +28,9 @@ _BLOCK = re.compile(
 def _param(param: Param) -> str:
     if param.required:
         return f"`{param.name}`"
-    bounds = ", ".join(x for x in (f"default {param.default}" if param.default is not None else "", param.note) if x)
+    bounds = ", ".join(
+        x for x in (f"default {json.dumps(param.default)}" if param.default is not None else "", param.note) if x
+    )
     return f"`{param.name}` ({bounds or 'optional'})"
 
 

@@ -16,27 +16,29 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.effects import Effects
-from celeryapp.domain.limits import (
-    MAX_EXECUTION_LIST_LIMIT,
-    MAX_ID,
-    MAX_LIST_LIMIT,
-    MAX_NAME_CHARS,
-    MAX_SCHEDULE_LIST_LIMIT,
-    check_json,
-    is_unicode,
-    short_repr,
-    type_name,
-)
+from celeryapp.domain.limits import MAX_EXECUTION_LIST_LIMIT, MAX_SCHEDULE_LIST_LIMIT
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.times import iso
 from celeryapp.domain.transitions import decide_pause, decide_resume
 from celeryapp.domain.validation import parse_definition
-from celeryapp.errors import InvalidArgument, NotFound
-from celeryapp.execution.runs import StartResult, start_execution
+from celeryapp.errors import NotFound
+from celeryapp.execution.reruns import start_rerun
+from celeryapp.execution.run_rows import StartResult
 from celeryapp.execution.runs import cancel_execution as cancel_in_db
+from celeryapp.execution.runs import start_execution
+from celeryapp.interfaces.arguments import actor_arg as _actor
+from celeryapp.interfaces.arguments import execution_id_arg as _execution_id
+from celeryapp.interfaces.arguments import flag_arg as _flag
+from celeryapp.interfaces.arguments import limit_arg as _limit
+from celeryapp.interfaces.arguments import name_arg as _name
+from celeryapp.interfaces.arguments import payload_arg as _payload
+from celeryapp.interfaces.arguments import reason_arg as _reason
+from celeryapp.interfaces.arguments import status_arg as _status
+from celeryapp.interfaces.audit import MAX_AUDIT_LIMIT, audit_rows
 from celeryapp.interfaces.summaries import execution_summaries, schedules_page
 from celeryapp.interfaces.views import execution_json, schedule_json
 from celeryapp.monitoring import metric_counts
+from celeryapp.recovery.paused_slots import record_paused_slots
 from celeryapp.scheduling.store import change_status, find_schedule, upsert_schedule
 from celeryapp.worker.dispatch import apply_effects
 from models import (
@@ -49,7 +51,9 @@ from models import (
     transaction,
     utcnow,
 )
+from models.audit import Actor, Note
 from models.session import retried_transaction
+from models.states import AuditAction, AuditSource
 
 if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery
@@ -62,12 +66,21 @@ def step_rules(app: ChordbeatCelery) -> StepRules:
 
 
 def apply_schedule(
-    app: ChordbeatCelery, definition: Any, *, source: ScheduleSource = ScheduleSource.API
+    app: ChordbeatCelery,
+    definition: Any,
+    actor: str | None = None,
+    reason: str | None = None,
+    *,
+    source: AuditSource = AuditSource.SERVICE,
+    schedule_source: ScheduleSource = ScheduleSource.API,
 ) -> dict[str, Any]:
+    who, why = _actor(actor, source), _reason(reason)
     parsed = parse_definition(definition, rules=step_rules(app))
 
     def store(session: Session) -> dict[str, Any]:
-        return schedule_json(upsert_schedule(session, parsed, source=source, now=utcnow())[0])
+        schedule, change = upsert_schedule(session, parsed, source=schedule_source, now=utcnow(), paused_by=who.name)
+        who.record(session, AuditAction.APPLY, parsed.name, reason=why, detail={"change": change.value})
+        return schedule_json(schedule)
 
     result = retried_transaction(app.settings.database_url, f"applying schedule {parsed.name!r}", store)
     _sync(app, parsed.name)
@@ -78,13 +91,21 @@ def _sync(app: ChordbeatCelery, name: str) -> None:
     apply_effects(app, Effects(resync=[name]))
 
 
-def delete_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
-    name = _name(name)
+def delete_schedule(
+    app: ChordbeatCelery,
+    name: str,
+    actor: str | None = None,
+    reason: str | None = None,
+    *,
+    source: AuditSource = AuditSource.SERVICE,
+) -> dict[str, Any]:
+    name, who, why = _name(name), _actor(actor, source), _reason(reason)
 
     def remove(session: Session) -> None:
         # Locked first, as everything that changes a schedule and its runs does (the lock order).
         session.delete(find_schedule(session, name, lock=True))
         metric_counts.retire_schedule(session, name)
+        who.record(session, AuditAction.DELETE, name, reason=why)
 
     retried_transaction(app.settings.database_url, f"deleting schedule {name!r}", remove)
     _sync(app, name)
@@ -113,38 +134,73 @@ def list_schedules(app: ChordbeatCelery, limit: int = 500, after_name: str | Non
             rows.close()  # PostgreSQL streams them through a server-side cursor
 
 
-def pause_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
-    name = _name(name)
-    result = retried_transaction(app.settings.database_url, f"pausing schedule {name!r}", partial(_pause, name=name))
+def pause_schedule(
+    app: ChordbeatCelery,
+    name: str,
+    actor: str | None = None,
+    reason: str | None = None,
+    *,
+    source: AuditSource = AuditSource.SERVICE,
+) -> dict[str, Any]:
+    name, who, why = _name(name), _actor(actor, source), _reason(reason)
+    change = partial(_change_status, name=name, who=who, why=why, pause=True)
+    result = retried_transaction(app.settings.database_url, f"pausing schedule {name!r}", change)
     _sync(app, name)
     return result
 
 
-def _pause(session: Session, *, name: str) -> dict[str, Any]:
-    return schedule_json(change_status(session, name, decide_pause, now=utcnow()))
-
-
-def resume_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
-    name = _name(name)
-    result = retried_transaction(app.settings.database_url, f"resuming schedule {name!r}", partial(_resume, name=name))
+def resume_schedule(
+    app: ChordbeatCelery,
+    name: str,
+    actor: str | None = None,
+    reason: str | None = None,
+    *,
+    source: AuditSource = AuditSource.SERVICE,
+) -> dict[str, Any]:
+    name, who, why = _name(name), _actor(actor, source), _reason(reason)
+    change = partial(_change_status, name=name, who=who, why=why, pause=False)
+    result = retried_transaction(app.settings.database_url, f"resuming schedule {name!r}", change)
     _sync(app, name)
     return result
 
 
-def _resume(session: Session, *, name: str) -> dict[str, Any]:
-    return schedule_json(change_status(session, name, decide_resume, now=utcnow()))
+def _change_status(session: Session, *, name: str, who: Actor, why: str | None, pause: bool) -> dict[str, Any]:
+    now = utcnow()
+    before = find_schedule(session, name).status
+    if pause:
+        also = {"paused_by": who.name, "paused_reason": why, "paused_at": now}
+        schedule = change_status(session, name, decide_pause, now=now, also=also)
+    else:
+        # The paused slots not recorded yet (since the last recovery pass), before they are forgotten.
+        record_paused_slots(session, find_schedule(session, name, lock=True), now=now)
+        schedule = change_status(session, name, decide_resume, now=now)
+    action = AuditAction.PAUSE if pause else AuditAction.RESUME
+    who.record(session, action, name, reason=why, detail={"changed": schedule.status is not before}, at=now)
+    return schedule_json(schedule)
 
 
-def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-    name = _name(name)
+def trigger_schedule(
+    app: ChordbeatCelery,
+    name: str,
+    payload: dict[str, Any] | None = None,
+    actor: str | None = None,
+    reason: str | None = None,
+    *,
+    source: AuditSource = AuditSource.SERVICE,
+) -> dict[str, Any]:
+    name, who, why = _name(name), _actor(actor, source), _reason(reason)
     payload = _payload(payload)
     run_key = f"{name}:manual:{uuid.uuid4().hex}"
 
     def start(session: Session) -> StartResult:
+        now = utcnow()
         schedule = find_schedule(session, name, lock=True)
-        return start_execution(
-            session, schedule, trigger=Trigger.MANUAL, now=utcnow(), payload=payload, run_key=run_key, locked=True
+        result = start_execution(
+            session, schedule, trigger=Trigger.MANUAL, now=now, payload=payload, run_key=run_key, locked=True
         )
+        detail = None if result.skipped is None else {"skipped": result.skipped}
+        who.record(session, AuditAction.TRIGGER, name, execution_id=result.execution_id, reason=why, detail=detail)
+        return result
 
     result = retried_transaction(app.settings.database_url, f"starting a run of {name!r}", start)
     apply_effects(app, result.effects)
@@ -153,15 +209,62 @@ def trigger_schedule(app: ChordbeatCelery, name: str, payload: dict[str, Any] | 
     return {"execution_id": result.execution_id, "status": ExecutionStatus.IN_PROGRESS.value}
 
 
-def cancel_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
-    execution_id = _execution_id(execution_id)
+def cancel_execution(
+    app: ChordbeatCelery,
+    execution_id: int,
+    actor: str | None = None,
+    reason: str | None = None,
+    *,
+    source: AuditSource = AuditSource.SERVICE,
+) -> dict[str, Any]:
+    execution_id, who, why = _execution_id(execution_id), _actor(actor, source), _reason(reason)
+    note = Note(who, AuditAction.CANCEL, why)
     effects = retried_transaction(
         app.settings.database_url,
         f"cancelling execution {execution_id}",
-        lambda session: cancel_in_db(session, execution_id, now=utcnow()),
+        lambda session: cancel_in_db(session, execution_id, now=utcnow(), reason=who.cancelled(why), note=note),
     )
     apply_effects(app, effects)
     return get_execution(app, execution_id)
+
+
+def rerun_execution(
+    app: ChordbeatCelery,
+    execution_id: int,
+    from_failed: bool = True,
+    actor: str | None = None,
+    reason: str | None = None,
+    *,
+    source: AuditSource = AuditSource.SERVICE,
+) -> dict[str, Any]:
+    """A new run of a failed or cancelled execution: its plan and payload, for its slot, from its
+    first failed group (``from_failed``) or from the start; the new execution object, or
+    ``{"execution_id": null, "skipped": ...}`` when the overlap policy started nothing."""
+    execution_id, who, why = _execution_id(execution_id), _actor(actor, source), _reason(reason)
+    from_failed = _flag(from_failed, "from_failed")
+    result = retried_transaction(
+        app.settings.database_url,
+        f"re-running execution {execution_id}",
+        lambda session: start_rerun(
+            session, execution_id, from_failed=from_failed, actor=who, reason=why, now=utcnow()
+        ),
+    )
+    apply_effects(app, result.effects)
+    if result.execution_id is None or result.skipped:
+        return {"execution_id": None, "skipped": result.skipped}
+    return get_execution(app, result.execution_id)
+
+
+def list_audit(
+    app: ChordbeatCelery, schedule: str | None = None, limit: int = 50, *, execution_id: int | None = None
+) -> list[dict[str, Any]]:
+    """Who did what, newest first: one schedule's rows (kept after it is deleted), one
+    execution's (``execution_id``, for its page), or all."""
+    schedule = None if schedule is None else _name(schedule, "schedule")
+    limit = _limit(limit, MAX_AUDIT_LIMIT)
+    wanted = None if execution_id is None else _execution_id(execution_id)
+    with transaction(app.settings.database_url, read_only=True) as session:
+        return audit_rows(session, schedule=schedule, execution_id=wanted, limit=limit)
 
 
 def get_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:
@@ -214,68 +317,18 @@ def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[st
         ]
 
 
-# --- arguments -----------------------------------------------------------------------------------
-
-
-def _name(value: Any, field: str = "name") -> str:
-    """A schedule to look up. Not held to the name pattern, so a schedule stored before a rule
-    tightened can still be found, paused and deleted."""
-    if not isinstance(value, str):
-        raise InvalidArgument(field, f"must be a schedule name (a string), got {type_name(value)}")
-    if not 1 <= len(value) <= MAX_NAME_CHARS:
-        raise InvalidArgument(field, f"must be 1 to {MAX_NAME_CHARS} characters, got {len(value)}")
-    # No stored name holds these, and the database drivers refuse them with a traceback.
-    if "\x00" in value or not is_unicode(value):
-        raise InvalidArgument(field, "must not hold NUL characters or lone surrogates")
-    return value
-
-
-def _execution_id(value: Any, field: str = "execution_id") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(field, f"must be an integer (an execution id), got {type_name(value)}")
-    if not 1 <= value <= MAX_ID:
-        raise InvalidArgument(field, f"must be between 1 and {MAX_ID}, got {short_repr(value)}")
-    return value
-
-
-def _limit(value: Any, high: int = MAX_LIST_LIMIT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-        got = short_repr(value) if isinstance(value, int) and not isinstance(value, bool) else type_name(value)
-        raise InvalidArgument("limit", f"must be an integer between 1 and {high}, got {got}")
-    return value
-
-
-def _status(value: Any) -> ExecutionStatus | None:
-    if value is None:
-        return None
-    choices = ", ".join(s.value for s in ExecutionStatus)
-    if not isinstance(value, str):
-        raise InvalidArgument("status", f"must be one of {choices}, got {type_name(value)}")
-    try:
-        return ExecutionStatus(value)
-    except ValueError:
-        raise InvalidArgument("status", f"must be one of {choices}, got {short_repr(value)}") from None
-
-
-def _payload(value: Any) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise InvalidArgument("payload", f"must be an object, got {type_name(value)}")
-    check_json(value, "payload", InvalidArgument)
-    return value
-
-
 __all__ = [
     "apply_schedule",
     "cancel_execution",
     "delete_schedule",
     "get_execution",
     "get_schedule",
+    "list_audit",
     "list_executions",
     "list_schedules",
     "list_slots",
     "pause_schedule",
+    "rerun_execution",
     "resume_schedule",
     "trigger_schedule",
 ]

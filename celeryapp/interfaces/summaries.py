@@ -51,6 +51,8 @@ def _widest_fixed_part() -> int:
         "started_at": widest_time,
         "completed_at": widest_time,
         "error": "",
+        "rerun_of": MAX_ID,
+        "rerun_from_group": MAX_STEPS,
         "steps": {"total": MAX_ID, **{s.value: MAX_ID for s in ActivityStatus}},
     }
     return len(json.dumps(summary))
@@ -114,6 +116,8 @@ def summaries_query(
         _run.started_at,
         _run.completed_at,
         error.label("error"),
+        _run.rerun_of,
+        _run.rerun_from_group,
         step_total(dialect).label("total"),
     )
     if schedule is not None:
@@ -169,6 +173,8 @@ def execution_summaries(
             "started_at": iso(row.started_at),
             "completed_at": iso(row.completed_at),
             "error": _cut(row.error),
+            "rerun_of": row.rerun_of,
+            "rerun_from_group": row.rerun_from_group,
             "steps": steps[row.id],
         }
         for row in rows

@@ -25,6 +25,9 @@ def schedule_json(schedule: Schedule) -> dict[str, Any]:
         last_error=schedule.last_error,
         last_run_at=iso(schedule.last_run_at),
         next_run_at=iso(schedule.retry_at or schedule.next_run_at),
+        paused_by=schedule.paused_by,
+        paused_reason=schedule.paused_reason,
+        paused_at=iso(schedule.paused_at),
     )
     return out
 
@@ -46,6 +49,8 @@ def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, 
         "started_at": iso(execution.started_at),
         "completed_at": iso(execution.completed_at),
         "error": execution.error,
+        "rerun_of": execution.rerun_of,
+        "rerun_from_group": execution.rerun_from_group,
         "payload": execution.payload,
         "activities": [
             {

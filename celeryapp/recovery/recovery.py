@@ -25,6 +25,7 @@ from celeryapp.execution.runs import cancel_execution
 from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.keys import STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.recovery.paused_slots import record_all_paused
 from celeryapp.recovery.repair import requeue_attempt, resend_queued
 from celeryapp.scheduling.beat_entries import reconcile
 from celeryapp.worker.dispatch import apply_effects
@@ -38,7 +39,9 @@ from models import (
     transaction,
     utcnow,
 )
+from models.audit import BEAT, Note
 from models.session import retried_transaction
+from models.states import AuditAction
 
 if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery
@@ -66,6 +69,8 @@ class RecoveryReport:
     unstuck: list[int] = field(default_factory=list)
     timed_out: list[int] = field(default_factory=list)
     redis_reset: bool = False
+    #: Paused schedules whose passed slots were recorded (routine: not a repair, not logged).
+    paused_slots: list[str] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -211,6 +216,7 @@ def time_out_executions(app: ChordbeatCelery, now: datetime, report: RecoveryRep
                 now=now,
                 status=ExecutionStatus.FAILED,
                 reason=f"execution timed out after {limit:g}s",
+                note=Note(BEAT, AuditAction.TIMED_OUT, f"no end within its timeout of {limit:g}s"),
             ),
         )
         if effects.cancelled:
@@ -293,6 +299,7 @@ def recover(app: ChordbeatCelery, *, now: datetime | None = None) -> RecoveryRep
     except redis.RedisError:
         logger.exception("recovery: Redis unreachable; lost workers and messages are looked for next time")
     unstick_executions(app, now, report)
+    report.paused_slots = record_all_paused(app.settings.database_url, now=now)
     if not report.empty:
         logger.warning("recovery: %s", report)
     return report

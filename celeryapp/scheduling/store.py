@@ -48,11 +48,17 @@ def find_schedule(session: Session, name: str, *, lock: bool = False) -> Schedul
 
 
 def change_status(
-    session: Session, name: str, decide: Callable[[str, ScheduleStatus], Transition], *, now: datetime
+    session: Session,
+    name: str,
+    decide: Callable[[str, ScheduleStatus], Transition],
+    *,
+    now: datetime,
+    also: dict[str, Any] | None = None,
 ) -> Schedule:
     """Pause or resume (``decide``) the schedule called ``name``: the status it decides on is
     written only where it is still the one read (compare-and-set), so a run that ends it ``done``
-    or ``dead`` meanwhile is not overwritten; then it decides again on the new one."""
+    or ``dead`` meanwhile is not overwritten; then it decides again on the new one. ``also``:
+    columns written with the new status only (who paused it), not when nothing changes."""
     schedule = find_schedule(session, name)
     for _ in range(STATUS_RACE_TRIES):
         read = schedule.status
@@ -62,7 +68,7 @@ def change_status(
         if transition.to is None:
             return schedule
         changed = update(Schedule).where(Schedule.id == schedule.id, Schedule.status == read)
-        values = _entering(schedule, transition.to, now)
+        values = {**_entering(schedule, transition.to, now), **(also or {})}
         if affected(session, changed.values(status=transition.to, changed_at=now, **values)):
             session.refresh(schedule)
             return schedule
@@ -77,8 +83,15 @@ def _entering(schedule: Schedule, status: ScheduleStatus, now: datetime) -> dict
     if status is ScheduleStatus.PAUSED:
         # Pause is non-destructive but nothing is due while paused: no next run, retry or buffered run.
         return {"next_run_at": None, "retry_at": None, "buffered": False}
-    # Resumed from the next slot: the paused ones were not missed (last_slot_at).
-    return {"next_run_at": cadence_of(schedule).slot_after(now), "last_slot_at": None}
+    # Resumed from the next slot: the paused ones were not missed (last_slot_at); they are in the
+    # slot record as skipped_paused (recovery.paused_slots).
+    return {
+        "next_run_at": cadence_of(schedule).slot_after(now),
+        "last_slot_at": None,
+        "paused_by": None,
+        "paused_reason": None,
+        "paused_at": None,
+    }
 
 
 def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> None:
@@ -118,6 +131,7 @@ def upsert_schedule(
     source: ScheduleSource,
     now: datetime,
     source_name: str | None = None,
+    paused_by: str | None = None,
 ) -> tuple[Schedule, Change]:
     """Store a validated definition, replacing the stored one of the same name.
 
@@ -150,6 +164,10 @@ def upsert_schedule(
     schedule.source = source
     schedule.source_name = source_name
     schedule.status = ScheduleStatus.ACTIVE if definition.enabled else ScheduleStatus.PAUSED
+    # A definition applied with ``enabled: false`` is paused by whoever applied it.
+    schedule.paused_by = None if definition.enabled else paused_by
+    schedule.paused_reason = None if definition.enabled else "enabled: false in the definition"
+    schedule.paused_at = None if definition.enabled else now
     schedule.current_retry = 0
     schedule.retry_at = None
     schedule.version = (schedule.version or 0) + 1

@@ -83,3 +83,13 @@ def login_attempts_key(scope: str, who_digest: str) -> str:
 def login_lock_key(who_digest: str) -> str:
     """Present while a user name is locked out of the dashboard's login; its TTL is the lockout left."""
     return f"{PREFIX}:web:lock:{who_digest}"
+
+
+#: The set of worker node names that published what they can run (each entry under
+#: :func:`registry_key` expires; names whose entry is gone are dropped when read).
+REGISTRY_NODES_KEY = f"{PREFIX}:registry"
+
+
+def registry_key(node: str) -> str:
+    """A live worker's tasks, queues and step policy (monitoring/worker_registry.py), with a TTL."""
+    return f"{PREFIX}:registry:{node}"

@@ -29,6 +29,8 @@ DEFAULT_RECOVERY_INTERVAL_S = 10.0
 DEFAULT_BEAT_STALL_S = 120.0
 #: Days finished executions and their activities are kept.
 DEFAULT_RETENTION_DAYS = 90.0
+#: The audit trail (who did what) is kept longer than the history it speaks of.
+DEFAULT_AUDIT_RETENTION_DAYS = 400.0
 #: Seconds a stored task result (a service call's answer) is kept in Redis for its caller.
 DEFAULT_RESULT_EXPIRES_S = 3600.0
 #: Every step kind. Executable and SQL steps run programs and SQL on the workers for whoever can
@@ -111,6 +113,12 @@ VARIABLES = (
         "CHORDBEAT_RETENTION_DAYS",
         f"`{DEFAULT_RETENTION_DAYS:g}`",
         "finished executions older than this are deleted",
+    ),
+    Variable(
+        "CHORDBEAT_AUDIT_RETENTION_DAYS",
+        f"`{DEFAULT_AUDIT_RETENTION_DAYS:g}`",
+        "audit rows (who did what, `chordbeat.list_audit`) older than this are deleted; kept longer than the "
+        "executions by default, so the trail outlives the history it speaks of",
     ),
     Variable(
         "CHORDBEAT_HEALTH_DIR",
@@ -325,6 +333,7 @@ class Settings:
     recovery_interval_s: float = DEFAULT_RECOVERY_INTERVAL_S
     beat_stall_s: float = DEFAULT_BEAT_STALL_S
     retention_days: float = DEFAULT_RETENTION_DAYS
+    audit_retention_days: float = DEFAULT_AUDIT_RETENTION_DAYS
     #: Extra modules holding step tasks, imported by every worker.
     task_modules: tuple[str, ...] = field(default_factory=tuple)
     #: Where worker and beat write their liveness timestamps.
@@ -375,6 +384,9 @@ class Settings:
             ),
             beat_stall_s=_env_float(env, "CHORDBEAT_BEAT_STALL", DEFAULT_BEAT_STALL_S, minimum=5),
             retention_days=_env_float(env, "CHORDBEAT_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, minimum=0),
+            audit_retention_days=_env_float(
+                env, "CHORDBEAT_AUDIT_RETENTION_DAYS", DEFAULT_AUDIT_RETENTION_DAYS, minimum=0
+            ),
             task_modules=modules,
             health_dir=env.get("CHORDBEAT_HEALTH_DIR") or DEFAULT_HEALTH_DIR,
             step_kinds=kinds,

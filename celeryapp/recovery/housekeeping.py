@@ -1,4 +1,5 @@
-"""Housekeeping: finished executions (with their activities) and slot records past retention go.
+"""Housekeeping: finished executions (with their activities) and slot records past retention go,
+and audit rows past their own, longer retention (``CHORDBEAT_AUDIT_RETENTION_DAYS``).
 
 One pass at a time across the deployment (a lease in Redis, renewed after every batch), in small
 batches that each commit by themselves, oldest first through the indexes on ``completed_at`` and
@@ -27,7 +28,7 @@ from sqlalchemy.orm import Session
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metric_counts import retire_orphans
-from models import ExecutionStatus, ScheduleExecution, SlotRecord, utcnow
+from models import AuditEvent, ExecutionStatus, ScheduleExecution, SlotRecord, utcnow
 from models.session import affected, retried_transaction
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 #: Executions deleted per transaction; each takes its step attempts along (ON DELETE CASCADE).
 EXECUTION_BATCH = 500
-#: Slot records deleted per transaction (small rows, nothing refers to them).
+#: Slot records and audit rows deleted per transaction (small rows, nothing refers to them).
 SLOT_BATCH = 5_000
 #: A pass gives its thread back after this long; what is left goes to the next pass.
 PASS_BUDGET_S = 60.0
@@ -46,6 +47,8 @@ PASS_BUDGET_S = 60.0
 LEASE_S = 120.0
 #: Seconds between a pass that ran out of budget and the follow-up pass it sends.
 FOLLOW_UP_DELAY_S = 5.0
+#: The tables housekeeping deletes from.
+_Purged = type[ScheduleExecution] | type[SlotRecord] | type[AuditEvent]
 LEASE_KEY = f"{keys.PREFIX}:housekeeping:lease"
 
 
@@ -53,6 +56,7 @@ LEASE_KEY = f"{keys.PREFIX}:housekeeping:lease"
 class PassReport:
     executions: int = 0
     slots: int = 0
+    audit_rows: int = 0
     #: Metric rows of schedules deleted before versions that retire them with their schedule.
     metric_rows: int = 0
     #: Another pass held the lease: this one did nothing.
@@ -67,6 +71,7 @@ class PassReport:
         return {
             "executions": self.executions,
             "slots": self.slots,
+            "audit_rows": self.audit_rows,
             "metric_rows": self.metric_rows,
             "skipped": self.skipped,
             "unfinished": self.unfinished,
@@ -84,6 +89,7 @@ def purge(
     is spent (``PASS_BUDGET_S``); nothing if another pass is running."""
     budget_s = PASS_BUDGET_S if budget_s is None else budget_s
     cutoff = (now or utcnow()) - timedelta(days=app.settings.retention_days)
+    audit_cutoff = (now or utcnow()) - timedelta(days=app.settings.audit_retention_days)
     report = PassReport(cutoff=cutoff.isoformat())
     lease = get_redis(app.settings.broker_url).lock(LEASE_KEY, timeout=LEASE_S, blocking=False, thread_local=False)
     if not lease.acquire():
@@ -94,18 +100,24 @@ def purge(
     try:
         report.metric_rows = retried_transaction(app.settings.database_url, "retiring metrics", retire_orphans)
         _delete_due(
-            app.settings.database_url, cutoff, batch, lambda: time.monotonic() - started > budget_s, lease, report
+            app.settings.database_url,
+            (cutoff, audit_cutoff),
+            batch,
+            lambda: time.monotonic() - started > budget_s,
+            lease,
+            report,
         )
     finally:
         report.seconds = time.monotonic() - started
         with contextlib.suppress(LockError):  # expired or taken over: nothing of ours to release
             lease.release()
-    if report.executions or report.slots:
+    if report.executions or report.slots or report.audit_rows:
         logger.info(
-            "housekeeping removed %s executions and %s slot records older than %s in %.1f s%s",
+            "housekeeping removed %s executions and %s slot records older than %s, %s audit rows, in %.1f s%s",
             report.executions,
             report.slots,
             report.cutoff,
+            report.audit_rows,
             report.seconds,
             "; more is due, a follow-up pass continues" if report.unfinished else "",
         )
@@ -113,8 +125,14 @@ def purge(
 
 
 def _delete_due(
-    url: str, cutoff: datetime, batch: int | None, spent: Callable[[], bool], lease: Lock, report: PassReport
+    url: str,
+    cutoffs: tuple[datetime, datetime],
+    batch: int | None,
+    spent: Callable[[], bool],
+    lease: Lock,
+    report: PassReport,
 ) -> None:
+    cutoff, audit_cutoff = cutoffs
     report.executions, done = _delete_oldest(
         url, ScheduleExecution, _oldest_runs(cutoff), batch or EXECUTION_BATCH, spent, lease, report
     )
@@ -122,12 +140,17 @@ def _delete_due(
         report.slots, done = _delete_oldest(
             url, SlotRecord, _oldest_slots(cutoff), batch or SLOT_BATCH, spent, lease, report
         )
+    if done:
+        oldest_audit = select(AuditEvent.id).where(AuditEvent.at < audit_cutoff).order_by(AuditEvent.at, AuditEvent.id)
+        report.audit_rows, done = _delete_oldest(
+            url, AuditEvent, oldest_audit, batch or SLOT_BATCH, spent, lease, report
+        )
     report.unfinished = not done
 
 
 def _delete_oldest(
     url: str,
-    table: type[ScheduleExecution] | type[SlotRecord],
+    table: _Purged,
     oldest: Select[Any],
     size: int,
     spent: Callable[[], bool],
@@ -166,9 +189,7 @@ def _oldest_slots(cutoff: datetime) -> Select[Any]:
     return select(SlotRecord.id).where(SlotRecord.recorded_at < cutoff).order_by(SlotRecord.recorded_at, SlotRecord.id)
 
 
-def _delete_batch(
-    table: type[ScheduleExecution] | type[SlotRecord], oldest: Select[Any], batch: int, session: Session
-) -> int:
+def _delete_batch(table: _Purged, oldest: Select[Any], batch: int, session: Session) -> int:
     """Delete up to ``batch`` of the rows ``oldest`` selects, locked in that order; how many."""
     ids = list(session.scalars(oldest.limit(batch).with_for_update()))
     return affected(session, delete(table).where(table.id.in_(ids))) if ids else 0

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -12,7 +14,9 @@ from sqlalchemy import update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
-from models import Schedule, transaction
+from celeryapp.recovery.paused_slots import record_all_paused
+from models import Activity, Schedule, transaction, utcnow
+from models.states import AuditSource
 from tests.servers import wait_for
 from tests.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
 
@@ -83,7 +87,9 @@ def test_an_action_without_csrf_token_is_refused(app: ChordbeatCelery, web: WebS
     r = admin.post(web.url + "/act/pause", data={"name": "nightly", "_xsrf": "forged"}, timeout=10)
     assert r.status_code == 403
     assert _status(app, "nightly") == "active"
-    r = admin.post(web.url + "/act/pause", data={"name": "nightly", "_xsrf": xsrf(admin)}, timeout=10)
+    r = admin.post(
+        web.url + "/act/pause", data={"name": "nightly", "reason": "maintenance", "_xsrf": xsrf(admin)}, timeout=10
+    )
     assert r.status_code == 200
     assert _status(app, "nightly") == "paused"
     assert "nightly: paused" in r.text
@@ -154,8 +160,19 @@ def test_pages_show_runs_steps_and_health(app: ChordbeatCelery, web: WebServer, 
     # Next ten fire times across the end of British Summer Time would show both offsets; here
     # (November) they are all GMT.
     assert text_of(schedule).count("02:00:00 +00:00 GMT") == 10
-    step = text_of(admin.get(web.url + f"/execution/{run}/step?step=notify", timeout=10).text)
-    assert "mail server down" in step and "failed_with_error" in step
+    # The traceback and last log lines as the worker keeps them (bounded, redacted), folded.
+    with transaction(app.settings.database_url) as session:
+        session.execute(
+            update(Activity)
+            .where(Activity.execution_id == run, Activity.step_name == "notify")
+            .values(traceback="Traceback (most recent call last):\nStepFailed: disk", log_tail="sent 3\nretry")
+        )
+    raw = admin.get(web.url + f"/execution/{run}/step?step=notify", timeout=10).text
+    step = text_of(raw)
+    # People's words, not the stored name.
+    assert "mail server down" in step and " failed " in step and "_with_" not in step
+    assert '<details class="evidence"><summary>Traceback</summary><pre class="error traceback">Traceback (most' in raw
+    assert '<details class="evidence"><summary>Last log lines</summary><pre class="log">sent 3\nretry' in raw
     execution = text_of(admin.get(web.url + f"/execution/{run}", timeout=10).text)
     assert "3 rows skipped" in execution and "mail server down" in execution
     assert "Cancel this run" not in execution
@@ -187,3 +204,78 @@ def test_the_health_page_survives_redis_closing_its_connections(app: ChordbeatCe
         killer.close()
     page = admin.get(web.url + "/health", timeout=10)
     assert page.status_code == 200, page.text
+
+
+def test_actions_ask_first_need_a_reason_and_leave_a_trail(app: ChordbeatCelery, web: WebServer) -> None:
+    service.apply_schedule(
+        app,
+        {
+            "name": "nightly",
+            "cron": "0 2 * * *",
+            "timezone": "Europe/London",
+            "payload": {"region": "eu"},
+            "steps": [{"name": "a", "task": "chordbeat.examples.sleep"}],
+        },
+    )
+    viewer, admin = web.session(VIEWER), web.session(ADMIN)
+    for path in ("/act/pause?name=nightly", "/act/run?name=nightly"):
+        assert viewer.get(web.url + path, timeout=10).status_code == 403, path
+
+    # Pause: the page says what will happen and changes nothing; without a reason, nothing either.
+    page = admin.get(web.url + "/act/pause?name=nightly&next=/", timeout=10)
+    assert page.status_code == 200
+    assert "This will pause nightly." in text_of(page.text)
+    assert re.search(r'<input id="reason" name="reason"[^>]* required', page.text)
+    form = {"name": "nightly", "next": "/", "_xsrf": xsrf(admin)}
+    r = admin.post(web.url + "/act/pause", data=form, timeout=10)
+    assert r.status_code == 400 and "a reason is required to pause" in r.text
+    assert _status(app, "nightly") == "active"
+    r = admin.post(web.url + "/act/pause", data={**form, "reason": "disk <b>full</b>"}, timeout=10)
+    assert r.status_code == 200 and _status(app, "nightly") == "paused"
+    shown = "paused by ops since "
+    listing = text_of(admin.get(web.url + "/", timeout=10).text)
+    assert shown in listing and "disk &lt;b&gt;full&lt;/b&gt;" in listing
+    schedule = text_of(admin.get(web.url + "/schedule?name=nightly", timeout=10).text)
+    assert shown in schedule
+    assert re.search(r"Activity .*ops \(web\) pause disk &lt;b&gt;full", schedule)
+
+    # Run now: the schedule's payload to edit; a JSON mistake is shown where it is, nothing starts.
+    page = admin.get(web.url + "/act/run?name=nightly", timeout=10)
+    assert "&quot;region&quot;: &quot;eu&quot;" in page.text
+    form = {"name": "nightly", "_xsrf": xsrf(admin)}
+    for typed, error in (('{"region": "us",\n  "rows": }', "line 2, column 11"), ("[1]", "must be a JSON object")):
+        r = admin.post(web.url + "/act/run", data={**form, "payload": typed}, timeout=10)
+        assert r.status_code == 400 and error in r.text, r.text
+        assert html.escape(typed) in r.text  # what was typed is kept
+    assert service.list_executions(app, schedule="nightly") == []
+    r = admin.post(
+        web.url + "/act/run", data={**form, "payload": '{"region": "us"}'}, allow_redirects=False, timeout=10
+    )
+    run = service.list_executions(app, schedule="nightly")[0]["id"]
+    assert r.status_code == 302 and r.headers["Location"] == f"/execution/{run}"
+    assert service.get_execution(app, run)["payload"] == {"region": "us"}
+    execution = text_of(admin.get(web.url + f"/execution/{run}", timeout=10).text)
+    assert "&quot;region&quot;: &quot;us&quot;" in execution
+    assert re.search(r"Activity .*ops \(web\) trigger", execution)
+
+    # Cancel: what and for how long it ran, a reason required, then who did it on the run.
+    page = text_of(admin.get(web.url + f"/act/cancel/{run}", timeout=10).text)
+    assert re.search(rf"This will cancel execution {run} of nightly, running \d+(\.\d)? s\.", page), page
+    form = {"_xsrf": xsrf(admin)}
+    assert admin.post(web.url + f"/act/cancel/{run}", data=form, timeout=10).status_code == 400
+    assert service.get_execution(app, run)["status"] == "in_progress"
+    r = admin.post(web.url + f"/act/cancel/{run}", data={**form, "reason": "wrong region"}, timeout=10)
+    assert r.status_code == 200 and r.url.endswith(f"/execution/{run}")
+    assert re.search(r"cancelled by ops \(web\) (now|\d+ s ago): wrong region", text_of(r.text))
+    assert service.get_execution(app, run)["status"] == "cancelled"
+
+
+def test_a_paused_schedules_due_times_show_in_its_slot_record(app: ChordbeatCelery, web: WebServer) -> None:
+    service.apply_schedule(
+        app, {"name": "often", "every": 2, "steps": [{"name": "a", "task": "chordbeat.examples.sleep"}]}
+    )
+    service.pause_schedule(app, "often", actor="ops", reason="maintenance", source=AuditSource.WEB)
+    record_all_paused(app.settings.database_url, now=utcnow() + timedelta(seconds=7))
+    page = text_of(web.session(ADMIN).get(web.url + "/schedule?name=often", timeout=10).text)
+    assert page.count("skipped: paused") >= 3
+    assert "paused by ops: maintenance" in page

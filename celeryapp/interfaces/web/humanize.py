@@ -1,10 +1,77 @@
-"""Cadences in words, as the dashboard shows them (``02:00 every day, Europe/London``). Times and
-lengths of time are written by :mod:`celeryapp.domain.times`, as the CLI writes them."""
+"""What the dashboard writes for people: cadences in words (``02:00 every day, Europe/London``),
+states in words with their badge's colour (:mod:`celeryapp.interfaces.display`'s labels, as the
+CLI shows them), and instants as :func:`celeryapp.domain.times.stamp` writes them: the schedule's
+zone with its offset, the viewer's zone beside it (filled in by the browser, which alone knows it,
+from the ``datetime`` attribute), and how long ago.
+"""
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from tornado.escape import xhtml_escape
+
 from celeryapp.domain.cron import is_number
-from celeryapp.domain.times import span
+from celeryapp.domain.times import NOTHING, clock, iso, relative, span, zone_of
+from celeryapp.interfaces.display import COMPLETED_WITH_WARNINGS, label, run_state
+
+#: A completed run with warnings: its badge's colour (yellow; the stored status says completed).
+WARNINGS_CLASS = "warnings"
+#: The grid's legend: each colour class and its words, runs' then steps' own.
+LEGEND = (
+    ("completed", label("completed")),
+    (WARNINGS_CLASS, COMPLETED_WITH_WARNINGS),
+    ("failed", label("failed")),
+    ("cancelled", label("cancelled")),
+    ("in_progress", label("in_progress")),
+    ("complete_with_warning", label("complete_with_warning")),
+    ("complete_with_error", label("complete_with_error")),
+    ("queued", label("queued")),
+    ("waiting_for_previous_step", label("waiting_for_previous_step")),
+)
+
+
+def run_badge(status: str, warned: bool) -> tuple[str, str]:
+    """A run's badge: its colour class and its words ("completed with warnings" in yellow)."""
+    words = run_state({"status": status, "steps": {"complete_with_warning": 1} if warned else {}})
+    return (WARNINGS_CLASS if words == COMPLETED_WITH_WARNINGS else status), words
+
+
+def execution_badge(execution: dict[str, Any]) -> tuple[str, str]:
+    """The badge of a whole execution object (its activities tell whether it warned)."""
+    words = run_state(execution)
+    return (WARNINGS_CLASS if words == COMPLETED_WITH_WARNINGS else str(execution["status"])), words
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def when(moment: datetime | None, zone: ZoneInfo | str, now: datetime) -> str:
+    """An instant as markup: the schedule's zone with its offset, a ``<time class="here">`` the
+    browser fills with the viewer's wall time when their offset differs (``, 07:30 IST here``),
+    and how far from now. Escaped here: templates insert it raw."""
+    if moment is None:
+        return NOTHING
+    local = moment.astimezone(zone_of(zone) if isinstance(zone, str) else zone)
+    offset = local.utcoffset()
+    minutes = 0 if offset is None else int(offset.total_seconds() // 60)
+    return (
+        f'<span class="when">{xhtml_escape(clock(moment, zone))}'
+        f'<time class="here" datetime="{iso(moment, timespec="seconds")}" data-offset="{minutes}" '
+        f'data-day="{local:%Y-%m-%d}"></time>, <span class="rel">{xhtml_escape(relative(moment, now))}</span></span>'
+    )
+
+
+def short_clock(moment: datetime | None, zone: ZoneInfo | str) -> str:
+    """A grid column's date: ``11-22 02:00`` in the schedule's zone."""
+    if moment is None:
+        return NOTHING
+    return f"{moment.astimezone(zone_of(zone) if isinstance(zone, str) else zone):%m-%d %H:%M}"
+
 
 _DAY_NAMES = ("Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _WEEKDAY_LISTS = {

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, raiseload
 from celeryapp.domain.times import fire_times, parse_time
 from celeryapp.interfaces.display import step_states
 from celeryapp.interfaces.views import execution_json
+from celeryapp.interfaces.web import trail
 from celeryapp.scheduling.beat_entries import cadence_of
 from models import (
     Activity,
@@ -48,6 +49,8 @@ class RunMark:
     status: str
     started_at: datetime
     completed_at: datetime | None
+    #: A step warned or failed with continue_on_failure: a completed run shows "with warnings".
+    warned: bool = False
 
 
 @dataclass
@@ -81,9 +84,11 @@ def _recent_runs(session: Session, schedule_ids: Sequence[int], per_schedule: in
     ]
     wrapped = [select(part.subquery()) for part in parts]
     statement = wrapped[0] if len(wrapped) == 1 else union_all(*wrapped)
+    found = session.execute(statement).all()
+    warned = trail.warned_runs(session, [row[1] for row in found])
     runs: dict[int, list[RunMark]] = {sid: [] for sid in schedule_ids}
-    for sid, run_id, status, started, completed in session.execute(statement).all():
-        runs[sid].append(RunMark(run_id, ExecutionStatus(status).value, started, completed))
+    for sid, run_id, status, started, completed in found:
+        runs[sid].append(RunMark(run_id, ExecutionStatus(status).value, started, completed, run_id in warned))
     for marks in runs.values():
         marks.sort(key=lambda m: m.id, reverse=True)
     return runs
@@ -122,9 +127,14 @@ class ScheduleView:
     cells: dict[tuple[int, tuple[int, str]], GridCell]
     slots: list[SlotRecord]
     upcoming: list[datetime]
+    counts: trail.RunCounts
+    audit: list[dict[str, Any]]
+    #: Runs of the grid with a step that warned.
+    warned: set[int]
 
 
-def schedule_view(session: Session, name: str, now: datetime) -> ScheduleView | None:
+def schedule_view(session: Session, name: str, now: datetime, whole: bool = True) -> ScheduleView | None:
+    """The schedule page; only its live part when not ``whole``."""
     schedule = session.scalar(select(Schedule).where(Schedule.name == name))
     if schedule is None:
         return None
@@ -175,6 +185,10 @@ def schedule_view(session: Session, name: str, now: datetime) -> ScheduleView | 
         cells=cells,
         slots=slots,
         upcoming=next_fire_times(schedule, now),
+        # The header and the trail are outside the live part: the refresh does not count again.
+        counts=trail.run_counts(session, schedule.id) if whole else trail.RunCounts(),
+        audit=trail.audit_trail(session, schedule=name) if whole else [],
+        warned={run_id for (run_id, _), cell in cells.items() if cell.state in trail.WARNING_STEPS},
     )
 
 
@@ -214,6 +228,15 @@ class ExecutionView:
     data: dict[str, Any]  # the contract's execution object
     lines: list[StepLine]
     span_s: float
+    #: The schedule's zone (UTC once the schedule is deleted): the page's times are in it.
+    zone: str
+    #: Who did what to this run, newest first; the cancel's row when it was cancelled.
+    audit: list[dict[str, Any]]
+    cancelled_by: dict[str, Any] | None
+    #: Re-runs started from this run.
+    reruns: list[int]
+    #: Where a re-run from the failed group starts (0-based).
+    failed_group: int
 
 
 def execution_view(session: Session, execution_id: int, now: datetime) -> ExecutionView | None:
@@ -252,7 +275,19 @@ def execution_view(session: Session, execution_id: int, now: datetime) -> Execut
                 )
             state, attempt = states.get((index, name), ("not_started", 0))
             lines.append(StepLine(index, name, state, attempt, bars, attempts))
-    return ExecutionView(execution, data, lines, span)
+    audit = trail.audit_trail(session, execution_id=execution.id)
+    zone = session.scalar(select(Schedule.timezone).where(Schedule.id == execution.schedule_id))
+    return ExecutionView(
+        execution,
+        data,
+        lines,
+        span,
+        zone=zone or "UTC",
+        audit=audit,
+        cancelled_by=trail.cancel_of(audit),
+        reruns=trail.reruns_of(session, execution),
+        failed_group=trail.first_failed_group(execution),
+    )
 
 
 @dataclass

@@ -9,7 +9,6 @@ token (tornado's xsrf cookie).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 from typing import Any
@@ -21,11 +20,10 @@ from sqlalchemy import select
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.limits import MAX_ID, MAX_NAME_CHARS
-from celeryapp.errors import ChordbeatError
-from celeryapp.interfaces import service
 from celeryapp.interfaces.web import queries
+from celeryapp.interfaces.web.actions import ActionHandler
 from celeryapp.interfaces.web.auth import WebUser, check_auth_config
-from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler, WebContext
+from celeryapp.interfaces.web.base import BaseHandler, WebContext
 from celeryapp.interfaces.web.broker_state import broker_state
 from celeryapp.interfaces.web.login import LoginHandler, LogoutHandler
 from celeryapp.monitoring.health import age_s
@@ -83,7 +81,7 @@ class ScheduleHandler(BaseHandler):
         # No stored name is longer or holds NUL (which PostgreSQL refuses outright).
         if len(name) > MAX_NAME_CHARS or "\x00" in name:
             raise tornado.web.HTTPError(404, reason="no such schedule")
-        view = await self.read(queries.schedule_view, name, utcnow())
+        view = await self.read(queries.schedule_view, name, utcnow(), not fragment)
         if view is None:
             raise tornado.web.HTTPError(404, reason="no such schedule")
         if fragment:
@@ -131,46 +129,6 @@ class HealthHandler(BaseHandler):
             self.page("health.html", **args)
 
 
-class ActionHandler(BaseHandler):
-    """POST only (tornado checks the xsrf token of every POST before this runs); admins only."""
-
-    def back(self) -> str:
-        target = self.get_body_argument("next", "/")
-        return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/"
-
-    @tornado.web.authenticated
-    async def post(self, action: str, execution_id: str | None = None) -> None:
-        if not self.user.may_act:
-            raise tornado.web.HTTPError(403, reason="read-only users cannot act")
-        app = self.ctx.app
-        try:
-            message = await asyncio.get_running_loop().run_in_executor(
-                None, functools.partial(self.act, app, action, execution_id)
-            )
-        except ChordbeatError as exc:
-            message = f"{action} refused: {exc}"
-        logger.info("web: %s by %s: %s", action, self.user.name, message)
-        self.set_signed_cookie(FLASH_COOKIE, message, expires_days=None, httponly=True, samesite="Strict")
-        self.redirect(self.back())
-
-    def act(self, app: ChordbeatCelery, action: str, execution_id: str | None) -> str:
-        if action == "cancel":
-            assert execution_id is not None
-            result = service.cancel_execution(app, int(execution_id))
-            return f"execution {execution_id}: {result['status']}"
-        name = self.get_body_argument("name")
-        if action == "run":
-            started = service.trigger_schedule(app, name)
-            if started.get("execution_id") is None:
-                return f"{name}: not started: {started['skipped']}"
-            return f"{name}: execution {started['execution_id']} started"
-        if action == "pause":
-            return f"{name}: {service.pause_schedule(app, name)['status']}"
-        if action == "resume":
-            return f"{name}: {service.resume_schedule(app, name)['status']}"
-        raise tornado.web.HTTPError(404)
-
-
 def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> tornado.web.Application:
     ctx = {"ctx": WebContext(app, users)}
     return tornado.web.Application(
@@ -187,7 +145,7 @@ def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> to
             (r"/health", HealthHandler, ctx),
             (r"/health/(fragment)", HealthHandler, ctx),
             (r"/act/(run|pause|resume)", ActionHandler, ctx),
-            (r"/act/(cancel)/([0-9]{1,12})", ActionHandler, ctx),
+            (r"/act/(cancel|rerun)/([0-9]{1,12})", ActionHandler, ctx),
         ],
         template_path=os.path.join(HERE, "templates"),
         static_path=os.path.join(HERE, "static"),

@@ -2,14 +2,23 @@
 // data-every milliseconds (server-rendered HTML fragments) until the fragment carries data-final.
 "use strict";
 
+// An instant's "here" part: the viewer's wall time beside the schedule's zone, as the CLI writes it
+// (", 07:30 IST here", with the date when it is another day here), left empty when the viewer's
+// offset is the schedule zone's at that instant. Only the browser knows the viewer's zone.
+const HERE_FORMAT = new Intl.DateTimeFormat("en-GB", {
+  year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit",
+  hourCycle: "h23", timeZoneName: "short",
+});
+
 function localTimes(root) {
-  for (const el of root.querySelectorAll("time.local")) {
+  for (const el of root.querySelectorAll("time.here")) {
     const at = new Date(el.getAttribute("datetime"));
     if (isNaN(at)) continue;
-    el.textContent = "yours: " + at.toLocaleString(undefined, {
-      year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit",
-      second: "2-digit", timeZoneName: "short",
-    });
+    if (-at.getTimezoneOffset() === parseInt(el.dataset.offset, 10)) { el.textContent = ""; continue; }
+    const p = {};
+    for (const part of HERE_FORMAT.formatToParts(at)) p[part.type] = part.value;
+    const day = `${p.year}-${p.month}-${p.day}`;
+    el.textContent = `, ${day === el.dataset.day ? "" : day + " "}${p.hour}:${p.minute} ${p.timeZoneName} here`;
   }
   for (const el of root.querySelectorAll(".localzone")) {
     el.textContent = "yours (" + Intl.DateTimeFormat().resolvedOptions().timeZone + ")";

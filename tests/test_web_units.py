@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import UTC, datetime
 
 import pytest
@@ -9,9 +10,18 @@ import pytest
 from celeryapp.config import Settings
 from celeryapp.domain.times import clock, relative, span
 from celeryapp.errors import ConfigError
-from celeryapp.interfaces.web.auth import Role, check_auth_config, check_password, hash_password, parse_users
+from celeryapp.interfaces.web.auth import (
+    Role,
+    check_auth_config,
+    check_password,
+    dummy_password,
+    hash_password,
+    parse_users,
+)
+from celeryapp.interfaces.web.guard import FAILED_LOGIN_FLOOR_S, failure_pad_s
 from celeryapp.interfaces.web.humanize import cadence_words, cron_words
 from celeryapp.interfaces.web.queries import next_fire_times
+from celeryapp.interfaces.web.sessions import client_address, forwarded_https
 from models import Schedule, ScheduleStatus
 
 
@@ -119,3 +129,37 @@ def test_the_trusted_proxy_setting_takes_addresses_and_networks_and_names_itself
     for bad in ("proxy.example", "10.0.0.0/33", "10.0.0.5/24"):
         with pytest.raises(ConfigError, match="CHORDBEAT_WEB_TRUSTED_PROXY"):
             Settings.from_env({"CHORDBEAT_WEB_TRUSTED_PROXY": bad})
+
+
+def test_a_failed_login_is_padded_to_the_floor_from_the_request_start_not_on_top() -> None:
+    assert failure_pad_s(0.18) == pytest.approx(FAILED_LOGIN_FLOOR_S - 0.18)
+    assert failure_pad_s(0.0) == FAILED_LOGIN_FLOOR_S
+    # A slow check (a busy pool) is not padded further: the floor is a floor, not a delay.
+    assert failure_pad_s(FAILED_LOGIN_FLOOR_S + 0.5) == 0.0
+    for elapsed in (0.0, 0.001, 0.18, 0.5, 0.999):
+        assert elapsed + failure_pad_s(elapsed, 1.0) == pytest.approx(1.0)
+
+
+def test_unknown_names_are_checked_against_a_dummy_as_dear_as_the_dearest_account() -> None:
+    users = parse_users(f"a:admin:{hash_password('x', iterations=1000)},b:viewer:{hash_password('y', iterations=3000)}")
+    dummy = dummy_password(users)
+    scheme, iterations, _, _ = dummy.split(":")
+    assert (scheme, int(iterations)) == ("pbkdf2_sha256", 3000)
+    assert not check_password(dummy, "") and not check_password(dummy, "x")
+    assert dummy != dummy_password(users)  # nobody can know it
+    plain = dummy_password(parse_users("c:admin:plain-password"))
+    assert ":" not in plain and not check_password(plain, "plain-password")
+
+
+def test_forwarded_headers_are_believed_from_the_trusted_proxy_only() -> None:
+    proxies = (ipaddress.ip_network("10.0.0.5/32"), ipaddress.ip_network("fd00::/8"))
+    assert forwarded_https("10.0.0.5", "http", "https", proxies)
+    assert forwarded_https("fd00::1", "http", "http, https", proxies)  # the proxy's own, last
+    assert not forwarded_https("10.0.0.6", "http", "https", proxies)
+    assert not forwarded_https("10.0.0.5", "http", "https, http", proxies)
+    assert not forwarded_https("10.0.0.5", "http", None, proxies)
+    assert forwarded_https("10.0.0.6", "https", None, proxies)  # its own TLS
+    assert client_address("10.0.0.5", "6.6.6.6, 192.0.2.7", proxies) == "192.0.2.7"
+    assert client_address("10.0.0.6", "192.0.2.7", proxies) == "10.0.0.6"
+    assert client_address("10.0.0.5", "not-an-address", proxies) == "10.0.0.5"
+    assert client_address("10.0.0.5", None, proxies) == "10.0.0.5"

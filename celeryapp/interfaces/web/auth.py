@@ -49,12 +49,30 @@ def hash_password(password: str, *, iterations: int = HASH_ITERATIONS) -> str:
     return f"{HASH_SCHEME}:{iterations}:{salt}:{digest}"
 
 
-def check_password(stored: str, given: str) -> bool:
+def _hashed(stored: str) -> tuple[int, str, str] | None:
+    """Iterations, salt and digest of a hash entry; None for a plain password."""
     parts = stored.split(":")
     if len(parts) == 4 and parts[0] == HASH_SCHEME and parts[1].isdigit():
-        digest = hashlib.pbkdf2_hmac("sha256", given.encode(), parts[2].encode(), int(parts[1])).hex()
-        return hmac.compare_digest(digest, parts[3])
+        return int(parts[1]), parts[2], parts[3]
+    return None
+
+
+def check_password(stored: str, given: str) -> bool:
+    hashed = _hashed(stored)
+    if hashed is not None:
+        iterations, salt, expected = hashed
+        digest = hashlib.pbkdf2_hmac("sha256", given.encode(), salt.encode(), iterations).hex()
+        return hmac.compare_digest(digest, expected)
     return hmac.compare_digest(stored.encode(), given.encode())
+
+
+def dummy_password(users: dict[str, WebUser]) -> str:
+    """A password entry nobody knows that costs as much to check as the accounts' dearest: an
+    unknown name is checked against it, so its answer takes the time a known name's wrong password
+    takes (a plain random string when no account is hashed)."""
+    rounds = [hashed[0] for user in users.values() if (hashed := _hashed(user.password)) is not None]
+    secret = secrets.token_hex(16)
+    return hash_password(secret, iterations=max(rounds)) if rounds else secret
 
 
 def parse_users(raw: str) -> dict[str, WebUser]:

@@ -10,14 +10,14 @@ from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
-import tornado.web
-
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain import times
 from celeryapp.domain.times import iso
-from celeryapp.interfaces.web import humanize, sessions
+from celeryapp.interfaces.web import humanize
 from celeryapp.interfaces.web.auth import WebUser
 from celeryapp.interfaces.web.broker_state import WorkerPings
+from celeryapp.interfaces.web.guard import LoginGuard
+from celeryapp.interfaces.web.sessions import SessionCookies, Sessions
 from models import transaction, utcnow
 
 FLASH_COOKIE = "chordbeat_flash"
@@ -39,6 +39,14 @@ class WebContext:
     users: dict[str, WebUser]
     #: The workers' last answers to a ping, this server's own.
     pings: WorkerPings = field(default_factory=WorkerPings)
+    #: Who is logged in (web/sessions.py).
+    sessions: Sessions = field(init=False)
+    #: What a login may try (web/guard.py).
+    guard: LoginGuard = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sessions = Sessions(self.app.settings, self.users)
+        self.guard = LoginGuard(self.app.settings, self.users)
 
 
 def iso_seconds(value: datetime | None) -> str:
@@ -46,18 +54,19 @@ def iso_seconds(value: datetime | None) -> str:
     return iso(value, timespec="seconds") or ""
 
 
-class BaseHandler(tornado.web.RequestHandler):
+class BaseHandler(SessionCookies):
     ctx: WebContext
 
     def initialize(self, ctx: WebContext) -> None:
         self.ctx = ctx
+        self.sessions = ctx.sessions
 
     def set_default_headers(self) -> None:
         for name, value in SECURITY_HEADERS.items():
             self.set_header(name, value)
 
     def get_current_user(self) -> WebUser | None:
-        return sessions.current_user(self, self.ctx.users)
+        return self.sessions.current_user(self)
 
     @property
     def user(self) -> WebUser:

@@ -1,16 +1,20 @@
-"""The login and logout pages."""
+"""The login and logout pages (what a login may try and how: web/guard.py; sessions: web/sessions.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
+import redis
+
 from celeryapp.interfaces.web.base import BaseHandler
-from celeryapp.interfaces.web.sessions import end_session, start_session
+from celeryapp.interfaces.web.guard import failure_pad_s
+from celeryapp.interfaces.web.hashing import PoolFull
+from celeryapp.interfaces.web.throttle import Refusal
 
 logger = logging.getLogger(__name__)
-#: Seconds a wrong password waits before the answer.
-FAILED_LOGIN_DELAY_S = 1.0
+#: Characters of a user name or password looked at (a longer password only costs hashing time).
+MAX_LOGIN_CHARS = 1024
 
 
 class LoginHandler(BaseHandler):
@@ -18,19 +22,40 @@ class LoginHandler(BaseHandler):
         self.render("login.html", error=None, next=self._next(), user=None)
 
     async def post(self) -> None:
-        name = self.get_body_argument("username", "")
-        password = self.get_body_argument("password", "")
-        user = self.ctx.users.get(name)
-        # A hash check takes a good fraction of a second of CPU: off the event loop.
-        valid = user is not None and await asyncio.get_running_loop().run_in_executor(None, user.check, password)
-        if user is None or not valid:
-            await asyncio.sleep(FAILED_LOGIN_DELAY_S)  # slows down guessing
-            self.set_status(401)
-            self.render("login.html", error="Wrong user name or password.", next=self._next(), user=None)
+        name = self.get_body_argument("username", "")[:MAX_LOGIN_CHARS]
+        password = self.get_body_argument("password", "")[:MAX_LOGIN_CHARS]
+        address = self.client_address
+        guard = self.ctx.guard
+        try:
+            refusal = guard.admit(name, address)
+            if refusal is not None:
+                await guard.refused(name, address, refusal)
+                self._too_many(refusal)
+                return
+            user = await guard.check(name, password, address)
+            if user is None:
+                await asyncio.sleep(failure_pad_s(self.request.request_time()))
+                self._again(401, "Wrong user name or password.")
+                return
+            self.sessions.start(self, user)
+        except PoolFull:
+            self._too_many(Refusal("busy", 1, newly=False))
             return
-        logger.info("web: %s logged in", user.name)
-        start_session(self, user)
+        except redis.RedisError as exc:
+            logger.error("web: login impossible, Redis does not answer: %s", exc)
+            self._again(503, "Logins are unavailable: the dashboard cannot reach Redis.")
+            return
+        logger.info("web: %s logged in from %s", user.name, address)
         self.redirect(self._next())
+
+    def _too_many(self, refusal: Refusal) -> None:
+        self.set_header("Retry-After", str(refusal.retry_after_s))
+        minutes = -(-refusal.retry_after_s // 60)
+        self._again(429, f"Too many login attempts. Try again in {minutes} min.")
+
+    def _again(self, status: int, error: str) -> None:
+        self.set_status(status)
+        self.render("login.html", error=error, next=self._next(), user=None)
 
     def _next(self) -> str:
         target = self.get_argument("next", "/")
@@ -40,5 +65,5 @@ class LoginHandler(BaseHandler):
 
 class LogoutHandler(BaseHandler):
     def post(self) -> None:
-        end_session(self)
+        self.sessions.end(self)
         self.redirect("/login")

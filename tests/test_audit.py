@@ -3,11 +3,13 @@ dashboard, beat itself), and list_audit shows them as the contract says."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from celery import Celery
 
 from celeryapp.application import ChordbeatCelery
@@ -218,3 +220,30 @@ def test_housekeeping_keeps_the_trail_longer_than_the_history(app: ChordbeatCele
     report = housekeeping.purge(app, now=now)
     assert report.audit_rows == 1 and report.as_json()["audit_rows"] == 1
     assert [r["schedule"] for r in service.list_audit(app)] == ["past-history", "recent"]
+
+
+def test_beat_records_the_schedule_file_it_applied_at_start(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    path = tmp_path / "ops.yaml"
+    path.write_text(yaml.safe_dump({"schedules": [{"name": "declared", "every": 3600, "steps": [step("s")]}]}))
+    with processes.beat(dataclasses.replace(settings, schedules_file=str(path)), tmp_path):
+        row = wait_for(
+            lambda: next((r for r in trail(client) if r["action"] == "file_applied"), None), 30, what="the file's row"
+        )
+    assert isinstance(row, dict)
+    assert (row["source"], row["actor"], row["schedule"], row["reason"]) == (
+        "beat",
+        "chordbeat",
+        None,
+        "added declared",
+    )
+    assert row["detail"] == {
+        "file": str(path),
+        "source": "ops",
+        "added": 1,
+        "changed": 0,
+        "removed": 0,
+        "unchanged": 0,
+        "kept": 0,
+    }

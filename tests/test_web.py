@@ -234,7 +234,7 @@ def test_actions_ask_first_need_a_reason_and_leave_a_trail(app: ChordbeatCelery,
     assert r.status_code == 200 and _status(app, "nightly") == "paused"
     shown = "paused by ops since "
     listing = text_of(admin.get(web.url + "/", timeout=10).text)
-    assert shown in listing and "disk &lt;b&gt;full&lt;/b&gt;" in listing
+    assert shown in listing and " · reason: disk &lt;b&gt;full&lt;/b&gt;" in listing
     schedule = text_of(admin.get(web.url + "/schedule?name=nightly", timeout=10).text)
     assert shown in schedule
     assert re.search(r"Activity .*ops \(web\) pause disk &lt;b&gt;full", schedule)

@@ -1,7 +1,5 @@
-"""The dashboard in a real browser: Debian's Chromium driven by its chromedriver (Selenium).
-
-Nothing is downloaded: the driver and the browser are the system's (deploy/local/system-deps.sh
-installs them). One browser serves the whole module. ``CHORDBEAT_WEB_SCREENSHOTS=DIR`` saves
+"""The dashboard in a real browser: Debian's Chromium driven by its chromedriver (Selenium,
+tests/chromium.py). One browser serves the whole module. ``CHORDBEAT_WEB_SCREENSHOTS=DIR`` saves
 screenshots of the pages there (docs/img holds the ones the docs show).
 """
 
@@ -9,20 +7,17 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
+from tests.chromium import chromium
 from tests.servers import wait_for
 from tests.web_server import ADMIN, VIEWER, WebServer
 
@@ -31,35 +26,12 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 ISO = re.compile(r"T\d\d:\d\d.*Z")
 #: The badge colour of a run completed with warnings (dashboard.css --warn).
 WARNING_YELLOW = "rgba(214, 158, 46, 1)"
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1280,900",
-)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[WebDriver]:
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.fail("chromium and chromium-driver are not installed (make test installs them)")
-    profile = tempfile.mkdtemp(prefix="chordbeat-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (*FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    with chromium() as driver:
+        yield driver
 
 
 def _shot(driver: WebDriver, name: str) -> None:
@@ -181,6 +153,7 @@ def test_an_operator_watches_cancels_reads_an_error_and_pauses(
         browser.get(f"{web.url}/schedule?name=breaks")
         browser.find_element(By.CSS_SELECTOR, "a.cell.s-failed_with_error").click()
         wait_for(lambda: "disk full: /data" in _text(browser, "#detail"), 20, what="the step's error in the panel")
+        _no_iso(browser)
         _shot(browser, "schedule")
 
         # Pause from the list: no reason, no pause (the form will not go); with one, the list says it.
@@ -200,6 +173,7 @@ def test_an_operator_watches_cancels_reads_an_error_and_pauses(
             browser.set_window_size(1280, 900)
         browser.get(web.url + "/health")
         wait_for(lambda: "alive" in _text(browser, "main"), 20, what="the health page")
+        _no_iso(browser)
         _shot(browser, "health")
 
         # A viewer sees the same pages without a single button that acts.

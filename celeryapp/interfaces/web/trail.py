@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from celeryapp.interfaces.audit import audit_rows
+from celeryapp.interfaces.display import WARNED_STEP
 from models import ActivityStatus, ExecutionStatus, ScheduleExecution
 from models.states import AuditAction
 from models.tables import Activity
@@ -21,7 +22,7 @@ AUDIT_SHOWN = 20
 #: Re-runs of one execution linked from its page.
 RERUNS_SHOWN = 10
 #: Step outcomes that make a completed run "completed with warnings".
-WARNING_STEPS = (ActivityStatus.COMPLETE_WITH_WARNING, ActivityStatus.COMPLETE_WITH_ERROR)
+WARNING_STEPS = tuple(ActivityStatus(state) for state in sorted(WARNED_STEP))
 
 
 def audit_trail(

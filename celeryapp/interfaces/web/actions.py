@@ -221,9 +221,9 @@ class ActionHandler(BaseHandler):
             await self.again(action, execution_id, name, f"Say why: a reason is required to {action}.")
             return
         try:
-            payload = parse_payload(self.get_body_argument("payload", "")) if action == "run" else None
+            typed = self.get_body_argument("payload", "") if action == "run" else ""
             message, target = await asyncio.get_running_loop().run_in_executor(
-                None, functools.partial(self.act, action, execution_id, name, reason, payload)
+                None, functools.partial(self.act, action, execution_id, name, reason, typed)
             )
         except InvalidArgument as exc:
             if action in CONFIRMED:
@@ -238,9 +238,10 @@ class ActionHandler(BaseHandler):
         self.redirect(target or _safe_path(self.get_body_argument("next", "/")))
 
     def act(
-        self, action: str, execution_id: str | None, name: str | None, reason: str | None, payload: Any
+        self, action: str, execution_id: str | None, name: str | None, reason: str | None, typed: str
     ) -> tuple[str, str | None]:
-        """Do it; answer the message to show and the page to show it on (None: back)."""
+        """Do it (off the event loop: a long payload takes a while to parse); answer the message to
+        show and the page to show it on (None: back)."""
         app = self.ctx.app
         who: dict[str, Any] = {"actor": self.user.name, "reason": reason, "source": AuditSource.WEB}
         if execution_id is not None:
@@ -254,7 +255,7 @@ class ActionHandler(BaseHandler):
             return f"execution {rerun['id']} started: re-run of #{run}", f"/execution/{rerun['id']}"
         assert name is not None
         if action == "run":
-            started = service.trigger_schedule(app, name, payload, **who)
+            started = service.trigger_schedule(app, name, parse_payload(typed), **who)
             if started.get("execution_id") is None:
                 return f"{name}: not started: {started['skipped']}", None
             return f"{name}: execution {started['execution_id']} started", f"/execution/{started['execution_id']}"

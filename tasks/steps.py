@@ -11,6 +11,7 @@ from celery.signals import celeryd_init
 
 from celeryapp import app
 from celeryapp.domain.limits import check_int
+from celeryapp.domain.redaction import RedactedResult
 from celeryapp.errors import InvalidArgument
 from celeryapp.messaging import keys
 from celeryapp.worker import runner, step_events
@@ -34,7 +35,7 @@ logger = logging.getLogger(__name__)
     Request="celeryapp.worker.step_events:StepRequest",
     resultrepr_maxsize=step_events.RESULT_REPR_CHARS,
 )
-def run_step(self: Task, worker_task_id: int, attempt: int) -> dict[str, Any]:
+def run_step(self: Task, worker_task_id: int, attempt: int) -> RedactedResult:
     check_int(worker_task_id, "worker_task_id", InvalidArgument)
     check_int(attempt, "attempt", InvalidArgument, high=1000)
     queue = (self.request.delivery_info or {}).get("routing_key")
@@ -47,7 +48,10 @@ def run_step(self: Task, worker_task_id: int, attempt: int) -> dict[str, Any]:
             "worker task %s attempt %s arrived on %r: moved to %r", worker_task_id, attempt, queue, keys.STEPS_QUEUE
         )
         raise Ignore()
-    return runner.run_step(app, worker_task_id, attempt, node=self.request.hostname or "unknown")
+    # Monitors read the outcome back from the result's repr (step_events.event_for): Celery's own
+    # repr of a dict leaves newlines, backslashes and quotes in strings unescaped (a traceback, a
+    # program's output), and could not be read back; this one is Python's.
+    return RedactedResult(runner.run_step(app, worker_task_id, attempt, node=self.request.hostname or "unknown"))
 
 
 @celeryd_init.connect

@@ -17,14 +17,17 @@ from sqlalchemy import select
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.domain.limits import LOG_TAIL_LINES
 from celeryapp.domain.names import runner_task_id
+from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.worker import step_events
-from models import ActivityStatus, WorkerTask, transaction
+from models import ActivityStatus, AuditSource, WorkerTask, transaction
 from tests import processes
 from tests.helpers import call, finished, running, step, wait_for
 from tests.servers import free_port
+from tests.step_log_tasks import RAISING_LINE
 
 pytestmark = pytest.mark.slow
 
@@ -80,10 +83,28 @@ def flower(settings: Settings, tmp: Path) -> Iterator[Flower]:
         yield monitor
 
 
-def events_worker(settings: Settings, tmp: Path) -> contextlib.AbstractContextManager[processes.Process]:
+#: A worker that can run tests/step_log_tasks.py's chatty failing step.
+STEP_LOG_TASKS = {"CHORDBEAT_TASK_MODULES": "tests.step_log_tasks", "PYTHONPATH": processes.ROOT}
+
+
+def events_worker(
+    settings: Settings, tmp: Path, env: dict[str, str] | None = None
+) -> contextlib.AbstractContextManager[processes.Process]:
     """A prefork worker sending task events from the start (Flower would switch them on within 5 s)."""
     argv = [*processes.worker_argv("w1", 2), "-E"]
-    return processes.running(processes.Process(argv, processes.settings_env(settings), tmp / "w1.log"))
+    return processes.running(processes.Process(argv, processes.settings_env(settings, **(env or {})), tmp / "w1.log"))
+
+
+def watched(monitor: Flower, client: Celery, definition: dict[str, Any]) -> None:
+    """Apply ``definition`` once Flower receives the worker's events (it does once a task shows up)."""
+    flower_sees(
+        monitor,
+        lambda tasks: (
+            call(client, "chordbeat.apply_schedule", definition=definition)
+            and "chordbeat.apply_schedule" in by_name(tasks)
+        ),
+        "Flower to receive the worker's events",
+    )
 
 
 def flower_sees(monitor: Flower, predicate: Any, what: str, timeout: float = 60) -> dict[str, dict[str, Any]]:
@@ -116,15 +137,7 @@ def test_flower_shows_steps_by_name_with_their_real_outcome_and_no_housekeeping(
         ],
     }
     with flower(settings, tmp_path) as monitor, events_worker(settings, tmp_path), processes.beat(settings, tmp_path):
-        # Flower receives events once a task it can see shows up.
-        flower_sees(
-            monitor,
-            lambda tasks: (
-                call(client, "chordbeat.apply_schedule", definition=definition)
-                and "chordbeat.apply_schedule" in by_name(tasks)
-            ),
-            "Flower to receive the worker's events",
-        )
+        watched(monitor, client, definition)
         execution_id = call(client, "chordbeat.trigger_schedule", name="flower-truth")["execution_id"]
         done = finished(client, execution_id, timeout=60)
         names = [f"flower-truth/{n}" for n in ("ok", "bad", HOSTILE_STEP, "after")]
@@ -264,7 +277,13 @@ def test_a_runners_answer_is_plain_text_in_its_repr_and_read_back(answer: step_e
     returned = repr(answer.result())
     assert returned == f"{{'status': '{answer.value}'}}"
     _, fields = step_events.event_for(returned)
-    assert fields["result"].startswith(answer.value)
+    assert fields.get("result", fields.get("exception", "")).startswith(answer.value) or (
+        answer is step_events.RunnerAnswer.FENCED
+    )
+    if answer is step_events.RunnerAnswer.FENCED:
+        # Stopped, not a success: recovery gave the attempt up and nothing else was recorded.
+        assert fields["exception"] == f"cancelled: {step_events.FENCED_TEXT}"
+        return
     nothing_ran = answer not in (step_events.RunnerAnswer.LEASE_LOST, step_events.RunnerAnswer.UNRECORDED)
     assert ("nothing ran" in fields["result"]) is nothing_ran
 
@@ -299,4 +318,96 @@ def test_a_cancel_revoking_queued_steps_is_not_taken_for_an_operators_revoke(
         )
         final = call(client, "chordbeat.get_execution", execution_id=execution_id)
     assert not get_redis(app.settings.broker_url).keys(f"{keys.PREFIX}:stop:*")
-    assert {a["error"] for a in final["activities"]} == {"cancelled"}
+    assert {a["error"] for a in final["activities"]} == {final["error"]}
+
+
+def test_a_step_cancelled_from_the_dashboard_while_it_ran_is_revoked_with_the_stored_reason(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    definition = {"name": "cancel-me", "every": 3600, "steps": [step("long", kwargs={"seconds": 60})]}
+    with flower(settings, tmp_path) as monitor, events_worker(settings, tmp_path):
+        watched(monitor, client, definition)
+        execution_id = call(client, "chordbeat.trigger_schedule", name="cancel-me")["execution_id"]
+        running(client, execution_id, "long")
+        task_id = runner_task_id(execution_id, worker_task(app, execution_id, "long").id, 1)
+        time.sleep(3)  # the issue's scenario: the step had run for 3 s when it was cancelled
+        # What the dashboard's Cancel does: the service, in its process, as the web's user.
+        service.cancel_execution(app, execution_id, actor="admin", reason="wrong payload", source=AuditSource.WEB)
+        shown = flower_sees(
+            monitor,
+            lambda tasks: tasks.get(task_id, {}).get("state") not in (None, "RECEIVED", "STARTED"),
+            "Flower to show the step's end",
+        )[task_id]
+        stored = call(client, "chordbeat.get_execution", execution_id=execution_id)
+    (activity,) = stored["activities"]
+    assert (activity["status"], activity["error"]) == ("cancelled", stored["error"])
+    assert "admin" in stored["error"] and "wrong payload" in stored["error"]
+    # Before: SUCCESS, "fenced: nothing ran (duplicate, fenced or not claimable message)".
+    assert shown["state"] == "REVOKED", shown
+    assert shown["exception"] == f"cancelled: {stored['error']}"
+
+
+def test_a_failed_step_shows_its_traceback_and_keeps_it_with_its_last_log_lines(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    upload = {"name": "Upload to bank", "task": "steplog.chatty_fail", "kwargs": {"lines": 200}}
+    definition = {"name": "payroll-export", "every": 3600, "steps": [upload]}
+    with flower(settings, tmp_path) as monitor, events_worker(settings, tmp_path, STEP_LOG_TASKS):
+        watched(monitor, client, definition)
+        execution_id = call(client, "chordbeat.trigger_schedule", name="payroll-export")["execution_id"]
+        done = finished(client, execution_id, timeout=60)
+        seen = flower_sees(
+            monitor,
+            lambda tasks: by_name(tasks).get("payroll-export/Upload to bank", {}).get("state") == "FAILURE",
+            "Flower to show the failed step",
+        )
+        task_id = by_name(seen)["payroll-export/Upload to bank"]["uuid"]
+        info = monitor.get(f"/api/task/info/{task_id}").json()
+        # A name with spaces, searched as docs/flower.md says: in quotes.
+        named = monitor.tasks(search='name:"payroll-export/Upload to bank"')
+    assert set(named) == {task_id}
+    # Flower's Traceback box: the real traceback, to the raising line, the password hidden.
+    assert info["state"] == "FAILURE"
+    assert info["traceback"].startswith("Traceback (most recent call last):")
+    assert RAISING_LINE in info["traceback"] and "hunter2" not in info["traceback"]
+    assert (
+        info["traceback"]
+        .rstrip()
+        .endswith("ConnectionError: bank refused postgresql://bank:<hidden>@bank.example/upload")
+    )
+    # The activity keeps the same traceback and the last 50 of the 200 lines the step logged.
+    (activity,) = done["activities"]
+    assert activity["status"] == "failed_with_error"
+    assert activity["error"] == "ConnectionError: bank refused postgresql://bank:<hidden>@bank.example/upload"
+    assert activity["traceback"] == info["traceback"]
+    lines = activity["log_tail"].splitlines()
+    assert len(lines) == LOG_TAIL_LINES
+    assert lines[0].endswith("INFO hr.bank: uploading record 150") and lines[-1].endswith("uploading record 199")
+
+
+def test_kwargs_search_lists_exactly_one_executions_steps(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    definition = {"name": "exact", "every": 3600, "steps": [[step("a"), step("b")]]}
+    with flower(settings, tmp_path) as monitor, events_worker(settings, tmp_path):
+        watched(monitor, client, definition)
+        first = call(client, "chordbeat.trigger_schedule", name="exact")["execution_id"]
+        finished(client, first)
+        last = first
+        while last < first * 10:  # run first*10 exists: its id starts with the first's digits
+            last = call(client, "chordbeat.trigger_schedule", name="exact")["execution_id"]
+            finished(client, last)
+        flower_sees(
+            monitor,
+            lambda tasks: (
+                sum(t.get("state") == "SUCCESS" and t.get("name", "").startswith("exact/") for t in tasks.values())
+                == 2 * (last - first + 1)
+            ),
+            "every run's steps in Flower",
+        )
+        exact = monitor.tasks(search=f"kwargs:execution={first}")
+        substring = monitor.tasks(search=f"args:execution={first}")
+    assert {t["name"] for t in exact.values()} == {"exact/a", "exact/b"}
+    assert all(uuid.startswith(f"chordbeat-e{first}-") for uuid in exact)
+    # Why the docs give kwargs: a substring of the args also finds run first*10's steps.
+    assert any(uuid.startswith(f"chordbeat-e{first * 10}-") for uuid in substring)

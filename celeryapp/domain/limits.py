@@ -62,6 +62,11 @@ MAX_FILE_BYTES = 4 * 1024 * 1024
 
 #: Characters of an error message kept on the activity.
 ERROR_CHARS = 2000
+#: Characters of a failed attempt's traceback kept on its activity (the end: the raising frames).
+TRACEBACK_CHARS = 16 * 1024
+#: An attempt's last log lines kept on its activity: at most this many lines and characters.
+LOG_TAIL_LINES = 50
+LOG_TAIL_CHARS = 8 * 1024
 
 #: Most slots one fire message carries (beat sends more as several): one transaction's worth,
 #: and a bound on the statement parameters (SQLite allows 32,766).

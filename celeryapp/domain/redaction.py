@@ -7,6 +7,7 @@ in a schedule object at all.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
@@ -80,3 +81,18 @@ def credentials_apart(url: str) -> tuple[str, dict[str, str]]:
     kept = urlencode([(k, v) for k, v in query if k not in {"username", "password"}])
     # Spelled out: urlunsplit drops the "//" of an empty host (unix:///path), which redis-py refuses.
     return f"{parts.scheme}://{host}{parts.path}" + (f"?{kept}" if kept else ""), options
+
+
+#: ``scheme://user:password@``: the password of a URL in free text (a driver's error, a log line).
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@]*:)[^\s/@]+@")
+#: ``password=...`` and the like in free text (connection strings, keyword arguments in a repr).
+_KEYWORD_SECRET = re.compile(r"(\b(?:password|passwd|pwd|secret|token)\s*[=:]\s*['\"]?)[^\s'\",;)]+", re.IGNORECASE)
+
+
+def hide_secrets(text: str) -> str:
+    """``text`` (a traceback, log lines) with URL passwords and ``password=`` values replaced.
+
+    Step code writes what it likes into its exceptions and logs; what is kept of them is shown on
+    the dashboard, in the CLI and in Flower, to people who may not see the step's credentials.
+    """
+    return _KEYWORD_SECRET.sub(rf"\g<1>{HIDDEN}", _URL_PASSWORD.sub(rf"\g<1>{HIDDEN}@", text))

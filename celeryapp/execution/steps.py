@@ -154,6 +154,8 @@ _CLOSE_ACTIVITY = (
         status=bindparam("p_outcome"),
         error=bindparam("p_error"),
         message=bindparam("p_message"),
+        traceback=bindparam("p_traceback"),
+        log_tail=bindparam("p_log_tail"),
         completed_at=bindparam("p_now"),
     )
 )
@@ -250,9 +252,19 @@ def finish_step(
     now: datetime,
     error: str | None = None,
     message: str | None = None,
+    traceback: str | None = None,
+    log_tail: str | None = None,
 ) -> Recorded:
-    """Record an attempt's outcome and delete its worker task."""
-    outcome = {"p_activity_id": claim.activity_id, "p_outcome": status, "p_error": error, "p_message": message}
+    """Record an attempt's outcome (with a failure's traceback and its last log lines) and delete
+    its worker task."""
+    outcome = {
+        "p_activity_id": claim.activity_id,
+        "p_outcome": status,
+        "p_error": error,
+        "p_message": message,
+        "p_traceback": traceback,
+        "p_log_tail": log_tail,
+    }
     task = {"p_task_id": claim.worker_task_id, "p_attempt": claim.attempt}
     group = {"p_execution_id": claim.execution_id, "p_step_index": claim.step_index}
     if _one_statement(conn):
@@ -263,3 +275,16 @@ def finish_step(
     dropped = conn.execute(_DROP_TASK, task).rowcount
     closed = conn.execute(_CLOSE_ACTIVITY, {**outcome, "p_now": now}).rowcount
     return Recorded(bool(closed), bool(dropped) and conn.execute(select(_GROUP_LEFT), group).scalar_one() == 0)
+
+
+_STORED = select(ACTIVITIES.c.status, ACTIVITIES.c.error).where(ACTIVITIES.c.id == bindparam("p_activity_id"))
+
+
+def stored_outcome(conn: Connection, claim: Claim) -> tuple[ActivityStatus, str | None] | None:
+    """The outcome someone else recorded for the attempt (its run cancelled, recovery gave it up)
+    when its own closed nothing: what monitors are told instead. ``None`` if the activity is gone
+    or still open (a rare path: one statement, after a recording that changed nothing)."""
+    row = conn.execute(_STORED, {"p_activity_id": claim.activity_id}).first()
+    if row is None or row.status is ActivityStatus.IN_PROGRESS:
+        return None
+    return row.status, row.error

@@ -36,7 +36,7 @@ def _runner(app: Celery, step: StepDispatch, group: GroupDispatch) -> Signature:
         # What Flower, `celery events` and `celery inspect` show instead of run_step(8, 1).
         "shadow": step_events.shadow_name(group.schedule_name, step.spec.name),
         "argsrepr": step_events.args_repr(step.execution_id, group.step_index, step.attempt),
-        "kwargsrepr": step_events.kwargs_repr(step.worker_task_id),
+        "kwargsrepr": step_events.kwargs_repr(step.execution_id, group.step_index, step.attempt, step.worker_task_id),
     }
     if step.spec.timeout_s:
         # The runner catches the soft limit and records a timeout; the hard limit is only a

@@ -11,7 +11,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from billiard.common import terminate_handler_fired
 from celery.exceptions import SoftTimeLimitExceeded
@@ -19,17 +19,19 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, Opera
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from celeryapp.context import StepContext, running_step
-from celeryapp.domain.limits import ERROR_CHARS
+from celeryapp.domain.limits import ERROR_CHARS, LOG_TAIL_CHARS, TRACEBACK_CHARS
+from celeryapp.domain.redaction import hide_secrets
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.errors import StepCancelled
 from celeryapp.execution.advancing import advance_group
-from celeryapp.execution.steps import Claim, Recorded, claim_step, finish_step
+from celeryapp.execution.steps import Claim, Recorded, claim_step, finish_step, stored_outcome
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
 from celeryapp.worker.dispatch import apply_effects
 from celeryapp.worker.heartbeat import StepWatch
 from celeryapp.worker.step_events import RunnerAnswer, step_result
+from celeryapp.worker.step_log import capturing_log, traceback_text
 from models import ActivityStatus, utcnow
 from models.session import autocommit, connection
 
@@ -58,20 +60,31 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _storable(text: str | None) -> str | None:
-    """Step code writes what it likes: keep at most ERROR_CHARS, with NUL (which PostgreSQL refuses
-    in text) and lone surrogates (which no driver can encode) made visible instead."""
+def _storable(text: str | None, limit: int = ERROR_CHARS, *, keep_end: bool = False) -> str | None:
+    """Step code writes what it likes: keep at most ``limit`` characters (the start, or the end
+    for a traceback and log lines), with NUL (which PostgreSQL refuses in text) and lone
+    surrogates (which no driver can encode) made visible instead."""
     if text is None:
         return None
-    visible = text[: ERROR_CHARS * 2].replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
-    return visible[:ERROR_CHARS]
+    kept = text[-limit * 2 :] if keep_end else text[: limit * 2]
+    visible = kept.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return visible[-limit:] if keep_end else visible[:limit]
 
 
-Outcome = tuple[ActivityStatus, str | None, str | None]
+class Outcome(NamedTuple):
+    """An attempt's outcome as recorded on its activity."""
+
+    status: ActivityStatus
+    error: str | None
+    message: str | None
+    #: The step's own failure's traceback.
+    traceback: str | None = None
+    #: The last lines the step logged (and an executable's output).
+    log_tail: str | None = None
 
 
 def _timed_out(claim: Claim) -> Outcome:
-    return ActivityStatus.FAILED_WITH_ERROR, f"timed out after {claim.spec.timeout_s:g}s", None
+    return Outcome(ActivityStatus.FAILED_WITH_ERROR, f"timed out after {claim.spec.timeout_s:g}s", None)
 
 
 def _interrupted(claim: Claim, watch: StepWatch) -> Outcome:
@@ -81,25 +94,33 @@ def _interrupted(claim: Claim, watch: StepWatch) -> Outcome:
     if watch.timed_out:
         return _timed_out(claim)
     if watch.fenced:
-        return ActivityStatus.CANCELLED, "stopped: recovery gave this attempt up", None
+        return Outcome(ActivityStatus.CANCELLED, "stopped: recovery gave this attempt up", None)
     if watch.stopped is not None:
-        return ActivityStatus.CANCELLED, watch.stopped, None
-    return ActivityStatus.CANCELLED, "cancelled", None
+        return Outcome(ActivityStatus.CANCELLED, watch.stopped, None)
+    return Outcome(ActivityStatus.CANCELLED, "cancelled", None)
 
 
 def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcome:
-    """Run the step's task; return (status, error, message).
+    """Run the step's task; return its outcome, with the last lines it logged.
 
     The task is checked against this worker's rules first: a plan stored before the policy
     tightened, or a step of a kind switched off since, fails instead of running.
     """
+    with capturing_log() as log:
+        outcome = _execute(app, claim, watch)
+    if outcome.traceback is not None:
+        logger.info("step %r of execution %s failed: %s", claim.spec.name, claim.execution_id, outcome.error)
+    return outcome._replace(log_tail=log.text())
+
+
+def _execute(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcome:
     refusal = StepRules.of(app.settings, app.tasks.__contains__).spec_refusal(claim.spec.kind, claim.spec.task)
     try:
         try:
             if refusal is not None:
-                return ActivityStatus.FAILED_WITH_ERROR, f"refused on this worker: {refusal}", None
+                return Outcome(ActivityStatus.FAILED_WITH_ERROR, f"refused on this worker: {refusal}", None)
             if watch.stopped is not None:
-                return ActivityStatus.CANCELLED, watch.stopped, None  # revoked before it started
+                return Outcome(ActivityStatus.CANCELLED, watch.stopped, None)  # revoked before it started
             result = app.tasks[claim.spec.task](*claim.spec.args, **claim.spec.kwargs)
         finally:
             watch.disarm()
@@ -114,11 +135,10 @@ def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcom
             raise
         # Only a cancel is not the step's failure. Anything else escaping would kill the pool
         # process, and the message would come back for another try of a step that failed.
-        logger.info("step %r of execution %s failed: %r", claim.spec.name, claim.execution_id, exc)
-        return ActivityStatus.FAILED_WITH_ERROR, _error_text(exc), None
+        # Its message is shown as widely as its traceback: the same secrets hidden.
+        return Outcome(ActivityStatus.FAILED_WITH_ERROR, hide_secrets(_error_text(exc)), None, traceback_text(exc))
     status, message = classify(result)
-    error = message if status.failed else None
-    return status, error, None if status.failed else message
+    return Outcome(status, message if status.failed else None, None if status.failed else message)
 
 
 def _transient(exc: Exception) -> bool:
@@ -176,15 +196,19 @@ def _patiently(what: str, once: Callable[[], _T]) -> _T | Exception:
         return result
 
 
-def _record(
-    app: ChordbeatCelery, claim: Claim, status: ActivityStatus, error: str | None, message: str | None
-) -> Recorded | Exception:
+def _record(app: ChordbeatCelery, claim: Claim, outcome: Outcome) -> Recorded | Exception:
     url = app.settings.database_url
-    error, message = _storable(error), _storable(message)
+    status = outcome.status
+    fields = {
+        "error": _storable(outcome.error),
+        "message": _storable(outcome.message),
+        "traceback": _storable(outcome.traceback, TRACEBACK_CHARS, keep_end=True),
+        "log_tail": _storable(outcome.log_tail, LOG_TAIL_CHARS, keep_end=True),
+    }
 
     def once() -> Recorded:
         with autocommit(url) as conn:
-            return finish_step(conn, claim, status, now=utcnow(), error=error, message=message)
+            return finish_step(conn, claim, status, now=utcnow(), **fields)
 
     # Not a failure the step did not have in its place, ever: the outcome is true or nothing is
     # written. Given up, the activity stays in progress and, its heartbeat gone, recovery runs the
@@ -255,10 +279,10 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
     with watch:
         try:
             with running_step(context):
-                status, error, message = execute_step(app, claim, watch)
+                outcome = execute_step(app, claim, watch)
         except StepCancelled:
             # Landed between the step's return and the watch's disarming.
-            status, error, message = _interrupted(claim, watch)
+            outcome = _interrupted(claim, watch)
         if watch.lease_lost:
             # No outcome: to recovery the attempt is lost (its heartbeat expires or is deleted
             # now), and it is run again as after a lost worker, under a new attempt number.
@@ -270,13 +294,30 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
                 claim.attempt,
             )
             return RunnerAnswer.LEASE_LOST.result()
-        recorded = _record(app, claim, status, error, message)
+        recorded = _record(app, claim, outcome)
     if not isinstance(recorded, Recorded):
         return RunnerAnswer.UNRECORDED.result()
     timeout_s = claim.spec.timeout_s
     if recorded.last_of_group and (not timeout_s or time.monotonic() - started < timeout_s - ADVANCE_MARGIN_S):
         _advance_now(app, claim)
-    return step_result(status, error, message) if recorded.closed else RunnerAnswer.FENCED.result()
+    if not recorded.closed:
+        return _superseded(app, claim)
+    return step_result(outcome.status, outcome.error, outcome.message, outcome.traceback)
+
+
+def _superseded(app: ChordbeatCelery, claim: Claim) -> dict[str, Any]:
+    """What monitors are told when the attempt's outcome changed nothing: someone closed its
+    activity first (its run was cancelled, recovery gave the attempt up), and what they recorded
+    is the truth, e.g. ``cancelled`` with the cancel's reason, not the runner's view of it."""
+    try:
+        with autocommit(app.settings.database_url) as conn:
+            stored = stored_outcome(conn, claim)
+    except Exception:
+        logger.warning("attempt %s of %r: its stored outcome not read", claim.attempt, claim.spec.name, exc_info=True)
+        stored = None
+    if stored is None:
+        return RunnerAnswer.FENCED.result()
+    return step_result(*stored, None) | {"superseded": True}
 
 
 def _advance_now(app: ChordbeatCelery, claim: Claim) -> None:

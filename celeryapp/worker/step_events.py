@@ -4,11 +4,13 @@ A step runner is a chord header task that must never fail (a failed header makes
 backend fail the chord body, which is the advancement). So the task itself always succeeds, and
 the truth is told in the worker's task events instead, which is all Flower reads:
 
-- the message carries a readable name (``<schedule>/<step>``, Celery's ``shadow``) and an argument
-  repr naming the execution, the group (from 1) and the attempt;
+- the message carries a readable name (``<schedule>/<step>``, Celery's ``shadow``), and argument
+  and keyword reprs naming the execution, the group (from 1) and the attempt (Flower's
+  ``kwargs:execution=41`` is an exact match on the keyword repr's pairs);
 - :class:`StepRequest` turns the runner's ``task-succeeded`` into ``task-failed`` (with the step's
-  error) for a failed step and ``task-revoked`` for a cancelled one, and gives a completed step a
-  readable result (its warning, if any);
+  error and traceback) for a failed step and ``task-revoked`` for a cancelled one (also when the
+  run's cancel closed the activity first: the runner then answers what was stored), and gives a
+  completed step a readable result (its warning, if any);
 - an operator's Terminate or Revoke (Flower's buttons, ``celery control revoke``) does not kill
   the pool process or drop the message: it sets the attempt's stop flag
   (:func:`celeryapp.messaging.keys.stop_key`), and the runner records the step cancelled with the reason.
@@ -36,8 +38,9 @@ logger = logging.getLogger(__name__)
 
 #: Characters of a schedule or step name kept in the task name monitors show.
 NAME_PART_CHARS = 80
-#: The runner's result repr (what the worker reads the outcome from) holds a whole error.
-RESULT_REPR_CHARS = 10_000
+#: The runner's result repr (what the worker reads the outcome from) holds a whole error and
+#: traceback (``limits.ERROR_CHARS`` and ``limits.TRACEBACK_CHARS``, escaped).
+RESULT_REPR_CHARS = 48 * 1024
 #: How long an operator's stop flag outlives the stop: longer than a message can wait for a worker.
 STOP_FLAG_TTL_S = 7 * 24 * 3600
 TERMINATED = "terminated by operator"
@@ -62,8 +65,11 @@ def args_repr(execution_id: int, step_index: int, attempt: int) -> str:
     return f"(execution={execution_id}, group={step_index + 1}, attempt={attempt})"
 
 
-def kwargs_repr(worker_task_id: int) -> str:
-    return f"{{'worker_task': {worker_task_id}}}"
+def kwargs_repr(execution_id: int, step_index: int, attempt: int, worker_task_id: int) -> str:
+    """What monitors show as the runner's keyword arguments: a dict literal, whose pairs Flower
+    indexes, so that ``kwargs:execution=5`` finds execution 5's steps and not those of 50-59."""
+    pairs = {"execution": execution_id, "group": step_index + 1, "attempt": attempt, "worker_task": worker_task_id}
+    return repr(pairs)
 
 
 class RunnerAnswer(StrEnum):
@@ -78,7 +84,9 @@ class RunnerAnswer(StrEnum):
     LEASE_LOST = "lease_lost"
     #: The outcome could not be recorded; recovery runs the attempt again.
     UNRECORDED = "unrecorded"
-    #: The outcome changed nothing: the attempt was fenced meanwhile (recovery gave it up).
+    #: The outcome changed nothing and none other was found: the attempt was fenced meanwhile
+    #: (recovery gave it up, and its run's history is gone). A run's cancel, or recovery's
+    #: failing of the attempt, is answered as what they stored (:func:`step_result`).
     FENCED = "fenced"
 
     def result(self) -> dict[str, Any]:
@@ -87,16 +95,22 @@ class RunnerAnswer(StrEnum):
 
 
 #: Answers for a message whose step did not run here at all.
-_NOTHING_RAN = frozenset({RunnerAnswer.SKIPPED, RunnerAnswer.UNCLAIMED, RunnerAnswer.FENCED})
+_NOTHING_RAN = frozenset({RunnerAnswer.SKIPPED, RunnerAnswer.UNCLAIMED})
+#: What a fenced attempt is told as: stopped, not a success.
+FENCED_TEXT = "recovery gave this attempt up"
 
 
-def step_result(status: ActivityStatus, error: str | None, message: str | None) -> dict[str, Any]:
-    """The runner's return value: the outcome, with the error or warning for monitors."""
+def step_result(
+    status: ActivityStatus, error: str | None, message: str | None, traceback: str | None = None
+) -> dict[str, Any]:
+    """The runner's return value: the outcome, with the error (and traceback) or warning for monitors."""
     result: dict[str, Any] = {"status": status.value}
     if error is not None:
         result["error"] = error
     elif message is not None and status is ActivityStatus.COMPLETE_WITH_WARNING:
         result["warning"] = message
+    if traceback is not None:
+        result["traceback"] = traceback
     return result
 
 
@@ -122,8 +136,10 @@ def event_for(retval: Any) -> tuple[str, dict[str, Any]]:
     status = outcome["status"]
     error = outcome.get("error")
     if status in _FAILED:
-        return "task-failed", {"exception": f"{status}: {error}", "traceback": ""}
-    if status == ActivityStatus.CANCELLED.value:
+        return "task-failed", {"exception": f"{status}: {error}", "traceback": outcome.get("traceback") or ""}
+    if status in (ActivityStatus.CANCELLED.value, RunnerAnswer.FENCED.value):
+        if status == RunnerAnswer.FENCED.value:
+            error = FENCED_TEXT
         return "task-revoked", {
             "exception": f"cancelled: {error}",
             "terminated": error == TERMINATED,

@@ -24,6 +24,7 @@ import celeryapp.outcome as outcome
 from celeryapp.context import current_step
 from celeryapp.domain.step_policy import env_name_refusal, executable_refusal, sql_env_refusal
 from celeryapp.errors import StepError
+from celeryapp.worker.step_log import note_output
 
 #: Characters of an executable's combined output kept on its activity (the end of it).
 OUTPUT_CHARS = 4000
@@ -122,10 +123,13 @@ def run_executable(
         output = _wait(process, timeout)
     except subprocess.TimeoutExpired:
         output = _stop(process, watch)
+        note_output(output)
         raise StepError(f"timed out after {timeout:g}s; output: {tail(output, 1000)}") from None
     except BaseException:  # cancelled (StepCancelled) or the worker shutting down: leave nothing behind
-        _stop(process, watch)
+        note_output(_stop(process, watch))
         raise
+    # Its last lines are the attempt's log tail, whatever the exit code.
+    note_output(output)
     with contextlib.suppress(OSError):
         os.close(watch)
     if process.returncode != 0:

@@ -75,6 +75,8 @@ REFUSALS = [
     ("get_execution", {"execution_id": "17"}, "InvalidArgument", "execution_id: must be an integer"),
     ("list_executions", {"status": "lost"}, "InvalidArgument", "status: must be one of in_progress, completed"),
     ("list_slots", {"name": "missing"}, "NotFound", "schedule 'missing' does not exist"),
+    ("rerun_execution", {"execution_id": 999}, "NotFound", "execution 999 does not exist"),
+    ("list_audit", {"limit": 501}, "InvalidArgument", "limit: must be an integer between 1 and 500, got 501"),
 ]
 
 PLAIN_CALLER = """

@@ -43,6 +43,8 @@ SUMMARY_KEYS = {
     "started_at",
     "completed_at",
     "error",
+    "rerun_of",
+    "rerun_from_group",
     "steps",
 }
 

@@ -31,25 +31,51 @@ class FieldError(ChordbeatError, ValueError):
 
 
 class DefinitionError(FieldError):
-    """Raised when a schedule definition (or schedule file) is invalid."""
+    """Raised when a schedule definition (or schedule file) is invalid.
 
-
-class DefinitionErrors(DefinitionError):
-    """Every invalid schedule of a file at once, one ``"<field>: <reason>"`` line each.
-
-    ``field`` and ``reason`` are the first error's, for callers that expect one.
+    A definition with several mistakes gets one error holding them all (:meth:`every`): ``errors``
+    lists each, the message is one ``"<field>: <reason>"`` line per error, and ``field`` and
+    ``reason`` are the first one's. The class stays ``DefinitionError`` whatever the count: its
+    name is what a caller in another language sees (Celery's ``exc_type``).
     """
 
-    def __init__(self, errors: list[DefinitionError], more: int = 0) -> None:
-        super().__init__(errors[0].field, errors[0].reason)
-        self.errors = errors
-        self.more = more
+    def __init__(self, field: str, reason: str | None = None) -> None:
+        super().__init__(field, reason)
+        self.errors: list[DefinitionError] = [self]
+        #: Errors found beyond those listed (the list is capped).
+        self.more = 0
+        if reason is None and "\n" in self.reason:
+            # Rebuilt from a message of several lines (see FieldError): each error again.
+            self._read_lines(str(self))
 
-    def __str__(self) -> str:
-        lines = [str(e) for e in self.errors]
-        if self.more:
-            lines.append(f"... and {self.more} more")
-        return "\n".join(lines)
+    @classmethod
+    def every(cls, errors: list[DefinitionError], more: int = 0) -> DefinitionError:
+        """One error for all of ``errors`` (the first, when it is alone)."""
+        if len(errors) == 1 and not more:
+            return errors[0]
+        lines = [str(e) for e in errors] + ([f"{MORE_PREFIX}{more} more"] if more else [])
+        combined = cls("\n".join(lines))
+        combined.reason = errors[0].reason
+        combined.errors, combined.more = list(errors), more
+        return combined
+
+    def _read_lines(self, message: str) -> None:
+        found: list[DefinitionError] = []
+        for line in message.split("\n"):
+            count = line.removeprefix(MORE_PREFIX).removesuffix(" more")
+            if line.startswith(MORE_PREFIX) and count.isdigit():
+                self.more = int(count)
+            elif found and (line[:1].isspace() or ": " not in line):
+                # An indented line continues the reason above it (a YAML error's excerpt).
+                found[-1] = DefinitionError(found[-1].field, f"{found[-1].reason}\n{line}")
+            else:
+                found.append(DefinitionError(line))
+        self.errors = found
+        self.reason = found[0].reason
+
+
+#: The last line of an error listing fewer errors than it found.
+MORE_PREFIX = "... and "
 
 
 class InvalidArgument(FieldError):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.cadence import Cadence, retry_delay_s
 from celeryapp.domain.definition import ScheduleDefinition, StepKind, StepSpec
+from celeryapp.domain.problems import MAX_REPORTED_ERRORS
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
@@ -226,7 +227,10 @@ def test_parsing_anything_raises_only_definition_errors(raw: Any) -> None:
     try:
         parse_definition(raw, rules=KNOWN_ONLY)
     except DefinitionError as exc:
-        assert exc.field and exc.reason and len(str(exc)) < 600
+        # One line per mistake (there may be many), each of them short.
+        assert exc.field and exc.reason and exc.errors
+        assert all(e.field and e.reason and len(str(e)) < 600 for e in exc.errors)
+        assert len(exc.errors) <= MAX_REPORTED_ERRORS
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

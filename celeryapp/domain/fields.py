@@ -23,12 +23,13 @@ def require_mapping(value: Any, path: str) -> Mapping[str, Any]:
 
 
 def refuse_unknown(raw: Mapping[str, Any], allowed: frozenset[str], path: str) -> None:
+    """Every field of ``raw`` not in ``allowed``, one error each."""
     unknown = sorted((k for k in raw if k not in allowed), key=str)
     if unknown:
         where = f"{path}." if path else ""
-        first = unknown[0]
-        label = first if isinstance(first, str) and NAME_PATTERN.fullmatch(first) else short_repr(first)
-        raise DefinitionError(f"{where}{label}", f"unknown field (allowed: {', '.join(sorted(allowed))})")
+        reason = f"unknown field (allowed: {', '.join(sorted(allowed))})"
+        labels = [key if isinstance(key, str) and NAME_PATTERN.fullmatch(key) else short_repr(key) for key in unknown]
+        raise DefinitionError.every([DefinitionError(f"{where}{label}", reason) for label in labels])
 
 
 def string_field(raw: Mapping[str, Any], key: str, path: str, *, required: bool = False) -> str | None:

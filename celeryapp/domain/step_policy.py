@@ -172,6 +172,11 @@ class StepRules:
     #: What a sql step's ``database_env`` starts with (``CHORDBEAT_SQL_ENV_PREFIX``); ``None``: any
     #: variable but the worker's own.
     sql_env_prefix: str | None
+    #: Whose tasks ``registered`` knows, as the refusal of an unregistered task says it.
+    registry: str = "in the worker"
+    #: The rules for a step on a given queue (``None``: the default step queue) when they depend
+    #: on it: those of the workers that consume it. ``None``: the same rules on every queue.
+    per_queue: Callable[[str | None], StepRules] | None = None
 
     @classmethod
     def of(cls, settings: Settings, registered: Callable[[str], bool]) -> StepRules:
@@ -194,6 +199,10 @@ class StepRules:
             registered, step_tasks=("*",), step_kinds=frozenset(StepKind), executable_allow=("/",), sql_env_prefix=None
         )
 
+    def on_queue(self, queue: str | None) -> StepRules:
+        """The rules for a step on ``queue``."""
+        return self if self.per_queue is None else self.per_queue(queue)
+
     def kind_refusal(self, kind: StepKind) -> str | None:
         if kind not in self.step_kinds:
             return f"{kind} steps are not enabled on the workers (CHORDBEAT_STEP_KINDS)"
@@ -202,7 +211,7 @@ class StepRules:
     def task_refusal(self, task: str) -> str | None:
         refusal = step_task_refusal(task, self.step_tasks)
         if refusal is None and not self.registered(task):
-            return f"task {task!r} is not registered in the worker"
+            return f"task {task!r} is not registered {self.registry}"
         return refusal
 
     def spec_refusal(self, kind: StepKind, task: str) -> str | None:
@@ -211,7 +220,7 @@ class StepRules:
             return self.task_refusal(task)
         refusal = self.kind_refusal(kind)
         if refusal is None and not self.registered(task):
-            return f"task {task!r} is not registered in the worker"
+            return f"task {task!r} is not registered {self.registry}"
         return refusal
 
     def executable_refusal(self, program: str) -> str | None:

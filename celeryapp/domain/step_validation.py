@@ -37,6 +37,7 @@ from celeryapp.domain.fields import (
 )
 from celeryapp.domain.limits import short_repr, type_name
 from celeryapp.domain.names import CONTROL_QUEUES
+from celeryapp.domain.problems import Problems
 from celeryapp.domain.step_policy import StepRules, env_name_refusal
 from celeryapp.errors import DefinitionError
 
@@ -60,38 +61,83 @@ def _step_name(raw: Mapping[str, Any], path: str) -> str:
     return name
 
 
-def _parse_step(raw: Any, path: str, rules: StepRules) -> StepSpec:
-    raw = require_mapping(raw, path)
+def _step_kind(raw: Mapping[str, Any], path: str) -> StepKind:
     raw_kind = raw.get("kind", StepKind.TASK)
     if not isinstance(raw_kind, str) or raw_kind not in KIND_FIELDS:
         choices = ", ".join(k.value for k in StepKind)
         raise DefinitionError(f"{path}.kind", f"must be one of {choices}, got {short_repr(raw_kind)}")
-    kind = StepKind(raw_kind)
-    refuse_unknown(raw, COMMON_STEP_FIELDS | KIND_FIELDS[kind], path)
-    name = _step_name(raw, f"{path}.name")
-    if kind is StepKind.TASK:
-        pattern_field(raw, "task", f"{path}.task", TASK_PATTERN, "a Celery task name (printable, no spaces)")
-    task, args, kwargs = _parse_kind(raw, kind, path, rules)
+    return StepKind(raw_kind)
+
+
+def _queue(raw: Mapping[str, Any], path: str) -> str | None:
     queue = pattern_field(
         raw, "queue", f"{path}.queue", QUEUE_PATTERN, "a queue name (letters, digits, '.', '_', '-', ':')"
     )
     if queue in CONTROL_QUEUES:
         raise DefinitionError(f"{path}.queue", f"{queue!r} is a control queue; steps run on their own queues")
+    return queue
+
+
+def _parse_step(raw: Any, path: str, rules: StepRules) -> StepSpec:
+    """One step, every field checked; what it runs is checked against the rules of its queue."""
+    raw = require_mapping(raw, path)
+    kind = _step_kind(raw, path)  # which fields the step may have depends on it: checked alone
+    problems = Problems()
+    problems.check(refuse_unknown, raw, COMMON_STEP_FIELDS | KIND_FIELDS[kind], path)
+    name = problems.check(_step_name, raw, f"{path}.name")
+    queue = problems.check(_queue, raw, path)
+    runs = None
+    if not problems.failed(f"{path}.queue"):
+        runs = problems.check(_parse_kind, raw, kind, path, rules.on_queue(queue))
+    continue_on_failure = problems.check(bool_field, raw, "continue_on_failure", f"{path}.continue_on_failure", False)
+    timeout_s = problems.check(
+        seconds_field, raw, "timeout", f"{path}.timeout", None, low=limits.MIN_TIMEOUT_S, high=limits.MAX_TIMEOUT_S
+    )
+    max_attempts = problems.check(
+        int_field, raw, "max_attempts", f"{path}.max_attempts", DEFAULT_MAX_ATTEMPTS, low=1, high=MAX_ATTEMPTS_LIMIT
+    )
+    problems.raise_any()
+    assert name is not None and runs is not None and continue_on_failure is not None and max_attempts is not None
+    task, args, kwargs = runs
     return StepSpec(
         name=name,
         task=task,
         kind=kind,
         args=args,
         kwargs=kwargs,
-        continue_on_failure=bool_field(raw, "continue_on_failure", f"{path}.continue_on_failure", False),
-        timeout_s=seconds_field(
-            raw, "timeout", f"{path}.timeout", None, low=limits.MIN_TIMEOUT_S, high=limits.MAX_TIMEOUT_S
-        ),
+        continue_on_failure=continue_on_failure,
+        timeout_s=timeout_s,
         queue=queue,
-        max_attempts=int_field(
-            raw, "max_attempts", f"{path}.max_attempts", DEFAULT_MAX_ATTEMPTS, low=1, high=MAX_ATTEMPTS_LIMIT
-        ),
+        max_attempts=max_attempts,
     )
+
+
+def _task_name(raw: Mapping[str, Any], path: str, rules: StepRules) -> str:
+    task = pattern_field(raw, "task", f"{path}.task", TASK_PATTERN, "a Celery task name (printable, no spaces)")
+    if task is None:
+        raise DefinitionError(f"{path}.task", "is required")
+    if task in KIND_OF_TASK:
+        raise DefinitionError(f"{path}.task", f'use "kind": "{KIND_OF_TASK[task]}" instead of the task {task!r}')
+    refusal = rules.task_refusal(task)
+    if refusal:
+        raise DefinitionError(f"{path}.task", refusal)
+    return task
+
+
+def _task_arguments(raw: Mapping[str, Any], path: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    problems = Problems()
+    args = raw.get("args", [])
+    if not isinstance(args, list):
+        problems.add(DefinitionError(f"{path}.args", f"must be a list, got {type_name(args)}"))
+    else:
+        problems.check(json_field, args, f"{path}.args")
+    task_kwargs = raw.get("kwargs", {})
+    if not isinstance(task_kwargs, Mapping):
+        problems.add(DefinitionError(f"{path}.kwargs", f"must be an object, got {type_name(task_kwargs)}"))
+    else:
+        problems.check(json_field, task_kwargs, f"{path}.kwargs")
+    problems.raise_any()
+    return tuple(args), dict(task_kwargs)
 
 
 def _parse_kind(
@@ -106,22 +152,12 @@ def _parse_kind(
         return KIND_TASKS[kind], (), _parse_executable(raw, path, rules)
     if kind is StepKind.SQL:
         return KIND_TASKS[kind], (), _parse_sql(raw, path, rules)
-    task = string_field(raw, "task", f"{path}.task", required=True)
-    assert task is not None
-    if task in KIND_OF_TASK:
-        raise DefinitionError(f"{path}.task", f'use "kind": "{KIND_OF_TASK[task]}" instead of the task {task!r}')
-    refusal = rules.task_refusal(task)
-    if refusal:
-        raise DefinitionError(f"{path}.task", refusal)
-    args = raw.get("args", [])
-    if not isinstance(args, list):
-        raise DefinitionError(f"{path}.args", f"must be a list, got {type_name(args)}")
-    json_field(args, f"{path}.args")
-    task_kwargs = raw.get("kwargs", {})
-    if not isinstance(task_kwargs, Mapping):
-        raise DefinitionError(f"{path}.kwargs", f"must be an object, got {type_name(task_kwargs)}")
-    json_field(task_kwargs, f"{path}.kwargs")
-    return task, tuple(args), dict(task_kwargs)
+    problems = Problems()
+    task = problems.check(_task_name, raw, path, rules)
+    arguments = problems.check(_task_arguments, raw, path)
+    problems.raise_any()
+    assert task is not None and arguments is not None
+    return task, *arguments
 
 
 def _parse_executable(raw: Mapping[str, Any], path: str, rules: StepRules) -> dict[str, Any]:
@@ -185,26 +221,31 @@ def check_step_counts(raw: Any) -> None:
 
 def parse_groups(raw: Any, rules: StepRules) -> tuple[tuple[tuple[StepSpec, ...], ...], tuple[bool, ...]]:
     """A definition's step groups, and per group whether it was written as a list; each step
-    name is used once across all of them."""
+    name is used once across all of them. Every bad step is reported, each with every error."""
     if not isinstance(raw, list) or not raw:
         raise DefinitionError("steps", "must be a non-empty list of step groups")
+    problems = Problems()
     groups: list[tuple[StepSpec, ...]] = []
     is_list: list[bool] = []
     seen: dict[str, str] = {}
     for index, group in enumerate(raw):
         path = f"steps[{index}]"
-        if isinstance(group, list):
-            if not group:
-                raise DefinitionError(path, "a parallel group must hold at least one step")
-            steps = tuple(_parse_step(s, f"{path}[{i}]", rules) for i, s in enumerate(group))
-            is_list.append(True)
-        else:
-            steps = (_parse_step(group, path, rules),)
-            is_list.append(False)
-        for i, step in enumerate(steps):
-            where = f"{path}[{i}].name" if is_list[-1] else f"{path}.name"
+        if isinstance(group, list) and not group:
+            problems.add(DefinitionError(path, "a parallel group must hold at least one step"))
+            continue
+        members = [(f"{path}[{i}]", s) for i, s in enumerate(group)] if isinstance(group, list) else [(path, group)]
+        steps = []
+        for where, member in members:
+            step = problems.check(_parse_step, member, where, rules)
+            if step is None:
+                continue
             if step.name in seen:
-                raise DefinitionError(where, f"step name {step.name!r} is already used by {seen[step.name]}")
-            seen[step.name] = where.removesuffix(".name")
-        groups.append(steps)
+                problems.add(
+                    DefinitionError(f"{where}.name", f"step name {step.name!r} is already used by {seen[step.name]}")
+                )
+            seen.setdefault(step.name, where)
+            steps.append(step)
+        groups.append(tuple(steps))
+        is_list.append(isinstance(group, list))
+    problems.raise_any()
     return tuple(groups), tuple(is_list)

@@ -33,10 +33,11 @@ from celeryapp.domain.fields import (
     string_field,
 )
 from celeryapp.domain.limits import MAX_JSON_BYTES, short_repr, type_name
+from celeryapp.domain.problems import Problems
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.step_validation import check_step_counts, parse_groups
 from celeryapp.domain.zones import canonical_zone_problem
-from celeryapp.errors import DefinitionError, DefinitionErrors
+from celeryapp.errors import DefinitionError
 from models.states import Overlap
 
 #: Rules for a definition checked with none given.
@@ -135,58 +136,83 @@ def _check_fire_times(definition: ScheduleDefinition, now: datetime) -> None:
         raise DefinitionError(field_name, f"its fire times cannot be computed ({exc})") from None
 
 
+def _overlap(raw: Mapping[str, Any]) -> Overlap:
+    overlap_raw = raw.get("overlap", Overlap.SKIP.value)
+    try:
+        return Overlap(overlap_raw)
+    except ValueError:
+        choices = ", ".join(o.value for o in Overlap)
+        raise DefinitionError("overlap", f"must be one of {choices}, got {short_repr(overlap_raw)}") from None
+
+
+def _payload(raw: Mapping[str, Any]) -> dict[str, Any]:
+    payload = raw.get("payload", {})
+    if payload is None:
+        return {}
+    if not isinstance(payload, Mapping):
+        raise DefinitionError("payload", f"must be an object, got {type_name(payload)}")
+    json_field(payload, "payload")
+    return dict(payload)
+
+
 def parse_definition(raw: Any, *, rules: StepRules | None = None, now: datetime | None = None) -> ScheduleDefinition:
-    """Validate a definition object; raise :class:`DefinitionError` naming the first bad field.
+    """Validate a definition object; raise one :class:`DefinitionError` naming every bad field.
 
     ``rules`` are the workers' (which tasks are registered, the operator's policy); ``None``
     checks only what holds whatever the settings (:meth:`StepRules.without_policy`).
     """
     raw = require_mapping(raw, "definition")
-    refuse_unknown(raw, SCHEDULE_FIELDS, "")
+    # The caps first, and alone: past them, walking the definition is the cost they prevent.
     check_step_counts(raw.get("steps"))
     _check_size(raw)
-    name = _schedule_name(raw)
-    timezone, _zone = _timezone(raw)
-    cron, every_s = _cadence(raw)
-    overlap_raw = raw.get("overlap", Overlap.SKIP.value)
-    try:
-        overlap = Overlap(overlap_raw)
-    except ValueError:
-        choices = ", ".join(o.value for o in Overlap)
-        raise DefinitionError("overlap", f"must be one of {choices}, got {short_repr(overlap_raw)}") from None
-    payload = raw.get("payload", {})
-    if payload is None:
-        payload = {}
-    if not isinstance(payload, Mapping):
-        raise DefinitionError("payload", f"must be an object, got {type_name(payload)}")
-    json_field(payload, "payload")
-    groups, group_is_list = parse_groups(raw.get("steps"), rules or _NO_POLICY)
+    problems = Problems()
+    problems.check(refuse_unknown, raw, SCHEDULE_FIELDS, "")
+    name = problems.check(_schedule_name, raw)
+    zone = problems.check(_timezone, raw)
+    cadence = problems.check(_cadence, raw)
+    overlap = problems.check(_overlap, raw)
+    payload = problems.check(_payload, raw)
+    steps = problems.check(parse_groups, raw.get("steps"), rules or _NO_POLICY)
+    enabled = problems.check(bool_field, raw, "enabled", "enabled", True)
+    max_retries = problems.check(int_field, raw, "max_retries", "max_retries", 0, low=0, high=limits.MAX_RETRIES)
+    retry_delay_s = problems.check(
+        seconds_field,
+        raw,
+        "retry_delay",
+        "retry_delay",
+        DEFAULT_RETRY_DELAY_S,
+        low=limits.MIN_RETRY_DELAY_S,
+        high=limits.MAX_RETRY_DELAY_S,
+    )
+    total_repeats = problems.check(
+        int_field, raw, "total_repeats", "total_repeats", 0, low=0, high=limits.MAX_TOTAL_REPEATS
+    )
+    timeout_s = problems.check(
+        seconds_field, raw, "timeout", "timeout", None, low=limits.MIN_TIMEOUT_S, high=limits.MAX_TIMEOUT_S
+    )
+    problems.raise_any()
+    # Every check passed: none of these is None (timeout_s may be: no timeout).
+    assert name and zone and cadence and overlap and payload is not None and steps and enabled is not None
+    assert max_retries is not None and total_repeats is not None
     definition = ScheduleDefinition(
         name=name,
-        groups=groups,
-        group_is_list=group_is_list,
-        cron=cron,
-        every_s=every_s,
-        timezone=timezone,
-        enabled=bool_field(raw, "enabled", "enabled", True),
+        groups=steps[0],
+        group_is_list=steps[1],
+        cron=cadence[0],
+        every_s=cadence[1],
+        timezone=zone[0],
+        enabled=enabled,
         overlap=overlap,
-        max_retries=int_field(raw, "max_retries", "max_retries", 0, low=0, high=limits.MAX_RETRIES),
-        retry_delay_s=seconds_field(
-            raw,
-            "retry_delay",
-            "retry_delay",
-            DEFAULT_RETRY_DELAY_S,
-            low=limits.MIN_RETRY_DELAY_S,
-            high=limits.MAX_RETRY_DELAY_S,
-        )
-        or DEFAULT_RETRY_DELAY_S,
-        total_repeats=int_field(raw, "total_repeats", "total_repeats", 0, low=0, high=limits.MAX_TOTAL_REPEATS),
-        timeout_s=seconds_field(raw, "timeout", "timeout", None, low=limits.MIN_TIMEOUT_S, high=limits.MAX_TIMEOUT_S),
-        payload=dict(payload),
+        max_retries=max_retries,
+        retry_delay_s=retry_delay_s or DEFAULT_RETRY_DELAY_S,
+        total_repeats=total_repeats,
+        timeout_s=timeout_s,
+        payload=payload,
     )
     size = limits.json_size(definition.to_json())
     if size > limits.MAX_DEFINITION_BYTES:
         raise DefinitionError("definition", f"is {size} bytes of JSON, more than {limits.MAX_DEFINITION_BYTES}")
+    # Needs a valid zone and cadence, so only checked once every field passed.
     _check_fire_times(definition, now or datetime.now(UTC))
     return definition
 
@@ -194,32 +220,23 @@ def parse_definition(raw: Any, *, rules: StepRules | None = None, now: datetime 
 def parse_definitions(items: Sequence[Any], *, rules: StepRules | None = None) -> list[ScheduleDefinition]:
     """Validate a list of definitions (a schedule file); errors say which schedule is wrong.
 
-    Every invalid schedule is reported at once (its first problem each, up to
-    ``MAX_REPORTED_ERRORS``), so fixing a file takes one try, not one per mistake.
+    Every error of every schedule is reported at once (up to ``MAX_REPORTED_ERRORS``), so
+    fixing a file takes one try, not one per mistake.
     """
     parsed: list[ScheduleDefinition] = []
     names: set[str] = set()
-    errors: list[DefinitionError] = []
+    problems = Problems()
     for index, raw in enumerate(items):
         label = raw.get("name") if isinstance(raw, Mapping) else None
         # Only a valid name labels the place: an invalid one may be huge or hold control characters.
         shown_label = isinstance(label, str) and NAME_PATTERN.fullmatch(label)
-        where = f"schedules[{index}]" + (f" ({label})" if shown_label else "")
-        try:
-            definition = parse_definition(raw, rules=rules)
-        except DefinitionError as exc:
-            errors.append(DefinitionError(f"{where}.{exc.field}", exc.reason))
+        problems.prefix = f"schedules[{index}]" + (f" ({label})" if shown_label else "") + "."
+        definition = problems.check(parse_definition, raw, rules=rules)
+        if definition is None:
             continue
         if definition.name in names:
-            errors.append(DefinitionError(f"{where}.name", f"schedule {definition.name!r} appears twice"))
+            problems.add(DefinitionError("name", f"schedule {definition.name!r} appears twice"))
         names.add(definition.name)
         parsed.append(definition)
-    if len(errors) == 1:
-        raise errors[0]
-    if errors:
-        raise DefinitionErrors(errors[:MAX_REPORTED_ERRORS], more=max(0, len(errors) - MAX_REPORTED_ERRORS))
+    problems.raise_any()
     return parsed
-
-
-#: Errors of one schedule file shown at once; past that, how many more there are.
-MAX_REPORTED_ERRORS = 20

@@ -1,5 +1,5 @@
-"""Worker wiring: startup recovery of this node's orphaned steps, the liveness file, the first reading
-of the reference clock."""
+"""Worker wiring: startup recovery of this node's orphaned steps, the liveness file and the registry of
+what it can run, the first reading of the reference clock."""
 
 from __future__ import annotations
 
@@ -7,11 +7,14 @@ import gc
 import logging
 from typing import Any
 
+import redis
 from celery import bootsteps
 from celery.concurrency import get_implementation
 from celery.concurrency.prefork import TaskPool
 from celery.signals import task_received, worker_init, worker_ready, worker_shutdown
 
+from celeryapp.messaging.redis_client import get_redis
+from celeryapp.monitoring import worker_registry
 from celeryapp.monitoring.health import remove, touch
 from celeryapp.recovery.node_start import recover_node_in_background
 from celeryapp.worker.dispatch import RUN_STEP, take_message
@@ -33,14 +36,29 @@ class HealthStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self._timer: Any = None
 
     def start(self, parent: Any) -> None:
-        settings = parent.app.settings
-        touch(settings, "worker")
-        self._timer = parent.timer.call_repeatedly(HEALTH_INTERVAL_S, touch, (settings, "worker"), priority=10)
+        alive(parent)
+        self._timer = parent.timer.call_repeatedly(HEALTH_INTERVAL_S, alive, (parent,), priority=10)
 
     def stop(self, parent: Any) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def alive(consumer: Any) -> None:
+    """Touch the liveness file and refresh what this worker can run in the registry, so that
+    definitions are checked against it (see worker_registry)."""
+    settings = consumer.app.settings
+    touch(settings, "worker")
+    try:
+        queues = [queue.name for queue in consumer.task_consumer.queues]
+        client = get_redis(settings.broker_url)
+        worker_registry.publish(
+            client, consumer.hostname, queues, consumer.app.tasks, settings, ttl_s=worker_registry.REGISTRY_TTL_S
+        )
+    except redis.RedisError as exc:
+        # The broker is the same Redis: the worker is reconnecting; the next refresh publishes.
+        logger.warning("this worker's tasks were not published (%s); retried in %g s", exc, HEALTH_INTERVAL_S)
 
 
 @worker_ready.connect
@@ -74,6 +92,10 @@ def forget_liveness(sender: Any = None, **_: Any) -> None:
     """A clean stop is not a live worker: ``chordbeat health worker`` says so at once, not 60 s later."""
     if sender is not None:
         remove(sender.app.settings, "worker")
+        try:
+            worker_registry.forget(get_redis(sender.app.settings.broker_url), sender.hostname)
+        except redis.RedisError as exc:
+            logger.warning("this worker's registry entry was left to expire (%s)", exc)
 
 
 @worker_init.connect

@@ -26,9 +26,10 @@ from celeryapp.domain.limits import MAX_FILE_BYTES, short_repr
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.validation import parse_definitions
 from celeryapp.errors import ChordbeatError, DefinitionError
-from celeryapp.monitoring import metric_counts
+from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.scheduling.store import Change, upsert_schedule
+from celeryapp.scheduling.yaml_errors import at, yaml_problem
 from models import Schedule, ScheduleSource, utcnow
 from models.definitions import definition_of
 from models.session import retried_transaction
@@ -52,6 +53,9 @@ class FileDiff:
     taken_over: dict[str, str] = field(default_factory=dict)
     #: Changed schedules: name -> the definition fields that differ.
     fields: dict[str, list[str]] = field(default_factory=dict)
+    #: Why the steps were checked against this process's tasks instead of the workers' (none had
+    #: published theirs); ``None`` when the workers' were used.
+    checked_here: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -186,10 +190,9 @@ def read_file(path: str | Path, *, rules: StepRules | None) -> ScheduleFile:
     try:
         document: Any = yaml.load(text, Loader=StrictLoader)
     except _Refused as exc:
-        place = f"line {exc.mark.line + 1}, column {exc.mark.column + 1}: " if exc.mark else ""
-        raise DefinitionError(where, f"{place}{exc.reason}") from None
+        raise DefinitionError(where, at(text, exc.mark.line, exc.mark.column, exc.reason)) from None
     except (yaml.YAMLError, ValueError) as exc:
-        raise DefinitionError(where, f"is not valid YAML ({exc})") from None
+        raise DefinitionError(where, yaml_problem(exc, text)) from None
     if document is None:
         document = {"schedules": []}
     if not isinstance(document, dict) or set(document) - {"schedules", "source"}:
@@ -267,7 +270,8 @@ def apply_file(
 
     Only schedules of the file's own source are pruned (see :func:`apply_definitions`).
     """
-    schedule_file = read_file(path, rules=StepRules.of(app.settings, registered=app.tasks.__contains__))
+    checked = worker_registry.checked_rules(app.settings, app.tasks.__contains__)
+    schedule_file = read_file(path, rules=checked.rules)
 
     def apply(session: Session) -> FileDiff:
         return apply_definitions(
@@ -280,6 +284,7 @@ def apply_file(
     except IntegrityError:
         # Another beat applied the same file at the same moment; the second pass sees its rows.
         diff = retried_transaction(app.settings.database_url, what, apply)
+    diff.checked_here = checked.fallback
     if not dry_run:
         try:
             sync_schedules(app, diff.added + diff.changed + diff.removed)

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import click
 
-from celeryapp.errors import ChordbeatError
+from celeryapp.errors import ChordbeatError, DefinitionError
 from celeryapp.interfaces.cli.calls import built_app, console, echo_json, json_option
 from celeryapp.interfaces.terminal import printable, text_of
 
@@ -49,7 +50,10 @@ def apply_cmd(path: str, dry_run: bool, yes: bool, as_json: bool) -> None:
                 remove = _confirm_removal(diff.source, diff.removed)
             diff = apply_file(app, path, remove=remove)
     except ChordbeatError as exc:
-        raise click.ClickException(printable(exc)) from None
+        raise Refused(exc, console.width) from None
+    if diff.checked_here:
+        # Said, not failed: the steps passed this process's check, which may differ from the workers'.
+        click.echo("\n".join(_wrapped(f"note: {diff.checked_here}", console.width, "", "  ")), err=True)
     if as_json:
         echo_json({"dry_run": dry_run, **diff.as_json()})
         return
@@ -77,3 +81,29 @@ def _confirm_removal(source: str, names: list[str]) -> list[str]:
     raise click.ClickException(
         printable(f"nothing applied: removing {', '.join(names)} needs confirmation (or --prune)")
     )
+
+
+class Refused(click.ClickException):
+    """Every mistake at once, one per line, wrapped at words within ``width`` columns: a long
+    reason that the terminal broke mid-word would be hard to read at 80 columns."""
+
+    def __init__(self, exc: ChordbeatError, width: int) -> None:
+        if isinstance(exc, DefinitionError) and len(exc.errors) > 1:
+            lines = [f"{len(exc.errors) + exc.more} mistakes; nothing applied:"]
+            for line in [*map(str, exc.errors), *([f"... and {exc.more} more"] if exc.more else [])]:
+                lines += _wrapped(line, width, "  ", "    ")
+        else:
+            # The first line follows click's "Error: ".
+            lines = _wrapped(str(exc), width, " " * len("Error: "), "  ")
+            lines[0] = lines[0].lstrip()
+        super().__init__("\n".join(lines))
+
+
+def _wrapped(text: str, width: int, first: str, rest: str) -> list[str]:
+    """``text``'s first line wrapped at words; its further lines (an excerpt of a file with a
+    caret under a column) kept as they are."""
+    head, *excerpt = printable(text).split("\n")
+    lines = textwrap.wrap(
+        head, width - 1, initial_indent=first, subsequent_indent=rest, break_long_words=False, break_on_hyphens=False
+    )
+    return lines + [rest + line for line in excerpt]

@@ -37,7 +37,7 @@ from celeryapp.interfaces.arguments import status_arg as _status
 from celeryapp.interfaces.audit import MAX_AUDIT_LIMIT, audit_rows
 from celeryapp.interfaces.summaries import execution_summaries, schedules_page
 from celeryapp.interfaces.views import execution_json, schedule_json
-from celeryapp.monitoring import metric_counts
+from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.recovery.paused_slots import record_paused_slots
 from celeryapp.scheduling.store import change_status, find_schedule, upsert_schedule
 from celeryapp.worker.dispatch import apply_effects
@@ -60,9 +60,10 @@ if TYPE_CHECKING:
 
 
 def step_rules(app: ChordbeatCelery) -> StepRules:
-    """What steps may do, as this process (the worker, for service calls) sees it: tasks that are
-    registered here and allowed as steps, enabled kinds, allowed programs and SQL variables."""
-    return StepRules.of(app.settings, registered=app.tasks.__contains__)
+    """What steps may do: tasks registered and allowed as steps, enabled kinds, allowed programs
+    and SQL variables, as the live workers consuming each step's queue published them
+    (monitoring/worker_registry.py); as this process sees it when no worker published."""
+    return worker_registry.step_rules(app.settings, app.tasks.__contains__)
 
 
 def apply_schedule(

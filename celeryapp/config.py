@@ -360,9 +360,6 @@ class Settings:
     result_expires_s: float = DEFAULT_RESULT_EXPIRES_S
     #: Who the CLI acts as; unset: the CLI's ``user@host``.
     actor: str | None = None
-    #: The viewer's time zone (the system's ``TZ``, not a setting of ours): the CLI shows times
-    #: there beside the schedule's zone; unset: this host's local zone.
-    viewer_zone: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -405,5 +402,4 @@ class Settings:
             web_trusted_proxies=_web_proxies(env),
             result_expires_s=_env_float(env, "CHORDBEAT_RESULT_EXPIRES", DEFAULT_RESULT_EXPIRES_S, minimum=60),
             actor=_actor(env),
-            viewer_zone=env.get("TZ") or None,
         )

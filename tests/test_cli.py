@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import text
 
+import tests.cli_tasks  # noqa: F401  (registers the CLI tests' step tasks in the in-process worker)
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import listing
@@ -45,13 +46,21 @@ def cli(*args: str) -> Result:
 
 
 def in_terminal(
-    settings: Settings, *args: str, columns: int = 80, timeout: float = 60, interrupt_on: str | None = None
+    settings: Settings,
+    *args: str,
+    columns: int = 80,
+    timeout: float = 60,
+    interrupt_on: str | None = None,
+    env: dict[str, str] | None = None,
+    replies: dict[str, str] | None = None,
 ) -> tuple[int, str]:
     """Run the real ``chordbeat`` in a pseudo-terminal ``columns`` wide: exit status and output.
 
-    With ``interrupt_on``, the program gets a SIGINT (Ctrl-C) once its output shows that text.
+    With ``interrupt_on``, the program gets a SIGINT (Ctrl-C) once its output shows that text;
+    ``replies`` are typed once their question (the key) shows; ``env`` adds variables.
     """
-    env = processes.settings_env(settings, TERM="xterm-256color")
+    replies = dict(replies or {})
+    env = processes.settings_env(settings, TERM="xterm-256color", **(env or {}))
     for name in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         env.pop(name, None)
     leader, follower = pty.openpty()
@@ -80,6 +89,8 @@ def in_terminal(
             if interrupt_on is not None and interrupt_on.encode() in output:
                 proc.send_signal(signal.SIGINT)
                 interrupt_on = None
+            for question in [q for q in replies if q.encode() in output]:
+                os.write(leader, replies.pop(question).encode())
         return proc.wait(10), output.decode("utf-8", "replace")
     finally:
         os.close(leader)
@@ -117,7 +128,7 @@ def test_read_commands_offer_json(app: ChordbeatCelery, worker: Any, client: Any
     assert [s["name"] for s in listed] == ["ny"]
     upcoming = json.loads(cli("next", "ny", "-n", "3", "--json").output)
     assert len(upcoming) == 3 and all(t.endswith("T02:00:00+09:00") for t in upcoming), upcoming
-    assert "02:00:00 +09:00 JST, in " in cli("next", "ny", "-n", "2").output
+    assert re.search(r"02:00:00 \+09:00 JST, 2026-\d\d-\d\d 17:00 UTC here, in ", cli("next", "ny", "-n", "2").output)
     cli("run", "ny", "--wait")
     shown = json.loads(cli("show", "ny", "--json").output)
     assert shown["schedule"]["run_count"] == 1 and len(shown["executions"]) == 1
@@ -125,7 +136,7 @@ def test_read_commands_offer_json(app: ChordbeatCelery, worker: Any, client: Any
     assert "recent executions" in cli("show", "ny").output
     executions = json.loads(cli("executions", "--schedule", "ny", "--json").output)
     assert executions[0]["status"] == "completed"
-    assert json.loads(cli("pause", "ny", "--json").output)["status"] == "paused"
+    assert json.loads(cli("pause", "ny", "--yes", "--json").output)["status"] == "paused"
     assert "ny: active" in cli("resume", "ny").output
 
 
@@ -136,7 +147,7 @@ def test_cancel_from_the_cli(app: ChordbeatCelery, worker: Any, client: Any) -> 
         definition={"name": "slow", "every": 60, "steps": [step("s", kwargs={"seconds": 30})]},
     )
     execution_id = call(client, "chordbeat.trigger_schedule", name="slow")["execution_id"]
-    assert f"execution {execution_id}: cancelled" in cli("cancel", str(execution_id)).output
+    assert f"execution {execution_id}: cancelled" in cli("cancel", str(execution_id), "--yes").output
 
 
 def test_health_reports_stale_and_fresh_liveness_files(tmp_path: Any, monkeypatch: Any) -> None:
@@ -279,10 +290,12 @@ def test_health_says_unhealthy_once_a_worker_stopped_cleanly(
     assert status == 1 and "worker: unhealthy (no liveness file" in output, output
 
 
-#: A time as the CLI shows it: wall time to the second, then (in tables on the next line) the
-#: offset, the zone and how far from now.
+#: The one time format: a date and wall time to the second, then (beside it, or in a table's cell
+#: on the next line) the zone's offset; the viewer's wall time beside it says "here"; how far from now.
 WALL_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
-OFFSET_ZONE_RELATIVE = re.compile(r"[+-]\d\d:\d\d [A-Z]{2,5}, (in \d|\d.* ago|now)")
+OFFSET = re.compile(r"[+-]\d\d:\d\d\b")
+HERE = re.compile(r"\b(\d{4}-\d\d-\d\d )?\d\d:\d\d [A-Z][A-Za-z]*|[+-]\d\d:\d\d here\b")
+RELATIVE = re.compile(r"\bin \d|\d+ (s|min|h|d) ago\b|\bnow\b")
 CURSOR = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -290,9 +303,44 @@ def plain_lines(output: str) -> list[str]:
     return [line for line in CURSOR.sub("", output).replace("\r", "").split("\n")]
 
 
-def test_every_view_fits_80_columns_with_one_time_format_and_no_microseconds(
-    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
-) -> None:
+def time_format_problems(lines: list[str]) -> list[str]:
+    """Where a view's times are not in the one format: ISO's T and Z, a clock time without its
+    date, or a date and time without its offset (beside it, or below it in a table's cell)."""
+    problems = []
+    text = "\n".join(lines)
+    problems += [f"ISO: {m.group()!r}" for m in re.finditer(r"T\d\d:|\d\dZ\b", text)]
+    problems += [f"microseconds: {m.group()!r}" for m in re.finditer(r"\d\d:\d\d:\d\d\.\d", text)]
+    for number, line in enumerate(lines):
+        for m in re.finditer(r"\d\d:\d\d:\d\d", line):
+            if not WALL_TIME.fullmatch(line[max(0, m.start() - 11) : m.end()]):
+                problems.append(f"a time without its date: {line!r}")
+        for m in WALL_TIME.finditer(line):
+            below = lines[number + 1][m.start() :] if number + 1 < len(lines) else ""
+            if not (OFFSET.match(line[m.end() :].lstrip()) or OFFSET.match(below)):
+                problems.append(f"a time without its offset: {line!r}")
+        for m in re.finditer(r"(?<![+\-:\d])\d\d:\d\d(?![:\d])", line):
+            if not re.match(r" \S+ here\b", line[m.end() :]):
+                problems.append(f"a viewer's time without 'here': {line!r}")
+    return problems
+
+
+def test_time_format_problems_are_found() -> None:
+    assert not time_format_problems(["2026-11-22 02:00:00 +00:00 GMT, 07:30 IST here, 10 h ago"])
+    assert not time_format_problems(["  1  2026-11-22 02:00:00   x", "     +00:00 GMT, in 5 s"])
+    assert time_format_problems(["2026-11-22T02:00:00.000Z"])
+    assert time_format_problems(["finished 2026-11-22 02:00:00, 3 min ago"])
+    assert time_format_problems(["to 02:00:05"])
+    assert time_format_problems(["07:30 IST"])
+
+
+def wide_lines(lines: list[str], columns: int = 80) -> list[str]:
+    return [line for line in lines if len(line) > columns]
+
+
+@pytest.fixture
+def views(app: ChordbeatCelery, worker: Any, client: Any, settings: Settings) -> dict[str, Any]:
+    """A London schedule with a failed run (a warned step before it), an interval schedule with a
+    run that completed with a warning: ids of both runs."""
     slow_steps = [
         step("HR System - Full Import"),
         [step("AD - Export"), step("LDAP - Export", "chordbeat.examples.fail", kwargs={"message": "LDAP said no"})],
@@ -304,33 +352,55 @@ def test_every_view_fits_80_columns_with_one_time_format_and_no_microseconds(
     call(client, "chordbeat.apply_schedule", definition={"name": "every-minute", "every": 60, "steps": warned})
     failed = finished(client, call(client, "chordbeat.trigger_schedule", name="nightly-hr-sync")["execution_id"])
     ok = finished(client, call(client, "chordbeat.trigger_schedule", name="every-minute")["execution_id"])
-    views = {}
+    return {"failed": failed["id"], "warned": ok["id"]}
+
+
+def test_every_view_fits_80_columns_with_one_time_format_and_no_microseconds(
+    views: dict[str, Any], settings: Settings
+) -> None:
+    shown = {}
     for command in (
         ("list",),
         ("show", "nightly-hr-sync"),
         ("executions",),
-        ("execution", str(failed["id"])),
-        ("execution", str(ok["id"])),
+        ("executions", "--schedule", "nightly-hr-sync"),
+        ("execution", str(views["failed"])),
+        ("execution", str(views["warned"])),
         ("next", "nightly-hr-sync", "-n", "3"),
     ):
-        status, output = in_terminal(settings, *command)
+        status, output = in_terminal(settings, *command, env={"TZ": "Asia/Kolkata"})
         assert status == 0, output
         lines = plain_lines(RICH_STYLE.sub("", output))
-        assert all(len(line) <= 80 for line in lines), "\n".join(lines)
+        assert not wide_lines(lines), "\n".join(lines)
         text = "\n".join(lines)
-        assert WALL_TIME.search(text) and OFFSET_ZONE_RELATIVE.search(text), text
-        assert not re.search(r"\d\d:\d\d:\d\d\.\d", text), f"microseconds in {command}: {text}"
-        assert "T02:00" not in text and "WARNING" not in text, text
-        views[command[0] + (command[1] if command[0] == "execution" else "")] = text
-    assert re.search(r"02:00:00 \+0[01]:00 (GMT|BST), in ", views["next"]), views["next"]
-    failed_view = views[f"execution{failed['id']}"]
-    assert re.search(r"^\s*1\s+HR System - Full Import\s+complete", failed_view, re.M), failed_view
-    assert re.search(r"^\s*2\s+LDAP - Export\s+failed_with_error", failed_view, re.M), failed_view
+        assert WALL_TIME.search(text) and RELATIVE.search(text), text
+        assert not time_format_problems(lines), (time_format_problems(lines), text)
+        assert "WARNING" not in text, text
+        shown[" ".join(command[:2])] = text
+    # The viewer (TZ) sees their own time beside London's; a list of several schedules is all in theirs.
+    assert re.search(r"02:00:00 \+0[01]:00 (GMT|BST), 0[67]:30 IST here, in ", shown["next nightly-hr-sync"])
+    assert "IST here" in shown["show nightly-hr-sync"] and "IST here" in shown[f"execution {views['failed']}"]
+    assert "(IST)" in shown["executions"] and "+05:30 IST" in shown["executions"]
+    assert "+00:00 GMT" not in shown["executions"], "a list of several schedules mixed zones"
+    assert "next run (IST)" in shown["list"]
+    failed_view = shown[f"execution {views['failed']}"]
+    assert re.search(r"^\s*1\s+HR System - Full Import\s+completed", failed_view, re.M), failed_view
+    assert re.search(r"^\s*2\s+LDAP - Export\s+failed ", failed_view, re.M), failed_view
     assert "LDAP - Export (try 1): StepFailed: LDAP said no" in failed_view
-    assert "took" in failed_view and "finished" in failed_view
-    assert "warning: 3 records skipped" in views[f"execution{ok['id']}"]
-    assert "to " in views["executions"] and "LDAP said no" in views["executions"]
+    assert "took 0." in failed_view and "finished 20" in failed_view
+    assert "warning: 3 records skipped" in shown[f"execution {views['warned']}"]
+    assert "LDAP said no" in shown["executions"]
+    for text in shown.values():  # people's words, not stored names
+        assert not re.search(r"failed_with_error|complete_with|waiting_for|in_progress|skipped_", text), text
     assert "\x1b[" in in_terminal(settings, "executions")[1], "states are coloured in a terminal"
+
+
+def test_a_run_with_a_warned_step_reads_completed_with_warnings(views: dict[str, Any], settings: Settings) -> None:
+    for command in (("executions",), ("execution", str(views["warned"])), ("show", "every-minute")):
+        text = "\n".join(plain_lines(RICH_STYLE.sub("", in_terminal(settings, *command)[1])))
+        assert re.search(r"completed\s+with\s+warnings", text), text
+    one = "\n".join(plain_lines(RICH_STYLE.sub("", in_terminal(settings, "execution", str(views["warned"]))[1])))
+    assert f"execution {views['warned']} of every-minute: completed with warnings" in one, one
 
 
 def test_ctrl_c_on_run_wait_says_the_run_goes_on_and_how_to_cancel_it(
@@ -398,3 +468,157 @@ def _copy_sql(session: Any, table: str, key: str, replaced: dict[str, str]) -> s
     columns = [c for c in session.execute(text(f"SELECT * FROM {table} LIMIT 0")).keys() if c != "id"]  # noqa: SIM118
     picked = ", ".join(replaced.get(c, c) for c in columns)
     return f"INSERT INTO {table} ({', '.join(columns)}) SELECT {picked} FROM {table} WHERE {key} = :id"
+
+
+def test_cancel_asks_first_and_no_changes_nothing(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    definition = {"name": "payroll-export", "every": 3600, "steps": [step("s", kwargs={"seconds": 30})]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    execution_id = call(client, "chordbeat.trigger_schedule", name="payroll-export")["execution_id"]
+    question = f"cancel execution {execution_id} of payroll-export (running "
+    status, output = in_terminal(settings, "cancel", str(execution_id), replies={"[y/N]": "n\n"})
+    assert status == 1 and question in output and "nothing changed" in output, output
+    assert call(client, "chordbeat.get_execution", execution_id=execution_id)["status"] == "in_progress"
+    # No terminal to ask in and no --yes: refused at once, not left waiting.
+    refused = CliRunner().invoke(main, ["cancel", str(execution_id)])
+    assert refused.exit_code == 1 and "needs confirmation; add --yes" in refused.output, refused.output
+    assert call(client, "chordbeat.get_execution", execution_id=execution_id)["status"] == "in_progress"
+    status, output = in_terminal(
+        settings, "cancel", str(execution_id), "--as", "alice", "--reason", "wrong payload", replies={"[y/N]": "y\n"}
+    )
+    assert status == 0 and f"execution {execution_id}: cancelled" in RICH_STYLE.sub("", output), output
+    cancelled = call(client, "chordbeat.get_execution", execution_id=execution_id)
+    assert cancelled["status"] == "cancelled" and cancelled["error"] == "cancelled by alice (cli): wrong payload"
+
+
+def test_pause_asks_and_shows_who_paused_it_since_when_and_why(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    call(client, "chordbeat.apply_schedule", definition={"name": "nightly", "every": 3600, "steps": [step("s")]})
+    status, output = in_terminal(settings, "pause", "nightly", replies={"[y/N]": "\n"})  # Enter: the default, no
+    assert status == 1 and "pause nightly (active, next run in " in output, output
+    assert call(client, "chordbeat.get_schedule", name="nightly")["status"] == "active"
+    env = {"CHORDBEAT_ACTOR": "bob", "TZ": "Asia/Kolkata"}
+    status, output = in_terminal(
+        settings, "pause", "nightly", "--reason", "bank holiday", env=env, replies={"[y/N]": "y\n"}
+    )
+    assert status == 0 and "nightly: paused" in output, output
+    shown = "\n".join(plain_lines(RICH_STYLE.sub("", in_terminal(settings, "show", "nightly", env=env)[1])))
+    assert re.search(r"paused by bob since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \+00:00 UTC, \d\d:\d\d IST here, ", shown), (
+        shown
+    )
+    assert "ago: bank holiday" in shown, shown
+
+
+def test_delete_asks_first(app: ChordbeatCelery, worker: Any, client: Any, settings: Settings) -> None:
+    call(client, "chordbeat.apply_schedule", definition={"name": "old", "every": 3600, "steps": [step("s")]})
+    status, output = in_terminal(settings, "delete", "old", replies={"[y/N]": "n\n"})
+    assert status == 1 and "delete schedule old (active, 1 steps;" in output, output
+    assert call(client, "chordbeat.get_schedule", name="old")["status"] == "active"
+    assert "old: deleted" in cli("delete", "old", "--yes", "--reason", "replaced by new").output
+    assert "does not exist" in cli("show", "old").output
+
+
+def test_audit_lists_who_did_what_from_every_source_in_80_columns(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    definition = {
+        "name": "s",
+        "every": 3600,
+        "overlap": "cancel_previous",
+        "steps": [step("x", kwargs={"seconds": 30})],
+    }
+    call(client, "chordbeat.apply_schedule", definition=definition)  # another service: source "service"
+    assert cli("pause", "s", "--yes", "--as", "carol", "--reason", "maintenance window until noon").exit_code == 0
+    assert cli("resume", "s", "--as", "carol").exit_code == 0
+    first = call(client, "chordbeat.trigger_schedule", name="s")["execution_id"]
+    second = call(client, "chordbeat.trigger_schedule", name="s")["execution_id"]  # beat cancels the first
+    assert finished(client, first)["status"] == "cancelled"
+    call(client, "chordbeat.cancel_execution", execution_id=second)
+    status, output = in_terminal(settings, "audit", "--schedule", "s", env={"TZ": "Asia/Kolkata"})
+    assert status == 0, output
+    lines = plain_lines(RICH_STYLE.sub("", output))
+    assert not wide_lines(lines), "\n".join(lines)
+    assert not time_format_problems(lines), (time_format_problems(lines), "\n".join(lines))
+    text = "\n".join(lines)
+    for word in ("carol", "cli", "service", "beat", "pause", "resume", f"#{first}", f"#{second}", "cancel"):
+        assert word in text, (word, text)
+    assert not words_broken(text, "maintenance window until noon"), text
+    assert "(Europe/London)" not in text and "IST here" in text  # the schedule's zone (UTC), the viewer's beside
+    rows = json.loads(cli("audit", "--schedule", "s", "--json").output)
+    assert {r["source"] for r in rows} >= {"cli", "service", "beat"}, rows
+    assert rows[0]["action"] == "cancel"  # newest first
+
+
+def test_execution_shows_output_and_the_last_lines_of_traceback_and_log(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    failing = step("import people", "tests.cli.noisy_fail", kwargs={"lines": 30, "depth": 25, "message": "no file"})
+    definition = {"name": "hr", "every": 3600, "steps": [step("fetch"), failing]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    execution_id = call(client, "chordbeat.trigger_schedule", name="hr")["execution_id"]
+    assert finished(client, execution_id)["status"] == "failed"
+    status, output = in_terminal(settings, "execution", str(execution_id))
+    assert status == 0, output
+    lines = plain_lines(RICH_STYLE.sub("", output))
+    text = "\n".join(lines)
+    assert not wide_lines(lines), text
+    assert "group 1 fetch (try 1): output: {'slept': 0.05}" in text, text
+    assert re.search(r"traceback, last 20 of \d+ lines \(--full\)", text), text
+    assert "StepFailed: no file" in text and "raise StepFailed(message)" in text, text
+    assert "log, last 20 of 30 lines (--full)" in text and "log line 30 of 30" in text, text
+    assert "log line 10 of 30" not in text and "log line 11 of 30" in text, text
+    assert "Traceback (most recent call last)" not in text  # its first line is more than 20 lines up
+    full = "\n".join(
+        plain_lines(RICH_STYLE.sub("", in_terminal(settings, "execution", str(execution_id), "--full")[1]))
+    )
+    assert "Traceback (most recent call last)" in full and "log line 1 of 30" in full, full
+
+
+#: A failure message longer than a line, its words shorter than 40 characters.
+WORDY = (
+    "the directory server at ldap-primary.example.internal refused the bind for "
+    "uid=svc-hr-sync,ou=services,dc=example,dc=internal because its password expired; "
+    "ask the identity team to rotate it and retry"
+)
+
+
+def words_broken(text: str, message: str) -> list[str]:
+    """The words of ``message`` (shorter than 40 characters) that do not appear whole in ``text``."""
+    return [word for word in message.split() if len(word) < 40 and word not in text]
+
+
+def test_run_wait_keeps_its_columns_and_rows_still_and_wraps_errors_at_words(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    steps = [
+        step("fetch", kwargs={"seconds": 1.5}),
+        [step("export to bank", kwargs={"seconds": 1}), step("b", kwargs={"seconds": 2})],
+        step("load", "chordbeat.examples.fail", kwargs={"message": WORDY}),
+    ]
+    call(client, "chordbeat.apply_schedule", definition={"name": "wordy", "every": 3600, "steps": steps})
+    status, output = in_terminal(settings, "run", "wordy", "--wait")
+    assert status == 1, output
+    # Rich's live display redraws a frame after erasing the last one line by line.
+    raw_frames = re.split(r"(?:\x1b\[2K\x1b\[1A)+\x1b\[2K", output)
+    frames = [plain_lines(RICH_STYLE.sub("", frame)) for frame in raw_frames if "try" in frame]
+    frames = [[line for line in lines if line.strip()] for lines in frames]
+    assert len(frames) > 3, output
+    headers = {
+        next(line for line in lines if re.search(r"group\s+step\s+state\s+try\s+took", line)) for lines in frames
+    }
+    assert len(headers) == 1, headers  # the same header, at the same offsets, in every frame
+    for name in ("fetch", "export to bank", "b", "load"):
+        rows = [[line for line in lines if re.match(rf"\s+\d\s+{name}\s\s", line)] for lines in frames]
+        assert all(len(found) == 1 for found in rows), (name, rows)  # every step a row in every frame
+        offsets = {re.search(r"\s\s(running|queued|waiting|completed|failed)\b", found[0]).start() for found in rows}
+        assert len(offsets) == 1, (name, offsets)
+    text = "\n".join(frames[-1])
+    assert "waiting_for" not in output and "waiting" in output
+    assert not wide_lines(frames[-1]), text
+    assert not words_broken(text, WORDY), (words_broken(text, WORDY), text)
+    for command in (("executions",), ("execution", "1")):
+        shown = "\n".join(plain_lines(RICH_STYLE.sub("", in_terminal(settings, *command)[1])))
+        assert not words_broken(shown, WORDY), (command, words_broken(shown, WORDY), shown)
+        assert re.search(r"^    \S", shown, re.M), f"no hanging indent: {shown}"

@@ -71,7 +71,7 @@ def relative(moment: datetime | None, now: datetime) -> str:
     return f"in {text}" if delta > 0 else f"{text} ago"
 
 
-def clock(moment: datetime | None, zone: ZoneInfo | str) -> str:
+def clock(moment: datetime | None, zone: tzinfo | str) -> str:
     """``2026-11-22 02:00:00 +00:00 GMT``: the zone's wall time, its offset and abbreviation (left
     out where the zone has only a number, as America/Sao_Paulo's ``-03``)."""
     if moment is None:
@@ -92,7 +92,7 @@ def _abbreviation(local: datetime) -> str:
     return name if name[:1].isalpha() else _offset(local)
 
 
-def here(moment: datetime | None, zone: ZoneInfo | str, viewer: tzinfo | str | None) -> str:
+def here(moment: datetime | None, zone: tzinfo | str, viewer: tzinfo | str | None) -> str:
     """The viewer's wall time (``07:30 IST here``, with the date when it is another day there), or
     ``""`` when the viewer's offset is the zone's at that instant (the same wall time)."""
     if moment is None or viewer is None:
@@ -105,7 +105,7 @@ def here(moment: datetime | None, zone: ZoneInfo | str, viewer: tzinfo | str | N
     return f"{day}{theirs:%H:%M} {_abbreviation(theirs)} here"
 
 
-def stamp(moment: str | datetime | None, zone: ZoneInfo | str, viewer: tzinfo | str | None, now: datetime) -> str:
+def stamp(moment: str | datetime | None, zone: tzinfo | str, viewer: tzinfo | str | None, now: datetime) -> str:
     """An instant as people see it everywhere: ``2026-11-22 02:00:00 +00:00 GMT, 07:30 IST here, 3 min
     ago``: the schedule's zone with its offset, the viewer's zone beside it when its offset differs
     (none given: left out), how far from now; ``-`` if there is none. Never ISO's ``T…Z``.
@@ -119,7 +119,7 @@ def stamp(moment: str | datetime | None, zone: ZoneInfo | str, viewer: tzinfo | 
     return ", ".join(part for part in parts if part)
 
 
-def when(value: str | datetime | None, zone: ZoneInfo | str, now: datetime) -> str:
+def when(value: str | datetime | None, zone: tzinfo | str, now: datetime) -> str:
     """:func:`stamp` without a viewer's zone: the schedule's zone and how far from now."""
     return stamp(value, zone, None, now)
 

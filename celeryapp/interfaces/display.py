@@ -80,7 +80,13 @@ def run_state(execution_or_summary: dict[str, Any]) -> str:
 
 
 def step_states(execution: dict[str, Any]) -> dict[tuple[int, str], tuple[str, int]]:
-    """Each step's current state and attempt, in run order: its open task or its latest activity."""
+    """Each step's current state and attempt, in run order: its open task or its latest activity.
+
+    Within a group, steps keep the plan's order (their tasks are created in it) rather than the
+    order they happened to start in, so a live view's rows do not swap places."""
+    order: dict[tuple[int, str], int] = {}
+    for row in (*execution["tasks"], *execution["activities"]):
+        order.setdefault((row["step_index"], row["step"]), len(order))
     states: dict[tuple[int, str], tuple[str, int]] = {}
     for a in execution["activities"]:  # ordered by attempt within a step
         states[(a["step_index"], a["step"])] = (a["status"], a["attempt"])
@@ -90,4 +96,4 @@ def step_states(execution: dict[str, Any]) -> dict[tuple[int, str], tuple[str, i
         # A processing task's running attempt already shows as its in-progress activity.
         if not (running[0] == "in_progress" and running[1] == t["attempt"]):
             states[key] = (t["status"], t["attempt"])
-    return dict(sorted(states.items(), key=lambda item: item[0][0]))
+    return dict(sorted(states.items(), key=lambda item: (item[0][0], order[item[0]])))

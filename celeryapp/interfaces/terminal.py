@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+from datetime import datetime, tzinfo
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from rich import box
-from rich.console import Group
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from celeryapp.domain.times import clock, parse_time, relative, took, when
-from celeryapp.interfaces.display import FAILED_STEP, WARNED_STEP, state_style, step_states
+from celeryapp.domain.times import clock, here, parse_time, relative
+from celeryapp.interfaces.display import FAILED_STEP, WARNED_STEP, label, run_state, state_style
 
 #: Characters that steer a terminal or reorder text (C0 and C1 controls but tab and newline, line
 #: and paragraph separators, bidi controls). Names, errors and outputs are data: shown as escapes.
@@ -40,19 +39,56 @@ def new_table(*columns: str, title: str | None = None) -> Table:
     return table
 
 
-def time_cell(value: str | datetime | None, zone: ZoneInfo, now: datetime) -> Text:
-    """A time in a table: the zone's wall time, then its offset and zone and how far from now."""
+def time_cell(value: str | datetime | None, zone: tzinfo, viewer: tzinfo | None, now: datetime) -> Text:
+    """A time in a table, as :func:`~celeryapp.domain.times.stamp` writes it, a line per piece: the
+    zone's wall time with its offset, the viewer's time when it differs, how far from now
+    (``viewer`` None: the column is already in the viewer's zone)."""
     moment = parse_time(value) if isinstance(value, str) or value is None else value
     if moment is None:
         return Text("-")
-    day, wall, offset_zone = clock(moment, zone).split(" ", 2)
-    cell = Text(f"{day} {wall}\n")
-    cell.append(f"{offset_zone}, {relative(moment, now)}", style="dim")
+    # One piece a line: a narrow column wraps the offset under the wall time, never mid-piece.
+    cell = Text(clock(moment, zone))
+    cell.append("".join(f"\n{p}" for p in (here(moment, zone, viewer), relative(moment, now)) if p), style="dim")
     return cell
 
 
+#: Narrowest a time column gets: its date and wall time stay on one line, the offset may wrap.
+TIME_WIDTH = len("2026-11-22 02:00:00")
+
+
 def state_text(state: str) -> Text:
-    return text_of(state, state_style(state))
+    """A stored state in people's words (:func:`~celeryapp.interfaces.display.label`), coloured."""
+    return text_of(label(state), state_style(state))
+
+
+def run_text(execution: dict[str, Any]) -> Text:
+    """A run's state as people read it: "completed with warnings" when a step warned."""
+    shown = run_state(execution)
+    return text_of(shown, state_style(shown) or state_style(execution["status"]))
+
+
+#: Columns a wrapped line's continuation is indented by.
+HANGING_INDENT = 4
+
+
+class Hanging:
+    """A line of text wrapped at word boundaries, its continuation lines indented (a word wider
+    than the line is folded, nothing else): for errors, warnings and outputs of any length."""
+
+    def __init__(self, text: Text, indent: int = HANGING_INDENT) -> None:
+        self.text = text
+        self.indent = indent
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = max(options.max_width - self.indent, 10)
+        lines = list(self.text.wrap(console, width, overflow="fold"))
+        for line in lines:
+            line.rstrip()  # the space a line was broken at
+        yield Text("\n" + " " * self.indent).join(lines)
+
+
+def hanging(*parts: Text | str) -> Hanging:
+    return Hanging(Text.assemble(*parts))
 
 
 def cadence_text(schedule: dict[str, Any]) -> str:
@@ -76,57 +112,6 @@ def definition_table(schedule: dict[str, Any]) -> Table:
                 task.append_text(text_of("\n" + " ".join(options), "dim"))
             table.add_row(text_of(number), text_of(step["name"]), task)
     return table
-
-
-def steps_table(execution: dict[str, Any], now: datetime) -> Table:
-    """Each step's current state, attempt and time, groups numbered from 1; errors and warnings below."""
-    latest = {(a["step_index"], a["step"]): a for a in execution["activities"]}
-    table = new_table("group", "step", "state", "try", "took")
-    for (group, step), (state, attempt) in step_states(execution).items():
-        activity = latest.get((group, step))
-        same = activity is not None and activity["attempt"] == attempt
-        duration = took(activity["started_at"], activity["completed_at"], now) if same and activity else ""
-        table.add_row(text_of(group + 1), text_of(step), state_text(state), text_of(attempt), text_of(duration))
-    return table
-
-
-def execution_notes(execution: dict[str, Any]) -> list[Text]:
-    """Errors and warnings of the steps, newest attempt of each, as lines."""
-    lines = []
-    for a in execution["activities"]:
-        if a["error"]:
-            lines.append(
-                Text.assemble(
-                    text_of(f"group {a['step_index'] + 1} {a['step']} (try {a['attempt']}): "),
-                    text_of(a["error"], "red"),
-                )
-            )
-        elif a["message"] and a["status"] in {"complete_with_warning", "complete_with_error"}:
-            lines.append(
-                Text.assemble(
-                    text_of(f"group {a['step_index'] + 1} {a['step']}: warning: "), text_of(a["message"], "yellow")
-                )
-            )
-    return lines
-
-
-def execution_view(execution: dict[str, Any], zone: ZoneInfo, now: datetime) -> Group:
-    header = Text.assemble(
-        text_of(f"execution {execution['id']}", "bold"),
-        text_of(f" of {execution['schedule']}: "),
-        state_text(execution["status"]),
-    )
-    lines = [header, text_of(f"  {execution['trigger']} run, started {when(execution['started_at'], zone, now)}")]
-    if execution["completed_at"]:
-        lines.append(
-            text_of(
-                f"  finished {when(execution['completed_at'], zone, now)}, "
-                f"took {took(execution['started_at'], execution['completed_at'], now)}"
-            )
-        )
-    if execution["error"]:
-        lines.append(Text.assemble("  ", text_of(execution["error"], "red")))
-    return Group(*lines, steps_table(execution, now), *execution_notes(execution))
 
 
 def bar_style(states: list[str]) -> str:

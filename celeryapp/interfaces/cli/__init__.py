@@ -1,7 +1,7 @@
 """The ``chordbeat`` command: operations through the same service tasks other services call.
 
 One module per command group: ``files`` (``db upgrade``, ``apply``: on the database directly,
-before any worker exists), ``schedules``, ``runs`` (with ``watch``, following one live),
+before any worker exists), ``schedules``, ``runs`` (with ``watch``, following one live), ``audit``,
 ``processes`` (``health`` reads local liveness files; ``metrics``, ``web``); ``calls`` holds
 what they share.
 
@@ -17,7 +17,7 @@ import logging
 
 import click
 
-from celeryapp.interfaces.cli import files, processes, runs, schedules
+from celeryapp.interfaces.cli import audit, files, processes, runs, schedules
 from celeryapp.interfaces.cli.calls import forget_worker
 
 
@@ -41,8 +41,11 @@ for _command in (
     runs.execution_cmd,
     runs.executions_cmd,
     runs.cancel_cmd,
+    runs.rerun_cmd,
     schedules.pause_cmd,
     schedules.resume_cmd,
+    schedules.delete_cmd,
+    audit.audit_cmd,
     processes.health_cmd,
     processes.metrics_cmd,
     processes.web_cmd,

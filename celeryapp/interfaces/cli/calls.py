@@ -1,12 +1,17 @@
-"""What every command shares: the console, the app built on first use, the reference clock, and
-the service calls through a client whose failures are said as the command's error."""
+"""What every command shares: the console, the app built on first use, the reference clock, the
+viewer's zone, who acts, confirmations, and the service calls through a client (marked as the
+CLI's in the audit trail) whose failures are said as the command's error."""
 
 from __future__ import annotations
 
+import getpass
 import json
-from collections.abc import Iterable, Iterator
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -14,7 +19,7 @@ import click
 from celery.exceptions import TimeoutError as CeleryTimeout
 from rich.console import Console
 
-from celeryapp.interfaces.terminal import printable, text_of
+from celeryapp.interfaces.terminal import hanging, printable, text_of
 
 console = Console()
 
@@ -38,7 +43,69 @@ def new_client() -> Any:
     from celeryapp.client import ChordbeatClient
 
     settings = built_app().settings
-    return ChordbeatClient(settings.broker_url, settings.result_backend, sentinel_master=settings.sentinel_master)
+    return ChordbeatClient(
+        settings.broker_url, settings.result_backend, sentinel_master=settings.sentinel_master, source="cli"
+    )
+
+
+class LocalZone(tzinfo):
+    """The viewer's zone as the C library knows it, so times read as ``date`` shows them: ``TZ``
+    (a zone name or a POSIX rule), else the system's zone; each instant with its own offset and
+    abbreviation (summer time included)."""
+
+    def fromutc(self, dt: datetime) -> datetime:
+        local = datetime.fromtimestamp(dt.replace(tzinfo=UTC).timestamp(), UTC).astimezone()
+        return local.replace(tzinfo=self)
+
+    def _at(self, dt: datetime | None) -> datetime:
+        wall = (dt or datetime.now()).replace(tzinfo=None)
+        return datetime.fromtimestamp(time.mktime(wall.timetuple()), UTC).astimezone()
+
+    def utcoffset(self, dt: datetime | None) -> timedelta | None:
+        return self._at(dt).utcoffset()
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        return timedelta(0)  # the offset already holds it; nothing adds to it
+
+    def tzname(self, dt: datetime | None) -> str | None:
+        return self._at(dt).tzname()
+
+
+def viewer_zone() -> tzinfo:
+    """The zone of whoever reads the output (:class:`LocalZone`)."""
+    return LocalZone()
+
+
+def zone_title(zone: tzinfo, now: datetime) -> str:
+    """How a column names the zone its times are in: the zone's name, else its abbreviation."""
+    return getattr(zone, "key", None) or now.astimezone(zone).tzname() or "local"
+
+
+def acting(as_name: str | None) -> str:
+    """Who the command says acts: ``--as``, else ``CHORDBEAT_ACTOR``, else ``user@host``."""
+    if as_name is not None:
+        return as_name  # the service checks it and names the field when it is not a name
+    return built_app().settings.actor or f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Go on only when the operator agreed: ``--yes``, or ``y`` to ``question`` on a terminal.
+
+    Without a terminal to ask in (a script, a pipe) the command refuses rather than wait for an
+    answer nobody will type; ``n`` (or just Enter) changes nothing and exits 1."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise click.ClickException(
+            printable(f"not done: {question} needs confirmation; add --yes (no terminal to ask)")
+        )
+    try:
+        agreed = click.confirm(printable(question), default=False)
+    except click.Abort:  # Ctrl-C or end of input at the question
+        agreed = False
+    if not agreed:
+        click.echo("nothing changed", err=True)
+        sys.exit(1)
 
 
 #: Said when no worker answers: the service tasks behind every command but ``apply``, ``db`` and
@@ -101,14 +168,41 @@ def zones_for(names: Iterable[str]) -> dict[str, ZoneInfo]:
         return zones_of(client, set(names))
 
 
+def list_zone(schedules: set[str]) -> tuple[tzinfo, tzinfo | None]:
+    """The zone a list's times are in, and the viewer's to show beside them: one schedule's rows in
+    its zone (the viewer's beside it); rows of several schedules all in the viewer's zone, so that
+    no two rows of a column are in different zones."""
+    viewer = viewer_zone()
+    if len(schedules) == 1:
+        name = next(iter(schedules))
+        if zone := zones_for([name]).get(name):
+            return zone, viewer
+    return viewer, None
+
+
 def echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2))
 
 
 def print_errors(executions: list[dict[str, Any]]) -> None:
+    """Each run's error under a list, wrapped at words with a hanging indent."""
     for e in executions:
         if e["error"]:
-            console.print(text_of(f"{e['id']}: ", "bold"), text_of(e["error"], "red"), sep="")
+            console.print(hanging(text_of(f"{e['id']}: ", "bold"), text_of(e["error"], "red")))
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+as_option = click.option(
+    "--as",
+    "as_name",
+    default=None,
+    metavar="NAME",
+    help="Who acts, for the audit trail (default: $CHORDBEAT_ACTOR or user@host).",
+)
+yes_option = click.option("--yes", "-y", is_flag=True, help="Do it without asking.")
+reason_option = click.option("--reason", default=None, help="Why, for the audit trail (at most 500 characters).")
+
+
+def acts(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of a command that changes something: ``--as`` and ``--reason``."""
+    return as_option(reason_option(command))

@@ -1,39 +1,46 @@
-"""Commands about runs: ``run`` a schedule now, one ``execution``, the recent ``executions``, and
-``cancel``."""
+"""Commands about runs: ``run`` a schedule now, one ``execution``, the recent ``executions``,
+``cancel`` one (after asking), and ``rerun`` a failed one."""
 
 from __future__ import annotations
 
 import json
-import sys
+from typing import Any
 
 import click
-from rich.text import Text
 
 from celeryapp.interfaces.cli.calls import (
+    acting,
+    acts,
     call,
+    confirm,
     console,
     echo_json,
     json_option,
+    list_zone,
     print_errors,
     reference_now,
+    viewer_zone,
+    yes_option,
+    zone_title,
     zones_for,
 )
-from celeryapp.interfaces.cli.watch import wait_quietly, watch_or_explain
-from celeryapp.interfaces.terminal import execution_view, new_table, printable, state_text, text_of, time_cell
+from celeryapp.interfaces.cli.watch import follow
+from celeryapp.interfaces.terminal import TIME_WIDTH, new_table, printable, run_text, text_of, time_cell
 
 
 @click.command("run")
 @click.argument("name")
 @click.option("--payload", default=None, help="JSON object merged into the schedule's payload.")
 @click.option("--wait", is_flag=True, help="Show live progress; exit 0 only if the run completes.")
+@acts
 @json_option
-def run_cmd(name: str, payload: str | None, wait: bool, as_json: bool) -> None:
+def run_cmd(name: str, payload: str | None, wait: bool, as_name: str | None, reason: str | None, as_json: bool) -> None:
     """Start a run now."""
     try:
         data = json.loads(payload) if payload else None
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
-    started = call("trigger_schedule", name, payload=data)
+    started = call("trigger_schedule", name, payload=data, actor=acting(as_name), reason=reason)
     if started.get("execution_id") is None:
         if as_json:
             echo_json(started)
@@ -41,31 +48,27 @@ def run_cmd(name: str, payload: str | None, wait: bool, as_json: bool) -> None:
     if not wait:
         echo_json(started) if as_json else click.echo(f"execution {started['execution_id']} started")
         return
-    execution = watch_or_explain(started["execution_id"]) if not as_json else wait_quietly(started["execution_id"])
-    if as_json:
-        echo_json(execution)
-    sys.exit(0 if execution["status"] == "completed" else 1)
+    follow(started["execution_id"], as_json)
 
 
 @click.command("execution")
 @click.argument("execution_id", type=int)
 @click.option("--watch", is_flag=True, help="Follow it live until it ends; exit 0 only if it completes.")
+@click.option("--full", is_flag=True, help="Every line of tracebacks and logs, not the last 20.")
 @json_option
-def execution_cmd(execution_id: int, watch: bool, as_json: bool) -> None:
-    """One execution: its steps, states, times, errors and warnings."""
+def execution_cmd(execution_id: int, watch: bool, full: bool, as_json: bool) -> None:
+    """One execution: its steps, states, times, errors, warnings, outputs, tracebacks and logs."""
     from celeryapp.domain.times import zone_of
+    from celeryapp.interfaces.run_view import execution_view
 
     execution = call("get_execution", execution_id)
-    if as_json and not watch:
+    if watch:
+        follow(execution_id, as_json)
+    if as_json:
         echo_json(execution)
         return
-    if watch:
-        execution = wait_quietly(execution_id) if as_json else watch_or_explain(execution_id)
-        if as_json:
-            echo_json(execution)
-        sys.exit(0 if execution["status"] == "completed" else 1)
     zone = zones_for([execution["schedule"]]).get(execution["schedule"], zone_of("UTC"))
-    console.print(execution_view(execution, zone, reference_now()))
+    console.print(execution_view(execution, zone, viewer_zone(), reference_now(), evidence=True, full=full))
 
 
 @click.command("executions")
@@ -76,28 +79,29 @@ def execution_cmd(execution_id: int, watch: bool, as_json: bool) -> None:
 @json_option
 def executions_cmd(schedule: str | None, status: str | None, limit: int, before_id: int | None, as_json: bool) -> None:
     """Recent executions, newest first, a page at a time."""
-    from celeryapp.domain.times import parse_time, took, zone_of
+    from celeryapp.domain.times import took
     from celeryapp.interfaces.listing import next_page_hint
 
     executions = call("list_executions", schedule=schedule, status=status, limit=limit, before_id=before_id)
     if as_json:
         echo_json(executions)
         return
-    zones = zones_for(e["schedule"] for e in executions)
     now = reference_now()
-    table = new_table("id", "schedule", "status", "started", "took")
+    zone, viewer = list_zone({e["schedule"] for e in executions})
+    table = new_table("id", "schedule")
+    table.add_column("status", no_wrap=True)  # "completed with warnings" reads as one
+    table.add_column(f"started ({zone_title(zone, now)})", min_width=TIME_WIDTH)
+    table.add_column("took")
     for e in executions:
-        zone = zones.get(e["schedule"], zone_of("UTC"))
-        state = state_text(e["status"])
+        state = run_text(e)
         if e["status"] == "in_progress":
             state.append(f"\ngroup {e['current_step_index'] + 1}", style="dim")
         else:
             state.append(f"\n{e['trigger']}", style="dim")
-        duration = Text(took(e["started_at"], e["completed_at"], now))
-        finished = parse_time(e["completed_at"])
-        if finished is not None:
-            duration.append(f"\nto {finished.astimezone(zone):%H:%M:%S}", style="dim")
-        table.add_row(text_of(e["id"]), text_of(e["schedule"]), state, time_cell(e["started_at"], zone, now), duration)
+        duration = text_of(took(e["started_at"], e["completed_at"], now))
+        table.add_row(
+            text_of(e["id"]), text_of(e["schedule"]), state, time_cell(e["started_at"], zone, viewer, now), duration
+        )
     console.print(table)
     print_errors(executions)
     if hint := next_page_hint(len(executions), limit, executions[-1]["id"] if executions else 0, schedule, status):
@@ -106,8 +110,50 @@ def executions_cmd(schedule: str | None, status: str | None, limit: int, before_
 
 @click.command("cancel")
 @click.argument("execution_id", type=int)
+@yes_option
+@acts
 @json_option
-def cancel_cmd(execution_id: int, as_json: bool) -> None:
-    """Cancel a running execution."""
-    execution = call("cancel_execution", execution_id)
-    echo_json(execution) if as_json else click.echo(printable(f"execution {execution_id}: {execution['status']}"))
+def cancel_cmd(execution_id: int, yes: bool, as_name: str | None, reason: str | None, as_json: bool) -> None:
+    """Cancel a running execution (asks first; --yes does not)."""
+    from celeryapp.domain.times import parse_time, span
+
+    execution = call("get_execution", execution_id)
+    if execution["status"] != "in_progress":
+        said = f"execution {execution_id} of {execution['schedule']}: already {run_text(execution)}; nothing to cancel"
+        echo_json(execution) if as_json else click.echo(printable(said))
+        return
+    started = parse_time(execution["started_at"])
+    running = span((reference_now() - started).total_seconds()) if started else "-"
+    confirm(f"cancel execution {execution_id} of {execution['schedule']} (running {running})?", yes)
+    execution = call("cancel_execution", execution_id, actor=acting(as_name), reason=reason)
+    if as_json:
+        echo_json(execution)
+        return
+    console.print(text_of(f"execution {execution_id}: "), run_text(execution), sep="")
+    if execution["error"]:
+        console.print(text_of(f"  {execution['error']}", "dim"))
+
+
+@click.command("rerun")
+@click.argument("execution_id", type=int)
+@click.option("--from-failed", is_flag=True, help="Start at the group that failed (earlier groups are taken as done).")
+@click.option("--wait", is_flag=True, help="Show live progress; exit 0 only if the run completes.")
+@acts
+@json_option
+def rerun_cmd(
+    execution_id: int, from_failed: bool, wait: bool, as_name: str | None, reason: str | None, as_json: bool
+) -> None:
+    """Run a failed or cancelled execution again: a new manual run with its slot and payload."""
+    from celeryapp.interfaces.run_view import rerun_group
+
+    started: dict[str, Any] = call(
+        "rerun_execution", execution_id, from_failed=from_failed, actor=acting(as_name), reason=reason
+    )
+    if not wait:
+        if as_json:
+            echo_json(started)
+            return
+        said = f"execution {started['id']} started: re-run of {execution_id} from group {rerun_group(started)}"
+        click.echo(printable(said))
+        return
+    follow(started["id"], as_json)

@@ -1,4 +1,5 @@
-"""Commands about schedules: ``list``, ``show``, ``next``, ``pause`` and ``resume``."""
+"""Commands about schedules: ``list``, ``show``, ``next``, ``pause`` (after asking), ``resume``
+and ``delete`` (after asking)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,28 @@ import click
 from rich.text import Text
 
 from celeryapp.interfaces.cli.calls import (
+    acting,
+    acts,
     call,
+    confirm,
     connected,
     console,
     echo_json,
     json_option,
     print_errors,
     reference_now,
+    viewer_zone,
+    yes_option,
+    zone_title,
 )
 from celeryapp.interfaces.terminal import (
+    TIME_WIDTH,
     cadence_text,
     definition_table,
+    hanging,
     new_table,
     printable,
+    run_text,
     state_text,
     text_of,
     time_cell,
@@ -39,9 +49,8 @@ def _upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
 @click.command("list")
 @json_option
 def list_cmd(as_json: bool) -> None:
-    """List schedules."""
+    """List schedules (next runs in your zone: TZ, else this host's)."""
     from celeryapp.client import each_schedule
-    from celeryapp.domain.times import zone_of
     from celeryapp.interfaces.listing import SCHEDULE_PAGE
 
     with connected() as client:
@@ -49,13 +58,16 @@ def list_cmd(as_json: bool) -> None:
     if as_json:
         echo_json(schedules)
         return
-    now = reference_now()
-    table = new_table("name", "cadence", "status", "runs", "next run")
+    now, viewer = reference_now(), viewer_zone()
+    # Rows of many schedules: every next run in the viewer's zone, named in the title (each
+    # schedule's own zone is in its cadence).
+    table = new_table("name", "cadence", "status", "runs")
+    table.add_column(f"next run ({zone_title(viewer, now)})", min_width=TIME_WIDTH)
     for s in schedules:
         state = state_text(s["status"])
         if s["error_count"]:
             state.append(f"\n{s['error_count']} failed", style="red")
-        next_run = time_cell(s["next_run_at"], zone_of(s["timezone"]), now)
+        next_run = time_cell(s["next_run_at"], viewer, None, now)
         table.add_row(text_of(s["name"]), text_of(cadence_text(s)), state, text_of(s["run_count"]), next_run)
     console.print(table)
 
@@ -65,7 +77,7 @@ def list_cmd(as_json: bool) -> None:
 @json_option
 def show_cmd(name: str, as_json: bool) -> None:
     """A schedule: definition, status, next fire times, recent executions and slots (--json: all of it)."""
-    from celeryapp.domain.times import took, zone_of
+    from celeryapp.domain.times import stamp, took, zone_of
 
     schedule = call("get_schedule", name)
     executions = call("list_executions", schedule=name, limit=5)
@@ -80,9 +92,13 @@ def show_cmd(name: str, as_json: bool) -> None:
             }
         )
         return
-    now = reference_now()
+    now, viewer = reference_now(), viewer_zone()
     zone = zone_of(schedule["timezone"])
     console.print(Text.assemble(text_of(name, "bold"), " ", state_text(schedule["status"])))
+    if schedule["status"] == "paused" and schedule.get("paused_by"):
+        since = stamp(schedule.get("paused_at"), zone, viewer, now)
+        why = f": {schedule['paused_reason']}" if schedule.get("paused_reason") else ""
+        console.print(hanging(text_of(f"  paused by {schedule['paused_by']} since {since}{why}", "yellow")))
     console.print(
         text_of(
             f"  {cadence_text(schedule).replace(chr(10), ' ')}, overlap {schedule['overlap']}; runs "
@@ -90,22 +106,23 @@ def show_cmd(name: str, as_json: bool) -> None:
         )
     )
     if schedule["last_error"]:
-        console.print(Text("last error: "), text_of(schedule["last_error"], "red"), sep="")
+        console.print(hanging(Text("last error: "), text_of(schedule["last_error"], "red")))
     console.print(definition_table(schedule))
-    from celeryapp.domain.times import when
-
     console.print(Text("next runs", style="italic"))
     for t in _upcoming(schedule, 3):
-        console.print(text_of(f"  {when(t, zone, now)}"))
+        console.print(hanging(text_of(f"  {stamp(t, zone, viewer, now)}")))
     if schedule["next_run_at"] is None:
         console.print(text_of(f"  none ({schedule['status']})"))
-    table = new_table("id", "trigger", "status", "started", "took", title="recent executions")
+    table = new_table("id", "trigger", title="recent executions")
+    table.add_column("status", no_wrap=True)  # "completed with warnings" reads as one
+    table.add_column("started", min_width=TIME_WIDTH)
+    table.add_column("took")
     for e in executions:
-        started = time_cell(e["started_at"], zone, now)
+        started = time_cell(e["started_at"], zone, viewer, now)
         table.add_row(
             text_of(e["id"]),
             text_of(e["trigger"]),
-            state_text(e["status"]),
+            run_text(e),
             started,
             text_of(took(e["started_at"], e["completed_at"], now)),
         )
@@ -113,9 +130,11 @@ def show_cmd(name: str, as_json: bool) -> None:
     print_errors(executions)
     table = new_table("slot", "trigger", "outcome", "execution", title="recent slots")
     for slot in slots:
-        outcome = text_of(slot["outcome"] + (f"\n{slot['detail']}" if slot["detail"] else ""))
+        outcome = state_text(slot["outcome"])
+        if slot["detail"]:
+            outcome.append_text(text_of(f"\n{slot['detail']}", "dim"))
         row = (
-            time_cell(slot["nominal_at"], zone, now),
+            time_cell(slot["nominal_at"], zone, viewer, now),
             text_of(slot["trigger"]),
             outcome,
             text_of(slot["execution_id"] or "-"),
@@ -130,38 +149,61 @@ def show_cmd(name: str, as_json: bool) -> None:
 @click.option("-n", "count", default=10, show_default=True, type=click.IntRange(1, 1000))
 @json_option
 def next_cmd(name: str, count: int, as_json: bool) -> None:
-    """The coming fire times, in the schedule's zone with their UTC offsets."""
-    from celeryapp.domain.times import when, zone_of
+    """The coming fire times, in the schedule's zone with their UTC offsets (and yours beside them)."""
+    from celeryapp.domain.times import stamp, zone_of
 
     schedule = call("get_schedule", name)
     times = _upcoming(schedule, count)
     if as_json:
         echo_json([t.isoformat() for t in times])
         return
-    now = reference_now()
+    now, viewer = reference_now(), viewer_zone()
     for t in times:
-        click.echo(printable(when(t, zone_of(schedule["timezone"]), now)))
+        click.echo(printable(stamp(t, zone_of(schedule["timezone"]), viewer, now)))
 
 
 @click.command("pause")
 @click.argument("name")
+@yes_option
+@acts
 @json_option
-def pause_cmd(name: str, as_json: bool) -> None:
-    """Pause a schedule (runs already on their way do nothing)."""
-    schedule = call("pause_schedule", name)
+def pause_cmd(name: str, yes: bool, as_name: str | None, reason: str | None, as_json: bool) -> None:
+    """Pause a schedule (asks first; runs already on their way do nothing)."""
+    from celeryapp.domain.times import parse_time, relative
+
+    schedule = call("get_schedule", name)
+    if schedule["status"] == "active":
+        next_at = relative(parse_time(schedule["next_run_at"]), reference_now())
+        confirm(f"pause {name} (active, next run {next_at})?", yes)
+    schedule = call("pause_schedule", name, actor=acting(as_name), reason=reason)
     echo_json(schedule) if as_json else click.echo(printable(f"{name}: {schedule['status']}"))
 
 
 @click.command("resume")
 @click.argument("name")
+@acts
 @json_option
-def resume_cmd(name: str, as_json: bool) -> None:
+def resume_cmd(name: str, as_name: str | None, reason: str | None, as_json: bool) -> None:
     """Resume a paused schedule from its next slot (no make-up runs)."""
-    from celeryapp.domain.times import when, zone_of
+    from celeryapp.domain.times import stamp, zone_of
 
-    schedule = call("resume_schedule", name)
+    schedule = call("resume_schedule", name, actor=acting(as_name), reason=reason)
     if as_json:
         echo_json(schedule)
         return
-    next_at = when(schedule["next_run_at"], zone_of(schedule["timezone"]), reference_now())
+    next_at = stamp(schedule["next_run_at"], zone_of(schedule["timezone"]), viewer_zone(), reference_now())
     click.echo(printable(f"{name}: {schedule['status']}, next {next_at}"))
+
+
+@click.command("delete")
+@click.argument("name")
+@yes_option
+@acts
+@json_option
+def delete_cmd(name: str, yes: bool, as_name: str | None, reason: str | None, as_json: bool) -> None:
+    """Delete a schedule (asks first; its runs' history is kept)."""
+    schedule = call("get_schedule", name)
+    steps = sum(len(g) if isinstance(g, list) else 1 for g in schedule["steps"])
+    confirm(f"delete schedule {name} ({schedule['status']}, {steps} steps; its runs' history is kept)?", yes)
+    deleted = call("delete_schedule", name, actor=acting(as_name), reason=reason)
+    echo_json(deleted) if as_json else click.echo(printable(f"{name}: deleted"))

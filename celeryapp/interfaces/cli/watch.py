@@ -1,5 +1,5 @@
-"""Following a run until it ends: live, a progress bar per step group and each step's state, or
-quietly for ``--json``."""
+"""Following a run until it ends: live, a progress bar per step group and each step's state in
+columns that stay put, or quietly for ``--json``."""
 
 from __future__ import annotations
 
@@ -9,18 +9,22 @@ from typing import Any
 
 from rich.console import Group
 
-from celeryapp.interfaces.cli.calls import call, console, new_client, reference_now
-from celeryapp.interfaces.terminal import FINISHED_STEP, bar_style, execution_view, text_of
+from celeryapp.interfaces.cli.calls import call, console, echo_json, new_client, reference_now, viewer_zone
+from celeryapp.interfaces.terminal import FINISHED_STEP, bar_style, text_of
 
 
 def watch(execution_id: int) -> dict[str, Any]:
-    """Live view until the run ends: a progress bar per step group and each step's state."""
+    """Live view until the run ends: a progress bar per step group and each step's state.
+
+    Every step seen stays a row, in the order first seen (the plan's: its tasks exist from the
+    start), and the table's columns have fixed widths: a frame only changes what is in the cells."""
     from rich.live import Live
     from rich.progress import BarColumn, Progress, Task, TextColumn
     from rich.progress_bar import ProgressBar
 
     from celeryapp.domain.times import zone_of
     from celeryapp.interfaces.display import step_states
+    from celeryapp.interfaces.run_view import execution_view
 
     class Bar(BarColumn):  # type: ignore[misc]
         def render(self, task: Task) -> ProgressBar:
@@ -44,8 +48,10 @@ def watch(execution_id: int) -> dict[str, Any]:
             zone = zone_of(client.get_schedule(first["schedule"])["timezone"])
         except Exception:  # the schedule was deleted since: times in UTC
             zone = zone_of("UTC")
+        viewer = viewer_zone()
+        known = step_states(first)
         sizes: dict[int, int] = {}
-        for group, _step in step_states(first):
+        for group, _step in known:
             sizes[group] = sizes.get(group, 0) + 1
         progress = Progress(
             TextColumn("group {task.fields[number]}"), Bar(bar_width=30), TextColumn("{task.completed}/{task.total}")
@@ -54,12 +60,14 @@ def watch(execution_id: int) -> dict[str, Any]:
         with Live(progress, console=console, refresh_per_second=8, transient=False) as live:
             while True:
                 execution: dict[str, Any] = client.get_execution(execution_id)
-                states = step_states(execution)
+                known.update(step_states(execution))  # a known step keeps its row and its place
+                states = dict(sorted(known.items(), key=lambda item: item[0][0]))
                 for group, bar in bars.items():
                     mine = [state for (g, _s), (state, _a) in states.items() if g == group]
                     done = sum(1 for state in mine if state in FINISHED_STEP)
                     progress.update(bar, completed=done, bar_style=bar_style(mine))
-                live.update(Group(progress, execution_view(execution, zone, reference_now())))
+                view = execution_view(execution, zone, viewer, reference_now(), states=states)
+                live.update(Group(progress, view))
                 if execution["status"] != "in_progress":
                     return execution
                 time.sleep(0.25)
@@ -89,3 +97,11 @@ def wait_quietly(execution_id: int) -> dict[str, Any]:
         if execution["status"] != "in_progress":
             return execution
         time.sleep(0.25)
+
+
+def follow(execution_id: int, as_json: bool) -> None:
+    """Follow a run to its end (live, or quietly printing its JSON); exit 0 only if it completed."""
+    execution = wait_quietly(execution_id) if as_json else watch_or_explain(execution_id)
+    if as_json:
+        echo_json(execution)
+    sys.exit(0 if execution["status"] == "completed" else 1)

@@ -1,0 +1,53 @@
+"""``chordbeat audit``: who did what, newest first: operators' changes from the CLI, the dashboard
+and other services, and beat's own decisions (retries, dead schedules, timeouts)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from celeryapp.interfaces.cli.calls import call, console, echo_json, json_option, list_zone, reference_now, zone_title
+from celeryapp.interfaces.terminal import TIME_WIDTH, new_table, text_of, time_cell
+
+
+@click.command("audit")
+@click.option("--schedule", default=None, help="Only this schedule's rows.")
+@click.option("--execution", "execution_id", default=None, type=click.IntRange(1), help="Only this execution's rows.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 500))
+@json_option
+def audit_cmd(schedule: str | None, execution_id: int | None, limit: int, as_json: bool) -> None:
+    """Who did what and why, newest first (times in the schedule's zone, else yours)."""
+    from celeryapp.interfaces.display import label
+
+    narrowed = {"execution_id": execution_id} if execution_id is not None else {}
+    rows: list[dict[str, Any]] = call("list_audit", schedule=schedule, limit=limit, **narrowed)
+    if as_json:
+        echo_json(rows)
+        return
+    now = reference_now()
+    zone, viewer = list_zone({schedule} if schedule else {r["schedule"] for r in rows if r["schedule"]})
+    table = new_table()
+    table.add_column(f"when ({zone_title(zone, now)})", min_width=TIME_WIDTH)
+    table.add_column("who", overflow="fold")  # a host name is one long word; all of it is shown
+    table.add_column("what")
+    table.add_column("why")
+    for row in rows:
+        who = text_of(row["actor"])
+        who.append_text(text_of(f"\n{row['source']}", "dim"))
+        what = text_of(label(row["action"]), "bold")
+        target = " ".join(
+            part for part in (row["schedule"], f"#{row['execution_id']}" if row["execution_id"] else "") if part
+        )
+        what.append_text(text_of(f"\n{target}" if target else ""))
+        why = text_of(row["reason"]) if row["reason"] else text_of(_detail(row.get("detail")), "dim")
+        table.add_row(time_cell(row["at"], zone, viewer, now), who, what, why)
+    console.print(table if rows else text_of("nothing recorded yet", "dim"))
+
+
+def _detail(detail: Any) -> str:
+    """A row's detail when it has no reason: ``change: added`` rather than JSON."""
+    if isinstance(detail, dict):
+        return ", ".join(f"{key}: {json.dumps(value, ensure_ascii=False)}" for key, value in detail.items())
+    return "" if detail is None else json.dumps(detail, ensure_ascii=False)

@@ -100,3 +100,23 @@ def test_a_run_that_completed_or_is_running_is_not_run_again(app: ChordbeatCeler
         call(client, "chordbeat.rerun_execution", execution_id=run, from_failed="yes")
     assert len(call(client, "chordbeat.list_executions")) == 1
     assert [r["action"] for r in call(client, "chordbeat.list_audit")] == ["trigger", "apply"]
+
+
+def test_a_rerun_follows_the_overlap_policy(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    upload = {"name": "upload", "task": "tests.rerun_fails_first", "kwargs": {"counter": "busy"}}
+    definition = {
+        "name": "busy",
+        "every": 3600,
+        "overlap": "skip",
+        "steps": [step("wait", kwargs={"seconds": 2}), upload],
+    }
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    failed = call(client, "chordbeat.trigger_schedule", name="busy")["execution_id"]
+    assert finished(client, failed)["status"] == "failed"
+    blocking = call(client, "chordbeat.trigger_schedule", name="busy")["execution_id"]
+    answer = call(client, "chordbeat.rerun_execution", execution_id=failed, actor="ops")
+    assert answer["execution_id"] is None and answer["skipped"].startswith("overlap")
+    row = call(client, "chordbeat.list_audit", schedule="busy", limit=1)[0]
+    assert (row["action"], row["execution_id"], row["detail"]["skipped"]) == ("rerun", None, answer["skipped"])
+    assert finished(client, blocking)["status"] == "completed"
+    assert len(call(client, "chordbeat.list_executions", schedule="busy")) == 2

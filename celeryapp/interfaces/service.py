@@ -9,7 +9,6 @@ is run again when the database aborts it to break a deadlock (:func:`models.sess
 from __future__ import annotations
 
 import uuid
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -51,7 +50,7 @@ from models import (
     transaction,
     utcnow,
 )
-from models.audit import Actor, Note
+from models.audit import Note
 from models.session import retried_transaction
 from models.states import AuditAction, AuditSource
 
@@ -143,11 +142,7 @@ def pause_schedule(
     *,
     source: AuditSource = AuditSource.SERVICE,
 ) -> dict[str, Any]:
-    name, who, why = _name(name), _actor(actor, source), _reason(reason)
-    change = partial(_change_status, name=name, who=who, why=why, pause=True)
-    result = retried_transaction(app.settings.database_url, f"pausing schedule {name!r}", change)
-    _sync(app, name)
-    return result
+    return _change_status(app, name, actor, reason, source, pause=True)
 
 
 def resume_schedule(
@@ -158,26 +153,32 @@ def resume_schedule(
     *,
     source: AuditSource = AuditSource.SERVICE,
 ) -> dict[str, Any]:
+    return _change_status(app, name, actor, reason, source, pause=False)
+
+
+def _change_status(
+    app: ChordbeatCelery, name: str, actor: str | None, reason: str | None, source: AuditSource, *, pause: bool
+) -> dict[str, Any]:
     name, who, why = _name(name), _actor(actor, source), _reason(reason)
-    change = partial(_change_status, name=name, who=who, why=why, pause=False)
-    result = retried_transaction(app.settings.database_url, f"resuming schedule {name!r}", change)
+
+    def change(session: Session) -> dict[str, Any]:
+        now = utcnow()
+        before = find_schedule(session, name).status
+        if pause:
+            also = {"paused_by": who.name, "paused_reason": why, "paused_at": now}
+            schedule = change_status(session, name, decide_pause, now=now, also=also)
+        else:
+            # The paused slots not recorded yet (since the last recovery pass), before they are forgotten.
+            record_paused_slots(session, find_schedule(session, name, lock=True), now=now)
+            schedule = change_status(session, name, decide_resume, now=now)
+        action = AuditAction.PAUSE if pause else AuditAction.RESUME
+        who.record(session, action, name, reason=why, detail={"changed": schedule.status is not before}, at=now)
+        return schedule_json(schedule)
+
+    what = f"{'pausing' if pause else 'resuming'} schedule {name!r}"
+    result = retried_transaction(app.settings.database_url, what, change)
     _sync(app, name)
     return result
-
-
-def _change_status(session: Session, *, name: str, who: Actor, why: str | None, pause: bool) -> dict[str, Any]:
-    now = utcnow()
-    before = find_schedule(session, name).status
-    if pause:
-        also = {"paused_by": who.name, "paused_reason": why, "paused_at": now}
-        schedule = change_status(session, name, decide_pause, now=now, also=also)
-    else:
-        # The paused slots not recorded yet (since the last recovery pass), before they are forgotten.
-        record_paused_slots(session, find_schedule(session, name, lock=True), now=now)
-        schedule = change_status(session, name, decide_resume, now=now)
-    action = AuditAction.PAUSE if pause else AuditAction.RESUME
-    who.record(session, action, name, reason=why, detail={"changed": schedule.status is not before}, at=now)
-    return schedule_json(schedule)
 
 
 def trigger_schedule(

@@ -5,6 +5,7 @@ trusted TLS proxy only; sessions kept server-side, so a logged-out cookie replay
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from models import transaction
 from models.tables import AUDIT_EVENTS
 from tests.chromium import chromium
 from tests.login_server import LoginServer, chordbeat_web
-from tests.servers import wait_for
+from tests.servers import free_port, wait_for
 
 pytestmark = pytest.mark.postgres
 ADMIN = ("ops", "ops-password")
@@ -176,6 +177,17 @@ def test_a_logged_out_session_cookie_replayed_is_refused(web: LoginServer) -> No
     replay.cookies.set("chordbeat_session", stolen)
     r = replay.get(web.url + "/", allow_redirects=False, timeout=10)
     assert r.status_code == 302 and r.headers["Location"].startswith("/login")
+
+
+def test_without_redis_nobody_logs_in_and_the_login_page_says_why(app: ChordbeatCelery, tmp_path: Path) -> None:
+    nowhere = dataclasses.replace(app.settings, broker_url=f"redis://127.0.0.1:{free_port()}/0")
+    with chordbeat_web(nowhere, tmp_path, _users()) as web:
+        client = web.client()
+        r = web.log_in(client, *ADMIN)
+        assert r.status_code == 503
+        assert "cannot reach Redis" in r.text
+        page = client.get(web.url + "/", allow_redirects=False, timeout=10)
+        assert page.status_code == 302 and page.headers["Location"].startswith("/login")
 
 
 def test_in_chromium_after_logout_back_and_reload_is_not_logged_in(web: LoginServer) -> None:

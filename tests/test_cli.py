@@ -622,3 +622,28 @@ def test_run_wait_keeps_its_columns_and_rows_still_and_wraps_errors_at_words(
         shown = "\n".join(plain_lines(RICH_STYLE.sub("", in_terminal(settings, *command)[1])))
         assert not words_broken(shown, WORDY), (command, words_broken(shown, WORDY), shown)
         assert re.search(r"^    \S", shown, re.M), f"no hanging indent: {shown}"
+
+
+def test_rerun_from_the_failed_group_waits_and_says_what_it_reran(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    steps = [step("fetch"), step("load", "chordbeat.examples.fail", kwargs={"message": "bank was down"})]
+    call(client, "chordbeat.apply_schedule", definition={"name": "bank", "every": 3600, "steps": steps})
+    failed = finished(client, call(client, "chordbeat.trigger_schedule", name="bank")["execution_id"])
+    status, output = in_terminal(settings, "rerun", str(failed["id"]), "--from-failed", "--wait", "--as", "dave")
+    text = "\n".join(plain_lines(RICH_STYLE.sub("", output)))
+    assert status == 1, text  # the step fails again: the re-run failed too
+    rerun = json.loads(cli("executions", "--schedule", "bank", "--json").output)[0]
+    assert rerun["id"] != failed["id"] and rerun["trigger"] == "manual"
+    assert f"execution {rerun['id']} of bank: failed" in text, text
+    assert f"re-run of execution {failed['id']} from group 2" in text, text
+    assert re.search(r"^\s+2\s+load\s+failed", text, re.M) and not re.search(r"^\s+1\s+fetch\s", text, re.M), text
+    rows = json.loads(cli("audit", "--schedule", "bank", "--json").output)
+    assert any(
+        r["action"] == "rerun" and r["actor"] == "dave" and r["source"] == "cli" and r["execution_id"] == rerun["id"]
+        for r in rows
+    ), rows
+    started = cli("rerun", str(failed["id"]))  # from the start, not waiting
+    assert started.exit_code == 0 and re.search(
+        rf"started: re-run of {failed['id']} from group 1$", started.output.strip()
+    )

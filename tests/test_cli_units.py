@@ -60,3 +60,13 @@ def test_long_lines_wrap_at_words_with_a_hanging_indent() -> None:
     assert all(line.startswith("    ") and len(line) <= 40 for line in lines[1:]), lines
     assert [w for w in message.split() if len(w) < 40 and w not in " ".join(lines)] == []
     assert "x" * 36 in lines[-2] + lines[-1]  # only a word wider than the line is cut
+
+
+def test_instants_in_an_audit_reason_read_as_people_times() -> None:
+    from zoneinfo import ZoneInfo
+
+    from celeryapp.interfaces.cli.audit import in_zone
+
+    said = in_zone("retry 2 at 2026-11-24T14:33:00.000Z (backoff)", ZoneInfo("Asia/Kolkata"))
+    assert said == "retry 2 at 2026-11-24 20:03:00 +05:30 IST (backoff)"
+    assert in_zone("no time here", ZoneInfo("UTC")) == "no time here"

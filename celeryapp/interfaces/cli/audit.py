@@ -4,12 +4,24 @@ and other services, and beat's own decisions (retries, dead schedules, timeouts)
 from __future__ import annotations
 
 import json
+import re
+from datetime import tzinfo
 from typing import Any
 
 import click
 
 from celeryapp.interfaces.cli.calls import call, console, echo_json, json_option, list_zone, reference_now, zone_title
 from celeryapp.interfaces.terminal import TIME_WIDTH, new_table, text_of, time_cell
+
+#: An instant as the contract writes it, inside a reason beat wrote (``retry 2 at 2026-…Z``).
+ISO_INSTANT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+
+
+def in_zone(text: str, zone: tzinfo) -> str:
+    """``text`` with the ISO instants in it written as people's times, in the column's zone."""
+    from celeryapp.domain.times import clock, parse_time
+
+    return ISO_INSTANT.sub(lambda m: clock(parse_time(m.group()), zone), text)
 
 
 @click.command("audit")
@@ -41,7 +53,7 @@ def audit_cmd(schedule: str | None, execution_id: int | None, limit: int, as_jso
             part for part in (row["schedule"], f"#{row['execution_id']}" if row["execution_id"] else "") if part
         )
         what.append_text(text_of(f"\n{target}" if target else ""))
-        why = text_of(row["reason"]) if row["reason"] else text_of(_detail(row.get("detail")), "dim")
+        why = text_of(in_zone(row["reason"], zone)) if row["reason"] else text_of(_detail(row.get("detail")), "dim")
         table.add_row(time_cell(row["at"], zone, viewer, now), who, what, why)
     console.print(table if rows else text_of("nothing recorded yet", "dim"))
 

@@ -149,6 +149,10 @@ def rerun_cmd(
     started: dict[str, Any] = call(
         "rerun_execution", execution_id, from_failed=from_failed, actor=acting(as_name), reason=reason
     )
+    if started.get("id") is None:  # the overlap policy started nothing
+        if as_json:
+            echo_json(started)
+        raise click.ClickException(printable(f"not started: {started['skipped']}"))
     if not wait:
         if as_json:
             echo_json(started)

@@ -211,9 +211,12 @@ def test_a_manual_run_reads_and_locks_its_schedule_in_one_statement(app: Chordbe
     with recorded_statements(app, words=None) as statements:
         assert service.trigger_schedule(app, "manual")["status"] == "in_progress"
     # The schedule locked and read, its steps, its active run (the default overlap is skip), the
-    # execution, its worker tasks, the schedule's last run, the slot record and its counter.
-    kinds = [s.split()[0] for s in statements]
-    assert kinds == ["SELECT", "SELECT", "SELECT", "INSERT", "INSERT", "UPDATE", "INSERT", "INSERT"], statements
+    # execution, its worker tasks, the schedule's last run, the slot record and its counter, and
+    # (issue 24, who did what) the trigger's audit row.
+    kinds = [" ".join(s.split()[:3]) if s.startswith("INSERT") else s.split()[0] for s in statements]
+    inserts = [f"INSERT INTO {table}" for table in ("schedule_executions", "worker_tasks")]
+    after = [f"INSERT INTO {table}" for table in ("schedule_slots", "metric_counts", "audit_events")]
+    assert kinds == ["SELECT", "SELECT", "SELECT", *inserts, "UPDATE", *after], statements
     if app.settings.database_url.startswith("postgresql"):
         assert statements[0].startswith("SELECT schedules.id") and statements[0].endswith("FOR UPDATE"), statements[0]
 

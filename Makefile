@@ -8,11 +8,14 @@ BENCH_ARGS ?=
 
 .PHONY: run test test-fast lint typecheck system-deps bench clean
 
+# pip's output goes to a log (shown when it fails): a first `make run` prints the addresses, not pip.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,postgres,run]'
-	touch $@
+	@echo "installing chordbeat and its dependencies into $(VENV) (log: $(VENV)/install.log)"
+	@$(BIN)/pip install --progress-bar off --upgrade pip > $(VENV)/install.log 2>&1 \
+	  && $(BIN)/pip install --progress-bar off -e '.[test,postgres,run]' >> $(VENV)/install.log 2>&1 \
+	  || { tail -n 40 $(VENV)/install.log; exit 1; }
+	@touch $@
 
 # Redis and PostgreSQL server binaries from Debian's packages (installed when missing, as root).
 system-deps:

@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -191,11 +192,12 @@ def test_systemd_units_run_real_commands() -> None:
 
 def test_make_run_runs_real_commands_each_restarted_when_it_dies() -> None:
     lines = procfile()
-    assert set(lines) == {"redis", "worker", "control", "beat", "flower", "web"}
+    assert set(lines) == {"redis", "worker", "control", "beat", "flower", "web", "ready"}
     for name, argv in lines.items():
         assert argv[:2] == RESPAWN, f"{name} is not restarted when it dies"
-        if name != "redis":
+        if name not in ("redis", "ready"):
             check_command(argv[2:])
+    assert lines["ready"][2:4] == ["python", "deploy/local/ready.py"] and (DEPLOY / "local" / "ready.py").is_file()
     redis = (DEPLOY / "local" / "run.sh").read_text()
     assert "requirepass $LOCAL_REDIS_PASSWORD" in redis and "--requirepass" not in redis
 
@@ -404,3 +406,29 @@ def test_the_checker_rejects_commands_that_do_not_exist(argv: list[str]) -> None
 def test_the_checker_rejects_workers_that_mix_steps_and_control(argv: list[str]) -> None:
     with pytest.raises(AssertionError):
         worker_kind(argv)
+
+
+def test_the_wheel_holds_every_package_and_setuptools_says_nothing(tmp_path: Path) -> None:
+    """What `make run`'s install and the image's `pip install .` get: every package of the layer
+    table with its data (templates, static files, migrations), and no setuptools warnings
+    (a package missing from pyproject installed only as "data", with about 90 lines of them)."""
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--progress-bar", "off", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert built.returncode == 0, built.stderr
+    said = built.stdout + built.stderr
+    for noise in ("Warning", "would be ignored", "deprecated", "absent from the `packages`"):
+        assert noise not in said, said
+    (wheel,) = tmp_path.glob("chordbeat-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        str(path.relative_to(ROOT))
+        for package in ("celeryapp", "tasks", "models")
+        for path in (ROOT / package).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+    assert expected - names == set()

@@ -33,21 +33,28 @@ PY
 fi
 # shellcheck source=/dev/null
 . "$run_dir/local.env"
+# Who logs in where: said first, and again in the banner once everything answers.
+web_login="your CHORDBEAT_WEB_USERS"
+flower_login="your FLOWER_BASIC_AUTH"
 if [ -z "${FLOWER_BASIC_AUTH:-}" ]; then
   export FLOWER_BASIC_AUTH="chordbeat:$LOCAL_FLOWER_PASSWORD"
-  echo "Flower: http://127.0.0.1:${FLOWER_PORT:-5555} (user chordbeat, password $LOCAL_FLOWER_PASSWORD; in $run_dir/local.env)"
+  flower_login="user chordbeat, password $LOCAL_FLOWER_PASSWORD"
 fi
 export FLOWER_COOKIE_SECRET="${FLOWER_COOKIE_SECRET:-$LOCAL_FLOWER_COOKIE_SECRET}"
 if [ -z "${CHORDBEAT_WEB_USERS:-}" ]; then
   # One local admin with a plain password (this machine only; hash passwords anywhere else).
   export CHORDBEAT_WEB_USERS="admin:admin:$LOCAL_WEB_PASSWORD"
-  echo "Dashboard: http://127.0.0.1:${CHORDBEAT_WEB_PORT:-8180} (user admin, password $LOCAL_WEB_PASSWORD; in $run_dir/local.env)"
+  web_login="user admin, password $LOCAL_WEB_PASSWORD"
 fi
 export CHORDBEAT_WEB_SECRET="${CHORDBEAT_WEB_SECRET:-$LOCAL_WEB_SECRET}"
+web_url="http://127.0.0.1:${CHORDBEAT_WEB_PORT:-8180}"
+flower_url="http://127.0.0.1:${FLOWER_PORT:-5555}"
+echo "Dashboard: $web_url ($web_login)"
+echo "Flower:    $flower_url ($flower_login)"
 
 masked() { sed -E 's#(://[^:/@]*):[^@/]*@#\1:**@#' <<<"$1"; }
 answers() { python -c "import redis,sys; redis.Redis.from_url(sys.argv[1], socket_connect_timeout=1).ping()" "$1" 2>/dev/null; }
-processes="worker control beat flower web"
+processes="worker control beat flower web ready"
 if [ -z "${CHORDBEAT_BROKER_URL:-}" ]; then
   ours="redis://:$LOCAL_REDIS_PASSWORD@127.0.0.1:6379/0"
   if answers "$ours"; then
@@ -55,11 +62,12 @@ if [ -z "${CHORDBEAT_BROKER_URL:-}" ]; then
   elif answers "redis://127.0.0.1:6379/0"; then
     export CHORDBEAT_BROKER_URL="redis://127.0.0.1:6379/0"
   else
-    echo "no Redis answers at 127.0.0.1:6379: starting one with a password (data in $run_dir)"
+    echo "no Redis answers at 127.0.0.1:6379: starting one with a password (data and log in $run_dir)"
     cat > "$run_dir/redis.conf" <<CONF
 port 6379
 bind 127.0.0.1
 dir "$run_dir"
+logfile "$run_dir/redis.log"
 appendonly yes
 maxmemory-policy noeviction
 requirepass $LOCAL_REDIS_PASSWORD
@@ -68,13 +76,32 @@ CONF
     processes="redis $processes"
   fi
 fi
-echo "broker: $(masked "$CHORDBEAT_BROKER_URL")"
-# The CLI in another terminal needs the same settings (the broker's generated password).
-for name in PATH CHORDBEAT_BROKER_URL CHORDBEAT_DATABASE_URL CHORDBEAT_HEALTH_DIR; do
+echo "broker:    $(masked "$CHORDBEAT_BROKER_URL")"
+# The CLI in another terminal needs the same settings: the broker's generated password, and the
+# task modules (and where they are found) and step policy, as the workers have them, so that
+# `chordbeat apply FILE` checks a step against the same tasks when no worker has said what it has.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+for name in PATH PYTHONPATH CHORDBEAT_BROKER_URL CHORDBEAT_DATABASE_URL CHORDBEAT_HEALTH_DIR \
+  CHORDBEAT_TASK_MODULES CHORDBEAT_STEP_TASKS CHORDBEAT_STEP_KINDS CHORDBEAT_EXECUTABLE_ALLOW \
+  CHORDBEAT_SQL_ENV_PREFIX; do
   if [ -n "${!name:-}" ]; then printf 'export %s=%q\n' "$name" "${!name}"; fi
 done > "$run_dir/cli.env"
-echo "CLI, in another terminal: . $run_dir/cli.env; chordbeat run nightly-hr-sync --wait"
+# Printed by deploy/local/ready.py once everything answers, after the start-up logs.
+cat > "$run_dir/banner.txt" <<BANNER
+---------------------------------------------------------------
+chordbeat is up
+  Dashboard: $web_url
+             $web_login
+  Flower:    $flower_url
+             $flower_login
+  (kept in $run_dir/local.env)
+  CLI, in another terminal:
+    . $run_dir/cli.env
+    chordbeat run nightly-hr-sync --wait
+---------------------------------------------------------------
+BANNER
 chordbeat db upgrade
-# Beat applies the same file at start and prunes its dropped schedules without asking; so does this.
-chordbeat apply --prune "$CHORDBEAT_SCHEDULES_FILE"
+# Beat applies $CHORDBEAT_SCHEDULES_FILE when it starts, once Redis answers, and prunes the
+# schedules the file dropped. (Applied here too, before Redis started, it warned "beat entries not
+# updated (Connection refused)" at every start.)
 exec honcho -f deploy/local/Procfile start $processes

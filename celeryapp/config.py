@@ -107,7 +107,7 @@ VARIABLES = (
     Variable(
         "CHORDBEAT_TASK_MODULES",
         "unset",
-        "comma-separated modules with your step tasks, imported by every worker",
+        "modules with your step tasks (comma-separated), imported by every worker; steps are checked against them",
     ),
     Variable(
         "CHORDBEAT_RETENTION_DAYS",

@@ -3,6 +3,7 @@ real prefork worker sending events, real beat (recovery), and a real revoke(term
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import secrets
 import time
@@ -13,6 +14,9 @@ from typing import Any
 import pytest
 import requests
 from celery import Celery
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
 from sqlalchemy import select
 
 from celeryapp.application import ChordbeatCelery
@@ -25,6 +29,7 @@ from celeryapp.messaging.redis_client import get_redis
 from celeryapp.worker import step_events
 from models import ActivityStatus, AuditSource, WorkerTask, transaction
 from tests import processes
+from tests.chromium import chromium
 from tests.helpers import call, finished, running, step, wait_for
 from tests.servers import free_port
 from tests.step_log_tasks import RAISING_LINE
@@ -45,7 +50,7 @@ HOSTILE_STEP = "<img src=x onerror=alert(1)>"
 
 
 class Flower:
-    def __init__(self, settings: Settings, tmp: Path) -> None:
+    def __init__(self, settings: Settings, tmp: Path, **extra: str) -> None:
         self.port = free_port()
         self.auth = ("ops", secrets.token_urlsafe(16))
         env = processes.settings_env(
@@ -54,6 +59,7 @@ class Flower:
             FLOWER_COOKIE_SECRET=secrets.token_urlsafe(32),
             FLOWER_DB=str(tmp / "flower.db"),
             FLOWER_PORT=str(self.port),
+            **extra,
         )
         argv = [processes.CELERY, "-A", "celeryapp", "flower", f"--conf={processes.ROOT}/flower.cfg"]
         self.process = processes.Process(argv, env, tmp / "flower.log")
@@ -70,8 +76,8 @@ class Flower:
 
 
 @contextlib.contextmanager
-def flower(settings: Settings, tmp: Path) -> Iterator[Flower]:
-    monitor = Flower(settings, tmp)
+def flower(settings: Settings, tmp: Path, **extra: str) -> Iterator[Flower]:
+    monitor = Flower(settings, tmp, **extra)
     with processes.running(monitor.process):
 
         def up() -> bool:
@@ -411,3 +417,78 @@ def test_kwargs_search_lists_exactly_one_executions_steps(
     assert all(uuid.startswith(f"chordbeat-e{first}-") for uuid in exact)
     # Why the docs give kwargs: a substring of the args also finds run first*10's steps.
     assert any(uuid.startswith(f"chordbeat-e{first * 10}-") for uuid in substring)
+
+
+def search_box(browser: WebDriver, monitor: Flower, query: str) -> tuple[list[str], str]:
+    """Type ``query`` into Flower's /tasks search box as a person does; the rows' names, and the
+    search error Flower shows (empty if none)."""
+    browser.get(monitor.url + "/tasks")
+    box = wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "input[type=search]"), 20, what="the search box")
+    assert isinstance(box, WebElement)
+    box.clear()
+    box.send_keys(query)
+
+    def shown() -> tuple[list[str], str] | None:
+        # The table searches as the person types (after a pause): wait for the answer to the
+        # whole query, the last one it asked for.
+        answered = browser.execute_script(
+            "var s = $('#tasks-table').DataTable().settings()[0];"
+            "return s.oPreviousSearch.sSearch === arguments[0] && !!s.json && s.json.draw === s.iDraw;",
+            query,
+        )
+        if not answered:
+            return None
+        error = browser.find_element(By.ID, "task-search-error-message").text
+        cells = browser.find_elements(By.CSS_SELECTOR, "#tasks-table tbody td")
+        return [c.text for c in cells if "/" in c.text and not c.text.startswith("chordbeat-")], error
+
+    found = wait_for(shown, 20, interval=0.3, what=f"Flower's answer to {query!r}")
+    assert isinstance(found, tuple)
+    return found
+
+
+def test_a_step_received_while_task_events_were_off_is_still_found_as_the_docs_say(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    """The operator's 'args:execution=5 returns nothing': a worker sends no task-received (the only
+    event naming the task and its arguments) while its events are off, as after it (re)started in
+    the 5 s before Flower switches them on. Flower then lists the step without name or arguments,
+    and no search finds it. The step's final event now names it too."""
+    definition = {"name": "late", "every": 3600, "steps": [step("Upload to bank", kwargs={"seconds": 3})]}
+    # Flower not switching events on by itself, so that the test decides when they are.
+    with (
+        flower(settings, tmp_path, FLOWER_ENABLE_EVENTS="false") as monitor,
+        processes.worker(settings, tmp_path),
+        chromium() as browser,
+    ):
+        call(client, "chordbeat.apply_schedule", definition=definition)
+        execution_id = call(client, "chordbeat.trigger_schedule", name="late")["execution_id"]
+        running(client, execution_id, "Upload to bank")  # received, with events off
+        task_id = runner_task_id(execution_id, worker_task(app, execution_id, "Upload to bank").id, 1)
+        client.control.enable_events()  # what Flower does every 5 s
+        finished(client, execution_id, timeout=30)
+        shown = flower_sees(
+            monitor, lambda tasks: tasks.get(task_id, {}).get("state") == "SUCCESS", "Flower to see the step end"
+        )[task_id]
+        by_execution = monitor.tasks(search=f"kwargs:execution={execution_id}")
+        browser.execute_cdp_cmd("Network.enable", {})
+        token = base64.b64encode(":".join(monitor.auth).encode()).decode()
+        browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}})
+        typed = {
+            query: search_box(browser, monitor, query)
+            for query in (
+                f"kwargs:execution={execution_id}",
+                f"args:execution={execution_id}",
+                'name:"late/Upload to bank"',
+                "name:late/Upload to bank",
+            )
+        }
+    assert shown["name"] == "late/Upload to bank"
+    assert shown["args"] == f"(execution={execution_id}, group=1, attempt=1)"
+    assert set(by_execution) == {task_id}
+    assert typed[f"kwargs:execution={execution_id}"] == (["late/Upload to bank"], "")
+    assert typed[f"args:execution={execution_id}"] == (["late/Upload to bank"], "")
+    assert typed['name:"late/Upload to bank"'] == (["late/Upload to bank"], "")
+    # Unquoted, Flower splits the name at its spaces and refuses "to": why the docs quote it.
+    rows, error = typed["name:late/Upload to bank"]
+    assert rows == [] and "at least 3 characters" in error

@@ -189,7 +189,11 @@ class StepRequest(ReferenceClockRequest):
         if type_ == "task-succeeded":
             runtime = fields.get("runtime")
             type_, fields = event_for(fields.get("result"))
-            fields["runtime"] = runtime
+            # Only task-received names the task and its arguments, and it is not sent while the
+            # worker's events are off (a worker started or restarted in the 5 s before Flower
+            # switches them on): Flower then listed the step nameless, and no search found it.
+            # Monitors merge the fields of every event into the task, so the end names it too.
+            fields.update(runtime=runtime, name=self.name, args=self.argsrepr, kwargs=self.kwargsrepr)
         super().send_event(type_, **fields)
 
     def terminate(self, pool: Any, signal: Any = None) -> None:

@@ -247,3 +247,22 @@ def test_beat_records_the_schedule_file_it_applied_at_start(
         "unchanged": 0,
         "kept": 0,
     }
+
+
+def test_beat_records_a_schedule_done_and_an_apply_that_disables_pauses_by_its_applier(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    apply(client, "once", total_repeats=1, steps=[step("s")])
+    finished(client, call(client, "chordbeat.trigger_schedule", name="once")["execution_id"])
+    assert call(client, "chordbeat.get_schedule", name="once")["status"] == "done"
+    done = trail(client, "once")[0]
+    assert (done["action"], done["source"], done["reason"]) == ("done", "beat", "repeat limit reached after 1 runs")
+
+    disabled = call(
+        client,
+        "chordbeat.apply_schedule",
+        definition={"name": "off", "every": 3600, "enabled": False, "steps": [step("s")]},
+        actor="dana",
+    )
+    assert (disabled["status"], disabled["paused_by"]) == ("paused", "dana")
+    assert disabled["paused_reason"] == "enabled: false in the definition" and disabled["paused_at"] is not None

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.domain.cadence import Cadence
+from celeryapp.recovery.paused_slots import paused_detail
+from models import Schedule
 from tests import processes
 from tests.helpers import call, step, ts, wait_for
 
@@ -124,3 +126,16 @@ def test_a_paused_schedule_records_each_passed_slot_while_paused_and_nothing_twi
     assert during[0] - paused_at <= timedelta(seconds=2) and resumed_at - during[-1] <= timedelta(seconds=2)
     assert all(paused_at < t < resumed_at for t in during)
     assert all(t < paused_at or t >= resumed_at for r, t in zip(rows, nominal, strict=True) if r["outcome"] == "fired")
+
+
+@pytest.mark.parametrize(
+    ("by", "reason", "detail"),
+    [
+        ("tester", "maintenance", "paused by tester: maintenance"),
+        ("tester", None, "paused by tester"),
+        (None, "enabled: false in the definition", "paused: enabled: false in the definition"),
+        (None, None, "paused"),
+    ],
+)
+def test_a_paused_slot_says_who_and_why_as_far_as_known(by: str | None, reason: str | None, detail: str) -> None:
+    assert paused_detail(Schedule(name="s", paused_by=by, paused_reason=reason)) == detail

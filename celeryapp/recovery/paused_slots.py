@@ -30,10 +30,11 @@ MAX_PAUSED_RECORDS = 50
 
 
 def paused_detail(schedule: Schedule) -> str:
-    if schedule.paused_by is None:
-        return "schedule is paused"
+    """``paused by <actor>: <reason>``, each part only when known (a file's ``enabled: false``
+    has a reason and no actor)."""
+    by = f" by {schedule.paused_by}" if schedule.paused_by else ""
     said = f": {schedule.paused_reason}" if schedule.paused_reason else ""
-    return f"paused by {schedule.paused_by}{said}"
+    return f"paused{by}{said}"
 
 
 def _since(schedule: Schedule) -> datetime | None:

@@ -102,7 +102,7 @@ class ExecutionSummaryJson(_ExecutionFields):
     ``payload``, plus ``steps``."""
 
     #: ``{"total": <steps in the plan>, "<activity status>": <steps whose latest attempt has it>}``;
-    #: steps not started yet count in ``total`` only.
+    #: steps not started yet count in ``total`` only; a re-run's total counts the groups it runs.
     steps: dict[str, int]
 
 

@@ -61,6 +61,7 @@ def test_a_failed_run_is_run_again_from_its_failed_group_with_its_payload_and_sl
     assert slot_of(client, rerun["id"]) == slot_of(client, source["id"]) is not None
     summary = call(client, "chordbeat.list_executions", schedule="export", limit=1)[0]
     assert (summary["rerun_of"], summary["rerun_from_group"]) == (source["id"], 1)
+    assert summary["steps"] == {"total": 3, "complete": 3}
     row = call(client, "chordbeat.list_audit", schedule="export", limit=1)[0]
     assert (row["action"], row["actor"], row["reason"], row["execution_id"]) == (
         "rerun",

@@ -52,7 +52,8 @@ class Rerun:
         """What an execution row of the re-run holds instead of the schedule's current definition."""
         return {
             "plan": self.plan,
-            "step_count": sum(len(group) for group in self.plan),
+            # The steps it runs: a list's count of a re-run is not held back by groups it skips.
+            "step_count": sum(len(group) for group in self.plan[self.from_group :]),
             "payload": self.payload,
             "current_step_index": self.from_group,
             "rerun_of": self.of,

@@ -490,6 +490,8 @@ def test_cancel_asks_first_and_no_changes_nothing(
     assert status == 0 and f"execution {execution_id}: cancelled" in RICH_STYLE.sub("", output), output
     cancelled = call(client, "chordbeat.get_execution", execution_id=execution_id)
     assert cancelled["status"] == "cancelled" and cancelled["error"] == "cancelled by alice (cli): wrong payload"
+    again = cli("cancel", str(execution_id))  # nothing to ask about
+    assert again.exit_code == 0 and "already cancelled; nothing to cancel" in again.output, again.output
 
 
 def test_pause_asks_and_shows_who_paused_it_since_when_and_why(

@@ -26,15 +26,13 @@ def in_zone(text: str, zone: tzinfo) -> str:
 
 @click.command("audit")
 @click.option("--schedule", default=None, help="Only this schedule's rows.")
-@click.option("--execution", "execution_id", default=None, type=click.IntRange(1), help="Only this execution's rows.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 500))
 @json_option
-def audit_cmd(schedule: str | None, execution_id: int | None, limit: int, as_json: bool) -> None:
+def audit_cmd(schedule: str | None, limit: int, as_json: bool) -> None:
     """Who did what and why, newest first (times in the schedule's zone, else yours)."""
     from celeryapp.interfaces.display import label
 
-    narrowed = {"execution_id": execution_id} if execution_id is not None else {}
-    rows: list[dict[str, Any]] = call("list_audit", schedule=schedule, limit=limit, **narrowed)
+    rows: list[dict[str, Any]] = call("list_audit", schedule=schedule, limit=limit)
     if as_json:
         echo_json(rows)
         return

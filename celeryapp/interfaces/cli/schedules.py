@@ -46,6 +46,12 @@ def _upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
     return fire_times(first, cron=schedule.get("cron"), every_s=schedule.get("every"), zone=zone, count=count)
 
 
+def runs(schedule: dict[str, Any]) -> int:
+    """Every counted run: ``run_count`` is only the successful ones (what ``total_repeats`` counts),
+    so a schedule whose one run failed has 1 run, not 0."""
+    return int(schedule["run_count"]) + int(schedule["error_count"])
+
+
 @click.command("list")
 @json_option
 def list_cmd(as_json: bool) -> None:
@@ -68,7 +74,7 @@ def list_cmd(as_json: bool) -> None:
         if s["error_count"]:
             state.append(f"\n{s['error_count']} failed", style="red")
         next_run = time_cell(s["next_run_at"], viewer, None, now)
-        table.add_row(text_of(s["name"]), text_of(cadence_text(s)), state, text_of(s["run_count"]), next_run)
+        table.add_row(text_of(s["name"]), text_of(cadence_text(s)), state, text_of(runs(s)), next_run)
     console.print(table)
 
 
@@ -99,12 +105,9 @@ def show_cmd(name: str, as_json: bool) -> None:
         since = stamp(schedule.get("paused_at"), zone, viewer, now)
         why = f": {schedule['paused_reason']}" if schedule.get("paused_reason") else ""
         console.print(hanging(text_of(f"  paused by {schedule['paused_by']} since {since}{why}", "yellow")))
-    console.print(
-        text_of(
-            f"  {cadence_text(schedule).replace(chr(10), ' ')}, overlap {schedule['overlap']}; runs "
-            f"{schedule['run_count']}, failed {schedule['error_count']}, retry {schedule['current_retry']}"
-        )
-    )
+    console.print(hanging(text_of(f"  {cadence_text(schedule).replace(chr(10), ' ')}, overlap {schedule['overlap']}")))
+    counts = f"{schedule['run_count']} successful, {schedule['error_count']} failed"
+    console.print(text_of(f"  runs {runs(schedule)}: {counts}; retry {schedule['current_retry']}"))
     if schedule["last_error"]:
         console.print(hanging(Text("last error: "), text_of(schedule["last_error"], "red")))
     console.print(definition_table(schedule))

@@ -144,15 +144,16 @@ def _parse_kind(
     raw: Mapping[str, Any], kind: StepKind, path: str, rules: StepRules
 ) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     """The task, args and kwargs a step of this kind runs, if ``rules`` let it run."""
+    problems = Problems()
     if kind in KIND_TASKS:
         refusal = rules.spec_refusal(kind, KIND_TASKS[kind])
         if refusal:
-            raise DefinitionError(f"{path}.kind", refusal)
-    if kind is StepKind.EXECUTABLE:
-        return KIND_TASKS[kind], (), _parse_executable(raw, path, rules)
-    if kind is StepKind.SQL:
-        return KIND_TASKS[kind], (), _parse_sql(raw, path, rules)
-    problems = Problems()
+            problems.add(DefinitionError(f"{path}.kind", refusal))
+        parse = _parse_executable if kind is StepKind.EXECUTABLE else _parse_sql
+        kwargs = problems.check(parse, raw, path, rules)
+        problems.raise_any()
+        assert kwargs is not None
+        return KIND_TASKS[kind], (), kwargs
     task = problems.check(_task_name, raw, path, rules)
     arguments = problems.check(_task_arguments, raw, path)
     problems.raise_any()
@@ -160,7 +161,7 @@ def _parse_kind(
     return task, *arguments
 
 
-def _parse_executable(raw: Mapping[str, Any], path: str, rules: StepRules) -> dict[str, Any]:
+def _argv(raw: Mapping[str, Any], path: str, rules: StepRules) -> list[str]:
     argv = raw.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:
         raise DefinitionError(f"{path}.argv", "must be a non-empty list of strings (program first)")
@@ -170,34 +171,67 @@ def _parse_executable(raw: Mapping[str, Any], path: str, rules: StepRules) -> di
     refusal = rules.executable_refusal(argv[0])
     if refusal:
         raise DefinitionError(f"{path}.argv", refusal)
-    kwargs: dict[str, Any] = {"argv": list(argv)}
-    if raw.get("cwd") is not None:
-        kwargs["cwd"] = string_field(raw, "cwd", f"{path}.cwd")
-        if "\0" in kwargs["cwd"]:
-            raise DefinitionError(f"{path}.cwd", "must not contain NUL characters")
+    return list(argv)
+
+
+def _cwd(raw: Mapping[str, Any], path: str) -> str | None:
+    cwd = string_field(raw, "cwd", f"{path}.cwd")
+    if cwd is not None and "\0" in cwd:
+        raise DefinitionError(f"{path}.cwd", "must not contain NUL characters")
+    return cwd
+
+
+def _env(raw: Mapping[str, Any], path: str) -> dict[str, str] | None:
     env = raw.get("env")
+    if env is None:
+        return None
+    if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise DefinitionError(f"{path}.env", "must be an object of variable names to string values")
+    problems = Problems()
+    for name, value in env.items():
+        refusal = env_name_refusal(name) or ("must not contain NUL characters" if "\0" in value else None)
+        if refusal:
+            problems.add(DefinitionError(f"{path}.env.{name}", refusal))
+    problems.raise_any()
+    json_field(env, f"{path}.env")
+    return dict(env)
+
+
+def _parse_executable(raw: Mapping[str, Any], path: str, rules: StepRules) -> dict[str, Any]:
+    problems = Problems()
+    argv = problems.check(_argv, raw, path, rules)
+    cwd = problems.check(_cwd, raw, path)
+    env = problems.check(_env, raw, path)
+    problems.raise_any()
+    kwargs: dict[str, Any] = {"argv": argv}
+    if cwd is not None:
+        kwargs["cwd"] = cwd
     if env is not None:
-        if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise DefinitionError(f"{path}.env", "must be an object of variable names to string values")
-        for name, value in env.items():
-            refusal = env_name_refusal(name)
-            if refusal:
-                raise DefinitionError(f"{path}.env.{name}", refusal)
-            if "\0" in value:
-                raise DefinitionError(f"{path}.env.{name}", "must not contain NUL characters")
-        json_field(env, f"{path}.env")
-        kwargs["env"] = dict(env)
+        kwargs["env"] = env
     return kwargs
 
 
-def _parse_sql(raw: Mapping[str, Any], path: str, rules: StepRules) -> dict[str, Any]:
-    script = string_field(raw, "script", f"{path}.script", required=True)
-    json_field(script, f"{path}.script")
+def _database_env(raw: Mapping[str, Any], path: str, rules: StepRules) -> str:
     variable = string_field(raw, "database_env", f"{path}.database_env", required=True)
-    assert script is not None and variable is not None
+    assert variable is not None
     refusal = rules.sql_env_refusal(variable)
     if refusal:
         raise DefinitionError(f"{path}.database_env", refusal)
+    return variable
+
+
+def _script(raw: Mapping[str, Any], path: str) -> str:
+    script = string_field(raw, "script", f"{path}.script", required=True)
+    assert script is not None
+    json_field(script, f"{path}.script")
+    return script
+
+
+def _parse_sql(raw: Mapping[str, Any], path: str, rules: StepRules) -> dict[str, Any]:
+    problems = Problems()
+    script = problems.check(_script, raw, path)
+    variable = problems.check(_database_env, raw, path, rules)
+    problems.raise_any()
     return {"script": script, "database_env": variable}
 
 

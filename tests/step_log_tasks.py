@@ -17,4 +17,5 @@ RAISING_LINE = 'raise ConnectionError(f"bank refused {url}")'
 def chatty_fail(lines: int = 200, url: str = "postgresql://bank:hunter2@bank.example/upload") -> None:
     for number in range(lines):
         logger.info("uploading record %s", number)
+    print("giving up on the bank")  # a worker logs its steps' prints too (celery.redirected)
     raise ConnectionError(f"bank refused {url}")

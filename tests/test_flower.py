@@ -381,14 +381,15 @@ def test_a_failed_step_shows_its_traceback_and_keeps_it_with_its_last_log_lines(
         .rstrip()
         .endswith("ConnectionError: bank refused postgresql://bank:<hidden>@bank.example/upload")
     )
-    # The activity keeps the same traceback and the last 50 of the 200 lines the step logged.
+    # The activity keeps the same traceback and the last 50 of the 201 lines the step logged and printed.
     (activity,) = done["activities"]
     assert activity["status"] == "failed_with_error"
     assert activity["error"] == "ConnectionError: bank refused postgresql://bank:<hidden>@bank.example/upload"
     assert activity["traceback"] == info["traceback"]
     lines = activity["log_tail"].splitlines()
     assert len(lines) == LOG_TAIL_LINES
-    assert lines[0].endswith("INFO hr.bank: uploading record 150") and lines[-1].endswith("uploading record 199")
+    assert lines[0].endswith("INFO hr.bank: uploading record 151") and lines[-2].endswith("uploading record 199")
+    assert lines[-1].endswith("giving up on the bank")
 
 
 def test_kwargs_search_lists_exactly_one_executions_steps(

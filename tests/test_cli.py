@@ -294,7 +294,6 @@ def test_health_says_unhealthy_once_a_worker_stopped_cleanly(
 #: on the next line) the zone's offset; the viewer's wall time beside it says "here"; how far from now.
 WALL_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 OFFSET = re.compile(r"[+-]\d\d:\d\d\b")
-HERE = re.compile(r"\b(\d{4}-\d\d-\d\d )?\d\d:\d\d [A-Z][A-Za-z]*|[+-]\d\d:\d\d here\b")
 RELATIVE = re.compile(r"\bin \d|\d+ (s|min|h|d) ago\b|\bnow\b")
 CURSOR = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

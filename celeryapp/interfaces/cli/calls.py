@@ -100,7 +100,7 @@ def confirm(question: str, yes: bool) -> None:
             printable(f"not done: {question} needs confirmation; add --yes (no terminal to ask)")
         )
     try:
-        agreed = click.confirm(printable(question), default=False)
+        agreed = click.confirm(printable(question), default=False, err=True)  # stdout stays the answer
     except click.Abort:  # Ctrl-C or end of input at the question
         agreed = False
     if not agreed:

@@ -503,6 +503,11 @@ def test_pause_asks_and_shows_who_paused_it_since_when_and_why(
     status, output = in_terminal(settings, "pause", "nightly", replies={"[y/N]": "\n"})  # Enter: the default, no
     assert status == 1 and "pause nightly (active, next run in " in output, output
     assert call(client, "chordbeat.get_schedule", name="nightly")["status"] == "active"
+    # Hostile names and reasons are refused by the service, naming the field; nothing changes.
+    for flag, value, field in (("--as", "eve\x1b[2J", "actor"), ("--reason", "r" * 501, "reason")):
+        refused = cli("pause", "nightly", "--yes", flag, value)
+        assert refused.exit_code == 1 and field in refused.output and "\x1b[2J" not in refused.output, refused.output
+    assert call(client, "chordbeat.get_schedule", name="nightly")["status"] == "active"
     env = {"CHORDBEAT_ACTOR": "bob", "TZ": "Asia/Kolkata"}
     status, output = in_terminal(
         settings, "pause", "nightly", "--reason", "bank holiday", env=env, replies={"[y/N]": "y\n"}

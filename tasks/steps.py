@@ -43,7 +43,12 @@ def run_step(self: Task, worker_task_id: int, attempt: int) -> RedactedResult:
         # Published there by hand or by a definition stored before such queues were refused. Run
         # here, it would make control and service calls wait; moved with the same id and chord,
         # it completes its group as usual (a duplicate is skipped by the claim).
-        self.signature_from_request(queue=keys.STEPS_QUEUE).apply_async()
+        # With what monitors show of it (Celery keeps the shadow name, not the argument reprs).
+        reprs = {
+            "argsrepr": getattr(self.request, "argsrepr", None),
+            "kwargsrepr": getattr(self.request, "kwargsrepr", None),
+        }
+        self.signature_from_request(queue=keys.STEPS_QUEUE, **reprs).apply_async()
         logger.warning(
             "worker task %s attempt %s arrived on %r: moved to %r", worker_task_id, attempt, queue, keys.STEPS_QUEUE
         )

@@ -17,7 +17,7 @@ from celery import Celery
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
@@ -27,7 +27,7 @@ from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.worker import step_events
-from models import ActivityStatus, AuditSource, WorkerTask, transaction
+from models import ActivityStatus, AuditSource, ScheduleStep, WorkerTask, transaction
 from tests import processes
 from tests.chromium import chromium
 from tests.helpers import call, finished, running, step, wait_for
@@ -493,3 +493,28 @@ def test_a_step_received_while_task_events_were_off_is_still_found_as_the_docs_s
     # Unquoted, Flower splits the name at its spaces and refuses "to": why the docs quote it.
     rows, error = typed["name:late/Upload to bank"]
     assert rows == [] and "at least 3 characters" in error
+
+
+def test_a_step_moved_off_a_control_queue_keeps_its_name_and_arguments_in_flower(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    definition = {"name": "moved", "every": 3600, "steps": [step("a")]}
+    with (
+        flower(settings, tmp_path) as monitor,
+        processes.step_worker(settings, tmp_path),
+        processes.control_worker(settings, tmp_path),
+    ):
+        watched(monitor, client, definition)
+        # A definition stored before control queues were refused: its step is routed to one, and
+        # the control worker moves the message to the steps queue (tasks/steps.py).
+        with transaction(settings.database_url) as session:
+            session.execute(update(ScheduleStep).where(ScheduleStep.name == "a").values(queue=keys.PUBLIC_QUEUE))
+        execution_id = call(client, "chordbeat.trigger_schedule", name="moved")["execution_id"]
+        finished(client, execution_id, timeout=60)
+        seen = flower_sees(
+            monitor, lambda tasks: by_name(tasks).get("moved/a", {}).get("state") == "SUCCESS", "the moved step's end"
+        )
+        found = monitor.tasks(search=f"kwargs:execution={execution_id}")
+    shown = by_name(seen)["moved/a"]
+    assert shown["args"] == f"(execution={execution_id}, group=1, attempt=1)"
+    assert set(found) == {shown["uuid"]}

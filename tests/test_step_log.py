@@ -114,6 +114,12 @@ def test_secrets_in_free_text_are_hidden() -> None:
     )
     assert hide_secrets("connect(password='hunter2', user='x')") == f"connect(password='{HIDDEN}', user='x')"
     assert hide_secrets("see https://example.com/a:b and a@b") == "see https://example.com/a:b and a@b"
+    assert (
+        hide_secrets("PASSWORD: x1 api_key=k2 secret = 's3'")
+        == f"PASSWORD: {HIDDEN} api_key={HIDDEN} secret = '{HIDDEN}'"
+    )
+    # A parser's message is not a secret.
+    assert hide_secrets("JSONDecodeError: unexpected token: '}'") == "JSONDecodeError: unexpected token: '}'"
 
 
 def test_storable_text_keeps_the_end_of_a_traceback() -> None:

@@ -86,7 +86,10 @@ def credentials_apart(url: str) -> tuple[str, dict[str, str]]:
 #: ``scheme://user:password@``: the password of a URL in free text (a driver's error, a log line).
 _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@]*:)[^\s/@]+@")
 #: ``password=...`` and the like in free text (connection strings, keyword arguments in a repr).
-_KEYWORD_SECRET = re.compile(r"(\b(?:password|passwd|pwd|secret|token)\s*[=:]\s*['\"]?)[^\s'\",;)]+", re.IGNORECASE)
+#: ``token`` and ``secret`` only with ``=``: "unexpected token: '}'" is a parser's message.
+_KEYWORD_SECRET = re.compile(
+    r"(\b(?:(?:password|passwd|pwd)\s*[=:]|(?:secret|token|api_?key)\s*=)\s*['\"]?)[^\s'\",;)]+", re.IGNORECASE
+)
 
 
 def hide_secrets(text: str) -> str:

@@ -10,13 +10,14 @@ from urllib.parse import parse_qs, urlsplit
 from celery import Celery
 from kombu.entity import Queue
 
-from celeryapp.config import VISIBILITY_TIMEOUT_S, Settings
+from celeryapp.config import Settings
 from celeryapp.domain.redaction import credentials_apart
 from celeryapp.messaging import redis_client, reference_time, serialization
 from celeryapp.messaging.broker import sentinel_transport_options, transport_for
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.recovery.signals import HealthStep
 from celeryapp.redis_urls import is_sentinel, parse_sentinels
+from celeryapp.variables import VISIBILITY_TIMEOUT_S
 from models.clock import clock
 
 #: Modules holding chordbeat's own tasks; a worker imports them at start.

@@ -1,5 +1,5 @@
 """The contract cannot drift: the registered service tasks, the client, the service functions and
-the docs tables all agree with their one source (celeryapp.contract, celeryapp.config)."""
+the docs tables all agree with their one source (celeryapp.contract, celeryapp.variables)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import tasks.service
-from celeryapp import app, config
+from celeryapp import app, variables
 from celeryapp.client import ChordbeatClient
 from celeryapp.contract import SERVICE_TASKS, Param, ServiceTask
 from celeryapp.interfaces import docs_tables, service
@@ -92,7 +92,7 @@ def test_a_parameter_renders_as_the_table_shows_it() -> None:
 # --- CHORDBEAT_* variables --------------------------------------------------------------------------
 
 NAMES = re.compile(r"CHORDBEAT_[A-Z0-9_]+")
-KNOWN = {v.name for v in config.VARIABLES}
+KNOWN = {v.name for v in variables.VARIABLES}
 
 
 def test_the_settings_read_exactly_the_variables_documented_as_settings() -> None:
@@ -103,7 +103,7 @@ def test_the_settings_read_exactly_the_variables_documented_as_settings() -> Non
             for node in ast.walk(function):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str):
                     read |= set(NAMES.findall(node.value))
-    assert read == set(config.OWN_VARIABLES)
+    assert read == set(variables.OWN_VARIABLES)
 
 
 @pytest.mark.parametrize("folder", ["deploy", "Makefile", "bench", "examples", "flower.cfg"])
@@ -115,11 +115,14 @@ def test_the_deploy_files_use_only_documented_variables(folder: str) -> None:
 
 
 def test_the_docs_mention_only_documented_variables_with_their_documented_defaults() -> None:
-    defaults = {v.name: v.default for v in config.VARIABLES}
+    defaults = {v.name: v.default for v in variables.VARIABLES}
     for file in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
         text = file.read_text()
         for name in set(NAMES.findall(text)) - KNOWN:
             # Examples of the variables sql steps read, and a setting documented as absent on purpose.
-            assert name.startswith(config.DEFAULT_SQL_ENV_PREFIX) or name == "CHORDBEAT_EXECUTABLE_USER", (file, name)
+            assert name.startswith(variables.DEFAULT_SQL_ENV_PREFIX) or name == "CHORDBEAT_EXECUTABLE_USER", (
+                file,
+                name,
+            )
         for row in re.finditer(r"^\| `(CHORDBEAT_[A-Z_]+)` \| ([^|]*) \|", text, re.M):
             assert row[2].strip() == defaults[row[1]], (file.name, row[1])

@@ -19,6 +19,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
         "base": (
             "celeryapp.errors",
             "celeryapp.config",
+            "celeryapp.variables",
             "celeryapp.redis_urls",
             "celeryapp.context",
             "celeryapp.outcome",

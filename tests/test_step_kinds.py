@@ -17,9 +17,10 @@ from celery import Celery
 from sqlalchemy import create_engine, text, update
 
 from celeryapp.application import ChordbeatCelery
-from celeryapp.config import STEP_KINDS, Settings
+from celeryapp.config import Settings
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
+from celeryapp.variables import STEP_KINDS
 from celeryapp.worker.step_kinds import split_statements
 from models import ScheduleStep, transaction
 from tests import processes

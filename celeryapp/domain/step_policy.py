@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from celeryapp.config import OWN_VARIABLES, Settings
+from celeryapp.config import Settings
 from celeryapp.domain.definition import StepKind
+from celeryapp.variables import OWN_VARIABLES
 
 #: Environment variable names (executable ``env`` keys, a sql step's ``database_env``).
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

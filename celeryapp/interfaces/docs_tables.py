@@ -14,8 +14,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from celeryapp.config import VARIABLES
 from celeryapp.contract import CALLER_ERRORS, SERVICE_TASKS, Param
+from celeryapp.variables import VARIABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The files holding generated blocks.

@@ -10,12 +10,12 @@ from celery import Celery
 from celery.canvas import Signature
 from kombu.utils.uuid import uuid
 
-from celeryapp.config import VISIBILITY_TIMEOUT_S
 from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, registered_script
 from celeryapp.monitoring.overload import note_skipped
 from celeryapp.scheduling.beat_entries import sync_schedules
+from celeryapp.variables import VISIBILITY_TIMEOUT_S
 from celeryapp.worker import step_events
 
 logger = logging.getLogger(__name__)

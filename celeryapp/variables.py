@@ -1,0 +1,201 @@
+"""Every ``CHORDBEAT_*`` variable: its name, default and meaning (docs/configuration.md's table
+is made from :data:`VARIABLES`), and the defaults :class:`celeryapp.config.Settings` falls back to."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from celeryapp.redis_urls import DEFAULT_SENTINEL_MASTER
+
+#: Broker used when ``CHORDBEAT_BROKER_URL`` is unset: a Redis on this machine.
+DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+#: Embedded default database; PostgreSQL is the production choice.
+DEFAULT_DATABASE_URL = "sqlite:///chordbeat.db"
+#: Seconds a running step's heartbeat key lives without a refresh.
+DEFAULT_HEARTBEAT_TTL_S = 15.0
+#: Seconds between two runs of the recovery task.
+DEFAULT_RECOVERY_INTERVAL_S = 10.0
+#: Seconds beat's loop may go without coming round before beat exits (with every thread's stack
+#: on stderr) for its supervisor to restart it; also when ``chordbeat health beat`` reports it.
+DEFAULT_BEAT_STALL_S = 120.0
+#: Days finished executions and their activities are kept.
+DEFAULT_RETENTION_DAYS = 90.0
+#: The audit trail (who did what) is kept longer than the history it speaks of.
+DEFAULT_AUDIT_RETENTION_DAYS = 400.0
+#: Seconds a stored task result (a service call's answer) is kept in Redis for its caller.
+DEFAULT_RESULT_EXPIRES_S = 3600.0
+#: Every step kind. Executable and SQL steps run programs and SQL on the workers for whoever can
+#: publish to the broker, so they are off unless the operator turns them on.
+STEP_KINDS = frozenset({"task", "executable", "sql"})
+DEFAULT_STEP_KINDS = frozenset({"task"})
+#: Task names (fnmatch patterns) steps may run; chordbeat's and Celery's own tasks never qualify.
+DEFAULT_STEP_TASKS = ("*",)
+#: Variables a sql step may name as its ``database_env`` start with this.
+DEFAULT_SQL_ENV_PREFIX = "CHORDBEAT_SQL_"
+#: Redis hands an unacked message to another consumer after this long. Crashed steps are
+#: re-queued by heartbeat recovery much sooner; this is only the broker's last resort, so it is
+#: kept well above any step's run time to avoid duplicate deliveries of long steps.
+VISIBILITY_TIMEOUT_S = 6 * 3600
+#: Where worker and beat write their liveness files by default.
+DEFAULT_HEALTH_DIR = "/tmp"
+#: Where ``chordbeat web`` listens unless told otherwise: this machine only.
+DEFAULT_WEB_ADDRESS = "127.0.0.1"
+DEFAULT_WEB_PORT = 8180
+#: Longest name the CLI may say it acts as (``CHORDBEAT_ACTOR``, ``--as``).
+MAX_ACTOR_CHARS = 100
+
+
+class Variable(NamedTuple):
+    """A ``CHORDBEAT_*`` variable as the README's configuration table documents it."""
+
+    name: str
+    #: The default, as the table shows it (Markdown).
+    default: str
+    meaning: str
+    #: False for variables of the tooling (``make run``, the container image), not of :class:`Settings`.
+    setting: bool = True
+
+
+#: Every ``CHORDBEAT_*`` variable: the one source of docs/configuration.md's table.
+VARIABLES = (
+    Variable(
+        "CHORDBEAT_BROKER_URL",
+        f"`{DEFAULT_BROKER_URL}`",
+        "Celery broker (Redis; `rediss://` and passwords supported), or a Sentinel list "
+        "`sentinel://[:password@]host:port[/db];sentinel://host:port;...` (the password and database on the first "
+        "entry; see [operations.md](operations.md#redis-sentinel))",
+    ),
+    Variable(
+        "CHORDBEAT_RESULT_BACKEND",
+        "the broker URL",
+        "Celery result backend (Redis or a Sentinel list; chords join there)",
+    ),
+    Variable(
+        "CHORDBEAT_REDBEAT_URL",
+        "the broker URL",
+        "where RedBeat keeps schedule entries and its lock (Redis or a Sentinel list)",
+    ),
+    Variable(
+        "CHORDBEAT_SENTINEL_MASTER",
+        f"`{DEFAULT_SENTINEL_MASTER}`",
+        "the primary's name the Sentinels monitor, for every URL that is a Sentinel list",
+    ),
+    Variable(
+        "CHORDBEAT_DATABASE_URL",
+        f"`{DEFAULT_DATABASE_URL}`",
+        "SQLAlchemy URL; PostgreSQL (`postgresql+psycopg://…`) for production",
+    ),
+    Variable("CHORDBEAT_SCHEDULES_FILE", "unset", "declarative schedule file applied when beat starts"),
+    Variable("CHORDBEAT_HEARTBEAT_TTL", f"`{DEFAULT_HEARTBEAT_TTL_S:g}` (s)", "TTL of a running step's heartbeat key"),
+    Variable("CHORDBEAT_RECOVERY_INTERVAL", f"`{DEFAULT_RECOVERY_INTERVAL_S:g}` (s)", "period of the recovery task"),
+    Variable(
+        "CHORDBEAT_BEAT_STALL",
+        f"`{DEFAULT_BEAT_STALL_S:g}` (s)",
+        "a beat whose loop has not come round for this long writes every thread's stack to stderr and exits "
+        "(status 1) for its supervisor to restart it; `chordbeat health beat` fails after as long. At least 5; "
+        "raise it if repairing all entries (at start, after Redis lost them) takes longer",
+    ),
+    Variable(
+        "CHORDBEAT_TASK_MODULES",
+        "unset",
+        "modules with your step tasks (comma-separated), imported by every worker; steps are checked against them",
+    ),
+    Variable(
+        "CHORDBEAT_RETENTION_DAYS",
+        f"`{DEFAULT_RETENTION_DAYS:g}`",
+        "finished executions older than this are deleted",
+    ),
+    Variable(
+        "CHORDBEAT_AUDIT_RETENTION_DAYS",
+        f"`{DEFAULT_AUDIT_RETENTION_DAYS:g}`",
+        "audit rows (who did what, `chordbeat.list_audit`) older than this are deleted; kept longer than the "
+        "executions by default, so the trail outlives the history it speaks of",
+    ),
+    Variable(
+        "CHORDBEAT_HEALTH_DIR",
+        f"`{DEFAULT_HEALTH_DIR}`",
+        "where worker and beat write their liveness files; in a directory others can write to (`/tmp`), a private "
+        "`chordbeat-<uid>` subdirectory (mode 0700) of it; one owned by another user, or a subdirectory that is a "
+        "symlink or not private, is refused and `chordbeat health` says why",
+    ),
+    Variable(
+        "CHORDBEAT_RUN_DIR",
+        "`.run`",
+        "`make run` only: where it keeps Redis data, Flower's state and its generated credentials (`local.env`, "
+        "mode 0600)",
+        setting=False,
+    ),
+    Variable(
+        "CHORDBEAT_BENCH_RUNS",
+        "`3`",
+        "`make bench` only: how many times each scenario runs (medians need at least 3)",
+        setting=False,
+    ),
+    Variable(
+        "CHORDBEAT_ROLE",
+        "`worker`",
+        "container image only: the process (`worker` or `beat`) its health check asks `chordbeat health` about",
+        setting=False,
+    ),
+    Variable(
+        "CHORDBEAT_STEP_KINDS",
+        "`task`",
+        "step kinds definitions may use: add `executable` and/or `sql` to turn those on (anyone who can publish to "
+        "the broker can then run what the next two settings allow; see [security-steps.md]"
+        "(security-steps.md))",
+    ),
+    Variable(
+        "CHORDBEAT_STEP_TASKS",
+        f"`{','.join(DEFAULT_STEP_TASKS)}`",
+        "comma-separated patterns (`fnmatch`, case-sensitive) of the task names a `task` step may run, e.g. "
+        "`hr.*,billing.*`; Celery's own tasks (`celery.*`) and chordbeat's (`chordbeat.*` except "
+        "`chordbeat.examples.*`) never qualify",
+    ),
+    Variable(
+        "CHORDBEAT_EXECUTABLE_ALLOW",
+        "unset (nothing)",
+        "comma-separated absolute paths of the programs executable steps may run; an entry ending in `/` allows "
+        "everything below that directory. Symlinks and `..` are resolved before the check. Required once "
+        "`executable` is enabled (the worker refuses to start without it)",
+    ),
+    Variable(
+        "CHORDBEAT_SQL_ENV_PREFIX",
+        f"`{DEFAULT_SQL_ENV_PREFIX}`",
+        "a sql step's `database_env` must name a variable starting with this (e.g. `CHORDBEAT_SQL_REPORTING`); "
+        "chordbeat's own settings and `FLOWER_*` are refused whatever the prefix",
+    ),
+    Variable(
+        "CHORDBEAT_WEB_USERS",
+        "unset (`chordbeat web` refuses to start)",
+        "dashboard accounts: `name:role:password` entries separated by commas; role `admin` (may run, pause, "
+        "resume, cancel) or `viewer` (may look); password a hash from `chordbeat web-password` (or, on your own "
+        "machine only, the password itself)",
+    ),
+    Variable(
+        "CHORDBEAT_WEB_SECRET",
+        "unset (`chordbeat web` refuses to start)",
+        "at least 32 random characters that sign the dashboard's session cookies",
+    ),
+    Variable("CHORDBEAT_WEB_ADDRESS", f"`{DEFAULT_WEB_ADDRESS}`", "interface the dashboard listens on"),
+    Variable("CHORDBEAT_WEB_PORT", f"`{DEFAULT_WEB_PORT}`", "port of the dashboard"),
+    Variable(
+        "CHORDBEAT_WEB_TRUSTED_PROXY",
+        "unset (none)",
+        "comma-separated addresses or networks (`10.0.0.5`, `10.0.0.0/24`) of the TLS-terminating proxy in front of "
+        "the dashboard: only from them are `X-Forwarded-Proto` (HTTPS: `Secure`, `__Host-` cookies) and "
+        "`X-Forwarded-For` (login throttling by the client's address) believed",
+    ),
+    Variable(
+        "CHORDBEAT_ACTOR",
+        "`user@host` of who runs the CLI",
+        "who the `chordbeat` command says made a change (the actor of its audit rows); `--as NAME` overrides it",
+    ),
+    Variable(
+        "CHORDBEAT_RESULT_EXPIRES",
+        f"`{DEFAULT_RESULT_EXPIRES_S:g}` (s)",
+        "how long Redis keeps a service call's answer (the only task results stored; steps, fires and "
+        "advancements store none)",
+    ),
+)
+#: Every variable the settings read: a sql step may never name one of them.
+OWN_VARIABLES = frozenset(v.name for v in VARIABLES if v.setting)

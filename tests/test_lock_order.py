@@ -260,7 +260,7 @@ def test_a_dashboard_cancel_aborted_by_a_deadlock_answers_cancelled(app: Chordbe
             "browser",
             lambda: browser.post(
                 f"{web.url}/act/cancel/{execution_id}",
-                data={"_xsrf": xsrf(browser), "next": "/"},
+                data={"_xsrf": xsrf(browser), "next": "/", "reason": "deadlock test"},
                 allow_redirects=False,
                 timeout=60,
             ),

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from sqlalchemy import create_engine, text, update
 
@@ -20,6 +21,7 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
+from celeryapp.monitoring import worker_registry
 from celeryapp.variables import STEP_KINDS
 from celeryapp.worker.step_kinds import split_statements
 from models import ScheduleStep, transaction
@@ -43,6 +45,13 @@ def enable(app: ChordbeatCelery) -> Enable:
     def apply(**changes: Any) -> ChordbeatCelery:
         defaults: dict[str, Any] = {"step_kinds": STEP_KINDS, "executable_allow": ALLOW}
         app.apply_settings(replace(app.settings, **{**defaults, **changes}))
+        # The in-process worker published its step policy when it was ready; it runs under these
+        # settings now, so it says so again (a worker's settings never change while it runs).
+        client = redis.Redis.from_url(app.settings.broker_url)
+        for entry in worker_registry.live_workers(client):
+            worker_registry.publish(
+                client, entry.node, entry.queues, entry.tasks, app.settings, ttl_s=worker_registry.REGISTRY_TTL_S
+            )
         return app
 
     return apply

@@ -22,6 +22,12 @@ from models.states import AuditAction
 RERUNNABLE = (ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
 
 
+def first_failed_group(execution: ScheduleExecution) -> int:
+    """Where a re-run from the failed group starts (0-based): a run that failed or was cancelled
+    in group g stays at g, the groups before it completed."""
+    return max(0, min(execution.current_step_index, len(execution.plan) - 1))
+
+
 def start_rerun(
     session: Session, source_id: int, *, from_failed: bool, actor: Actor, reason: str | None, now: datetime
 ) -> StartResult:
@@ -42,8 +48,7 @@ def start_rerun(
     )
     if schedule is None:
         raise NotFound(f"schedule {source.schedule_name!r} of execution {source_id} does not exist")
-    # A run that failed or was cancelled in group g stays at g: the groups before it completed.
-    from_group = min(source.current_step_index, len(source.plan) - 1) if from_failed else 0
+    from_group = first_failed_group(source) if from_failed else 0
     slot = session.scalar(
         select(SlotRecord.nominal_at).where(SlotRecord.execution_id == source_id).order_by(SlotRecord.id).limit(1)
     )

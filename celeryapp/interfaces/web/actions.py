@@ -25,8 +25,8 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.limits import MAX_ID
 from celeryapp.domain.times import span
 from celeryapp.errors import ChordbeatError, InvalidArgument
+from celeryapp.execution.reruns import first_failed_group
 from celeryapp.interfaces import service
-from celeryapp.interfaces.web import trail
 from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler
 from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleStatus, utcnow
 from models.states import AuditSource
@@ -133,7 +133,7 @@ def _for_execution(session: Session, action: str, execution_id: int, now: dateti
             execution_id=execution_id,
             back=f"/execution/{execution_id}",
         )
-    group = trail.first_failed_group(execution)
+    group = first_failed_group(execution)
     refusal = (
         ""
         if execution.status in RERUNNABLE

@@ -16,6 +16,7 @@ from sqlalchemy import func, select, union_all
 from sqlalchemy.orm import Session, raiseload
 
 from celeryapp.domain.times import fire_times, parse_time
+from celeryapp.execution.reruns import first_failed_group
 from celeryapp.interfaces.display import step_states
 from celeryapp.interfaces.views import execution_json
 from celeryapp.interfaces.web import trail
@@ -286,7 +287,7 @@ def execution_view(session: Session, execution_id: int, now: datetime) -> Execut
         audit=audit,
         cancelled_by=trail.cancel_of(audit),
         reruns=trail.reruns_of(session, execution),
-        failed_group=trail.first_failed_group(execution),
+        failed_group=first_failed_group(execution),
     )
 
 

@@ -92,12 +92,6 @@ def warned_runs(session: Session, execution_ids: Sequence[int]) -> set[int]:
     )
 
 
-def first_failed_group(execution: ScheduleExecution) -> int:
-    """Where a re-run from the failed group starts (0-based): the group the run failed or was
-    cancelled in, as execution/reruns.py decides (the groups before it completed)."""
-    return max(0, min(execution.current_step_index, len(execution.plan) - 1))
-
-
 def reruns_of(session: Session, execution: ScheduleExecution) -> list[int]:
     """The re-runs started from this run: later runs of the same schedule (an index range on
     (schedule_id, id), as there is no index on rerun_of)."""

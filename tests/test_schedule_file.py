@@ -15,6 +15,7 @@ from sqlalchemy import select
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.errors import DefinitionError
+from celeryapp.interfaces import service
 from celeryapp.interfaces.cli import main
 from celeryapp.scheduling.schedule_file import apply_file
 from models import Schedule, ScheduleSource, transaction
@@ -104,6 +105,22 @@ def test_cli_apply_shows_the_diff_and_dry_run_changes_nothing(
     assert real.exit_code == 0 and '"added": [\n    "cli-made"' in real.output
     broken = runner.invoke(main, ["apply", str(write(tmp_path / "x.yaml", {"name": "x", "steps": []}))])
     assert broken.exit_code == 1 and "schedules[0] (x).cron: exactly one of 'cron' and 'every'" in broken.output
+
+
+def test_cli_apply_leaves_one_audit_row_with_the_file_and_nothing_for_a_dry_run_or_a_bad_actor(
+    app: ChordbeatCelery, worker: Any, tmp_path: Path
+) -> None:
+    path = write(tmp_path / "ops.yaml", {"name": "audited", "every": 30, "steps": [step("s")]})
+    runner = CliRunner()
+    assert runner.invoke(main, ["apply", "--dry-run", str(path)]).exit_code == 0
+    refused = runner.invoke(main, ["apply", "--as", "x\x1b[2J", str(path)])
+    assert refused.exit_code == 1 and "actor" in refused.output
+    assert service.list_audit(app) == [] and sources(app) == {}
+    applied = runner.invoke(main, ["apply", "--as", "alice", "--reason", "release 42", str(path)])
+    assert applied.exit_code == 0, applied.output
+    (row,) = service.list_audit(app)
+    assert (row["action"], row["source"], row["actor"], row["reason"]) == ("file_applied", "cli", "alice", "release 42")
+    assert row["detail"]["file"] == str(path) and row["detail"]["added"] == 1
 
 
 @pytest.mark.slow

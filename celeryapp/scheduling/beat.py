@@ -26,10 +26,10 @@ from celeryapp.messaging.keys import CONTROL_QUEUE
 from celeryapp.monitoring import health
 from celeryapp.monitoring.watchdog import StallWatchdog
 from celeryapp.scheduling.beat_entries import chunks, reconcile, reconcile_fully_next, short_name_list
-from celeryapp.scheduling.file_audit import record_file_applied
 from celeryapp.scheduling.redis_outage import RedisOutage
 from celeryapp.scheduling.schedule_file import apply_file
 from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, fire_of, wrong_type
+from models.audit import BEAT
 from models.clock import clock
 
 logger = logging.getLogger(__name__)
@@ -82,8 +82,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         settings = self.app.settings
         try:
             if settings.schedules_file:
-                diff = apply_file(self.app, settings.schedules_file)
-                record_file_applied(settings.database_url, settings.schedules_file, diff)
+                apply_file(self.app, settings.schedules_file, actor=BEAT)
         except DefinitionError as exc:
             # Refuse the whole file but keep scheduling what is stored: a crash-looping beat
             # would stop every schedule, not just the broken one.

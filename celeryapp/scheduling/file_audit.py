@@ -1,34 +1,30 @@
-"""The audit row of the schedule file beat applied when it started: what it changed, by beat."""
+"""The audit row of an applied schedule file: who applied it (beat at its start, a person with
+``chordbeat apply``) and what it changed."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from celeryapp.scheduling.schedule_file import FileDiff
-from models.audit import BEAT, REASON_CHARS
-from models.session import retried_transaction
+from sqlalchemy.orm import Session
+
+from models.audit import REASON_CHARS, Actor
 from models.states import AuditAction
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from celeryapp.scheduling.schedule_file import FileDiff
 
 
-def record_file_applied(database_url: str, path: str | Path, diff: FileDiff) -> None:
-    """One row for the whole file (its schedules' names are in the summary, cut to a reason's
-    length; the counts are whole). Written after the apply committed, in a transaction of its own:
-    a failure here is logged and costs the file nothing."""
+def record_file_applied(session: Session, actor: Actor, path: str | Path, diff: FileDiff, reason: str | None) -> None:
+    """One row for the whole file, in the apply's own transaction: the file and its record
+    commit together. The reason is the caller's, else the diff's summary (its schedules' names,
+    cut to a reason's length); the counts in the detail are whole."""
     detail = {
         "file": str(path)[:REASON_CHARS],
         "source": diff.source,
         **{kind: len(getattr(diff, kind)) for kind in ("added", "changed", "removed", "unchanged", "kept")},
     }
-    summary = diff.summary()
-    reason = summary if len(summary) <= REASON_CHARS else summary[: REASON_CHARS - 1] + "…"
-    try:
-        retried_transaction(
-            database_url,
-            "recording the schedule file's audit row",
-            lambda session: BEAT.record(session, AuditAction.FILE_APPLIED, None, reason=reason, detail=detail),
-        )
-    except Exception:
-        logger.exception("beat: the audit row of schedule file %s was not written", path)
+    if reason is None:
+        summary = diff.summary()
+        reason = summary if len(summary) <= REASON_CHARS else summary[: REASON_CHARS - 1] + "…"
+    actor.record(session, AuditAction.FILE_APPLIED, None, reason=reason, detail=detail)

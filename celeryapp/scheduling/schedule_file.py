@@ -28,9 +28,11 @@ from celeryapp.domain.validation import parse_definitions
 from celeryapp.errors import ChordbeatError, DefinitionError
 from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.scheduling.beat_entries import sync_schedules
+from celeryapp.scheduling.file_audit import record_file_applied
 from celeryapp.scheduling.store import Change, upsert_schedule
 from celeryapp.scheduling.yaml_errors import at, yaml_problem
 from models import Schedule, ScheduleSource, utcnow
+from models.audit import Actor
 from models.definitions import definition_of
 from models.session import retried_transaction
 
@@ -264,9 +266,16 @@ def apply_definitions(
 
 
 def apply_file(
-    app: ChordbeatCelery, path: str | Path, *, dry_run: bool = False, remove: bool | Collection[str] = True
+    app: ChordbeatCelery,
+    path: str | Path,
+    *,
+    dry_run: bool = False,
+    remove: bool | Collection[str] = True,
+    actor: Actor | None = None,
+    reason: str | None = None,
 ) -> FileDiff:
-    """Validate and apply a schedule file in one transaction: all of it or nothing.
+    """Validate and apply a schedule file in one transaction: all of it or nothing, with the
+    ``file_applied`` audit row of ``actor`` when one is given (not for a dry run).
 
     Only schedules of the file's own source are pruned (see :func:`apply_definitions`).
     """
@@ -274,9 +283,12 @@ def apply_file(
     schedule_file = read_file(path, rules=checked.rules)
 
     def apply(session: Session) -> FileDiff:
-        return apply_definitions(
+        diff = apply_definitions(
             session, schedule_file.definitions, source=schedule_file.source, dry_run=dry_run, remove=remove
         )
+        if actor is not None and not dry_run:
+            record_file_applied(session, actor, path, diff, reason)
+        return diff
 
     what = f"applying {path}"
     try:

@@ -9,8 +9,10 @@ from typing import Any
 import click
 
 from celeryapp.errors import ChordbeatError, DefinitionError
-from celeryapp.interfaces.cli.calls import built_app, console, echo_json, json_option
+from celeryapp.interfaces.arguments import actor_arg, reason_arg
+from celeryapp.interfaces.cli.calls import acting, acts, built_app, console, echo_json, json_option
 from celeryapp.interfaces.terminal import printable, text_of
+from models.states import AuditSource
 
 
 @click.group()
@@ -31,8 +33,9 @@ def db_upgrade() -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
 @click.option("--yes", "--prune", "yes", is_flag=True, help="Remove the file's dropped schedules without asking.")
+@acts
 @json_option
-def apply_cmd(path: str, dry_run: bool, yes: bool, as_json: bool) -> None:
+def apply_cmd(path: str, dry_run: bool, yes: bool, as_name: str | None, reason: str | None, as_json: bool) -> None:
     """Apply a declarative schedule file (file schedules override stored ones).
 
     Only schedules of the file's own source (its 'source:', by default its name without the
@@ -48,7 +51,9 @@ def apply_cmd(path: str, dry_run: bool, yes: bool, as_json: bool) -> None:
             if diff.removed and not yes:
                 _show_diff(diff)
                 remove = _confirm_removal(diff.source, diff.removed)
-            diff = apply_file(app, path, remove=remove)
+            diff = apply_file(
+                app, path, remove=remove, actor=actor_arg(acting(as_name), AuditSource.CLI), reason=reason_arg(reason)
+            )
     except ChordbeatError as exc:
         raise Refused(exc, console.width) from None
     if diff.checked_here:

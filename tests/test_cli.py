@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import pty
 import re
-import select
-import signal
-import struct
 import subprocess
 import sys
-import termios
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +24,7 @@ from celeryapp.monitoring.health import touch
 from models import transaction
 from tests import processes
 from tests.helpers import call, finished, step, wait_for
+from tests.terminals import in_pty
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 #: Markup, an SGR colour, a screen clear, an OSC 8 hyperlink, a carriage return and a bidi override.
@@ -59,44 +54,8 @@ def in_terminal(
     With ``interrupt_on``, the program gets a SIGINT (Ctrl-C) once its output shows that text;
     ``replies`` are typed once their question (the key) shows; ``env`` adds variables.
     """
-    replies = dict(replies or {})
     env = processes.settings_env(settings, TERM="xterm-256color", **(env or {}))
-    for name in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
-        env.pop(name, None)
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    attrs = termios.tcgetattr(follower)
-    attrs[1] &= ~termios.OPOST  # bytes as written: a carriage return in the output came from the program
-    termios.tcsetattr(follower, termios.TCSANOW, attrs)
-    proc = subprocess.Popen([CHORDBEAT, *args], stdin=follower, stdout=follower, stderr=follower, env=env)
-    os.close(follower)
-    output = b""
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([leader], [], [], 0.5)
-            if not ready:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # EIO: the program has closed the terminal
-                break
-            if not chunk:
-                break
-            output += chunk
-            if interrupt_on is not None and interrupt_on.encode() in output:
-                proc.send_signal(signal.SIGINT)
-                interrupt_on = None
-            for question in [q for q in replies if q.encode() in output]:
-                os.write(leader, replies.pop(question).encode())
-        return proc.wait(10), output.decode("utf-8", "replace")
-    finally:
-        os.close(leader)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    return in_pty([CHORDBEAT, *args], env, columns=columns, timeout=timeout, interrupt_on=interrupt_on, replies=replies)
 
 
 def test_run_wait_exits_zero_only_for_a_completed_run(app: ChordbeatCelery, worker: Any, client: Any) -> None:

@@ -8,6 +8,7 @@ import logging
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -79,6 +80,9 @@ def test_the_log_tail_keeps_the_last_lines_of_the_steps_own_thread() -> None:
     lines = text.splitlines()
     assert len(lines) == LOG_TAIL_LINES
     assert lines[0].endswith(f"INFO tests.step_log: record 151 token={HIDDEN}")
+    # Read later, in another zone: the time is UTC and says so, whatever the worker's zone.
+    stamp = datetime.strptime(lines[0].split(" UTC ")[0], "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=UTC)
+    assert abs((stamp - datetime.now(UTC)).total_seconds()) < 60
     assert lines[-2].endswith("record 199 token=<hidden>")
     assert lines[-1].endswith("a task logger's line")
     assert "another step's line" not in text and "abc" not in text

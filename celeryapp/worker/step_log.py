@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Iterator
@@ -20,8 +21,9 @@ from celeryapp.domain.redaction import hide_secrets
 #: Loggers the tail listens on besides the root: Celery's task loggers (``get_task_logger``) do
 #: not propagate to the root logger.
 _NON_PROPAGATING = ("celery.task",)
-#: Each kept line as a worker's log shows it, without the process name (one attempt, one process).
-LINE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: Each kept line as a worker's log shows it, without the process name (one attempt, one process),
+#: its time in UTC and saying so: the line is read later, elsewhere, by someone in another zone.
+LINE_FORMAT = "%(asctime)s UTC %(levelname)s %(name)s: %(message)s"
 
 
 def _cut_head(text: str, limit: int, what: str) -> str:
@@ -51,7 +53,9 @@ class LogTail(logging.Handler):
         self.thread = threading.get_ident()
         self.lines: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self._last: logging.LogRecord | None = None
-        self.setFormatter(logging.Formatter(LINE_FORMAT))
+        formatter = logging.Formatter(LINE_FORMAT)
+        formatter.converter = time.gmtime
+        self.setFormatter(formatter)
 
     def emit(self, record: logging.LogRecord) -> None:
         # Other threads of the process (the heartbeat's, a thread pool's other steps) are not this step.

@@ -6,6 +6,8 @@ trusted TLS proxy only; sessions kept server-side, so a logged-out cookie replay
 from __future__ import annotations
 
 import dataclasses
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from models import transaction
 from models.tables import AUDIT_EVENTS
 from tests.chromium import chromium
 from tests.login_server import LoginServer, chordbeat_web
-from tests.servers import free_port, wait_for
+from tests.servers import RedisServer, free_port, wait_for
 
 pytestmark = pytest.mark.postgres
 ADMIN = ("ops", "ops-password")
@@ -188,6 +190,41 @@ def test_without_redis_nobody_logs_in_and_the_login_page_says_why(app: Chordbeat
         assert "cannot reach Redis" in r.text
         page = client.get(web.url + "/", allow_redirects=False, timeout=10)
         assert page.status_code == 302 and page.headers["Location"].startswith("/login")
+
+
+def _waiting_queries(port: int) -> int:
+    """Bytes sent to the Redis on ``port`` that it has not read (it is frozen): queries waiting."""
+    listing = subprocess.run(
+        ["ss", "-tnH", "state", "established", f"( sport = :{port} )"], capture_output=True, text=True, check=True
+    )
+    return sum(int(line.split()[0]) for line in listing.stdout.splitlines() if line.strip())
+
+
+def test_a_frozen_redis_holds_the_request_that_needs_a_session_not_every_page(
+    app: ChordbeatCelery, tmp_path: Path
+) -> None:
+    own = RedisServer()
+    own.start()
+    try:
+        settings = dataclasses.replace(app.settings, broker_url=own.url)
+        with chordbeat_web(settings, tmp_path, _users()) as web, ThreadPoolExecutor(2) as pool:
+            signed_in, signing_in = web.client(), web.client()
+            assert web.log_in(signed_in, *ADMIN).status_code == 302
+            assert own.proc is not None
+            own.proc.send_signal(signal.SIGSTOP)
+            try:
+                held = pool.submit(signed_in.get, web.url + "/", allow_redirects=False, timeout=30)
+                wait_for(lambda: _waiting_queries(own.port) > 0, 10, what="the session lookup to wait on Redis")
+                login = pool.submit(web.log_in, signing_in, *VIEWER)
+                # A page that needs no session is answered meanwhile (on the event loop the lookup
+                # held every request for the Redis client's 10 s socket timeout).
+                login_page = requests.get(web.url + "/login", timeout=5)
+                assert login_page.status_code == 200 and not held.done() and not login.done()
+            finally:
+                own.proc.send_signal(signal.SIGCONT)
+            assert held.result().status_code == 200 and login.result().status_code == 302
+    finally:
+        own.stop()
 
 
 def test_in_chromium_after_logout_back_and_reload_is_not_logged_in(web: LoginServer) -> None:

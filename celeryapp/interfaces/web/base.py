@@ -65,6 +65,11 @@ class BaseHandler(SessionCookies):
         for name, value in SECURITY_HEADERS.items():
             self.set_header(name, value)
 
+    async def prepare(self) -> None:
+        # The session is kept in Redis: looked up off the event loop, so a Redis that hangs holds
+        # the requests that need a session, not every page and the health check with them.
+        self.current_user = await asyncio.get_running_loop().run_in_executor(None, self.sessions.current_user, self)
+
     def get_current_user(self) -> WebUser | None:
         return self.sessions.current_user(self)
 

@@ -26,8 +26,11 @@ class LoginHandler(BaseHandler):
         password = self.get_body_argument("password", "")[:MAX_LOGIN_CHARS]
         address = self.client_address
         guard = self.ctx.guard
+        # Redis is asked off the event loop throughout: one that hangs holds this login, not the
+        # dashboard (a handler's methods run one at a time, so the thread it runs in does not matter).
+        loop = asyncio.get_running_loop()
         try:
-            refusal = guard.admit(name, address)
+            refusal = await loop.run_in_executor(None, guard.admit, name, address)
             if refusal is not None:
                 await guard.refused(name, address, refusal)
                 self._too_many(refusal)
@@ -37,7 +40,7 @@ class LoginHandler(BaseHandler):
                 await asyncio.sleep(failure_pad_s(self.request.request_time()))
                 self._again(401, "Wrong user name or password.")
                 return
-            self.sessions.start(self, user)
+            await loop.run_in_executor(None, self.sessions.start, self, user)
         except PoolFull:
             self._too_many(Refusal("busy", 1, newly=False))
             return
@@ -64,6 +67,6 @@ class LoginHandler(BaseHandler):
 
 
 class LogoutHandler(BaseHandler):
-    def post(self) -> None:
-        self.sessions.end(self)
+    async def post(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.sessions.end, self)
         self.redirect("/login")

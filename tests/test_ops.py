@@ -210,11 +210,15 @@ def test_make_run_restarts_a_killed_worker_and_ctrl_c_stops_everything(
     local_env = run_dir / "local.env"
     assert local_env.stat().st_mode & 0o777 == 0o600
     password = dict(line.split("=", 1) for line in local_env.read_text().split())["LOCAL_FLOWER_PASSWORD"]
-    assert len(password) >= 20 and f"password {password};" in log.read_text()
+    assert len(password) >= 20 and f"(user chordbeat, password {password})" in log.read_text()
     # flower.cfg accepted the generated credentials.
     assert "Visit me at http://127.0.0.1:" in log.read_text()
     # The CLI in another terminal gets the same settings from a file only the user can read.
     cli_env = run_dir / "cli.env"
     assert cli_env.stat().st_mode & 0o777 == 0o600
     assert f"export CHORDBEAT_BROKER_URL={settings.broker_url}" in cli_env.read_text()
-    assert f". {run_dir}/cli.env; chordbeat run nightly-hr-sync --wait" in log.read_text()
+    # The banner, once everything answered, says how.
+    banner = [line.split("| ", 1)[-1].strip() for line in log.read_text().splitlines() if " ready.1 " in line]
+    assert "chordbeat is up" in banner, banner
+    said = banner.index(f". {run_dir}/cli.env")
+    assert banner[said + 1] == "chordbeat run nightly-hr-sync --wait", banner

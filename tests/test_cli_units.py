@@ -65,7 +65,7 @@ def test_long_lines_wrap_at_words_with_a_hanging_indent() -> None:
 def test_instants_in_an_audit_reason_read_as_people_times() -> None:
     from zoneinfo import ZoneInfo
 
-    from celeryapp.interfaces.cli.audit import in_zone
+    from celeryapp.domain.times import instants_in as in_zone
 
     said = in_zone("retry 2 at 2026-11-24T14:33:00.000Z (backoff)", ZoneInfo("Asia/Kolkata"))
     assert said == "retry 2 at 2026-11-24 20:03:00 +05:30 IST (backoff)"

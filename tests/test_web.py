@@ -16,7 +16,8 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
 from celeryapp.recovery.paused_slots import record_all_paused
 from models import Activity, Schedule, transaction, utcnow
-from models.states import AuditSource
+from models.audit import BEAT
+from models.states import AuditAction, AuditSource
 from tests.servers import wait_for
 from tests.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
 
@@ -279,3 +280,11 @@ def test_a_paused_schedules_due_times_show_in_its_slot_record(app: ChordbeatCele
     page = text_of(web.session(ADMIN).get(web.url + "/schedule?name=often", timeout=10).text)
     assert page.count("skipped: paused") >= 3
     assert "paused by ops: maintenance" in page
+    # Texts beat writes with instants in them (a long pause's summary row, a retry's reason) show
+    # them as people's times, like every other time on the page.
+    record_all_paused(app.settings.database_url, now=utcnow() + timedelta(seconds=200))
+    with transaction(app.settings.database_url) as session:
+        BEAT.record(session, AuditAction.RETRY_SCHEDULED, "often", reason="retry 1 at 2026-11-24T14:33:00.000Z")
+    page = text_of(web.session(ADMIN).get(web.url + "/schedule?name=often", timeout=10).text)
+    assert "so were the later slots until 20" in page and "retry 1 at 2026-11-24 14:33:00 +00:00" in page
+    assert not re.search(r"\d\dT\d\d:\d\d", page), page

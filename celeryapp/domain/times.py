@@ -11,6 +11,7 @@ time, a length that is not a number) is ``-``. Pure: every instant, ``now`` incl
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -149,3 +150,13 @@ def fire_times(
     else:
         times = [first]  # a definition always has one of the two; without either, only what is known
     return [t.astimezone(zone) for t in times[:count]]
+
+
+#: An instant as the contract writes it (``2026-11-24T14:33:00.000Z``), inside a text beat wrote:
+#: a retry's reason, a slot record's summary.
+ISO_INSTANT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+
+
+def instants_in(text: str, zone: tzinfo | str) -> str:
+    """``text`` with the ISO instants in it written as people's times (:func:`clock`) in ``zone``."""
+    return ISO_INSTANT.sub(lambda m: clock(parse_time(m.group()), zone), text)

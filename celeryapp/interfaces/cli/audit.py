@@ -4,24 +4,12 @@ and other services, and beat's own decisions (retries, dead schedules, timeouts)
 from __future__ import annotations
 
 import json
-import re
-from datetime import tzinfo
 from typing import Any
 
 import click
 
 from celeryapp.interfaces.cli.calls import call, console, echo_json, json_option, list_zone, reference_now, zone_title
 from celeryapp.interfaces.terminal import TIME_WIDTH, new_table, text_of, time_cell
-
-#: An instant as the contract writes it, inside a reason beat wrote (``retry 2 at 2026-…Z``).
-ISO_INSTANT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-
-
-def in_zone(text: str, zone: tzinfo) -> str:
-    """``text`` with the ISO instants in it written as people's times, in the column's zone."""
-    from celeryapp.domain.times import clock, parse_time
-
-    return ISO_INSTANT.sub(lambda m: clock(parse_time(m.group()), zone), text)
 
 
 @click.command("audit")
@@ -30,6 +18,7 @@ def in_zone(text: str, zone: tzinfo) -> str:
 @json_option
 def audit_cmd(schedule: str | None, limit: int, as_json: bool) -> None:
     """Who did what and why, newest first (times in the schedule's zone, else yours)."""
+    from celeryapp.domain.times import instants_in
     from celeryapp.interfaces.display import label
 
     rows: list[dict[str, Any]] = call("list_audit", schedule=schedule, limit=limit)
@@ -51,7 +40,7 @@ def audit_cmd(schedule: str | None, limit: int, as_json: bool) -> None:
             part for part in (row["schedule"], f"#{row['execution_id']}" if row["execution_id"] else "") if part
         )
         what.append_text(text_of(f"\n{target}" if target else ""))
-        why = text_of(in_zone(row["reason"], zone)) if row["reason"] else text_of(_detail(row.get("detail")), "dim")
+        why = text_of(instants_in(row["reason"], zone)) if row["reason"] else text_of(_detail(row.get("detail")), "dim")
         table.add_row(time_cell(row["at"], zone, viewer, now), who, what, why)
     console.print(table if rows else text_of("nothing recorded yet", "dim"))
 

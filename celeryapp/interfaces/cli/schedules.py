@@ -83,7 +83,7 @@ def list_cmd(as_json: bool) -> None:
 @json_option
 def show_cmd(name: str, as_json: bool) -> None:
     """A schedule: definition, status, next fire times, recent executions and slots (--json: all of it)."""
-    from celeryapp.domain.times import stamp, took, zone_of
+    from celeryapp.domain.times import instants_in, stamp, took, zone_of
 
     schedule = call("get_schedule", name)
     executions = call("list_executions", schedule=name, limit=5)
@@ -135,7 +135,7 @@ def show_cmd(name: str, as_json: bool) -> None:
     for slot in slots:
         outcome = state_text(slot["outcome"])
         if slot["detail"]:
-            outcome.append_text(text_of(f"\n{slot['detail']}", "dim"))
+            outcome.append_text(text_of(f"\n{instants_in(slot['detail'], zone)}", "dim"))
         row = (
             time_cell(slot["nominal_at"], zone, viewer, now),
             text_of(slot["trigger"]),

@@ -24,6 +24,8 @@ _NON_PROPAGATING = ("celery.task",)
 #: Each kept line as a worker's log shows it, without the process name (one attempt, one process),
 #: its time in UTC and saying so: the line is read later, elsewhere, by someone in another zone.
 LINE_FORMAT = "%(asctime)s UTC %(levelname)s %(name)s: %(message)s"
+#: To the second: the lines are in order, and a person reads them at 80 columns.
+LINE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
 def _cut_head(text: str, limit: int, what: str) -> str:
@@ -53,7 +55,7 @@ class LogTail(logging.Handler):
         self.thread = threading.get_ident()
         self.lines: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self._last: logging.LogRecord | None = None
-        formatter = logging.Formatter(LINE_FORMAT)
+        formatter = logging.Formatter(LINE_FORMAT, datefmt=LINE_TIME_FORMAT)
         formatter.converter = time.gmtime
         self.setFormatter(formatter)
 

@@ -1,11 +1,14 @@
 """Database models: typed SQLAlchemy 2 tables, state enums and transactions."""
 
+from models.alert_tables import Alert, AlertDelivery, AlertSilence
 from models.base import Base, utcnow
 from models.session import get_engine, transaction
 from models.states import (
     ActivityStatus,
+    AlertKind,
     AuditAction,
     AuditSource,
+    DeliveryStatus,
     ExecutionStatus,
     Overlap,
     ScheduleSource,
@@ -28,10 +31,15 @@ from models.tables import (
 __all__ = [
     "Activity",
     "ActivityStatus",
+    "Alert",
+    "AlertDelivery",
+    "AlertKind",
+    "AlertSilence",
     "AuditAction",
     "AuditEvent",
     "AuditSource",
     "Base",
+    "DeliveryStatus",
     "ExecutionStatus",
     "MetricCount",
     "Overlap",

@@ -112,3 +112,31 @@ class AuditAction(StrEnum):
     CANCELLED_BY_OVERLAP = "cancelled_by_overlap"
     LOGIN_FAILED = "login_failed"
     LOCKED_OUT = "locked_out"
+    ALERT_ACKNOWLEDGED = "alert_acknowledged"
+    SILENCED = "silenced"
+    UNSILENCED = "unsilenced"
+    ALERT_TEST = "alert_test"
+
+
+class AlertKind(StrEnum):
+    """What an alert reports. The first four are what a definition's ``alerts.on`` may name."""
+
+    FAILED = "failed"
+    DEAD = "dead"
+    MISSED = "missed"
+    LATE = "late"
+    #: A run that was late has ended; sent wherever its ``late`` alert went.
+    RESOLVED = "resolved"
+    #: ``chordbeat alerts test CHANNEL``: checks a deployment's wiring.
+    TEST = "test"
+
+
+class DeliveryStatus(StrEnum):
+    """Where one alert's delivery to one channel stands."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    #: Held back by the channel's rate limit and sent inside a summary message instead.
+    SUMMARISED = "summarised"
+    #: Given up after the retry period; ``last_error`` says why.
+    FAILED = "failed"

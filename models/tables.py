@@ -41,7 +41,7 @@ from models.states import (
 NAME_LENGTH = 200
 
 
-def _enum_column(enum: type[Any], **kw: Any) -> Any:
+def enum_column(enum: type[Any], **kw: Any) -> Any:
     # Stored as plain strings (not native enums) so that adding a state is a code change, not
     # an ALTER TYPE; the values are the enums' values.
     return mapped_column(
@@ -63,21 +63,24 @@ class Schedule(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
-    source: Mapped[ScheduleSource] = _enum_column(ScheduleSource, default=ScheduleSource.API)
+    source: Mapped[ScheduleSource] = enum_column(ScheduleSource, default=ScheduleSource.API)
     #: For a file-sourced schedule, the file's ``source:`` name: applying a file prunes only the
     #: schedules of its own source, never those another file declared.
     source_name: Mapped[str | None] = mapped_column(String(NAME_LENGTH), default=None)
-    status: Mapped[ScheduleStatus] = _enum_column(ScheduleStatus, default=ScheduleStatus.ACTIVE)
+    status: Mapped[ScheduleStatus] = enum_column(ScheduleStatus, default=ScheduleStatus.ACTIVE)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     cron: Mapped[str | None] = mapped_column(String(200), default=None)
     every_s: Mapped[float | None] = mapped_column(Float, default=None)
     timezone: Mapped[str] = mapped_column(String(64), default="UTC")
-    overlap: Mapped[Overlap] = _enum_column(Overlap, default=Overlap.SKIP)
+    overlap: Mapped[Overlap] = enum_column(Overlap, default=Overlap.SKIP)
     max_retries: Mapped[int] = mapped_column(Integer, default=0)
     retry_delay_s: Mapped[float] = mapped_column(Float, default=60.0)
     total_repeats: Mapped[int] = mapped_column(Integer, default=0)
     timeout_s: Mapped[float | None] = mapped_column(Float, default=None)
     payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    #: The definition's ``deadlines`` and ``alerts`` objects as validated; None when not given.
+    deadlines: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    alerts: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
     run_count: Mapped[int] = mapped_column(Integer, default=0)
     error_count: Mapped[int] = mapped_column(Integer, default=0)
@@ -153,8 +156,8 @@ class ScheduleExecution(Base):
     #: Kept when the schedule is deleted (history outlives its schedule); the name stays readable.
     schedule_id: Mapped[int | None] = mapped_column(ForeignKey("schedules.id", ondelete="SET NULL"), default=None)
     schedule_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
-    status: Mapped[ExecutionStatus] = _enum_column(ExecutionStatus, default=ExecutionStatus.IN_PROGRESS)
-    trigger: Mapped[Trigger] = _enum_column(Trigger)
+    status: Mapped[ExecutionStatus] = enum_column(ExecutionStatus, default=ExecutionStatus.IN_PROGRESS)
+    trigger: Mapped[Trigger] = enum_column(Trigger)
     #: Deterministic identity of the run (schedule, nominal slot, retry): one execution per key.
     run_key: Mapped[str] = mapped_column(String(400), unique=True)
     #: Set to the schedule id while a non-``allow`` execution is in progress; the unique constraint
@@ -192,7 +195,7 @@ class WorkerTask(Base):
     execution_id: Mapped[int] = mapped_column(ForeignKey("schedule_executions.id", ondelete="CASCADE"))
     step_index: Mapped[int] = mapped_column(Integer)
     step_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
-    status: Mapped[WorkerTaskStatus] = _enum_column(WorkerTaskStatus)
+    status: Mapped[WorkerTaskStatus] = enum_column(WorkerTaskStatus)
     #: Attempt the current message belongs to; a message of an older attempt is fenced off.
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     node: Mapped[str | None] = mapped_column(String(NAME_LENGTH), default=None)
@@ -212,7 +215,7 @@ class Activity(Base):
     step_index: Mapped[int] = mapped_column(Integer)
     step_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     attempt: Mapped[int] = mapped_column(Integer)
-    status: Mapped[ActivityStatus] = _enum_column(ActivityStatus, default=ActivityStatus.IN_PROGRESS)
+    status: Mapped[ActivityStatus] = enum_column(ActivityStatus, default=ActivityStatus.IN_PROGRESS)
     worker: Mapped[str | None] = mapped_column(String(NAME_LENGTH), default=None)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
@@ -244,8 +247,8 @@ class SlotRecord(Base):
     schedule_id: Mapped[int | None] = mapped_column(ForeignKey("schedules.id", ondelete="SET NULL"), default=None)
     schedule_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     nominal_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
-    trigger: Mapped[Trigger] = _enum_column(Trigger)
-    outcome: Mapped[SlotOutcome] = _enum_column(SlotOutcome)
+    trigger: Mapped[Trigger] = enum_column(Trigger)
+    outcome: Mapped[SlotOutcome] = enum_column(SlotOutcome)
     execution_id: Mapped[int | None] = mapped_column(
         ForeignKey("schedule_executions.id", ondelete="SET NULL"), default=None
     )
@@ -279,8 +282,8 @@ class AuditEvent(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     actor: Mapped[str] = mapped_column(String(100))
-    source: Mapped[AuditSource] = _enum_column(AuditSource)
-    action: Mapped[AuditAction] = _enum_column(AuditAction)
+    source: Mapped[AuditSource] = enum_column(AuditSource)
+    action: Mapped[AuditAction] = enum_column(AuditAction)
     schedule_name: Mapped[str | None] = mapped_column(String(NAME_LENGTH), default=None)
     execution_id: Mapped[int | None] = mapped_column(Integer, default=None)
     reason: Mapped[str | None] = mapped_column(String(500), default=None)

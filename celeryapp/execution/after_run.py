@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.decisions import AfterExecution, ScheduleState
 from celeryapp.domain.times import iso
 from celeryapp.execution.run_rows import execution_with_key
-from models import ExecutionStatus, Schedule, ScheduleStatus
+from celeryapp.monitoring.alert_outbox import raise_alert
+from models import AlertKind, ExecutionStatus, Schedule, ScheduleStatus
 from models.audit import BEAT
 from models.session import affected
 from models.states import AuditAction
@@ -79,6 +80,10 @@ def log_after_run(
         failures = state.current_retry + 1
         logger.error("schedule %r is dead: %s consecutive failures", name, failures)
         audit(AuditAction.DEAD, reason=f"{failures} consecutive failures", detail={"failures": failures})
+        message = f"{name} is dead after {failures} consecutive failures; nothing runs until it is resumed"
+        raise_alert(
+            session, schedule_name=name, kind=AlertKind.DEAD, message=message, now=now, execution_id=execution_id
+        )
     elif after.counted and after.retry_at is not None:
         logger.info("schedule %r: retry %s at %s", name, after.current_retry, iso(after.retry_at))
         detail = {"retry": after.current_retry, "at": iso(after.retry_at)}

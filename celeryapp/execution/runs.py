@@ -44,6 +44,7 @@ from celeryapp.execution.run_rows import (
 )
 from celeryapp.execution.slot_records import record_slot
 from celeryapp.monitoring import metric_counts
+from celeryapp.monitoring.alert_outbox import alert_run_ended
 from models import (
     Activity,
     ActivityStatus,
@@ -236,6 +237,7 @@ def finish_execution(
     else:
         logger.info("execution %s of %r %s", execution.id, execution.schedule_name, status.value)
     effects = _after_execution(session, execution, status, error=error, now=now)
+    alert_run_ended(session, execution, status, error=error, now=now)
     effects.ended.append(execution.id)
     if cancel:
         effects.cancelled.append(execution.id)

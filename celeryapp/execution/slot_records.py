@@ -9,6 +9,7 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from celeryapp.monitoring import metric_counts
+from celeryapp.monitoring.alert_outbox import MISSED_OUTCOMES, alert_missed_slots
 from models import Schedule, SlotOutcome, Trigger
 from models.tables import SLOT_RECORDS
 
@@ -65,6 +66,9 @@ def record_slots(session: Session, slots: list[SlotRow], *, now: datetime) -> No
     for slot in slots:
         counts.count(metric_counts.SLOTS, slot.owner.name, slot.outcome.value)
     counts.add_to(session)
+    missed = [(s.owner.name, s.outcome, s.nominal_at, s.detail) for s in slots if s.outcome in MISSED_OUTCOMES]
+    if missed:
+        alert_missed_slots(session, missed, now=now)
 
 
 _INSERT_SLOT = insert(SLOT_RECORDS)

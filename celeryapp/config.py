@@ -15,6 +15,11 @@ from dataclasses import dataclass, field
 from celeryapp.errors import ConfigError
 from celeryapp.redis_urls import DEFAULT_SENTINEL_MASTER, check_redis_url
 from celeryapp.variables import (
+    DEFAULT_ALERT_MISSED_GRACE_S,
+    DEFAULT_ALERT_POLL_INTERVAL_S,
+    DEFAULT_ALERT_RATE_LIMIT,
+    DEFAULT_ALERT_RETRY_FOR_S,
+    DEFAULT_ALERT_WATCH_INTERVAL_S,
     DEFAULT_AUDIT_RETENTION_DAYS,
     DEFAULT_BEAT_STALL_S,
     DEFAULT_BROKER_URL,
@@ -186,6 +191,15 @@ class Settings:
     result_expires_s: float = DEFAULT_RESULT_EXPIRES_S
     #: Who the CLI acts as; unset: the CLI's ``user@host``.
     actor: str | None = None
+    #: The alert channels file (celeryapp/alerting/channels.py reads it); unset: no alert is sent.
+    alert_channels_file: str | None = None
+    alert_poll_interval_s: float = DEFAULT_ALERT_POLL_INTERVAL_S
+    alert_watch_interval_s: float = DEFAULT_ALERT_WATCH_INTERVAL_S
+    alert_retry_for_s: float = DEFAULT_ALERT_RETRY_FOR_S
+    alert_rate_limit: int = DEFAULT_ALERT_RATE_LIMIT
+    alert_missed_grace_s: float = DEFAULT_ALERT_MISSED_GRACE_S
+    #: The dashboard's address for links in alerts; unset: alerts carry no links.
+    dashboard_url: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -228,4 +242,17 @@ class Settings:
             web_trusted_proxies=_web_proxies(env),
             result_expires_s=_env_float(env, "CHORDBEAT_RESULT_EXPIRES", DEFAULT_RESULT_EXPIRES_S, minimum=60),
             actor=_actor(env),
+            alert_channels_file=env.get("CHORDBEAT_ALERT_CHANNELS") or None,
+            alert_poll_interval_s=_env_float(
+                env, "CHORDBEAT_ALERT_POLL_INTERVAL", DEFAULT_ALERT_POLL_INTERVAL_S, minimum=0.1
+            ),
+            alert_watch_interval_s=_env_float(
+                env, "CHORDBEAT_ALERT_WATCH_INTERVAL", DEFAULT_ALERT_WATCH_INTERVAL_S, minimum=0.5
+            ),
+            alert_retry_for_s=_env_float(env, "CHORDBEAT_ALERT_RETRY_FOR", DEFAULT_ALERT_RETRY_FOR_S, minimum=3600),
+            alert_rate_limit=int(_env_float(env, "CHORDBEAT_ALERT_RATE_LIMIT", DEFAULT_ALERT_RATE_LIMIT, minimum=1)),
+            alert_missed_grace_s=_env_float(
+                env, "CHORDBEAT_ALERT_MISSED_GRACE", DEFAULT_ALERT_MISSED_GRACE_S, minimum=0
+            ),
+            dashboard_url=(env.get("CHORDBEAT_DASHBOARD_URL") or "").rstrip("/") or None,
         )

@@ -41,6 +41,16 @@ DEFAULT_HEALTH_DIR = "/tmp"
 #: Where ``chordbeat web`` listens unless told otherwise: this machine only.
 DEFAULT_WEB_ADDRESS = "127.0.0.1"
 DEFAULT_WEB_PORT = 8180
+#: Seconds between two looks of the alert sender for deliveries that are due.
+DEFAULT_ALERT_POLL_INTERVAL_S = 1.0
+#: Seconds between two passes of the deadline watch (late runs, slots beat never fired).
+DEFAULT_ALERT_WATCH_INTERVAL_S = 10.0
+#: Seconds a delivery is retried (with backoff) before it is given up as failed.
+DEFAULT_ALERT_RETRY_FOR_S = 24 * 3600.0
+#: Alerts one channel is sent per minute; beyond that they go out as one summary.
+DEFAULT_ALERT_RATE_LIMIT = 10
+#: Seconds past its due time a slot may go unfired before ``missed`` says beat is not firing it.
+DEFAULT_ALERT_MISSED_GRACE_S = 120.0
 #: Longest name the CLI may say it acts as (``CHORDBEAT_ACTOR``, ``--as``).
 MAX_ACTOR_CHARS = 100
 
@@ -189,6 +199,42 @@ VARIABLES = (
         "CHORDBEAT_ACTOR",
         "`user@host` of who runs the CLI",
         "who the `chordbeat` command says made a change (the actor of its audit rows); `--as NAME` overrides it",
+    ),
+    Variable(
+        "CHORDBEAT_ALERT_CHANNELS",
+        "unset (no alert is sent)",
+        "YAML file naming the alert channels definitions may send to (webhook, Slack, email; see "
+        "[alerts.md](alerts.md)); secrets come from the variables it names, never from the file",
+    ),
+    Variable(
+        "CHORDBEAT_ALERT_POLL_INTERVAL",
+        f"`{DEFAULT_ALERT_POLL_INTERVAL_S:g}` (s)",
+        "how often the worker that sends alerts looks for deliveries that are due",
+    ),
+    Variable(
+        "CHORDBEAT_ALERT_WATCH_INTERVAL",
+        f"`{DEFAULT_ALERT_WATCH_INTERVAL_S:g}` (s)",
+        "how often deadlines are checked (late runs, predicted lateness, slots beat never fired)",
+    ),
+    Variable(
+        "CHORDBEAT_ALERT_RETRY_FOR",
+        f"`{DEFAULT_ALERT_RETRY_FOR_S:g}` (s)",
+        "a delivery that keeps failing is retried with backoff for this long, then marked failed; at least 3600",
+    ),
+    Variable(
+        "CHORDBEAT_ALERT_RATE_LIMIT",
+        f"`{DEFAULT_ALERT_RATE_LIMIT}`",
+        "alerts sent to one channel per minute; the rest of that minute's go out as one summary",
+    ),
+    Variable(
+        "CHORDBEAT_ALERT_MISSED_GRACE",
+        f"`{DEFAULT_ALERT_MISSED_GRACE_S:g}` (s)",
+        "a slot still unfired this long after it was due raises `missed` (beat or the workers are down)",
+    ),
+    Variable(
+        "CHORDBEAT_DASHBOARD_URL",
+        "unset (no links)",
+        "the dashboard's address as people reach it (`https://chordbeat.example.com`), for links in alerts",
     ),
     Variable(
         "CHORDBEAT_RESULT_EXPIRES",

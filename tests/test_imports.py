@@ -32,7 +32,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"monitoring": ("celeryapp.monitoring",)},
     {"execution": ("celeryapp.execution",), "scheduling": ("celeryapp.scheduling",)},
     {"worker": ("celeryapp.worker",)},
-    {"recovery": ("celeryapp.recovery",)},
+    {"recovery": ("celeryapp.recovery",), "alerting": ("celeryapp.alerting",)},
     {"application": ("celeryapp.application", "celeryapp")},
     {"interfaces": ("celeryapp.interfaces", "celeryapp.client", "celeryapp.contract")},
     {"tasks": ("tasks",)},

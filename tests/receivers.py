@@ -1,0 +1,183 @@
+"""Real receivers of alerts for the tests: an HTTP server (webhooks, Slack) and an SMTP server.
+
+Both listen on a free loopback port in a thread of the test process and record what they get, so
+a test sees what a pager or a mailbox would. Use them as fixtures: ``http_receiver`` and
+``smtp_receiver`` (import them into a test module, or from conftest).
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from email.message import EmailMessage
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from tests.servers import free_port, wait_for
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request as the receiver got it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    #: ``time.time()`` when the whole body had been read.
+    received_at: float
+    #: The status the receiver answered.
+    status: int
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def signature_valid(self, secret: str) -> bool:
+        """Whether ``X-Chordbeat-Signature`` is ``sha256=`` the HMAC-SHA256 of the raw body with ``secret``."""
+        expected = "sha256=" + hmac.new(secret.encode(), self.body, hashlib.sha256).hexdigest()
+        return hmac.compare_digest(self.headers.get("x-chordbeat-signature", ""), expected)
+
+
+@dataclass
+class HttpReceiver:
+    """The recorded requests, and how the next ones are answered."""
+
+    url: str
+    requests: list[Request] = field(default_factory=list)
+    #: Answer 500 to this many more requests (then 200).
+    fail_next: int = 0
+    #: While set, requests are held unanswered (a receiver that hangs) until :meth:`release`.
+    hang: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def answered(self, status: int | None = None) -> list[Request]:
+        with self.lock:
+            return [r for r in self.requests if status is None or r.status == status]
+
+    def release(self) -> None:
+        self.hang = False
+        self.released.set()
+
+    def wait(self, count: int = 1, *, status: int | None = 200, timeout: float = 30.0) -> list[Request]:
+        """The requests, once at least ``count`` were answered ``status`` (any when None)."""
+        wait_for(lambda: len(self.answered(status)) >= count, timeout=timeout, what=f"{count} requests")
+        return self.answered(status)
+
+
+def _handler(receiver: HttpReceiver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            at = time.time()
+            if receiver.hang:
+                # Held until released (or the server closes): the sender's timeout is what ends it.
+                receiver.released.wait(timeout=600)
+            with receiver.lock:
+                status = 500 if receiver.fail_next > 0 else 200
+                receiver.fail_next = max(0, receiver.fail_next - 1)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                receiver.requests.append(Request(self.command, self.path, headers, body, at, status))
+            try:
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok" if status == 200 else b"no")
+            except OSError:
+                pass  # the sender gave up waiting and closed
+
+        do_PUT = do_POST
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def http_receiver() -> Iterator[HttpReceiver]:
+    """An HTTP server on a free loopback port recording each request."""
+    port = free_port()
+    receiver = HttpReceiver(url=f"http://127.0.0.1:{port}/hook")
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(receiver))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="http-receiver", daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        receiver.release()
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass(frozen=True)
+class Mail:
+    """One message as the SMTP server got it."""
+
+    mail_from: str
+    rcpt_tos: tuple[str, ...]
+    raw: bytes
+    received_at: float
+
+    @property
+    def message(self) -> EmailMessage:
+        parsed = email.message_from_bytes(self.raw, policy=email.policy.default)
+        assert isinstance(parsed, EmailMessage)
+        return parsed
+
+
+@dataclass
+class SmtpReceiver:
+    host: str
+    port: int
+    messages: list[Mail] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return f"smtp://{self.host}:{self.port}"
+
+    def received(self) -> list[Mail]:
+        with self.lock:
+            return list(self.messages)
+
+    def wait(self, count: int = 1, *, timeout: float = 30.0) -> list[Mail]:
+        wait_for(lambda: len(self.received()) >= count, timeout=timeout, what=f"{count} emails")
+        return self.received()
+
+
+class _Recorder:
+    def __init__(self, receiver: SmtpReceiver) -> None:
+        self.receiver = receiver
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        content = envelope.original_content or b""
+        mail = Mail(str(envelope.mail_from), tuple(envelope.rcpt_tos), bytes(content), time.time())
+        with self.receiver.lock:
+            self.receiver.messages.append(mail)
+        return "250 Message accepted for delivery"
+
+
+@pytest.fixture
+def smtp_receiver() -> Iterator[SmtpReceiver]:
+    """aiosmtpd's SMTP server on a free loopback port recording each message (no TLS, no login)."""
+    receiver = SmtpReceiver(host="127.0.0.1", port=free_port())
+    controller = Controller(_Recorder(receiver), hostname=receiver.host, port=receiver.port)
+    controller.start()  # type: ignore[no-untyped-call]
+    try:
+        yield receiver
+    finally:
+        controller.stop()  # type: ignore[no-untyped-call]

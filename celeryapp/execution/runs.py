@@ -237,7 +237,6 @@ def finish_execution(
     else:
         logger.info("execution %s of %r %s", execution.id, execution.schedule_name, status.value)
     effects = _after_execution(session, execution, status, error=error, now=now)
-    alert_run_ended(session, execution, status, error=error, now=now)
     effects.ended.append(execution.id)
     if cancel:
         effects.cancelled.append(execution.id)
@@ -269,6 +268,7 @@ def _after_execution(
         Schedule.total_repeats,
         Schedule.every_s,
         Schedule.retry_delay_s,
+        Schedule.alerts,
     )
     counters: dict[str, Any] = {}
     if status is ExecutionStatus.COMPLETED:
@@ -284,6 +284,7 @@ def _after_execution(
         row = session.execute(select(*read).where(by_id)).first()
     if row is None:
         return Effects()  # the schedule was deleted meanwhile
+    alert_run_ended(session, execution, status, error=error, now=now, config=row.alerts)
     name, schedule_id = row.name, execution.schedule_id
     state = ScheduleState(row.status, row.current_retry, row.retry_at)
     pending_key = run_key(name, Trigger.RETRY, state.retry_at, state.current_retry) if state.retry_at else None

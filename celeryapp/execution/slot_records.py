@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
@@ -19,6 +19,8 @@ class SlotOwner(NamedTuple):
 
     id: int
     name: str
+    #: Its ``alerts`` object: a skip or miss raises ``missed`` without reading the schedule again.
+    alerts: dict[str, Any] | None = None
 
 
 def record_slot(
@@ -66,7 +68,12 @@ def record_slots(session: Session, slots: list[SlotRow], *, now: datetime) -> No
     for slot in slots:
         counts.count(metric_counts.SLOTS, slot.owner.name, slot.outcome.value)
     counts.add_to(session)
-    missed = [(s.owner.name, s.outcome, s.nominal_at, s.detail) for s in slots if s.outcome in MISSED_OUTCOMES]
+    # Schedules without alerts (most) cost nothing more.
+    missed = [
+        (s.owner.name, s.outcome, s.nominal_at, s.detail, s.owner.alerts)
+        for s in slots
+        if s.outcome in MISSED_OUTCOMES and s.owner.alerts
+    ]
     if missed:
         alert_missed_slots(session, missed, now=now)
 

@@ -149,13 +149,17 @@ def slot_of(session: Session, execution_id: int) -> datetime | None:
 
 
 def alert_run_ended(
-    session: Session, execution: ScheduleExecution, status: ExecutionStatus, *, error: str | None, now: datetime
+    session: Session,
+    execution: ScheduleExecution,
+    status: ExecutionStatus,
+    *,
+    error: str | None,
+    now: datetime,
+    config: dict[str, Any] | None,
 ) -> None:
     """A run ended: ``failed`` if it failed, ``resolved`` if it had been reported late. In the
-    transaction that ends it (the schedule's row lock is held)."""
-    if execution.schedule_id is None:
-        return
-    config = session.execute(select(Schedule.alerts).where(Schedule.id == execution.schedule_id)).scalar()
+    transaction that ends it (the schedule's row lock is held); ``config`` is the schedule's
+    ``alerts`` object, read with the schedule's counters."""
     if not config:
         return
     name, run = execution.schedule_name, execution.id
@@ -173,11 +177,14 @@ def alert_run_ended(
 
 
 def alert_missed_slots(
-    session: Session, slots: Iterable[tuple[str, SlotOutcome, datetime | None, str | None]], *, now: datetime
+    session: Session,
+    slots: Iterable[tuple[str, SlotOutcome, datetime | None, str | None, dict[str, Any] | None]],
+    *,
+    now: datetime,
 ) -> None:
     """``missed`` for each recorded slot that should have produced a run and did not:
-    (schedule name, outcome, nominal time, the record's detail)."""
-    for name, outcome, nominal_at, detail in slots:
+    (schedule name, outcome, nominal time, the record's detail, the schedule's ``alerts`` object)."""
+    for name, outcome, nominal_at, detail, config in slots:
         if outcome not in MISSED_OUTCOMES:
             continue
         what = outcome.value.replace("_", " ")
@@ -191,6 +198,7 @@ def alert_missed_slots(
             now=now,
             slot_at=nominal_at,
             detail=outcome.value,
+            config=config or {},
         )
 
 

@@ -165,7 +165,7 @@ def _fire_together(session: Session, fires: list[Fire]) -> tuple[dict[int, dict[
     found = {
         row.name: BatchSchedule(
             ScheduleState(row.status, row.current_retry, row.retry_at, row.last_slot_at),
-            cadence_of(EntryFields(*row[4:])),
+            cadence_of(EntryFields(*row[5:])),
             row.overlap,
         )
         for row in rows
@@ -245,6 +245,7 @@ _FIRE_COLUMNS = (
     Schedule.overlap,
     Schedule.current_retry,
     Schedule.last_slot_at,
+    Schedule.alerts,
     # What the cadence is made of, in EntryFields' order.
     *ENTRY_COLUMNS,
 )
@@ -267,8 +268,8 @@ def _fire(
             # Its entry outlived it (the delete's sync failed): remove it now, not at a full reconcile.
             effects.resync.append(name)
             return {"execution_id": None, "skipped": "schedule does not exist"}
-        owner = SlotOwner(row.id, row.name)
-        cadence = cadence_of(EntryFields(*row[4:]))
+        owner = SlotOwner(row.id, row.name, row.alerts)
+        cadence = cadence_of(EntryFields(*row[5:]))
         state = ScheduleState(row.status, row.current_retry, row.retry_at, row.last_slot_at)
         decision = decide_fire(state, trigger=trigger, nominal_at=nominal_at, now=now, cadence=cadence)
         if decision.claims_slot:

@@ -10,6 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 from celery import Celery
 from kombu.entity import Queue
 
+from celeryapp.alerting.channels import channel_names
 from celeryapp.config import Settings
 from celeryapp.domain.redaction import credentials_apart
 from celeryapp.messaging import redis_client, reference_time, serialization
@@ -54,6 +55,14 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
         """The reference clock's time (:mod:`models.clock`): beat's due times and fire slots, and
         the expiry of every message sent, are reckoned by it, never by this host's clock."""
         return clock.now()
+
+    def alert_channels(self) -> frozenset[str] | None:
+        """The channel names definitions may use: the ``CHORDBEAT_ALERT_CHANNELS`` file's, read at
+        each call (an edited file counts at the next apply); ``None`` when the variable is not set.
+        Given to the apply paths, which live below the alerting layer that reads the file."""
+        if self.settings.alert_channels_file is None:
+            return None
+        return channel_names(self.settings)
 
     @property
     def redbeat_redis(self) -> Any:

@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from celeryapp.errors import ConfigError
 from celeryapp.redis_urls import DEFAULT_SENTINEL_MASTER, check_redis_url
@@ -142,6 +143,35 @@ def _web_proxies(env: Mapping[str, str]) -> tuple[str, ...]:
         raise ConfigError(f"CHORDBEAT_WEB_TRUSTED_PROXY: expected addresses or networks, {exc}") from None
 
 
+#: The characters a dashboard address may hold: RFC 3986's, without quotes, angle brackets or spaces.
+_PLAIN_URL = re.compile(r"[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+")
+
+
+def _dashboard_url(env: Mapping[str, str]) -> str | None:
+    raw = (env.get("CHORDBEAT_DASHBOARD_URL") or "").rstrip("/")
+    if not raw:
+        return None
+    try:
+        parts = urlsplit(raw)
+        _ = parts.port  # raises ValueError for a port beyond 65535
+        usable = parts.scheme in {"http", "https"} and bool(parts.hostname) and not (parts.query or parts.fragment)
+    except ValueError:
+        usable = False
+    # Alerts put it in links people click (and in emails' HTML): nothing but a plain web address.
+    if not usable or parts.username or parts.password or not _PLAIN_URL.fullmatch(raw):
+        raise ConfigError(
+            "CHORDBEAT_DASHBOARD_URL: expected the dashboard's http:// or https:// address "
+            "(no user, query or fragment), like https://chordbeat.example.com"
+        )
+    return raw
+
+
+def environment_variable(name: str) -> str | None:
+    """The value of a variable a deployment file names (an alert channel's URL or secret), read
+    when it is used: files name variables, only this module reads the environment."""
+    return os.environ.get(name) or None
+
+
 def _web_port(env: Mapping[str, str]) -> int:
     raw = env.get("CHORDBEAT_WEB_PORT") or str(DEFAULT_WEB_PORT)
     if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 65535:
@@ -254,5 +284,5 @@ class Settings:
             alert_missed_grace_s=_env_float(
                 env, "CHORDBEAT_ALERT_MISSED_GRACE", DEFAULT_ALERT_MISSED_GRACE_S, minimum=0
             ),
-            dashboard_url=(env.get("CHORDBEAT_DASHBOARD_URL") or "").rstrip("/") or None,
+            dashboard_url=_dashboard_url(env),
         )

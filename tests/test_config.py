@@ -45,3 +45,34 @@ def test_the_smallest_allowed_value_and_unset_are_taken(name: str) -> None:
 def test_just_below_the_minimum_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"^CHORDBEAT_BEAT_STALL: must be at least 5, got '4.9'$"):
         Settings.from_env({"CHORDBEAT_BEAT_STALL": "4.9"})
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "chordbeat.example.com",
+        "javascript:alert(1)",
+        "ftp://chordbeat.example.com",
+        "https://",
+        "https://user:secret@chordbeat.example.com",
+        "https://chordbeat.example.com/?next=/x",
+        "https://chordbeat.example.com/#top",
+        "https://chordbeat.example.com/a b",
+        "https://chordbeat.example.com/\r\nX-Injected: 1",
+        'https://chordbeat.example.com/"><script>',
+        "https://[::1",
+        "https://chordbeat.example.com:99999",
+    ],
+)
+def test_a_dashboard_url_that_is_no_plain_web_address_is_refused(raw: str) -> None:
+    # Alerts put it in links people click and in emails' HTML.
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"CHORDBEAT_DASHBOARD_URL": raw})
+    assert str(info.value).startswith("CHORDBEAT_DASHBOARD_URL: expected the dashboard's http:// or https:// address")
+    assert "secret" not in str(info.value)
+
+
+def test_a_dashboard_url_is_taken_without_its_trailing_slash() -> None:
+    url = Settings.from_env({"CHORDBEAT_DASHBOARD_URL": "https://ops.example.com:8443/chordbeat/"}).dashboard_url
+    assert url == "https://ops.example.com:8443/chordbeat"
+    assert Settings.from_env({"CHORDBEAT_DASHBOARD_URL": ""}).dashboard_url is None

@@ -25,11 +25,13 @@ from celery.result import AsyncResult
 
 from celeryapp.contract import (
     SOURCE_HEADER,
+    AlertJson,
     AuditJson,
     DeletedJson,
     ExecutionJson,
     ExecutionSummaryJson,
     ScheduleJson,
+    SilenceJson,
     SlotJson,
     TriggerJson,
 )
@@ -217,6 +219,33 @@ class ChordbeatClient:
 
     def list_slots(self, name: str, limit: int = 50) -> list[SlotJson]:
         return self.call("chordbeat.list_slots", name=name, limit=limit)  # type: ignore[no-any-return]
+
+    def list_alerts(self, schedule: str | None = None, status: str | None = None, limit: int = 50) -> list[AlertJson]:
+        """Alerts, newest first; ``status``: ``open``, ``acknowledged``, ``silenced`` or ``all``."""
+        return self.call(  # type: ignore[no-any-return]
+            "chordbeat.list_alerts", schedule=schedule, status=status, limit=limit
+        )
+
+    def get_alert(self, id: str) -> AlertJson:
+        return self.call("chordbeat.get_alert", id=id)  # type: ignore[no-any-return]
+
+    def acknowledge_alert(self, id: str, actor: str | None = None, reason: str | None = None) -> AlertJson:
+        return self.call("chordbeat.acknowledge_alert", id=id, **_who(actor, reason))  # type: ignore[no-any-return]
+
+    def silence_schedule(
+        self, name: str, until: str, reason: str | None = None, actor: str | None = None
+    ) -> SilenceJson:
+        """No alert of the schedule is sent until ``until`` (ISO 8601 with its offset)."""
+        return self.call(  # type: ignore[no-any-return]
+            "chordbeat.silence_schedule", name=name, until=until, **_who(actor, reason)
+        )
+
+    def unsilence_schedule(self, name: str, actor: str | None = None, reason: str | None = None) -> SilenceJson:
+        return self.call("chordbeat.unsilence_schedule", name=name, **_who(actor, reason))  # type: ignore[no-any-return]
+
+    def test_alert(self, channel: str, actor: str | None = None, reason: str | None = None) -> AlertJson:
+        """A ``test`` alert down one channel; :meth:`get_alert` follows its delivery."""
+        return self.call("chordbeat.test_alert", channel=channel, **_who(actor, reason))  # type: ignore[no-any-return]
 
     def close(self) -> None:
         # Finalize finished results now, while the backend connection still works; left to

@@ -118,6 +118,48 @@ class SlotJson(TypedDict):
     recorded_at: str | None
 
 
+class DeliveryJson(TypedDict):
+    """One alert's delivery to one channel."""
+
+    channel: str
+    #: ``pending``, ``delivered``, ``summarised`` or ``failed``.
+    status: str
+    attempts: int
+    last_error: str | None
+    delivered_at: str | None
+    next_try_at: str | None
+
+
+class AlertJson(TypedDict):
+    """One alert: what happened, and where it was sent."""
+
+    #: The stable id receivers de-duplicate on: ``<kind>/<schedule>/<slot>``.
+    id: str
+    #: ``failed``, ``dead``, ``missed``, ``late``, ``resolved`` or ``test``.
+    kind: str
+    detail: str | None
+    schedule: str | None
+    slot: str | None
+    execution_id: int | None
+    message: str
+    at: str
+    expected_at: str | None
+    silenced: bool
+    acknowledged_by: str | None
+    acknowledged_at: str | None
+    deliveries: list[DeliveryJson]
+
+
+class SilenceJson(TypedDict):
+    """A schedule's silence: no alert of it is sent until ``silenced_until``."""
+
+    schedule: str
+    silenced_until: str | None
+    silenced_by: str | None
+    reason: str | None
+    changed: NotRequired[bool]
+
+
 class AuditJson(TypedDict):
     """Who did what: one operator action or one of beat's own decisions."""
 
@@ -299,5 +341,44 @@ SERVICE_TASKS = (
         (_NAME, _LIMIT),
         "what became of the schedule's recent due times, newest first",
         ("NotFound",),
+    ),
+    ServiceTask(
+        "chordbeat.list_alerts",
+        (
+            Param("schedule", required=False),
+            Param("status", required=False, note="`open`, `acknowledged`, `silenced` or `all` (default)"),
+            Param("limit", required=False, default=50, note="at most 500"),
+        ),
+        'alert objects, newest first: `[{"id", "kind", "detail", "schedule", "slot", "execution_id", "message", '
+        '"at", "expected_at", "silenced", "acknowledged_by", "acknowledged_at", "deliveries": [{"channel", '
+        '"status", "attempts", "last_error", "delivered_at", "next_try_at"}]}]`; `open`: not acknowledged, not '
+        "silenced, not `resolved` or `test`",
+    ),
+    ServiceTask("chordbeat.get_alert", (Param("id"),), "alert object", ("NotFound",)),
+    ServiceTask(
+        "chordbeat.acknowledge_alert",
+        (Param("id"), _ACTOR, _REASON),
+        "alert object with `acknowledged_by` and `acknowledged_at` (the first acknowledgement stays)",
+        ("NotFound",),
+    ),
+    ServiceTask(
+        "chordbeat.silence_schedule",
+        (_NAME, Param("until"), _REASON, _ACTOR),
+        "`until`: ISO 8601 with its offset, in the future, within 366 days; "
+        '`{"schedule", "silenced_until", "silenced_by", "reason"}`: its alerts are kept, marked silenced, and not '
+        "sent until then; replaces the silence in force",
+        ("NotFound",),
+    ),
+    ServiceTask(
+        "chordbeat.unsilence_schedule",
+        (_NAME, _ACTOR, _REASON),
+        '`{"schedule", "silenced_until": null, ..., "changed": bool}`: alerts are sent again from now',
+        ("NotFound",),
+    ),
+    ServiceTask(
+        "chordbeat.test_alert",
+        (Param("channel"), _ACTOR, _REASON),
+        "`channel`: a channel of the `CHORDBEAT_ALERT_CHANNELS` file; alert object of kind `test` with one "
+        "pending delivery to the channel (`get_alert` follows it)",
     ),
 )

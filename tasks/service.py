@@ -9,7 +9,7 @@ from celeryapp import app
 from celeryapp.contract import SOURCE_HEADER
 from celeryapp.domain.redaction import RedactedResult
 from celeryapp.errors import ChordbeatError, InvalidArgument
-from celeryapp.interfaces import service
+from celeryapp.interfaces import alerts, service
 from celeryapp.interfaces.arguments import default_actor
 from celeryapp.messaging.expiry import ReferenceClockTask
 from models.states import AuditSource
@@ -122,3 +122,33 @@ def list_slots(name: str, limit: int = 50) -> list[dict[str, Any]]:
 @app.task(base=ServiceTask, name="chordbeat.list_audit", send_events=READ_ONLY_EVENTS)
 def list_audit(schedule: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     return service.list_audit(app, schedule, limit)
+
+
+@app.task(base=ServiceTask, name="chordbeat.list_alerts", send_events=READ_ONLY_EVENTS)
+def list_alerts(schedule: str | None = None, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    return alerts.list_alerts(app, schedule, status, limit)
+
+
+@app.task(base=ServiceTask, name="chordbeat.get_alert", send_events=READ_ONLY_EVENTS)
+def get_alert(id: str) -> dict[str, Any]:
+    return alerts.get_alert(app, id)
+
+
+@app.task(base=ServiceTask, name="chordbeat.acknowledge_alert")
+def acknowledge_alert(id: str, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    return alerts.acknowledge_alert(app, id, reason=reason, **_caller(actor))
+
+
+@app.task(base=ServiceTask, name="chordbeat.silence_schedule")
+def silence_schedule(name: str, until: str, reason: str | None = None, actor: str | None = None) -> dict[str, Any]:
+    return alerts.silence_schedule(app, name, until, reason=reason, **_caller(actor))
+
+
+@app.task(base=ServiceTask, name="chordbeat.unsilence_schedule")
+def unsilence_schedule(name: str, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    return alerts.unsilence_schedule(app, name, reason=reason, **_caller(actor))
+
+
+@app.task(base=ServiceTask, name="chordbeat.test_alert")
+def test_alert(channel: str, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    return alerts.test_alert(app, channel, reason=reason, **_caller(actor))

@@ -25,6 +25,14 @@ from celeryapp.execution.reruns import start_rerun
 from celeryapp.execution.run_rows import StartResult
 from celeryapp.execution.runs import cancel_execution as cancel_in_db
 from celeryapp.execution.runs import start_execution
+from celeryapp.interfaces.alerts import (
+    acknowledge_alert,
+    get_alert,
+    list_alerts,
+    silence_schedule,
+    test_alert,
+    unsilence_schedule,
+)
 from celeryapp.interfaces.arguments import actor_arg as _actor
 from celeryapp.interfaces.arguments import execution_id_arg as _execution_id
 from celeryapp.interfaces.arguments import flag_arg as _flag
@@ -320,11 +328,14 @@ def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[st
 
 
 __all__ = [
+    "acknowledge_alert",
     "apply_schedule",
     "cancel_execution",
     "delete_schedule",
+    "get_alert",
     "get_execution",
     "get_schedule",
+    "list_alerts",
     "list_audit",
     "list_executions",
     "list_schedules",
@@ -332,5 +343,8 @@ __all__ = [
     "pause_schedule",
     "rerun_execution",
     "resume_schedule",
+    "silence_schedule",
+    "test_alert",
     "trigger_schedule",
+    "unsilence_schedule",
 ]

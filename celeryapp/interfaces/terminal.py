@@ -80,8 +80,14 @@ class Hanging:
         self.indent = indent
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width = max(options.max_width - self.indent, 10)
-        lines = list(self.text.wrap(console, width, overflow="fold"))
+        # The first line has the whole width: wrapped at the continuations' width, a line of 77
+        # columns broke "4 s ago" apart although it fitted.
+        lines = list(self.text.wrap(console, options.max_width, overflow="fold"))[:1]
+        rest = self.text[len(lines[0].plain) :] if lines else self.text
+        # What the first line was broken at: its newline, or the spaces between two words.
+        rest = rest[1:] if rest.plain.startswith("\n") else rest[len(rest.plain) - len(rest.plain.lstrip(" ")) :]
+        if rest.plain:
+            lines += rest.wrap(console, max(options.max_width - self.indent, 10), overflow="fold")
         for line in lines:
             line.rstrip()  # the space a line was broken at
         yield Text("\n" + " " * self.indent).join(lines)

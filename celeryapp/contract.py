@@ -29,6 +29,10 @@ class ScheduleJson(TypedDict):
     total_repeats: int
     timeout: float | None
     payload: dict[str, Any]
+    #: ``{"start_within", "finish_within", "finish_by"}`` (those given) or null.
+    deadlines: dict[str, Any] | None
+    #: ``{"channels": [...], "on": [...]}`` or null.
+    alerts: dict[str, Any] | None
     #: Step groups: a step object, or a list of step objects run in parallel.
     steps: list[Any]
     status: str

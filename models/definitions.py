@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from celeryapp.domain.definition import KIND_OF_TASK, ScheduleDefinition, StepKind, StepSpec
+from celeryapp.domain.definition import (
+    KIND_OF_TASK,
+    AlertRules,
+    Deadlines,
+    ScheduleDefinition,
+    StepKind,
+    StepSpec,
+)
 from models.tables import Schedule, ScheduleStep
 
 
@@ -41,4 +48,6 @@ def definition_of(schedule: Schedule) -> ScheduleDefinition:
         total_repeats=schedule.total_repeats,
         timeout_s=schedule.timeout_s,
         payload=dict(schedule.payload),
+        deadlines=Deadlines.from_json(schedule.deadlines),
+        alerts=AlertRules.from_json(schedule.alerts),
     )

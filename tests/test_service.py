@@ -21,6 +21,8 @@ SCHEDULE_KEYS = {
     "total_repeats",
     "timeout",
     "payload",
+    "deadlines",
+    "alerts",
     "steps",
     "status",
     "run_count",

@@ -13,7 +13,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from celeryapp.domain import limits
-from models.states import Overlap
+from models.states import AlertKind, Overlap
 
 #: Schedule names end up in Redis keys, CLI arguments and metric labels: keep them plain.
 #: (Matched whole: ``$`` would also match before a trailing newline.)
@@ -44,9 +44,13 @@ SCHEDULE_FIELDS = frozenset(
         "total_repeats",
         "timeout",
         "payload",
+        "deadlines",
+        "alerts",
         "steps",
     }
 )
+#: What a definition's ``alerts.on`` may name; ``resolved`` follows ``late``, ``test`` is an operator's.
+ALERT_ON_KINDS = (AlertKind.FAILED, AlertKind.DEAD, AlertKind.MISSED, AlertKind.LATE)
 COMMON_STEP_FIELDS = frozenset({"name", "kind", "continue_on_failure", "timeout", "queue", "max_attempts"})
 
 
@@ -126,6 +130,59 @@ class StepSpec:
 
 
 @dataclass(frozen=True)
+class Deadlines:
+    """When a slot's run must have started and ended (the definition's ``deadlines``; at least one
+    is set). The deadline watch (celeryapp/alerting/deadline_watch.py) reads them."""
+
+    #: Seconds after the nominal slot.
+    start_within_s: float | None = None
+    finish_within_s: float | None = None
+    #: ``HH:MM`` in the schedule's zone: the first such wall-clock time after the slot.
+    finish_by: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.start_within_s is not None:
+            out["start_within"] = _number_out(self.start_within_s)
+        if self.finish_within_s is not None:
+            out["finish_within"] = _number_out(self.finish_within_s)
+        if self.finish_by is not None:
+            out["finish_by"] = self.finish_by
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any] | None) -> Deadlines | None:
+        """Rebuild from :meth:`to_json` output (as stored); ``None`` stays ``None``."""
+        if raw is None:
+            return None
+        start, finish = raw.get("start_within"), raw.get("finish_within")
+        return cls(
+            start_within_s=None if start is None else float(start),
+            finish_within_s=None if finish is None else float(finish),
+            finish_by=raw.get("finish_by"),
+        )
+
+
+@dataclass(frozen=True)
+class AlertRules:
+    """Where a schedule's alerts go and which kinds it asks for (the definition's ``alerts``).
+    Channels are names of the ``CHORDBEAT_ALERT_CHANNELS`` file, kept in the order written."""
+
+    channels: tuple[str, ...]
+    on: tuple[AlertKind, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"channels": list(self.channels), "on": [kind.value for kind in self.on]}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any] | None) -> AlertRules | None:
+        """Rebuild from :meth:`to_json` output (as stored); ``None`` stays ``None``."""
+        if raw is None:
+            return None
+        return cls(channels=tuple(raw["channels"]), on=tuple(AlertKind(kind) for kind in raw["on"]))
+
+
+@dataclass(frozen=True)
 class ScheduleDefinition:
     name: str
     groups: tuple[tuple[StepSpec, ...], ...]
@@ -141,6 +198,8 @@ class ScheduleDefinition:
     total_repeats: int = 0
     timeout_s: float | None = None
     payload: Mapping[str, Any] = field(default_factory=dict)
+    deadlines: Deadlines | None = None
+    alerts: AlertRules | None = None
 
     @property
     def zone(self) -> ZoneInfo:
@@ -165,6 +224,9 @@ class ScheduleDefinition:
             total_repeats=self.total_repeats,
             timeout=_number_out(self.timeout_s),
             payload=dict(self.payload),
+            # Null when not given: the schedule object always carries both.
+            deadlines=self.deadlines.to_json() if self.deadlines is not None else None,
+            alerts=self.alerts.to_json() if self.alerts is not None else None,
             steps=[
                 [s.to_json() for s in group] if is_list else group[0].to_json()
                 for group, is_list in zip(self.groups, self.group_is_list, strict=True)

@@ -13,6 +13,14 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celeryapp.domain import limits
+from celeryapp.domain.alert_fields import (
+    KnownChannels,
+    check_known_channels,
+    check_late_has_deadlines,
+    parse_alerts,
+    parse_deadlines,
+    read_once,
+)
 from celeryapp.domain.cadence import Cadence, retry_delay_s
 from celeryapp.domain.cron import CronError, CronExpression
 from celeryapp.domain.definition import (
@@ -155,11 +163,19 @@ def _payload(raw: Mapping[str, Any]) -> dict[str, Any]:
     return dict(payload)
 
 
-def parse_definition(raw: Any, *, rules: StepRules | None = None, now: datetime | None = None) -> ScheduleDefinition:
+def parse_definition(
+    raw: Any,
+    *,
+    rules: StepRules | None = None,
+    channels: KnownChannels | None = None,
+    now: datetime | None = None,
+) -> ScheduleDefinition:
     """Validate a definition object; raise one :class:`DefinitionError` naming every bad field.
 
     ``rules`` are the workers' (which tasks are registered, the operator's policy); ``None``
     checks only what holds whatever the settings (:meth:`StepRules.without_policy`).
+    ``channels``: the deployment's alert channels, which ``alerts.channels`` must be among;
+    ``None`` leaves them unchecked (the definition alone).
     """
     raw = require_mapping(raw, "definition")
     # The caps first, and alone: past them, walking the definition is the cost they prevent.
@@ -190,6 +206,12 @@ def parse_definition(raw: Any, *, rules: StepRules | None = None, now: datetime 
     timeout_s = problems.check(
         seconds_field, raw, "timeout", "timeout", None, low=limits.MIN_TIMEOUT_S, high=limits.MAX_TIMEOUT_S
     )
+    deadlines = problems.check(parse_deadlines, raw)
+    alerts = problems.check(parse_alerts, raw)
+    if not problems.failed("deadlines", "alerts"):
+        problems.check(check_late_has_deadlines, raw, alerts, deadlines)
+        if channels is not None:
+            problems.check(check_known_channels, alerts, channels)
     problems.raise_any()
     # Every check passed: none of these is None (timeout_s may be: no timeout).
     assert name and zone and cadence and overlap and payload is not None and steps and enabled is not None
@@ -208,6 +230,8 @@ def parse_definition(raw: Any, *, rules: StepRules | None = None, now: datetime 
         total_repeats=total_repeats,
         timeout_s=timeout_s,
         payload=payload,
+        deadlines=deadlines,
+        alerts=alerts,
     )
     size = limits.json_size(definition.to_json())
     if size > limits.MAX_DEFINITION_BYTES:
@@ -217,7 +241,9 @@ def parse_definition(raw: Any, *, rules: StepRules | None = None, now: datetime 
     return definition
 
 
-def parse_definitions(items: Sequence[Any], *, rules: StepRules | None = None) -> list[ScheduleDefinition]:
+def parse_definitions(
+    items: Sequence[Any], *, rules: StepRules | None = None, channels: KnownChannels | None = None
+) -> list[ScheduleDefinition]:
     """Validate a list of definitions (a schedule file); errors say which schedule is wrong.
 
     Every error of every schedule is reported at once (up to ``MAX_REPORTED_ERRORS``), so
@@ -226,12 +252,13 @@ def parse_definitions(items: Sequence[Any], *, rules: StepRules | None = None) -
     parsed: list[ScheduleDefinition] = []
     names: set[str] = set()
     problems = Problems()
+    channels = read_once(channels) if channels is not None else None
     for index, raw in enumerate(items):
         label = raw.get("name") if isinstance(raw, Mapping) else None
         # Only a valid name labels the place: an invalid one may be huge or hold control characters.
         shown_label = isinstance(label, str) and NAME_PATTERN.fullmatch(label)
         problems.prefix = f"schedules[{index}]" + (f" ({label})" if shown_label else "") + "."
-        definition = problems.check(parse_definition, raw, rules=rules)
+        definition = problems.check(parse_definition, raw, rules=rules, channels=channels)
         if definition is None:
             continue
         if definition.name in names:

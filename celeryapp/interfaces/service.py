@@ -83,7 +83,7 @@ def apply_schedule(
     schedule_source: ScheduleSource = ScheduleSource.API,
 ) -> dict[str, Any]:
     who, why = _actor(actor, source), _reason(reason)
-    parsed = parse_definition(definition, rules=step_rules(app))
+    parsed = parse_definition(definition, rules=step_rules(app), channels=app.alert_channels)
 
     def store(session: Session) -> dict[str, Any]:
         schedule, change = upsert_schedule(session, parsed, source=schedule_source, now=utcnow(), paused_by=who.name)

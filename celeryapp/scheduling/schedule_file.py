@@ -21,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from celeryapp.domain.alert_fields import KnownChannels
 from celeryapp.domain.definition import NAME_PATTERN, ScheduleDefinition
 from celeryapp.domain.limits import MAX_FILE_BYTES, short_repr
 from celeryapp.domain.step_policy import StepRules
@@ -167,15 +168,18 @@ def source_name(path: str | Path, declared: Any) -> str:
     return declared
 
 
-def load_file(path: str | Path, *, rules: StepRules | None) -> list[ScheduleDefinition]:
+def load_file(
+    path: str | Path, *, rules: StepRules | None, channels: KnownChannels | None = None
+) -> list[ScheduleDefinition]:
     """Read and validate a whole schedule file's schedules (see :func:`read_file`)."""
-    return read_file(path, rules=rules).definitions
+    return read_file(path, rules=rules, channels=channels).definitions
 
 
-def read_file(path: str | Path, *, rules: StepRules | None) -> ScheduleFile:
+def read_file(path: str | Path, *, rules: StepRules | None, channels: KnownChannels | None = None) -> ScheduleFile:
     """Read and validate a whole schedule file; raise :class:`DefinitionError` naming every invalid schedule.
 
-    ``rules`` are the workers' (see :func:`celeryapp.domain.validation.parse_definition`).
+    ``rules`` are the workers' and ``channels`` the deployment's alert channels (see
+    :func:`celeryapp.domain.validation.parse_definition`).
     """
     where = str(path)
     try:
@@ -203,7 +207,7 @@ def read_file(path: str | Path, *, rules: StepRules | None) -> ScheduleFile:
     items = document.get("schedules") or []
     if not isinstance(items, list):
         raise DefinitionError("schedules", "must be a list of schedule definitions")
-    return ScheduleFile(source, parse_definitions(items, rules=rules))
+    return ScheduleFile(source, parse_definitions(items, rules=rules, channels=channels))
 
 
 def apply_definitions(
@@ -280,7 +284,8 @@ def apply_file(
     Only schedules of the file's own source are pruned (see :func:`apply_definitions`).
     """
     checked = worker_registry.checked_rules(app.settings, app.tasks.__contains__)
-    schedule_file = read_file(path, rules=checked.rules)
+    # The channels file is read by the app (the alerting layer, above this one).
+    schedule_file = read_file(path, rules=checked.rules, channels=app.alert_channels)
 
     def apply(session: Session) -> FileDiff:
         diff = apply_definitions(

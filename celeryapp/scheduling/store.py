@@ -105,6 +105,9 @@ def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> Non
     schedule.total_repeats = definition.total_repeats
     schedule.timeout_s = definition.timeout_s
     schedule.payload = dict(definition.payload)
+    # Stored as the schedule object shows them: the deadline watch and the alert outbox read these.
+    schedule.deadlines = definition.deadlines.to_json() if definition.deadlines is not None else None
+    schedule.alerts = definition.alerts.to_json() if definition.alerts is not None else None
     schedule.steps = [
         ScheduleStep(
             step_index=index,

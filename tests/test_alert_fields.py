@@ -121,6 +121,9 @@ def test_the_fields_read_back_as_written_and_on_defaults_to_every_kind() -> None
         ("deadlines/finish_by", "\uff10\uff16:\uff10\uff10", "deadlines.finish_by", "HH:MM"),  # full-width digits
         ("deadlines/finish_by", 600, "deadlines.finish_by", "must be a time written HH:MM, got int"),
         ("deadlines/finish_by", "06:00\n", "deadlines.finish_by", "HH:MM"),
+        # What YAML 1.1 makes of an unquoted 22:30 and 6:00 (sexagesimal numbers).
+        ("deadlines/finish_by", 1350, "deadlines.finish_by", 'in YAML quote it, finish_by: "22:30"'),
+        ("deadlines/finish_by", 360, "deadlines.finish_by", '"06:00" (unquoted, 6:00 is read as 360)'),
         ("deadlines/finish_in", 5, "deadlines.finish_in", "unknown field (allowed: finish_by, finish_within"),
         ("alerts", ["ops-mail"], "alerts", "must be an object, got list"),
         ("alerts/channels", KeyError, "alerts.channels", "is required (alerts.on asks for alerts"),

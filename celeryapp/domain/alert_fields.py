@@ -80,7 +80,13 @@ def _finish_by(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise DefinitionError("deadlines.finish_by", f"must be a time written HH:MM, got {type_name(value)}")
+        hint = ""
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 24 * 60:
+            # YAML 1.1 reads an unquoted 22:30 as sexagesimal 22*60+30: say what was meant.
+            hours, minutes = divmod(value, 60)
+            meant = f"{hours}:{minutes:02}"
+            hint = f'; in YAML quote it, finish_by: "{meant:0>5}" (unquoted, {meant} is read as {value})'
+        raise DefinitionError("deadlines.finish_by", f"must be a time written HH:MM, got {type_name(value)}{hint}")
     if not FINISH_BY_PATTERN.fullmatch(value):
         raise DefinitionError(
             "deadlines.finish_by", f"must be a time written HH:MM from 00:00 to 23:59, got {short_repr(value)}"

@@ -77,3 +77,44 @@ def in_pty(
 def screen_lines(output: str) -> list[str]:
     """The lines a person sees: styling removed, each line as the terminal shows it."""
     return STYLE.sub("", output).replace("\r\n", "\n").split("\n")
+
+
+#: The one time format: a date and wall time to the second, then (beside it, or in a table's cell
+#: on the next line) the zone's offset; the viewer's wall time beside it says "here"; how far from now.
+WALL_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+OFFSET = re.compile(r"[+-]\d\d:\d\d\b")
+RELATIVE = re.compile(r"\bin \d|\d+ (s|min|h|d) ago\b|\bnow\b")
+CURSOR = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def plain_lines(output: str) -> list[str]:
+    return [line for line in CURSOR.sub("", output).replace("\r", "").split("\n")]
+
+
+def time_format_problems(lines: list[str]) -> list[str]:
+    """Where a view's times are not in the one format: ISO's T and Z, a clock time without its
+    date, or a date and time without its offset (beside it, or below it in a table's cell)."""
+    problems = []
+    text = "\n".join(lines)
+    problems += [f"ISO: {m.group()!r}" for m in re.finditer(r"T\d\d:|\d\dZ\b", text)]
+    problems += [f"microseconds: {m.group()!r}" for m in re.finditer(r"\d\d:\d\d:\d\d\.\d", text)]
+    for number, line in enumerate(lines):
+        for m in re.finditer(r"\d\d:\d\d:\d\d", line):
+            if not WALL_TIME.fullmatch(line[max(0, m.start() - 11) : m.end()]):
+                problems.append(f"a time without its date: {line!r}")
+        for m in WALL_TIME.finditer(line):
+            below = lines[number + 1][m.start() :] if number + 1 < len(lines) else ""
+            if not (OFFSET.match(line[m.end() :].lstrip()) or OFFSET.match(below)):
+                problems.append(f"a time without its offset: {line!r}")
+        for m in re.finditer(r"(?<![+\-:\d])\d\d:\d\d(?![:\d])", line):
+            # Beside it, or below it where a narrow cell broke "2026-11-25 02:08 IST here" (the
+            # viewer's date shows when it is another day there, as in India in the evening UTC).
+            dated = re.search(r"\d{4}-\d\d-\d\d $", line[: m.start()])
+            below = lines[number + 1][dated.start() if dated else m.start() :] if number + 1 < len(lines) else ""
+            if not (re.match(r" \S+ here\b", line[m.end() :]) or re.match(r"\S+ here\b", below)):
+                problems.append(f"a viewer's time without 'here': {line!r}")
+    return problems
+
+
+def wide_lines(lines: list[str], columns: int = 80) -> list[str]:
+    return [line for line in lines if len(line) > columns]

@@ -2,8 +2,8 @@
 
 One module per command group: ``files`` (``db upgrade``, ``apply``: on the database directly,
 before any worker exists), ``schedules``, ``runs`` (with ``watch``, following one live), ``audit``,
-``processes`` (``health`` reads local liveness files; ``metrics``, ``web``); ``calls`` holds
-what they share.
+``alerts``, ``processes`` (``health`` reads local liveness files; ``metrics``, ``web``); ``calls``
+holds what they share.
 
 Each command imports what it needs when it runs, not at module import (the one place that imports
 inside functions): ``chordbeat health`` runs as a container health check every few seconds and
@@ -17,7 +17,7 @@ import logging
 
 import click
 
-from celeryapp.interfaces.cli import audit, files, processes, runs, schedules
+from celeryapp.interfaces.cli import alerts, audit, files, processes, runs, schedules
 from celeryapp.interfaces.cli.calls import forget_worker
 
 
@@ -46,6 +46,7 @@ for _command in (
     schedules.resume_cmd,
     schedules.delete_cmd,
     audit.audit_cmd,
+    alerts.alerts_cmd,
     processes.health_cmd,
     processes.metrics_cmd,
     processes.web_cmd,

@@ -18,7 +18,10 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.domain.times import iso
 from models import Alert, AlertSilence, AuditEvent, Schedule, transaction, utcnow
-from tests.helpers import call, finished, step
+from tests import processes
+from tests.helpers import call, finished, http_get, step, wait_for
+from tests.receivers import HttpReceiver, http_receiver  # noqa: F401  (a fixture)
+from tests.servers import free_port
 
 CHANNELS_FILE = """\
 channels:
@@ -191,3 +194,32 @@ def test_silencing_a_schedule_that_does_not_exist_writes_nothing(
     with pytest.raises(Exception, match=r"^schedule 'ghost' does not exist"):
         call(client, "chordbeat.unsilence_schedule", name="ghost")
     assert audit_rows(settings) == []
+
+
+def test_alerts_and_failed_deliveries_are_counted_by_kind_and_channel_at_the_metrics_endpoint(
+    app: ChordbeatCelery,
+    worker: Any,
+    client: Celery,
+    settings: Settings,
+    tmp_path: Path,
+    http_receiver: HttpReceiver,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPS_WEBHOOK_URL", http_receiver.url)
+    http_receiver.fail_next = 1  # the pager is down for the first attempt
+    failing(client, settings, "payroll")
+    http_receiver.wait(1, status=500)
+    port = free_port()
+    metrics = processes.Process(
+        [str(Path(processes.CELERY).with_name("chordbeat")), "metrics", "--port", str(port)],
+        processes.settings_env(settings),
+        tmp_path / "metrics.log",
+    )
+    try:
+        status, text = wait_for(lambda: http_get(f"http://127.0.0.1:{port}/metrics"), 30, interval=0.2, what="metrics")
+    finally:
+        metrics.stop()
+    assert status == 200
+    assert 'chordbeat_alerts_total{kind="failed"} 1.0' in text, text
+    assert 'chordbeat_alerts_total{kind="late"} 0.0' in text  # every kind from the start, for increase()
+    assert 'chordbeat_alert_delivery_failures_total{channel="ops-webhook"} 1.0' in text, text

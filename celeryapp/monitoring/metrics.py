@@ -27,7 +27,7 @@ from celeryapp.messaging.redis_client import get_redis
 from celeryapp.messaging.reference_time import offsets
 from celeryapp.monitoring import metric_counts as mc
 from celeryapp.monitoring.overload import queued, skipped_last_minute
-from models import ExecutionStatus, MetricCount, Schedule, ScheduleExecution, ScheduleStatus, transaction
+from models import AlertKind, ExecutionStatus, MetricCount, Schedule, ScheduleExecution, ScheduleStatus, transaction
 from models.clock import clock
 
 if TYPE_CHECKING:
@@ -41,6 +41,18 @@ COUNTERS = (
     (mc.STEP_ATTEMPTS, "chordbeat_step_attempts", "Step attempts that ended, by schedule and outcome", "status"),
     (mc.SLOTS, "chordbeat_slots", "Due times by outcome (fired, skipped, missed, buffered, retry)", "outcome"),
 )
+#: Counters of the whole deployment: (metric row name, exported name without ``_total``, help, label).
+DEPLOYMENT_COUNTERS = (
+    (mc.ALERTS, "chordbeat_alerts", "Alerts decided, by kind (silenced ones included)", "kind"),
+    (
+        mc.ALERT_DELIVERY_FAILURES,
+        "chordbeat_alert_delivery_failures",
+        "Failed attempts to deliver an alert, by channel: a receiver (pager, mail relay) that does not take them",
+        "channel",
+    ),
+)
+#: Labels served at 0 before anything is counted, so ``increase()`` sees the first alert of a kind.
+KNOWN_LABELS = {mc.ALERTS: tuple(kind.value for kind in AlertKind)}
 HISTOGRAM_HELP = {
     mc.EXECUTION_DURATION: "Execution run time, observed when it ends",
     mc.STEP_DURATION: "Step attempt run time, observed when its execution ends",
@@ -114,6 +126,12 @@ class ExecutionCollector(Collector):
             family = CounterMetricFamily(name, doc, labels=["schedule", label_name])
             for (schedule, label), count in sorted(counters[metric].items()):
                 family.add_metric([schedule, label], count)
+            yield family
+        for metric, name, doc, label_name in DEPLOYMENT_COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=[label_name])
+            by_label = {label: count for (_, label), count in counters[metric].items()}
+            for label in sorted(set(KNOWN_LABELS.get(metric, ())) | set(by_label)):
+                family.add_metric([label], by_label.get(label, 0))
             yield family
         requeues = CounterMetricFamily(
             "chordbeat_recovery_requeues", "Step attempts lost with their worker (re-queued, or failed out of attempts)"

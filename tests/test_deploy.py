@@ -17,6 +17,7 @@ import click
 import pytest
 import yaml
 
+from celeryapp.alerting.channels import load_channels
 from celeryapp.interfaces.cli import main as chordbeat_cli
 from celeryapp.messaging.keys import CONTROL_QUEUES, STEPS_QUEUE
 
@@ -26,6 +27,15 @@ DEPLOY = ROOT / "deploy"
 KNOWN_VARS = set(re.findall(r'"(CHORDBEAT_[A-Z_]+)"', (ROOT / "celeryapp" / "config.py").read_text()))
 #: Deploy-only: which liveness file the image's HEALTHCHECK reads; where `make run` keeps its state.
 DEPLOY_VARS = {"CHORDBEAT_ROLE", "CHORDBEAT_RUN_DIR"}
+#: The example alert channels file, and the variables holding its URLs and secrets (not settings:
+#: the deployment's own names, read by the workers that send).
+ALERT_CHANNELS = DEPLOY / "alert-channels.yaml"
+CHANNEL_VARS = {
+    name
+    for channel in load_channels(str(ALERT_CHANNELS)).values()
+    for name in (channel.url_env, channel.secret_env, channel.smtp_url_env)
+    if name is not None
+}
 CELERY_ROLES = {"worker", "beat", "flower"}
 #: The control worker's command line in every deploy file.
 CONTROL_WORKER = ["-Q", "chordbeat.control,celery", "-P", "threads", "-c", "4"]
@@ -125,7 +135,7 @@ def test_documented_variables_are_exactly_those_the_settings_read() -> None:
         assert f"`{name}`" in reference, f"{name} is not documented in docs/configuration.md"
     for path in DEPLOY.rglob("*"):
         if path.is_file():
-            unknown = variables(path.read_text()) - KNOWN_VARS - DEPLOY_VARS
+            unknown = variables(path.read_text()) - KNOWN_VARS - DEPLOY_VARS - CHANNEL_VARS
             assert not unknown, f"{path.relative_to(ROOT)} uses unknown variables {unknown}"
 
 
@@ -248,6 +258,51 @@ def test_compose_is_hardened() -> None:
         assert secret[1].startswith(":?"), secret
     example = env_file(DEPLOY / "env.example")
     assert all(example[k] == "" for k in example if not k.startswith("CHORDBEAT_")), "env.example ships a value"
+
+
+def test_every_process_reads_the_alert_channels_and_only_workers_get_their_secrets() -> None:
+    channels = load_channels(str(ALERT_CHANNELS))
+    assert set(channels) == {"ops-webhook", "ops-slack", "ops-mail"}
+    assert {"OPS_WEBHOOK_URL", "OPS_WEBHOOK_SECRET", "OPS_SLACK_URL", "CHORDBEAT_SMTP_URL"} == CHANNEL_VARS
+    # compose: every app process names the file, mounted beside the schedule file; the secrets
+    # reach the two workers (either may be the one that sends) and nothing else.
+    services: dict[str, Any] = compose()["services"]
+    for name, service in services.items():
+        if not service.get("build"):
+            continue
+        env, volumes = service["environment"], service.get("volumes", [])
+        assert env["CHORDBEAT_ALERT_CHANNELS"] == "/config/alert-channels.yaml", name
+        if "./schedules.yaml:/config/schedules.yaml:ro" in volumes:
+            assert "./alert-channels.yaml:/config/alert-channels.yaml:ro" in volumes, name
+        given = CHANNEL_VARS & set(env)
+        assert given == (CHANNEL_VARS if name in {"worker", "control"} else set()), name
+        for variable in given:
+            assert env[variable] == f"${{{variable}:-}}", f"{name}: {variable} is optional and from deploy/.env"
+    example = env_file(DEPLOY / "env.example")
+    assert all(example[v] == "" for v in CHANNEL_VARS)
+    # Kubernetes: the ConfigMap names the file and holds the same channels; the Secret is the workers'.
+    config, files = (d["data"] for d in k8s_documents() if d["kind"] == "ConfigMap")
+    assert config["CHORDBEAT_ALERT_CHANNELS"] == "/config/alert-channels.yaml"
+    shipped = yaml.safe_load(ALERT_CHANNELS.read_text())
+    assert yaml.safe_load(files["alert-channels.yaml"]) == shipped
+    with_secret = {
+        doc["metadata"]["name"]
+        for doc in k8s_documents()
+        if doc["kind"] == "Deployment"
+        for container in doc["spec"]["template"]["spec"]["containers"]
+        if {"name": "chordbeat-alerts", "optional": True} in [s.get("secretRef") for s in container["envFrom"]]
+    }
+    assert with_secret == {"chordbeat-worker", "chordbeat-control"}
+    documented = (DEPLOY / "k8s" / "config.yaml").read_text()
+    assert all(f"--from-literal={v}=" in documented for v in CHANNEL_VARS)
+    # systemd: every unit reads the file's name; the secrets file is the worker units' only.
+    assert env_file(DEPLOY / "systemd" / "chordbeat.env")["CHORDBEAT_ALERT_CHANNELS"] == (
+        "/etc/chordbeat/alert-channels.yaml"
+    )
+    assert set(env_file(DEPLOY / "systemd" / "alerts.env")) >= CHANNEL_VARS
+    for name, unit in systemd_units().items():
+        role = check_command(shlex.split(unit["ExecStart"][0]))
+        assert ("-/etc/chordbeat/alerts.env" in unit["EnvironmentFile"]) == (role == "worker"), name
 
 
 def test_kubernetes_pods_are_hardened_and_ship_no_secret_values() -> None:

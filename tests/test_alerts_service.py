@@ -17,7 +17,9 @@ from sqlalchemy import func, select, update
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.domain.times import iso
-from models import Alert, AlertSilence, AuditEvent, Schedule, transaction, utcnow
+from celeryapp.monitoring.alert_outbox import write_alert
+from celeryapp.recovery import housekeeping
+from models import Alert, AlertDelivery, AlertKind, AlertSilence, AuditEvent, Schedule, transaction, utcnow
 from tests import processes
 from tests.helpers import call, finished, http_get, step, wait_for
 from tests.receivers import HttpReceiver, http_receiver  # noqa: F401  (a fixture)
@@ -223,3 +225,30 @@ def test_alerts_and_failed_deliveries_are_counted_by_kind_and_channel_at_the_met
     assert 'chordbeat_alerts_total{kind="failed"} 1.0' in text, text
     assert 'chordbeat_alerts_total{kind="late"} 0.0' in text  # every kind from the start, for increase()
     assert 'chordbeat_alert_delivery_failures_total{channel="ops-webhook"} 1.0' in text, text
+
+
+def test_housekeeping_removes_alerts_and_ended_silences_past_the_trail_s_retention(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings
+) -> None:
+    now = utcnow()
+    kept_days = app.settings.audit_retention_days
+    with transaction(settings.database_url) as session:
+        for name, days in {"recent": 30, "past-history": app.settings.retention_days + 1, "old": kept_days + 1}.items():
+            at = now - timedelta(days=days)
+            write_alert(
+                session,
+                key=f"failed/{name}/execution-1",
+                kind=AlertKind.FAILED,
+                schedule_name=name,
+                message=f"{name} failed",
+                channels=["ops-webhook"],
+                now=at,
+            )
+            session.add(AlertSilence(schedule_name=name, until=at, actor="alice", created_at=at - timedelta(hours=1)))
+    report = housekeeping.purge(app, now=now)
+    assert (report.alerts, report.silences) == (1, 1) and report.as_json()["alerts"] == 1
+    listed = call(client, "chordbeat.list_alerts")
+    assert [a["schedule"] for a in listed] == ["past-history", "recent"]
+    with transaction(settings.database_url) as session:
+        assert session.scalar(select(func.count()).select_from(AlertDelivery)) == 2  # the old one's went with it
+        assert sorted(session.scalars(select(AlertSilence.schedule_name))) == ["past-history", "recent"]

@@ -1,5 +1,6 @@
 """Housekeeping: finished executions (with their activities) and slot records past retention go,
-and audit rows past their own, longer retention (``CHORDBEAT_AUDIT_RETENTION_DAYS``).
+and audit rows, alerts (with their deliveries) and ended silences past the trail's own, longer
+retention (``CHORDBEAT_AUDIT_RETENTION_DAYS``): an alert is part of who-knew-what-when.
 
 One pass at a time across the deployment (a lease in Redis, renewed after every batch), in small
 batches that each commit by themselves, oldest first through the indexes on ``completed_at`` and
@@ -28,7 +29,7 @@ from sqlalchemy.orm import Session
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metric_counts import retire_orphans
-from models import AuditEvent, ExecutionStatus, ScheduleExecution, SlotRecord, utcnow
+from models import Alert, AlertSilence, AuditEvent, ExecutionStatus, ScheduleExecution, SlotRecord, utcnow
 from models.session import affected, retried_transaction
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ LEASE_S = 120.0
 #: Seconds between a pass that ran out of budget and the follow-up pass it sends.
 FOLLOW_UP_DELAY_S = 5.0
 #: The tables housekeeping deletes from.
-_Purged = type[ScheduleExecution] | type[SlotRecord] | type[AuditEvent]
+_Purged = type[ScheduleExecution] | type[SlotRecord] | type[AuditEvent] | type[Alert] | type[AlertSilence]
 LEASE_KEY = f"{keys.PREFIX}:housekeeping:lease"
 
 
@@ -57,6 +58,9 @@ class PassReport:
     executions: int = 0
     slots: int = 0
     audit_rows: int = 0
+    #: Alerts (their deliveries go with them) and silences that ended.
+    alerts: int = 0
+    silences: int = 0
     #: Metric rows of schedules deleted before versions that retire them with their schedule.
     metric_rows: int = 0
     #: Another pass held the lease: this one did nothing.
@@ -72,6 +76,8 @@ class PassReport:
             "executions": self.executions,
             "slots": self.slots,
             "audit_rows": self.audit_rows,
+            "alerts": self.alerts,
+            "silences": self.silences,
             "metric_rows": self.metric_rows,
             "skipped": self.skipped,
             "unfinished": self.unfinished,
@@ -111,13 +117,16 @@ def purge(
         report.seconds = time.monotonic() - started
         with contextlib.suppress(LockError):  # expired or taken over: nothing of ours to release
             lease.release()
-    if report.executions or report.slots or report.audit_rows:
+    if report.executions or report.slots or report.audit_rows or report.alerts or report.silences:
         logger.info(
-            "housekeeping removed %s executions and %s slot records older than %s, %s audit rows, in %.1f s%s",
+            "housekeeping removed %s executions and %s slot records older than %s, %s audit rows, %s alerts "
+            "and %s silences, in %.1f s%s",
             report.executions,
             report.slots,
             report.cutoff,
             report.audit_rows,
+            report.alerts,
+            report.silences,
             report.seconds,
             "; more is due, a follow-up pass continues" if report.unfinished else "",
         )
@@ -145,6 +154,12 @@ def _delete_due(
         report.audit_rows, done = _delete_oldest(
             url, AuditEvent, oldest_audit, batch or SLOT_BATCH, spent, lease, report
         )
+    if done:
+        oldest_alerts = select(Alert.id).where(Alert.at < audit_cutoff).order_by(Alert.at, Alert.id)
+        report.alerts, done = _delete_oldest(url, Alert, oldest_alerts, batch or EXECUTION_BATCH, spent, lease, report)
+    if done:
+        ended = select(AlertSilence.id).where(AlertSilence.until < audit_cutoff).order_by(AlertSilence.id)
+        report.silences, done = _delete_oldest(url, AlertSilence, ended, batch or SLOT_BATCH, spent, lease, report)
     report.unfinished = not done
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import hmac
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from celery import Celery
 from click.testing import CliRunner
 from sqlalchemy import select
 
+from celeryapp.alerting.channels import load_channels
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.domain.alert_fields import MAX_CHANNELS, read_once
@@ -26,7 +30,7 @@ from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.validation import parse_definition, parse_definitions
 from celeryapp.errors import ConfigError, DefinitionError
 from celeryapp.interfaces.cli import main
-from celeryapp.scheduling.schedule_file import apply_file
+from celeryapp.scheduling.schedule_file import StrictLoader, apply_file, load_file
 from models import Schedule, transaction
 from models.definitions import definition_of
 from models.states import AlertKind
@@ -371,3 +375,51 @@ def test_without_the_channels_variable_apply_refuses_alerts_naming_the_variable(
         apply_file(app, path)
     path.write_text(yaml.safe_dump({"schedules": [with_change("alerts", KeyError)]}))
     assert apply_file(app, path).added == ["nightly-hr-sync"]
+
+
+# --- docs/alerts.md's worked example is what chordbeat takes --------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "alerts.md"
+DEPLOYED_CHANNELS = Path(__file__).resolve().parent.parent / "deploy" / "alert-channels.yaml"
+
+
+def doc_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOCS.read_text(), re.S)
+
+
+def test_the_worked_example_applies_with_the_deployed_channels_file(tmp_path: Path) -> None:
+    schedule_file, channels_file = (b for b in doc_blocks("yaml") if b.startswith(("schedules:", "channels:")))
+    assert yaml.safe_load(channels_file) == yaml.safe_load(DEPLOYED_CHANNELS.read_text())
+    names = frozenset(load_channels(str(DEPLOYED_CHANNELS)))
+    # Read as chordbeat reads a schedule file: its plain `on:` is the key "on", not YAML 1.1's True.
+    (tmp_path / "hr.yaml").write_text(schedule_file)
+    (hr,) = load_file(tmp_path / "hr.yaml", rules=None, channels=lambda: names)
+    assert (hr.name, hr.timezone, hr.deadlines) == (
+        "nightly-hr-sync",
+        "Europe/London",
+        Deadlines(start_within_s=900.0, finish_by="06:00"),
+    )
+    assert hr.alerts is not None and {AlertKind.FAILED, AlertKind.LATE} <= set(hr.alerts.on)
+    # The refusal the page shows is the one chordbeat gives.
+    shown = " ".join(next(b for b in doc_blocks("text") if b.startswith("Error:")).split())
+    (tmp_path / "hr.yaml").write_text(schedule_file.replace("ops-mail]", "ops-pager]"))
+    with pytest.raises(DefinitionError) as caught:
+        load_file(tmp_path / "hr.yaml", rules=None, channels=lambda: names)
+    assert shown == f"Error: {caught.value}"
+
+
+def test_the_signature_check_on_the_page_accepts_the_contracts_signature_only() -> None:
+    (snippet,) = doc_blocks("python")
+    scope: dict[str, Any] = {}
+    exec(snippet, scope)
+    check = scope["is_from_chordbeat"]
+    body, secret = json.dumps({"id": "failed/x/2026-11-25T02:00:00.000Z"}).encode(), "k" * 32
+    signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    assert check(body, signature, secret)
+    assert not check(body + b" ", signature, secret) and not check(body, signature, "other")
+
+
+def test_a_schedule_files_plain_on_key_is_the_name_on_and_values_keep_their_yaml_meaning() -> None:
+    text = "alerts: {on: [late], 'yes': 1, off: 2, No: 3, true: 4}\nenabled: yes\nflag: on\n"
+    loaded = yaml.load(text, StrictLoader)
+    assert loaded == {"alerts": {"on": ["late"], "yes": 1, "off": 2, "No": 3, True: 4}, "enabled": True, "flag": True}

@@ -103,12 +103,24 @@ class _Refused(ChordbeatError):
         self.reason = reason
 
 
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_STR_TAG = "tag:yaml.org,2002:str"
+#: Booleans of YAML 1.1 only (YAML 1.2 reads them as text).
+_YAML11_BOOLS = frozenset({"on", "off", "yes", "no"})
+
+
+def _is_yaml11_bool(node: yaml.Node) -> bool:
+    plain = isinstance(node, yaml.ScalarNode) and node.style is None
+    return plain and node.tag == _BOOL_TAG and str(node.value).lower() in _YAML11_BOOLS
+
+
 class StrictLoader(yaml.SafeLoader):
     """``safe_load`` without what makes a file say something other than what it shows.
 
     Refused: anchors and aliases (``*name`` copies a subtree; nested, they expand a small file
     into gigabytes), merge keys (``<<``), duplicate keys (YAML keeps the last one silently) and
-    nesting deeper than :data:`MAX_YAML_DEPTH`.
+    nesting deeper than :data:`MAX_YAML_DEPTH`. A plain ``on:``, ``off:``, ``yes:`` or ``no:`` key
+    is that text, not YAML 1.1's boolean.
     """
 
     def __init__(self, stream: str) -> None:
@@ -134,6 +146,11 @@ class StrictLoader(yaml.SafeLoader):
         for key_node, _value in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 raise _Refused(key_node.start_mark, "YAML merge keys (<<) are not allowed")
+            if _is_yaml11_bool(key_node):
+                # YAML 1.1 reads a plain `on:` (yes, no, off) as a boolean; a key is a name (alerts'
+                # `on:` is one), and JSON keys are strings: kept as written. (`true:` stays what
+                # every YAML reads it as.)
+                key_node.tag = _STR_TAG
             key = self.construct_object(key_node, deep=True)
             try:
                 first = seen.setdefault(key, key_node.start_mark)

@@ -13,17 +13,19 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.remote.webelement import WebElement
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
-from tests.chromium import chromium
+from tests.chromium import ISO, chromium
+from tests.chromium import confirm as _confirm
+from tests.chromium import log_in as _log_in
+from tests.chromium import no_iso as _no_iso
+from tests.chromium import page_text as _text
+from tests.chromium import row_of as _row
 from tests.servers import wait_for
 from tests.web_server import ADMIN, VIEWER, WebServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
-#: An instant as ISO 8601 writes it, which people's views must not show.
-ISO = re.compile(r"T\d\d:\d\d.*Z")
 #: The badge colour of a run completed with warnings (dashboard.css --warn).
 WARNING_YELLOW = "rgba(214, 158, 46, 1)"
 
@@ -38,42 +40,6 @@ def _shot(driver: WebDriver, name: str) -> None:
     folder = os.environ.get("CHORDBEAT_WEB_SCREENSHOTS")
     if folder:
         driver.save_screenshot(os.path.join(folder, f"dashboard-{name}.png"))
-
-
-def _log_in(driver: WebDriver, web: WebServer, user: tuple[str, str]) -> None:
-    driver.delete_all_cookies()
-    driver.get(web.url + "/")
-    assert "/login" in driver.current_url  # no session: the login form, not the page
-    driver.find_element(By.NAME, "username").send_keys(user[0])
-    driver.find_element(By.NAME, "password").send_keys(user[1])
-    driver.find_element(By.ID, "login").click()
-    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "table.schedules"), 20, what="the schedules page")
-
-
-def _text(driver: WebDriver | WebElement, css: str) -> str:
-    return " ".join(e.text for e in driver.find_elements(By.CSS_SELECTOR, css))
-
-
-def _row(driver: WebDriver, name: str) -> Any:
-    return driver.find_element(By.XPATH, f"//tr[.//a[contains(@class, 'name') and text()='{name}']]")
-
-
-def _no_iso(driver: WebDriver) -> None:
-    """People's views show no ISO instant (those stay in datetime= attributes)."""
-    text = driver.find_element(By.TAG_NAME, "body").text
-    assert not ISO.search(text), ISO.search(text)
-
-
-def _confirm(driver: WebDriver, reason: str | None = None, payload: str | None = None) -> None:
-    """On a confirmation page: fill in what is given, then confirm."""
-    wait_for(lambda: driver.find_elements(By.ID, "confirm"), 20, what="the confirmation page")
-    if payload is not None:
-        field = driver.find_element(By.ID, "payload")
-        field.clear()
-        field.send_keys(payload)
-    if reason is not None:
-        driver.find_element(By.ID, "reason").send_keys(reason)
-    driver.find_element(By.ID, "confirm").click()
 
 
 def test_an_operator_watches_cancels_reads_an_error_and_pauses(

@@ -33,8 +33,8 @@ from models.states import AuditSource
 
 logger = logging.getLogger(__name__)
 
-#: Actions that stop something people may be waiting for: they must say why.
-REASON_REQUIRED = frozenset({"pause", "cancel"})
+#: Actions that stop something people may be waiting for, or keep alerts from them: they must say why.
+REASON_REQUIRED = frozenset({"pause", "cancel", "acknowledge", "silence"})
 #: Actions that show a confirmation page first.
 CONFIRMED = frozenset({"run", "pause", "cancel", "rerun"})
 #: Runs that can be re-run.
@@ -60,6 +60,10 @@ class Confirmation:
     back: str = "/"
     error: str | None = None
     reason: str = ""
+    #: Acknowledge only: the alert's id.
+    alert_id: str | None = None
+    #: Silence only: the lengths to choose from, (hours, words).
+    durations: tuple[tuple[int, str], ...] = ()
 
     @property
     def reason_required(self) -> bool:
@@ -153,7 +157,7 @@ def _for_execution(session: Session, action: str, execution_id: int, now: dateti
     )
 
 
-def _safe_path(target: str) -> str:
+def safe_path(target: str) -> str:
     """Only a path of this site: never //evil.example or a scheme."""
     return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/"
 
@@ -198,13 +202,13 @@ class ActionHandler(BaseHandler):
         if action not in CONFIRMED:
             raise tornado.web.HTTPError(405)
         c = await self.confirmation(action, execution_id, self.get_query_argument("name", None))
-        c.back = _safe_path(self.get_query_argument("next", c.back))
+        c.back = safe_path(self.get_query_argument("next", c.back))
         self.page("confirm.html", c=c)
 
     async def again(self, action: str, execution_id: str | None, name: str | None, error: str) -> None:
         """The confirmation page once more, with what was typed and what is wrong with it."""
         c = await self.confirmation(action, execution_id, name)
-        c.back = _safe_path(self.get_body_argument("next", c.back))
+        c.back = safe_path(self.get_body_argument("next", c.back))
         c.reason = self.get_body_argument("reason", "")
         if c.payload is not None:
             c.payload = self.get_body_argument("payload", c.payload)
@@ -235,7 +239,7 @@ class ActionHandler(BaseHandler):
             message, target = f"{action} refused: {exc}", None
         logger.info("web: %s by %s: %s", action, self.user.name, message)
         self.set_signed_cookie(FLASH_COOKIE, message, expires_days=None, httponly=True, samesite="Strict")
-        self.redirect(target or _safe_path(self.get_body_argument("next", "/")))
+        self.redirect(target or safe_path(self.get_body_argument("next", "/")))
 
     def act(
         self, action: str, execution_id: str | None, name: str | None, reason: str | None, typed: str

@@ -22,6 +22,7 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.limits import MAX_ID, MAX_NAME_CHARS
 from celeryapp.interfaces.web import queries
 from celeryapp.interfaces.web.actions import ActionHandler
+from celeryapp.interfaces.web.alerts_page import AlertActionHandler, AlertsHandler, open_alerts, silence_in_force
 from celeryapp.interfaces.web.auth import WebUser, check_auth_config
 from celeryapp.interfaces.web.base import BaseHandler, WebContext
 from celeryapp.interfaces.web.broker_state import broker_state
@@ -53,6 +54,7 @@ class SchedulesHandler(BaseHandler):
     async def data(self) -> dict[str, Any]:
         search, status, page = self.filters()
         rows, total = await self.read(lambda s: queries.schedule_page(s, search=search, status=status, page=page))
+        badges = await self.read(open_alerts, [row.schedule.name for row in rows])
         pages = max(1, -(-total // queries.PAGE_SIZE))
         query = urlencode({"q": search, "status": status, "page": page})
         return {
@@ -63,6 +65,7 @@ class SchedulesHandler(BaseHandler):
             "search": search,
             "status": status,
             "query": query,
+            "open_alerts": badges,
         }
 
     @tornado.web.authenticated
@@ -87,7 +90,9 @@ class ScheduleHandler(BaseHandler):
         if fragment:
             self.render("_schedule_live.html", v=view, user=self.user)
         else:
-            self.page("schedule.html", v=view)
+            badges = await self.read(open_alerts, [name])
+            silence = await self.read(silence_in_force, name, utcnow())
+            self.page("schedule.html", v=view, open_alerts=badges, silence=silence)
 
 
 class ExecutionHandler(BaseHandler):
@@ -146,6 +151,8 @@ def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> to
             (r"/health/(fragment)", HealthHandler, ctx),
             (r"/act/(run|pause|resume)", ActionHandler, ctx),
             (r"/act/(cancel|rerun)/([0-9]{1,12})", ActionHandler, ctx),
+            (r"/alerts", AlertsHandler, ctx),
+            (r"/alerts/(acknowledge|silence|unsilence)", AlertActionHandler, ctx),
         ],
         template_path=os.path.join(HERE, "templates"),
         static_path=os.path.join(HERE, "static"),

@@ -202,9 +202,17 @@ VARIABLES = (
     ),
     Variable(
         "CHORDBEAT_ALERT_CHANNELS",
-        "unset (no alert is sent)",
+        "unset (no channels: a definition naming one is refused)",
         "YAML file naming the alert channels definitions may send to (webhook, Slack, email; see "
         "[alerts.md](alerts.md)); secrets come from the variables it names, never from the file",
+    ),
+    Variable(
+        "CHORDBEAT_SMTP_URL",
+        "unset",
+        "workers only: the mail server of the email channels that name no `smtp_url_env`, "
+        "`smtp://[user:pass@]host:port` or `smtps://…` (a channel's variable, not a setting; see "
+        "[alerts.md](alerts.md))",
+        setting=False,
     ),
     Variable(
         "CHORDBEAT_ALERT_POLL_INTERVAL",

@@ -73,7 +73,11 @@ def raised(app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings
         session.execute(update(Schedule).where(Schedule.name == NAME).values(alerts=config))
     run = call(client, "chordbeat.trigger_schedule", name=NAME)["execution_id"]
     assert finished(client, run)["status"] == "failed"
-    slot = (utcnow() - timedelta(days=1)).astimezone(ZoneInfo("Europe/London")).replace(hour=2, minute=0, second=0)
+    slot = (
+        (utcnow() - timedelta(days=1))
+        .astimezone(ZoneInfo("Europe/London"))
+        .replace(hour=2, minute=0, second=0, microsecond=0)
+    )
     with transaction(settings.database_url) as session:
         message = f"{NAME}: the slot of {iso(slot, timespec='seconds')} produced no run (missed)"
         raise_alert(session, schedule_name=NAME, kind=AlertKind.MISSED, message=message, now=utcnow(), slot_at=slot)

@@ -5,6 +5,7 @@ schedule's alerts after a confirmation that asks why, and sending them again."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +20,10 @@ from sqlalchemy import select, update
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import alerts, service
-from models import AuditEvent, Schedule, transaction
+from models import AlertSilence, AuditEvent, Schedule, transaction
 from tests.chromium import chromium, confirm, log_in, no_iso, page_text, row_of
 from tests.helpers import wait_for
-from tests.web_server import ADMIN, VIEWER, WebServer
+from tests.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 #: Markup in a step's error: shown as text, never run.
@@ -134,3 +135,32 @@ def test_an_operator_sees_open_alerts_acknowledges_one_and_silences_a_schedule(
             ("silenced", "ops", "disk replacement tonight"),
             ("unsilenced", "ops", None),
         ]
+
+
+def test_a_crafted_acknowledge_or_silence_is_refused_naming_the_field_and_changes_nothing(
+    app: ChordbeatCelery, worker: Any, settings: Settings
+) -> None:
+    steps = [{"name": "load", "task": "chordbeat.examples.fail"}]
+    service.apply_schedule(app, {"name": "payroll", "every": 3600, "steps": steps})
+    with WebServer(app) as web:
+        admin = web.session(ADMIN)
+        token = xsrf(admin)
+        for form, said in (
+            ({"name": "payroll", "hours": "4"}, "reason: say why: a reason is required to silence"),
+            ({"name": "payroll", "hours": "9999", "reason": "x"}, "hours: choose one of the lengths offered"),
+            ({"name": "payroll", "hours": "4", "reason": "r" * 501}, "reason: must be 1 to 500 characters"),
+        ):
+            answer = admin.post(f"{web.url}/alerts/silence", data={**form, "_xsrf": token}, timeout=10)
+            assert answer.status_code == 400 and said in text_of(answer.text), (form, text_of(answer.text))
+            assert 'id="hours"' in answer.text  # the same confirmation, to correct and send again
+        too_long = admin.get(f"{web.url}/alerts/acknowledge", params={"id": "x" * 401}, timeout=10)
+        assert too_long.status_code == 404
+        missing = admin.post(
+            f"{web.url}/alerts/acknowledge", data={"id": "failed/x/y", "reason": "r", "_xsrf": token}, timeout=10
+        )
+        assert "acknowledge refused: alert 'failed/x/y' does not exist" in html.unescape(text_of(missing.text))
+        # Without the form's token nothing is even read.
+        assert admin.post(f"{web.url}/alerts/unsilence", data={"name": "payroll"}, timeout=10).status_code == 403
+    with transaction(settings.database_url) as session:
+        assert session.scalars(select(AlertSilence)).all() == []
+        assert session.scalars(select(AuditEvent).where(AuditEvent.source == "web")).all() == []

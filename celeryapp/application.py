@@ -11,6 +11,7 @@ from celery import Celery
 from kombu.entity import Queue
 
 from celeryapp.alerting.channels import channel_names
+from celeryapp.alerting.sender_thread import AlertSenderStep
 from celeryapp.config import Settings
 from celeryapp.domain.redaction import credentials_apart
 from celeryapp.messaging import redis_client, reference_time, serialization
@@ -195,4 +196,5 @@ def create_app(settings: Settings | None = None) -> ChordbeatCelery:
     serialization.install()
     app.apply_settings(settings or Settings.from_env())
     app.steps["consumer"].add(HealthStep)
+    app.steps["consumer"].add(AlertSenderStep)
     return app

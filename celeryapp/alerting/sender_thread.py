@@ -1,0 +1,145 @@
+"""The alert sender's thread in control workers, and the Redis lease that lets one of them poll.
+
+Only a worker consuming the control queue starts it, in its main process: never a step worker,
+and never a step's child process, so the channels' secrets are never in a process running step
+code. Of those workers, the one holding the lease polls the outbox every
+``CHORDBEAT_ALERT_POLL_INTERVAL`` and runs the deadline watch every ``CHORDBEAT_ALERT_WATCH_INTERVAL``;
+the others wait to take over when its lease lapses (a worker killed, or cut off from Redis).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import bootsteps
+
+from celeryapp.alerting import deadline_watch
+from celeryapp.alerting.sender import Sender
+from celeryapp.config import Settings
+from celeryapp.domain.names import PREFIX
+from celeryapp.messaging.keys import CONTROL_QUEUE
+from celeryapp.messaging.redis_client import get_redis, registered_script
+from models.clock import clock
+
+logger = logging.getLogger(__name__)
+
+#: The Redis key whose value names the worker sending alerts.
+LEASE_KEY = f"{PREFIX}:alerts:sender"
+#: Seconds the lease lasts unless renewed: a killed sender's successor waits at most this long.
+LEASE_S = 15.0
+#: Seconds a stopping worker waits for sends under way (each ends within its own timeout).
+STOP_WAIT_S = 15.0
+#: Renew the lease if this node holds it; 1 if renewed.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+#: Give the lease up if this node holds it.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class SenderThread:
+    """Polls the outbox while this node holds the sender's lease."""
+
+    def __init__(self, settings: Settings, node: str) -> None:
+        self.settings = settings
+        self.node = node
+        self.stopping = threading.Event()
+        self.sender = Sender(settings)
+        self.thread = threading.Thread(target=self._run, name="chordbeat-alert-sender", daemon=True)
+        self._next_watch = 0.0
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=STOP_WAIT_S)
+        self.sender.close(STOP_WAIT_S)
+        try:
+            client = get_redis(self.settings.broker_url)
+            registered_script(client, _RELEASE)(keys=[LEASE_KEY], args=[self.node])
+        except redis.RedisError as exc:
+            logger.warning("the alert sender's lease was left to expire (%s)", exc)
+
+    def _run(self) -> None:
+        interval_s = self.settings.alert_poll_interval_s
+        failing = False
+        while not self.stopping.is_set():
+            try:
+                if self.holds_lease():
+                    self._watch()
+                    self.sender.poll()
+            except Exception:
+                # The database or Redis away: said once per outage (not every second), and the
+                # next round tries again.
+                if not failing:
+                    logger.exception("the alert sender's round failed; retried every %g s", interval_s)
+                failing = True
+            else:
+                if failing:
+                    logger.warning("the alert sender's rounds work again")
+                failing = False
+            self.stopping.wait(interval_s)
+
+    def holds_lease(self) -> bool:
+        """Take the lease if free, renew it if ours; whether this node now holds it."""
+        client = get_redis(self.settings.broker_url)
+        ttl_ms = int((LEASE_S + self.settings.alert_poll_interval_s) * 1000)
+        if client.set(LEASE_KEY, self.node, nx=True, px=ttl_ms):
+            logger.info("%s sends the alerts", self.node)
+            return True
+        return bool(registered_script(client, _RENEW)(keys=[LEASE_KEY], args=[self.node, ttl_ms]))
+
+    def _watch(self) -> None:
+        if time.monotonic() < self._next_watch:
+            return
+        self._next_watch = time.monotonic() + self.settings.alert_watch_interval_s
+        try:
+            # Through the module: the watch is the deadlines' part, replaced as it grows.
+            raised = deadline_watch.watch(self.settings.database_url, clock.now())
+        except Exception:
+            logger.exception("the deadline watch failed; tried again in %g s", self.settings.alert_watch_interval_s)
+            return
+        if raised:
+            logger.info("the deadline watch raised %d alerts", raised)
+
+
+class AlertSenderStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Starts the sender in a worker consuming the control queue; stops it at the worker's shutdown
+    only: a consumer restarting after a lost broker connection keeps its sender (and its lease,
+    if Redis is back within :data:`LEASE_S`)."""
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.sender: SenderThread | None = None
+
+    def start(self, parent: Any) -> None:
+        if self.sender is not None:
+            return
+        queues = {queue.name for queue in parent.task_consumer.queues}
+        if CONTROL_QUEUE not in queues:
+            return  # a step worker: step code runs here, channel secrets do not
+        self.sender = SenderThread(parent.app.settings, parent.hostname)
+        self.sender.start()
+
+    def stop(self, parent: Any) -> None:
+        pass
+
+    def shutdown(self, parent: Any) -> None:
+        if self.sender is not None:
+            self.sender.stop()
+            self.sender = None

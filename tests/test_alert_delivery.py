@@ -1,0 +1,391 @@
+"""Alerts reach real receivers: a webhook (signed JSON), Slack (text), email (plain and HTML) through
+a real SMTP server; failing receivers are retried with backoff, then given up; a storm is summarised;
+a receiver that hangs holds up nobody else; a killed sender's successor delivers."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import socket
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from sqlalchemy import select, update
+
+from celeryapp.alerting import messages, sender_thread
+from celeryapp.alerting.sender import Sender, send_channel
+from celeryapp.application import ChordbeatCelery
+from celeryapp.config import Settings
+from celeryapp.monitoring import metric_counts
+from celeryapp.monitoring.alert_outbox import write_alert
+from models import Alert, AlertDelivery, AlertKind, DeliveryStatus, MetricCount, Schedule, transaction
+from models.clock import clock
+from tests import processes
+from tests.helpers import call, finished, step
+from tests.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401  (fixtures)
+from tests.servers import free_port, wait_for
+
+SECRET = "s3cret-signing-key"
+CHANNELS_FILE = """
+channels:
+  hook: {kind: webhook, url_env: HOOK_URL, secret_env: HOOK_SECRET}
+  chat: {kind: slack, url_env: CHAT_URL}
+  mail: {kind: email, to: ["ops@example.com"], smtp_url_env: MAIL_URL, sender: chordbeat@example.com}
+  stuck: {kind: webhook, url_env: STUCK_URL}
+"""
+
+
+@pytest.fixture
+def settings(settings: Settings, tmp_path: Path) -> Settings:
+    path = tmp_path / "channels.yaml"
+    path.write_text(CHANNELS_FILE)
+    return dataclasses.replace(
+        settings,
+        alert_channels_file=str(path),
+        alert_rate_limit=3,
+        dashboard_url="https://chordbeat.example.com",
+        alert_poll_interval_s=0.2,
+    )
+
+
+@pytest.fixture
+def wired(
+    monkeypatch: pytest.MonkeyPatch,
+    http_receiver: HttpReceiver,  # noqa: F811
+    smtp_receiver: SmtpReceiver,  # noqa: F811
+) -> tuple[HttpReceiver, SmtpReceiver]:
+    """The channels' variables pointing at the receivers (the sender reads them when it sends)."""
+    monkeypatch.setenv("HOOK_URL", http_receiver.url)
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    monkeypatch.setenv("CHAT_URL", http_receiver.url.replace("/hook", "/chat"))
+    monkeypatch.setenv("MAIL_URL", smtp_receiver.url)
+    return http_receiver, smtp_receiver
+
+
+def alert(
+    settings: Settings, channels: list[str], schedule: str = "nightly-hr-sync", age_s: float = 0, **extra: Any
+) -> str:
+    """Write an alert to the outbox as a fact's transaction does; its key."""
+    now = clock.now() - timedelta(seconds=age_s)
+    key = f"failed/{schedule}/execution-{extra.get('execution_id', 7)}-{now.timestamp()}"
+    fields: dict[str, Any] = {"execution_id": 7, "message": "nightly-hr-sync: run 7 failed: step export: boom"}
+    fields.update(extra)
+    with transaction(settings.database_url) as session:
+        write_alert(
+            session,
+            key=key,
+            kind=AlertKind(fields.pop("kind", "failed")),
+            schedule_name=schedule,
+            channels=channels,
+            now=now,
+            **fields,
+        )
+    return key
+
+
+def deliveries(settings: Settings, key: str) -> dict[str, AlertDelivery]:
+    with transaction(settings.database_url) as session:
+        rows = session.scalars(
+            select(AlertDelivery).join(Alert, Alert.id == AlertDelivery.alert_id).where(Alert.key == key)
+        ).all()
+        session.expunge_all()
+        return {row.channel: row for row in rows}
+
+
+def failures(settings: Settings, channel: str) -> int:
+    with transaction(settings.database_url) as session:
+        found = session.scalar(
+            select(MetricCount.count).where(
+                MetricCount.metric == metric_counts.ALERT_DELIVERY_FAILURES, MetricCount.label == channel
+            )
+        )
+        return int(found or 0)
+
+
+def lease_holder(settings: Settings) -> str | None:
+    """The node holding the alert sender's lease."""
+    value: Any = redis.Redis.from_url(settings.broker_url).get(sender_thread.LEASE_KEY)
+    return None if value is None else str(value.decode())
+
+
+def send(settings: Settings, *channels: str) -> None:
+    """One pass of the sender over ``channels``, in this thread."""
+    loaded = Sender(settings).channels()
+    assert loaded is not None
+    for name in channels:
+        send_channel(settings, name, loaded.get(name))
+
+
+def test_each_kind_of_channel_gets_its_message(settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]) -> None:
+    http, smtp = wired
+    key = alert(settings, ["hook", "chat", "mail"], slot_at=clock.now().replace(microsecond=0))
+    send(settings, "hook", "chat", "mail")
+
+    [hook] = [r for r in http.wait(2) if r.path == "/hook"]
+    assert hook.signature_valid(SECRET) and hook.headers["content-type"] == "application/json"
+    body = hook.json()
+    assert (body["id"], body["kind"], body["schedule"], body["execution_id"]) == (key, "failed", "nightly-hr-sync", 7)
+    assert body["message"].endswith("boom") and body["slot"].endswith("Z") and body["at"].endswith("Z")
+    assert body["url"] == "https://chordbeat.example.com/execution/7"
+    [chat] = [r for r in http.answered() if r.path == "/chat"]
+    text = chat.json()["text"]
+    assert "failed nightly-hr-sync" in text and "boom" in text
+    assert "<https://chordbeat.example.com/execution/7|open in chordbeat>" in text
+
+    [mail] = smtp.wait(1)
+    message = mail.message
+    assert mail.rcpt_tos == ("ops@example.com",) and message["From"] == "chordbeat@example.com"
+    assert message["Subject"] == "[chordbeat] failed nightly-hr-sync" and message["X-Chordbeat-Alert-Id"] == key
+    plain = message.get_body(("plain",))
+    page = message.get_body(("html",))
+    assert plain is not None and page is not None
+    assert "boom" in plain.get_content() and "https://chordbeat.example.com/execution/7" in plain.get_content()
+    assert 'href="https://chordbeat.example.com/execution/7"' in page.get_content()
+
+    states = deliveries(settings, key)
+    assert {c: (d.status, d.attempts, d.last_error) for c, d in states.items()} == {
+        c: (DeliveryStatus.DELIVERED, 1, None) for c in ("hook", "chat", "mail")
+    }
+
+
+def test_a_failing_receiver_is_tried_again_later_and_counted(
+    settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]
+) -> None:
+    http, _ = wired
+    http.fail_next = 1
+    key = alert(settings, ["hook"])
+    before = clock.now()
+    send(settings, "hook")
+    failed = deliveries(settings, key)["hook"]
+    assert failed.status is DeliveryStatus.PENDING and failed.attempts == 1 and failed.lease_until is None
+    assert failed.last_error == f"HTTP 500 from http://127.0.0.1:{http.url.split(':')[2].split('/')[0]}/…: no"
+    assert before + timedelta(seconds=4) <= failed.next_try_at <= clock.now() + timedelta(seconds=6)
+    assert failures(settings, "hook") == 1
+    send(settings, "hook")  # not due yet: nothing sent
+    assert len(http.answered()) == 1
+
+    with transaction(settings.database_url) as session:  # the backoff has passed
+        session.execute(update(AlertDelivery).values(next_try_at=clock.now()))
+    send(settings, "hook")
+    [_, second] = http.wait(2, status=None)
+    assert second.json()["id"] == key and second.signature_valid(SECRET)
+    done = deliveries(settings, key)["hook"]
+    assert (done.status, done.attempts, done.last_error) == (DeliveryStatus.DELIVERED, 2, None)
+    assert failures(settings, "hook") == 1
+
+
+def test_a_delivery_failing_past_the_retry_time_is_given_up_with_its_last_error(
+    settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MAIL_URL", f"smtp://127.0.0.1:{free_port()}")  # nobody listens
+    key = alert(settings, ["mail", "hook"], age_s=settings.alert_retry_for_s + 1)
+    wired[0].fail_next = 1
+    send(settings, "mail", "hook")
+    states = deliveries(settings, key)
+    assert states["mail"].status is DeliveryStatus.FAILED and states["hook"].status is DeliveryStatus.FAILED
+    assert states["mail"].last_error is not None and "connection refused" in states["mail"].last_error
+    assert states["mail"].last_error.startswith("smtp://127.0.0.1:")
+    assert states["hook"].last_error is not None and states["hook"].last_error.startswith("HTTP 500 from")
+    assert failures(settings, "mail") == 1 and failures(settings, "hook") == 1
+
+
+def test_a_storm_reaches_a_channel_as_the_rate_limit_and_one_summary(
+    settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]
+) -> None:
+    http, _ = wired
+    keys = [alert(settings, ["hook"], execution_id=n) for n in range(8)]
+    send(settings, "hook")
+    got = http.wait(4)
+    assert [r.json()["id"] for r in got[:3]] == keys[:3]
+    summary = got[3].json()
+    assert summary["kind"] == "summary" and summary["alerts"] == keys[3:] and got[3].signature_valid(SECRET)
+    assert summary["message"].startswith("5 more alerts within a minute")
+    assert summary["url"] == "https://chordbeat.example.com/alerts"
+    status = [deliveries(settings, k)["hook"].status for k in keys]
+    assert status == [DeliveryStatus.DELIVERED] * 3 + [DeliveryStatus.SUMMARISED] * 5
+
+    later = alert(settings, ["hook"], execution_id=99)  # same minute: waits for room
+    test = alert(settings, ["hook"], execution_id=100, kind="test")  # an operator's test never waits
+    send(settings, "hook")
+    assert [r.json()["id"] for r in http.wait(5)[4:]] == [test]
+    assert deliveries(settings, later)["hook"].status is DeliveryStatus.PENDING
+    assert deliveries(settings, later)["hook"].attempts == 0
+
+
+def test_hostile_text_stays_in_its_place_and_huge_text_is_cut(
+    settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]
+) -> None:
+    http, smtp = wired
+    name = "evil\r\nBcc: victim@example.com\u2028X-Evil: 1"
+    message = "<script>alert(1)</script> & " + "x" * 100_000
+    key = alert(settings, ["mail", "chat", "hook"], schedule=name, message=message)
+    send(settings, "mail", "chat", "hook")
+    [mail] = smtp.wait(1)
+    assert mail.rcpt_tos == ("ops@example.com",)
+    parsed = mail.message
+    assert parsed["Bcc"] is None and parsed["X-Evil"] is None
+    assert parsed["Subject"] == "[chordbeat] failed evil Bcc: victim@example.com X-Evil: 1"
+    page = parsed.get_body(("html",))
+    assert page is not None and "<script>" not in page.get_content() and "&lt;script&gt;" in page.get_content()
+    assert len(mail.raw) < 40_000
+    chat = next(r for r in http.wait(2) if r.path == "/chat").json()["text"]
+    assert len(chat) <= messages.SLACK_TEXT_CHARS and chat.endswith(messages.CUT_MARK)
+    assert "<script>" not in chat and "&lt;script&gt;" in chat
+    hook = next(r for r in http.answered() if r.path == "/hook").json()
+    assert len(hook["message"]) <= messages.WEBHOOK_MESSAGE_CHARS and hook["id"] == key
+
+
+def test_secrets_are_never_in_errors_or_logs(
+    settings: Settings,
+    wired: tuple[HttpReceiver, SmtpReceiver],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    http, _ = wired
+    token = "T0KEN-in-the-path"
+    monkeypatch.setenv("CHAT_URL", http.url.replace("/hook", f"/services/{token}?key={token}"))
+    monkeypatch.setenv("MAIL_URL", f"smtp://alice:{token}@127.0.0.1:{free_port()}")
+    monkeypatch.delenv("HOOK_SECRET")
+    http.fail_next = 1
+    caplog.set_level(logging.DEBUG)
+    key = alert(settings, ["chat", "mail", "hook"])
+    send(settings, "chat", "mail", "hook")
+    states = deliveries(settings, key)
+    errors = {c: d.last_error or "" for c, d in states.items()}
+    assert errors["chat"].startswith("HTTP 500 from http://127.0.0.1:") and errors["chat"].endswith("/…: no")
+    assert errors["mail"].startswith("smtp://127.0.0.1:")
+    # Unsigned, a webhook would be refused by a careful receiver and trusted by a careless one.
+    assert errors["hook"] == "HOOK_SECRET is not set (the webhook's signing secret)"
+    assert [r.path for r in http.answered()] == [f"/services/{token}?key={token}"]
+    for text in [*errors.values(), caplog.text]:
+        assert token not in text and SECRET not in text
+
+
+def test_a_claim_is_taken_once_and_a_dead_senders_claim_lapses(
+    settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]
+) -> None:
+    http, _ = wired
+    held, lapsed = alert(settings, ["hook"], execution_id=1), alert(settings, ["hook"], execution_id=2)
+    now = clock.now()
+    with transaction(settings.database_url) as session:  # claims of a sender that was killed sending
+        for key, until in ((held, now + timedelta(seconds=60)), (lapsed, now - timedelta(seconds=1))):
+            alert_id = session.scalar(select(Alert.id).where(Alert.key == key))
+            session.execute(
+                update(AlertDelivery).where(AlertDelivery.alert_id == alert_id).values(lease_until=until, attempts=1)
+            )
+    two = [Sender(settings), Sender(settings)]
+    for sender in two:  # both at once: the compare-and-set lets one send it
+        sender.poll()
+    for sender in two:
+        sender.close(30)
+    assert [r.json()["id"] for r in http.wait(1)] == [lapsed]
+    assert deliveries(settings, lapsed)["hook"].attempts == 2
+    assert deliveries(settings, held)["hook"].status is DeliveryStatus.PENDING
+
+
+@pytest.mark.slow  # waits for the stuck channel's send timeout (10 s)
+def test_a_hanging_receiver_holds_up_no_other_channel(
+    settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    http, smtp = wired
+    with hanging_server() as url:
+        monkeypatch.setenv("STUCK_URL", url)
+        sender = Sender(settings)
+        key = alert(settings, ["stuck", "mail", "hook"])
+        assert sender.poll() == 3
+        smtp.wait(1)
+        http.wait(1)
+        # Delivered while the stuck channel's send still waits for an answer.
+        stuck = deliveries(settings, key)["stuck"]
+        assert stuck.lease_until is not None and stuck.last_error is None
+        sender.close(30)
+    state = deliveries(settings, key)["stuck"]
+    assert state.status is DeliveryStatus.PENDING and state.last_error is not None and "no answer" in state.last_error
+
+
+@contextlib.contextmanager
+def hanging_server() -> Iterator[str]:
+    """A URL whose server accepts connections and never answers."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        yield f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+
+
+def test_a_worker_sends_a_runs_alert_and_a_hanging_receiver_holds_up_no_step(
+    app: ChordbeatCelery,
+    worker: Any,
+    client: Celery,
+    settings: Settings,
+    wired: tuple[HttpReceiver, SmtpReceiver],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    http, _ = wired
+    definition = {"name": "nightly-hr-sync", "every": 3600, "steps": [step("s", "chordbeat.examples.fail")]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    call(client, "chordbeat.apply_schedule", definition={"name": "other", "every": 3600, "steps": [step("s")]})
+    with transaction(settings.database_url) as session:
+        session.execute(
+            update(Schedule)
+            .where(Schedule.name == "nightly-hr-sync")
+            .values(alerts={"channels": ["stuck", "hook"], "on": ["failed"]})
+        )
+    with hanging_server() as url:
+        monkeypatch.setenv("STUCK_URL", url)
+        run = call(client, "chordbeat.trigger_schedule", name="nightly-hr-sync")["execution_id"]
+        assert finished(client, run)["status"] == "failed"
+        [got] = http.wait(1)
+        other = call(client, "chordbeat.trigger_schedule", name="other")["execution_id"]
+        assert finished(client, other)["status"] == "completed"
+        key = f"failed/nightly-hr-sync/execution-{run}"
+        # The hook's delivery and another run's steps went while the stuck channel waited.
+        stuck = deliveries(settings, key)["stuck"]
+        assert stuck.lease_until is not None and stuck.last_error is None
+    body = got.json()
+    assert body["id"] == key and got.signature_valid(SECRET)
+    with transaction(settings.database_url) as session:
+        decided = session.scalar(select(Alert.at).where(Alert.key == key))
+    assert decided is not None
+    print(f"fact -> receiver: {got.received_at - decided.timestamp():.3f} s")
+    assert lease_holder(settings) == worker.hostname
+
+
+def test_a_killed_senders_successor_delivers_and_a_step_worker_never_sends(
+    settings: Settings, tmp_path: Path, wired: tuple[HttpReceiver, SmtpReceiver]
+) -> None:
+    http, _ = wired
+    env = {
+        "CHORDBEAT_ALERT_CHANNELS": str(settings.alert_channels_file),
+        "HOOK_URL": http.url,
+        "HOOK_SECRET": SECRET,
+        "CHORDBEAT_ALERT_POLL_INTERVAL": "0.2",
+    }
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("channels: [\n")
+    # The first sender holds the lease but sends nothing (its channels file is being fixed): the
+    # alert written next is due when it is killed, as if it died between the fact and the delivery.
+    first = processes.start_worker(settings, tmp_path, "first", env={**env, "CHORDBEAT_ALERT_CHANNELS": str(broken)})
+    try:
+        wait_for(lambda: lease_holder(settings), 60, interval=0.1, what="the first sender's lease")
+        wait_for(lambda: "channels file is fixed" in first.output(), 30, what="the first sender to read its file")
+        key = alert(settings, ["hook"])
+    finally:
+        first.kill()
+    killed = clock.now()
+    assert (lease_holder(settings) or "").startswith("first@")
+    with (
+        processes.step_worker(settings, tmp_path, env=env) as steps,
+        processes.control_worker(settings, tmp_path, env=env) as control,
+    ):
+        [got] = http.wait(1, timeout=60)
+        assert (lease_holder(settings) or "").startswith("control@")
+    assert "sends the alerts" in control.output() and "sends the alerts" not in steps.output()
+    assert got.json()["id"] == key and got.signature_valid(SECRET)
+    assert deliveries(settings, key)["hook"].status is DeliveryStatus.DELIVERED
+    print(f"kill -> successor's delivery: {got.received_at - killed.timestamp():.3f} s")

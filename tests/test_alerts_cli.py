@@ -212,3 +212,30 @@ def test_alerts_test_says_delivered_or_failed_with_the_error(
     assert status == 1 and "broken-hook: failed (the sender retries it): " in text and "500" in text, text
     status, lines = chordbeat(settings, "alerts", "test", "pager")
     assert status == 1 and any("Error: channel: no channel 'pager' in " in line for line in lines), lines
+
+
+def test_a_predicted_late_alert_says_when_the_run_is_expected_to_finish(
+    raised: dict[str, str], client: Celery, settings: Settings
+) -> None:
+    with transaction(settings.database_url) as session:
+        session.execute(
+            update(Schedule).where(Schedule.name == NAME).values(alerts={"channels": ["ops-webhook"], "on": ["late"]})
+        )
+        now = utcnow().replace(microsecond=0)
+        raise_alert(
+            session,
+            schedule_name=NAME,
+            kind=AlertKind.LATE,
+            detail="predicted",
+            message=f"{NAME}: the run is expected to end after its finish deadline",
+            now=now,
+            slot_at=now - timedelta(hours=1),
+            expected_at=now + timedelta(hours=2),
+        )
+    status, lines = chordbeat(settings, "alerts", "--limit", "1")
+    text = "\n".join(lines)
+    assert status == 0 and not wide_lines(lines), text
+    assert not time_format_problems(readable(lines)), (time_format_problems(readable(lines)), text)
+    assert f"late (predicted) {NAME}: open" in text, text
+    assert re.search(r"expected to finish 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d \+0[01]:00 (GMT|BST),", text), text
+    assert re.search(r"IST here,\s+in (1 h 59 min|2 h)", text), text

@@ -82,6 +82,8 @@ def _print_alert(alert: dict[str, Any], zone: tzinfo, viewer: tzinfo | None, now
     console.print(hanging(title))
     console.print(hanging("  ", text_of(stamp(alert["at"], zone, viewer, now), "dim")))
     console.print(hanging("  ", text_of(instants_in(alert["message"], zone))))
+    if alert["expected_at"]:
+        console.print(hanging("  ", text_of(f"expected to finish {stamp(alert['expected_at'], zone, viewer, now)}")))
     for delivery in alert["deliveries"]:
         console.print(hanging("  ", _delivery(delivery, zone, viewer, now)))
     console.print(hanging(text_of("  id ", "dim"), text_of(alert["id"])))

@@ -356,6 +356,33 @@ def test_a_worker_sends_a_runs_alert_and_a_hanging_receiver_holds_up_no_step(
     assert lease_holder(settings) == worker.hostname
 
 
+def test_the_sender_runs_the_deadline_watch_with_the_configured_grace(
+    settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]
+) -> None:
+    """The lease holder watches deadlines: an unfired slot 30 s old is missed with a grace of 5 s
+    (the default's 120 s would say nothing yet), and the alert reaches the hook."""
+    http, _ = wired
+    quick = dataclasses.replace(settings, alert_missed_grace_s=5, alert_watch_interval_s=0.2)
+    with transaction(settings.database_url) as session:
+        session.add(
+            Schedule(
+                name="nightly-hr-sync",
+                every_s=3600,
+                next_run_at=clock.now() - timedelta(seconds=30),
+                alerts={"channels": ["hook"], "on": ["missed"]},
+            )
+        )
+    thread = sender_thread.SenderThread(quick, "watcher@test")
+    thread.start()
+    try:
+        [got] = http.wait(1)
+    finally:
+        thread.stop()
+    body = got.json()
+    assert (body["kind"], body["detail"], body["schedule"]) == ("missed", "not_fired", "nightly-hr-sync")
+    assert lease_holder(settings) is None  # released at stop
+
+
 def test_a_killed_senders_successor_delivers_and_a_step_worker_never_sends(
     settings: Settings, tmp_path: Path, wired: tuple[HttpReceiver, SmtpReceiver]
 ) -> None:

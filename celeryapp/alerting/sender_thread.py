@@ -108,7 +108,9 @@ class SenderThread:
         self._next_watch = time.monotonic() + self.settings.alert_watch_interval_s
         try:
             # Through the module: the watch is the deadlines' part, replaced as it grows.
-            raised = deadline_watch.watch(self.settings.database_url, clock.now())
+            raised = deadline_watch.watch(
+                self.settings.database_url, clock.now(), missed_grace_s=self.settings.alert_missed_grace_s
+            )
         except Exception:
             logger.exception("the deadline watch failed; tried again in %g s", self.settings.alert_watch_interval_s)
             return

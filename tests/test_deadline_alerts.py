@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from celery import Celery
 from sqlalchemy import select, update
@@ -190,3 +191,25 @@ def test_a_pass_costs_the_same_statements_for_one_schedule_or_many(
         apply(f"more-{number}")
     # The schedules with alerts, then the runs in progress of those with deadlines (none is due).
     assert cost() == one and [s for s in one if s not in ("COMMIT", "ROLLBACK")] == ["SELECT", "SELECT"]
+
+
+def test_finish_by_is_a_wall_clock_time_in_the_schedules_zone(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings
+) -> None:
+    definition = {"name": "hr-sync", "cron": "0 5 * * *", "timezone": "Europe/London", "steps": [step("s")]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    configure(settings, "hr-sync", {"start_within": 600, "finish_by": "06:00"}, ["late"])
+    with transaction(settings.database_url) as session:
+        slot = session.scalar(select(Schedule.next_run_at).where(Schedule.name == "hr-sync"))
+    assert slot is not None
+    six = (slot + timedelta(hours=1)).astimezone(ZoneInfo("Europe/London"))
+    assert (six.hour, six.minute) == (6, 0)
+
+    # Judged by the now it is given (the database's clock, in production).
+    assert watch(settings.database_url, slot + timedelta(seconds=599)) == 0
+    assert watch(settings.database_url, slot + timedelta(seconds=600)) == 1
+    assert watch(settings.database_url, slot + timedelta(minutes=59, seconds=59)) == 0
+    assert watch(settings.database_url, slot + timedelta(hours=1)) == 1
+    about = late(settings, "hr-sync", slot)
+    assert sorted(about) == ["finish", "start"]
+    assert f"had to finish by {iso(slot + timedelta(hours=1), timespec='seconds')}" in about["finish"][0].message

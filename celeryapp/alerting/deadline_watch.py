@@ -28,9 +28,9 @@ from sqlalchemy import String, cast, select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain import deadlines
-from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.times import iso
 from celeryapp.monitoring.alert_outbox import alert_key, raise_alert
+from celeryapp.scheduling.beat_entries import cadence_of
 from celeryapp.variables import DEFAULT_ALERT_MISSED_GRACE_S
 from models import AlertKind, ExecutionStatus, Schedule, ScheduleExecution, ScheduleStatus, Trigger, transaction
 from models.alert_tables import ALERTS
@@ -138,10 +138,6 @@ def _key(name: str, detail: str, slot: datetime) -> str:
     return alert_key(AlertKind.LATE, name, slot_at=slot, detail=detail)
 
 
-def _cadence(row: Any) -> Cadence:
-    return Cadence(cron=row.cron, every_s=row.every_s, timezone=row.timezone, anchor=row.updated_at)
-
-
 def _not_fired(row: Any, now: datetime, grace_s: float) -> Iterable[_Alert]:
     """``missed`` for the slot beat should have fired more than the grace ago. While a retry is
     pending it replaces the cadence, and beat fires that instead."""
@@ -163,7 +159,7 @@ def _no_run(row: Any, now: datetime) -> Iterable[_Alert]:
     start_s, finish_s, by = d.get("start_within"), d.get("finish_within"), d.get("finish_by")
     reach_s = deadlines.longest_s(start_s, finish_s, by) + LOOKBACK_MARGIN_S
     since = max(first, now - timedelta(seconds=reach_s))
-    cadence = _cadence(row)
+    cadence = cadence_of(row)
     found = []
     if start_s is not None:
         for slot in deadlines.newest_slots(

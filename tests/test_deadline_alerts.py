@@ -93,13 +93,13 @@ def test_a_run_on_course_to_miss_its_deadline_is_reported_before_it_when_it_pass
         for earlier in session.scalars(select(ScheduleExecution).where(ScheduleExecution.schedule_name == "export")):
             assert earlier.completed_at is not None
             earlier.started_at = earlier.completed_at - timedelta(seconds=60)
-    apply(8)
-    configure(settings, "export", {"finish_within": 5}, ["late"])
+    apply(12)
+    configure(settings, "export", {"finish_within": 8}, ["late"])
     with processes.beat(settings, tmp_path):
         found = wait_for(lambda: slot_run(settings, "export"), 30, what="a run fired by beat")
         assert isinstance(found, tuple)
         run, started, slot = found
-        deadline = slot + timedelta(seconds=5)
+        deadline = slot + timedelta(seconds=8)
         watched(settings, "export", slot, "predicted", 10)
         [predicted] = late(settings, "export", slot)["predicted"]
         assert predicted.at < deadline and predicted.execution_id == run

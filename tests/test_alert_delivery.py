@@ -383,6 +383,23 @@ def test_the_sender_runs_the_deadline_watch_with_the_configured_grace(
     assert lease_holder(settings) is None  # released at stop
 
 
+def test_alerts_are_sent_while_redis_cannot_be_asked_for_the_lease(
+    settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]
+) -> None:
+    """Redis away is when beat and the steps stand still and the deadline watch matters most: the
+    sender sends without the lease (the claims keep each send one)."""
+    http, _ = wired
+    away = dataclasses.replace(settings, broker_url=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens
+    key = alert(settings, ["hook"])
+    thread = sender_thread.SenderThread(away, "cut-off@test")
+    thread.start()
+    try:
+        [got] = http.wait(1)
+    finally:
+        thread.stop()
+    assert got.json()["id"] == key and deliveries(settings, key)["hook"].status is DeliveryStatus.DELIVERED
+
+
 def test_a_killed_senders_successor_delivers_and_a_step_worker_never_sends(
     settings: Settings, tmp_path: Path, wired: tuple[HttpReceiver, SmtpReceiver]
 ) -> None:

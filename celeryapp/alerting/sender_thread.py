@@ -5,6 +5,7 @@ and never a step's child process, so the channels' secrets are never in a proces
 code. Of those workers, the one holding the lease polls the outbox every
 ``CHORDBEAT_ALERT_POLL_INTERVAL`` and runs the deadline watch every ``CHORDBEAT_ALERT_WATCH_INTERVAL``;
 the others wait to take over when its lease lapses (a worker killed, or cut off from Redis).
+While Redis cannot be asked at all, each of them watches and sends (see :meth:`SenderThread.may_send`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class SenderThread:
         self.sender = Sender(settings)
         self.thread = threading.Thread(target=self._run, name="chordbeat-alert-sender", daemon=True)
         self._next_watch = 0.0
+        self._without_lease = False
 
     def start(self) -> None:
         self.thread.start()
@@ -78,7 +80,7 @@ class SenderThread:
         failing = False
         while not self.stopping.is_set():
             try:
-                if self.holds_lease():
+                if self.may_send():
                     self._watch()
                     self.sender.poll()
             except Exception:
@@ -92,6 +94,24 @@ class SenderThread:
                     logger.warning("the alert sender's rounds work again")
                 failing = False
             self.stopping.wait(interval_s)
+
+    def may_send(self) -> bool:
+        """Whether this node sends now: it holds the lease, or Redis cannot be asked. Nobody can
+        hold the lease while Redis is away, and that is when the deadline watch matters most
+        (beat and the steps stand still): every control worker then watches and sends, and the
+        outbox's unique keys and the deliveries' claims still make each alert, and each send of
+        it, one."""
+        try:
+            held = self.holds_lease()
+        except redis.RedisError as exc:
+            if not self._without_lease:
+                logger.warning("Redis cannot be asked for the alert sender's lease (%s): sending without it", exc)
+            self._without_lease = True
+            return True
+        if self._without_lease:
+            logger.warning("Redis answers again: alerts are sent by the lease's holder")
+        self._without_lease = False
+        return held
 
     def holds_lease(self) -> bool:
         """Take the lease if free, renew it if ours; whether this node now holds it."""

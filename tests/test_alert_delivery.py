@@ -267,6 +267,15 @@ def test_secrets_are_never_in_errors_or_logs(
         assert token not in text and SECRET not in text
 
 
+def test_without_a_channels_file_nothing_is_sent_or_counted_as_an_attempt(
+    settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]
+) -> None:
+    key = alert(settings, ["hook"])
+    assert Sender(dataclasses.replace(settings, alert_channels_file=None)).poll() == 0
+    state = deliveries(settings, key)["hook"]
+    assert (state.status, state.attempts, state.last_error) == (DeliveryStatus.PENDING, 0, None)
+
+
 def test_a_claim_is_taken_once_and_a_dead_senders_claim_lapses(
     settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]
 ) -> None:

@@ -97,10 +97,11 @@ class Sender:
 
     def channels(self) -> dict[str, Channel] | None:
         """The channels file's channels, read again when it changed; ``None`` while it is broken
-        (nothing is sent, nothing counts as an attempt: the operator is fixing the file)."""
+        or not configured (nothing is sent, nothing counts as an attempt: the operator is fixing
+        the file, or has not yet said where alerts go)."""
         path = self.settings.alert_channels_file
         if path is None:
-            return {}
+            return None
         try:
             stat = os.stat(path)
             version: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)

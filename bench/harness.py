@@ -156,14 +156,17 @@ class Bench:
     def env(self, settings: Settings) -> dict[str, str]:
         return settings_env(settings, PYTHONPATH=ROOT, BENCH_RAW_REDIS_URL=self.redis.url)
 
-    def worker(self, settings: Settings, name: str = "w1") -> Process:
-        """chordbeat's prefork worker (-c 2) on every queue, control first."""
+    def worker(self, settings: Settings, name: str = "w1", *, env: dict[str, str] | None = None) -> Process:
+        """chordbeat's prefork worker (-c 2) on every queue, control first (``env``: instead of
+        :meth:`env`'s)."""
         argv = _with_log_level(worker_argv(name, 2), LOG_LEVEL)
-        return Process(argv, self.env(settings), self.tmp / f"{name}.log", append=True)
+        return Process(argv, env or self.env(settings), self.tmp / f"{name}.log", append=True)
 
-    def beat(self, settings: Settings, name: str = "beat", level: str = LOG_LEVEL) -> Process:
+    def beat(
+        self, settings: Settings, name: str = "beat", level: str = LOG_LEVEL, *, env: dict[str, str] | None = None
+    ) -> Process:
         argv = [CELERY, "-A", "celeryapp", "beat", "-l", level, "--schedule", str(self.tmp / f"{name}-schedule")]
-        return Process(argv, self.env(settings), self.tmp / f"{name}.log", append=True)
+        return Process(argv, env or self.env(settings), self.tmp / f"{name}.log", append=True)
 
     def raw_worker(self, name: str = "raw") -> Process:
         argv = [CELERY, "-A", "bench.raw_app", "worker", "-l", LOG_LEVEL, "-P", "prefork", "-c", "2", "-Q", "raw"]

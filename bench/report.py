@@ -72,6 +72,10 @@ ROWS = (
     Row("history: deep page p95", "history_list_ms", "deep_p95", "ms"),
     Row("history: housekeeping, a day", "housekeeping_pass_s", None, "s"),
     Row("history: fire lateness p99 then", "housekeeping_fire_lateness_ms", "p99", "ms"),
+    Row("alert: failed run → receiver", "alert_failed_s", None, "s"),
+    Row("alert: finish deadline → receiver", "alert_late_s", None, "s"),
+    Row("alert: run's end → resolved", "alert_resolved_s", None, "s"),
+    Row("alert: receiver back → delivered", "alert_after_outage_s", None, "s"),
 )
 
 

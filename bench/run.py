@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench import beat_scale, faults, history, pipelines, raw_app
+from bench import alert_delays, beat_scale, faults, history, pipelines, raw_app
 from bench.harness import Bench, bench
 from bench.report import LATEST_JSON, LATEST_MD, evaluate, markdown, rewrite_readme, text_table
 from bench.stats import combine
@@ -41,6 +41,7 @@ FAMILIES: dict[str, Callable[[Bench], list[dict[str, Any]]]] = {
     "burst": beat_scale.burst_runs,
     "faults": faults.runs,
     "history": history.history,
+    "alerts": alert_delays.runs,
 }
 
 NOTES = [
@@ -72,6 +73,11 @@ NOTES = [
     "processes but the benchmark's own connections, Redis. Redis bytes kept per step: used memory after the "
     "loaded run less before, per step (results "
     "kept for result_expires, 24 h). Redis bytes per schedule: its RedBeat entry.",
+    "Alerts: a webhook receiver in the benchmark's process, one worker on every queue (the sender's lease holder), "
+    "default settings (sender poll 1 s, deadline watch every 10 s). Failed: the run's completed_at (database "
+    "time) → the receiver has the request. Late: slot + finish_within (2 s, a 16 s step) → received; resolved: "
+    "that run's end → received. Outage: the receiver answers 500 for 30 s; the alert arrives this long after it "
+    "answers again (backoff 5 s doubling), attempts counted during the outage.",
     "Worker memory after the loaded run, the worker and its pool processes summed: RSS (VmRSS, which counts "
     "a page the pool shares with its parent once in each process) and PSS (smaps_rollup's Pss, each shared page "
     "divided among the processes mapping it: what the worker costs the machine).",

@@ -15,6 +15,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -109,6 +110,13 @@ def _handler(receiver: HttpReceiver) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def http_receiver() -> Iterator[HttpReceiver]:
     """An HTTP server on a free loopback port recording each request."""
+    with serve_http_receiver() as receiver:
+        yield receiver
+
+
+@contextmanager
+def serve_http_receiver() -> Iterator[HttpReceiver]:
+    """:func:`http_receiver` outside pytest (the benchmark's receiver)."""
     port = free_port()
     receiver = HttpReceiver(url=f"http://127.0.0.1:{port}/hook")
     server = ThreadingHTTPServer(("127.0.0.1", port), _handler(receiver))

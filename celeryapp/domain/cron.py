@@ -8,9 +8,10 @@ Our DST rule (our own, not Vixie cron's; see docs/schedules.md "Cron and DST"):
   hour field starts with ``*`` (``*``, ``*/2``): such hourly patterns follow the clock through
   both passes.
 
-An accepted expression fires forever: one whose days can never occur (30 February) is refused when
-parsed, and the Gregorian calendar, weekdays included, repeats every 400 years, so any day that
-can match once matches again.
+An accepted expression fires forever: one whose days can never occur (30 February, ``30W`` in
+February, ``LW`` on Saturdays) is refused when parsed, and the Gregorian calendar, weekdays
+included, repeats every 400 years, so any day that can match once matches again. The fields,
+``L``, ``W`` and ``#`` included, are read in :mod:`celeryapp.domain.cron_fields`.
 
 Everything here is pure: no I/O, no clock reads.
 """
@@ -23,97 +24,19 @@ from dataclasses import dataclass
 from datetime import MAXYEAR, UTC, date, datetime, time, timedelta, tzinfo
 from functools import lru_cache
 
-from celeryapp.errors import ChordbeatError
-
-#: Longest accepted expression; anything longer is not a hand-written schedule.
-MAX_LENGTH = 200
-_MONTHS = {
-    m: i for i, m in enumerate(["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], 1)
-}
-_DAYS = {d: i for i, d in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])}
-#: Days in each month of a leap year: a day of month beyond these never occurs.
-_LONGEST_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
-
-
-class CronError(ChordbeatError, ValueError):
-    """Raised for an expression that is not a valid 5-field cron expression."""
-
-
-@dataclass(frozen=True)
-class _Field:
-    name: str
-    low: int
-    high: int
-    #: Largest step: the number of distinct values (``*/60`` is minute 0, ``*/61`` a mistake).
-    max_step: int
-    names: dict[str, int] | None = None
-
-
-_FIELDS = (
-    _Field("minute", 0, 59, 60),
-    _Field("hour", 0, 23, 24),
-    _Field("day of month", 1, 31, 31),
-    _Field("month", 1, 12, 12, _MONTHS),
-    _Field("day of week", 0, 7, 7, _DAYS),
+from celeryapp.domain.cron_fields import (
+    FIELDS,
+    LONGEST_MONTH,
+    MAX_LENGTH,
+    CronError,
+    DayRule,
+    is_number,
+    parse_days,
+    parse_field,
+    split,
 )
 
-
-def is_number(text: str) -> bool:
-    """A cron field's number: ASCII digits only (str.isdigit alone accepts '¹' and '٣')."""
-    return text.isascii() and text.isdigit()
-
-
-def _value(text: str, field: _Field) -> int:
-    if field.names and text.isascii() and text.lower() in field.names:
-        return field.names[text.lower()]
-    if not is_number(text):
-        kind = "a number or a name" if field.names else "a number"
-        raise CronError(f"{field.name} field: {text!r} is not {kind}")
-    value = int(text)
-    if not field.low <= value <= field.high:
-        raise CronError(f"{field.name} field: {value} is outside {field.low}-{field.high}")
-    return value
-
-
-def _parse_part(part: str, field: _Field) -> range:
-    base, slash, step_text = part.partition("/")
-    if not base:
-        raise CronError(f"{field.name} field: {part!r} has nothing before '/'")
-    step = 1
-    if slash:
-        if not is_number(step_text) or not 1 <= int(step_text) <= field.max_step:
-            raise CronError(f"{field.name} field: step {step_text!r} must be a number from 1 to {field.max_step}")
-        step = int(step_text)
-    if base == "*":
-        low, high = field.low, field.high
-    elif "-" in base:
-        first, _, last = base.partition("-")
-        low, high = _value(first, field), _value(last, field)
-        if low > high:
-            raise CronError(f"{field.name} field: range {base!r} runs backwards")
-    else:
-        low = _value(base, field)
-        high = field.high if slash else low
-    return range(low, high + 1, step)
-
-
-def _parse_field(text: str, field: _Field) -> frozenset[int]:
-    values: set[int] = set()
-    for part in text.split(","):
-        if not part:
-            raise CronError(f"{field.name} field: empty list item in {text!r}")
-        values.update(_parse_part(part, field))
-    return frozenset(values)
-
-
-def _split(text: str) -> list[str]:
-    if len(text) > MAX_LENGTH:
-        raise CronError(f"is {len(text)} characters long, at most {MAX_LENGTH} are allowed")
-    # Only spaces and tabs separate fields; str.split() would also split on no-break spaces.
-    parts = [p for p in text.replace("\t", " ").split(" ") if p]
-    if len(parts) != 5:
-        raise CronError(f"expected 5 fields (minute hour day month weekday), got {len(parts)}")
-    return parts
+__all__ = ["MAX_LENGTH", "CronError", "CronExpression", "is_number"]
 
 
 @dataclass(frozen=True)
@@ -123,11 +46,9 @@ class CronExpression:
     text: str
     minutes: tuple[int, ...]
     hours: tuple[int, ...]
-    days: frozenset[int]
     months: tuple[int, ...]
-    weekdays: frozenset[int]
-    #: POSIX: when both day fields are restricted, a day matches if either matches.
-    day_or: bool
+    #: Which days the two day fields select (L, W and # included).
+    rule: DayRule
     #: Hour field written with a leading ``*``: fires in both passes of a repeated hour.
     every_hour: bool
 
@@ -141,24 +62,45 @@ class CronExpression:
 
     @classmethod
     def _parse_uncached(cls, text: str) -> CronExpression:
-        parts = _split(text)
-        minute, hour, dom, month, dow = (_parse_field(p, f) for p, f in zip(parts, _FIELDS, strict=True))
-        # As in Vixie cron, a day field written starting with '*' (even `*/2`) is not "restricted".
-        day_or = not parts[2].startswith("*") and not parts[4].startswith("*")
-        if not day_or and not any(d <= _LONGEST_MONTH[m - 1] for m in month for d in dom):
+        parts = split(text)
+        minute, hour, month = (parse_field(parts[i], FIELDS[i]) for i in (0, 1, 3))
+        rule = parse_days(parts[2], parts[4])
+        months = tuple(sorted(month))
+        if (
+            not rule.special
+            and not rule.day_or
+            and not any(d <= LONGEST_MONTH[m - 1] for m in months for d in rule.days)
+        ):
             # With the weekday ANDed in, every existing date still falls on each weekday within
             # 400 years; only a date that never exists makes the expression dead.
             raise CronError(f"day of month field: {parts[2]!r} never occurs in month field {parts[3]!r}")
+        if rule.special and not rule.occurs_in(months):
+            raise CronError(
+                f"day of month field {parts[2]!r} with day of week field {parts[4]!r} never occurs"
+                f" in month field {parts[3]!r}"
+            )
         return cls(
             text=" ".join(parts),
             minutes=tuple(sorted(minute)),
             hours=tuple(sorted(hour)),
-            days=dom,
-            months=tuple(sorted(month)),
-            weekdays=frozenset(d % 7 for d in dow),
-            day_or=day_or,
+            months=months,
+            rule=rule,
             every_hour=parts[1].startswith("*"),
         )
+
+    @property
+    def days(self) -> frozenset[int]:
+        """The plain days of month (without L and W)."""
+        return self.rule.days
+
+    @property
+    def weekdays(self) -> frozenset[int]:
+        """The plain weekdays, 0 = Sunday (without L and #)."""
+        return self.rule.weekdays
+
+    @property
+    def day_or(self) -> bool:
+        return self.rule.day_or
 
     def _days(self, start: date) -> Iterator[date]:
         """Matching days from ``start`` onwards, in order; months outside the month field are skipped."""
@@ -168,12 +110,10 @@ class CronExpression:
                     continue
                 first = start.day if (year, month) == (start.year, start.month) else 1
                 last = monthrange(year, month)[1]
+                weekday_of_first = date(year, month, 1).isoweekday() % 7
                 for day in range(first, last + 1):
-                    candidate = date(year, month, day)
-                    in_month = day in self.days
-                    in_week = candidate.isoweekday() % 7 in self.weekdays
-                    if (in_month or in_week) if self.day_or else (in_month and in_week):
-                        yield candidate
+                    if self.rule.matches(day, last, (weekday_of_first + day - 1) % 7):
+                        yield date(year, month, day)
 
     def _naive_times(self, start: datetime) -> Iterator[datetime]:
         """Wall-clock times matching the expression, from ``start`` (naive) onwards, in order."""

@@ -230,6 +230,8 @@ class Settings:
     alert_missed_grace_s: float = DEFAULT_ALERT_MISSED_GRACE_S
     #: The dashboard's address for links in alerts; unset: alerts carry no links.
     dashboard_url: str | None = None
+    #: The directory of the named business calendars (one file per calendar); unset: none.
+    calendars_dir: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -285,4 +287,5 @@ class Settings:
                 env, "CHORDBEAT_ALERT_MISSED_GRACE", DEFAULT_ALERT_MISSED_GRACE_S, minimum=0
             ),
             dashboard_url=_dashboard_url(env),
+            calendars_dir=env.get("CHORDBEAT_CALENDARS_DIR") or None,
         )

@@ -33,6 +33,7 @@ class ScheduleJson(TypedDict):
     deadlines: dict[str, Any] | None
     #: ``{"channels": [...], "on": [...]}`` or null.
     alerts: dict[str, Any] | None
+    calendar: dict[str, Any] | None  # {"exclude": [dates], "calendars": [names], "on_excluded"} or null
     #: Step groups: a step object, or a list of step objects run in parallel.
     steps: list[Any]
     status: str

@@ -207,6 +207,13 @@ VARIABLES = (
         "[alerts.md](alerts.md)); secrets come from the variables it names, never from the file",
     ),
     Variable(
+        "CHORDBEAT_CALENDARS_DIR",
+        "unset (no named calendars: a definition naming one is refused)",
+        "directory of the business calendars definitions name in `calendar.calendars`: the file of a calendar is "
+        "its name, one `YYYY-MM-DD` per line, `#` comments (see [schedules.md](schedules.md#business-calendars)); "
+        "read at apply, at beat start and when a slot fires",
+    ),
+    Variable(
         "CHORDBEAT_SMTP_URL",
         "unset",
         "workers only: the mail server of the email channels that name no `smtp_url_env`, "

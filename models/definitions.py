@@ -5,6 +5,7 @@ from __future__ import annotations
 from celeryapp.domain.definition import (
     KIND_OF_TASK,
     AlertRules,
+    CalendarRules,
     Deadlines,
     ScheduleDefinition,
     StepKind,
@@ -50,4 +51,5 @@ def definition_of(schedule: Schedule) -> ScheduleDefinition:
         payload=dict(schedule.payload),
         deadlines=Deadlines.from_json(schedule.deadlines),
         alerts=AlertRules.from_json(schedule.alerts),
+        calendar=CalendarRules.from_json(schedule.calendar),
     )

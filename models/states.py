@@ -81,6 +81,8 @@ class SlotOutcome(StrEnum):
     #: No fire message for the slot was ever processed (beat, Redis or the workers were down, or
     #: the message was lost with a killed worker); recorded by the next slot's fire. No make-up run.
     MISSED = "missed"
+    #: The slot's day is excluded by the schedule's calendar (``on_excluded: skip``): nothing ran.
+    SKIPPED_CALENDAR = "skipped_calendar"
     BUFFERED = "buffered"
     RETRY = "retry"
 

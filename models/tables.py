@@ -81,6 +81,9 @@ class Schedule(Base):
     #: The definition's ``deadlines`` and ``alerts`` objects as validated; None when not given.
     deadlines: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     alerts: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    #: The definition's ``calendar`` object as validated (its named calendars are files of
+    #: ``CHORDBEAT_CALENDARS_DIR``, read when a slot fires); None when not given.
+    calendar: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
     run_count: Mapped[int] = mapped_column(Integer, default=0)
     error_count: Mapped[int] = mapped_column(Integer, default=0)

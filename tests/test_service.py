@@ -23,6 +23,7 @@ SCHEDULE_KEYS = {
     "payload",
     "deadlines",
     "alerts",
+    "calendar",
     "steps",
     "status",
     "run_count",

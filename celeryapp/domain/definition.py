@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import date
 from enum import StrEnum
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -46,6 +47,7 @@ SCHEDULE_FIELDS = frozenset(
         "payload",
         "deadlines",
         "alerts",
+        "calendar",
         "steps",
     }
 )
@@ -182,6 +184,43 @@ class AlertRules:
         return cls(channels=tuple(raw["channels"]), on=tuple(AlertKind(kind) for kind in raw["on"]))
 
 
+class OnExcluded(StrEnum):
+    """What a slot on an excluded day does (the definition's ``calendar.on_excluded``)."""
+
+    #: Nothing starts; the slot is recorded ``skipped_calendar``.
+    SKIP = "skip"
+    #: The run starts at the same wall time on the next weekday that is not excluded.
+    NEXT_BUSINESS_DAY = "next_business_day"
+
+
+@dataclass(frozen=True)
+class CalendarRules:
+    """The days a schedule does not run (the definition's ``calendar``): its own dates and the
+    named calendars of the ``CHORDBEAT_CALENDARS_DIR`` directory, both kept in the order written."""
+
+    exclude: tuple[date, ...] = ()
+    calendars: tuple[str, ...] = ()
+    on_excluded: OnExcluded = OnExcluded.SKIP
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "exclude": [day.isoformat() for day in self.exclude],
+            "calendars": list(self.calendars),
+            "on_excluded": self.on_excluded.value,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any] | None) -> CalendarRules | None:
+        """Rebuild from :meth:`to_json` output (as stored); ``None`` stays ``None``."""
+        if raw is None:
+            return None
+        return cls(
+            exclude=tuple(date.fromisoformat(day) for day in raw.get("exclude", ())),
+            calendars=tuple(raw.get("calendars", ())),
+            on_excluded=OnExcluded(raw.get("on_excluded", OnExcluded.SKIP)),
+        )
+
+
 @dataclass(frozen=True)
 class ScheduleDefinition:
     name: str
@@ -200,6 +239,7 @@ class ScheduleDefinition:
     payload: Mapping[str, Any] = field(default_factory=dict)
     deadlines: Deadlines | None = None
     alerts: AlertRules | None = None
+    calendar: CalendarRules | None = None
 
     @property
     def zone(self) -> ZoneInfo:
@@ -227,6 +267,7 @@ class ScheduleDefinition:
             # Null when not given: the schedule object always carries both.
             deadlines=self.deadlines.to_json() if self.deadlines is not None else None,
             alerts=self.alerts.to_json() if self.alerts is not None else None,
+            calendar=self.calendar.to_json() if self.calendar is not None else None,
             steps=[
                 [s.to_json() for s in group] if is_list else group[0].to_json()
                 for group, is_list in zip(self.groups, self.group_is_list, strict=True)

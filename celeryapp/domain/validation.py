@@ -22,6 +22,7 @@ from celeryapp.domain.alert_fields import (
     read_once,
 )
 from celeryapp.domain.cadence import Cadence, retry_delay_s
+from celeryapp.domain.calendar_fields import CalendarReader, check_known_calendars, parse_calendar_field
 from celeryapp.domain.cron import CronError, CronExpression
 from celeryapp.domain.definition import (
     ALL_STEP_FIELDS,
@@ -168,6 +169,7 @@ def parse_definition(
     *,
     rules: StepRules | None = None,
     channels: KnownChannels | None = None,
+    calendars: CalendarReader | None = None,
     now: datetime | None = None,
 ) -> ScheduleDefinition:
     """Validate a definition object; raise one :class:`DefinitionError` naming every bad field.
@@ -175,7 +177,8 @@ def parse_definition(
     ``rules`` are the workers' (which tasks are registered, the operator's policy); ``None``
     checks only what holds whatever the settings (:meth:`StepRules.without_policy`).
     ``channels``: the deployment's alert channels, which ``alerts.channels`` must be among;
-    ``None`` leaves them unchecked (the definition alone).
+    ``None`` leaves them unchecked (the definition alone). ``calendars`` reads the named calendars
+    of ``CHORDBEAT_CALENDARS_DIR``, each of which must be readable; ``None`` leaves them unchecked.
     """
     raw = require_mapping(raw, "definition")
     # The caps first, and alone: past them, walking the definition is the cost they prevent.
@@ -212,6 +215,9 @@ def parse_definition(
         problems.check(check_late_has_deadlines, raw, alerts, deadlines)
         if channels is not None:
             problems.check(check_known_channels, alerts, channels)
+    calendar = problems.check(parse_calendar_field, raw)
+    if calendars is not None and not problems.failed("calendar"):
+        problems.check(check_known_calendars, calendar, calendars)
     problems.raise_any()
     # Every check passed: none of these is None (timeout_s may be: no timeout).
     assert name and zone and cadence and overlap and payload is not None and steps and enabled is not None
@@ -232,6 +238,7 @@ def parse_definition(
         payload=payload,
         deadlines=deadlines,
         alerts=alerts,
+        calendar=calendar,
     )
     size = limits.json_size(definition.to_json())
     if size > limits.MAX_DEFINITION_BYTES:
@@ -242,7 +249,11 @@ def parse_definition(
 
 
 def parse_definitions(
-    items: Sequence[Any], *, rules: StepRules | None = None, channels: KnownChannels | None = None
+    items: Sequence[Any],
+    *,
+    rules: StepRules | None = None,
+    channels: KnownChannels | None = None,
+    calendars: CalendarReader | None = None,
 ) -> list[ScheduleDefinition]:
     """Validate a list of definitions (a schedule file); errors say which schedule is wrong.
 
@@ -258,7 +269,7 @@ def parse_definitions(
         # Only a valid name labels the place: an invalid one may be huge or hold control characters.
         shown_label = isinstance(label, str) and NAME_PATTERN.fullmatch(label)
         problems.prefix = f"schedules[{index}]" + (f" ({label})" if shown_label else "") + "."
-        definition = problems.check(parse_definition, raw, rules=rules, channels=channels)
+        definition = problems.check(parse_definition, raw, rules=rules, channels=channels, calendars=calendars)
         if definition is None:
             continue
         if definition.name in names:

@@ -46,6 +46,7 @@ from celeryapp.interfaces.summaries import execution_summaries, schedules_page
 from celeryapp.interfaces.views import execution_json, schedule_json
 from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.recovery.paused_slots import record_paused_slots
+from celeryapp.scheduling.calendar_files import calendar_reader
 from celeryapp.scheduling.store import change_status, find_schedule, upsert_schedule
 from celeryapp.worker.dispatch import apply_effects
 from models import (
@@ -83,7 +84,12 @@ def apply_schedule(
     schedule_source: ScheduleSource = ScheduleSource.API,
 ) -> dict[str, Any]:
     who, why = _actor(actor, source), _reason(reason)
-    parsed = parse_definition(definition, rules=step_rules(app), channels=app.alert_channels)
+    parsed = parse_definition(
+        definition,
+        rules=step_rules(app),
+        channels=app.alert_channels,
+        calendars=calendar_reader(app.settings.calendars_dir),
+    )
 
     def store(session: Session) -> dict[str, Any]:
         schedule, change = upsert_schedule(session, parsed, source=schedule_source, now=utcnow(), paused_by=who.name)

@@ -26,6 +26,7 @@ from celeryapp.messaging.keys import CONTROL_QUEUE
 from celeryapp.monitoring import health
 from celeryapp.monitoring.watchdog import StallWatchdog
 from celeryapp.scheduling.beat_entries import chunks, reconcile, reconcile_fully_next, short_name_list
+from celeryapp.scheduling.calendar_files import unreadable_calendars
 from celeryapp.scheduling.redis_outage import RedisOutage
 from celeryapp.scheduling.schedule_file import apply_file
 from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, fire_of, wrong_type
@@ -89,6 +90,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             logger.error("beat: schedule file %s NOT applied, nothing changed: %s", settings.schedules_file, exc)
         except Exception:
             logger.exception("beat: schedule file %s NOT applied (database or Redis trouble)", settings.schedules_file)
+        self._say_unreadable_calendars()
         if self.app.redbeat_conf.lock_key:  # self.lock_key is not set yet: RedBeat sets it after this
             # Entries are repaired once the lock is ours (see _take_lock): a standby may wait for
             # it while Redis restarts empty, and whatever it wrote now would be gone by then.
@@ -98,6 +100,18 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         except Exception:
             # Redis or the database away at start: beat still starts; the periodic reconcile repairs.
             logger.exception("beat: could not repair entries at start; the periodic reconcile will")
+
+    def _say_unreadable_calendars(self) -> None:
+        """Loudly, at start: the slots of a schedule whose named calendar cannot be read start
+        nothing (each is recorded skipped_calendar with the reason) until the file is fixed."""
+        settings = self.app.settings
+        try:
+            problems = unreadable_calendars(settings.database_url, settings.calendars_dir)
+        except Exception:
+            logger.exception("beat: could not check the schedules' calendars (database trouble)")
+            return
+        for problem in problems:
+            logger.error("beat: %s; its slots start nothing until the calendar can be read", problem)
 
     def _until_redis_answers(self, start: Callable[[], None]) -> None:
         """Run ``start`` (all of it again after each failure: RedBeat's start-up may be repeated)

@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.alert_fields import KnownChannels
+from celeryapp.domain.calendar_fields import CalendarReader
 from celeryapp.domain.definition import NAME_PATTERN, ScheduleDefinition
 from celeryapp.domain.limits import MAX_FILE_BYTES, short_repr
 from celeryapp.domain.step_policy import StepRules
@@ -29,6 +30,7 @@ from celeryapp.domain.validation import parse_definitions
 from celeryapp.errors import ChordbeatError, DefinitionError
 from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.scheduling.beat_entries import sync_schedules
+from celeryapp.scheduling.calendar_files import calendar_reader
 from celeryapp.scheduling.file_audit import record_file_applied
 from celeryapp.scheduling.store import Change, upsert_schedule
 from celeryapp.scheduling.yaml_errors import at, yaml_problem
@@ -186,17 +188,27 @@ def source_name(path: str | Path, declared: Any) -> str:
 
 
 def load_file(
-    path: str | Path, *, rules: StepRules | None, channels: KnownChannels | None = None
+    path: str | Path,
+    *,
+    rules: StepRules | None,
+    channels: KnownChannels | None = None,
+    calendars: CalendarReader | None = None,
 ) -> list[ScheduleDefinition]:
     """Read and validate a whole schedule file's schedules (see :func:`read_file`)."""
-    return read_file(path, rules=rules, channels=channels).definitions
+    return read_file(path, rules=rules, channels=channels, calendars=calendars).definitions
 
 
-def read_file(path: str | Path, *, rules: StepRules | None, channels: KnownChannels | None = None) -> ScheduleFile:
+def read_file(
+    path: str | Path,
+    *,
+    rules: StepRules | None,
+    channels: KnownChannels | None = None,
+    calendars: CalendarReader | None = None,
+) -> ScheduleFile:
     """Read and validate a whole schedule file; raise :class:`DefinitionError` naming every invalid schedule.
 
-    ``rules`` are the workers' and ``channels`` the deployment's alert channels (see
-    :func:`celeryapp.domain.validation.parse_definition`).
+    ``rules`` are the workers' and ``channels`` the deployment's alert channels, ``calendars`` reads
+    its named calendars (see :func:`celeryapp.domain.validation.parse_definition`).
     """
     where = str(path)
     try:
@@ -224,7 +236,7 @@ def read_file(path: str | Path, *, rules: StepRules | None, channels: KnownChann
     items = document.get("schedules") or []
     if not isinstance(items, list):
         raise DefinitionError("schedules", "must be a list of schedule definitions")
-    return ScheduleFile(source, parse_definitions(items, rules=rules, channels=channels))
+    return ScheduleFile(source, parse_definitions(items, rules=rules, channels=channels, calendars=calendars))
 
 
 def apply_definitions(
@@ -302,7 +314,9 @@ def apply_file(
     """
     checked = worker_registry.checked_rules(app.settings, app.tasks.__contains__)
     # The channels file is read by the app (the alerting layer, above this one).
-    schedule_file = read_file(path, rules=checked.rules, channels=app.alert_channels)
+    schedule_file = read_file(
+        path, rules=checked.rules, channels=app.alert_channels, calendars=calendar_reader(app.settings.calendars_dir)
+    )
 
     def apply(session: Session) -> FileDiff:
         diff = apply_definitions(

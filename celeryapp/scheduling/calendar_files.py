@@ -1,0 +1,106 @@
+"""Named business calendars: the files of ``CHORDBEAT_CALENDARS_DIR``, read bounded and kept while
+they do not change.
+
+A calendar's file is its name in the directory (:func:`celeryapp.domain.calendars.calendar_name_problem`
+keeps names inside it). Apply refuses a definition naming a calendar that cannot be read, beat says
+so loudly at start, and a fire that cannot read one starts nothing (:mod:`celeryapp.worker.firing`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import date
+
+from sqlalchemy import select
+
+from celeryapp.domain.calendar_fields import CalendarReader
+from celeryapp.domain.calendars import (
+    MAX_CALENDAR_BYTES,
+    Calendar,
+    CalendarError,
+    calendar_name_problem,
+    parse_calendar,
+)
+from celeryapp.domain.definition import CalendarRules
+from celeryapp.errors import ConfigError
+from models import Schedule, ScheduleStatus, transaction
+
+logger = logging.getLogger(__name__)
+
+#: Files kept read at most; past it the cache starts again (a deployment has a handful).
+MAX_CACHED_CALENDARS = 256
+_cache: dict[str, tuple[tuple[int, int, int], frozenset[date]]] = {}
+_cache_lock = threading.Lock()
+
+
+def read_calendar(directory: str | None, name: str) -> frozenset[date]:
+    """The dates of calendar ``name``; :class:`ConfigError` or :class:`CalendarError` say why not.
+    Read again only when the file changed (its inode, size or modification time)."""
+    if directory is None:
+        raise ConfigError(
+            "CHORDBEAT_CALENDARS_DIR is not set: this deployment has no calendar files, so no named calendar "
+            "can be read (see docs/schedules.md)"
+        )
+    problem = calendar_name_problem(name)
+    if problem is not None:
+        raise CalendarError(problem)
+    path = os.path.join(directory, name)
+    try:
+        with open(path, "rb") as stream:
+            status = os.fstat(stream.fileno())
+            version = (status.st_ino, status.st_size, status.st_mtime_ns)
+            with _cache_lock:
+                cached = _cache.get(path)
+            if cached is not None and cached[0] == version:
+                return cached[1]
+            data = stream.read(MAX_CALENDAR_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"no file {name} in CHORDBEAT_CALENDARS_DIR ({directory})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read ({exc.strerror or exc})") from None
+    if len(data) > MAX_CALENDAR_BYTES:
+        raise CalendarError(f"{path} is more than {MAX_CALENDAR_BYTES} bytes")
+    try:
+        dates = parse_calendar(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CalendarError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+    except CalendarError as exc:
+        raise CalendarError(f"{path}: {exc}") from None
+    with _cache_lock:
+        if len(_cache) >= MAX_CACHED_CALENDARS:
+            _cache.clear()
+        _cache[path] = (version, dates)
+    return dates
+
+
+def calendar_reader(directory: str | None) -> CalendarReader:
+    """What the apply paths check a definition's named calendars with."""
+    return lambda name: read_calendar(directory, name)
+
+
+def schedule_calendar(directory: str | None, rules: CalendarRules) -> Calendar:
+    """Every date ``rules`` exclude, with its reason; raises as :func:`read_calendar` does."""
+    return Calendar.of(rules.exclude, [(name, read_calendar(directory, name)) for name in rules.calendars])
+
+
+def unreadable_calendars(database_url: str, directory: str | None) -> list[str]:
+    """For each active or paused schedule naming a calendar that cannot be read now, why: beat
+    says these at start, since their slots will start nothing until the file is fixed."""
+    with transaction(database_url, read_only=True) as session:
+        rows = session.execute(
+            # A calendar written as None is stored as JSON null, not SQL NULL: filtered here.
+            select(Schedule.name, Schedule.calendar).where(
+                Schedule.status.in_([ScheduleStatus.ACTIVE, ScheduleStatus.PAUSED])
+            )
+        ).all()
+    problems = []
+    for name, stored in rows:
+        rules = CalendarRules.from_json(stored)
+        for calendar in rules.calendars if rules is not None else ():
+            try:
+                read_calendar(directory, calendar)
+            except (CalendarError, ConfigError) as exc:
+                problems.append(f"schedule {name!r}: calendar {calendar!r} cannot be used: {exc}")
+    return problems

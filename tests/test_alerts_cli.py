@@ -239,3 +239,42 @@ def test_a_predicted_late_alert_says_when_the_run_is_expected_to_finish(
     assert f"late (predicted) {NAME}: open" in text, text
     assert re.search(r"expected to finish 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d \+0[01]:00 (GMT|BST),", text), text
     assert re.search(r"IST here,\s+in (1 h 59 min|2 h)", text), text
+
+
+def test_show_says_a_schedule_s_deadlines_alerts_silence_and_open_alerts(
+    raised: dict[str, str], client: Celery, settings: Settings
+) -> None:
+    deadlines = {"start_within": 900, "finish_within": 3600, "finish_by": "06:00"}
+    pages = {"channels": ["ops-webhook", "broken-hook"], "on": ["failed", "late"]}
+    with transaction(settings.database_url) as session:
+        session.execute(update(Schedule).where(Schedule.name == NAME).values(deadlines=deadlines, alerts=pages))
+    until = iso(utcnow() + timedelta(hours=4))
+    call(client, "chordbeat.silence_schedule", name=NAME, until=until, reason="LDAP upgrade tonight", actor="bob")
+
+    status, lines = chordbeat(settings, "show", NAME)
+    text = "\n".join(lines)
+    assert status == 0 and not wide_lines(lines), text
+    # finish_by is a daily wall time of the schedule's zone, not an instant: the one time format's
+    # date and offset do not apply to it; the viewer's time of the next one is beside it.
+    timed = [line for line in lines if not line.startswith("  deadlines: ")]
+    assert not time_format_problems(timed), (time_format_problems(timed), text)
+    said = " ".join(line.strip() for line in lines)  # a long line may wrap
+    assert re.search(
+        r"deadlines: start within 15 min, finish within 1 h, finish by 06:00 Europe/London \((11:30|10:30) IST here\)",
+        said,
+    ), text
+    assert "alerts: failed, late → ops-webhook, broken-hook" in said, text
+    assert re.search(
+        r"alerts silenced by bob until 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d \+0[01]:00 (GMT|BST), "
+        r"(20\d\d-\d\d-\d\d )?\d\d:\d\d IST here, in 3 h 59 min: LDAP upgrade tonight",
+        said,
+    ), text
+    assert f"2 open alerts: chordbeat alerts --schedule {NAME} --status open" in said, text
+
+    call(client, "chordbeat.unsilence_schedule", name=NAME)
+    call(client, "chordbeat.acknowledge_alert", id=raised["failed"], actor="bob")
+    status, lines = chordbeat(settings, "show", NAME)
+    said = " ".join(line.strip() for line in lines)
+    assert status == 0 and "1 open alert: " in said and "silenced" not in said, lines
+    shown = json.loads(as_json(settings, "show", NAME, "--json"))["schedule"]
+    assert (shown["silenced"], shown["open_alerts"]) == (None, 1)

@@ -35,6 +35,8 @@ SCHEDULE_KEYS = {
     "paused_by",
     "paused_reason",
     "paused_at",
+    "silenced",
+    "open_alerts",
 }
 
 

@@ -261,6 +261,20 @@ def silence_of(session: Session, name: str, now: datetime) -> AlertSilence | Non
     return session.scalar(query)
 
 
+def silences_of(session: Session, names: Iterable[str], now: datetime) -> dict[str, AlertSilence]:
+    """The silence in force of each of these schedules that has one, in one query."""
+    wanted = list(set(names))
+    if not wanted:
+        return {}
+    query = (
+        select(AlertSilence)
+        .where(AlertSilence.schedule_name.in_(wanted), AlertSilence.until > now)
+        .order_by(AlertSilence.until)
+    )
+    # A new silence ends the one in force, but where two overlap the latest ending wins, as in silence_of.
+    return {silence.schedule_name: silence for silence in session.scalars(query)}
+
+
 def _silence_json(name: str, silence: AlertSilence | None) -> dict[str, Any]:
     return {
         "schedule": name,

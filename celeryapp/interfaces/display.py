@@ -97,3 +97,39 @@ def step_states(execution: dict[str, Any]) -> dict[tuple[int, str], tuple[str, i
         if not (running[0] == "in_progress" and running[1] == t["attempt"]):
             states[key] = (t["status"], t["attempt"])
     return dict(sorted(states.items(), key=lambda item: (item[0][0], order[item[0]])))
+
+
+def length_words(seconds: float) -> str:
+    """A deadline's length, exact (unlike :func:`~celeryapp.domain.times.span`, which rounds to two
+    units): ``15 min``, ``1 h 30 min``, ``1 d 0 h 0 min 5 s`` is ``1 d 5 s``, ``90.5 s`` is ``1 min 30.5 s``."""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{int(n)} {unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "min")) if n]
+    if secs or not parts:
+        parts.append(f"{round(secs, 3):g} s")
+    return " ".join(parts)
+
+
+def deadline_words(deadlines: dict[str, Any] | None, timezone: str) -> str | None:
+    """A definition's ``deadlines`` in people's words: ``start within 15 min, finish within 1 h,
+    finish by 06:00 Europe/London`` (``finish_by`` is a wall time of the schedule's zone); None
+    when it has none."""
+    if not deadlines:
+        return None
+    parts = [
+        f"{words} within {length_words(float(deadlines[key]))}"
+        for key, words in (("start_within", "start"), ("finish_within", "finish"))
+        if deadlines.get(key) is not None
+    ]
+    if deadlines.get("finish_by") is not None:
+        parts.append(f"finish by {deadlines['finish_by']} {timezone}")
+    return ", ".join(parts)
+
+
+def alert_words(alerts: dict[str, Any] | None) -> str | None:
+    """A definition's ``alerts``: what raises one and where it goes, ``failed, late → ops-pager,
+    ops-mail``; None when it has none."""
+    if not alerts:
+        return None
+    return f"{', '.join(alerts.get('on') or ())} → {', '.join(alerts.get('channels') or ())}"

@@ -9,6 +9,7 @@ is run again when the database aborts it to break a deadlock (:func:`models.sess
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -43,7 +44,7 @@ from celeryapp.interfaces.arguments import reason_arg as _reason
 from celeryapp.interfaces.arguments import status_arg as _status
 from celeryapp.interfaces.audit import MAX_AUDIT_LIMIT, audit_rows
 from celeryapp.interfaces.summaries import execution_summaries, schedules_page
-from celeryapp.interfaces.views import execution_json, schedule_json
+from celeryapp.interfaces.views import alerting_of, execution_json, one_schedule_json, schedule_json
 from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.recovery.paused_slots import record_paused_slots
 from celeryapp.scheduling.calendar_files import calendar_reader
@@ -94,7 +95,7 @@ def apply_schedule(
     def store(session: Session) -> dict[str, Any]:
         schedule, change = upsert_schedule(session, parsed, source=schedule_source, now=utcnow(), paused_by=who.name)
         who.record(session, AuditAction.APPLY, parsed.name, reason=why, detail={"change": change.value})
-        return schedule_json(schedule)
+        return one_schedule_json(session, schedule, utcnow())
 
     result = retried_transaction(app.settings.database_url, f"applying schedule {parsed.name!r}", store)
     _sync(app, parsed.name)
@@ -129,7 +130,7 @@ def delete_schedule(
 def get_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
     name = _name(name)
     with transaction(app.settings.database_url, read_only=True) as session:
-        return schedule_json(find_schedule(session, name))
+        return one_schedule_json(session, find_schedule(session, name), utcnow())
 
 
 def list_schedules(app: ChordbeatCelery, limit: int = 500, after_name: str | None = None) -> list[dict[str, Any]]:
@@ -142,8 +143,16 @@ def list_schedules(app: ChordbeatCelery, limit: int = 500, after_name: str | Non
         query = query.where(Schedule.name > _name(after_name, "after_name"))
     with transaction(app.settings.database_url, read_only=True) as session:
         rows = session.scalars(query)
+
+        def objects() -> Iterator[dict[str, Any]]:
+            now = utcnow()
+            # A page is cut where its JSON grows too big: alerting is read for a hundred rows at a time.
+            for part in rows.partitions(100):
+                alerting = alerting_of(session, [s.name for s in part], now)
+                yield from (schedule_json(s, alerting[s.name]) for s in part)
+
         try:
-            return schedules_page(schedule_json(s) for s in rows)
+            return schedules_page(objects())
         finally:
             rows.close()  # PostgreSQL streams them through a server-side cursor
 
@@ -187,7 +196,7 @@ def _change_status(
             schedule = change_status(session, name, decide_resume, now=now)
         action = AuditAction.PAUSE if pause else AuditAction.RESUME
         who.record(session, action, name, reason=why, detail={"changed": schedule.status is not before}, at=now)
-        return schedule_json(schedule)
+        return one_schedule_json(session, schedule, now)
 
     what = f"{'pausing' if pause else 'resuming'} schedule {name!r}"
     result = retried_transaction(app.settings.database_url, what, change)

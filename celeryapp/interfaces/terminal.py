@@ -13,8 +13,17 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from celeryapp.domain.times import clock, here, parse_time, relative
-from celeryapp.interfaces.display import FAILED_STEP, WARNED_STEP, label, run_state, state_style
+from celeryapp.domain.deadlines import finish_by_after, wall_time
+from celeryapp.domain.times import clock, here, parse_time, relative, stamp
+from celeryapp.interfaces.display import (
+    FAILED_STEP,
+    WARNED_STEP,
+    alert_words,
+    deadline_words,
+    label,
+    run_state,
+    state_style,
+)
 
 #: Characters that steer a terminal or reorder text (C0 and C1 controls but tab and newline, line
 #: and paragraph separators, bidi controls). Names, errors and outputs are data: shown as escapes.
@@ -101,6 +110,32 @@ def cadence_text(schedule: dict[str, Any]) -> str:
     if schedule.get("cron"):
         return f"cron {schedule['cron']}\n{schedule['timezone']}"
     return f"every {schedule['every']:g} s"
+
+
+def alerting_lines(schedule: dict[str, Any], zone: tzinfo, viewer: tzinfo | None, now: datetime) -> list[Hanging]:
+    """A schedule's deadlines and alerts in words, its silence (until when, by whom, why) and how
+    many of its alerts are open: nothing for a schedule that has and had none."""
+    lines = []
+    if deadlines := deadline_words(schedule.get("deadlines"), schedule["timezone"]):
+        if finish_by := (schedule["deadlines"] or {}).get("finish_by"):
+            # The next one, where the viewer is: an offset apart from the schedule's zone that DST changes.
+            there = here(finish_by_after(now, wall_time(finish_by), schedule["timezone"]), zone, viewer)
+            deadlines += f" ({there})" if there else ""
+        lines.append(hanging(text_of(f"  deadlines: {deadlines}")))
+    if alerts := alert_words(schedule.get("alerts")):
+        lines.append(hanging(text_of(f"  alerts: {alerts}")))
+    elif schedule.get("deadlines"):
+        lines.append(hanging(text_of("  alerts: none (a deadline passing is recorded, nobody is told)", "dim")))
+    if silenced := schedule.get("silenced"):
+        why = f": {silenced['reason']}" if silenced.get("reason") else ""
+        until = stamp(silenced["until"], zone, viewer, now)
+        lines.append(hanging(text_of(f"  alerts silenced by {silenced['by']} until {until}{why}", "yellow")))
+    if count := schedule.get("open_alerts"):
+        where = f"chordbeat alerts --schedule {schedule['name']} --status open"
+        lines.append(hanging(text_of(f"  {count} open alert{'' if count == 1 else 's'}: ", "bold red"), text_of(where)))
+    elif schedule.get("alerts"):
+        lines.append(hanging(text_of("  no open alerts", "dim")))
+    return lines
 
 
 def definition_table(schedule: dict[str, Any]) -> Table:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -9,11 +12,31 @@ from sqlalchemy.orm import Session
 
 from celeryapp.domain.redaction import hide_env_values
 from celeryapp.domain.times import iso
-from models import Activity, Schedule, ScheduleExecution, WorkerTask
+from celeryapp.interfaces.alerts import open_counts, silences_of
+from models import Activity, AlertSilence, Schedule, ScheduleExecution, WorkerTask
 from models.definitions import definition_of
 
 
-def schedule_json(schedule: Schedule) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Alerting:
+    """What a schedule object says of its alerts: the silence in force and how many are open."""
+
+    silence: AlertSilence | None = None
+    open: int = 0
+
+
+def alerting_of(session: Session, names: Iterable[str], now: datetime) -> dict[str, Alerting]:
+    """Each schedule's :class:`Alerting`, in two queries whatever the number of schedules."""
+    wanted = set(names)
+    counts, silences = open_counts(session, wanted), silences_of(session, wanted, now)
+    return {name: Alerting(silences.get(name), counts.get(name, 0)) for name in wanted}
+
+
+def one_schedule_json(session: Session, schedule: Schedule, now: datetime) -> dict[str, Any]:
+    return schedule_json(schedule, alerting_of(session, [schedule.name], now)[schedule.name])
+
+
+def schedule_json(schedule: Schedule, alerting: Alerting) -> dict[str, Any]:
     out = definition_of(schedule).to_json()
     # Executables' env values may be credentials: they stay on the workers, only names are shown.
     out["steps"] = hide_env_values(out["steps"])
@@ -28,8 +51,16 @@ def schedule_json(schedule: Schedule) -> dict[str, Any]:
         paused_by=schedule.paused_by,
         paused_reason=schedule.paused_reason,
         paused_at=iso(schedule.paused_at),
+        silenced=_silenced(alerting.silence),
+        open_alerts=alerting.open,
     )
     return out
+
+
+def _silenced(silence: AlertSilence | None) -> dict[str, Any] | None:
+    if silence is None:
+        return None
+    return {"until": iso(silence.until), "by": silence.actor, "reason": silence.reason}
 
 
 def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from celeryapp.interfaces.cli.calls import (
 )
 from celeryapp.interfaces.terminal import (
     TIME_WIDTH,
+    alerting_lines,
     cadence_text,
     definition_table,
     hanging,
@@ -108,6 +109,8 @@ def show_cmd(name: str, as_json: bool) -> None:
     console.print(hanging(text_of(f"  {cadence_text(schedule).replace(chr(10), ' ')}, overlap {schedule['overlap']}")))
     counts = f"{schedule['run_count']} successful, {schedule['error_count']} failed"
     console.print(text_of(f"  runs {runs(schedule)}: {counts}; retry {schedule['current_retry']}"))
+    for line in alerting_lines(schedule, zone, viewer, now):
+        console.print(line)
     if schedule["last_error"]:
         console.print(hanging(Text("last error: "), text_of(schedule["last_error"], "red")))
     console.print(definition_table(schedule))

@@ -26,7 +26,7 @@ from celeryapp.domain.cron import CronError, CronExpression
 
 NOW = datetime(2020, 1, 1, tzinfo=UTC)
 RIGA = ZoneInfo("Europe/Riga")
-LAST_FRIDAYS_2020 = ("01-31", "02-28", "03-27", "04-24", "05-29", "06-26")
+LAST_FRIDAYS_2020: tuple[str, ...] = ("01-31", "02-28", "03-27", "04-24", "05-29", "06-26")
 LAST_FRIDAYS_2020 += ("07-31", "08-28", "09-25", "10-30", "11-27", "12-25")
 
 
@@ -83,7 +83,7 @@ def test_cronsim_parse_cases_fields() -> None:
     assert CronExpression.parse("* * LW * *").rule.last_weekday
     assert CronExpression.parse("* * * * 1#2").rule.nth_of_week == {(1, 2)}
     mixed = CronExpression.parse("* * * * 1,2,3#1").rule
-    assert (mixed.weekdays, mixed.nth_of_week) == ({1, 2}, {(3, 1)})
+    assert (mixed.weekdays, mixed.nth_of_week) == (frozenset({1, 2}), frozenset({(3, 1)}))
     assert CronExpression.parse("* * * * 5L").rule.last_of_week == {5}
 
 

@@ -8,6 +8,7 @@ import dataclasses
 import html
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from sqlalchemy import select, update
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import alerts, service
-from models import AlertSilence, AuditEvent, Schedule, transaction
+from models import AlertSilence, AuditEvent, Schedule, transaction, utcnow
 from tests.chromium import chromium, confirm, log_in, no_iso, page_text, row_of
 from tests.helpers import wait_for
 from tests.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
@@ -164,3 +165,45 @@ def test_a_crafted_acknowledge_or_silence_is_refused_naming_the_field_and_change
     with transaction(settings.database_url) as session:
         assert session.scalars(select(AlertSilence)).all() == []
         assert session.scalars(select(AuditEvent).where(AuditEvent.source == "web")).all() == []
+
+
+def test_a_schedule_s_page_says_its_deadlines_alerts_and_silence_in_the_viewer_s_times(
+    app: ChordbeatCelery, worker: Any, browser: WebDriver, settings: Settings
+) -> None:
+    steps = [{"name": "load", "task": "chordbeat.examples.fail"}]
+    for name in ("nightly-hr-sync", "plain"):
+        service.apply_schedule(app, {"name": name, "cron": "0 5 * * *", "timezone": "Europe/London", "steps": steps})
+    with transaction(settings.database_url) as session:
+        session.execute(
+            update(Schedule)
+            .where(Schedule.name == "nightly-hr-sync")
+            .values(
+                deadlines={"start_within": 900, "finish_within": 3600, "finish_by": "06:00"},
+                alerts={"channels": ["ops-webhook"], "on": ["failed", "late"]},
+            )
+        )
+    failing_run(app, "nightly-hr-sync")
+    until = (utcnow() + timedelta(hours=4)).isoformat()
+    alerts.silence_schedule(app, "nightly-hr-sync", until, reason="<b>LDAP</b> upgrade tonight", actor="bob")
+
+    with WebServer(app) as web:
+        log_in(browser, web, ADMIN)
+        browser.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": "Asia/Kolkata"})
+        browser.get(web.url + "/schedule?name=nightly-hr-sync")
+        # Chromium names India's zone GMT+5:30.
+        wait_for(lambda: " here" in page_text(browser, "#duties"), 20, what="the viewer's time of finish_by")
+        assert re.fullmatch(
+            r"Deadlines: start within 15 min, finish within 1 h, finish by 06:00 Europe/London, "
+            r"(\d{4}-\d\d-\d\d )?1[01]:30 \S+ here · Alerts on failed, late → ops-webhook",
+            page_text(browser, "#duties"),
+        ), page_text(browser, "#duties")
+        assert page_text(browser, "h1 .alerts-open") == "1 open alert"
+        said = page_text(browser, "#alert-controls")
+        assert re.search(
+            r"alerts silenced until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \+00:00 GMT, (\d{4}-\d\d-\d\d )?\d\d:\d\d \S+ here, "
+            r"in 3 h 59 min by bob · reason: <b>LDAP</b> upgrade tonight",
+            said,
+        ), said
+        no_iso(browser)
+        browser.get(web.url + "/schedule?name=plain")
+        assert not browser.find_elements(By.ID, "duties")

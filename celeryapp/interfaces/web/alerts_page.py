@@ -17,13 +17,17 @@ from urllib.parse import quote
 import tornado.web
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from tornado.escape import xhtml_escape
 
+from celeryapp.domain.deadlines import finish_by_after, wall_time
 from celeryapp.domain.limits import MAX_NAME_CHARS
 from celeryapp.domain.times import iso, stamp
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.interfaces import alerts
+from celeryapp.interfaces.display import alert_words, deadline_words
 from celeryapp.interfaces.web.actions import Confirmation, safe_path
 from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler
+from celeryapp.interfaces.web.humanize import here_tag
 from models import Alert, AlertSilence, Schedule, utcnow
 from models.alert_tables import ALERT_KEY_LENGTH
 from models.states import AuditSource
@@ -65,6 +69,21 @@ def open_alerts(session: Session, names: list[str]) -> dict[str, int]:
 
 def silence_in_force(session: Session, name: str, now: datetime) -> AlertSilence | None:
     return alerts.silence_of(session, name, now)
+
+
+def duties(schedule: Schedule, now: datetime) -> str:
+    """A schedule's deadlines and alerts in words, as markup (escaped here): the next ``finish_by``
+    carries the browser's "here" time, as an instant does; empty when it has neither."""
+    said = []
+    if deadlines := deadline_words(schedule.deadlines, schedule.timezone):
+        said.append(f"Deadlines: {xhtml_escape(deadlines)}")
+        if finish_by := (schedule.deadlines or {}).get("finish_by"):
+            said[-1] += here_tag(finish_by_after(now, wall_time(finish_by), schedule.timezone), schedule.timezone)
+    if words := alert_words(schedule.alerts):
+        said.append(f"Alerts on {xhtml_escape(words)}")
+    elif deadlines:
+        said.append("No alerts: a deadline passing is recorded, nobody is told")
+    return " · ".join(said)
 
 
 class AlertsHandler(BaseHandler):

@@ -56,13 +56,21 @@ def when(moment: datetime | None, zone: ZoneInfo | str, now: datetime) -> str:
     and how far from now. Escaped here: templates insert it raw."""
     if moment is None:
         return NOTHING
+    return (
+        f'<span class="when">{xhtml_escape(clock(moment, zone))}{here_tag(moment, zone)}, '
+        f'<span class="rel">{xhtml_escape(relative(moment, now))}</span></span>'
+    )
+
+
+def here_tag(moment: datetime, zone: ZoneInfo | str) -> str:
+    """The ``<time class="here">`` the browser fills with ``, 07:30 IST here`` (the viewer's wall
+    time of ``moment``) when the viewer's offset differs from ``zone``'s then."""
     local = moment.astimezone(zone_of(zone) if isinstance(zone, str) else zone)
     offset = local.utcoffset()
     minutes = 0 if offset is None else int(offset.total_seconds() // 60)
     return (
-        f'<span class="when">{xhtml_escape(clock(moment, zone))}'
         f'<time class="here" datetime="{iso(moment, timespec="seconds")}" data-offset="{minutes}" '
-        f'data-day="{local:%Y-%m-%d}"></time>, <span class="rel">{xhtml_escape(relative(moment, now))}</span></span>'
+        f'data-day="{local:%Y-%m-%d}"></time>'
     )
 
 

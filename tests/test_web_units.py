@@ -35,8 +35,12 @@ from models import Schedule, ScheduleStatus
         ("5 * * * *", "hourly at :05"),
         ("0 */6 * * *", "every 6 h at :00"),
         ("* * * * *", "every minute"),
-        ("0 2 1 * *", "cron 0 2 1 * *"),
-        ("0 2-4 * * *", "cron 0 2-4 * * *"),
+        # Without a short form: cron_words.describe's words (were "cron 0 2 1 * *" before issue 27).
+        ("0 2 1 * *", "at 02:00 on the 1st of the month"),
+        ("0 2-4 * * *", "every hour from 02:00 to 04:00"),
+        ("0 18 LW * *", "at 18:00 on the last weekday of the month"),
+        ("0 9 * * 1#2", "at 09:00 on the second Monday of the month"),
+        ("0 0 1#2 * *", "cron 0 0 1#2 * *"),  # an invalid one (never stored) is quoted
     ],
 )
 def test_cron_in_words(cron: str, words: str) -> None:

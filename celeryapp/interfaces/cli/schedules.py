@@ -84,6 +84,7 @@ def list_cmd(as_json: bool) -> None:
 @json_option
 def show_cmd(name: str, as_json: bool) -> None:
     """A schedule: definition, status, next fire times, recent executions and slots (--json: all of it)."""
+    from celeryapp.domain.cron_words import describe
     from celeryapp.domain.times import instants_in, stamp, took, zone_of
 
     schedule = call("get_schedule", name)
@@ -107,6 +108,8 @@ def show_cmd(name: str, as_json: bool) -> None:
         why = f": {schedule['paused_reason']}" if schedule.get("paused_reason") else ""
         console.print(hanging(text_of(f"  paused by {schedule['paused_by']} since {since}{why}", "yellow")))
     console.print(hanging(text_of(f"  {cadence_text(schedule).replace(chr(10), ' ')}, overlap {schedule['overlap']}")))
+    if schedule.get("cron"):
+        console.print(hanging(text_of(f"  {describe(schedule['cron'])}")))
     counts = f"{schedule['run_count']} successful, {schedule['error_count']} failed"
     console.print(text_of(f"  runs {runs(schedule)}: {counts}; retry {schedule['current_retry']}"))
     for line in alerting_lines(schedule, zone, viewer, now):
@@ -156,6 +159,7 @@ def show_cmd(name: str, as_json: bool) -> None:
 @json_option
 def next_cmd(name: str, count: int, as_json: bool) -> None:
     """The coming fire times, in the schedule's zone with their UTC offsets (and yours beside them)."""
+    from celeryapp.domain.cron_words import describe
     from celeryapp.domain.times import stamp, zone_of
 
     schedule = call("get_schedule", name)
@@ -164,6 +168,8 @@ def next_cmd(name: str, count: int, as_json: bool) -> None:
         echo_json([t.isoformat() for t in times])
         return
     now, viewer = reference_now(), viewer_zone()
+    if schedule.get("cron"):
+        click.echo(printable(f"{describe(schedule['cron'])}, {schedule['timezone']} time:"))
     for t in times:
         click.echo(printable(stamp(t, zone_of(schedule["timezone"]), viewer, now)))
 

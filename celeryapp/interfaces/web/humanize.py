@@ -14,7 +14,8 @@ from zoneinfo import ZoneInfo
 
 from tornado.escape import xhtml_escape
 
-from celeryapp.domain.cron import is_number
+from celeryapp.domain.cron import CronError, is_number
+from celeryapp.domain.cron_words import describe
 from celeryapp.domain.times import NOTHING, clock, iso, relative, span, zone_of
 from celeryapp.interfaces.display import COMPLETED_WITH_WARNINGS, label, run_state
 
@@ -102,21 +103,22 @@ def _days(field: str) -> str | None:
 
 
 def cron_words(expression: str) -> str:
-    """Common cron patterns in words (``02:00 every day``); anything else as ``cron <expr>``."""
+    """Common cron patterns in short words (``02:00 every day``); anything else in
+    :func:`celeryapp.domain.cron_words.describe`'s (``at 18:00 on the last weekday of the month``)."""
     fields = expression.split()
     if len(fields) != 5:
-        return f"cron {expression}"
+        return _described(expression)
     minute, hour, dom, month, dow = fields
     if month != "*" or dom != "*":
-        return f"cron {expression}"
+        return _described(expression)
     if is_number(minute) and is_number(hour):
         at = f"{int(hour):02d}:{int(minute):02d}"
         if dow == "*":
             return f"{at} every day"
         days = _days(dow)
-        return f"{at} on {days}" if days else f"cron {expression}"
+        return f"{at} on {days}" if days else _described(expression)
     if dow != "*":
-        return f"cron {expression}"
+        return _described(expression)
     if minute == "*" and hour == "*":
         return "every minute"
     if minute.startswith("*/") and is_number(minute[2:]) and hour == "*":
@@ -125,7 +127,15 @@ def cron_words(expression: str) -> str:
         return f"hourly at :{int(minute):02d}"
     if is_number(minute) and hour.startswith("*/") and is_number(hour[2:]):
         return f"every {int(hour[2:])} h at :{int(minute):02d}"
-    return f"cron {expression}"
+    return _described(expression)
+
+
+def _described(expression: str) -> str:
+    """An expression without a short form, L, W and # included, in :mod:`cron_words`' words."""
+    try:
+        return describe(expression)
+    except CronError:  # stored expressions were checked when applied; never hide one behind an error
+        return f"cron {expression}"
 
 
 def cadence_words(cron: str | None, every_s: float | None, timezone: str) -> str:

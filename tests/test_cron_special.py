@@ -267,3 +267,36 @@ def test_nearest_weekday_is_a_weekday_of_the_same_month_within_two_days(day: int
     assert day <= monthrange(fire.year, fire.month)[1]
     if date(fire.year, fire.month, day).isoweekday() <= 5:
         assert fire.day == day
+
+
+LONDON = ZoneInfo("Europe/London")
+
+
+def test_our_dst_rule_holds_on_special_days_that_are_transition_days() -> None:
+    # 31 March 2024, the last day of March, is London's spring-forward day: 01:30 does not exist,
+    # so it fires at the transition (cronsim, like Debian cron, would differ: compared off those days).
+    assert [t.astimezone(LONDON).isoformat() for t in ours("30 1 L 3 *", NOW, LONDON, 2)] == [
+        "2020-03-31T01:30:00+01:00",
+        "2021-03-31T01:30:00+01:00",
+    ]
+    spring = ours("30 1 L 3 *", datetime(2024, 3, 1, tzinfo=UTC), LONDON)[0]
+    assert spring.astimezone(LONDON).isoformat() == "2024-03-31T02:00:00+01:00"
+    # The last Sunday of October is the fall-back day: a fixed 01:30 fires once, in the first pass.
+    fall = ours("30 1 * 10 0L", datetime(2026, 10, 1, tzinfo=UTC), LONDON, 2)
+    assert [t.astimezone(LONDON).isoformat() for t in fall] == [
+        "2026-10-25T01:30:00+01:00",
+        "2027-10-31T01:30:00+01:00",  # 31 October 2027 is the last Sunday too
+    ]
+
+
+def test_a_definition_names_the_cron_field_and_its_part() -> None:
+    from celeryapp.domain.validation import parse_definition
+
+    steps = [{"name": "a", "task": "t"}]
+    assert parse_definition({"name": "x", "cron": "0 18 lw * *", "steps": steps}).cron == "0 18 lw * *"
+    for expr, words in (
+        ("0 0 * * 1#6", "cron: day of week field: '1#6': the number after # must be 1 to 5"),
+        ("0 0 LW * */6", "cron: day of month field 'LW' with day of week field '\\*/6' never occurs"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            parse_definition({"name": "x", "cron": expr, "steps": steps})

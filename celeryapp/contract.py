@@ -48,15 +48,9 @@ class ScheduleJson(TypedDict):
     paused_reason: str | None
     paused_at: str | None
     #: The silence in force (``chordbeat.silence_schedule``): ``{"until", "by", "reason"}``, or null.
-    silenced: SilencedJson | None
+    silenced: dict[str, Any] | None
     #: Its alerts nobody acknowledged (not silenced, not a ``resolved`` notice or a test).
     open_alerts: int
-
-
-class SilencedJson(TypedDict):
-    until: str
-    by: str
-    reason: str | None
 
 
 class ActivityJson(TypedDict):
@@ -355,13 +349,6 @@ SERVICE_TASKS = (
         "chordbeat.list_slots",
         (_NAME, _LIMIT),
         "what became of the schedule's recent due times, newest first",
-        ("NotFound",),
-    ),
-    ServiceTask(
-        "chordbeat.next_fires",
-        (_NAME, Param("count", required=False, default=10, note="at most 100")),
-        '`[{"at": ISO, "local": ISO with offset, "excluded": null or "<reason>"}]`: the coming slots, '
-        "those the schedule's calendar excludes with why",
         ("NotFound",),
     ),
     ServiceTask(

@@ -10,6 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 from celery import Celery
 from kombu.entity import Queue
 
+from celeryapp.alerting import child_environment
 from celeryapp.alerting.channels import channel_names
 from celeryapp.alerting.sender_thread import AlertSenderStep
 from celeryapp.config import Settings
@@ -197,4 +198,6 @@ def create_app(settings: Settings | None = None) -> ChordbeatCelery:
     app.apply_settings(settings or Settings.from_env())
     app.steps["consumer"].add(HealthStep)
     app.steps["consumer"].add(AlertSenderStep)
+    # The sender's variables stay in the main process: pool children running steps drop them.
+    child_environment.connect()
     return app

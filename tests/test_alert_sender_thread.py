@@ -19,15 +19,15 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from models import Alert, DeliveryStatus, Schedule, transaction
 from models.clock import clock
-from tests import processes, test_alert_delivery
+from tests import alert_wiring, processes
+from tests.alert_wiring import SECRET, alert, deliveries, hanging_server
 from tests.helpers import call, finished, step
 from tests.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401  (fixtures)
 from tests.servers import free_port, wait_for
-from tests.test_alert_delivery import SECRET, alert, deliveries, hanging_server
 
-#: The fixtures of test_alert_delivery: a channels file, and its variables naming the receivers.
-settings = test_alert_delivery.settings
-wired = test_alert_delivery.wired
+#: The alert tests' fixtures (tests/alert_wiring.py): a channels file, its variables naming the receivers.
+settings = alert_wiring.settings
+wired = alert_wiring.wired
 
 
 def lease_holder(settings: Settings) -> str | None:

@@ -254,9 +254,10 @@ def test_show_says_a_schedule_s_deadlines_alerts_silence_and_open_alerts(
     status, lines = chordbeat(settings, "show", NAME)
     text = "\n".join(lines)
     assert status == 0 and not wide_lines(lines), text
-    # finish_by is a daily wall time of the schedule's zone, not an instant: the one time format's
-    # date and offset do not apply to it; the viewer's time of the next one is beside it.
-    timed = [line for line in lines if not line.startswith("  deadlines: ")]
+    # finish_by and the cadence's words ("at 02:00 every day") are daily wall times of the schedule's
+    # zone, not instants: the one time format's date and offset do not apply to them (the viewer's
+    # time of the next finish_by is beside it). Every other time must be in the format.
+    timed = [re.sub(r"(?<![\d:])06:00(?![\d:])", "", line) for line in lines if not re.match(r"  at \d", line)]
     assert not time_format_problems(timed), (time_format_problems(timed), text)
     said = " ".join(line.strip() for line in lines)  # a long line may wrap
     assert re.search(

@@ -77,6 +77,12 @@ REFUSALS = [
     ("list_slots", {"name": "missing"}, "NotFound", "schedule 'missing' does not exist"),
     ("rerun_execution", {"execution_id": 999}, "NotFound", "execution 999 does not exist"),
     ("list_audit", {"limit": 501}, "InvalidArgument", "limit: must be an integer between 1 and 500, got 501"),
+    ("list_alerts", {"status": "loud"}, "InvalidArgument", "status: must be one of "),
+    ("get_alert", {"id": "failed/missing/execution-1"}, "NotFound", "alert 'failed/missing/execution-1' does not"),
+    ("acknowledge_alert", {"id": "failed/missing/execution-1"}, "NotFound", "alert 'failed/missing/execution-1'"),
+    ("silence_schedule", {"name": "missing", "until": "tomorrow"}, "InvalidArgument", "until: is not an ISO 8601"),
+    ("unsilence_schedule", {"name": "missing"}, "NotFound", "schedule 'missing' does not exist"),
+    ("test_alert", {"channel": 7}, "InvalidArgument", "channel: must be a channel's name (a string), got int"),
 ]
 
 PLAIN_CALLER = """

@@ -220,6 +220,10 @@ class ChordbeatClient:
     def list_slots(self, name: str, limit: int = 50) -> list[SlotJson]:
         return self.call("chordbeat.list_slots", name=name, limit=limit)  # type: ignore[no-any-return]
 
+    def next_fires(self, name: str, count: int = 10) -> list[dict[str, Any]]:
+        """The coming slots: ``[{"at", "local", "excluded"}]`` (``excluded``: why it will not run, or None)."""
+        return self.call("chordbeat.next_fires", name=name, count=count)  # type: ignore[no-any-return]
+
     def list_alerts(self, schedule: str | None = None, status: str | None = None, limit: int = 50) -> list[AlertJson]:
         """Alerts, newest first; ``status``: ``open``, ``acknowledged``, ``silenced`` or ``all``."""
         return self.call(  # type: ignore[no-any-return]

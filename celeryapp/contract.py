@@ -352,6 +352,13 @@ SERVICE_TASKS = (
         ("NotFound",),
     ),
     ServiceTask(
+        "chordbeat.next_fires",
+        (_NAME, Param("count", required=False, default=10, note="at most 100")),
+        '`[{"at": ISO, "local": ISO with offset, "excluded": null or "<reason>"}]`: the coming slots, '
+        "those the schedule's calendar excludes with why",
+        ("NotFound",),
+    ),
+    ServiceTask(
         "chordbeat.list_alerts",
         (
             Param("schedule", required=False),

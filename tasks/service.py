@@ -119,6 +119,11 @@ def list_slots(name: str, limit: int = 50) -> list[dict[str, Any]]:
     return service.list_slots(app, name, limit)
 
 
+@app.task(base=ServiceTask, name="chordbeat.next_fires", send_events=READ_ONLY_EVENTS)
+def next_fires(name: str, count: int = 10) -> list[dict[str, Any]]:
+    return service.next_fires(app, name, count)
+
+
 @app.task(base=ServiceTask, name="chordbeat.list_audit", send_events=READ_ONLY_EVENTS)
 def list_audit(schedule: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     return service.list_audit(app, schedule, limit)

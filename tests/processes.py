@@ -79,6 +79,8 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
         env["CHORDBEAT_SCHEDULES_FILE"] = settings.schedules_file
     if settings.task_modules:
         env["CHORDBEAT_TASK_MODULES"] = ",".join(settings.task_modules)
+    if settings.calendars_dir:
+        env["CHORDBEAT_CALENDARS_DIR"] = settings.calendars_dir
     env.update(extra)
     return env
 

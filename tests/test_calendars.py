@@ -3,12 +3,15 @@ cannot leave the calendars directory, and which days are excluded and why."""
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from celeryapp.domain.batching import Alone, BatchSchedule, Fire, decide_batchable
+from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.calendars import (
     INLINE_REASON,
     MAX_BUSINESS_DAY_SEARCH_DAYS,
@@ -22,7 +25,10 @@ from celeryapp.domain.calendars import (
     next_business_day,
     parse_calendar,
     parse_date,
+    slot_excluded,
 )
+from celeryapp.domain.decisions import FireDecision, ScheduleState, decide_calendar
+from models.states import Overlap, ScheduleStatus, SlotOutcome, Trigger
 
 UK_2026 = """\
 # England and Wales bank holidays, 2026
@@ -143,3 +149,50 @@ def test_next_business_day_is_the_first_weekday_not_excluded(day: date, excluded
 def test_a_written_calendar_reads_back(dates: list[date]) -> None:
     text = "# generated\n" + "".join(f"{d.isoformat()}  # day {i}\n\n" for i, d in enumerate(dates))
     assert parse_calendar(text) == set(dates)
+
+
+def test_a_slots_day_is_its_date_on_the_schedules_wall_clock() -> None:
+    calendar = Calendar.of([date(2026, 12, 25)])
+    # 23:30 UTC on the 24th is already the 25th in Tokyo, and still the 24th in London.
+    late_on_the_24th = datetime(2026, 12, 24, 23, 30, tzinfo=UTC)
+    assert slot_excluded(late_on_the_24th, ZoneInfo("Asia/Tokyo"), calendar) == INLINE_REASON
+    assert slot_excluded(late_on_the_24th, ZoneInfo("Europe/London"), calendar) is None
+    # 01:00 UTC on the 26th is still the 25th in New York.
+    assert slot_excluded(datetime(2026, 12, 26, 1, tzinfo=UTC), ZoneInfo("America/New_York"), calendar)
+
+
+def test_only_a_slot_that_would_start_is_skipped_by_its_calendar() -> None:
+    asked: list[bool] = []
+
+    def excluded() -> str:
+        asked.append(True)
+        return "in calendar 'uk'"
+
+    start = FireDecision(start=True, claims_slot=True)
+    assert decide_calendar(start, excluded) == FireDecision(
+        outcome=SlotOutcome.SKIPPED_CALENDAR, reason="not run: in calendar 'uk'", claims_slot=True
+    )
+    assert decide_calendar(start, lambda: None) == start
+    asked.clear()
+    # A retry (no slot claimed), a pause, a supersede keep their own outcome; the files are not read.
+    for other in (
+        FireDecision(start=True),
+        FireDecision(outcome=SlotOutcome.SKIPPED_PAUSED, reason="schedule is paused"),
+        FireDecision(outcome=SlotOutcome.SKIPPED_SUPERSEDED, reason="superseded", claims_slot=True),
+    ):
+        assert decide_calendar(other, excluded) == other
+    assert asked == []
+
+
+def test_a_slot_of_a_schedule_with_a_calendar_is_fired_alone() -> None:
+    t0 = datetime(2026, 12, 24, 18, tzinfo=UTC)
+    cadence = Cadence(cron=None, every_s=3600, timezone="UTC", anchor=t0)
+    state = ScheduleState(ScheduleStatus.ACTIVE, 0, None, t0)
+    schedules = {
+        "plain": BatchSchedule(state, cadence, Overlap.ALLOW),
+        "closed": BatchSchedule(state, cadence, Overlap.ALLOW, has_calendar=True),
+    }
+    due = t0 + timedelta(hours=1)
+    batch = [Fire("plain", due, Trigger.INTERVAL), Fire("closed", due, Trigger.INTERVAL)]
+    plan = decide_batchable(batch, schedules, now=due)
+    assert plan.together == (0,) and plan.alone == {1: Alone.CALENDAR}

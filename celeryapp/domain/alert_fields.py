@@ -15,7 +15,7 @@ from typing import Any
 
 from celeryapp.domain import limits
 from celeryapp.domain.definition import ALERT_ON_KINDS, AlertRules, Deadlines
-from celeryapp.domain.fields import refuse_unknown, require_mapping, seconds_field
+from celeryapp.domain.fields import distinct_names, refuse_unknown, require_mapping, seconds_field
 from celeryapp.domain.limits import short_repr, type_name
 from celeryapp.domain.problems import Problems
 from celeryapp.errors import ConfigError, DefinitionError
@@ -132,18 +132,7 @@ def _channels(value: Any, *, on_given: bool) -> tuple[str, ...]:
         raise DefinitionError(path, "must name at least one channel")
     if len(value) > MAX_CHANNELS:
         raise DefinitionError(path, f"must name at most {MAX_CHANNELS} channels, got {len(value)}")
-    problems = Problems()
-    first: dict[str, int] = {}
-    for index, entry in enumerate(value):
-        problem = _entry_problem(entry)
-        if problem is not None:
-            problems.add(DefinitionError(f"{path}[{index}]", problem))
-        elif entry in first:
-            problems.add(DefinitionError(f"{path}[{index}]", f"{entry!r} is named twice (also {path}[{first[entry]}])"))
-        else:
-            first[entry] = index
-    problems.raise_any()
-    return tuple(first)
+    return distinct_names(value, path, _entry_problem)
 
 
 def _entry_problem(entry: Any) -> str | None:

@@ -34,6 +34,9 @@ class BatchSchedule:
     state: ScheduleState
     cadence: Cadence
     overlap: Overlap
+    #: It has a business calendar: whether the slot runs is the fire alone's to decide (it reads
+    #: the calendar's files).
+    has_calendar: bool = False
 
 
 class Alone(StrEnum):
@@ -52,6 +55,8 @@ class Alone(StrEnum):
     MISSED = "missed"
     #: Its exclusive schedule has a run in progress: the fire alone applies the overlap policy.
     BUSY = "busy"
+    #: Its schedule has a business calendar, which may exclude the slot's day.
+    CALENDAR = "calendar"
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,8 @@ def decide_batchable(fires: Sequence[Fire], schedules: Mapping[str, BatchSchedul
             alone[index] = Alone.NO_PLAIN_START
         elif state.last_slot_at is not None and schedule.cadence.slot_after(state.last_slot_at) < slot.nominal_at:
             alone[index] = Alone.MISSED
+        elif schedule.has_calendar:
+            alone[index] = Alone.CALENDAR
         else:
             together.append(index)
             if schedule.overlap is not Overlap.ALLOW:

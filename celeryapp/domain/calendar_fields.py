@@ -14,7 +14,7 @@ from typing import Any
 
 from celeryapp.domain.calendars import CalendarError, calendar_name_problem, parse_date
 from celeryapp.domain.definition import CalendarRules, OnExcluded
-from celeryapp.domain.fields import refuse_unknown, require_mapping
+from celeryapp.domain.fields import distinct_names, refuse_unknown, require_mapping
 from celeryapp.domain.limits import short_repr, type_name
 from celeryapp.domain.problems import Problems
 from celeryapp.errors import ConfigError, DefinitionError
@@ -88,18 +88,7 @@ def _exclude(value: Any) -> tuple[date, ...]:
 
 def _calendars(value: Any) -> tuple[str, ...]:
     path = "calendar.calendars"
-    problems = Problems()
-    first: dict[str, int] = {}
-    for index, entry in enumerate(_listed(value, path, MAX_CALENDARS, "calendar names")):
-        problem = calendar_name_problem(entry)
-        if problem is not None:
-            problems.add(DefinitionError(f"{path}[{index}]", problem))
-        elif entry in first:
-            problems.add(DefinitionError(f"{path}[{index}]", f"{entry!r} is named twice (also {path}[{first[entry]}])"))
-        else:
-            first[entry] = index
-    problems.raise_any()
-    return tuple(first)
+    return distinct_names(_listed(value, path, MAX_CALENDARS, "calendar names"), path, calendar_name_problem)
 
 
 def _on_excluded(value: Any) -> OnExcluded:

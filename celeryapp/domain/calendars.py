@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta, tzinfo
 
 from celeryapp.domain.limits import short_repr
 
@@ -98,6 +98,12 @@ class Calendar:
 def excluded_reason(day: date, calendar: Calendar) -> str | None:
     """Why ``day`` is excluded, or ``None`` when the schedule runs on it."""
     return calendar.reasons.get(day)
+
+
+def slot_excluded(slot: datetime, zone: tzinfo, calendar: Calendar) -> str | None:
+    """Why the slot at ``slot`` does not run (its day on the schedule's wall clock is excluded), or
+    ``None``."""
+    return calendar.reasons.get(slot.astimezone(zone).date())
 
 
 def is_excluded(day: date, calendar: Calendar) -> bool:

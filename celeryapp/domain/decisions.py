@@ -7,7 +7,7 @@ schedule's row lock) and apply what they say with compare-and-set updates.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -180,6 +180,19 @@ def decide_fire(
             claims_slot=True,
         )
     return FireDecision(start=True, claims_slot=True)
+
+
+def decide_calendar(decision: FireDecision, excluded: Callable[[], str | None]) -> FireDecision:
+    """A regular slot that would start a run on a day its business calendar excludes starts
+    nothing: the slot is claimed and recorded ``skipped_calendar``. ``excluded`` says why (``None``:
+    not excluded), asked only of a slot that would start (it reads the calendar's files). A slot
+    that starts nothing anyway keeps its own outcome; a retry is no slot and runs."""
+    if not (decision.start and decision.claims_slot):
+        return decision
+    reason = excluded()
+    if reason is None:
+        return decision
+    return FireDecision(outcome=SlotOutcome.SKIPPED_CALENDAR, reason=f"not run: {reason}", claims_slot=True)
 
 
 # --- overlap ----------------------------------------------------------------------------------

@@ -7,12 +7,13 @@ false, integers and seconds within a range, JSON values within their caps (:mod:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from celeryapp.domain import limits
 from celeryapp.domain.definition import NAME_PATTERN
 from celeryapp.domain.limits import short_repr, type_name
+from celeryapp.domain.problems import Problems
 from celeryapp.errors import DefinitionError
 
 
@@ -81,6 +82,23 @@ def pattern_field(raw: Mapping[str, Any], key: str, path: str, pattern: re.Patte
     if value is not None and not pattern.fullmatch(value):
         raise DefinitionError(path, f"{short_repr(value)} is not {what}")
     return value
+
+
+def distinct_names(values: Sequence[Any], path: str, problem_of: Callable[[Any], str | None]) -> tuple[str, ...]:
+    """``values`` in the order written, each a name (``problem_of`` says why not, or ``None``) given
+    once; every problem at once, each naming its place."""
+    problems = Problems()
+    first: dict[str, int] = {}
+    for index, entry in enumerate(values):
+        problem = problem_of(entry)
+        if problem is not None:
+            problems.add(DefinitionError(f"{path}[{index}]", problem))
+        elif entry in first:
+            problems.add(DefinitionError(f"{path}[{index}]", f"{entry!r} is named twice (also {path}[{first[entry]}])"))
+        else:
+            first[entry] = index
+    problems.raise_any()
+    return tuple(first)
 
 
 def json_field(value: Any, path: str) -> None:

@@ -26,6 +26,7 @@ LABELS = {
     "skipped_overlap": "skipped: overlap",
     "skipped_paused": "skipped: paused",
     "skipped_superseded": "skipped: superseded",
+    "skipped_calendar": "skipped: calendar",
 }
 
 #: Colour of each stored state (schedule, execution, worker task and activity states).

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from datetime import date
+from datetime import date, datetime
+from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import select
 
@@ -22,6 +24,7 @@ from celeryapp.domain.calendars import (
     CalendarError,
     calendar_name_problem,
     parse_calendar,
+    slot_excluded,
 )
 from celeryapp.domain.definition import CalendarRules
 from celeryapp.errors import ConfigError
@@ -104,3 +107,26 @@ def unreadable_calendars(database_url: str, directory: str | None) -> list[str]:
             except (CalendarError, ConfigError) as exc:
                 problems.append(f"schedule {name!r}: calendar {calendar!r} cannot be used: {exc}")
     return problems
+
+
+def excluded_slots(directory: str | None, stored: Any, timezone: str, times: list[datetime]) -> list[str | None]:
+    """For each of ``times``, why the schedule's stored ``calendar`` keeps it from running, or
+    ``None``. A calendar that cannot be read keeps every one from running, saying so."""
+    rules = CalendarRules.from_json(stored)
+    if rules is None:
+        return [None] * len(times)
+    try:
+        calendar = schedule_calendar(directory, rules)
+    except (CalendarError, ConfigError) as exc:
+        return [f"its calendar cannot be read: {exc}"] * len(times)
+    zone = ZoneInfo(timezone)
+    return [slot_excluded(at, zone, calendar) for at in times]
+
+
+def slot_calendar_reason(directory: str | None, stored: Any, timezone: str, slot: datetime) -> str | None:
+    """Why the schedule's stored ``calendar`` keeps the slot at ``slot`` from running, or ``None``;
+    a calendar that cannot be read is said as an error too: never a silent run, nor a silent skip."""
+    (reason,) = excluded_slots(directory, stored, timezone, [slot])
+    if reason is not None and reason.startswith("its calendar cannot be read"):
+        logger.error("the slot at %s does not run: %s", slot.isoformat(), reason)
+    return reason

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, joinedload
 
 from celeryapp.domain.batching import BatchSchedule, Fire, decide_batchable
 from celeryapp.domain.cadence import Cadence
-from celeryapp.domain.decisions import ScheduleState, decide_fire, decide_overlap
+from celeryapp.domain.decisions import ScheduleState, decide_calendar, decide_fire, decide_overlap
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, short_repr, type_name
 from celeryapp.domain.names import run_key
@@ -26,6 +26,7 @@ from celeryapp.errors import InvalidArgument
 from celeryapp.execution.runs import Start, start_execution, start_executions
 from celeryapp.execution.slot_records import SlotOwner, record_slot
 from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, cadence_of
+from celeryapp.scheduling.calendar_files import slot_calendar_reason
 from celeryapp.worker.dispatch import apply_effects
 from models import (
     ExecutionStatus,
@@ -165,8 +166,9 @@ def _fire_together(session: Session, fires: list[Fire]) -> tuple[dict[int, dict[
     found = {
         row.name: BatchSchedule(
             ScheduleState(row.status, row.current_retry, row.retry_at, row.last_slot_at),
-            cadence_of(EntryFields(*row[5:])),
+            cadence_of(EntryFields(*row[6:])),
             row.overlap,
+            has_calendar=row.calendar is not None,
         )
         for row in rows
     }
@@ -246,6 +248,7 @@ _FIRE_COLUMNS = (
     Schedule.current_retry,
     Schedule.last_slot_at,
     Schedule.alerts,
+    Schedule.calendar,
     # What the cadence is made of, in EntryFields' order.
     *ENTRY_COLUMNS,
 )
@@ -269,9 +272,11 @@ def _fire(
             effects.resync.append(name)
             return {"execution_id": None, "skipped": "schedule does not exist"}
         owner = SlotOwner(row.id, row.name, row.alerts)
-        cadence = cadence_of(EntryFields(*row[5:]))
+        cadence = cadence_of(EntryFields(*row[6:]))
         state = ScheduleState(row.status, row.current_retry, row.retry_at, row.last_slot_at)
         decision = decide_fire(state, trigger=trigger, nominal_at=nominal_at, now=now, cadence=cadence)
+        excluded = partial(slot_calendar_reason, app.settings.calendars_dir, row.calendar, row.timezone, nominal_at)
+        decision = decide_calendar(decision, excluded)
         if decision.claims_slot:
             if not _claim_slot(session, row.id, cadence, nominal_at, now):
                 return {"execution_id": None, "skipped": "duplicate"}

@@ -158,20 +158,28 @@ def show_cmd(name: str, as_json: bool) -> None:
 @click.option("-n", "count", default=10, show_default=True, type=click.IntRange(1, 1000))
 @json_option
 def next_cmd(name: str, count: int, as_json: bool) -> None:
-    """The coming fire times, in the schedule's zone with their UTC offsets (and yours beside them)."""
+    """The coming fire times, in the schedule's zone with their UTC offsets (and yours beside them);
+    those its business calendar excludes say why they will not run."""
     from celeryapp.domain.cron_words import describe
-    from celeryapp.domain.times import stamp, zone_of
+    from celeryapp.domain.times import parse_time, stamp, zone_of
 
     schedule = call("get_schedule", name)
     times = _upcoming(schedule, count)
     if as_json:
         echo_json([t.isoformat() for t in times])
         return
+    excluded: dict[Any, str | None] = {}
+    if schedule.get("calendar"):
+        # Named calendars are files on the workers' hosts: the workers say which slots they exclude.
+        fires = call("next_fires", name, count=min(count, 100))
+        excluded = {parse_time(fire["at"]): fire["excluded"] for fire in fires}
     now, viewer = reference_now(), viewer_zone()
     if schedule.get("cron"):
         click.echo(printable(f"{describe(schedule['cron'])}, {schedule['timezone']} time:"))
     for t in times:
-        click.echo(printable(stamp(t, zone_of(schedule["timezone"]), viewer, now)))
+        line = stamp(t, zone_of(schedule["timezone"]), viewer, now)
+        reason = excluded.get(t)
+        click.echo(printable(f"{line}  not run: {reason}" if reason else line))
 
 
 @click.command("pause")

@@ -28,6 +28,7 @@ from celeryapp.interfaces.web.base import BaseHandler, WebContext
 from celeryapp.interfaces.web.broker_state import broker_state
 from celeryapp.interfaces.web.login import LoginHandler, LogoutHandler
 from celeryapp.monitoring.health import age_s
+from celeryapp.scheduling.calendar_files import excluded_slots
 from models import ScheduleStep, utcnow
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,9 @@ class ScheduleHandler(BaseHandler):
         else:
             badges = await self.read(open_alerts, [name])
             silence = await self.read(silence_in_force, name, utcnow())
-            self.page("schedule.html", v=view, open_alerts=badges, silence=silence)
+            s, directory = view.schedule, self.ctx.app.settings.calendars_dir
+            excluded = excluded_slots(directory, s.calendar, s.timezone, view.upcoming)
+            self.page("schedule.html", v=view, open_alerts=badges, silence=silence, excluded=excluded)
 
 
 class ExecutionHandler(BaseHandler):

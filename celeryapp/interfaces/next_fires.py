@@ -1,0 +1,45 @@
+"""The next-fires preview (``chordbeat.next_fires``): a schedule's coming slots, each with its wall
+time and, when its business calendar excludes it, why it will not run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
+
+from celeryapp.domain.limits import short_repr, type_name
+from celeryapp.domain.times import iso
+from celeryapp.errors import InvalidArgument
+from celeryapp.interfaces.arguments import name_arg
+from celeryapp.interfaces.web.queries import next_fire_times
+from celeryapp.scheduling.calendar_files import excluded_slots
+from celeryapp.scheduling.store import find_schedule
+from models import transaction, utcnow
+
+if TYPE_CHECKING:
+    from celeryapp.application import ChordbeatCelery
+
+#: Slots one preview lists at most (the contract's bound).
+MAX_NEXT_FIRES = 100
+
+
+def count_arg(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NEXT_FIRES:
+        got = short_repr(value) if isinstance(value, int) and not isinstance(value, bool) else type_name(value)
+        raise InvalidArgument("count", f"must be an integer between 1 and {MAX_NEXT_FIRES}, got {got}")
+    return value
+
+
+def next_fires(app: ChordbeatCelery, name: str, count: int = 10) -> list[dict[str, Any]]:
+    """``[{"at", "local", "excluded"}]``: the next ``count`` slots (a paused schedule's: those it
+    would fire if resumed; a done or dead one has none), in UTC and on the schedule's wall clock."""
+    name, count = name_arg(name), count_arg(count)
+    with transaction(app.settings.database_url, read_only=True) as session:
+        schedule = find_schedule(session, name)
+        times = next_fire_times(schedule, utcnow(), count)
+        stored, timezone = schedule.calendar, schedule.timezone
+    zone = ZoneInfo(timezone)
+    reasons = excluded_slots(app.settings.calendars_dir, stored, timezone, times)
+    return [
+        {"at": iso(at), "local": at.astimezone(zone).isoformat(), "excluded": reason}
+        for at, reason in zip(times, reasons, strict=True)
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celeryapp.interfaces.display import label, run_state
+from celeryapp.interfaces.display import alert_words, deadline_words, label, length_words, run_state
 from celeryapp.interfaces.terminal import bar_style
 from models import ActivityStatus, ExecutionStatus, ScheduleStatus, SlotOutcome, WorkerTaskStatus
 
@@ -46,3 +46,24 @@ def test_a_completed_run_with_a_warned_step_reads_completed_with_warnings() -> N
     assert run_state({**execution, "status": "failed"}) == "failed"
     assert run_state({**execution, "status": "in_progress"}) == "running"
     assert run_state({"status": "cancelled", "activities": []}) == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "words"),
+    [(1, "1 s"), (900, "15 min"), (3600, "1 h"), (5400, "1 h 30 min"), (90005, "1 d 1 h 5 s"), (7200.5, "2 h 0.5 s")],
+)
+def test_a_deadline_s_length_is_said_exactly(seconds: float, words: str) -> None:
+    # Unlike times.span's two units: "1 d 1 h" for 1 d 1 h 5 s would promise a deadline 5 s early.
+    assert length_words(seconds) == words
+
+
+def test_deadlines_and_alerts_in_people_s_words() -> None:
+    deadlines = {"start_within": 900, "finish_within": 7200, "finish_by": "06:00"}
+    assert deadline_words(deadlines, "Europe/London") == (
+        "start within 15 min, finish within 2 h, finish by 06:00 Europe/London"
+    )
+    assert deadline_words({"finish_by": "22:30"}, "Asia/Kolkata") == "finish by 22:30 Asia/Kolkata"
+    assert deadline_words(None, "UTC") is None and alert_words(None) is None
+    assert alert_words({"channels": ["ops-pager", "ops-mail"], "on": ["failed", "late"]}) == (
+        "failed, late → ops-pager, ops-mail"
+    )

@@ -91,6 +91,10 @@ def plain_lines(output: str) -> list[str]:
     return [line for line in CURSOR.sub("", output).replace("\r", "").split("\n")]
 
 
+#: A line naming the zone its wall times are in.
+ZONE_TIME = re.compile(r"\b[A-Z][A-Za-z_]+/[A-Za-z_/+\-]+ time\b")
+
+
 def time_format_problems(lines: list[str]) -> list[str]:
     """Where a view's times are not in the one format: ISO's T and Z, a clock time without its
     date, or a date and time without its offset (beside it, or below it in a table's cell)."""
@@ -106,6 +110,8 @@ def time_format_problems(lines: list[str]) -> list[str]:
             below = lines[number + 1][m.start() :] if number + 1 < len(lines) else ""
             if not (OFFSET.match(line[m.end() :].lstrip()) or OFFSET.match(below)):
                 problems.append(f"a time without its offset: {line!r}")
+        if ZONE_TIME.search(line):
+            continue  # a cadence's daily wall time ("at 02:00 every day, Europe/London time"), no instant
         for m in re.finditer(r"(?<![+\-:\d])\d\d:\d\d(?![:\d])", line):
             # Beside it, or below it where a narrow cell broke "2026-11-25 02:08 IST here" (the
             # viewer's date shows when it is another day there, as in India in the evening UTC).

@@ -258,6 +258,8 @@ def test_time_format_problems_are_found() -> None:
     assert time_format_problems(["07:30 IST"])
     assert not time_format_problems([" 2026-11-25 02:08   x", " IST here       y"])
     assert time_format_problems([" 2026-11-25 02:08   x", " 1 s ago        y"])
+    assert not time_format_problems(["  at 02:00 every day, Europe/London time"])
+    assert time_format_problems(["  at 02:00 every day"])
 
 
 @pytest.fixture

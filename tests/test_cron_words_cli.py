@@ -32,7 +32,7 @@ def test_show_and_next_say_the_expression_in_words(worker: Any, client: Any, set
     shown = chordbeat(settings, "show", "month-end")
     assert not wide_lines(shown), shown
     cron_line = next(i for i, line in enumerate(shown) if "cron 0 18 LW * * Europe/London" in line)
-    assert shown[cron_line + 1].strip() == WORDS, shown
+    assert shown[cron_line + 1].strip() == f"{WORDS}, Europe/London time", shown
 
     upcoming = chordbeat(settings, "next", "month-end", "-n", "3")
     assert not wide_lines(upcoming), upcoming

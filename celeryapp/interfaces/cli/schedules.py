@@ -109,7 +109,8 @@ def show_cmd(name: str, as_json: bool) -> None:
         console.print(hanging(text_of(f"  paused by {schedule['paused_by']} since {since}{why}", "yellow")))
     console.print(hanging(text_of(f"  {cadence_text(schedule).replace(chr(10), ' ')}, overlap {schedule['overlap']}")))
     if schedule.get("cron"):
-        console.print(hanging(text_of(f"  {describe(schedule['cron'])}")))
+        # A daily wall time of the schedule's zone, not an instant: the zone is named, as in `next`.
+        console.print(hanging(text_of(f"  {describe(schedule['cron'])}, {schedule['timezone']} time")))
     counts = f"{schedule['run_count']} successful, {schedule['error_count']} failed"
     console.print(text_of(f"  runs {runs(schedule)}: {counts}; retry {schedule['current_retry']}"))
     for line in alerting_lines(schedule, zone, viewer, now):

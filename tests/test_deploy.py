@@ -260,12 +260,12 @@ def test_compose_is_hardened() -> None:
     assert all(example[k] == "" for k in example if not k.startswith("CHORDBEAT_")), "env.example ships a value"
 
 
-def test_every_process_reads_the_alert_channels_and_only_workers_get_their_secrets() -> None:
+def test_every_process_reads_the_alert_channels_and_only_the_control_worker_gets_their_secrets() -> None:
     channels = load_channels(str(ALERT_CHANNELS))
     assert set(channels) == {"ops-webhook", "ops-slack", "ops-mail"}
     assert {"OPS_WEBHOOK_URL", "OPS_WEBHOOK_SECRET", "OPS_SLACK_URL", "CHORDBEAT_SMTP_URL"} == CHANNEL_VARS
     # compose: every app process names the file, mounted beside the schedule file; the secrets
-    # reach the two workers (either may be the one that sends) and nothing else.
+    # reach the control worker (which sends) and nothing else: no step code runs beside them.
     services: dict[str, Any] = compose()["services"]
     for name, service in services.items():
         if not service.get("build"):
@@ -275,7 +275,7 @@ def test_every_process_reads_the_alert_channels_and_only_workers_get_their_secre
         if "./schedules.yaml:/config/schedules.yaml:ro" in volumes:
             assert "./alert-channels.yaml:/config/alert-channels.yaml:ro" in volumes, name
         given = CHANNEL_VARS & set(env)
-        assert given == (CHANNEL_VARS if name in {"worker", "control"} else set()), name
+        assert given == (CHANNEL_VARS if name == "control" else set()), name
         for variable in given:
             assert env[variable] == f"${{{variable}:-}}", f"{name}: {variable} is optional and from deploy/.env"
     example = env_file(DEPLOY / "env.example")
@@ -292,17 +292,18 @@ def test_every_process_reads_the_alert_channels_and_only_workers_get_their_secre
         for container in doc["spec"]["template"]["spec"]["containers"]
         if {"name": "chordbeat-alerts", "optional": True} in [s.get("secretRef") for s in container["envFrom"]]
     }
-    assert with_secret == {"chordbeat-worker", "chordbeat-control"}
+    assert with_secret == {"chordbeat-control"}
     documented = (DEPLOY / "k8s" / "config.yaml").read_text()
     assert all(f"--from-literal={v}=" in documented for v in CHANNEL_VARS)
-    # systemd: every unit reads the file's name; the secrets file is the worker units' only.
+    # systemd: every unit reads the file's name; the secrets file is the control unit's only.
     assert env_file(DEPLOY / "systemd" / "chordbeat.env")["CHORDBEAT_ALERT_CHANNELS"] == (
         "/etc/chordbeat/alert-channels.yaml"
     )
     assert set(env_file(DEPLOY / "systemd" / "alerts.env")) >= CHANNEL_VARS
     for name, unit in systemd_units().items():
         role = check_command(shlex.split(unit["ExecStart"][0]))
-        assert ("-/etc/chordbeat/alerts.env" in unit["EnvironmentFile"]) == (role == "worker"), name
+        sends = role == "worker" and "chordbeat.control" in unit["ExecStart"][0]
+        assert ("-/etc/chordbeat/alerts.env" in unit["EnvironmentFile"]) == sends, name
 
 
 def test_kubernetes_pods_are_hardened_and_ship_no_secret_values() -> None:

@@ -83,6 +83,7 @@ REFUSALS = [
     ("silence_schedule", {"name": "missing", "until": "tomorrow"}, "InvalidArgument", "until: is not an ISO 8601"),
     ("unsilence_schedule", {"name": "missing"}, "NotFound", "schedule 'missing' does not exist"),
     ("test_alert", {"channel": 7}, "InvalidArgument", "channel: must be a channel's name (a string), got int"),
+    ("next_fires", {"name": "missing"}, "NotFound", "schedule 'missing' does not exist"),
 ]
 
 PLAIN_CALLER = """

@@ -14,11 +14,14 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from celery import Celery
+from sqlalchemy import update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.worker import firing
+from models import Schedule, Trigger, transaction
 from tests import processes
-from tests.helpers import call, step, wait_for
+from tests.helpers import call, step, ts, wait_for
 from tests.terminals import in_pty, plain_lines
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
@@ -136,3 +139,27 @@ def test_the_preview_marks_excluded_slots_with_the_reason(
     # A schedule without a calendar: nothing excluded.
     call(client, "chordbeat.apply_schedule", definition={**definition, "calendar": None})
     assert [f["excluded"] for f in call(client, "chordbeat.next_fires", name="payroll", count=3)] == [None] * 3
+
+
+def test_slots_never_fired_on_excluded_days_are_recorded_skipped_calendar_not_missed(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    now = datetime.now(UTC)
+    latest = now.replace(hour=18, minute=0, second=0, microsecond=0)
+    latest -= timedelta(days=1) if latest > now else timedelta(0)
+    days = [(latest - timedelta(days=n)).date() for n in (3, 2, 1)]
+    definition = {"name": "daily", "cron": "0 18 * * *", "steps": [step("s")]}
+    call(client, "chordbeat.apply_schedule", definition={**definition, "calendar": {"exclude": [days[1].isoformat()]}})
+    # Beat was down for three days: the slot fired now is the first since the one 4 days ago.
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(Schedule).values(last_slot_at=latest - timedelta(days=4)))
+    answer = firing.fire(app, "daily", nominal_at=latest, trigger=Trigger.CRON)
+    assert answer["status"] == "in_progress", answer
+    rows = {ts(r["nominal_at"]).date(): (r["outcome"], r["detail"]) for r in slots_of(client, "daily")}
+    assert rows[days[0]][0] == rows[days[2]][0] == "missed"
+    assert rows[days[1]] == ("skipped_calendar", f"not run: {INLINE}")
+    assert rows[latest.date()][0] == "fired"
+
+
+def slots_of(client: Celery, name: str) -> list[dict[str, Any]]:
+    return [r for r in call(client, "chordbeat.list_slots", name=name, limit=100) if r["trigger"] == "cron"]

@@ -8,6 +8,7 @@ retry, an overlap, missed slots to record, a paused schedule...) goes through :f
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -275,14 +276,12 @@ def _fire(
         cadence = cadence_of(EntryFields(*row[6:]))
         state = ScheduleState(row.status, row.current_retry, row.retry_at, row.last_slot_at)
         decision = decide_fire(state, trigger=trigger, nominal_at=nominal_at, now=now, cadence=cadence)
-        excluded = partial(slot_calendar_reason, app.settings.calendars_dir, row.calendar, row.timezone, nominal_at)
-        decision = decide_calendar(decision, excluded)
+        excluded = partial(slot_calendar_reason, app.settings.calendars_dir, row.calendar, row.timezone)
+        decision = decide_calendar(decision, partial(excluded, nominal_at))
         if decision.claims_slot:
             if not _claim_slot(session, row.id, cadence, nominal_at, now):
                 return {"execution_id": None, "skipped": "duplicate"}
-            _record_missed(
-                session, owner, cadence, since=state.last_slot_at, until=nominal_at, trigger=trigger, now=now
-            )
+            _record_missed(session, owner, cadence, (state.last_slot_at, nominal_at), trigger, now, excluded)
         elif decision.outcome is SlotOutcome.SKIPPED_SUPERSEDED and _recorded(session, row.id, nominal_at):
             return {"execution_id": None, "skipped": decision.reason}  # a later fire recorded it as missed
         if decision.outcome is not None:
@@ -361,14 +360,15 @@ def _record_missed(
     session: Session,
     owner: SlotOwner,
     cadence: Cadence,
-    *,
-    since: datetime | None,
-    until: datetime,
+    between: tuple[datetime | None, datetime],
     trigger: Trigger,
     now: datetime,
+    excluded: Callable[[datetime], str | None],
 ) -> None:
     """Record the regular slots after ``since`` (the last one processed) and before ``until`` that no
-    fire ever processed, so "why didn't it run at 02:00?" has an answer."""
+    fire ever processed, so "why didn't it run at 02:00?" has an answer (one its calendar excludes
+    would not have run anyway: it is recorded skipped_calendar, not missed)."""
+    since, until = between
     if since is None:
         return
     slot = cadence.slot_after(since)
@@ -376,7 +376,10 @@ def _record_missed(
         if slot >= until:
             return
         detail = MISSED if count < MAX_MISSED_RECORDS else f"{MISSED}; nor were the later slots until {iso(until)}"
-        record_slot(session, owner, SlotOutcome.MISSED, trigger=trigger, nominal_at=slot, now=now, detail=detail)
+        outcome, reason = SlotOutcome.MISSED, excluded(slot) if count < MAX_MISSED_RECORDS else None
+        if reason is not None:
+            outcome, detail = SlotOutcome.SKIPPED_CALENDAR, f"not run: {reason}"
+        record_slot(session, owner, outcome, trigger=trigger, nominal_at=slot, now=now, detail=detail)
         slot = cadence.slot_after(slot)
 
 

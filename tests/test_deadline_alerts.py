@@ -6,11 +6,13 @@ calls it; the schedules' ``deadlines`` and ``alerts`` are written as the definit
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pytest
 from celery import Celery
 from sqlalchemy import select, update
 
@@ -213,3 +215,50 @@ def test_finish_by_is_a_wall_clock_time_in_the_schedules_zone(
     about = late(settings, "hr-sync", slot)
     assert sorted(about) == ["finish", "start"]
     assert f"had to finish by {iso(slot + timedelta(hours=1), timespec='seconds')}" in about["finish"][0].message
+
+
+def test_slots_on_days_the_calendar_excludes_are_never_reported_and_an_unreadable_calendar_is(
+    app: ChordbeatCelery,
+    worker: Any,
+    client: Celery,
+    settings: Settings,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = settings.database_url
+    directory = tmp_path / "calendars"
+    directory.mkdir()
+    names = ("plain", "inline", "named", "unreadable")
+    for name in names:
+        definition = {"name": name, "cron": "0 18 * * *", "timezone": "Europe/London", "steps": [step("s")]}
+        call(client, "chordbeat.apply_schedule", definition=definition)
+        configure(settings, name, {"start_within": 600, "finish_within": 3600}, ["late", "missed"])
+    with transaction(url) as session:
+        slot = session.scalar(select(Schedule.next_run_at).where(Schedule.name == "plain"))
+    assert slot is not None
+    day = slot.astimezone(ZoneInfo("Europe/London")).date().isoformat()
+    (directory / "plant").write_text(f"# the plant is closed\n{day}\n")
+    # As the definition stores a calendar (its validation and apply's file check: test_calendar_fields').
+    calendars = {"inline": {"exclude": [day]}, "named": {"calendars": ["plant"]}, "unreadable": {"calendars": ["gone"]}}
+    with transaction(url) as session:
+        for name, calendar in calendars.items():
+            stored = {"exclude": [], "calendars": [], "on_excluded": "skip", **calendar}
+            session.execute(update(Schedule).where(Schedule.name == name).values(calendar=stored))
+
+    # Beat down over the excluded day: no run was expected, nobody is paged; a calendar that cannot
+    # be read pages as if it had none, and says so in the log.
+    caplog.set_level(logging.ERROR, logger="celeryapp.alerting.deadline_watch")
+    assert watch(url, slot + timedelta(hours=2), missed_grace_s=60, calendars_dir=str(directory)) == 6
+    for name in ("plain", "unreadable"):
+        assert set(late(settings, name, slot)) == {"start", "finish", "not_fired"}, name
+    assert alerts(settings, "inline") == [] and alerts(settings, "named") == []
+    assert "unreadable: its calendar cannot be read" in caplog.text and "no file gone" in caplog.text
+
+    # Still down the next day, which runs: its slot is reported, the excluded one still not.
+    following = slot + timedelta(days=1)
+    watch(url, following + timedelta(hours=2), missed_grace_s=60, calendars_dir=str(directory))
+    for name in ("inline", "named"):
+        assert late(settings, name, slot) == {}, name
+        assert set(late(settings, name, following)) == {"start", "finish", "not_fired"}, name
+        [missed] = late(settings, name, following)["not_fired"]
+        assert missed.key == f"missed/{name}/{iso(following)}"

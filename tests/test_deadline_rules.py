@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.calendars import Calendar
 from celeryapp.domain.deadlines import (
     FINISH_BY_MAX_S,
     MIN_RUNS,
@@ -24,6 +25,7 @@ from celeryapp.domain.deadlines import (
     finish_by_after,
     finish_by_before,
     finish_deadline,
+    first_running_slot,
     last_slot_due,
     longest_s,
     newest_slots,
@@ -202,3 +204,20 @@ def test_newest_slots_are_the_last_slots_of_the_window_newest_first(
     found = newest_slots(cadence, since=since, until=until, cap=cap)
     every, _ = cadence.slots_between(since - timedelta(microseconds=1), until, 10_000)
     assert found == list(reversed(every))[:cap]
+
+
+def test_the_first_running_slot_skips_whole_excluded_days_on_the_schedules_clock() -> None:
+    london = ZoneInfo("Europe/London")
+    cadence = Cadence(cron="* * * * *", every_s=None, timezone="Europe/London", anchor=datetime(2026, 1, 1, tzinfo=UTC))
+    # Summer: London's midnight is 23:00 UTC the evening before.
+    first = datetime(2026, 8, 30, 22, 0, tzinfo=UTC)  # 23:00 on Sunday 30 August in London
+    holidays = Calendar.of([first.astimezone(london).date(), datetime(2026, 8, 31).date()])
+    tuesday = datetime(2026, 8, 31, 23, 0, tzinfo=UTC)  # 00:00 on Tuesday 1 September in London
+    late = first + timedelta(days=3)
+    assert first_running_slot(cadence, first, until=late, calendar=holidays) == tuesday
+    assert first_running_slot(cadence, first, until=tuesday - timedelta(seconds=1), calendar=holidays) is None
+    assert first_running_slot(cadence, first, until=late, calendar=None) == first
+    assert first_running_slot(cadence, first, until=first - timedelta(seconds=1), calendar=None) is None
+    # Every day excluded: the search ends (bounded), nothing runs.
+    every_day = Calendar.of(first.date() + timedelta(days=n) for n in range(-1, 800))
+    assert first_running_slot(cadence, first, until=first + timedelta(days=900), calendar=every_day) is None

@@ -12,8 +12,11 @@ meanwhile is not reported unfired.
 Slots with no run are found from the cadence, not from beat: the slots from the schedule's
 ``next_run_at`` (the first one beat has not fired) to now. Slots before it were fired or recorded
 skipped, missed or paused. So a deadline passing while beat or every worker is down is reported
-by the first pass after a worker is back. Work is bounded: at most :data:`SLOTS_PER_PASS` slots per
-schedule and kind, within the schedule's deadlines' reach plus :data:`LOOKBACK_MARGIN_S`.
+by the first pass after a worker is back. A slot on a day the schedule's business calendar excludes
+is expected to run nowhere, so it is never reported (beat down over a holiday pages nobody); a
+calendar that cannot be read is logged and the slots reported as without one: better a page than
+silence. Work is bounded: at most :data:`SLOTS_PER_PASS` slots per schedule and kind, within the
+schedule's deadlines' reach plus :data:`LOOKBACK_MARGIN_S`.
 """
 
 from __future__ import annotations
@@ -23,14 +26,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import String, cast, select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain import deadlines
+from celeryapp.domain.calendars import Calendar, CalendarError, slot_excluded
+from celeryapp.domain.definition import CalendarRules
 from celeryapp.domain.times import iso
+from celeryapp.errors import ConfigError
 from celeryapp.monitoring.alert_outbox import alert_key, raise_alert
 from celeryapp.scheduling.beat_entries import cadence_of
+from celeryapp.scheduling.calendar_files import schedule_calendar
 from celeryapp.variables import DEFAULT_ALERT_MISSED_GRACE_S
 from models import AlertKind, ExecutionStatus, Schedule, ScheduleExecution, ScheduleStatus, Trigger, transaction
 from models.alert_tables import ALERTS
@@ -60,6 +68,7 @@ _WATCHED = (
         Schedule.retry_at,
         Schedule.deadlines,
         Schedule.alerts,
+        Schedule.calendar,
     )
     # An ``alerts`` object written as None is stored as JSON null, not SQL NULL.
     .where(Schedule.status == ScheduleStatus.ACTIVE, cast(Schedule.alerts, String) != "null")
@@ -96,28 +105,36 @@ class _Run:
     slot: datetime
 
 
-def watch(database_url: str, now: datetime, *, missed_grace_s: float = DEFAULT_ALERT_MISSED_GRACE_S) -> int:
+def watch(
+    database_url: str,
+    now: datetime,
+    *,
+    missed_grace_s: float = DEFAULT_ALERT_MISSED_GRACE_S,
+    calendars_dir: str | None = None,
+) -> int:
     """Raise the alerts whose deadline passed by ``now`` (the reference clock's); how many were
     raised. ``missed_grace_s``: how long past its slot a schedule beat has not fired is reported
-    ``missed`` (``CHORDBEAT_ALERT_MISSED_GRACE``)."""
+    ``missed`` (``CHORDBEAT_ALERT_MISSED_GRACE``); ``calendars_dir``: where the named business
+    calendars are (``CHORDBEAT_CALENDARS_DIR``)."""
     with transaction(database_url, read_only=True) as session:
-        wanted = _decide(session, now, missed_grace_s)
+        wanted = _decide(session, now, missed_grace_s, calendars_dir)
     raised = sum(_raise(database_url, alert, now) for alert in wanted)
     if raised:
         logger.info("deadline watch raised %d alert(s)", raised)
     return raised
 
 
-def _decide(session: Session, now: datetime, missed_grace_s: float) -> list[_Alert]:
+def _decide(session: Session, now: datetime, missed_grace_s: float, calendars_dir: str | None) -> list[_Alert]:
     schedules = [row for row in session.execute(_WATCHED) if row.alerts]
     wanted: list[_Alert] = []
     late_ids = set()
     for row in schedules:
         on = set(row.alerts.get("on", ()))
+        calendar = _calendar(row, calendars_dir) if on & {AlertKind.MISSED.value, AlertKind.LATE.value} else None
         if AlertKind.MISSED.value in on:
-            wanted.extend(_not_fired(row, now, missed_grace_s))
+            wanted.extend(_not_fired(row, now, missed_grace_s, calendar))
         if AlertKind.LATE.value in on and row.deadlines:
-            wanted.extend(_no_run(row, now))
+            wanted.extend(_no_run(row, now, calendar))
             late_ids.add(row.id)
     runs = _runs_in_progress(session, late_ids)
     by_id = {row.id: row for row in schedules}
@@ -138,11 +155,30 @@ def _key(name: str, detail: str, slot: datetime) -> str:
     return alert_key(AlertKind.LATE, name, slot_at=slot, detail=detail)
 
 
-def _not_fired(row: Any, now: datetime, grace_s: float) -> Iterable[_Alert]:
-    """``missed`` for the slot beat should have fired more than the grace ago. While a retry is
-    pending it replaces the cadence, and beat fires that instead."""
-    slot = row.next_run_at
-    if slot is None or row.retry_at is not None or now - slot <= timedelta(seconds=grace_s):
+def _calendar(row: Any, directory: str | None) -> Calendar | None:
+    """The days the schedule's calendar excludes; ``None`` without one, or when it cannot be read
+    (logged: its slots are then reported as if it had none)."""
+    rules = CalendarRules.from_json(row.calendar)
+    if rules is None:
+        return None
+    try:
+        return schedule_calendar(directory, rules)
+    except (CalendarError, ConfigError) as exc:
+        logger.error(
+            "deadline watch: %s: its calendar cannot be read, its slots are watched as if all ran: %s", row.name, exc
+        )
+        return None
+
+
+def _not_fired(row: Any, now: datetime, grace_s: float, calendar: Calendar | None) -> Iterable[_Alert]:
+    """``missed`` for the first slot beat should have fired more than the grace ago, on a day its
+    calendar does not exclude. While a retry is pending it replaces the cadence, and beat fires
+    that instead."""
+    if row.next_run_at is None or row.retry_at is not None:
+        return []
+    until = now - timedelta(seconds=grace_s)
+    slot = deadlines.first_running_slot(cadence_of(row), row.next_run_at, until=until, calendar=calendar)
+    if slot is None or slot == until:
         return []
     ago_s = int((now - slot).total_seconds())
     message = f"{row.name}: the slot of {_when(slot)} has not fired {ago_s} s later: are beat and the workers up?"
@@ -150,8 +186,9 @@ def _not_fired(row: Any, now: datetime, grace_s: float) -> Iterable[_Alert]:
     return [_Alert(row.id, AlertKind.MISSED, values, row.alerts, unfired=slot)]
 
 
-def _no_run(row: Any, now: datetime) -> Iterable[_Alert]:
-    """``late`` for the newest slots beat has not fired whose start or finish deadline passed."""
+def _no_run(row: Any, now: datetime, calendar: Calendar | None) -> Iterable[_Alert]:
+    """``late`` for the newest slots beat has not fired whose start or finish deadline passed,
+    on days the calendar does not exclude."""
     first = row.next_run_at
     if first is None or row.retry_at is not None:
         return []
@@ -160,17 +197,22 @@ def _no_run(row: Any, now: datetime) -> Iterable[_Alert]:
     reach_s = deadlines.longest_s(start_s, finish_s, by) + LOOKBACK_MARGIN_S
     since = max(first, now - timedelta(seconds=reach_s))
     cadence = cadence_of(row)
+    zone = ZoneInfo(row.timezone)
+
+    def expected(slots: list[datetime]) -> list[datetime]:
+        return [slot for slot in slots if calendar is None or slot_excluded(slot, zone, calendar) is None]
+
     found = []
     if start_s is not None:
-        for slot in deadlines.newest_slots(
-            cadence, since=since, until=now - timedelta(seconds=start_s), cap=SLOTS_PER_PASS
+        for slot in expected(
+            deadlines.newest_slots(cadence, since=since, until=now - timedelta(seconds=start_s), cap=SLOTS_PER_PASS)
         ):
             deadline = deadlines.start_deadline(slot, start_s)
             message = f"{row.name}: the slot of {_when(slot)} has not started a run by {_when(deadline)}"
             found.append(_late(row, "start", slot, message))
     due = deadlines.last_slot_due(now, finish_within_s=finish_s, finish_by=by, zone=row.timezone)
     if due is not None:
-        for slot in deadlines.newest_slots(cadence, since=since, until=due, cap=SLOTS_PER_PASS):
+        for slot in expected(deadlines.newest_slots(cadence, since=since, until=due, cap=SLOTS_PER_PASS)):
             deadline = _finish_deadline(row, slot)
             message = f"{row.name}: the slot of {_when(slot)} has no run and had to finish by {_when(deadline)}"
             found.append(_late(row, "finish", slot, message))

@@ -129,7 +129,10 @@ class SenderThread:
         try:
             # Through the module: the watch is the deadlines' part, replaced as it grows.
             raised = deadline_watch.watch(
-                self.settings.database_url, clock.now(), missed_grace_s=self.settings.alert_missed_grace_s
+                self.settings.database_url,
+                clock.now(),
+                missed_grace_s=self.settings.alert_missed_grace_s,
+                calendars_dir=self.settings.calendars_dir,
             )
         except Exception:
             logger.exception("the deadline watch failed; tried again in %g s", self.settings.alert_watch_interval_s)

@@ -30,6 +30,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.calendars import MAX_BUSINESS_DAY_SEARCH_DAYS, Calendar, slot_excluded
 
 #: Completed runs whose durations predict a run's finish (the newest ones).
 RECENT_RUNS = 10
@@ -165,3 +166,24 @@ def newest_slots(cadence: Cadence, *, since: datetime, until: datetime, cap: int
         found.append(slot)
         end = slot - _TICK
     return found
+
+
+def first_running_slot(
+    cadence: Cadence, first: datetime, *, until: datetime, calendar: Calendar | None
+) -> datetime | None:
+    """The first slot in [first, until] whose day ``calendar`` does not exclude (no run is expected
+    on an excluded day), or ``None``. An excluded day costs one look-up, not one per slot: the
+    search goes on from the next midnight on the schedule's wall clock."""
+    if calendar is None:
+        return first if first <= until else None
+    zone = ZoneInfo(cadence.timezone)
+    slot = first
+    for _ in range(MAX_BUSINESS_DAY_SEARCH_DAYS + 1):
+        if slot > until:
+            return None
+        if slot_excluded(slot, zone, calendar) is None:
+            return slot
+        day = slot.astimezone(zone).date() + timedelta(days=1)
+        midnight = datetime.combine(day, time(0), tzinfo=zone).astimezone(UTC)
+        slot = cadence.slot_after(max(midnight - _TICK, slot))
+    return None

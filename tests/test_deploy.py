@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ import pytest
 import yaml
 
 from celeryapp.alerting.channels import load_channels
+from celeryapp.domain.calendars import parse_calendar
 from celeryapp.interfaces.cli import main as chordbeat_cli
 from celeryapp.messaging.keys import CONTROL_QUEUES, STEPS_QUEUE
+from celeryapp.scheduling.calendar_files import read_calendar
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -37,6 +40,8 @@ CHANNEL_VARS = {
     if name is not None
 }
 CELERY_ROLES = {"worker", "beat", "flower"}
+#: The example business calendars (CHORDBEAT_CALENDARS_DIR), mounted read-only.
+CALENDARS = DEPLOY / "calendars"
 #: The control worker's command line in every deploy file.
 CONTROL_WORKER = ["-Q", "chordbeat.control,celery", "-P", "threads", "-c", "4"]
 RESPAWN = ["python", "deploy/local/respawn.py"]
@@ -117,6 +122,11 @@ def systemd_units() -> dict[str, dict[str, list[str]]]:
                 keys.setdefault(key, []).append(value)
         units[path.name] = keys
     return units
+
+
+def config_map(name: str) -> dict[str, str]:
+    (data,) = (d["data"] for d in k8s_documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name)
+    return dict(data)
 
 
 def env_file(path: Path) -> dict[str, str]:
@@ -281,7 +291,7 @@ def test_every_process_reads_the_alert_channels_and_only_the_control_worker_gets
     example = env_file(DEPLOY / "env.example")
     assert all(example[v] == "" for v in CHANNEL_VARS)
     # Kubernetes: the ConfigMap names the file and holds the same channels; the Secret is the workers'.
-    config, files = (d["data"] for d in k8s_documents() if d["kind"] == "ConfigMap")
+    config, files = (config_map(name) for name in ("chordbeat", "chordbeat-schedules"))
     assert config["CHORDBEAT_ALERT_CHANNELS"] == "/config/alert-channels.yaml"
     shipped = yaml.safe_load(ALERT_CHANNELS.read_text())
     assert yaml.safe_load(files["alert-channels.yaml"]) == shipped
@@ -304,6 +314,37 @@ def test_every_process_reads_the_alert_channels_and_only_the_control_worker_gets
         role = check_command(shlex.split(unit["ExecStart"][0]))
         sends = role == "worker" and "chordbeat.control" in unit["ExecStart"][0]
         assert ("-/etc/chordbeat/alerts.env" in unit["EnvironmentFile"]) == sends, name
+
+
+def test_the_example_calendar_is_real_and_every_process_that_fires_applies_or_previews_reads_it() -> None:
+    (shipped,) = CALENDARS.iterdir()
+    text = shipped.read_text()
+    holidays = read_calendar(str(CALENDARS), shipped.name)
+    assert shipped.name == "uk-bank-holidays" and holidays == parse_calendar(text) and text.startswith("#")
+    # England and Wales, 2026 and 2027 (gov.uk/bank-holidays): eight a year, weekdays, substitutes included.
+    assert sorted({d.year for d in holidays}) == [2026, 2027] and len(holidays) == 16
+    assert all(d.weekday() < 5 for d in holidays)
+    assert {date(2026, 4, 3), date(2026, 12, 28), date(2027, 3, 29), date(2027, 12, 27), date(2027, 12, 28)} < holidays
+    reads = {"worker", "control", "beat-a", "beat-b", "web"}
+    # compose: every app process names the directory; those that fire, apply or preview mount it.
+    for name, service in compose()["services"].items():
+        if service.get("build"):
+            volumes = service.get("volumes", [])
+            assert service["environment"]["CHORDBEAT_CALENDARS_DIR"] == "/config/calendars", name
+            mounted = "./calendars:/config/calendars:ro" in volumes
+            assert mounted >= (name in reads or "./schedules.yaml:/config/schedules.yaml:ro" in volumes), name
+    # Kubernetes: the ConfigMap names it, chordbeat-calendars holds the file, mounted read-only.
+    directory = config_map("chordbeat")["CHORDBEAT_CALENDARS_DIR"]
+    assert config_map("chordbeat-calendars") == {shipped.name: text}
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in k8s_documents() if d["kind"] == "Deployment"}
+    for name in ("chordbeat-worker", "chordbeat-control", "chordbeat-beat", "chordbeat-web"):
+        (container,) = pods[name]["containers"]
+        assert {"name": "calendars", "mountPath": directory, "readOnly": True} in container["volumeMounts"], name
+        assert {"name": "calendars", "configMap": {"name": "chordbeat-calendars"}} in pods[name]["volumes"], name
+    # systemd: chordbeat.env, which every unit reads; make run: the example directory.
+    assert env_file(DEPLOY / "systemd" / "chordbeat.env")["CHORDBEAT_CALENDARS_DIR"] == "/etc/chordbeat/calendars"
+    run = (DEPLOY / "local" / "run.sh").read_text()
+    assert 'export CHORDBEAT_CALENDARS_DIR="${CHORDBEAT_CALENDARS_DIR:-$PWD/deploy/calendars}"' in run
 
 
 def test_kubernetes_pods_are_hardened_and_ship_no_secret_values() -> None:

@@ -11,6 +11,7 @@ umask 077
 mkdir -p "$run_dir"
 chmod 700 "$run_dir"
 export CHORDBEAT_SCHEDULES_FILE="${CHORDBEAT_SCHEDULES_FILE:-$PWD/examples/schedules.yaml}"
+export CHORDBEAT_CALENDARS_DIR="${CHORDBEAT_CALENDARS_DIR:-$PWD/deploy/calendars}"
 export CHORDBEAT_HEALTH_DIR="${CHORDBEAT_HEALTH_DIR:-$run_dir}"
 export FLOWER_DB="${FLOWER_DB:-$run_dir/flower.db}"
 

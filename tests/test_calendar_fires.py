@@ -6,6 +6,7 @@ in a terminal 80 columns wide) marks the excluded slots with the reason."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -132,6 +133,24 @@ def test_the_preview_marks_excluded_slots_with_the_reason(
     text = " ".join(" ".join(plain_lines(output)).split())
     assert text.count("not run:") == 2, output
     assert f"not run: {INLINE}" in text and "not run: in calendar 'uk'" in text
+    # chordbeat show's next runs (three: the third is excluded) and next --json say the same.
+    status, output = in_pty([CHORDBEAT, "show", "payroll"], processes.settings_env(settings), columns=80)
+    assert status == 0, output
+    lines = [line.rstrip() for line in plain_lines(output)]
+    start = lines.index("next runs") + 1
+    runs = " ".join(" ".join(lines[start : lines.index("recent executions", start)]).split())
+    assert runs.count("not run:") == 1 and runs.endswith(f"not run: {INLINE}"), output
+    assert all(len(line) <= 80 for line in lines), output
+    status, output = in_pty(
+        [CHORDBEAT, "next", "payroll", "-n", "6", "--json"], processes.settings_env(settings), columns=80
+    )
+    assert status == 0, output
+    shown = json.loads(output)
+    assert [f["excluded"] for f in shown] == [None, None, INLINE, None, "in calendar 'uk'", None], output
+    assert [(f["at"], f["local"]) for f in shown] == [(f["at"], f["local"]) for f in fires]
+    # Past the preview's bound no exclusion is known: refused, not shown as running.
+    status, output = in_pty([CHORDBEAT, "next", "payroll", "-n", "101"], processes.settings_env(settings), columns=80)
+    assert status == 2 and "at most 100 for a schedule with a business calendar" in output, output
     # A calendar that breaks is said on every slot: none of them will run.
     (calendars_dir / "uk").write_text("2026-13-01\n")
     broken = call(client, "chordbeat.next_fires", name="payroll", count=3)

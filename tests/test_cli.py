@@ -86,7 +86,8 @@ def test_read_commands_offer_json(app: ChordbeatCelery, worker: Any, client: Any
     listed = json.loads(cli("list", "--json").output)
     assert [s["name"] for s in listed] == ["ny"]
     upcoming = json.loads(cli("next", "ny", "-n", "3", "--json").output)
-    assert len(upcoming) == 3 and all(t.endswith("T02:00:00+09:00") for t in upcoming), upcoming
+    assert len(upcoming) == 3 and all(t["local"].endswith("T02:00:00+09:00") for t in upcoming), upcoming
+    assert all(t["at"].endswith("T17:00:00.000Z") and t["excluded"] is None for t in upcoming), upcoming
     assert re.search(r"02:00:00 \+09:00 JST, 2026-\d\d-\d\d 17:00 UTC here, in ", cli("next", "ny", "-n", "2").output)
     cli("run", "ny", "--wait")
     shown = json.loads(cli("show", "ny", "--json").output)

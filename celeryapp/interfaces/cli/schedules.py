@@ -47,6 +47,28 @@ def _upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
     return fire_times(first, cron=schedule.get("cron"), every_s=schedule.get("every"), zone=zone, count=count)
 
 
+def _exclusions(schedule: dict[str, Any], times: list[datetime]) -> list[str | None]:
+    """Why each of ``times`` will not run (its business calendar excludes its day), or ``None``."""
+    if not schedule.get("calendar") or not times:
+        return [None] * len(times)
+    from celeryapp.domain.times import parse_time
+    from celeryapp.interfaces.next_fires import MAX_NEXT_FIRES
+
+    if len(times) > MAX_NEXT_FIRES:
+        # Past the preview's bound no slot's exclusion is known: refused rather than shown as running.
+        raise click.BadParameter(
+            f"at most {MAX_NEXT_FIRES} for a schedule with a business calendar (got {len(times)})", param_hint="-n"
+        )
+    # Named calendars are files on the workers' hosts: the workers say which slots they exclude.
+    fires = call("next_fires", schedule["name"], count=len(times))
+    excluded = {parse_time(fire["at"]): fire["excluded"] for fire in fires}
+    return [excluded.get(t) for t in times]
+
+
+def _marked(line: str, reason: str | None) -> str:
+    return f"{line}  not run: {reason}" if reason else line
+
+
 def runs(schedule: dict[str, Any]) -> int:
     """Every counted run: ``run_count`` is only the successful ones (what ``total_repeats`` counts),
     so a schedule whose one run failed has 1 run, not 0."""
@@ -119,8 +141,9 @@ def show_cmd(name: str, as_json: bool) -> None:
         console.print(hanging(Text("last error: "), text_of(schedule["last_error"], "red")))
     console.print(definition_table(schedule))
     console.print(Text("next runs", style="italic"))
-    for t in _upcoming(schedule, 3):
-        console.print(hanging(text_of(f"  {stamp(t, zone, viewer, now)}")))
+    upcoming = _upcoming(schedule, 3)
+    for t, reason in zip(upcoming, _exclusions(schedule, upcoming), strict=True):
+        console.print(hanging(text_of(_marked(f"  {stamp(t, zone, viewer, now)}", reason))))
     if schedule["next_run_at"] is None:
         console.print(text_of(f"  none ({schedule['status']})"))
     table = new_table("id", "trigger", title="recent executions")
@@ -162,25 +185,20 @@ def next_cmd(name: str, count: int, as_json: bool) -> None:
     """The coming fire times, in the schedule's zone with their UTC offsets (and yours beside them);
     those its business calendar excludes say why they will not run."""
     from celeryapp.domain.cron_words import describe
-    from celeryapp.domain.times import parse_time, stamp, zone_of
+    from celeryapp.domain.times import iso, stamp, zone_of
 
     schedule = call("get_schedule", name)
     times = _upcoming(schedule, count)
+    reasons = _exclusions(schedule, times)
     if as_json:
-        echo_json([t.isoformat() for t in times])
+        # chordbeat.next_fires' objects: the slot in UTC, on the schedule's wall clock, and why not run.
+        echo_json([{"at": iso(t), "local": t.isoformat(), "excluded": r} for t, r in zip(times, reasons, strict=True)])
         return
-    excluded: dict[Any, str | None] = {}
-    if schedule.get("calendar"):
-        # Named calendars are files on the workers' hosts: the workers say which slots they exclude.
-        fires = call("next_fires", name, count=min(count, 100))
-        excluded = {parse_time(fire["at"]): fire["excluded"] for fire in fires}
     now, viewer = reference_now(), viewer_zone()
     if schedule.get("cron"):
         click.echo(printable(f"{describe(schedule['cron'])}, {schedule['timezone']} time:"))
-    for t in times:
-        line = stamp(t, zone_of(schedule["timezone"]), viewer, now)
-        reason = excluded.get(t)
-        click.echo(printable(f"{line}  not run: {reason}" if reason else line))
+    for t, reason in zip(times, reasons, strict=True):
+        click.echo(printable(_marked(stamp(t, zone_of(schedule["timezone"]), viewer, now), reason)))
 
 
 @click.command("pause")

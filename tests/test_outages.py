@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import redis
 from celery import Celery
 
 from celeryapp.application import ChordbeatCelery
@@ -101,6 +102,9 @@ def test_a_beat_stuck_in_a_call_ends_itself_with_every_stack_on_stderr(
     """Beat blocked in a Redis call that does not return (a frozen server: sockets open, no
     answers) stops every schedule, and only an exit gets it restarted by systemd, Compose or
     ``make run``. Before its watchdog it sat there until its socket timed out (30 s)."""
+    # The beat an earlier test left stalled (this test's other database) never released RedBeat's
+    # lock: it would hold this beat off for up to its 30 s.
+    redis.Redis.from_url(redis_server.url).flushall()
     stalling = dataclasses.replace(settings, beat_stall_s=5)
     with processes.beat(stalling, tmp_path) as beat:
         wait_for(lambda: "acquired lock" in beat.output(), 30, what="beat to take the lock")

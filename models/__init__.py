@@ -1,6 +1,7 @@
 """Database models: typed SQLAlchemy 2 tables, state enums and transactions."""
 
 from models.alert_tables import Alert, AlertDelivery, AlertSilence
+from models.backfill_tables import Backfill
 from models.base import Base, utcnow
 from models.session import get_engine, transaction
 from models.states import (
@@ -8,6 +9,8 @@ from models.states import (
     AlertKind,
     AuditAction,
     AuditSource,
+    BackfillOrigin,
+    BackfillStatus,
     DeliveryStatus,
     ExecutionStatus,
     Overlap,
@@ -38,6 +41,9 @@ __all__ = [
     "AuditAction",
     "AuditEvent",
     "AuditSource",
+    "Backfill",
+    "BackfillOrigin",
+    "BackfillStatus",
     "Base",
     "DeliveryStatus",
     "ExecutionStatus",

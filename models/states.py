@@ -53,6 +53,7 @@ class Trigger(StrEnum):
     INTERVAL = "interval"
     MANUAL = "manual"
     RETRY = "retry"
+    BACKFILL = "backfill"
 
 
 class Overlap(StrEnum):
@@ -142,3 +143,23 @@ class DeliveryStatus(StrEnum):
     SUMMARISED = "summarised"
     #: Given up after the retry period; ``last_error`` says why.
     FAILED = "failed"
+
+
+class BackfillStatus(StrEnum):
+    """Where a backfill (or a catch-up's make-up runs) stands."""
+
+    #: Slots are left to start, or its runs are in progress.
+    RUNNING = "running"
+    #: Every slot started and every run ended.
+    COMPLETED = "completed"
+    #: Cancelled: slots not started by then never start.
+    CANCELLED = "cancelled"
+
+
+class BackfillOrigin(StrEnum):
+    """Who asked for a backfill's runs."""
+
+    #: ``chordbeat.backfill_schedule``, the CLI or the dashboard: runs have trigger ``backfill``.
+    REQUEST = "request"
+    #: A schedule's ``catchup: all`` after missed slots: runs keep the schedule's own trigger.
+    CATCHUP = "catchup"

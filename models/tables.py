@@ -84,6 +84,10 @@ class Schedule(Base):
     #: The definition's ``calendar`` object as validated (its named calendars are files of
     #: ``CHORDBEAT_CALENDARS_DIR``, read when a slot fires); None when not given.
     calendar: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    #: The definition's ``catchup`` and ``dst`` objects as validated; None: the default policies
+    #: (``latest``; the DST rule docs/schedules.md states).
+    catchup: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    dst: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
     run_count: Mapped[int] = mapped_column(Integer, default=0)
     error_count: Mapped[int] = mapped_column(Integer, default=0)
@@ -182,6 +186,11 @@ class ScheduleExecution(Base):
     #: A re-run's source execution, and the group it started from (0: the whole plan).
     rerun_of: Mapped[int | None] = mapped_column(Integer, default=None)
     rerun_from_group: Mapped[int | None] = mapped_column(Integer, default=None)
+    #: The nominal time the run is for (its slot; a catch-up or backfill run starts long after
+    #: it); None for a manual run and for runs started before revision 0011.
+    slot: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    #: The backfill (or catch-up) that started the run; None for the others.
+    backfill_id: Mapped[int | None] = mapped_column(Integer, default=None, index=True)
 
 
 class WorkerTask(Base):

@@ -23,8 +23,7 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
-from celeryapp.contract import (
-    SOURCE_HEADER,
+from celeryapp.answer_shapes import (
     AlertJson,
     AuditJson,
     DeletedJson,
@@ -35,6 +34,7 @@ from celeryapp.contract import (
     SlotJson,
     TriggerJson,
 )
+from celeryapp.contract import SOURCE_HEADER
 from celeryapp.domain.redaction import redact
 
 #: Queue the service tasks are consumed from by every worker (Celery's default queue).

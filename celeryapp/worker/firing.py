@@ -8,27 +8,25 @@ retry, an overlap, missed slots to record, a paused schedule...) goes through :f
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, case, func, literal, or_, select, update
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session, joinedload
 
 from celeryapp.domain.batching import BatchSchedule, Fire, decide_batchable
-from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.decisions import ScheduleState, decide_calendar, decide_fire, decide_overlap
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, short_repr, type_name
 from celeryapp.domain.names import run_key
-from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument
 from celeryapp.execution.runs import Start, start_execution, start_executions
 from celeryapp.execution.slot_records import SlotOwner, record_slot
 from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, cadence_of
 from celeryapp.scheduling.calendar_files import slot_calendar_reason
 from celeryapp.worker.dispatch import apply_effects
+from celeryapp.worker.slot_claims import claim_slot, claimed_slots, record_missed, recorded
 from models import (
     ExecutionStatus,
     Overlap,
@@ -36,12 +34,11 @@ from models import (
     ScheduleExecution,
     ScheduleStatus,
     SlotOutcome,
-    SlotRecord,
     Trigger,
     transaction,
     utcnow,
 )
-from models.session import affected, retried_transaction, retrying
+from models.session import retried_transaction, retrying
 
 if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery
@@ -183,7 +180,7 @@ def _fire_together(session: Session, fires: list[Fire]) -> tuple[dict[int, dict[
         return {}, alone, effects
     starting = [(index, row_of[fires[index].name]) for index in plan.together]
     claims = [(row.id, fires[index].nominal_at, found[row.name].cadence) for index, row in starting]
-    claimed = _claimed(session, claims, now)
+    claimed = claimed_slots(session, claims, now)
     if claimed != len(starting):
         raise _ClaimRaced(f"{claimed} of {len(starting)} slots claimed")
     # With their steps in the same statement.
@@ -215,32 +212,6 @@ _ACTIVE_OF = select(ScheduleExecution.schedule_id).where(ScheduleExecution.statu
 
 class _ClaimRaced(RuntimeError):
     """A claimed slot moved under the row lock: the batch is rolled back and fired slot by slot."""
-
-
-def _claimed(session: Session, claims: list[tuple[int, datetime, Cadence]], now: datetime) -> int:
-    """Move each schedule's last processed slot up to its claimed one, in one statement; how many
-    moved (one that is there already does not)."""
-    column = Schedule.__table__.c
-    nominal = case(
-        {schedule_id: literal(at, column.last_slot_at.type) for schedule_id, at, _ in claims}, value=Schedule.id
-    )
-    following = case(
-        {
-            schedule_id: literal(cadence.slot_after(max(now, at)), column.next_run_at.type)
-            for schedule_id, at, cadence in claims
-        },
-        value=Schedule.id,
-    )
-    return affected(
-        session,
-        update(Schedule)
-        .where(
-            Schedule.id.in_([schedule_id for schedule_id, _, _ in claims]),
-            or_(Schedule.last_slot_at.is_(None), Schedule.last_slot_at < nominal),
-        )
-        .values(last_slot_at=nominal, next_run_at=following)
-        .execution_options(synchronize_session=False),
-    )
 
 
 _FIRE_COLUMNS = (
@@ -279,10 +250,10 @@ def _fire(
         excluded = partial(slot_calendar_reason, app.settings.calendars_dir, row.calendar, row.timezone)
         decision = decide_calendar(decision, partial(excluded, nominal_at))
         if decision.claims_slot:
-            if not _claim_slot(session, row.id, cadence, nominal_at, now):
+            if not claim_slot(session, row.id, cadence, nominal_at, now):
                 return {"execution_id": None, "skipped": "duplicate"}
-            _record_missed(session, owner, cadence, (state.last_slot_at, nominal_at), trigger, now, excluded)
-        elif decision.outcome is SlotOutcome.SKIPPED_SUPERSEDED and _recorded(session, row.id, nominal_at):
+            record_missed(session, owner, cadence, (state.last_slot_at, nominal_at), trigger, now, excluded)
+        elif decision.outcome is SlotOutcome.SKIPPED_SUPERSEDED and recorded(session, row.id, nominal_at):
             return {"execution_id": None, "skipped": decision.reason}  # a later fire recorded it as missed
         if decision.outcome is not None:
             record_slot(
@@ -327,7 +298,7 @@ def _fire(
             # The retry replaced the regular slots due meanwhile: they were not missed.
             replaced = cadence.latest_slot(now, since=state.last_slot_at or schedule.updated_at)
             if replaced is not None:
-                _claim_slot(session, row.id, cadence, replaced, now)
+                claim_slot(session, row.id, cadence, replaced, now)
         result = start_execution(
             session,
             schedule,
@@ -349,51 +320,3 @@ _ACTIVE_RUN = select(func.min(ScheduleExecution.id)).where(
     ScheduleExecution.schedule_id == bindparam("p_schedule_id"),
     ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
 )
-
-
-#: Missed slots one fire records at most; after long downtime the last record sums up the rest.
-MAX_MISSED_RECORDS = 50
-MISSED = "not fired: beat, Redis or the workers were down, or its fire message was lost; no make-up run"
-
-
-def _record_missed(
-    session: Session,
-    owner: SlotOwner,
-    cadence: Cadence,
-    between: tuple[datetime | None, datetime],
-    trigger: Trigger,
-    now: datetime,
-    excluded: Callable[[datetime], str | None],
-) -> None:
-    """Record the regular slots after ``since`` (the last one processed) and before ``until`` that no
-    fire ever processed, so "why didn't it run at 02:00?" has an answer (one its calendar excludes
-    would not have run anyway: it is recorded skipped_calendar, not missed)."""
-    since, until = between
-    if since is None:
-        return
-    slot = cadence.slot_after(since)
-    for count in range(MAX_MISSED_RECORDS + 1):
-        if slot >= until:
-            return
-        detail = MISSED if count < MAX_MISSED_RECORDS else f"{MISSED}; nor were the later slots until {iso(until)}"
-        outcome, reason = SlotOutcome.MISSED, excluded(slot) if count < MAX_MISSED_RECORDS else None
-        if reason is not None:
-            outcome, detail = SlotOutcome.SKIPPED_CALENDAR, f"not run: {reason}"
-        record_slot(session, owner, outcome, trigger=trigger, nominal_at=slot, now=now, detail=detail)
-        slot = cadence.slot_after(slot)
-
-
-def _recorded(session: Session, schedule_id: int, nominal_at: datetime) -> bool:
-    return (
-        session.scalar(
-            select(SlotRecord.id)
-            .where(SlotRecord.schedule_id == schedule_id, SlotRecord.nominal_at == nominal_at)
-            .limit(1)
-        )
-        is not None
-    )
-
-
-def _claim_slot(session: Session, schedule_id: int, cadence: Cadence, nominal_at: datetime, now: datetime) -> bool:
-    """Move the schedule's last processed slot up to ``nominal_at``; False if it is there already."""
-    return _claimed(session, [(schedule_id, nominal_at, cadence)], now) == 1

@@ -42,8 +42,7 @@ KEEPER_LATENESS_S = 0.25
 LEASE_MARGIN_S = INTERRUPT_LANDING_S + KEEPER_LATENESS_S
 #: Seconds the time-keeping thread sleeps at most: a step watched since may have an earlier deadline.
 KEEPER_IDLE_S = 1.0
-#: A step's first heartbeat (KEYS[1], for ARGV[1] ms) and the read of its operator's stop flag
-#: (KEYS[2]), as one command: cheaper for the worker than a pipeline of two.
+#: A step's first heartbeat (KEYS[1], ARGV[1] ms) and its stop flag's read (KEYS[2]): one command, not two.
 _FIRST_BEAT_LUA = "redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) return redis.call('GET', KEYS[2])"
 
 
@@ -88,9 +87,8 @@ class StepWatch:
     the database has not ended; neither must look like a lost worker whose attempt recovery runs
     again. Once :meth:`disarm` is called (the step's code returned) nothing interrupts any more.
 
-    ``since`` (monotonic seconds) is when the lease starts if no refresh is ever acknowledged:
-    before the claim that made the attempt this worker's was sent (recovery counts from the claim).
-    A watch without ``cancel_key`` only keeps its key alive (a claim's pickup lease).
+    ``since`` (monotonic) is when the claim was sent: the lease counts from it (recovery does), and a
+    step entered after it ran out never starts. A watch without ``cancel_key`` only keeps a key alive.
     """
 
     def __init__(
@@ -154,12 +152,18 @@ class StepWatch:
     def __enter__(self) -> StepWatch:
         if self._flag_keys:
             self._first_beat()
-            self._armed = True
+            self._armed = self.interrupted is None
         _watch(self)
         return self
 
     def _first_beat(self) -> None:
         sent = time.monotonic()
+        if sent - self._last_sent >= self.lease_s:
+            # The process stood still since the claim (a SIGSTOP, a VM pause): recovery may run the
+            # attempt elsewhere already, and a heartbeat now would hide that. It must not start.
+            logger.warning("heartbeat %s: lease over before the step started; not started", self._heartbeat_key)
+            self.interrupted = Interrupt.LEASE_LOST
+            return
         try:
             if self._stop_key is None:
                 self.client.set(self._heartbeat_key, "1", px=self._ttl_ms)

@@ -119,6 +119,8 @@ def _execute(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcome:
         try:
             if refusal is not None:
                 return Outcome(ActivityStatus.FAILED_WITH_ERROR, f"refused on this worker: {refusal}", None)
+            if watch.lease_lost:
+                return Outcome(ActivityStatus.CANCELLED, "not started: its lease ran out", None)  # not recorded
             if watch.stopped is not None:
                 return Outcome(ActivityStatus.CANCELLED, watch.stopped, None)  # revoked before it started
             result = app.tasks[claim.spec.task](*claim.spec.args, **claim.spec.kwargs)

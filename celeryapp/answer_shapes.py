@@ -29,6 +29,8 @@ class ScheduleJson(TypedDict):
     #: ``{"channels": [...], "on": [...]}`` or null.
     alerts: dict[str, Any] | None
     calendar: dict[str, Any] | None  # {"exclude": [dates], "calendars": [names], "on_excluded"} or null
+    #: ``{"policy"}``, with ``"window"`` and ``"max_runs"`` for ``all``; null: ``latest``.
+    catchup: dict[str, Any] | None
     #: Step groups: a step object, or a list of step objects run in parallel.
     steps: list[Any]
     status: str

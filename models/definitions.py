@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from celeryapp.domain.catchup import CatchupRules
 from celeryapp.domain.definition import (
     KIND_OF_TASK,
     AlertRules,
@@ -52,4 +53,5 @@ def definition_of(schedule: Schedule) -> ScheduleDefinition:
         deadlines=Deadlines.from_json(schedule.deadlines),
         alerts=AlertRules.from_json(schedule.alerts),
         calendar=CalendarRules.from_json(schedule.calendar),
+        catchup=CatchupRules.from_json(schedule.catchup),
     )

@@ -24,6 +24,7 @@ SCHEDULE_KEYS = {
     "deadlines",
     "alerts",
     "calendar",
+    "catchup",
     "steps",
     "status",
     "run_count",

@@ -14,6 +14,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from celeryapp.domain import limits
+from celeryapp.domain.catchup import CatchupRules
 from models.states import AlertKind, Overlap
 
 #: Schedule names end up in Redis keys, CLI arguments and metric labels: keep them plain.
@@ -48,6 +49,7 @@ SCHEDULE_FIELDS = frozenset(
         "deadlines",
         "alerts",
         "calendar",
+        "catchup",
         "steps",
     }
 )
@@ -240,6 +242,8 @@ class ScheduleDefinition:
     deadlines: Deadlines | None = None
     alerts: AlertRules | None = None
     calendar: CalendarRules | None = None
+    #: ``None``: the default policy, ``latest``.
+    catchup: CatchupRules | None = None
 
     @property
     def zone(self) -> ZoneInfo:
@@ -268,6 +272,7 @@ class ScheduleDefinition:
             deadlines=self.deadlines.to_json() if self.deadlines is not None else None,
             alerts=self.alerts.to_json() if self.alerts is not None else None,
             calendar=self.calendar.to_json() if self.calendar is not None else None,
+            catchup=self.catchup.to_json() if self.catchup is not None else None,
             steps=[
                 [s.to_json() for s in group] if is_list else group[0].to_json()
                 for group, is_list in zip(self.groups, self.group_is_list, strict=True)

@@ -23,6 +23,7 @@ from celeryapp.domain.alert_fields import (
 )
 from celeryapp.domain.cadence import Cadence, retry_delay_s
 from celeryapp.domain.calendar_fields import CalendarReader, check_known_calendars, parse_calendar_field
+from celeryapp.domain.catchup_fields import parse_catchup_field
 from celeryapp.domain.cron import CronError, CronExpression
 from celeryapp.domain.definition import (
     ALL_STEP_FIELDS,
@@ -218,6 +219,7 @@ def parse_definition(
     calendar = problems.check(parse_calendar_field, raw)
     if calendars is not None and not problems.failed("calendar"):
         problems.check(check_known_calendars, calendar, calendars)
+    catchup = problems.check(parse_catchup_field, raw)
     problems.raise_any()
     # Every check passed: none of these is None (timeout_s may be: no timeout).
     assert name and zone and cadence and overlap and payload is not None and steps and enabled is not None
@@ -239,6 +241,7 @@ def parse_definition(
         deadlines=deadlines,
         alerts=alerts,
         calendar=calendar,
+        catchup=catchup,
     )
     size = limits.json_size(definition.to_json())
     if size > limits.MAX_DEFINITION_BYTES:

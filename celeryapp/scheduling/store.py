@@ -109,6 +109,7 @@ def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> Non
     schedule.deadlines = definition.deadlines.to_json() if definition.deadlines is not None else None
     schedule.alerts = definition.alerts.to_json() if definition.alerts is not None else None
     schedule.calendar = definition.calendar.to_json() if definition.calendar is not None else None
+    schedule.catchup = definition.catchup.to_json() if definition.catchup is not None else None
     schedule.steps = [
         ScheduleStep(
             step_index=index,

@@ -93,6 +93,9 @@ class _ExecutionFields(TypedDict):
     #: A re-run's source execution and the step group it started from (0: all); else null.
     rerun_of: int | None
     rerun_from_group: int | None
+    #: The nominal time the run is for (a backfill's or catch-up's slot, a retry's due time); null
+    #: for a manual run and for runs started before the field existed.
+    slot: str | None
 
 
 class ExecutionJson(_ExecutionFields):

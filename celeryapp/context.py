@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 
@@ -19,6 +20,9 @@ class StepContext:
     payload: dict[str, Any]
     #: The step's timeout in seconds, if it has one.
     timeout_s: float | None = None
+    #: The nominal time the run is for (UTC): a cron or interval run's slot, a backfill's slot, a
+    #: retry's due time; ``None`` for a manual run. A job covering "its day" reads it here.
+    slot: datetime | None = None
 
 
 _current: ContextVar[StepContext | None] = ContextVar("chordbeat_step", default=None)

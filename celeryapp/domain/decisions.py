@@ -223,14 +223,31 @@ class OverlapDecision:
 
 
 def decide_overlap(
-    overlap: Overlap, trigger: Trigger, *, active_id: int | None, current_retry: int, lost_race: bool = False
+    overlap: Overlap,
+    trigger: Trigger,
+    *,
+    active_id: int | None,
+    current_retry: int,
+    lost_race: bool = False,
+    backfill_run: int | None = None,
 ) -> OverlapDecision:
     """What a run does when an execution of its exclusive schedule is in progress.
 
     ``active_id`` is that execution, ``None`` when it is only known to exist: the run lost the
     race for the schedule's one active slot (the unique constraint) to a run that just started,
     which is never cancelled and never run beside.
+
+    ``backfill_run``: the run in progress is a backfill's (or catch-up's). A backfill must never
+    cost a regular slot its run, so whatever the policy the slot waits for it (buffered) and runs
+    as soon as it ends, before the backfill's next; a retry waits as it always does.
     """
+    if backfill_run is not None and trigger is not Trigger.RETRY:
+        return OverlapDecision(
+            OverlapAction.BUFFER,
+            SlotOutcome.BUFFERED,
+            f"waiting for backfill run #{backfill_run}",
+            f"buffered: backfill run {backfill_run} is in progress",
+        )
     running = f"execution {active_id}" if active_id is not None else "another execution"
     if not lost_race:
         if overlap is Overlap.ALLOW:

@@ -41,7 +41,9 @@ def start_executions(session: Session, starts: list[Start], *, now: datetime) ->
     """
     definitions = [definition_of(start.schedule) for start in starts]
     rows = [
-        execution_row(start.schedule, definition, trigger=start.trigger, run_key=start.run_key, now=now)
+        execution_row(
+            start.schedule, definition, trigger=start.trigger, run_key=start.run_key, now=now, slot=start.nominal_at
+        )
         for start, definition in zip(starts, definitions, strict=True)
     ]
     inserted = session.connection().execute(

@@ -80,7 +80,11 @@ def execution_row(
     now: datetime,
     payload: dict[str, Any] | None = None,
     rerun: Rerun | None = None,
+    slot: datetime | None = None,
+    backfill_id: int | None = None,
 ) -> dict[str, Any]:
+    """``slot``: the nominal time the run is for (None for a manual run); ``backfill_id``: the
+    backfill (or catch-up) that starts it."""
     plan = definition.plan()
     row = {
         "schedule_id": schedule.id,
@@ -94,6 +98,8 @@ def execution_row(
         "step_count": sum(len(group) for group in plan),
         "payload": {**definition.payload, **(payload or {})},
         "started_at": now,
+        "slot": slot,
+        "backfill_id": backfill_id,
         "deadline_at": now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
     }
     return row if rerun is None else {**row, **rerun.row()}

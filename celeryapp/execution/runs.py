@@ -14,13 +14,12 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.decisions import (
     NextRun,
     OverlapAction,
-    OverlapDecision,
     RetryPolicy,
     ScheduleState,
     decide_after_execution,
@@ -31,8 +30,10 @@ from celeryapp.domain.effects import Effects
 from celeryapp.domain.names import run_key, runner_task_id
 from celeryapp.errors import NotFound
 from celeryapp.execution.after_run import log_after_run, pending_retry_started, write_after_run
+from celeryapp.execution.backfill_driver import drive, has_running_backfill, regular_trigger
 from celeryapp.execution.batch_starts import Start as Start
 from celeryapp.execution.batch_starts import start_executions as start_executions
+from celeryapp.execution.overlaps import active_executions, apply_overlap
 from celeryapp.execution.run_rows import (
     Rerun,
     StartResult,
@@ -81,19 +82,6 @@ def lock_schedule(session: Session, schedule_id: int) -> None:
     session.execute(select(Schedule.id).where(Schedule.id == schedule_id).with_for_update())
 
 
-def _active_execution_ids(session: Session, schedule_id: int) -> list[int]:
-    return list(
-        session.scalars(
-            select(ScheduleExecution.id)
-            .where(
-                ScheduleExecution.schedule_id == schedule_id,
-                ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
-            )
-            .order_by(ScheduleExecution.id)
-        )
-    )
-
-
 def start_execution(
     session: Session,
     schedule: Schedule,
@@ -106,29 +94,40 @@ def start_execution(
     locked: bool = False,
     no_active: bool = False,
     rerun: Rerun | None = None,
+    backfill_id: int | None = None,
+    detail: str | None = None,
 ) -> StartResult:
     """Create an execution with all its worker tasks, honouring the schedule's overlap policy.
 
     ``locked``: the caller holds the schedule's row lock; ``no_active``: and found no active run.
     ``rerun``: the run is that of an ended execution's plan, not of the current definition.
+    ``nominal_at`` is stored as the run's slot; ``backfill_id``: the backfill starting it (whose
+    driver checked the overlap first); ``detail``: its slot record's.
     """
     if not locked:
         lock_schedule(session, schedule.id)
     effects = Effects()
     # Whatever the active runs are, ``allow`` starts: no need to read them.
-    active = [] if no_active or schedule.overlap is Overlap.ALLOW else _active_execution_ids(session, schedule.id)
+    active = [] if no_active or schedule.overlap is Overlap.ALLOW else active_executions(session, schedule.id)
     if active:
         # Before cancelling or buffering anything for it: a redelivered start is a duplicate.
         existing = execution_with_key(session, run_key)
         if existing is not None:
             return StartResult(existing, skipped="duplicate")
-        overlap = decide_overlap(schedule.overlap, trigger, active_id=active[0], current_retry=schedule.current_retry)
+        backfill_run = next((execution_id for execution_id, of in active if of is not None), None)
+        overlap = decide_overlap(
+            schedule.overlap,
+            trigger,
+            active_id=active[0][0],
+            current_retry=schedule.current_retry,
+            backfill_run=backfill_run,
+        )
         if overlap.action is OverlapAction.CANCEL_AND_START:
-            for execution_id in active:
+            for execution_id, _ in active:
                 why = "cancelled: a new run started"
                 effects.merge(cancel_execution(session, execution_id, now=now, reason=why, note=_BY_OVERLAP))
         elif overlap.action is not OverlapAction.START:
-            overlapped = _overlapped(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
+            overlapped = apply_overlap(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
             if overlapped is not None:
                 return overlapped
 
@@ -138,7 +137,17 @@ def start_execution(
     execution_id = session.scalar(
         insert_ignoring_conflicts(session)
         .values(
-            execution_row(schedule, definition, trigger=trigger, run_key=run_key, now=now, payload=payload, rerun=rerun)
+            execution_row(
+                schedule,
+                definition,
+                trigger=trigger,
+                run_key=run_key,
+                now=now,
+                payload=payload,
+                rerun=rerun,
+                slot=nominal_at,
+                backfill_id=backfill_id,
+            )
         )
         .returning(EXECUTIONS.c.id)
     )
@@ -150,46 +159,24 @@ def start_execution(
         overlap = decide_overlap(
             schedule.overlap, trigger, active_id=None, current_retry=schedule.current_retry, lost_race=True
         )
-        overlapped = _overlapped(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
+        overlapped = apply_overlap(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
         return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
 
     groups, start = (definition.groups, 0) if rerun is None else (rerun.groups, rerun.from_group)
     task_ids = insert_worker_tasks(session, {execution_id: groups}, now=now, start_group=start)[execution_id]
     session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
     record_slot(
-        session, schedule, SlotOutcome.FIRED, trigger=trigger, nominal_at=nominal_at, now=now, execution_id=execution_id
+        session,
+        schedule,
+        SlotOutcome.FIRED,
+        trigger=trigger,
+        nominal_at=nominal_at,
+        now=now,
+        execution_id=execution_id,
+        detail=detail,
     )
     effects.dispatch.append(first_group(schedule, groups, execution_id, task_ids, trigger, start))
     return StartResult(execution_id, effects=effects)
-
-
-def _overlapped(
-    session: Session,
-    schedule: Schedule,
-    overlap: OverlapDecision,
-    *,
-    trigger: Trigger,
-    nominal_at: datetime | None,
-    now: datetime,
-) -> StartResult | None:
-    """Apply a run's overlap decision: record why it does not start; ``None`` if it was to be
-    buffered but the active run ended meanwhile: start it."""
-    if overlap.action is OverlapAction.BUFFER:
-        still_running = exists().where(
-            ScheduleExecution.schedule_id == schedule.id, ScheduleExecution.status == ExecutionStatus.IN_PROGRESS
-        )
-        if not affected(
-            session, update(Schedule).where(Schedule.id == schedule.id, still_running).values(buffered=True)
-        ):
-            return None
-    if overlap.outcome is not None:
-        record_slot(
-            session, schedule, overlap.outcome, trigger=trigger, nominal_at=nominal_at, now=now, detail=overlap.detail
-        )
-    # Skips are counted for the deployment's overload warning (one a minute), not logged one by one.
-    logger.info("schedule %r: %s", schedule.name, overlap.detail)
-    skipped = 1 if overlap.action is OverlapAction.SKIP else 0
-    return StartResult(None, skipped=overlap.skipped, effects=Effects(skipped_overlap=skipped))
 
 
 def finish_execution(
@@ -269,11 +256,16 @@ def _after_execution(
         Schedule.every_s,
         Schedule.retry_delay_s,
         Schedule.alerts,
+        # In the same statement: a schedule without backfills pays nothing more per run.
+        has_running_backfill(Schedule.id).label("backfilling"),
     )
     counters: dict[str, Any] = {}
-    if status is ExecutionStatus.COMPLETED:
+    # A backfill's (or catch-up's) run is no regular run: it counts toward no run or error count,
+    # repeat limit, retry or death. A failed slot is run again by a backfill of mode ``failed``.
+    backfill_run = execution.backfill_id is not None
+    if status is ExecutionStatus.COMPLETED and not backfill_run:
         counters = {"run_count": Schedule.run_count + 1}
-    elif status is ExecutionStatus.FAILED:
+    elif status is ExecutionStatus.FAILED and not backfill_run:
         counters = {"error_count": Schedule.error_count + 1, "last_error": error}
     # Counters change with atomic increments whose new values come back (RETURNING).
     if counters:
@@ -292,7 +284,9 @@ def _after_execution(
     after = decide_after_execution(
         state,
         RetryPolicy(row.max_retries, row.total_repeats, retry_base_s(row.every_s, row.retry_delay_s)),
-        ended=status,
+        # As a cancelled run of no retry, a backfill's run leaves the retry state and status as
+        # they are, and still starts what waited for it.
+        ended=ExecutionStatus.CANCELLED if backfill_run else status,
         is_pending_retry=is_pending_retry,
         pending_retry_started=is_pending_retry or pending_retry_started(session, state, pending_key, now),
         run_count=row.run_count,
@@ -335,16 +329,25 @@ def _after_execution(
         .values(buffered=False)
         .execution_options(synchronize_session=False),
     ):
+        # A regular slot buffered behind a backfill's run is a regular run.
+        trigger = execution.trigger if execution.trigger is not Trigger.BACKFILL else regular_trigger(row.every_s)
         started = start_execution(
             session,
             session.get_one(Schedule, schedule_id),
-            trigger=execution.trigger,
+            trigger=trigger,
             now=now,
             run_key=f"{name}:after:{execution.id}",
             locked=True,
         )
         effects.merge(started.effects)
+    if row.backfilling:
+        effects.merge(drive_backfills(session, schedule_id, now=now))
     return effects
+
+
+def drive_backfills(session: Session, schedule_id: int, *, now: datetime) -> Effects:
+    """Start what the schedule's running backfills may start now (the caller holds its row lock)."""
+    return drive(session, schedule_id, now=now, start=start_execution)
 
 
 def cancel_execution(

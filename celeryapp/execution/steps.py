@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import JSON, Connection, bindparam, delete, exists, func, insert, literal, select, type_coerce, update
@@ -36,6 +36,8 @@ class Claim:
     activity_id: int
     schedule_name: str
     payload: dict[str, Any]
+    #: The run's nominal time (UTC), ``None`` for a manual run.
+    slot: datetime | None = None
 
 
 def _of_run(column: Any) -> Any:
@@ -88,6 +90,7 @@ _CLAIM = (
         _of_run(_GROUP_OF_PLAN),
         _of_run(EXECUTIONS.c.schedule_name),
         _of_run(EXECUTIONS.c.payload),
+        _of_run(EXECUTIONS.c.slot),
     )
 )
 
@@ -141,6 +144,7 @@ def _claim_in_one_statement() -> Any:
         EXECUTIONS.c.schedule_name,
         EXECUTIONS.c.payload,
         opened.c.id,
+        EXECUTIONS.c.slot,
     ).join_from(opened, EXECUTIONS, EXECUTIONS.c.id == opened.c.execution_id)
 
 
@@ -200,11 +204,20 @@ def _one_statement(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql"
 
 
-def _claim_of(worker_task_id: int, attempt: int, row: Sequence[Any], activity_id: int) -> Claim:
+def _claim_of(worker_task_id: int, attempt: int, row: Sequence[Any], activity_id: int, slot: Any) -> Claim:
     """The claim of the attempt whose claiming statement returned ``row`` (both forms' first six columns)."""
     execution_id, step_index, step_name, group, schedule_name, payload = row[:6]
     spec = next(StepSpec.from_json(s) for s in group if s["name"] == step_name)
-    return Claim(worker_task_id, attempt, execution_id, step_index, spec, activity_id, schedule_name, dict(payload))
+    return Claim(
+        worker_task_id, attempt, execution_id, step_index, spec, activity_id, schedule_name, dict(payload), _utc(slot)
+    )
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    # The one-statement claim goes to the driver, bypassing the column's type: aware, any zone.
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def claim_step(conn: Connection, worker_task_id: int, attempt: int, *, node: str, now: datetime) -> Claim | None:
@@ -216,7 +229,7 @@ def claim_step(conn: Connection, worker_task_id: int, attempt: int, *, node: str
     params = {"p_task_id": worker_task_id, "p_attempt": attempt, "p_node": node, "p_now": now}
     if _one_statement(conn):
         row = _CLAIM_IN_ONE_STATEMENT.run(conn, params).fetchone()
-        return None if row is None else _claim_of(worker_task_id, attempt, row, row[6])
+        return None if row is None else _claim_of(worker_task_id, attempt, row, row[6], row[7])
     claimed = conn.execute(_CLAIM, params).first()
     if claimed is None:
         return None
@@ -232,7 +245,7 @@ def claim_step(conn: Connection, worker_task_id: int, attempt: int, *, node: str
             "p_now": now,
         },
     ).scalar_one()
-    return _claim_of(worker_task_id, attempt, claimed, activity_id)
+    return _claim_of(worker_task_id, attempt, claimed, activity_id, claimed[6])
 
 
 class Recorded(NamedTuple):

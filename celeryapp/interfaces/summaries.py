@@ -53,6 +53,7 @@ def _widest_fixed_part() -> int:
         "error": "",
         "rerun_of": MAX_ID,
         "rerun_from_group": MAX_STEPS,
+        "slot": widest_time,
         "steps": {"total": MAX_ID, **{s.value: MAX_ID for s in ActivityStatus}},
     }
     return len(json.dumps(summary))
@@ -118,6 +119,7 @@ def summaries_query(
         error.label("error"),
         _run.rerun_of,
         _run.rerun_from_group,
+        _run.slot,
         step_total(dialect).label("total"),
     )
     if schedule is not None:
@@ -175,6 +177,7 @@ def execution_summaries(
             "error": _cut(row.error),
             "rerun_of": row.rerun_of,
             "rerun_from_group": row.rerun_from_group,
+            "slot": iso(row.slot),
             "steps": steps[row.id],
         }
         for row in rows

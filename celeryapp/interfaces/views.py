@@ -82,6 +82,7 @@ def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, 
         "error": execution.error,
         "rerun_of": execution.rerun_of,
         "rerun_from_group": execution.rerun_from_group,
+        "slot": iso(execution.slot),
         "payload": execution.payload,
         "activities": [
             {

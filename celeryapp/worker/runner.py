@@ -264,6 +264,7 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         claim.attempt,
         claim.payload,
         claim.spec.timeout_s,
+        claim.slot,
     )
     watch = StepWatch(
         client,

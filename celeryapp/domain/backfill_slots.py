@@ -1,0 +1,131 @@
+"""Which past slots a backfill runs, and the names of its runs. Pure: the caller reads the
+schedule's runs and passes what it found in.
+
+A backfill's slots are decided once, when it is made, oldest first; a slot already queued in a
+running backfill or with a run in progress is never listed again, whatever the mode.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.limits import short_repr, type_name
+from celeryapp.domain.times import iso
+from celeryapp.errors import InvalidArgument
+
+#: At most this many slots in one backfill: a reversed or huge range is refused, not queued.
+MAX_BACKFILL_SLOTS = 10_000
+#: ``max_concurrent`` is 1 to this many runs of one backfill at a time.
+MAX_CONCURRENT_RUNS = 100
+#: Characters of an ISO 8601 time argument at most (a longer string is no time).
+MAX_TIME_CHARS = 40
+#: Slots are ``start ≤ slot < end``; the cadence's walk is ``(since, until]``: shifted by this.
+_TICK = timedelta(microseconds=1)
+
+
+class BackfillMode(StrEnum):
+    """Which slots of the range a backfill runs."""
+
+    #: Slots with no run (never fired, recorded missed or skipped).
+    MISSING = "missing"
+    #: Slots whose latest run failed or was cancelled.
+    FAILED = "failed"
+    #: Every slot of the range.
+    ALL = "all"
+
+
+def parse_time(field: str, value: Any) -> datetime:
+    """An aware time from an ISO 8601 string with its UTC offset; refused naming ``field``."""
+    if not isinstance(value, str) or len(value) > MAX_TIME_CHARS:
+        got = type_name(value) if not isinstance(value, str) else f"{len(value)} characters"
+        raise InvalidArgument(field, f"must be an ISO 8601 time with its UTC offset, got {got}")
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidArgument(field, f"is not a time that exists (ISO 8601), got {short_repr(value)}") from None
+    if when.tzinfo is None:
+        raise InvalidArgument(field, f"must say its UTC offset (e.g. 2026-01-01T00:00:00Z), got {short_repr(value)}")
+    return when
+
+
+def parse_mode(value: Any) -> BackfillMode:
+    choices = ", ".join(m.value for m in BackfillMode)
+    if not isinstance(value, str) or value not in {m.value for m in BackfillMode}:
+        raise InvalidArgument("mode", f"must be one of {choices}, got {short_repr(value)}")
+    return BackfillMode(value)
+
+
+def parse_max_concurrent(value: Any) -> int:
+    # bool is an int to Python; a float (NaN, 2.0) or a string is refused as well.
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENT_RUNS:
+        got = short_repr(value) if not isinstance(value, float) or math.isfinite(value) else str(value)
+        raise InvalidArgument("max_concurrent", f"must be a whole number from 1 to {MAX_CONCURRENT_RUNS}, got {got}")
+    return value
+
+
+def check_range(start: datetime, end: datetime, *, now: datetime) -> None:
+    """A range of past slots: ``start < end ≤ now``."""
+    if end <= start:
+        what = "is the same as" if end == start else "is before"
+        raise InvalidArgument("end", f"{iso(end)} {what} start {iso(start)}; slots are start ≤ slot < end")
+    if end > now:
+        raise InvalidArgument("end", f"{iso(end)} is in the future (now {iso(now)}); a backfill runs past slots")
+
+
+def range_slots(cadence: Cadence, start: datetime, end: datetime, cap: int = MAX_BACKFILL_SLOTS) -> list[datetime]:
+    """The schedule's slots with ``start ≤ slot < end``, oldest first; more than ``cap`` is refused
+    (only ``cap + 1`` slots are walked, however long the range)."""
+    slots, more = cadence.slots_between(start - _TICK, end - _TICK, cap)
+    if more:
+        raise InvalidArgument(
+            "end", f"the range holds more than {cap} slots (found {cap + 1} before its end); backfill it in parts"
+        )
+    return slots
+
+
+def choose_slots(
+    slots: Iterable[datetime],
+    mode: BackfillMode,
+    *,
+    ran: Collection[datetime],
+    latest_failed: Collection[datetime],
+    busy: Collection[datetime],
+) -> list[datetime]:
+    """The slots the backfill runs, in the order given (oldest first).
+
+    ``ran``: slots with any run; ``latest_failed``: those whose latest run failed or was
+    cancelled; ``busy``: those with a run in progress or queued in a running backfill.
+    """
+    chosen = []
+    for slot in slots:
+        if slot in busy:
+            continue
+        if mode is BackfillMode.MISSING and slot in ran:
+            continue
+        if mode is BackfillMode.FAILED and slot not in latest_failed:
+            continue
+        chosen.append(slot)
+    return chosen
+
+
+def backfill_run_key(name: str, slot: datetime, *, earlier_backfill_runs: int, mode: str) -> str:
+    """The run key of a backfill's run of ``slot``.
+
+    The first backfill run of a slot has the plain key, so a request made twice starts it once;
+    mode ``failed`` runs a slot again on purpose: its key counts the backfill runs before it,
+    which the database says (a doubled request still collides).
+    """
+    key = f"{name}:backfill:{iso(slot)}"
+    if mode == BackfillMode.FAILED and earlier_backfill_runs:
+        return f"{key}:{earlier_backfill_runs + 1}"
+    return key
+
+
+def request_key(name: str, start: datetime, end: datetime, mode: BackfillMode) -> str:
+    """Names a request: the same one while it runs answers with the running backfill."""
+    return f"{name}:{iso(start)}:{iso(end)}:{mode.value}"

@@ -1,0 +1,132 @@
+"""Backfills in the database: made with their first runs, driven on as their runs end, cancelled.
+
+A backfill's row holds its slots (oldest first) and how many started; the next to start is
+``slots[started]``. Every start happens under the schedule's row lock, in the transaction of
+what made room for it (the backfill's creation, the end of a run, recovery's pass), and moves
+``started`` with a compare-and-set: a crash between two commits loses nothing, since the row
+says what started and recovery's pass starts the rest.
+
+With the schedule's other runs: an exclusive schedule's backfill run starts only when no run of
+the schedule is in progress or buffered (a regular slot meeting a backfill run is buffered, and
+runs first when it ends); an ``allow`` schedule's run beside the regular ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from celeryapp.domain.effects import Effects
+from celeryapp.execution.runs import drive_backfills, lock_schedule
+from models import (
+    Backfill,
+    BackfillOrigin,
+    BackfillStatus,
+    Schedule,
+)
+from models.session import affected
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class BackfillStart:
+    """A backfill made: its id, and what to send once the transaction committed."""
+
+    backfill_id: int
+    effects: Effects = field(default_factory=Effects)
+
+
+def stored_slot(slot: datetime) -> str:
+    """A slot as the row stores it: exact to the microsecond (an interval's slots need it)."""
+    return slot.isoformat()
+
+
+def create_backfill(
+    session: Session,
+    schedule: Schedule | int,
+    slots: list[datetime],
+    *,
+    origin: BackfillOrigin,
+    max_concurrent: int,
+    now: datetime,
+    actor: str | None = None,
+    reason: str | None = None,
+    mode: str = "catchup",
+    request_key: str | None = None,
+) -> BackfillStart:
+    """Make a backfill of ``slots`` (aware, oldest first, at least one) and start its first runs.
+
+    Takes the schedule's row lock (a caller holding it already, as the fire does, loses nothing).
+    ``origin`` CATCHUP: the runs keep the schedule's own trigger and the regular run key, so a
+    make-up run and a late fire of the same slot cannot both run. ``request_key``: the caller
+    checked that no running backfill has it.
+    """
+    if not slots:
+        raise ValueError("a backfill needs at least one slot")
+    schedule_id = schedule if isinstance(schedule, int) else schedule.id
+    lock_schedule(session, schedule_id)
+    name = session.scalar(select(Schedule.name).where(Schedule.id == schedule_id))
+    if name is None:
+        raise LookupError(f"schedule {schedule_id} does not exist")
+    row = Backfill(
+        schedule_id=schedule_id,
+        schedule_name=name,
+        origin=origin,
+        mode=mode,
+        range_start=slots[0],
+        range_end=slots[-1],
+        slots=[stored_slot(slot) for slot in slots],
+        started=0,
+        max_concurrent=max_concurrent,
+        status=BackfillStatus.RUNNING,
+        request_key=request_key,
+        actor=actor,
+        reason=reason,
+        created_at=now,
+    )
+    session.add(row)
+    session.flush()
+    logger.info("backfill %s of %r: %s slots, %s at a time", row.id, name, len(slots), max_concurrent)
+    return BackfillStart(row.id, drive_backfills(session, schedule_id, now=now))
+
+
+def cancel_backfill(session: Session, backfill_id: int, *, now: datetime) -> Backfill | None:
+    """Cancel what has not started (runs in progress go on); ``None`` if there is no such backfill.
+    A backfill already ended is left as it is."""
+    schedule_id = session.scalar(select(Backfill.schedule_id).where(Backfill.id == backfill_id))
+    if schedule_id is not None:
+        lock_schedule(session, schedule_id)
+    session.execute(
+        update(Backfill)
+        .where(Backfill.id == backfill_id, Backfill.status == BackfillStatus.RUNNING)
+        .values(status=BackfillStatus.CANCELLED, finished_at=now, request_key=None)
+        .execution_options(synchronize_session=False)
+    )
+    return session.get(Backfill, backfill_id, populate_existing=True)
+
+
+def cancel_orphans(session: Session, *, now: datetime) -> int:
+    """Cancel running backfills whose schedule was deleted; how many."""
+    return affected(
+        session,
+        update(Backfill)
+        .where(Backfill.schedule_id.is_(None), Backfill.status == BackfillStatus.RUNNING)
+        .values(status=BackfillStatus.CANCELLED, finished_at=now, request_key=None)
+        .execution_options(synchronize_session=False),
+    )
+
+
+def backfilling_schedules(session: Session) -> list[int]:
+    """The schedules with a running backfill (recovery's pass drives each)."""
+    return list(
+        session.scalars(
+            select(Backfill.schedule_id)
+            .where(Backfill.status == BackfillStatus.RUNNING, Backfill.schedule_id.is_not(None))
+            .distinct()
+        )
+    )

@@ -1,0 +1,144 @@
+"""The backfill driver in the database (no worker: runs are ended by hand): a backfill's first
+runs start with it, each run's end starts the next, an exclusive schedule's regular slot meeting
+a backfill run is buffered and runs first, and every run stores its slot."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+
+from celeryapp.application import ChordbeatCelery
+from celeryapp.domain.batching import Fire
+from celeryapp.execution.backfills import create_backfill
+from celeryapp.execution.runs import cancel_execution
+from celeryapp.interfaces import service
+from celeryapp.worker import firing
+from models import (
+    Backfill,
+    BackfillOrigin,
+    BackfillStatus,
+    ExecutionStatus,
+    Schedule,
+    ScheduleExecution,
+    SlotRecord,
+    Trigger,
+    transaction,
+    utcnow,
+)
+from tests.helpers import step
+
+HOUR = timedelta(hours=1)
+
+
+def _apply(app: ChordbeatCelery, name: str, overlap: str, anchor: datetime) -> int:
+    service.apply_schedule(app, {"name": name, "every": 3600, "overlap": overlap, "steps": [step("a")]})
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(Schedule).where(Schedule.name == name).values(updated_at=anchor))
+        schedule_id = session.scalar(select(Schedule.id).where(Schedule.name == name))
+    assert schedule_id is not None
+    return schedule_id
+
+
+def _backfill(app: ChordbeatCelery, schedule_id: int, slots: list[datetime], **kwargs: Any) -> int:
+    with transaction(app.settings.database_url) as session:
+        made = create_backfill(session, schedule_id, slots, now=utcnow(), actor="test", reason="why", **kwargs)
+    return made.backfill_id
+
+
+def _runs(app: ChordbeatCelery, name: str) -> list[ScheduleExecution]:
+    with transaction(app.settings.database_url) as session:
+        query = select(ScheduleExecution).where(ScheduleExecution.schedule_name == name)
+        return list(session.scalars(query.order_by(ScheduleExecution.id)))
+
+
+def _end(app: ChordbeatCelery, execution_id: int) -> None:
+    with transaction(app.settings.database_url) as session:
+        cancel_execution(session, execution_id, now=utcnow(), reason="ended by the test")
+
+
+def _row(app: ChordbeatCelery, backfill_id: int) -> Backfill:
+    with transaction(app.settings.database_url) as session:
+        return session.get_one(Backfill, backfill_id)
+
+
+def test_a_backfill_starts_its_first_runs_and_each_end_starts_the_next(app: ChordbeatCelery) -> None:
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "wide", "allow", anchor)
+    slots = [anchor + HOUR * k for k in (1, 2, 3)]
+    backfill_id = _backfill(
+        app, schedule_id, slots, origin=BackfillOrigin.REQUEST, max_concurrent=2, mode="all", request_key="k"
+    )
+    runs = _runs(app, "wide")
+    assert [(r.trigger, r.slot, r.backfill_id, r.status) for r in runs] == [
+        (Trigger.BACKFILL, slots[0], backfill_id, ExecutionStatus.IN_PROGRESS),
+        (Trigger.BACKFILL, slots[1], backfill_id, ExecutionStatus.IN_PROGRESS),
+    ]
+    assert runs[0].run_key == f"wide:backfill:{slots[0].isoformat(timespec='milliseconds').replace('+00:00', 'Z')}"
+    assert _row(app, backfill_id).started == 2
+    _end(app, runs[0].id)
+    runs = _runs(app, "wide")
+    assert [r.slot for r in runs] == slots
+    assert _row(app, backfill_id).started == 3
+    for run in runs[1:]:
+        _end(app, run.id)
+    done = _row(app, backfill_id)
+    assert (done.status, done.request_key, done.finished_at is not None) == (BackfillStatus.COMPLETED, None, True)
+    with transaction(app.settings.database_url) as session:
+        records = session.scalars(select(SlotRecord).where(SlotRecord.schedule_name == "wide").order_by(SlotRecord.id))
+        assert [(r.nominal_at, r.trigger, r.detail) for r in records] == [
+            (slot, Trigger.BACKFILL, f"backfill #{backfill_id}") for slot in slots
+        ]
+        schedule = session.get_one(Schedule, schedule_id)
+        # Backfill runs are no regular runs: no counters move.
+        assert (schedule.run_count, schedule.error_count) == (0, 0)
+
+
+def test_a_catch_up_runs_with_the_regular_trigger_and_run_key(app: ChordbeatCelery) -> None:
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "late", "skip", anchor)
+    slots = [anchor + HOUR, anchor + 2 * HOUR]
+    _backfill(app, schedule_id, slots, origin=BackfillOrigin.CATCHUP, max_concurrent=1)
+    (run,) = _runs(app, "late")
+    assert (run.trigger, run.slot) == (Trigger.INTERVAL, slots[0])
+    assert run.run_key == f"late:interval:{slots[0].isoformat(timespec='milliseconds').replace('+00:00', 'Z')}"
+    # A late fire of the slot the catch-up started is a duplicate, not a second run.
+    _end(app, run.id)
+    (run, second) = _runs(app, "late")
+    assert second.slot == slots[1]
+
+
+def test_a_regular_slot_meeting_a_backfill_run_is_buffered_and_runs_first(app: ChordbeatCelery) -> None:
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "only", "skip", anchor)
+    backfill_id = _backfill(
+        app, schedule_id, [anchor + HOUR, anchor + 2 * HOUR], origin=BackfillOrigin.REQUEST, max_concurrent=1
+    )
+    (first,) = _runs(app, "only")
+    # The schedule's own slot fires while the backfill's run is active: skip would drop it.
+    due = anchor + 10 * HOUR
+    answer = firing.fire(app, "only", nominal_at=due, trigger=Trigger.INTERVAL)
+    assert answer == {"execution_id": None, "skipped": f"buffered: backfill run {first.id} is in progress"}
+    with transaction(app.settings.database_url) as session:
+        record = session.scalars(select(SlotRecord).where(SlotRecord.nominal_at == due)).one()
+        assert (record.outcome.value, record.detail) == ("buffered", f"waiting for backfill run #{first.id}")
+    _end(app, first.id)
+    # The buffered regular run starts first; the backfill's next waits for it.
+    runs = _runs(app, "only")
+    assert [(r.trigger, r.backfill_id) for r in runs] == [(Trigger.BACKFILL, backfill_id), (Trigger.INTERVAL, None)]
+    assert _row(app, backfill_id).started == 1
+    _end(app, runs[1].id)
+    runs = _runs(app, "only")
+    assert [(r.trigger, r.slot) for r in runs[2:]] == [(Trigger.BACKFILL, anchor + 2 * HOUR)]
+
+
+def test_regular_runs_store_their_slot(app: ChordbeatCelery) -> None:
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    for name in ("alone", "batched", "manual"):
+        _apply(app, name, "skip", anchor)
+    due = anchor + 10 * HOUR
+    assert firing.fire(app, "alone", nominal_at=due, trigger=Trigger.INTERVAL)["status"] == "in_progress"
+    assert firing.fire_batch(app, [Fire("batched", due, Trigger.INTERVAL)])[0]["status"] == "in_progress"
+    assert service.trigger_schedule(app, "manual")["status"] == "in_progress"
+    assert [run.slot for name in ("alone", "batched", "manual") for run in _runs(app, name)] == [due, due, None]

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from celeryapp.domain.cron import CronExpression
+from celeryapp.domain.dst_rules import DstRules
 
 #: Retry delays never grow past this many times the base delay.
 BACKOFF_CAP_FACTOR = 10
@@ -26,11 +27,13 @@ class Cadence:
     timezone: str
     #: Interval schedules count their slots from here (the time the definition last changed).
     anchor: datetime
+    #: The schedule's own DST rule (cron only); ``None``: the default one.
+    dst: DstRules | None = None
 
     def slot_after(self, t: datetime) -> datetime:
         """The first nominal slot strictly after ``t``."""
         if self.cron is not None:
-            return CronExpression.parse(self.cron).next_after(t, ZoneInfo(self.timezone))
+            return CronExpression.parse(self.cron).next_after(t, ZoneInfo(self.timezone), self.dst)
         assert self.every_s is not None
         step = timedelta(seconds=self.every_s)
         if t < self.anchor:

@@ -8,6 +8,10 @@ Our DST rule (our own, not Vixie cron's; see docs/schedules.md "Cron and DST"):
   hour field starts with ``*`` (``*``, ``*/2``): such hourly patterns follow the clock through
   both passes.
 
+A schedule's ``dst`` (:class:`celeryapp.domain.dst_rules.DstRules`) replaces either rule for every
+pattern: ``repeated`` fires the first, the last or both passes, ``missing: skip`` does not fire a
+time that does not exist.
+
 An accepted expression fires forever: one whose days can never occur (30 February, ``30W`` in
 February, ``LW`` on Saturdays) is refused when parsed, and the Gregorian calendar, weekdays
 included, repeats every 400 years, so any day that can match once matches again. The fields,
@@ -35,6 +39,7 @@ from celeryapp.domain.cron_fields import (
     parse_field,
     split,
 )
+from celeryapp.domain.dst_rules import DEFAULT, DstRules, transition_between
 
 __all__ = ["MAX_LENGTH", "CronError", "CronExpression", "is_number"]
 
@@ -126,44 +131,51 @@ class CronExpression:
                     if candidate >= start:
                         yield candidate
 
-    def _first_after(self, after: datetime, zone: tzinfo, start: datetime, fold: int) -> datetime:
+    def _first_after(self, after: datetime, zone: tzinfo, start: datetime, fold: int, skip: bool) -> datetime:
         # With ``fold`` fixed, the instant never decreases as wall time grows, so the first
         # wall time whose instant is after ``after`` gives the earliest such instant.
         for naive in self._naive_times(start):
-            instant = _instant(naive, zone, fold)
-            if instant > after:
+            instant = _instant(naive, zone, fold, skip)
+            if instant is not None and instant > after:
                 return instant
         raise CronError(f"{self.text!r} has no fire time before the year {MAXYEAR + 1}")
 
-    def next_after(self, after: datetime, zone: tzinfo) -> datetime:
-        """The first fire instant strictly after ``after`` (aware), as an aware UTC datetime.
+    def next_after(self, after: datetime, zone: tzinfo, dst: DstRules | None = None) -> datetime:
+        """The first fire instant strictly after ``after`` (aware), as an aware UTC datetime,
+        by the schedule's ``dst`` rule (``None``: the default one).
 
         Never fails for a parsed expression unless the next fire lies beyond year 9999.
         """
         if after.tzinfo is None:
             raise ValueError("after must be timezone-aware")
+        rules = dst or DEFAULT
         wall = after.astimezone(zone)
         start = wall.replace(tzinfo=None, second=0, microsecond=0)
-        best = self._first_after(after, zone, start, fold=0)
-        if self.every_hour:
-            # In the first pass of a repeated hour, wall times already passed fire again in the
-            # second pass: search the second passes from the start of the repeated stretch.
-            offset, offset_later = wall.utcoffset(), wall.replace(fold=1).utcoffset()
-            assert offset is not None and offset_later is not None
-            rewind = max(offset - offset_later, timedelta(0)) if wall.fold == 0 else timedelta(0)
-            best = min(best, self._first_after(after, zone, start - rewind, fold=1))
+        best: datetime | None = None
+        for fold in rules.folds(self.every_hour):
+            rewind = timedelta(0)
+            if fold == 1 and wall.fold == 0:
+                # In the first pass of a repeated hour, wall times already passed fire again in
+                # the second pass: search the second passes from the start of the repeated stretch.
+                offset, offset_later = wall.utcoffset(), wall.replace(fold=1).utcoffset()
+                assert offset is not None and offset_later is not None
+                rewind = max(offset - offset_later, timedelta(0))
+            found = self._first_after(after, zone, start - rewind, fold, rules.skips_missing)
+            best = found if best is None else min(best, found)
+        assert best is not None  # every rule fires in at least one pass
         return best
 
-    def upcoming(self, after: datetime, zone: tzinfo, count: int) -> list[datetime]:
+    def upcoming(self, after: datetime, zone: tzinfo, count: int, dst: DstRules | None = None) -> list[datetime]:
         times: list[datetime] = []
         for _ in range(count):
-            after = self.next_after(after, zone)
+            after = self.next_after(after, zone, dst)
             times.append(after)
         return times
 
 
-def _instant(naive: datetime, zone: tzinfo, fold: int) -> datetime:
-    """The real instant of a wall-clock time; ``fold`` picks the pass of a repeated time."""
+def _instant(naive: datetime, zone: tzinfo, fold: int, skip: bool = False) -> datetime | None:
+    """The real instant of a wall-clock time; ``fold`` picks the pass of a repeated time. A time
+    that does not exist is the transition after it, or ``None`` with ``skip``."""
     first = naive.replace(tzinfo=zone, fold=0).astimezone(UTC)
     second = naive.replace(tzinfo=zone, fold=1).astimezone(UTC)
     if first == second:
@@ -171,24 +183,8 @@ def _instant(naive: datetime, zone: tzinfo, fold: int) -> datetime:
     if first.astimezone(zone).replace(tzinfo=None) != naive:
         # A gap: ``second`` lies before the transition and ``first`` after it. The first valid
         # instant after the missing time is the transition itself.
-        return _transition_between(second, first, zone)
+        return None if skip else transition_between(second, first, zone)
     return second if fold else first
-
-
-def _transition_between(before: datetime, after: datetime, zone: tzinfo) -> datetime:
-    """First whole second in (before, after] whose UTC offset is the later one."""
-    target = after.astimezone(zone).utcoffset()
-    low, high = before, after
-    while high - low > timedelta(seconds=1):
-        mid = low + (high - low) / 2
-        mid = mid.replace(microsecond=0)
-        if mid <= low:
-            break
-        if mid.astimezone(zone).utcoffset() == target:
-            high = mid
-        else:
-            low = mid
-    return high
 
 
 #: Distinct expressions kept parsed; each is at most ``MAX_LENGTH`` characters (an invalid one is

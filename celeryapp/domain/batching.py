@@ -37,6 +37,9 @@ class BatchSchedule:
     #: It has a business calendar: whether the slot runs is the fire alone's to decide (it reads
     #: the calendar's files).
     has_calendar: bool = False
+    #: Seconds after its nominal time a slot may fire and still run (``catchup: none``); a later
+    #: one is the fire alone's to record missed. ``None``: any delay runs.
+    late_after_s: float | None = None
 
 
 class Alone(StrEnum):
@@ -57,6 +60,8 @@ class Alone(StrEnum):
     BUSY = "busy"
     #: Its schedule has a business calendar, which may exclude the slot's day.
     CALENDAR = "calendar"
+    #: It fired too late for its schedule's ``catchup: none``: the fire alone records it missed.
+    LATE = "late"
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,8 @@ def decide_batchable(fires: Sequence[Fire], schedules: Mapping[str, BatchSchedul
             alone[index] = Alone.MISSED
         elif schedule.has_calendar:
             alone[index] = Alone.CALENDAR
+        elif schedule.late_after_s is not None and (now - slot.nominal_at).total_seconds() > schedule.late_after_s:
+            alone[index] = Alone.LATE
         else:
             together.append(index)
             if schedule.overlap is not Overlap.ALLOW:

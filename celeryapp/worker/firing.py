@@ -16,6 +16,7 @@ from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session, joinedload
 
 from celeryapp.domain.batching import BatchSchedule, Fire, decide_batchable
+from celeryapp.domain.catchup import CatchupPolicy, CatchupRules, decide_late, policy_of, too_late
 from celeryapp.domain.decisions import ScheduleState, decide_calendar, decide_fire, decide_overlap
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, short_repr, type_name
@@ -25,8 +26,9 @@ from celeryapp.execution.runs import Start, start_execution, start_executions
 from celeryapp.execution.slot_records import SlotOwner, record_slot
 from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, cadence_of
 from celeryapp.scheduling.calendar_files import slot_calendar_reason
+from celeryapp.worker.catchup_fires import record_unfired, start_catchup
 from celeryapp.worker.dispatch import apply_effects
-from celeryapp.worker.slot_claims import claim_slot, claimed_slots, record_missed, recorded
+from celeryapp.worker.slot_claims import claim_slot, claimed_slots, recorded
 from models import (
     ExecutionStatus,
     Overlap,
@@ -122,7 +124,7 @@ def fire_batch(app: ChordbeatCelery, fires: list[Fire]) -> list[dict[str, Any]]:
     Each slot's outcome is what :func:`fire` would have made of it alone. A failure of one slot
     fired alone does not stop the others; the first is raised once all were tried.
     """
-    together = partial(_fire_together, fires=fires)
+    together = partial(_fire_together, fires=fires, grace_s=app.settings.alert_missed_grace_s)
     try:
         answers, alone, effects = retried_transaction(app.settings.database_url, "fires together", together)
     except Exception:
@@ -147,7 +149,9 @@ def fire_batch(app: ChordbeatCelery, fires: list[Fire]) -> list[dict[str, Any]]:
     return [answers[index] for index in range(len(fires))]
 
 
-def _fire_together(session: Session, fires: list[Fire]) -> tuple[dict[int, dict[str, Any]], list[int], Effects]:
+def _fire_together(
+    session: Session, fires: list[Fire], grace_s: float
+) -> tuple[dict[int, dict[str, Any]], list[int], Effects]:
     """Start the runs of the slots whose fire only claims the slot and starts a run; the indexes
     of the others (to fire alone, after this commits) and what to send come back with the answers."""
     now, effects = utcnow(), Effects()
@@ -164,9 +168,10 @@ def _fire_together(session: Session, fires: list[Fire]) -> tuple[dict[int, dict[
     found = {
         row.name: BatchSchedule(
             ScheduleState(row.status, row.current_retry, row.retry_at, row.last_slot_at),
-            cadence_of(EntryFields(*row[6:])),
+            cadence_of(EntryFields(*row[_ENTRY_AT:])),
             row.overlap,
             has_calendar=row.calendar is not None,
+            late_after_s=_late_after_s(row.catchup, grace_s),
         )
         for row in rows
     }
@@ -221,9 +226,17 @@ _FIRE_COLUMNS = (
     Schedule.last_slot_at,
     Schedule.alerts,
     Schedule.calendar,
+    Schedule.catchup,
     # What the cadence is made of, in EntryFields' order.
     *ENTRY_COLUMNS,
 )
+#: Where EntryFields' columns start in a row of _FIRE_COLUMNS.
+_ENTRY_AT = len(_FIRE_COLUMNS) - len(ENTRY_COLUMNS)
+
+
+def _late_after_s(catchup: dict[str, Any] | None, grace_s: float) -> float | None:
+    """For a ``catchup: none`` schedule, how late its slot may fire and still run; else ``None``."""
+    return grace_s if policy_of(CatchupRules.from_json(catchup)) is CatchupPolicy.NONE else None
 
 
 def _fire(
@@ -244,15 +257,22 @@ def _fire(
             effects.resync.append(name)
             return {"execution_id": None, "skipped": "schedule does not exist"}
         owner = SlotOwner(row.id, row.name, row.alerts)
-        cadence = cadence_of(EntryFields(*row[6:]))
+        cadence = cadence_of(EntryFields(*row[_ENTRY_AT:]))
+        catchup = CatchupRules.from_json(row.catchup)
         state = ScheduleState(row.status, row.current_retry, row.retry_at, row.last_slot_at)
         decision = decide_fire(state, trigger=trigger, nominal_at=nominal_at, now=now, cadence=cadence)
         excluded = partial(slot_calendar_reason, app.settings.calendars_dir, row.calendar, row.timezone)
         decision = decide_calendar(decision, partial(excluded, nominal_at))
+        grace_s = app.settings.alert_missed_grace_s
+        decision = decide_late(decision, too_late(catchup, nominal_at=nominal_at, now=now, grace_s=grace_s))
+        # The slots a ``catchup: all`` makes up: their backfill is made once the fired slot's run
+        # started (it goes first), whatever becomes of it.
+        make_up: tuple[datetime, ...] = ()
         if decision.claims_slot:
             if not claim_slot(session, row.id, cadence, nominal_at, now):
                 return {"execution_id": None, "skipped": "duplicate"}
-            record_missed(session, owner, cadence, (state.last_slot_at, nominal_at), trigger, now, excluded)
+            unfired = (state.last_slot_at, nominal_at)
+            make_up = record_unfired(session, owner, cadence, catchup, unfired, trigger, now, excluded)
         elif decision.outcome is SlotOutcome.SKIPPED_SUPERSEDED and recorded(session, row.id, nominal_at):
             return {"execution_id": None, "skipped": decision.reason}  # a later fire recorded it as missed
         if decision.outcome is not None:
@@ -270,12 +290,15 @@ def _fire(
             if state.status is not ScheduleStatus.ACTIVE:
                 # An entry left behind by a pause, done or dead whose sync failed goes now.
                 effects.resync.append(name)
+            effects.merge(start_catchup(session, owner, make_up, trigger, now))
             return {"execution_id": None, "skipped": decision.reason}
         checked = trigger is not Trigger.RETRY and row.overlap is Overlap.SKIP
         if checked:
             # The row lock is held: no run of this schedule starts or ends until commit.
-            active = session.scalar(_ACTIVE_RUN, {"p_schedule_id": row.id})
-            if active is not None:
+            active, backfill = session.execute(_ACTIVE_RUN, {"p_schedule_id": row.id}).one()
+            # A backfill's run costs no regular slot its run: start_execution buffers the slot.
+            checked = backfill is None
+            if active is not None and backfill is None:
                 overlap = decide_overlap(row.overlap, trigger, active_id=active, current_retry=row.current_retry)
                 assert overlap.outcome is SlotOutcome.SKIPPED_OVERLAP  # what ``skip`` does to a regular slot
                 record_slot(
@@ -289,6 +312,7 @@ def _fire(
                 )
                 effects.skipped_overlap += 1
                 logger.info("schedule %r: %s, run skipped", name, overlap.detail)
+                effects.merge(start_catchup(session, owner, make_up, trigger, now))
                 return {"execution_id": None, "skipped": overlap.skipped}
         # With its steps in the same statement (their relationship alone would load them in a second).
         schedule = session.get_one(Schedule, row.id, options=(joinedload(Schedule.steps),))
@@ -310,13 +334,15 @@ def _fire(
             no_active=checked,
         )
         effects.merge(result.effects)
+        effects.merge(start_catchup(session, owner, make_up, trigger, now))
     if result.skipped:
         return {"execution_id": None, "skipped": result.skipped}
     return {"execution_id": result.execution_id, "status": "in_progress"}
 
 
-#: The schedule's active run, if any (built once: this runs for every fire).
-_ACTIVE_RUN = select(func.min(ScheduleExecution.id)).where(
+#: The schedule's active run, if any, and its backfill if a backfill started it (built once: this
+#: runs for every fire).
+_ACTIVE_RUN = select(func.min(ScheduleExecution.id), func.max(ScheduleExecution.backfill_id)).where(
     ScheduleExecution.schedule_id == bindparam("p_schedule_id"),
     ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
 )

@@ -48,7 +48,6 @@ def claimed_slots(session: Session, claims: list[tuple[int, datetime, Cadence]],
 
 #: Missed slots one fire records at most; after long downtime the last record sums up the rest.
 MAX_MISSED_RECORDS = 50
-MISSED = "not fired: beat, Redis or the workers were down, or its fire message was lost; no make-up run"
 
 
 def record_missed(
@@ -59,10 +58,12 @@ def record_missed(
     trigger: Trigger,
     now: datetime,
     excluded: Callable[[datetime], str | None],
+    missed: Callable[[datetime], str],
 ) -> None:
     """Record the regular slots after ``since`` (the last one processed) and before ``until`` that no
     fire ever processed, so "why didn't it run at 02:00?" has an answer (one its calendar excludes
-    would not have run anyway: it is recorded skipped_calendar, not missed)."""
+    would not have run anyway: it is recorded skipped_calendar, not missed). ``missed`` gives a
+    missed slot's detail: what its catch-up policy made of it."""
     since, until = between
     if since is None:
         return
@@ -70,7 +71,9 @@ def record_missed(
     for count in range(MAX_MISSED_RECORDS + 1):
         if slot >= until:
             return
-        detail = MISSED if count < MAX_MISSED_RECORDS else f"{MISSED}; nor were the later slots until {iso(until)}"
+        detail = missed(slot)
+        if count == MAX_MISSED_RECORDS:
+            detail = f"{detail}; nor were the later slots until {iso(until)}"
         outcome, reason = SlotOutcome.MISSED, excluded(slot) if count < MAX_MISSED_RECORDS else None
         if reason is not None:
             outcome, detail = SlotOutcome.SKIPPED_CALENDAR, f"not run: {reason}"

@@ -1,0 +1,141 @@
+"""Catch-up policies at work, with a real worker and beat on SQLite and PostgreSQL: beat frozen
+(SIGSTOP) across four slots of fast schedules, then thawed 2 s past the fourth. ``latest`` runs
+that slot and records the three before it missed; ``none`` runs nothing late (the thawed slot is
+past the missed grace, 1 s here) and records it too; ``all`` with ``max_runs: 2`` runs it and
+then the two newest missed slots, oldest first, one at a time, each with its slot, and records
+the oldest as not made up. The slots on time afterwards run for all three."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celeryapp.application import ChordbeatCelery
+from celeryapp.config import Settings
+from tests import processes
+from tests.helpers import call, step, ts, wait_for
+
+#: Seconds between slots: beat freezes across four of them.
+EVERY_S = 4
+#: The missed grace the fire uses (CHORDBEAT_ALERT_MISSED_GRACE): a slot fired later does not
+#: run under ``none``.
+GRACE_S = 1.0
+#: Beat thaws this long after a slot, so the slot it fires then is that late (more than the grace,
+#: less than the next slot).
+THAW_AFTER_S = 2.0
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    return dataclasses.replace(settings, alert_missed_grace_s=GRACE_S)
+
+
+def slots(client: Celery, name: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = call(client, "chordbeat.list_slots", name=name, limit=1000)
+    return sorted(rows, key=lambda r: (ts(r["nominal_at"]), r["recorded_at"]))
+
+
+def first_fired(client: Celery, name: str) -> datetime | None:
+    fired = [ts(r["nominal_at"]) for r in slots(client, name) if r["outcome"] == "fired"]
+    return fired[0] if fired else None
+
+
+def test_latest_runs_the_slot_fired_after_beat_froze_none_nothing_late_and_all_the_newest_missed(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    policies = {
+        "latest": {"policy": "latest"},
+        "none": {"policy": "none"},
+        "all": {"policy": "all", "window": 3600, "max_runs": 2},
+    }
+    for name, catchup in policies.items():
+        definition = {"name": name, "every": EVERY_S, "catchup": catchup, "steps": [step("s")]}
+        call(client, "chordbeat.apply_schedule", definition=definition)
+    with processes.beat(settings, tmp_path) as beat:
+        firsts = wait_for(
+            lambda: all(f := [first_fired(client, name) for name in policies]) and f, 30, what="a first run of each"
+        )
+        assert isinstance(firsts, list)
+        beat.signal_group(signal.SIGSTOP)
+        frozen_at = datetime.now(UTC)
+        try:
+            # Thawed 2 s past the fourth slot after each one's first run: three slots are missed
+            # and the fourth fires late.
+            thaw = max(first + timedelta(seconds=4 * EVERY_S + THAW_AFTER_S) for first in firsts)
+            wait_for(lambda: datetime.now(UTC) >= thaw, 30, interval=0.05, what="four slots to pass")
+        finally:
+            beat.signal_group(signal.SIGCONT)
+        thawed_at = datetime.now(UTC)
+        wait_for(
+            lambda: all(
+                any(r["outcome"] == "fired" and ts(r["nominal_at"]) > thawed_at for r in slots(client, name))
+                for name in policies
+            ),
+            30,
+            what="a slot after the thaw run by each",
+        )
+    latest, none = slots(client, "latest"), slots(client, "none")
+    frozen = [r for r in latest if frozen_at < ts(r["nominal_at"]) < thawed_at - timedelta(seconds=EVERY_S)]
+    assert len(frozen) >= 3 and {r["outcome"] for r in frozen} == {"missed"}, frozen
+    assert all(r["detail"].endswith("; no make-up run") for r in frozen)
+    # latest: the slot beat fired on thawing ran, late.
+    late = [r for r in latest if r["outcome"] == "fired" and frozen_at < ts(r["nominal_at"]) < thawed_at]
+    assert len(late) == 1 and ts(late[0]["recorded_at"]) - ts(late[0]["nominal_at"]) > timedelta(seconds=GRACE_S)
+    # none: nothing ran late; the slot beat fired on thawing is recorded missed, saying why.
+    for record in none:
+        if record["outcome"] == "fired":
+            assert ts(record["recorded_at"]) - ts(record["nominal_at"]) <= timedelta(seconds=GRACE_S), record
+    during = [r for r in none if frozen_at < ts(r["nominal_at"]) < thawed_at]
+    assert len(during) >= 4 and {r["outcome"] for r in during} == {"missed"}, during
+    too_late = [r for r in during if r["detail"].endswith("late; catchup: none")]
+    assert len(too_late) == 1 and too_late[0]["detail"].startswith("not run: fired "), during
+    assert ts(too_late[0]["nominal_at"]) == max(ts(r["nominal_at"]) for r in during)
+    assert not any(
+        frozen_at < ts(e["started_at"]) and ts(e["started_at"]) < thawed_at + timedelta(seconds=GRACE_S)
+        for e in call(client, "chordbeat.list_executions", schedule="none")
+    )
+    # all: the slot fired on thawing ran first, then the two newest missed ones, oldest first, one
+    # at a time, each with its own slot; the oldest missed one says why it was not made up.
+    made_up = wait_for(lambda: made_up_runs(client, frozen_at, thawed_at), 30, what="two made-up runs to end")
+    assert isinstance(made_up, list)
+    records = slots(client, "all")
+    missed = [r for r in records if r["outcome"] == "missed" and frozen_at < ts(r["nominal_at"]) < thawed_at]
+    assert [ts(r["nominal_at"]) for r in missed[-2:]] == [ts(e["slot"]) for e in made_up]
+    number = made_up_number(missed[-1]["detail"])
+    assert [r["detail"] for r in missed[-2:]] == [f"missed; made up by catch-up #{number}"] * 2
+    assert all(r["detail"].endswith("not made up: older than the newest 2 (catchup.max_runs)") for r in missed[:-2])
+    assert len(missed) >= 3
+    fired = [r for r in records if r["outcome"] == "fired" and r["detail"] == f"catch-up #{number}"]
+    assert [r["nominal_at"] for r in fired] == [r["nominal_at"] for r in missed[-2:]]
+    first, second = made_up
+    assert first["trigger"] == second["trigger"] == "interval"
+    assert ts(first["completed_at"]) <= ts(second["started_at"]), "one at a time"
+    regular = [
+        e
+        for e in call(client, "chordbeat.list_executions", schedule="all")
+        if frozen_at < ts(e["slot"]) < thawed_at and e["id"] not in {first["id"], second["id"]}
+    ]
+    assert len(regular) == 1 and ts(regular[0]["started_at"]) <= ts(first["started_at"]), regular
+
+
+def made_up_runs(client: Celery, frozen_at: datetime, thawed_at: datetime) -> list[dict[str, Any]] | None:
+    """The two runs of missed slots (before the one beat fired on thawing), once both ended."""
+    runs = [
+        execution
+        for execution in call(client, "chordbeat.list_executions", schedule="all")
+        if execution["slot"] is not None and frozen_at < ts(execution["slot"]) < thawed_at - timedelta(seconds=EVERY_S)
+    ]
+    if len(runs) < 2 or any(e["status"] == "in_progress" for e in runs):
+        return None
+    return sorted(runs, key=lambda e: ts(e["slot"]))
+
+
+def made_up_number(detail: str) -> int:
+    assert detail.startswith("missed; made up by catch-up #"), detail
+    return int(detail.rsplit("#", 1)[1])

@@ -31,6 +31,8 @@ class ScheduleJson(TypedDict):
     calendar: dict[str, Any] | None  # {"exclude": [dates], "calendars": [names], "on_excluded"} or null
     #: ``{"policy"}``, with ``"window"`` and ``"max_runs"`` for ``all``; null: ``latest``.
     catchup: dict[str, Any] | None
+    #: ``{"repeated", "missing"}`` (either may be absent); null: the default DST rule.
+    dst: dict[str, Any] | None
     #: Step groups: a step object, or a list of step objects run in parallel.
     steps: list[Any]
     status: str
@@ -113,6 +115,45 @@ class ExecutionSummaryJson(_ExecutionFields):
     #: ``{"total": <steps in the plan>, "<activity status>": <steps whose latest attempt has it>}``;
     #: steps not started yet count in ``total`` only; a re-run's total counts the groups it runs.
     steps: dict[str, int]
+
+
+class BackfillAnswerJson(TypedDict):
+    """``backfill_schedule``'s answer."""
+
+    backfill_id: int | None
+    slots: list[str]
+    count: int
+
+
+class BackfillJson(TypedDict):
+    """A backfill (or catch-up) and how far it got."""
+
+    id: int
+    schedule: str
+    #: ``request`` or ``catchup``.
+    origin: str
+    mode: str
+    #: ``running``, ``completed`` or ``cancelled``.
+    status: str
+    start: str
+    end: str
+    first_slot: str | None
+    last_slot: str | None
+    #: The slot that starts next; null once all started.
+    next_slot: str | None
+    max_concurrent: int
+    total: int
+    #: Slots started or passed over (``skipped``: their run key had a run already).
+    started: int
+    running: int
+    completed: int
+    failed: int
+    cancelled: int
+    skipped: int
+    actor: str | None
+    reason: str | None
+    created_at: str
+    finished_at: str | None
 
 
 class SlotJson(TypedDict):

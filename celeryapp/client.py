@@ -26,6 +26,8 @@ from celery.result import AsyncResult
 from celeryapp.answer_shapes import (
     AlertJson,
     AuditJson,
+    BackfillAnswerJson,
+    BackfillJson,
     DeletedJson,
     ExecutionJson,
     ExecutionSummaryJson,
@@ -223,6 +225,43 @@ class ChordbeatClient:
     def next_fires(self, name: str, count: int = 10) -> list[dict[str, Any]]:
         """The coming slots: ``[{"at", "local", "excluded"}]`` (``excluded``: why it will not run, or None)."""
         return self.call("chordbeat.next_fires", name=name, count=count)  # type: ignore[no-any-return]
+
+    def backfill_schedule(
+        self,
+        name: str,
+        start: str,
+        end: str,
+        mode: str = "missing",
+        max_concurrent: int = 1,
+        dry_run: bool = False,
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> BackfillAnswerJson:
+        """Run the slots ``start ≤ slot < end`` (ISO 8601 with offsets) that ``mode`` picks, oldest
+        first, ``max_concurrent`` at a time; ``dry_run``: only list them."""
+        return self.call(  # type: ignore[no-any-return]
+            "chordbeat.backfill_schedule",
+            name=name,
+            start=start,
+            end=end,
+            mode=mode,
+            max_concurrent=max_concurrent,
+            dry_run=dry_run,
+            **_who(actor, reason),
+        )
+
+    def cancel_backfill(self, backfill_id: int, actor: str | None = None, reason: str | None = None) -> BackfillJson:
+        """The backfill's slots not started never start; its runs in progress go on."""
+        return self.call(  # type: ignore[no-any-return]
+            "chordbeat.cancel_backfill", backfill_id=backfill_id, **_who(actor, reason)
+        )
+
+    def get_backfill(self, backfill_id: int) -> BackfillJson:
+        return self.call("chordbeat.get_backfill", backfill_id=backfill_id)  # type: ignore[no-any-return]
+
+    def list_backfills(self, name: str, limit: int = 20) -> list[BackfillJson]:
+        """The schedule's backfills and catch-ups, newest first."""
+        return self.call("chordbeat.list_backfills", name=name, limit=limit)  # type: ignore[no-any-return]
 
     def list_alerts(self, schedule: str | None = None, status: str | None = None, limit: int = 50) -> list[AlertJson]:
         """Alerts, newest first; ``status``: ``open``, ``acknowledged``, ``silenced`` or ``all``."""

@@ -61,7 +61,7 @@ class Param(NamedTuple):
     name: str
     required: bool = True
     #: The default of an optional argument (``None``: left out, the argument does not apply).
-    default: int | None = None
+    default: int | str | None = None
     #: Its bounds, for the table.
     note: str = ""
 
@@ -86,6 +86,11 @@ _AUDIT_LIMIT = Param("limit", required=False, default=50, note="at most 500")
 _EXECUTIONS_LIMIT = Param("limit", required=False, default=50, note="at most 500")
 _SCHEDULE_OBJECT = "schedule object"
 _EXECUTION_OBJECT = "execution object"
+_BACKFILL_OBJECT = (
+    'backfill object: `{"id", "schedule", "origin", "mode", "status", "start", "end", "first_slot", '
+    '"last_slot", "next_slot", "max_concurrent", "total", "started", "running", "completed", "failed", '
+    '"cancelled", "skipped", "actor", "reason", "created_at", "finished_at"}`'
+)
 
 #: Every service task, in the order the README lists them.
 SERVICE_TASKS = (
@@ -169,6 +174,36 @@ SERVICE_TASKS = (
         (_NAME, Param("count", required=False, default=10, note="at most 100")),
         '`[{"at": ISO, "local": ISO with offset, "excluded": null or "<reason>"}]`: the coming slots, '
         "those the schedule's calendar excludes with why",
+        ("NotFound",),
+    ),
+    ServiceTask(
+        "chordbeat.backfill_schedule",
+        (
+            _NAME,
+            Param("start", note="ISO 8601 with its offset; slots with start ≤ slot < end"),
+            Param("end", note="ISO 8601 with its offset, not after now"),
+            Param("mode", required=False, default="missing", note="`missing`, `failed` or `all`"),
+            Param("max_concurrent", required=False, default=1, note="1 to 100; more than 1 only for `overlap: allow`"),
+            Param("dry_run", required=False, default=False, note="true: list the slots, start nothing"),
+            _ACTOR,
+            _REASON,
+        ),
+        '`{"backfill_id": id or null, "slots": [ISO, ...], "count": n}`: the slots, oldest first (at most '
+        '10,000; calendar-excluded ones left out), run with `trigger: "backfill"` and their `slot`; the same '
+        "request while its backfill runs answers with it and starts nothing",
+        ("NotFound", "InvalidTransition"),
+    ),
+    ServiceTask(
+        "chordbeat.cancel_backfill",
+        (Param("backfill_id"), _ACTOR, _REASON),
+        "backfill object (`status` `cancelled`): the slots not started never start; runs in progress go on",
+        ("NotFound",),
+    ),
+    ServiceTask("chordbeat.get_backfill", (Param("backfill_id"),), _BACKFILL_OBJECT, ("NotFound",)),
+    ServiceTask(
+        "chordbeat.list_backfills",
+        (_NAME, Param("limit", required=False, default=20, note="at most 500")),
+        "the schedule's backfills and catch-ups, newest first (backfill objects)",
         ("NotFound",),
     ),
     ServiceTask(

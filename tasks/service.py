@@ -9,7 +9,7 @@ from celeryapp import app
 from celeryapp.contract import SOURCE_HEADER
 from celeryapp.domain.redaction import RedactedResult
 from celeryapp.errors import ChordbeatError, InvalidArgument
-from celeryapp.interfaces import alerts, service
+from celeryapp.interfaces import alerts, backfill_service, service
 from celeryapp.interfaces.arguments import default_actor
 from celeryapp.messaging.expiry import ReferenceClockTask
 from models.states import AuditSource
@@ -122,6 +122,37 @@ def list_slots(name: str, limit: int = 50) -> list[dict[str, Any]]:
 @app.task(base=ServiceTask, name="chordbeat.next_fires", send_events=READ_ONLY_EVENTS)
 def next_fires(name: str, count: int = 10) -> list[dict[str, Any]]:
     return service.next_fires(app, name, count)
+
+
+@app.task(base=ServiceTask, name="chordbeat.backfill_schedule")
+def backfill_schedule(
+    name: str,
+    start: str,
+    end: str,
+    mode: str = "missing",
+    max_concurrent: int = 1,
+    dry_run: bool = False,
+    actor: str | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    return backfill_service.backfill_schedule(
+        app, name, start, end, mode, max_concurrent, dry_run, reason=reason, **_caller(actor)
+    )
+
+
+@app.task(base=ServiceTask, name="chordbeat.cancel_backfill")
+def cancel_backfill(backfill_id: int, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    return backfill_service.cancel_backfill(app, backfill_id, reason=reason, **_caller(actor))
+
+
+@app.task(base=ServiceTask, name="chordbeat.get_backfill", send_events=READ_ONLY_EVENTS)
+def get_backfill(backfill_id: int) -> dict[str, Any]:
+    return backfill_service.get_backfill(app, backfill_id)
+
+
+@app.task(base=ServiceTask, name="chordbeat.list_backfills", send_events=READ_ONLY_EVENTS)
+def list_backfills(name: str, limit: int = 20) -> list[dict[str, Any]]:
+    return backfill_service.list_backfills(app, name, limit)
 
 
 @app.task(base=ServiceTask, name="chordbeat.list_audit", send_events=READ_ONLY_EVENTS)

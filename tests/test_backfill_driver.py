@@ -14,6 +14,7 @@ from celeryapp.domain.batching import Fire
 from celeryapp.execution.backfills import create_backfill
 from celeryapp.execution.runs import cancel_execution
 from celeryapp.interfaces import service
+from celeryapp.recovery.recovery import recover
 from celeryapp.worker import firing
 from models import (
     Backfill,
@@ -22,6 +23,7 @@ from models import (
     ExecutionStatus,
     Schedule,
     ScheduleExecution,
+    ScheduleStatus,
     SlotRecord,
     Trigger,
     transaction,
@@ -142,3 +144,52 @@ def test_regular_runs_store_their_slot(app: ChordbeatCelery) -> None:
     assert firing.fire_batch(app, [Fire("batched", due, Trigger.INTERVAL)])[0]["status"] == "in_progress"
     assert service.trigger_schedule(app, "manual")["status"] == "in_progress"
     assert [run.slot for name in ("alone", "batched", "manual") for run in _runs(app, name)] == [due, due, None]
+
+
+def _set_status(app: ChordbeatCelery, name: str, status: ScheduleStatus) -> None:
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(Schedule).where(Schedule.name == name).values(status=status))
+
+
+def test_a_paused_schedule_starts_no_backfill_run_until_resumed(app: ChordbeatCelery) -> None:
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "resting", "skip", anchor)
+    backfill_id = _backfill(
+        app, schedule_id, [anchor + HOUR, anchor + 2 * HOUR], origin=BackfillOrigin.REQUEST, max_concurrent=1
+    )
+    service.pause_schedule(app, "resting")
+    (first,) = _runs(app, "resting")
+    _end(app, first.id)
+    assert len(_runs(app, "resting")) == 1 and _row(app, backfill_id).started == 1
+    service.resume_schedule(app, "resting")
+    assert [r.slot for r in _runs(app, "resting")] == [anchor + HOUR, anchor + 2 * HOUR]
+
+
+def test_recovery_starts_what_a_backfill_could_not(app: ChordbeatCelery) -> None:
+    """A schedule made active again without the service (its run's end found it paused): the
+    recovery pass starts the backfill's next slot."""
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "stalled", "skip", anchor)
+    backfill_id = _backfill(
+        app, schedule_id, [anchor + HOUR, anchor + 2 * HOUR], origin=BackfillOrigin.REQUEST, max_concurrent=1
+    )
+    _set_status(app, "stalled", ScheduleStatus.PAUSED)
+    _end(app, _runs(app, "stalled")[0].id)
+    _set_status(app, "stalled", ScheduleStatus.ACTIVE)
+    assert len(_runs(app, "stalled")) == 1
+    report = recover(app)
+    assert report.backfills == [schedule_id]
+    assert [r.slot for r in _runs(app, "stalled")] == [anchor + HOUR, anchor + 2 * HOUR]
+    assert _row(app, backfill_id).started == 2
+    assert recover(app).backfills == []  # nothing more to start while its run is in progress
+
+
+def test_deleting_the_schedule_cancels_its_backfills(app: ChordbeatCelery) -> None:
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "gone", "allow", anchor)
+    backfill_id = _backfill(
+        app, schedule_id, [anchor + HOUR, anchor + 2 * HOUR], origin=BackfillOrigin.REQUEST, max_concurrent=1
+    )
+    service.delete_schedule(app, "gone")
+    row = _row(app, backfill_id)
+    assert (row.status, row.started, row.schedule_name) == (BackfillStatus.CANCELLED, 1, "gone")

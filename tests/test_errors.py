@@ -84,6 +84,15 @@ REFUSALS = [
     ("unsilence_schedule", {"name": "missing"}, "NotFound", "schedule 'missing' does not exist"),
     ("test_alert", {"channel": 7}, "InvalidArgument", "channel: must be a channel's name (a string), got int"),
     ("next_fires", {"name": "missing"}, "NotFound", "schedule 'missing' does not exist"),
+    (
+        "backfill_schedule",
+        {"name": "finished", "start": "2026-01-02T00:00:00Z", "end": "2026-01-01T00:00:00Z"},
+        "InvalidArgument",
+        "end: 2026-01-01T00:00:00.000Z is before start",
+    ),
+    ("cancel_backfill", {"backfill_id": 999}, "NotFound", "backfill 999 does not exist"),
+    ("get_backfill", {"backfill_id": True}, "InvalidArgument", "backfill_id: must be an integer"),
+    ("list_backfills", {"name": "missing"}, "NotFound", "schedule 'missing' does not exist"),
 ]
 
 PLAIN_CALLER = """

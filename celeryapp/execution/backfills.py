@@ -26,7 +26,11 @@ from models import (
     Backfill,
     BackfillOrigin,
     BackfillStatus,
+    ExecutionStatus,
     Schedule,
+    ScheduleExecution,
+    SlotOutcome,
+    SlotRecord,
 )
 from models.session import affected
 
@@ -58,13 +62,15 @@ def create_backfill(
     reason: str | None = None,
     mode: str = "catchup",
     request_key: str | None = None,
+    span: tuple[datetime, datetime] | None = None,
 ) -> BackfillStart:
     """Make a backfill of ``slots`` (aware, oldest first, at least one) and start its first runs.
 
     Takes the schedule's row lock (a caller holding it already, as the fire does, loses nothing).
     ``origin`` CATCHUP: the runs keep the schedule's own trigger and the regular run key, so a
     make-up run and a late fire of the same slot cannot both run. ``request_key``: the caller
-    checked that no running backfill has it.
+    checked that no running backfill has it. ``span``: the requested range (start, end); a
+    catch-up's is its first slot and its last.
     """
     if not slots:
         raise ValueError("a backfill needs at least one slot")
@@ -78,8 +84,8 @@ def create_backfill(
         schedule_name=name,
         origin=origin,
         mode=mode,
-        range_start=slots[0],
-        range_end=slots[-1],
+        range_start=span[0] if span else slots[0],
+        range_end=span[1] if span else slots[-1],
         slots=[stored_slot(slot) for slot in slots],
         started=0,
         max_concurrent=max_concurrent,
@@ -110,12 +116,14 @@ def cancel_backfill(session: Session, backfill_id: int, *, now: datetime) -> Bac
     return session.get(Backfill, backfill_id, populate_existing=True)
 
 
-def cancel_orphans(session: Session, *, now: datetime) -> int:
-    """Cancel running backfills whose schedule was deleted; how many."""
+def cancel_backfills_of(session: Session, schedule_id: int | None, *, now: datetime) -> int:
+    """Cancel the schedule's running backfills (it is being deleted); ``None``: those whose
+    schedule was deleted already (recovery's pass). How many."""
+    of = Backfill.schedule_id.is_(None) if schedule_id is None else Backfill.schedule_id == schedule_id
     return affected(
         session,
         update(Backfill)
-        .where(Backfill.schedule_id.is_(None), Backfill.status == BackfillStatus.RUNNING)
+        .where(of, Backfill.status == BackfillStatus.RUNNING)
         .values(status=BackfillStatus.CANCELLED, finished_at=now, request_key=None)
         .execution_options(synchronize_session=False),
     )
@@ -130,3 +138,56 @@ def backfilling_schedules(session: Session) -> list[int]:
             .distinct()
         )
     )
+
+
+@dataclass(frozen=True)
+class SlotFacts:
+    """What the schedule's runs say of the slots of a range (see ``choose_slots``)."""
+
+    ran: frozenset[datetime]
+    latest_failed: frozenset[datetime]
+    busy: frozenset[datetime]
+
+
+def slot_facts(session: Session, schedule_id: int, start: datetime, end: datetime) -> SlotFacts:
+    """Which slots in ``start ≤ slot < end`` ran, whose latest run failed or was cancelled, and
+    which are busy (a run in progress, or queued in a running backfill of the schedule)."""
+    in_range = (
+        ScheduleExecution.schedule_id == schedule_id,
+        ScheduleExecution.slot >= start,
+        ScheduleExecution.slot < end,
+    )
+    latest: dict[datetime, ExecutionStatus] = {}
+    for slot, status in session.execute(
+        select(ScheduleExecution.slot, ScheduleExecution.status).where(*in_range).order_by(ScheduleExecution.id)
+    ):
+        if slot is not None:
+            latest[slot] = status
+    # Runs from before runs stored their slot are known by their slot record.
+    fired = session.scalars(
+        select(SlotRecord.nominal_at).where(
+            SlotRecord.schedule_id == schedule_id,
+            SlotRecord.outcome == SlotOutcome.FIRED,
+            SlotRecord.nominal_at >= start,
+            SlotRecord.nominal_at < end,
+        )
+    )
+    queued: set[datetime] = set()
+    for slots, started in session.execute(
+        select(Backfill.slots, Backfill.started).where(
+            Backfill.schedule_id == schedule_id, Backfill.status == BackfillStatus.RUNNING
+        )
+    ):
+        queued.update(datetime.fromisoformat(slot) for slot in slots[started:])
+    ended_badly = {ExecutionStatus.FAILED, ExecutionStatus.CANCELLED}
+    return SlotFacts(
+        ran=frozenset(latest) | frozenset(slot for slot in fired if slot is not None),
+        latest_failed=frozenset(slot for slot, status in latest.items() if status in ended_badly),
+        busy=frozenset(slot for slot, status in latest.items() if status is ExecutionStatus.IN_PROGRESS)
+        | frozenset(queued),
+    )
+
+
+def running_request(session: Session, key: str) -> Backfill | None:
+    """The running backfill the same request made, if any."""
+    return session.scalar(select(Backfill).where(Backfill.request_key == key))

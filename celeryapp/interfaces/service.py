@@ -22,10 +22,11 @@ from celeryapp.domain.times import iso
 from celeryapp.domain.transitions import decide_pause, decide_resume
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import NotFound
+from celeryapp.execution.backfills import cancel_backfills_of
 from celeryapp.execution.reruns import start_rerun
 from celeryapp.execution.run_rows import StartResult
 from celeryapp.execution.runs import cancel_execution as cancel_in_db
-from celeryapp.execution.runs import start_execution
+from celeryapp.execution.runs import drive_backfills, start_execution
 from celeryapp.interfaces.alerts import (
     acknowledge_alert,
     get_alert,
@@ -43,6 +44,7 @@ from celeryapp.interfaces.arguments import payload_arg as _payload
 from celeryapp.interfaces.arguments import reason_arg as _reason
 from celeryapp.interfaces.arguments import status_arg as _status
 from celeryapp.interfaces.audit import MAX_AUDIT_LIMIT, audit_rows
+from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_backfill, get_backfill, list_backfills
 from celeryapp.interfaces.next_fires import next_fires
 from celeryapp.interfaces.summaries import execution_summaries, schedules_page
 from celeryapp.interfaces.views import alerting_of, execution_json, one_schedule_json, schedule_json
@@ -119,7 +121,10 @@ def delete_schedule(
 
     def remove(session: Session) -> None:
         # Locked first, as everything that changes a schedule and its runs does (the lock order).
-        session.delete(find_schedule(session, name, lock=True))
+        schedule = find_schedule(session, name, lock=True)
+        # Its slots not started never will: the backfill ends with the schedule.
+        cancel_backfills_of(session, schedule.id, now=utcnow())
+        session.delete(schedule)
         metric_counts.retire_schedule(session, name)
         who.record(session, AuditAction.DELETE, name, reason=why)
 
@@ -185,9 +190,10 @@ def _change_status(
 ) -> dict[str, Any]:
     name, who, why = _name(name), _actor(actor, source), _reason(reason)
 
-    def change(session: Session) -> dict[str, Any]:
+    def change(session: Session) -> tuple[dict[str, Any], Effects]:
         now = utcnow()
         before = find_schedule(session, name).status
+        effects = Effects()
         if pause:
             also = {"paused_by": who.name, "paused_reason": why, "paused_at": now}
             schedule = change_status(session, name, decide_pause, now=now, also=also)
@@ -195,12 +201,15 @@ def _change_status(
             # The paused slots not recorded yet (since the last recovery pass), before they are forgotten.
             record_paused_slots(session, find_schedule(session, name, lock=True), now=now)
             schedule = change_status(session, name, decide_resume, now=now)
+            # Backfills waited while it was paused: they go on now.
+            effects = drive_backfills(session, schedule.id, now=now)
         action = AuditAction.PAUSE if pause else AuditAction.RESUME
         who.record(session, action, name, reason=why, detail={"changed": schedule.status is not before}, at=now)
-        return one_schedule_json(session, schedule, now)
+        return one_schedule_json(session, schedule, now), effects
 
     what = f"{'pausing' if pause else 'resuming'} schedule {name!r}"
-    result = retried_transaction(app.settings.database_url, what, change)
+    result, effects = retried_transaction(app.settings.database_url, what, change)
+    apply_effects(app, effects)
     _sync(app, name)
     return result
 
@@ -346,13 +355,17 @@ def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[st
 __all__ = [
     "acknowledge_alert",
     "apply_schedule",
+    "backfill_schedule",
+    "cancel_backfill",
     "cancel_execution",
     "delete_schedule",
     "get_alert",
+    "get_backfill",
     "get_execution",
     "get_schedule",
     "list_alerts",
     "list_audit",
+    "list_backfills",
     "list_executions",
     "list_schedules",
     "list_slots",

@@ -21,7 +21,8 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.names import runner_task_id
 from celeryapp.execution.advancing import advance_execution
-from celeryapp.execution.runs import cancel_execution
+from celeryapp.execution.backfills import backfilling_schedules, cancel_backfills_of
+from celeryapp.execution.runs import cancel_execution, drive_backfills, lock_schedule
 from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.keys import STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
@@ -71,6 +72,9 @@ class RecoveryReport:
     redis_reset: bool = False
     #: Paused schedules whose passed slots were recorded (routine: not a repair, not logged).
     paused_slots: list[str] = field(default_factory=list)
+    #: Schedules one of whose running backfills started a run here (a crash or a resume between
+    #: two of its runs; routine, not logged).
+    backfills: list[int] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -283,6 +287,25 @@ def heartbeats_trusted(app: ChordbeatCelery) -> bool:
     return not client.exists(HEARTBEAT_GRACE_KEY)
 
 
+def top_up_backfills(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+    """Start what running backfills may start: each run's end starts the next in its own
+    transaction, so only a crash between the two (or a start that failed) leaves one waiting.
+    The backfills of a deleted schedule are cancelled."""
+
+    def backfilling(session: Session) -> list[int]:
+        cancel_backfills_of(session, None, now=now)
+        return backfilling_schedules(session)
+
+    for schedule_id in retried_transaction(app.settings.database_url, "recovery: backfills", backfilling):
+
+        def top_up(session: Session, schedule_id: int = schedule_id) -> Effects:
+            lock_schedule(session, schedule_id)
+            return drive_backfills(session, schedule_id, now=now)
+
+        if _repair(app, f"the backfills of schedule {schedule_id}", top_up).dispatch:
+            report.backfills.append(schedule_id)
+
+
 def recover(app: ChordbeatCelery, *, now: datetime | None = None) -> RecoveryReport:
     """One recovery pass."""
     now = now or utcnow()
@@ -300,6 +323,7 @@ def recover(app: ChordbeatCelery, *, now: datetime | None = None) -> RecoveryRep
         logger.exception("recovery: Redis unreachable; lost workers and messages are looked for next time")
     unstick_executions(app, now, report)
     report.paused_slots = record_all_paused(app.settings.database_url, now=now)
+    top_up_backfills(app, now, report)
     if not report.empty:
         logger.warning("recovery: %s", report)
     return report

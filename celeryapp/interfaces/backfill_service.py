@@ -1,0 +1,177 @@
+"""The backfill service tasks: list and start the runs of a range of past slots, cancel them,
+and read how far they got.
+
+Every argument is checked before the transaction opens (anyone who can publish can call these);
+each refusal names its argument. A dry run writes nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from celeryapp.domain.backfill_slots import (
+    check_range,
+    choose_slots,
+    parse_max_concurrent,
+    parse_mode,
+    parse_time,
+    range_slots,
+    request_key,
+)
+from celeryapp.domain.effects import Effects
+from celeryapp.domain.limits import MAX_ID, short_repr, type_name
+from celeryapp.domain.times import iso
+from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
+from celeryapp.execution.backfills import cancel_backfill as cancel_in_db
+from celeryapp.execution.backfills import create_backfill, running_request, slot_facts
+from celeryapp.interfaces.arguments import actor_arg, flag_arg, limit_arg, name_arg, reason_arg
+from celeryapp.interfaces.backfill_view import backfill_view, backfill_views
+from celeryapp.scheduling.beat_entries import cadence_of
+from celeryapp.scheduling.calendar_files import excluded_slots
+from celeryapp.scheduling.store import find_schedule
+from celeryapp.worker.dispatch import apply_effects
+from models import Backfill, BackfillOrigin, Overlap, ScheduleStatus, transaction, utcnow
+from models.session import retried_transaction
+from models.states import AuditAction, AuditSource
+
+if TYPE_CHECKING:
+    from celeryapp.application import ChordbeatCelery
+
+#: Backfills a list shows at most.
+MAX_BACKFILL_LIST_LIMIT = 500
+
+
+def backfill_schedule(
+    app: ChordbeatCelery,
+    name: Any,
+    start: Any,
+    end: Any,
+    mode: Any = "missing",
+    max_concurrent: Any = 1,
+    dry_run: Any = False,
+    actor: Any = None,
+    reason: Any = None,
+    *,
+    source: AuditSource = AuditSource.SERVICE,
+) -> dict[str, Any]:
+    """The slots ``start ≤ slot < end`` the mode picks, oldest first; unless ``dry_run``, a backfill
+    that runs them, ``max_concurrent`` at a time. The same request while its backfill runs answers
+    with that backfill and starts nothing."""
+    name = name_arg(name)
+    since, until = parse_time("start", start), parse_time("end", end)
+    chosen_mode = parse_mode(mode)
+    concurrent = parse_max_concurrent(max_concurrent)
+    dry = flag_arg(dry_run, "dry_run")
+    who, why = actor_arg(actor, source), reason_arg(reason)
+    key = request_key(name, since, until, chosen_mode)
+
+    def plan(session: Session) -> tuple[dict[str, Any], Effects]:
+        now = utcnow()
+        check_range(since, until, now=now)
+        schedule = find_schedule(session, name, lock=not dry)
+        if concurrent > 1 and schedule.overlap is not Overlap.ALLOW:
+            raise InvalidArgument(
+                "max_concurrent",
+                f"must be 1: schedule {name!r} has overlap {schedule.overlap.value!r}, so its runs never overlap",
+            )
+        if not dry:
+            if schedule.status not in (ScheduleStatus.ACTIVE, ScheduleStatus.PAUSED):
+                raise InvalidTransition(
+                    f"schedule {name!r} is {schedule.status.value}; only an active or paused schedule can be backfilled"
+                )
+            same = running_request(session, key)
+            if same is not None:
+                return _answer(same.id, [datetime.fromisoformat(s) for s in same.slots]), Effects()
+        slots = range_slots(cadence_of(schedule), since, until)
+        facts = slot_facts(session, schedule.id, since, until)
+        slots = choose_slots(slots, chosen_mode, ran=facts.ran, latest_failed=facts.latest_failed, busy=facts.busy)
+        reasons = excluded_slots(app.settings.calendars_dir, schedule.calendar, schedule.timezone, slots)
+        slots = [slot for slot, excluded in zip(slots, reasons, strict=True) if excluded is None]
+        if dry or not slots:
+            return _answer(None, slots), Effects()
+        made = create_backfill(
+            session,
+            schedule,
+            slots,
+            origin=BackfillOrigin.REQUEST,
+            max_concurrent=concurrent,
+            now=now,
+            actor=who.name,
+            reason=why,
+            mode=chosen_mode.value,
+            request_key=key,
+            span=(since, until),
+        )
+        detail = {"backfill_id": made.backfill_id, "count": len(slots), "mode": chosen_mode.value}
+        who.record(session, AuditAction.TRIGGER, name, reason=why, detail=detail, at=now)
+        return _answer(made.backfill_id, slots), made.effects
+
+    what = f"{'listing' if dry else 'starting'} a backfill of {name!r}"
+    if dry:
+        with transaction(app.settings.database_url, read_only=True) as session:
+            answer, effects = plan(session)
+    else:
+        answer, effects = retried_transaction(app.settings.database_url, what, plan)
+    apply_effects(app, effects)
+    return answer
+
+
+def _answer(backfill_id: int | None, slots: list[datetime]) -> dict[str, Any]:
+    return {"backfill_id": backfill_id, "slots": [iso(slot) for slot in slots], "count": len(slots)}
+
+
+def _backfill_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument("backfill_id", f"must be an integer (a backfill id), got {type_name(value)}")
+    if not 1 <= value <= MAX_ID:
+        raise InvalidArgument("backfill_id", f"must be between 1 and {MAX_ID}, got {short_repr(value)}")
+    return value
+
+
+def cancel_backfill(
+    app: ChordbeatCelery,
+    backfill_id: Any,
+    actor: Any = None,
+    reason: Any = None,
+    *,
+    source: AuditSource = AuditSource.SERVICE,
+) -> dict[str, Any]:
+    """Cancel the slots of the backfill that have not started; its runs in progress go on."""
+    wanted = _backfill_id(backfill_id)
+    who, why = actor_arg(actor, source), reason_arg(reason)
+
+    def cancel(session: Session) -> dict[str, Any]:
+        now = utcnow()
+        backfill = cancel_in_db(session, wanted, now=now)
+        if backfill is None:
+            raise NotFound(f"backfill {wanted} does not exist")
+        detail = {"backfill_id": wanted, "status": backfill.status.value}
+        who.record(session, AuditAction.CANCEL, backfill.schedule_name, reason=why, detail=detail, at=now)
+        return backfill_view(session, backfill)
+
+    return retried_transaction(app.settings.database_url, f"cancelling backfill {wanted}", cancel)
+
+
+def get_backfill(app: ChordbeatCelery, backfill_id: Any) -> dict[str, Any]:
+    wanted = _backfill_id(backfill_id)
+    with transaction(app.settings.database_url, read_only=True) as session:
+        backfill = session.get(Backfill, wanted)
+        if backfill is None:
+            raise NotFound(f"backfill {wanted} does not exist")
+        return backfill_view(session, backfill)
+
+
+def list_backfills(app: ChordbeatCelery, name: Any, limit: Any = 20) -> list[dict[str, Any]]:
+    """The schedule's backfills (and catch-ups), newest first; a deleted schedule's are kept."""
+    name, limit = name_arg(name), limit_arg(limit, MAX_BACKFILL_LIST_LIMIT)
+    with transaction(app.settings.database_url, read_only=True) as session:
+        rows = session.scalars(
+            select(Backfill).where(Backfill.schedule_name == name).order_by(Backfill.id.desc()).limit(limit)
+        ).all()
+        if not rows:
+            find_schedule(session, name)
+        return backfill_views(session, rows)

@@ -139,3 +139,21 @@ def made_up_runs(client: Celery, frozen_at: datetime, thawed_at: datetime) -> li
 def made_up_number(detail: str) -> int:
     assert detail.startswith("missed; made up by catch-up #"), detail
     return int(detail.rsplit("#", 1)[1])
+
+
+def test_apply_stores_the_catchup_gives_it_back_and_refuses_a_bad_one_naming_every_field(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    definition = {"name": "reports", "cron": "0 6 * * *", "steps": [step("s")]}
+    created = call(client, "chordbeat.apply_schedule", definition={**definition, "catchup": {"policy": "all"}})
+    assert created["catchup"] == {"policy": "all", "window": 86400, "max_runs": 10}
+    assert call(client, "chordbeat.get_schedule", name="reports")["catchup"] == created["catchup"]
+    # What the object shows applies unchanged.
+    assert call(client, "chordbeat.apply_schedule", definition={**definition, "catchup": created["catchup"]}) == created
+    bad = {"policy": "none", "window": float("nan"), "max_runs": True, "every": 1}
+    with pytest.raises(Exception) as refused:
+        call(client, "chordbeat.apply_schedule", definition={**definition, "catchup": bad})
+    for field in ("catchup.window", "catchup.max_runs", "catchup.every"):
+        assert field in str(refused.value)
+    assert call(client, "chordbeat.get_schedule", name="reports")["catchup"] == created["catchup"]
+    assert call(client, "chordbeat.apply_schedule", definition=definition)["catchup"] is None

@@ -49,7 +49,8 @@ DEFAULT_ALERT_WATCH_INTERVAL_S = 10.0
 DEFAULT_ALERT_RETRY_FOR_S = 24 * 3600.0
 #: Alerts one channel is sent per minute; beyond that they go out as one summary.
 DEFAULT_ALERT_RATE_LIMIT = 10
-#: Seconds past its due time a slot may go unfired before ``missed`` says beat is not firing it.
+#: Seconds past its due time a slot may go unfired before ``missed`` says beat is not firing it;
+#: a ``catchup: none`` schedule's slot fired later than this does not run.
 DEFAULT_ALERT_MISSED_GRACE_S = 120.0
 #: Longest name the CLI may say it acts as (``CHORDBEAT_ACTOR``, ``--as``).
 MAX_ACTOR_CHARS = 100
@@ -244,7 +245,8 @@ VARIABLES = (
     Variable(
         "CHORDBEAT_ALERT_MISSED_GRACE",
         f"`{DEFAULT_ALERT_MISSED_GRACE_S:g}` (s)",
-        "a slot still unfired this long after it was due raises `missed` (beat or the workers are down)",
+        "a slot still unfired this long after it was due raises `missed` (beat or the workers are down); "
+        "a `catchup: none` schedule's slot fired later than this does not run",
     ),
     Variable(
         "CHORDBEAT_DASHBOARD_URL",

@@ -25,6 +25,8 @@ class Backfill(Base):
         # A schedule's backfills, newest first (its page); the running ones (the recovery sweep).
         Index("ix_backfills_schedule_name_id", "schedule_name", "id"),
         Index("ix_backfills_status", "status"),
+        # Deleting a schedule sets its backfills' schedule_id to NULL: one index probe, no scan.
+        Index("ix_backfills_schedule_id", "schedule_id"),
         {"sqlite_autoincrement": True},
     )
 

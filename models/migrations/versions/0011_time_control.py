@@ -50,9 +50,11 @@ def upgrade() -> None:
     )
     op.create_index("ix_backfills_schedule_name_id", "backfills", ["schedule_name", "id"])
     op.create_index("ix_backfills_status", "backfills", ["status"])
+    op.create_index("ix_backfills_schedule_id", "backfills", ["schedule_id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_backfills_schedule_id", table_name="backfills")
     op.drop_index("ix_backfills_status", table_name="backfills")
     op.drop_index("ix_backfills_schedule_name_id", table_name="backfills")
     op.drop_table("backfills")

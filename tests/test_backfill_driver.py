@@ -14,6 +14,7 @@ from celeryapp.domain.batching import Fire
 from celeryapp.execution.backfills import create_backfill
 from celeryapp.execution.runs import cancel_execution
 from celeryapp.interfaces import service
+from celeryapp.recovery import housekeeping
 from celeryapp.recovery.recovery import recover
 from celeryapp.worker import firing
 from models import (
@@ -193,3 +194,15 @@ def test_deleting_the_schedule_cancels_its_backfills(app: ChordbeatCelery) -> No
     service.delete_schedule(app, "gone")
     row = _row(app, backfill_id)
     assert (row.status, row.started, row.schedule_name) == (BackfillStatus.CANCELLED, 1, "gone")
+
+
+def test_housekeeping_removes_ended_backfills_past_the_retention(app: ChordbeatCelery) -> None:
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "kept", "allow", anchor)
+    ended = _backfill(app, schedule_id, [anchor + HOUR], origin=BackfillOrigin.REQUEST, max_concurrent=1)
+    _end(app, _runs(app, "kept")[0].id)
+    running = _backfill(app, schedule_id, [anchor + 2 * HOUR], origin=BackfillOrigin.REQUEST, max_concurrent=1)
+    report = housekeeping.purge(app, now=utcnow() + timedelta(days=app.settings.retention_days + 1))
+    assert report.backfills == 1 and report.as_json()["backfills"] == 1
+    with transaction(app.settings.database_url) as session:
+        assert list(session.scalars(select(Backfill.id))) == [running] != [ended]

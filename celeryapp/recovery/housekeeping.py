@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metric_counts import retire_orphans
-from models import Alert, AlertSilence, AuditEvent, ExecutionStatus, ScheduleExecution, SlotRecord, utcnow
+from models import Alert, AlertSilence, AuditEvent, Backfill, ExecutionStatus, ScheduleExecution, SlotRecord, utcnow
 from models.session import affected, retried_transaction
 
 if TYPE_CHECKING:
@@ -49,7 +49,9 @@ LEASE_S = 120.0
 #: Seconds between a pass that ran out of budget and the follow-up pass it sends.
 FOLLOW_UP_DELAY_S = 5.0
 #: The tables housekeeping deletes from.
-_Purged = type[ScheduleExecution] | type[SlotRecord] | type[AuditEvent] | type[Alert] | type[AlertSilence]
+_Purged = (
+    type[ScheduleExecution] | type[SlotRecord] | type[AuditEvent] | type[Alert] | type[AlertSilence] | type[Backfill]
+)
 LEASE_KEY = f"{keys.PREFIX}:housekeeping:lease"
 
 
@@ -61,6 +63,8 @@ class PassReport:
     #: Alerts (their deliveries go with them) and silences that ended.
     alerts: int = 0
     silences: int = 0
+    #: Backfills (and catch-ups) that ended before the cutoff; their runs go with the executions.
+    backfills: int = 0
     #: Metric rows of schedules deleted before versions that retire them with their schedule.
     metric_rows: int = 0
     #: Another pass held the lease: this one did nothing.
@@ -78,6 +82,7 @@ class PassReport:
             "audit_rows": self.audit_rows,
             "alerts": self.alerts,
             "silences": self.silences,
+            "backfills": self.backfills,
             "metric_rows": self.metric_rows,
             "skipped": self.skipped,
             "unfinished": self.unfinished,
@@ -160,6 +165,13 @@ def _delete_due(
     if done:
         ended = select(AlertSilence.id).where(AlertSilence.until < audit_cutoff).order_by(AlertSilence.id)
         report.silences, done = _delete_oldest(url, AlertSilence, ended, batch or SLOT_BATCH, spent, lease, report)
+    if done:
+        ended_backfills = (
+            select(Backfill.id).where(Backfill.finished_at < cutoff).order_by(Backfill.finished_at, Backfill.id)
+        )
+        report.backfills, done = _delete_oldest(
+            url, Backfill, ended_backfills, batch or EXECUTION_BATCH, spent, lease, report
+        )
     report.unfinished = not done
 
 

@@ -15,9 +15,12 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from sqlalchemy import update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.worker import firing
+from models import Schedule, Trigger, transaction
 from tests import processes
 from tests.helpers import call, step, ts, wait_for
 
@@ -157,3 +160,39 @@ def test_apply_stores_the_catchup_gives_it_back_and_refuses_a_bad_one_naming_eve
         assert field in str(refused.value)
     assert call(client, "chordbeat.get_schedule", name="reports")["catchup"] == created["catchup"]
     assert call(client, "chordbeat.apply_schedule", definition=definition)["catchup"] is None
+
+
+def test_all_after_days_down_makes_up_the_slots_in_its_window_except_an_excluded_day(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    now = datetime.now(UTC)
+    latest = now.replace(hour=18, minute=0, second=0, microsecond=0)
+    latest -= timedelta(days=1) if latest > now else timedelta(0)
+    day = {n: latest - timedelta(days=n) for n in range(1, 6)}
+    # Back to three days before the slot fired, and an hour more: four days back is outside.
+    window_s = int((now - day[3]).total_seconds()) + 3600
+    catchup = {"policy": "all", "window": window_s, "max_runs": 5}
+    calendar = {"exclude": [day[2].date().isoformat()]}
+    definition = {"name": "daily", "cron": "0 18 * * *", "catchup": catchup, "calendar": calendar}
+    call(client, "chordbeat.apply_schedule", definition={**definition, "steps": [step("s")]})
+    # Beat was down for five days: the slot fired now is the first since the one six days ago.
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(Schedule).values(last_slot_at=latest - timedelta(days=6)))
+    answer = firing.fire(app, "daily", nominal_at=latest, trigger=Trigger.CRON)
+    assert answer["status"] == "in_progress", answer
+
+    def ended() -> list[dict[str, Any]] | None:
+        runs = call(client, "chordbeat.list_executions", schedule="daily")
+        return runs if len(runs) == 3 and all(r["status"] == "completed" for r in runs) else None
+
+    runs = wait_for(ended, 30, what="the run and two made-up runs to end")
+    assert isinstance(runs, list)
+    assert sorted(ts(r["slot"]) for r in runs) == [day[3], day[1], latest]
+    records = {(ts(r["nominal_at"]), r["outcome"]): r["detail"] for r in slots(client, "daily")}
+    window_words = "not made up: older than catchup.window"
+    assert window_words in records[day[5], "missed"] and window_words in records[day[4], "missed"]
+    assert records[day[2], "skipped_calendar"] == "not run: excluded by the schedule's calendar.exclude"
+    number = made_up_number(records[day[3], "missed"])
+    assert records[day[1], "missed"] == records[day[3], "missed"]
+    assert records[day[3], "fired"] == records[day[1], "fired"] == f"catch-up #{number}"
+    assert (latest, "fired") in records

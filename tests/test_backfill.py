@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -15,11 +16,15 @@ from sqlalchemy import func, select, update
 
 from celeryapp import app as chordbeat_app
 from celeryapp.application import ChordbeatCelery
+from celeryapp.config import Settings
 from celeryapp.context import current_step
+from celeryapp.interfaces.backfill_service import get_backfill
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.recovery import recover
 from celeryapp.worker import firing
 from models import ExecutionStatus, Schedule, ScheduleExecution, Trigger, transaction, utcnow
+from tests import processes
+from tests.fault_tasks import read_log
 from tests.helpers import call, wait_for
 
 HOUR = timedelta(hours=1)
@@ -211,3 +216,34 @@ def _regular_runs(app: ChordbeatCelery) -> int:
             )
             or 0
         )
+
+
+def test_a_backfill_goes_on_after_its_worker_is_killed_mid_run(
+    app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    """SIGKILL of the worker running a backfill's first slot: recovery runs the lost step again,
+    its end starts the next slots, and every slot runs once."""
+    log = tmp_path / "steps.log"
+    steps = [{"name": "s", "task": "faults.tick", "kwargs": {"log": str(log), "seconds": 1.0}}]
+    env = processes.FAULT_TASKS_ENV
+    with processes.worker(settings, tmp_path, "w1", env=env) as w1:
+        call(client, "chordbeat.apply_schedule", definition={"name": "killed", "cron": "0 * * * *", "steps": steps})
+        request = {"name": "killed", "start": _z(_hours_ago(4)), "end": _z(_hours_ago(1))}
+        backfill_id = call(client, "chordbeat.backfill_schedule", **request)["backfill_id"]
+        wait_for(lambda: any(e["event"] == "tick" for e in read_log(str(log))), 30, what="the first step to run")
+        w1.kill()
+    with processes.worker(settings, tmp_path, "w2", env=env), processes.beat(settings, tmp_path):
+        wait_for(
+            lambda: call(client, "chordbeat.get_backfill", backfill_id=backfill_id)["status"] == "completed",
+            90,
+            interval=0.5,
+            what="the backfill to complete after the kill",
+        )
+    runs = _backfill_runs(app, "killed")
+    assert [_z(run.slot) for run in runs if run.slot] == [_z(_hours_ago(h)) for h in (4, 3, 2)]
+    assert [run.status for run in runs] == [ExecutionStatus.COMPLETED] * 3
+    # The first slot's step was lost with the worker and ran again; the others ran once.
+    starts = [(e["execution_id"], e["attempt"]) for e in read_log(str(log)) if e["event"] == "start"]
+    assert sorted(starts) == [(runs[0].id, 1), (runs[0].id, 2), (runs[1].id, 1), (runs[2].id, 1)]
+    view = get_backfill(app, backfill_id)  # the workers are gone: read in-process
+    assert (view["total"], view["completed"], view["skipped"]) == (3, 3, 0)

@@ -19,6 +19,7 @@ from sqlalchemy import update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.domain.times import iso
 from celeryapp.worker import firing
 from models import Schedule, Trigger, transaction
 from tests import processes
@@ -41,7 +42,8 @@ def settings(settings: Settings) -> Settings:
 
 def slots(client: Celery, name: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = call(client, "chordbeat.list_slots", name=name, limit=1000)
-    return sorted(rows, key=lambda r: (ts(r["nominal_at"]), r["recorded_at"]))
+    # Newest first by id: reversed, records of one slot and one instant keep the order written.
+    return sorted(reversed(rows), key=lambda r: (ts(r["nominal_at"]), r["recorded_at"]))
 
 
 def first_fired(client: Celery, name: str) -> datetime | None:
@@ -196,3 +198,69 @@ def test_all_after_days_down_makes_up_the_slots_in_its_window_except_an_excluded
     assert records[day[1], "missed"] == records[day[3], "missed"]
     assert records[day[3], "fired"] == records[day[1], "fired"] == f"catch-up #{number}"
     assert (latest, "fired") in records
+
+
+def test_all_makes_up_a_slot_whose_fire_came_after_the_next_was_due(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    now = datetime.now(UTC)
+    latest = now.replace(hour=18, minute=0, second=0, microsecond=0)
+    latest -= timedelta(days=1) if latest > now else timedelta(0)
+    day = {n: latest - timedelta(days=n) for n in range(1, 4)}
+    catchup = {"policy": "all", "window": 5 * 86400, "max_runs": 5}
+    definition = {"name": "daily", "cron": "0 18 * * *", "catchup": catchup, "steps": [step("s")]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    # The workers were down: yesterday's fire message is taken only now, once today's slot is due.
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(Schedule).values(last_slot_at=day[3]))
+    answer = firing.fire(app, "daily", nominal_at=day[1], trigger=Trigger.CRON)
+    assert answer["skipped"].startswith("superseded"), answer
+
+    def ended() -> list[dict[str, Any]] | None:
+        runs = call(client, "chordbeat.list_executions", schedule="daily")
+        return runs if len(runs) == 2 and all(r["status"] == "completed" for r in runs) else None
+
+    runs = wait_for(ended, 30, what="two made-up runs to end")
+    assert isinstance(runs, list)
+    assert sorted(ts(r["slot"]) for r in runs) == [day[2], day[1]]
+    assert {r["trigger"] for r in runs} == {"cron"}
+    records = [(ts(r["nominal_at"]), r["outcome"], r["detail"]) for r in slots(client, "daily")]
+    number = made_up_number(records[0][2])
+    assert records == [
+        (day[2], "missed", f"missed; made up by catch-up #{number}"),
+        (day[2], "fired", f"catch-up #{number}"),
+        (day[1], "skipped_superseded", f"superseded; made up by catch-up #{number}"),
+        (day[1], "fired", f"catch-up #{number}"),
+    ]
+
+
+def test_a_superseded_slot_is_not_made_up_while_a_catch_up_of_the_schedule_runs(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    now = datetime.now(UTC)
+    latest = now.replace(hour=18, minute=0, second=0, microsecond=0)
+    latest -= timedelta(days=1) if latest > now else timedelta(0)
+    day = {n: latest - timedelta(days=n) for n in range(1, 4)}
+    catchup = {"policy": "all", "window": 5 * 86400, "max_runs": 5}
+    definition = {
+        "name": "daily",
+        "cron": "0 18 * * *",
+        "catchup": catchup,
+        "steps": [step("s", kwargs={"seconds": 3})],
+    }
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(Schedule).values(last_slot_at=day[3]))
+    # A backlog of fire messages taken one after the other: the first makes its slot up, the
+    # second comes while that make-up run is still going.
+    assert firing.fire(app, "daily", nominal_at=day[2], trigger=Trigger.CRON)["skipped"].startswith("superseded")
+    assert firing.fire(app, "daily", nominal_at=day[1], trigger=Trigger.CRON)["skipped"].startswith("superseded")
+    runs = call(client, "chordbeat.list_executions", schedule="daily")
+    assert [(ts(r["slot"]), r["status"]) for r in runs] == [(day[2], "in_progress")]
+    records = [(ts(r["nominal_at"]), r["outcome"], r["detail"]) for r in slots(client, "daily")]
+    number = made_up_number(records[0][2].replace("superseded;", "missed;"))
+    assert records == [
+        (day[2], "skipped_superseded", f"superseded; made up by catch-up #{number}"),
+        (day[2], "fired", f"catch-up #{number}"),
+        (day[1], "skipped_superseded", f"superseded: the slot at {iso(latest)} is already due"),
+    ]

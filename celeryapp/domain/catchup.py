@@ -139,6 +139,7 @@ def missed_detail(rules: CatchupRules | None, slot: datetime, *, now: datetime) 
     return f"{NOT_FIRED}; not made up: older than the newest {rules.max_runs} (catchup.max_runs)"
 
 
-def made_up_detail(backfill_id: int) -> str:
-    """The record of a missed slot a catch-up runs; the run's own ``fired`` record follows."""
-    return f"missed; made up by catch-up #{backfill_id}"
+def made_up_detail(backfill_id: int, *, superseded: bool = False) -> str:
+    """The record of a missed slot a catch-up runs (or of a superseded one, whose fire came after
+    the next slot was due); the run's own ``fired`` record follows."""
+    return f"{'superseded' if superseded else 'missed'}; made up by catch-up #{backfill_id}"

@@ -272,10 +272,13 @@ def _fire(
             if not claim_slot(session, row.id, cadence, nominal_at, now):
                 return {"execution_id": None, "skipped": "duplicate"}
             unfired = (state.last_slot_at, nominal_at)
-            make_up = record_unfired(session, owner, cadence, catchup, unfired, trigger, now, excluded)
+            superseded = decision.outcome is SlotOutcome.SKIPPED_SUPERSEDED
+            make_up = record_unfired(
+                session, owner, cadence, catchup, unfired, trigger, now, excluded, superseded=superseded
+            )
         elif decision.outcome is SlotOutcome.SKIPPED_SUPERSEDED and recorded(session, row.id, nominal_at):
             return {"execution_id": None, "skipped": decision.reason}  # a later fire recorded it as missed
-        if decision.outcome is not None:
+        if decision.outcome is not None and nominal_at not in make_up:  # a made-up one's is start_catchup's
             record_slot(
                 session,
                 owner,
@@ -290,7 +293,7 @@ def _fire(
             if state.status is not ScheduleStatus.ACTIVE:
                 # An entry left behind by a pause, done or dead whose sync failed goes now.
                 effects.resync.append(name)
-            effects.merge(start_catchup(session, owner, make_up, trigger, now))
+            effects.merge(start_catchup(session, owner, make_up, trigger, now, nominal_at))
             return {"execution_id": None, "skipped": decision.reason}
         checked = trigger is not Trigger.RETRY and row.overlap is Overlap.SKIP
         if checked:
@@ -312,7 +315,7 @@ def _fire(
                 )
                 effects.skipped_overlap += 1
                 logger.info("schedule %r: %s, run skipped", name, overlap.detail)
-                effects.merge(start_catchup(session, owner, make_up, trigger, now))
+                effects.merge(start_catchup(session, owner, make_up, trigger, now, nominal_at))
                 return {"execution_id": None, "skipped": overlap.skipped}
         # With its steps in the same statement (their relationship alone would load them in a second).
         schedule = session.get_one(Schedule, row.id, options=(joinedload(Schedule.steps),))
@@ -334,7 +337,7 @@ def _fire(
             no_active=checked,
         )
         effects.merge(result.effects)
-        effects.merge(start_catchup(session, owner, make_up, trigger, now))
+        effects.merge(start_catchup(session, owner, make_up, trigger, now, nominal_at))
     if result.skipped:
         return {"execution_id": None, "skipped": result.skipped}
     return {"execution_id": result.execution_id, "status": "in_progress"}

@@ -30,7 +30,7 @@ from models import (
     transaction,
     utcnow,
 )
-from tests.helpers import step
+from tests.helpers import recorded_statements, step
 
 HOUR = timedelta(hours=1)
 
@@ -206,3 +206,17 @@ def test_housekeeping_removes_ended_backfills_past_the_retention(app: ChordbeatC
     assert report.backfills == 1 and report.as_json()["backfills"] == 1
     with transaction(app.settings.database_url) as session:
         assert list(session.scalars(select(Backfill.id))) == [running] != [ended]
+
+
+def test_a_run_end_does_not_read_the_backfills_slots_again(app: ChordbeatCelery) -> None:
+    """Up to 10,000 slots: read at each run's end, a backfill's reads would grow with its square."""
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "long", "skip", anchor)
+    slots = [anchor + HOUR * k for k in range(1, 5)]
+    _backfill(app, schedule_id, slots, origin=BackfillOrigin.REQUEST, max_concurrent=1)
+    with recorded_statements(app, words=None) as statements:
+        for _ in range(3):
+            _end(app, _runs(app, "long")[-1].id)
+    assert len(_runs(app, "long")) == 4
+    reads = [s for s in statements if s.startswith("SELECT") and "backfills.slots" in s]
+    assert reads == [], reads

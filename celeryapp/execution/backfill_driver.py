@@ -12,11 +12,13 @@ drives the backfill on: one loop, two modules, no import cycle).
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy import exists, func, select, update
-from sqlalchemy.orm import Session, joinedload
+from sqlalchemy.orm import Session, defer, joinedload
 
 from celeryapp.domain.backfill_slots import backfill_run_key
 from celeryapp.domain.effects import Effects
@@ -62,8 +64,35 @@ def regular_trigger(every_s: float | None) -> Trigger:
     return Trigger.INTERVAL if every_s is not None else Trigger.CRON
 
 
-#: A schedule's running backfills, oldest first.
-_RUNNING = select(Backfill).where(Backfill.status == BackfillStatus.RUNNING).order_by(Backfill.id)
+#: A schedule's running backfills, oldest first, without their slots (see :func:`_slots_of`).
+_RUNNING = (
+    select(Backfill)
+    .options(defer(Backfill.slots))
+    .where(Backfill.status == BackfillStatus.RUNNING)
+    .order_by(Backfill.id)
+)
+#: Backfills whose slots this process keeps (a backfill's slots never change once it is made).
+SLOTS_CACHED = 64
+_slots_cache: OrderedDict[tuple[str, int, datetime], list[str]] = OrderedDict()
+_slots_lock = threading.Lock()
+
+
+def _slots_of(session: Session, backfill: Backfill) -> list[str]:
+    """The backfill's slots, read once per process: each run's end drives the backfill on, and
+    reading up to 10,000 slots each time would make a backfill's reads grow with its square.
+    Known by database, id and creation time: another database's backfill may have the same id."""
+    key = (str(session.connection().engine.url), backfill.id, backfill.created_at)
+    with _slots_lock:
+        cached = _slots_cache.get(key)
+        if cached is not None:
+            _slots_cache.move_to_end(key)
+            return cached
+    slots: list[str] = session.scalar(select(Backfill.slots).where(Backfill.id == backfill.id)) or []
+    with _slots_lock:
+        _slots_cache[key] = slots
+        while len(_slots_cache) > SLOTS_CACHED:
+            _slots_cache.popitem(last=False)
+    return slots
 
 
 def has_running_backfill(schedule_id: Any) -> Any:
@@ -98,8 +127,9 @@ def drive(session: Session, schedule_id: int, *, now: datetime, start: Starter) 
     for backfill in backfills:
         in_progress = running.get(backfill.id, 0)
         started = backfill.started
-        while may_start and started < len(backfill.slots) and in_progress < backfill.max_concurrent:
-            slot = datetime.fromisoformat(backfill.slots[started])
+        slots = _slots_of(session, backfill)
+        while may_start and started < len(slots) and in_progress < backfill.max_concurrent:
+            slot = datetime.fromisoformat(slots[started])
             result = _start_slot(session, schedule, backfill, slot, now=now, start=start)
             started += 1
             if result is not None:
@@ -107,7 +137,7 @@ def drive(session: Session, schedule_id: int, *, now: datetime, start: Starter) 
                 in_progress += 1
                 if exclusive:
                     may_start = False
-        finished = started == len(backfill.slots) and in_progress == 0
+        finished = started == len(slots) and in_progress == 0
         _advance(session, backfill, started, finished=finished, now=now)
     return effects
 

@@ -1,7 +1,8 @@
 """The ``chordbeat`` command: operations through the same service tasks other services call.
 
 One module per command group: ``files`` (``db upgrade``, ``apply``: on the database directly,
-before any worker exists), ``schedules``, ``runs`` (with ``watch``, following one live), ``audit``,
+before any worker exists), ``schedules``, ``runs`` (with ``watch``, following one live),
+``backfills``, ``audit``,
 ``alerts``, ``processes`` (``health`` reads local liveness files; ``metrics``, ``web``); ``calls``
 holds what they share.
 
@@ -17,7 +18,7 @@ import logging
 
 import click
 
-from celeryapp.interfaces.cli import alerts, audit, files, processes, runs, schedules
+from celeryapp.interfaces.cli import alerts, audit, backfills, files, processes, runs, schedules
 from celeryapp.interfaces.cli.calls import forget_worker
 
 
@@ -42,6 +43,8 @@ for _command in (
     runs.executions_cmd,
     runs.cancel_cmd,
     runs.rerun_cmd,
+    backfills.backfill_cmd,
+    backfills.backfills_cmd,
     schedules.pause_cmd,
     schedules.resume_cmd,
     schedules.delete_cmd,

@@ -1,0 +1,193 @@
+"""Commands about backfills: ``backfill NAME --from --to`` lists a range of past slots and, after
+asking, runs them (``--dry-run`` only lists); ``backfill --cancel ID`` stops what has not started
+(after asking); ``backfills NAME`` shows a schedule's backfills and catch-ups with their progress."""
+
+from __future__ import annotations
+
+from datetime import datetime, tzinfo
+from typing import Any
+
+import click
+
+from celeryapp.interfaces.cli.calls import (
+    acting,
+    acts,
+    call,
+    confirm,
+    console,
+    echo_json,
+    json_option,
+    reference_now,
+    viewer_zone,
+    yes_option,
+)
+from celeryapp.interfaces.terminal import hanging, printable, text_of
+
+#: Slots a list shows before it says how many more there are (``--json`` gives them all).
+SLOTS_SHOWN = 10
+#: Backfills ``chordbeat backfills`` shows at most.
+BACKFILLS_SHOWN = 20
+
+
+def time_arg(text: str, zone: tzinfo) -> str:
+    """``--from``/``--to`` as the service takes them: ISO 8601 with its offset; a date or time that
+    names no offset is the viewer's wall time (as ``alerts silence --until``). Text that is no time
+    goes as typed: the service's refusal names the argument and why."""
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return text
+    return (moment if moment.tzinfo else moment.replace(tzinfo=zone)).isoformat()
+
+
+def _slot_lines(slots: list[str], zone: tzinfo, viewer: tzinfo, now: datetime) -> None:
+    from celeryapp.domain.times import stamp
+
+    for slot in slots[:SLOTS_SHOWN]:
+        console.print(hanging(text_of(f"  {stamp(slot, zone, viewer, now)}")))
+    if len(slots) > SLOTS_SHOWN:
+        console.print(text_of(f"  … and {len(slots) - SLOTS_SHOWN} more (--json lists them all)", "dim"))
+
+
+def _say_slots(name: str, answer: dict[str, Any], mode: str, zone: tzinfo, viewer: tzinfo, now: datetime) -> None:
+    """How many slots, the first and the last, and the list (shortened when long)."""
+    from celeryapp.domain.times import stamp
+
+    count, slots = answer["count"], answer["slots"]
+    console.print(text_of(f"{name}: {count} slot{'' if count == 1 else 's'} to backfill (mode {mode})", "bold"))
+    if not slots:
+        return
+    console.print(hanging(text_of(f"  first {stamp(slots[0], zone, viewer, now)}")))
+    console.print(hanging(text_of(f"  last  {stamp(slots[-1], zone, viewer, now)}")))
+    console.print(text_of(f"slots ({getattr(zone, 'key', 'UTC')} time, yours beside it):", "italic"))
+    _slot_lines(slots, zone, viewer, now)
+
+
+@click.command("backfill")
+@click.argument("name", required=False)
+@click.option("--from", "start", metavar="WHEN", help="First slot's earliest time (ISO 8601; no offset: yours).")
+@click.option("--to", "end", metavar="WHEN", help="Slots before this time (ISO 8601; no offset: yours).")
+@click.option(
+    "--mode",
+    type=click.Choice(["missing", "failed", "all"]),
+    default="missing",
+    show_default=True,
+    help="missing: slots with no run; failed: whose last run failed or was cancelled; all.",
+)
+@click.option("--max-concurrent", type=int, default=1, show_default=True, help="Runs at a time (1 to 100).")
+@click.option("--dry-run", is_flag=True, help="Only list the slots; start nothing.")
+@click.option("--cancel", "cancel_id", type=int, default=None, metavar="ID", help="Cancel backfill ID instead.")
+@yes_option
+@acts
+@json_option
+def backfill_cmd(
+    name: str | None,
+    start: str | None,
+    end: str | None,
+    mode: str,
+    max_concurrent: int,
+    dry_run: bool,
+    cancel_id: int | None,
+    yes: bool,
+    as_name: str | None,
+    reason: str | None,
+    as_json: bool,
+) -> None:
+    """Run a schedule's past slots from --from to --to, oldest first (asks first; --dry-run lists
+    them); or --cancel ID: stop a backfill's slots not started (asks first)."""
+    if cancel_id is not None:
+        if name is not None or start is not None or end is not None:
+            raise click.UsageError("--cancel ID takes no NAME, --from or --to")
+        _cancel(cancel_id, yes, as_name, reason, as_json)
+        return
+    if name is None or start is None or end is None:
+        raise click.UsageError("give NAME, --from and --to (or --cancel ID)")
+    from celeryapp.domain.times import zone_of
+
+    viewer = viewer_zone()
+    request: dict[str, Any] = {
+        "start": time_arg(start, viewer),
+        "end": time_arg(end, viewer),
+        "mode": mode,
+        "max_concurrent": max_concurrent,
+    }
+    listed = call("backfill_schedule", name, dry_run=True, **request)
+    if as_json and dry_run:
+        echo_json(listed)
+        return
+    now = reference_now()
+    zone = zone_of(call("get_schedule", name)["timezone"])
+    if not as_json:  # stdout is the JSON answer alone
+        _say_slots(name, listed, mode, zone, viewer, now)
+    if dry_run or not listed["count"]:
+        if as_json:
+            echo_json(listed)
+        else:
+            console.print(text_of("dry run: nothing started" if dry_run else "nothing to start", "dim"))
+        return
+    at_a_time = f"at most {max_concurrent} at a time" if max_concurrent > 1 else "one at a time"
+    count = listed["count"]
+    confirm(f"start {count} run{'' if count == 1 else 's'} of {name} ({at_a_time}, oldest first)?", yes)
+    started = call("backfill_schedule", name, actor=acting(as_name), reason=reason, **request)
+    if as_json:
+        echo_json(started)
+        return
+    if started["backfill_id"] is None:
+        click.echo(printable(f"{name}: nothing started (those slots have runs now)"))
+        return
+    said = f"backfill #{started['backfill_id']} of {name}: {started['count']} slots, oldest first"
+    console.print(hanging(text_of(said)))
+    console.print(hanging(text_of(f"follow it: chordbeat backfills {name}", "dim")))
+    console.print(hanging(text_of(f"stop it: chordbeat backfill --cancel {started['backfill_id']}", "dim")))
+
+
+def _cancel(backfill_id: int, yes: bool, as_name: str | None, reason: str | None, as_json: bool) -> None:
+    from celeryapp.interfaces.time_words import progress_words
+
+    backfill = call("get_backfill", backfill_id)
+    if backfill["status"] != "running":
+        said = f"backfill #{backfill_id} of {backfill['schedule']}: already {backfill['status']}; nothing to cancel"
+        echo_json(backfill) if as_json else click.echo(printable(said))
+        return
+    waiting = backfill["total"] - backfill["started"]
+    total = backfill["total"]
+    confirm(f"cancel backfill #{backfill_id} of {backfill['schedule']} ({waiting} of {total} slots not started)?", yes)
+    backfill = call("cancel_backfill", backfill_id, actor=acting(as_name), reason=reason)
+    if as_json:
+        echo_json(backfill)
+        return
+    said = f"backfill #{backfill_id} of {backfill['schedule']}: {backfill['status']} ({progress_words(backfill)})"
+    console.print(hanging(text_of(said)))
+    if backfill["running"]:
+        console.print(hanging(text_of("its runs in progress go on: chordbeat cancel EXECUTION_ID stops one", "dim")))
+
+
+@click.command("backfills")
+@click.argument("name")
+@json_option
+def backfills_cmd(name: str, as_json: bool) -> None:
+    """A schedule's backfills and catch-ups, newest first, with their progress."""
+    from celeryapp.domain.times import stamp, zone_of
+    from celeryapp.interfaces.time_words import backfill_title, progress_words
+
+    backfills = call("list_backfills", name, limit=BACKFILLS_SHOWN)
+    if as_json:
+        echo_json(backfills)
+        return
+    if not backfills:
+        click.echo(printable(f"{name}: no backfills"))
+        return
+    now, viewer = reference_now(), viewer_zone()
+    zone = zone_of(call("get_schedule", name)["timezone"])
+    for b in backfills:
+        console.print(hanging(text_of(f"{backfill_title(b)} ", "bold"), text_of(progress_words(b))))
+        at_a_time = f"at most {b['max_concurrent']} at a time" if b["max_concurrent"] > 1 else "one at a time"
+        console.print(hanging(text_of(f"  mode {b['mode']}, {at_a_time}", "dim")))
+        if b["first_slot"]:
+            console.print(hanging(text_of(f"  first slot {stamp(b['first_slot'], zone, viewer, now)}")))
+            console.print(hanging(text_of(f"  last slot  {stamp(b['last_slot'], zone, viewer, now)}")))
+        if b["next_slot"] and b["status"] == "running":
+            console.print(hanging(text_of(f"  next slot  {stamp(b['next_slot'], zone, viewer, now)}")))
+        by = f"  by {b['actor']}" if b["actor"] else "  by the fire of a late slot"
+        why = f": {b['reason']}" if b["reason"] else ""
+        console.print(hanging(text_of(f"{by}, {stamp(b['created_at'], zone, viewer, now)}{why}", "dim")))

@@ -1,0 +1,131 @@
+"""``chordbeat backfill``, ``backfills`` and ``show``'s time-control lines as a person at an
+80-column terminal sees them (in India, a London schedule), against a real worker."""
+
+from __future__ import annotations
+
+import re
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from celeryapp.application import ChordbeatCelery
+from celeryapp.config import Settings
+from celeryapp.interfaces.cli import main
+from tests import processes
+from tests.helpers import call, step, wait_for
+from tests.terminals import in_pty, plain_lines, screen_lines, time_format_problems, wide_lines
+
+CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
+INDIA = {"TZ": "Asia/Kolkata"}
+
+
+def _terminal(settings: Settings, *args: str, replies: dict[str, str] | None = None) -> tuple[int, list[str]]:
+    """The real ``chordbeat`` in an 80-column pty in India: exit status and the lines shown."""
+    env = processes.settings_env(settings, TERM="xterm-256color", **INDIA)
+    status, output = in_pty([CHORDBEAT, *args], env, columns=80, timeout=60, replies=replies)
+    return status, plain_lines("\n".join(screen_lines(output)))
+
+
+def _nightly(client: Any, name: str, **fields: Any) -> None:
+    definition = {"name": name, "cron": "0 2 * * *", "timezone": "Europe/London", "steps": [step("s")], **fields}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+
+
+def _midnight_utc() -> datetime:
+    return datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def _z(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def test_backfill_lists_asks_starts_and_shows_progress_in_80_columns(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    _nightly(client, "nightly")
+    today = _midnight_utc()
+    # --from names no offset: India's midnight of that date, 18:30 UTC the day before, so the
+    # first slot is 02:00 UTC (London's winter) of that date: 14 slots before today 00:00 UTC.
+    first = today - timedelta(days=14)
+    span = ["nightly", "--from", f"{first:%Y-%m-%d}", "--to", _z(today)]
+    status, lines = _terminal(settings, "backfill", *span, "--dry-run")
+    shown = "\n".join(lines)
+    assert status == 0, shown
+    assert "nightly: 14 slots to backfill (mode missing)" in shown, shown
+    assert re.search(rf"first {first:%Y-%m-%d} 02:00:00 \+00:00 GMT, 07:30 IST here, ", shown), shown
+    assert "… and 4 more (--json lists them all)" in shown and "dry run: nothing started" in shown, shown
+    assert not wide_lines(lines) and not time_format_problems(lines), (wide_lines(lines), time_format_problems(lines))
+    assert call(client, "chordbeat.list_backfills", name="nightly") == []
+    # Asked, and no: nothing starts.
+    question = "start 14 runs of nightly (one at a time, oldest first)? [y/N]"
+    status, lines = _terminal(settings, "backfill", *span, replies={"[y/N]": "n\n"})
+    assert status == 1 and question in "\n".join(lines) and "nothing changed" in "\n".join(lines), lines
+    assert call(client, "chordbeat.list_backfills", name="nightly") == []
+    # No terminal to ask in, no --yes: refused at once.
+    refused = CliRunner().invoke(main, ["backfill", *span])
+    assert refused.exit_code == 1 and "needs confirmation; add --yes" in refused.output, refused.output
+    status, lines = _terminal(
+        settings, "backfill", *span, "--as", "alice", "--reason", "outage", replies={"[y/N]": "y\n"}
+    )
+    shown = "\n".join(lines)
+    assert status == 0 and "backfill #1 of nightly: 14 slots, oldest first" in shown, shown
+    assert "follow it: chordbeat backfills nightly" in shown and "chordbeat backfill --cancel 1" in shown, shown
+    assert not wide_lines(lines), wide_lines(lines)
+    wait_for(
+        lambda: call(client, "chordbeat.get_backfill", backfill_id=1)["status"] == "completed",
+        60,
+        what="the backfill to complete",
+    )
+    status, lines = _terminal(settings, "backfills", "nightly")
+    shown = "\n".join(lines)
+    assert status == 0 and "#1 completed 14/14 started, 14 completed" in shown, shown
+    assert re.search(r"by alice, .* ago: outage", shown) and "mode missing, one at a time" in shown, shown
+    assert not wide_lines(lines) and not time_format_problems(lines), (wide_lines(lines), time_format_problems(lines))
+
+
+def test_refusals_show_the_field_and_why(app: ChordbeatCelery, worker: Any, client: Any) -> None:
+    _nightly(client, "nightly")
+    today = _midnight_utc()
+    span = ["--from", _z(today - timedelta(days=3)), "--to", _z(today)]
+    for extra, said, why in (
+        (["--max-concurrent", "0"], "max_concurrent: must be a whole number from 1 to 100, got 0", ""),
+        (["--max-concurrent", "2"], "max_concurrent: must be 1: schedule 'nightly' has overlap", ""),
+        (["--from", _z(today), "--to", _z(today - timedelta(days=1))], "end: ", "is before start"),
+        (["--to", "2026-02-30T00:00:00Z"], "end: is not a time that exists", ""),
+        (["--to", _z(today + timedelta(days=2))], "end: ", "is in the future"),
+    ):
+        result = CliRunner().invoke(main, ["backfill", "nightly", *span, *extra, "--yes"])
+        assert result.exit_code == 1 and f"Error: {said}" in result.output and why in result.output, result.output
+    missing = CliRunner().invoke(main, ["backfill", "nope", *span, "--dry-run"])
+    assert missing.exit_code == 1 and "does not exist" in missing.output, missing.output
+    assert CliRunner().invoke(main, ["backfill", "nightly"]).exit_code == 2  # no range: a usage error
+    assert call(client, "chordbeat.list_backfills", name="nightly") == []
+
+
+def test_backfill_cancel_asks_first_and_stops_what_has_not_started(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    _nightly(client, "slow", steps=[step("s", kwargs={"seconds": 30})])
+    today = _midnight_utc()
+    answer = call(
+        client, "chordbeat.backfill_schedule", name="slow", start=_z(today - timedelta(days=5)), end=_z(today)
+    )
+    backfill_id = answer["backfill_id"]
+    status, lines = _terminal(settings, "backfill", "--cancel", str(backfill_id), replies={"[y/N]": "n\n"})
+    shown = "\n".join(lines)
+    assert status == 1 and f"cancel backfill #{backfill_id} of slow (4 of 5 slots not started)? [y/N]" in shown, shown
+    assert call(client, "chordbeat.get_backfill", backfill_id=backfill_id)["status"] == "running"
+    status, lines = _terminal(
+        settings, "backfill", "--cancel", str(backfill_id), "--reason", "enough", replies={"[y/N]": "y\n"}
+    )
+    shown = "\n".join(lines)
+    assert status == 0 and f"backfill #{backfill_id} of slow: cancelled (1/5 started, 1 running)" in shown, shown
+    assert "its runs in progress go on" in shown and not wide_lines(lines), shown
+    assert call(client, "chordbeat.get_backfill", backfill_id=backfill_id)["status"] == "cancelled"
+    again = CliRunner().invoke(main, ["backfill", "--cancel", str(backfill_id)])
+    assert again.exit_code == 0 and "already cancelled; nothing to cancel" in again.output, again.output
+    (run,) = call(client, "chordbeat.list_executions", schedule="slow")
+    call(client, "chordbeat.cancel_execution", execution_id=run["id"])  # the 30 s step need not be waited out

@@ -14,7 +14,7 @@ from sqlalchemy import func, select, update
 from celeryapp.application import ChordbeatCelery
 from celeryapp.errors import ChordbeatError, InvalidArgument, InvalidTransition, NotFound
 from celeryapp.interfaces import service
-from celeryapp.interfaces.backfill_service import backfill_schedule
+from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_backfill, get_backfill, list_backfills
 from models import Backfill, Schedule, ScheduleStatus, transaction
 from tests.helpers import step
 
@@ -84,3 +84,25 @@ def test_a_range_of_exactly_ten_thousand_slots_is_accepted(app: ChordbeatCelery,
         app, "minutely", start.isoformat(), (start + timedelta(minutes=10_000)).isoformat(), dry_run=True
     )
     assert answer["count"] == 10_000 and answer["backfill_id"] is None
+
+
+@pytest.mark.parametrize(
+    ("call", "kwargs", "error", "message"),
+    [
+        (cancel_backfill, {"backfill_id": True}, InvalidArgument, "backfill_id: must be an integer"),
+        (cancel_backfill, {"backfill_id": "1"}, InvalidArgument, "backfill_id: must be an integer"),
+        (cancel_backfill, {"backfill_id": 0}, InvalidArgument, "backfill_id: must be between 1"),
+        (cancel_backfill, {"backfill_id": 10**400}, InvalidArgument, "backfill_id: must be between 1"),
+        (cancel_backfill, {"backfill_id": 5}, NotFound, "backfill 5 does not exist"),
+        (cancel_backfill, {"backfill_id": 5, "reason": "x" * 10**6}, InvalidArgument, "reason: "),
+        (get_backfill, {"backfill_id": float("nan")}, InvalidArgument, "backfill_id: must be an integer"),
+        (list_backfills, {"name": "minutely", "limit": 0}, InvalidArgument, "limit: "),
+        (list_backfills, {"name": "missing"}, NotFound, "schedule 'missing' does not exist"),
+    ],
+)
+def test_a_bad_backfill_id_is_refused_naming_it(
+    app: ChordbeatCelery, schedules: None, call: Any, kwargs: dict[str, Any], error: type[ChordbeatError], message: str
+) -> None:
+    with pytest.raises(error) as refused:
+        call(app, **kwargs)
+    assert type(refused.value) is error and str(refused.value).startswith(message), str(refused.value)

@@ -35,8 +35,15 @@ DEFAULT_MAX_RUNS = 10
 #: Calendar-excluded slots an ``all`` catch-up passes over looking for slots to make up, besides
 #: ``max_runs``: a calendar excluding nearly every day must not make one fire walk a year of slots.
 MAX_EXCLUDED_PASSED = 1000
-#: Slots one instant apart: a slot found is stepped back from by this to find the one before.
+#: Slots one instant apart.
 _INSTANT = timedelta(microseconds=1)
+#: ``all``'s walk back over the missed slots goes a stretch at a time: the first is an hour long,
+#: one without slots is followed by one four times as long, one holding more than
+#: ``_STRETCH_SLOTS`` is walked again a quarter as long (down to a minute, which no cadence fills:
+#: cron fires at most once a minute, intervals are at least a second).
+_FIRST_STRETCH = timedelta(hours=1)
+_STRETCH_SLOTS = 1000
+_SHORTEST_STRETCH = timedelta(minutes=1)
 
 #: The start of every missed slot's record detail; what became of it follows.
 NOT_FIRED = "not fired: beat, Redis or the workers were down, or its fire message was lost"
@@ -102,30 +109,38 @@ def make_up_slots(
     slots strictly between ``between``'s two (the last processed slot and the one fired) that
     are at most ``window`` old at ``now`` and that the calendar does not exclude.
 
-    Walked back from the newest, so the cost is ``max_runs`` look-ups (plus the excluded slots
-    passed over, at most :data:`MAX_EXCLUDED_PASSED`), however long the downtime was.
+    Walked back from the newest a stretch at a time (each stretch's slots found forward, at most
+    :data:`_STRETCH_SLOTS` of them), so the cost follows the slots made up and the excluded ones
+    passed over (at most :data:`MAX_EXCLUDED_PASSED`), not the length of the downtime.
     """
     if rules is None or rules.policy is not CatchupPolicy.ALL:
         return ()
     assert rules.window_s is not None and rules.max_runs is not None
     since, until = between
-    # latest_slot looks in (since, t]: one instant before the window's start keeps a slot exactly
-    # ``window`` old.
+    # Stretches are (start, end]: one instant before the window's start keeps a slot exactly
+    # ``window`` old, one before ``until`` leaves the fired slot out.
     floor = max(since, now - timedelta(seconds=rules.window_s) - _INSTANT)
     found: list[datetime] = []
     passed = 0
-    at = until - _INSTANT
-    while len(found) < rules.max_runs and at > floor:
-        slot = cadence.latest_slot(at, since=floor)
-        if slot is None:
-            break
-        if excluded(slot) is None:
-            found.append(slot)
-        else:
-            passed += 1
-            if passed > MAX_EXCLUDED_PASSED:
+    end, span = until - _INSTANT, _FIRST_STRETCH
+    while len(found) < rules.max_runs and end > floor:
+        start = max(floor, end - span)
+        stretch, more = cadence.slots_between(start, end, _STRETCH_SLOTS)
+        if more and span > _SHORTEST_STRETCH:
+            span /= 4  # too many slots to hold: a shorter stretch, from the same end
+            continue
+        for slot in reversed(stretch):
+            if len(found) == rules.max_runs:
                 break
-        at = slot - _INSTANT
+            if excluded(slot) is None:
+                found.append(slot)
+            else:
+                passed += 1
+                if passed > MAX_EXCLUDED_PASSED:
+                    return tuple(reversed(found))
+        end = start
+        if not stretch:
+            span *= 4  # a long gap between slots (a monthly cron): longer stretches
     return tuple(reversed(found))
 
 

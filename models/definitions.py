@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from celeryapp.domain.catchup import CatchupRules
+from celeryapp.domain.dst_rules import DstRules
 from celeryapp.domain.definition import (
     KIND_OF_TASK,
     AlertRules,
@@ -54,4 +55,5 @@ def definition_of(schedule: Schedule) -> ScheduleDefinition:
         alerts=AlertRules.from_json(schedule.alerts),
         calendar=CalendarRules.from_json(schedule.calendar),
         catchup=CatchupRules.from_json(schedule.catchup),
+        dst=DstRules.from_json(schedule.dst),
     )

@@ -25,6 +25,7 @@ SCHEDULE_KEYS = {
     "alerts",
     "calendar",
     "catchup",
+    "dst",
     "steps",
     "status",
     "run_count",

@@ -69,6 +69,7 @@ _WATCHED = (
         Schedule.deadlines,
         Schedule.alerts,
         Schedule.calendar,
+        Schedule.dst,
     )
     # An ``alerts`` object written as None is stored as JSON null, not SQL NULL.
     .where(Schedule.status == ScheduleStatus.ACTIVE, cast(Schedule.alerts, String) != "null")

@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo
 
 from celeryapp.domain import limits
 from celeryapp.domain.catchup import CatchupRules
+from celeryapp.domain.dst_rules import DstRules
 from models.states import AlertKind, Overlap
 
 #: Schedule names end up in Redis keys, CLI arguments and metric labels: keep them plain.
@@ -50,6 +51,7 @@ SCHEDULE_FIELDS = frozenset(
         "alerts",
         "calendar",
         "catchup",
+        "dst",
         "steps",
     }
 )
@@ -244,6 +246,8 @@ class ScheduleDefinition:
     calendar: CalendarRules | None = None
     #: ``None``: the default policy, ``latest``.
     catchup: CatchupRules | None = None
+    #: ``None``: the default DST rule (cron.py's docstring); cron schedules only.
+    dst: DstRules | None = None
 
     @property
     def zone(self) -> ZoneInfo:
@@ -273,6 +277,7 @@ class ScheduleDefinition:
             alerts=self.alerts.to_json() if self.alerts is not None else None,
             calendar=self.calendar.to_json() if self.calendar is not None else None,
             catchup=self.catchup.to_json() if self.catchup is not None else None,
+            dst=self.dst.to_json() if self.dst is not None else None,
             steps=[
                 [s.to_json() for s in group] if is_list else group[0].to_json()
                 for group, is_list in zip(self.groups, self.group_is_list, strict=True)

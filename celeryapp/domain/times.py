@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celeryapp.domain.cron import CronExpression
+from celeryapp.domain.dst_rules import DstRules
 
 #: Shown where there is no time or length to show.
 NOTHING = "-"
@@ -137,14 +138,20 @@ def took(started: str | datetime | None, completed: str | datetime | None, now: 
 
 
 def fire_times(
-    first: datetime | None, *, cron: str | None, every_s: float | None, zone: ZoneInfo, count: int
+    first: datetime | None,
+    *,
+    cron: str | None,
+    every_s: float | None,
+    zone: ZoneInfo,
+    count: int,
+    dst: DstRules | None = None,
 ) -> list[datetime]:
-    """``count`` fire times of a cadence from ``first`` (its next run) on, in ``zone``; none
-    without a next run."""
+    """``count`` fire times of a cadence from ``first`` (its next run) on, in ``zone`` (a cron's
+    by its ``dst`` rule); none without a next run."""
     if first is None or count < 1:
         return []
     if cron:
-        times = [first, *CronExpression.parse(cron).upcoming(first, zone, count - 1)]
+        times = [first, *CronExpression.parse(cron).upcoming(first, zone, count - 1, dst)]
     elif every_s is not None:
         times = [first + timedelta(seconds=every_s * i) for i in range(count)]
     else:

@@ -33,6 +33,7 @@ from celeryapp.domain.definition import (
     SCHEDULE_FIELDS,
     ScheduleDefinition,
 )
+from celeryapp.domain.dst_fields import parse_dst_field
 from celeryapp.domain.fields import (
     bool_field,
     int_field,
@@ -135,7 +136,7 @@ def _check_fire_times(definition: ScheduleDefinition, now: datetime) -> None:
     retries compute them: what passes here cannot fail later."""
     field_name = "cron" if definition.cron is not None else "every"
     try:
-        cadence = Cadence(definition.cron, definition.every_s, definition.timezone, anchor=now)
+        cadence = Cadence(definition.cron, definition.every_s, definition.timezone, anchor=now, dst=definition.dst)
         first = cadence.slot_after(now)
         second = cadence.slot_after(first)
         cadence.latest_slot(second, since=now)
@@ -220,6 +221,7 @@ def parse_definition(
     if calendars is not None and not problems.failed("calendar"):
         problems.check(check_known_calendars, calendar, calendars)
     catchup = problems.check(parse_catchup_field, raw)
+    dst = problems.check(parse_dst_field, raw)
     problems.raise_any()
     # Every check passed: none of these is None (timeout_s may be: no timeout).
     assert name and zone and cadence and overlap and payload is not None and steps and enabled is not None
@@ -242,6 +244,7 @@ def parse_definition(
         alerts=alerts,
         calendar=calendar,
         catchup=catchup,
+        dst=dst,
     )
     size = limits.json_size(definition.to_json())
     if size > limits.MAX_DEFINITION_BYTES:

@@ -83,7 +83,7 @@ def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
         ).all()
         for row in overdue:
             fields = EntryFields(
-                row.name, row.status, row.cron, row.every_s, row.timezone, row.updated_at, row.retry_at
+                row.name, row.status, row.cron, row.every_s, row.timezone, row.updated_at, row.retry_at, row.dst
             )
             if row.retry_at is None:
                 due.append(_Overdue(row.name, cadence_of(fields), row.next_run_at, False))

@@ -22,6 +22,7 @@ from redbeat.schedulers import get_redis as redbeat_client
 from sqlalchemy import select
 
 from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.dst_rules import DstRules
 from celeryapp.messaging import keys
 from celeryapp.scheduling.stored_entry import (
     CadenceSchedule,
@@ -58,6 +59,8 @@ class EntryFields:
     timezone: str
     updated_at: datetime
     retry_at: datetime | None
+    #: The stored ``dst`` object (None: the default DST rule).
+    dst: dict[str, Any] | None = None
 
 
 #: The columns a beat entry is made of, in EntryFields' order (the fire path reads them too).
@@ -69,6 +72,7 @@ ENTRY_COLUMNS = (
     Schedule.timezone,
     Schedule.updated_at,
     Schedule.retry_at,
+    Schedule.dst,
 )
 
 #: Schedules one query and one Redis pipeline handle at a time: far below SQLite's 32,766 bound
@@ -89,7 +93,13 @@ def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
 
 
 def cadence_of(schedule: Schedule | EntryFields) -> Cadence:
-    return Cadence(cron=schedule.cron, every_s=schedule.every_s, timezone=schedule.timezone, anchor=schedule.updated_at)
+    return Cadence(
+        cron=schedule.cron,
+        every_s=schedule.every_s,
+        timezone=schedule.timezone,
+        anchor=schedule.updated_at,
+        dst=DstRules.from_json(schedule.dst),
+    )
 
 
 def desired_entry(app: Celery, schedule: Schedule | EntryFields, now: datetime) -> ScheduleEntry | None:

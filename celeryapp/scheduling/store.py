@@ -32,7 +32,7 @@ class Change(StrEnum):
 def next_fire_after(definition: ScheduleDefinition, after: datetime) -> datetime:
     """The schedule's next nominal fire time strictly after ``after``."""
     if definition.cron is not None:
-        return CronExpression.parse(definition.cron).next_after(after, definition.zone)
+        return CronExpression.parse(definition.cron).next_after(after, definition.zone, definition.dst)
     assert definition.every_s is not None
     return after + timedelta(seconds=definition.every_s)
 
@@ -110,6 +110,7 @@ def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> Non
     schedule.alerts = definition.alerts.to_json() if definition.alerts is not None else None
     schedule.calendar = definition.calendar.to_json() if definition.calendar is not None else None
     schedule.catchup = definition.catchup.to_json() if definition.catchup is not None else None
+    schedule.dst = definition.dst.to_json() if definition.dst is not None else None
     schedule.steps = [
         ScheduleStep(
             step_index=index,

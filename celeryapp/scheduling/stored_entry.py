@@ -28,6 +28,7 @@ from celeryapp.domain import limits
 from celeryapp.domain.cadence import Cadence, Due, next_due
 from celeryapp.domain.cron import CronExpression
 from celeryapp.domain.definition import MAX_ZONE_CHARS
+from celeryapp.domain.dst_rules import DstRules
 from celeryapp.messaging.serialization import MAX_MESSAGE_DEPTH, too_deep
 from models import Trigger
 
@@ -90,7 +91,7 @@ class CadenceSchedule(BaseSchedule):  # type: ignore[misc]
         return schedstate(False, (due.at - now).total_seconds())
 
     def encode(self) -> dict[str, Any]:
-        return {
+        encoded: dict[str, Any] = {
             "__type__": SCHEDULE_TYPE,
             "cron": self.cadence.cron,
             "every": self.cadence.every_s,
@@ -98,6 +99,11 @@ class CadenceSchedule(BaseSchedule):  # type: ignore[misc]
             "anchor": self.cadence.anchor.timestamp(),
             "retry_at": self.retry_at.timestamp() if self.retry_at else None,
         }
+        if self.cadence.dst is not None:
+            # Only when set: the entries of schedules without one stay byte for byte as they were,
+            # so an upgrade does not rewrite them (and forget when they last fired).
+            encoded["dst"] = self.cadence.dst.to_json()
+        return encoded
 
     @classmethod
     def decode(cls, data: dict[str, Any]) -> CadenceSchedule:
@@ -117,7 +123,8 @@ class CadenceSchedule(BaseSchedule):  # type: ignore[misc]
             raise CorruptEntry("its time zone is not a zone name")
         ZoneInfo(timezone)  # unknown: ZoneInfoNotFoundError, reported by the caller
         retry = data.get("retry_at")
-        cadence = Cadence(cron=cron, every_s=every, timezone=timezone, anchor=_instant(data.get("anchor"), "anchor"))
+        anchor = _instant(data.get("anchor"), "anchor")
+        cadence = Cadence(cron=cron, every_s=every, timezone=timezone, anchor=anchor, dst=_dst(data.get("dst"), cron))
         return cls(cadence, _instant(retry, "retry_at") if retry is not None else None)
 
     def __eq__(self, other: object) -> bool:
@@ -133,6 +140,18 @@ class CadenceSchedule(BaseSchedule):  # type: ignore[misc]
 
 def _number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _dst(value: Any, cron: str | None) -> DstRules | None:
+    if value is None:
+        return None
+    try:
+        rules = DstRules.from_json(value)
+    except (TypeError, ValueError):
+        raise CorruptEntry("its dst is not a DST rule") from None
+    if cron is None or rules is None or rules == DstRules():
+        raise CorruptEntry("its dst is not a DST rule of a cron")
+    return rules
 
 
 def _instant(value: Any, field: str) -> datetime:

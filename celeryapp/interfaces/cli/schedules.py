@@ -41,10 +41,12 @@ from celeryapp.interfaces.terminal import (
 
 def _upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
     """The schedule's next ``count`` fire times, in its own time zone."""
+    from celeryapp.domain.dst_rules import DstRules
     from celeryapp.domain.times import fire_times, parse_time, zone_of
 
     first, zone = parse_time(schedule.get("next_run_at")), zone_of(schedule["timezone"])
-    return fire_times(first, cron=schedule.get("cron"), every_s=schedule.get("every"), zone=zone, count=count)
+    cron, every_s, dst = schedule.get("cron"), schedule.get("every"), DstRules.from_json(schedule.get("dst"))
+    return fire_times(first, cron=cron, every_s=every_s, zone=zone, count=count, dst=dst)
 
 
 def _exclusions(schedule: dict[str, Any], times: list[datetime]) -> list[str | None]:

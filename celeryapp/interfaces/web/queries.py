@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import func, select, union_all
 from sqlalchemy.orm import Session, raiseload
 
+from celeryapp.domain.dst_rules import DstRules
 from celeryapp.domain.times import fire_times, parse_time
 from celeryapp.execution.reruns import first_failed_group
 from celeryapp.interfaces.display import step_states
@@ -199,7 +200,8 @@ def next_fire_times(schedule: Schedule, now: datetime, count: int = UPCOMING) ->
         return []
     first = schedule.retry_at or schedule.next_run_at or cadence_of(schedule).slot_after(now)
     zone = ZoneInfo(schedule.timezone)
-    return fire_times(first, cron=schedule.cron, every_s=schedule.every_s, zone=zone, count=count)
+    dst = DstRules.from_json(schedule.dst)
+    return fire_times(first, cron=schedule.cron, every_s=schedule.every_s, zone=zone, count=count, dst=dst)
 
 
 @dataclass

@@ -264,3 +264,22 @@ def test_a_superseded_slot_is_not_made_up_while_a_catch_up_of_the_schedule_runs(
         (day[2], "fired", f"catch-up #{number}"),
         (day[1], "skipped_superseded", f"superseded: the slot at {iso(latest)} is already due"),
     ]
+
+
+def test_all_makes_up_no_slot_missed_while_paused(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    now = datetime.now(UTC)
+    latest = now.replace(hour=18, minute=0, second=0, microsecond=0)
+    latest -= timedelta(days=1) if latest > now else timedelta(0)
+    catchup = {"policy": "all", "window": 5 * 86400, "max_runs": 5}
+    definition = {"name": "daily", "cron": "0 18 * * *", "catchup": catchup, "steps": [step("s")]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(Schedule).values(last_slot_at=latest - timedelta(days=3)))
+    # Paused and resumed since (the slots between were the pause's, recorded skipped_paused).
+    call(client, "chordbeat.pause_schedule", name="daily")
+    call(client, "chordbeat.resume_schedule", name="daily")
+    assert firing.fire(app, "daily", nominal_at=latest, trigger=Trigger.CRON)["status"] == "in_progress"
+    runs = call(client, "chordbeat.list_executions", schedule="daily")
+    assert [ts(r["slot"]) for r in runs] == [latest]
+    assert call(client, "chordbeat.list_backfills", name="daily") == []
+    assert not [r for r in slots(client, "daily") if "made up" in (r["detail"] or "")]

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from celeryapp.domain.batching import Alone, BatchSchedule, Fire, decide_batchable
 from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.catchup import (
     CatchupPolicy,
@@ -24,12 +25,12 @@ from celeryapp.domain.catchup import (
     missed_detail,
     too_late,
 )
-from celeryapp.domain.decisions import FireDecision
+from celeryapp.domain.decisions import FireDecision, ScheduleState
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.interfaces.display import catchup_words
 from celeryapp.scheduling.schedule_file import load_file
-from models.states import SlotOutcome
+from models.states import Overlap, ScheduleStatus, SlotOutcome, Trigger
 
 BASE = {"name": "nightly", "cron": "0 2 * * *", "steps": [{"name": "s", "task": "tests.tasks.noop"}]}
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -292,3 +293,17 @@ def test_a_schedule_file_takes_catchup_and_names_the_schedule_of_a_bad_one(tmp_p
 )
 def test_a_catchup_in_words(catchup: dict[str, Any] | None, words: str | None) -> None:
     assert catchup_words(catchup) == words
+
+
+def test_a_batch_sends_a_late_slot_of_a_none_schedule_to_the_fire_alone() -> None:
+    cadence = Cadence(cron=None, every_s=60.0, timezone="UTC", anchor=EPOCH)
+    state = ScheduleState(ScheduleStatus.ACTIVE, 0, None, SLOT - timedelta(seconds=60))
+    fires = [Fire(name, SLOT, Trigger.INTERVAL) for name in ("strict", "easy")]
+    found = {
+        "strict": BatchSchedule(state, cadence, Overlap.ALLOW, late_after_s=2.0),
+        "easy": BatchSchedule(state, cadence, Overlap.ALLOW),
+    }
+    late = decide_batchable(fires, found, now=SLOT + timedelta(seconds=2.5))
+    assert late.together == (1,) and late.alone == {0: Alone.LATE}
+    on_time = decide_batchable(fires, found, now=SLOT + timedelta(seconds=2))
+    assert on_time.together == (0, 1) and not on_time.alone

@@ -76,6 +76,10 @@ ROWS = (
     Row("alert: finish deadline → receiver", "alert_late_s", None, "s"),
     Row("alert: run's end → resolved", "alert_resolved_s", None, "s"),
     Row("alert: receiver back → delivered", "alert_after_outage_s", None, "s"),
+    Row("backfill 1,000 slots, PostgreSQL", "backfill_postgresql_s", None, "s"),
+    Row("backfill statements/slot, PostgreSQL", "backfill_postgresql_statements_per_slot"),
+    Row("backfill 1,000 slots, SQLite", "backfill_sqlite_s", None, "s"),
+    Row("backfill statements/slot, SQLite", "backfill_sqlite_statements_per_slot"),
 )
 
 

@@ -28,7 +28,6 @@ from celeryapp.domain.catchup import (
 from celeryapp.domain.decisions import FireDecision, ScheduleState
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
-from celeryapp.interfaces.display import catchup_words
 from celeryapp.scheduling.schedule_file import load_file
 from models.states import Overlap, ScheduleStatus, SlotOutcome, Trigger
 
@@ -277,22 +276,6 @@ def test_a_schedule_file_takes_catchup_and_names_the_schedule_of_a_bad_one(tmp_p
     with pytest.raises(DefinitionError) as caught:
         load_file(path, rules=None)
     assert [error.field for error in caught.value.errors] == ["schedules[0] (quiet).catchup.max_runs"]
-
-
-@pytest.mark.parametrize(
-    ("catchup", "words"),
-    [
-        (None, None),
-        ({"policy": "latest"}, "latest: missed slots are not made up"),
-        ({"policy": "none"}, "none: a slot fired past the missed grace does not run, and missed slots are not made up"),
-        (
-            {"policy": "all", "window": 90000, "max_runs": 3},
-            "all: the newest 3 missed slots of the last 1 d 1 h run, oldest first",
-        ),
-    ],
-)
-def test_a_catchup_in_words(catchup: dict[str, Any] | None, words: str | None) -> None:
-    assert catchup_words(catchup) == words
 
 
 def test_a_batch_sends_a_late_slot_of_a_none_schedule_to_the_fire_alone() -> None:

@@ -134,17 +134,3 @@ def alert_words(alerts: dict[str, Any] | None) -> str | None:
     if not alerts:
         return None
     return f"{', '.join(alerts.get('on') or ())} → {', '.join(alerts.get('channels') or ())}"
-
-
-def catchup_words(catchup: dict[str, Any] | None) -> str | None:
-    """A definition's ``catchup``: ``all: the newest 10 missed slots of the last 1 d run, oldest
-    first``; None when it has none (``latest``, the default, which needs no words)."""
-    if not catchup:
-        return None
-    policy = catchup.get("policy")
-    if policy == "none":
-        return "none: a slot fired past the missed grace does not run, and missed slots are not made up"
-    if policy == "all":
-        window = length_words(float(catchup["window"]))
-        return f"all: the newest {catchup['max_runs']} missed slots of the last {window} run, oldest first"
-    return "latest: missed slots are not made up"

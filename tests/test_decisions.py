@@ -326,3 +326,22 @@ def test_overlap_decisions_record_and_answer_as_before() -> None:
             "overlap: another execution is in progress",
         )
     )
+
+
+@pytest.mark.parametrize("overlap", [Overlap.SKIP, Overlap.BUFFER_ONE, Overlap.CANCEL_PREVIOUS])
+@pytest.mark.parametrize("trigger", [Trigger.CRON, Trigger.INTERVAL, Trigger.MANUAL])
+def test_a_run_meeting_a_backfill_run_waits_for_it_whatever_the_policy(overlap: Overlap, trigger: Trigger) -> None:
+    """A backfill never costs a regular slot its run, and is never cancelled by one."""
+    assert decide_overlap(overlap, trigger, active_id=7, current_retry=0, backfill_run=7) == OverlapDecision(
+        OverlapAction.BUFFER,
+        SlotOutcome.BUFFERED,
+        "waiting for backfill run #7",
+        "buffered: backfill run 7 is in progress",
+    )
+    # A retry waits for it too (cancel_previous would otherwise cancel it).
+    assert decide_overlap(overlap, Trigger.RETRY, active_id=7, current_retry=1, backfill_run=7) == OverlapDecision(
+        OverlapAction.RETRY_WAITS,
+        SlotOutcome.BUFFERED,
+        "backfill run 7 is in progress; retry 1 runs when it ends",
+        "retry waits: backfill run 7 is in progress",
+    )

@@ -239,9 +239,17 @@ def decide_overlap(
 
     ``backfill_run``: the run in progress is a backfill's (or catch-up's). A backfill must never
     cost a regular slot its run, so whatever the policy the slot waits for it (buffered) and runs
-    as soon as it ends, before the backfill's next; a retry waits as it always does.
+    as soon as it ends, before the backfill's next; a retry waits for it too (``cancel_previous``
+    cancels no backfill run).
     """
-    if backfill_run is not None and trigger is not Trigger.RETRY:
+    if backfill_run is not None and trigger is Trigger.RETRY:
+        return OverlapDecision(
+            OverlapAction.RETRY_WAITS,
+            SlotOutcome.BUFFERED,
+            f"backfill run {backfill_run} is in progress; retry {current_retry} runs when it ends",
+            f"retry waits: backfill run {backfill_run} is in progress",
+        )
+    if backfill_run is not None:
         return OverlapDecision(
             OverlapAction.BUFFER,
             SlotOutcome.BUFFERED,

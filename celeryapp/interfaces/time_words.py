@@ -36,7 +36,8 @@ def catchup_words(catchup: Mapping[str, Any] | None) -> str:
     if policy == "all":
         assert catchup is not None
         window, most = span(float(catchup.get("window", 86400))), catchup.get("max_runs", 10)
-        return f"catch-up: all (each missed slot of the last {window}, at most {most} runs, oldest first)"
+        runs = f"{most} run{'' if most == 1 else 's'}"
+        return f"catch-up: all (each missed slot of the last {window}, at most {runs}, oldest first)"
     return CATCHUP_DEFAULT
 
 

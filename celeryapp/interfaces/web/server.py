@@ -20,10 +20,12 @@ from sqlalchemy import select
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.limits import MAX_ID, MAX_NAME_CHARS
+from celeryapp.interfaces.time_words import time_control_words
 from celeryapp.interfaces.web import queries
 from celeryapp.interfaces.web.actions import ActionHandler
 from celeryapp.interfaces.web.alerts_page import AlertActionHandler, AlertsHandler, open_alerts, silence_in_force
 from celeryapp.interfaces.web.auth import WebUser, check_auth_config
+from celeryapp.interfaces.web.backfill_page import MODES, BackfillActionHandler, BackfillForm, schedule_backfills
 from celeryapp.interfaces.web.base import BaseHandler, WebContext
 from celeryapp.interfaces.web.broker_state import broker_state
 from celeryapp.interfaces.web.login import LoginHandler, LogoutHandler
@@ -88,14 +90,27 @@ class ScheduleHandler(BaseHandler):
         view = await self.read(queries.schedule_view, name, utcnow(), not fragment)
         if view is None:
             raise tornado.web.HTTPError(404, reason="no such schedule")
+        backfills = await self.read(schedule_backfills, name)
         if fragment:
-            self.render("_schedule_live.html", v=view, user=self.user)
+            self.render("_schedule_live.html", v=view, user=self.user, backfills=backfills)
         else:
             badges = await self.read(open_alerts, [name])
             silence = await self.read(silence_in_force, name, utcnow())
             s, directory = view.schedule, self.ctx.app.settings.calendars_dir
             excluded = excluded_slots(directory, s.calendar, s.timezone, view.upcoming)
-            self.page("schedule.html", v=view, open_alerts=badges, silence=silence, excluded=excluded)
+            self.page(
+                "schedule.html",
+                v=view,
+                open_alerts=badges,
+                silence=silence,
+                excluded=excluded,
+                backfills=backfills,
+                f=BackfillForm(name),
+                modes=MODES,
+                time_control=time_control_words(
+                    {"catchup": s.catchup, "calendar": s.calendar, "dst": s.dst, "cron": s.cron}
+                ),
+            )
 
 
 class ExecutionHandler(BaseHandler):
@@ -154,6 +169,8 @@ def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> to
             (r"/health/(fragment)", HealthHandler, ctx),
             (r"/act/(run|pause|resume)", ActionHandler, ctx),
             (r"/act/(cancel|rerun)/([0-9]{1,12})", ActionHandler, ctx),
+            (r"/act/(backfill)", BackfillActionHandler, ctx),
+            (r"/act/(cancel-backfill)/([0-9]{1,12})", BackfillActionHandler, ctx),
             (r"/alerts", AlertsHandler, ctx),
             (r"/alerts/(acknowledge|silence|unsilence)", AlertActionHandler, ctx),
         ],

@@ -1,0 +1,124 @@
+"""The dashboard's backfills over HTTP with a real worker: the schedule page's form, the dry-run
+page (slots listed, nothing started), the confirmation (CSRF, admins only, actor and source web),
+the progress panel with catch-ups, cancel after asking, the run's slot on its page, and the
+schedule's catch-up, calendar and DST rules in words."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from celeryapp.application import ChordbeatCelery
+from celeryapp.execution.backfills import create_backfill
+from celeryapp.interfaces import service
+from models import BackfillOrigin, Schedule, transaction, utcnow
+from tests.servers import wait_for
+from tests.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
+
+pytestmark = pytest.mark.postgres
+LONDON = ZoneInfo("Europe/London")
+
+
+@pytest.fixture
+def web(app: ChordbeatCelery) -> Iterator[WebServer]:
+    with WebServer(app) as server:
+        yield server
+
+
+def _nightly(app: ChordbeatCelery, name: str, seconds: float = 0.05, **fields: Any) -> None:
+    steps = [{"name": "s", "task": "chordbeat.examples.sleep", "kwargs": {"seconds": seconds}}]
+    service.apply_schedule(
+        app, {"name": name, "cron": "0 2 * * *", "timezone": "Europe/London", "steps": steps, **fields}
+    )
+
+
+def _london_midnight(days_ago: int) -> str:
+    """A ``datetime-local`` value: London's wall time, as the form sends it."""
+    day = datetime.now(LONDON).date() - timedelta(days=days_ago)
+    return f"{day:%Y-%m-%d}T00:00"
+
+
+def test_backfill_from_the_schedule_page_lists_asks_starts_and_shows_progress(
+    app: ChordbeatCelery, web: WebServer, worker: Any
+) -> None:
+    _nightly(app, "nightly")
+    viewer, admin = web.session(VIEWER), web.session(ADMIN)
+    request = {"name": "nightly", "from": _london_midnight(25), "to": _london_midnight(0), "mode": "missing"}
+    query = urlencode({**request, "max_concurrent": "1"})
+    assert viewer.get(web.url + f"/act/backfill?{query}", timeout=10).status_code == 403
+
+    # The dry run: 25 slots, 20 listed, nothing started.
+    r = admin.get(web.url + f"/act/backfill?{query}", timeout=10)
+    shown = text_of(r.text)
+    assert r.status_code == 200 and "This will start 25 runs of nightly, oldest first, one at a time" in shown, shown
+    assert len(re.findall(r"<li><span class=\"when\">", r.text)) == 20 and "… and 5 more" in shown
+    assert service.list_backfills(app, "nightly") == []
+    for bad, said in (
+        ({"max_concurrent": "0"}, "max_concurrent: must be a whole number from 1 to 100, got 0"),
+        ({"max_concurrent": "two"}, "max_concurrent: must be a whole number from 1 to 100, got &#x27;two&#x27;"),
+        ({"from": "yesterday"}, "start: is not a date and time"),
+        ({"from": _london_midnight(0), "to": _london_midnight(1)}, "end: "),
+        ({"mode": "some"}, "mode: must be one of missing, failed, all"),
+    ):
+        r = admin.get(web.url + "/act/backfill?" + urlencode({**request, "max_concurrent": "1", **bad}), timeout=10)
+        assert r.status_code == 400 and said in r.text and 'id="confirm"' not in r.text, (bad, text_of(r.text))
+
+    # The confirmation: a POST with the xsrf token, by an admin.
+    form = {**request, "max_concurrent": "1", "reason": "outage"}
+    assert admin.post(web.url + "/act/backfill", data=form, timeout=10).status_code == 403
+    assert viewer.post(web.url + "/act/backfill", data={**form, "_xsrf": xsrf(viewer)}, timeout=10).status_code == 403
+    r = admin.post(web.url + "/act/backfill", data={**form, "_xsrf": xsrf(admin)}, allow_redirects=False, timeout=10)
+    assert r.status_code == 302 and r.headers["Location"] == "/schedule?name=nightly", r.text
+    (backfill,) = service.list_backfills(app, "nightly")
+    assert (backfill["actor"], backfill["reason"], backfill["total"]) == ("ops", "outage", 25)
+    trail = service.list_audit(app, schedule="nightly")
+    assert any(e["source"] == "web" and e["actor"] == "ops" and e["action"] == "trigger" for e in trail), trail
+    wait_for(
+        lambda: service.get_backfill(app, backfill["id"])["status"] == "completed", 60, what="the backfill to complete"
+    )
+    page = text_of(admin.get(web.url + "/schedule/fragment?name=nightly", timeout=10).text)
+    assert re.search(rf"#{backfill['id']} completed .*25/25 started, 25 completed", page), page
+    assert "Cancel…" not in page
+
+    # A backfill run's page says which slot it is for.
+    first = service.list_executions(app, schedule="nightly", limit=500)[-1]
+    run = text_of(admin.get(web.url + f"/execution/{first['id']}", timeout=10).text)
+    assert re.search(r"trigger backfill \(backfill #\d+\) · for slot \d{4}-\d\d-\d\d 02:00:00 \+00:00 GMT", run), run
+
+
+def test_cancel_asks_first_and_catch_ups_show_too(app: ChordbeatCelery, web: WebServer, worker: Any) -> None:
+    _nightly(app, "slow", seconds=30)
+    admin = web.session(ADMIN)
+    now = utcnow()
+    start = (now - timedelta(days=6)).isoformat()
+    backfill_id = service.backfill_schedule(app, "slow", start, now.isoformat())["backfill_id"]
+    page = text_of(admin.get(web.url + "/schedule?name=slow", timeout=10).text)
+    assert re.search(rf"#{backfill_id} running .*1/6 started, 1 running", page), page
+    assert "Cancel…" in page
+    asked = text_of(admin.get(web.url + f"/act/cancel-backfill/{backfill_id}", timeout=10).text)
+    assert f"This will cancel backfill #{backfill_id} of slow (1/6 started, 1 running)." in asked, asked
+    assert "Its 5 slots not started never start" in asked
+    form = {"_xsrf": xsrf(admin), "next": "/schedule?name=slow"}
+    r = admin.post(web.url + f"/act/cancel-backfill/{backfill_id}", data=form, timeout=10)
+    assert r.status_code == 400 and "a reason is required to cancel" in r.text
+    assert service.get_backfill(app, backfill_id)["status"] == "running"
+    r = admin.post(web.url + f"/act/cancel-backfill/{backfill_id}", data={**form, "reason": "enough"}, timeout=10)
+    assert r.status_code == 200 and r.url.endswith("/schedule?name=slow")
+    assert f"backfill #{backfill_id} cancelled (1/6 started, 1 running)" in text_of(r.text)
+    assert service.get_backfill(app, backfill_id)["status"] == "cancelled"
+    # A catch-up (what a late fire of a catchup: all schedule makes) shows beside the backfills.
+    with transaction(app.settings.database_url) as session:
+        schedule = session.query(Schedule).filter_by(name="slow").one()
+        slot = datetime.fromisoformat(start) + timedelta(days=1)
+        made = create_backfill(session, schedule, [slot], origin=BackfillOrigin.CATCHUP, max_concurrent=1, now=utcnow())
+    page = text_of(admin.get(web.url + "/schedule/fragment?name=slow", timeout=10).text)
+    assert re.search(rf"#{made.backfill_id} catch-up running", page) and "catch-up (fire)" in page, page
+    service.cancel_backfill(app, made.backfill_id)  # it would start when the run in progress ends
+    for execution in service.list_executions(app, schedule="slow", status="in_progress"):
+        service.cancel_execution(app, execution["id"])  # the 30 s steps need not be waited out

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from celery import Celery
+from sqlalchemy import select, update
 
 from celeryapp.alerting.deadline_watch import _WATCHED
 from celeryapp.application import ChordbeatCelery
+from celeryapp.config import Settings
 from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.dst_rules import DstRules, Missing, Repeated
 from celeryapp.domain.step_policy import StepRules
@@ -28,8 +32,11 @@ from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, Sch
 from celeryapp.worker.firing import _ENTRY_AT, _FIRE_COLUMNS
 from models import Schedule, ScheduleSource, transaction
 from models.definitions import definition_of
-from tests.helpers import set_field, step
+from tests import processes
+from tests.helpers import call, set_field, step
+from tests.terminals import in_pty, plain_lines
 
+CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 KNOWN_ONLY = StepRules.without_policy({"chordbeat.examples.sleep"}.__contains__)
 T0 = datetime(2026, 10, 1, tzinfo=UTC)
 
@@ -194,3 +201,53 @@ def test_a_schedule_without_dst_keeps_the_default_rule(app: ChordbeatCelery) -> 
     # Today's rule: 01:30 fires at the transition in March and in the first (BST) pass in October.
     assert slots(cadence, SPRING) == [at("2026-03-28T01:30"), at("2026-03-29T01:00"), at("2026-03-30T00:30")]
     assert slots(cadence, AUTUMN) == [at("2026-10-25T00:30"), at("2026-10-26T01:30")]
+
+
+def test_the_previews_say_what_the_rule_did_on_transition_days(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings
+) -> None:
+    """chordbeat.next_fires gives each slot's dst note; chordbeat next (and --json) and show print
+    them in a terminal 80 columns wide. The previews start at the stored next run, set here to
+    the days before each 2026 London change."""
+    definition = {**valid(), "dst": {"repeated": "both", "missing": "skip"}}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+
+    def from_(first: str) -> None:
+        with transaction(app.settings.database_url) as session:
+            session.execute(update(Schedule).where(Schedule.name == "nightly").values(next_run_at=at(first)))
+
+    from_("2026-10-24T00:30")
+    both = "01:30 happens twice on 2026-10-25; runs in both passes, this is the"
+    fires = call(client, "chordbeat.next_fires", name="nightly", count=4)
+    assert [(f["local"], f["dst"]) for f in fires] == [
+        ("2026-10-24T01:30:00+01:00", None),
+        ("2026-10-25T01:30:00+01:00", f"{both} first (dst.repeated: both)"),
+        ("2026-10-25T01:30:00+00:00", f"{both} second (dst.repeated: both)"),
+        ("2026-10-26T01:30:00+00:00", None),
+    ]
+    env = processes.settings_env(settings)
+    status, output = in_pty([CHORDBEAT, "next", "nightly", "-n", "4"], env, columns=80)
+    assert status == 0, output
+    lines = [line.rstrip() for line in plain_lines(output)]
+    assert all(len(line) <= 80 for line in lines), output
+    text = " ".join(" ".join(lines).split())
+    assert f"{both} first (dst.repeated: both)" in text and f"{both} second (dst.repeated: both)" in text, output
+    status, output = in_pty([CHORDBEAT, "next", "nightly", "-n", "4", "--json"], env, columns=80)
+    assert status == 0, output
+    assert json.loads(output) == fires
+    from_("2026-03-28T01:30")
+    fires = call(client, "chordbeat.next_fires", name="nightly", count=2)
+    skipped = "01:30 does not happen on 2026-03-29; not run (dst.missing: skip)"
+    assert [(f["local"], f["dst"]) for f in fires] == [
+        ("2026-03-28T01:30:00+00:00", None),
+        ("2026-03-30T01:30:00+01:00", skipped),
+    ]
+    status, output = in_pty([CHORDBEAT, "show", "nightly"], env, columns=80)
+    assert status == 0, output
+    lines = [line.rstrip() for line in plain_lines(output)]
+    start = lines.index("next runs") + 1
+    runs = " ".join(" ".join(lines[start : lines.index("recent executions", start)]).split())
+    # Under the slot it concerns.
+    assert runs.count("does not happen") == 1, output
+    assert runs.index("2026-03-30 01:30:00") < runs.index(skipped) < runs.index("2026-03-31 01:30:00"), output
+    assert all(len(line) <= 80 for line in lines), output

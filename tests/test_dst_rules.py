@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.cron import CronExpression
+from celeryapp.domain.dst_notes import dst_notes
 from celeryapp.domain.dst_rules import DstRules, Missing, Repeated
 
 LONDON = ZoneInfo("Europe/London")
@@ -280,3 +281,65 @@ def test_next_after_always_moves_on(dst: DstRules | None) -> None:
         assert expression.next_after(t, LONDON, dst) > t
         t += timedelta(seconds=37)
     assert expression.next_after(at("2026-03-29T00:59:59"), LONDON, dst) > at("2026-03-29T00:59:59")
+
+
+# The previews' words for what the rule did on a day the clocks change.
+
+
+def notes(cron: str, dst: DstRules | None, after: str, count: int) -> list[tuple[str, str | None]]:
+    times = CronExpression.parse(cron).upcoming(at(after), LONDON, count, dst)
+    return list(zip(local(times, LONDON), dst_notes(cron, LONDON, dst, at(after), times), strict=True))
+
+
+def test_the_preview_says_which_pass_a_repeated_time_runs_in() -> None:
+    assert notes("30 1 * * *", None, "2026-10-24T12:00", 2) == [
+        (
+            "2026-10-25T01:30:00+01:00",
+            "01:30 happens twice on 2026-10-25; runs once, in the first pass (default: first)",
+        ),
+        ("2026-10-26T01:30:00+00:00", None),
+    ]
+    assert notes("30 1 * * *", DstRules(Repeated.LAST), "2026-10-24T12:00", 1) == [
+        (
+            "2026-10-25T01:30:00+00:00",
+            "01:30 happens twice on 2026-10-25; runs once, in the second pass (dst.repeated: last)",
+        )
+    ]
+    both = "01:00 happens twice on 2026-10-25; runs in both passes, this is the"
+    assert notes("0 * * * *", None, "2026-10-24T23:30", 3) == [
+        ("2026-10-25T01:00:00+01:00", f"{both} first (default: both)"),
+        ("2026-10-25T01:00:00+00:00", f"{both} second (default: both)"),
+        ("2026-10-25T02:00:00+00:00", None),
+    ]
+
+
+def test_the_preview_says_where_a_missing_time_went() -> None:
+    assert notes("30 1 * * *", None, "2026-03-28T12:00", 2) == [
+        (
+            "2026-03-29T02:00:00+01:00",
+            "01:30 does not happen on 2026-03-29; runs at 02:00, when the clocks go forward (default: shift)",
+        ),
+        ("2026-03-30T01:30:00+01:00", None),
+    ]
+    skipped = "01:30 does not happen on 2026-03-29; not run (dst.missing: skip)"
+    assert notes("30 1 * * *", DstRules(missing=Missing.SKIP), "2026-03-28T12:00", 2) == [
+        ("2026-03-30T01:30:00+01:00", skipped),
+        ("2026-03-31T01:30:00+01:00", None),
+    ]
+    # Many wall times are said as a range; the wall time the clocks move to may be the cron's own.
+    many = "4 times from 01:00 to 01:45 do not happen on 2026-03-29"
+    assert notes("*/15 * * * *", DstRules(missing=Missing.SKIP), "2026-03-29T00:40", 2) == [
+        ("2026-03-29T00:45:00+00:00", None),
+        ("2026-03-29T02:00:00+01:00", f"{many}; not run (dst.missing: skip)"),
+    ]
+    assert notes("*/15 * * * *", None, "2026-03-29T00:50", 1) == [
+        ("2026-03-29T02:00:00+01:00", f"{many}; runs at 02:00, when the clocks go forward (default: shift)")
+    ]
+    assert notes("0,20 1 * * *", None, "2026-03-28T12:00", 1)[0][1] == (
+        "01:00 and 01:20 do not happen on 2026-03-29; runs at 02:00, when the clocks go forward (default: shift)"
+    )
+
+
+def test_no_note_off_transition_days_or_for_intervals() -> None:
+    assert all(note is None for _, note in notes("30 1 * * *", DstRules(Repeated.BOTH, Missing.SKIP), "2026-06-01", 60))
+    assert dst_notes(None, LONDON, None, at("2026-10-24T12:00"), [at("2026-10-25T01:30")]) == [None]

@@ -131,6 +131,16 @@ class CronExpression:
                     if candidate >= start:
                         yield candidate
 
+    def wall_times(self, start: datetime, end: datetime) -> list[datetime]:
+        """The naive wall times matching the expression in [start, end): meant for the stretch a
+        change of the clocks skips or repeats, a few hours at most."""
+        times = []
+        for naive in self._naive_times(start):
+            if naive >= end:
+                break
+            times.append(naive)
+        return times
+
     def _first_after(self, after: datetime, zone: tzinfo, start: datetime, fold: int, skip: bool) -> datetime:
         # With ``fold`` fixed, the instant never decreases as wall time grows, so the first
         # wall time whose instant is after ``after`` gives the earliest such instant.

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
+from celeryapp.domain.dst_notes import dst_notes
+from celeryapp.domain.dst_rules import DstRules
 from celeryapp.domain.limits import short_repr, type_name
 from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument
@@ -30,16 +32,19 @@ def count_arg(value: Any) -> int:
 
 
 def next_fires(app: ChordbeatCelery, name: str, count: int = 10) -> list[dict[str, Any]]:
-    """``[{"at", "local", "excluded"}]``: the next ``count`` slots (a paused schedule's: those it
-    would fire if resumed; a done or dead one has none), in UTC and on the schedule's wall clock."""
+    """``[{"at", "local", "excluded", "dst"}]``: the next ``count`` slots (a paused schedule's: those
+    it would fire if resumed; a done or dead one has none), in UTC and on the schedule's wall clock;
+    ``dst`` says what the schedule's DST rule did to a slot on a day the clocks change."""
     name, count = name_arg(name), count_arg(count)
+    now = utcnow()
     with transaction(app.settings.database_url, read_only=True) as session:
         schedule = find_schedule(session, name)
-        times = next_fire_times(schedule, utcnow(), count)
-        stored, timezone = schedule.calendar, schedule.timezone
+        times = next_fire_times(schedule, now, count)
+        stored, timezone, cron, dst = schedule.calendar, schedule.timezone, schedule.cron, schedule.dst
     zone = ZoneInfo(timezone)
     reasons = excluded_slots(app.settings.calendars_dir, stored, timezone, times)
+    notes = dst_notes(cron, zone, DstRules.from_json(dst), now, times)
     return [
-        {"at": iso(at), "local": at.astimezone(zone).isoformat(), "excluded": reason}
-        for at, reason in zip(times, reasons, strict=True)
+        {"at": iso(at), "local": at.astimezone(zone).isoformat(), "excluded": reason, "dst": note}
+        for at, reason, note in zip(times, reasons, notes, strict=True)
     ]

@@ -3,6 +3,7 @@ and ``delete`` (after asking)."""
 
 from __future__ import annotations
 
+import textwrap
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +39,9 @@ from celeryapp.interfaces.terminal import (
     time_cell,
 )
 
+#: Columns a DST note under a slot of ``chordbeat next`` is wrapped to.
+NOTE_WIDTH = 80
+
 
 def _upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
     """The schedule's next ``count`` fire times, in its own time zone."""
@@ -69,6 +73,16 @@ def _exclusions(schedule: dict[str, Any], times: list[datetime]) -> list[str | N
 
 def _marked(line: str, reason: str | None) -> str:
     return f"{line}  not run: {reason}" if reason else line
+
+
+def _dst_notes(schedule: dict[str, Any], times: list[datetime], now: datetime) -> list[str | None]:
+    """What the schedule's DST rule does to each of ``times`` on a day the clocks change."""
+    from celeryapp.domain.dst_notes import dst_notes
+    from celeryapp.domain.dst_rules import DstRules
+    from celeryapp.domain.times import zone_of
+
+    zone = zone_of(schedule["timezone"])
+    return dst_notes(schedule.get("cron"), zone, DstRules.from_json(schedule.get("dst")), now, times)
 
 
 def runs(schedule: dict[str, Any]) -> int:
@@ -144,8 +158,11 @@ def show_cmd(name: str, as_json: bool) -> None:
     console.print(definition_table(schedule))
     console.print(Text("next runs", style="italic"))
     upcoming = _upcoming(schedule, 3)
-    for t, reason in zip(upcoming, _exclusions(schedule, upcoming), strict=True):
+    notes = _dst_notes(schedule, upcoming, now)
+    for t, reason, note in zip(upcoming, _exclusions(schedule, upcoming), notes, strict=True):
         console.print(hanging(text_of(_marked(f"  {stamp(t, zone, viewer, now)}", reason))))
+        if note:
+            console.print(hanging(text_of(f"    {note}", "dim")))
     if schedule["next_run_at"] is None:
         console.print(text_of(f"  none ({schedule['status']})"))
     table = new_table("id", "trigger", title="recent executions")
@@ -192,15 +209,22 @@ def next_cmd(name: str, count: int, as_json: bool) -> None:
     schedule = call("get_schedule", name)
     times = _upcoming(schedule, count)
     reasons = _exclusions(schedule, times)
+    now = reference_now()
+    notes = _dst_notes(schedule, times, now)
     if as_json:
-        # chordbeat.next_fires' objects: the slot in UTC, on the schedule's wall clock, and why not run.
-        echo_json([{"at": iso(t), "local": t.isoformat(), "excluded": r} for t, r in zip(times, reasons, strict=True)])
+        # chordbeat.next_fires' objects: the slot in UTC, on the schedule's wall clock, why not run,
+        # and what the DST rule did to it.
+        fires = zip(times, reasons, notes, strict=True)
+        echo_json([{"at": iso(t), "local": t.isoformat(), "excluded": r, "dst": n} for t, r, n in fires])
         return
-    now, viewer = reference_now(), viewer_zone()
+    viewer = viewer_zone()
     if schedule.get("cron"):
         click.echo(printable(f"{describe(schedule['cron'])}, {schedule['timezone']} time:"))
-    for t, reason in zip(times, reasons, strict=True):
+    for t, reason, note in zip(times, reasons, notes, strict=True):
         click.echo(printable(_marked(stamp(t, zone_of(schedule["timezone"]), viewer, now), reason)))
+        if note:
+            # Under its slot, wrapped to the 80 columns the output keeps to.
+            click.echo(printable(textwrap.fill(note, NOTE_WIDTH, initial_indent="  ", subsequent_indent="    ")))
 
 
 @click.command("pause")

@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import func, select, union_all
 from sqlalchemy.orm import Session, raiseload
 
+from celeryapp.domain.dst_notes import dst_notes
 from celeryapp.domain.dst_rules import DstRules
 from celeryapp.domain.times import fire_times, parse_time
 from celeryapp.execution.reruns import first_failed_group
@@ -129,6 +130,8 @@ class ScheduleView:
     cells: dict[tuple[int, tuple[int, str]], GridCell]
     slots: list[SlotRecord]
     upcoming: list[datetime]
+    #: Per upcoming time, what the schedule's DST rule did to it on a day the clocks change.
+    upcoming_dst: list[str | None]
     counts: trail.RunCounts
     audit: list[dict[str, Any]]
     #: Runs of the grid with a step that warned.
@@ -179,6 +182,7 @@ def schedule_view(session: Session, name: str, now: datetime, whole: bool = True
             select(SlotRecord).where(SlotRecord.schedule_name == name).order_by(SlotRecord.id.desc()).limit(SLOTS_SHOWN)
         ).all()
     )
+    upcoming = next_fire_times(schedule, now)
     return ScheduleView(
         schedule=schedule,
         groups=[groups[i] for i in sorted(groups)],
@@ -186,7 +190,10 @@ def schedule_view(session: Session, name: str, now: datetime, whole: bool = True
         steps=sorted(steps, key=lambda s: s[0]),
         cells=cells,
         slots=slots,
-        upcoming=next_fire_times(schedule, now),
+        upcoming=upcoming,
+        upcoming_dst=dst_notes(
+            schedule.cron, ZoneInfo(schedule.timezone), DstRules.from_json(schedule.dst), now, upcoming
+        ),
         # The header and the trail are outside the live part: the refresh does not count again.
         counts=trail.run_counts(session, schedule.id) if whole else trail.RunCounts(),
         audit=trail.audit_trail(session, schedule=name) if whole else [],

@@ -52,13 +52,15 @@ def test_importing_the_client_builds_no_app_sets_no_current_app_and_connects_no_
         CHORDBEAT_STEP_KINDS="not-a-kind",
     )
     # I expect nothing built, nothing made current, nothing connected, nothing else imported but
-    # the pure redaction the client's task reprs share with the workers (standard library only)
+    # the answers' shapes and the pure redaction the client's task reprs share with the workers (standard
+    # library only)
     assert seen == {
         "current_app": True,
         "default_app": True,
         "receivers": 0,
         "modules": [
             "celeryapp",
+            "celeryapp.answer_shapes",
             "celeryapp.client",
             "celeryapp.contract",
             "celeryapp.domain",

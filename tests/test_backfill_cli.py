@@ -84,6 +84,14 @@ def test_backfill_lists_asks_starts_and_shows_progress_in_80_columns(
     assert status == 0 and "#1 completed 14/14 started, 14 completed" in shown, shown
     assert re.search(r"by alice, .* ago: outage", shown) and "mode missing, one at a time" in shown, shown
     assert not wide_lines(lines) and not time_format_problems(lines), (wide_lines(lines), time_format_problems(lines))
+    # A backfill run says which slot it is for, beside when it started.
+    oldest = call(client, "chordbeat.list_executions", schedule="nightly", limit=500)[-1]
+    status, lines = _terminal(settings, "execution", str(oldest["id"]))
+    shown = "\n".join(lines)
+    assert re.search(rf"\(backfill run, took .*\n  for slot {first:%Y-%m-%d} 02:00:00 \+00:00 GMT, 07:30 IST", shown), (
+        shown
+    )
+    assert not wide_lines(lines) and not time_format_problems(lines), (wide_lines(lines), time_format_problems(lines))
 
 
 def test_refusals_show_the_field_and_why(app: ChordbeatCelery, worker: Any, client: Any) -> None:

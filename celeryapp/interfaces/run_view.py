@@ -13,6 +13,7 @@ from rich.text import Text
 from celeryapp.domain.times import stamp, took
 from celeryapp.interfaces.display import WARNED_STEP, label, step_states
 from celeryapp.interfaces.terminal import Hanging, hanging, new_table, run_text, state_text, text_of
+from celeryapp.interfaces.time_words import slot_differs
 from models import ActivityStatus, WorkerTaskStatus
 
 #: Fixed widths of the steps table's columns but the step's name, so a live view's columns stay
@@ -96,10 +97,10 @@ def execution_view(
         run_text(execution),
         text_of(f" ({execution['trigger']} run, took {length})"),
     )
-    lines: list[RenderableType] = [
-        header,
-        hanging(text_of(f"  started  {stamp(execution['started_at'], zone, viewer, now)}")),
-    ]
+    lines: list[RenderableType] = [header]
+    if slot_differs(execution.get("slot"), execution["started_at"]):  # a backfill's, a catch-up's, a late one
+        lines.append(hanging(text_of(f"  for slot {stamp(execution['slot'], zone, viewer, now)}")))
+    lines.append(hanging(text_of(f"  started  {stamp(execution['started_at'], zone, viewer, now)}")))
     if execution["completed_at"]:
         lines.append(hanging(text_of(f"  finished {stamp(execution['completed_at'], zone, viewer, now)}")))
     if execution.get("rerun_of"):

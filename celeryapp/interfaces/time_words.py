@@ -9,9 +9,10 @@ backfill object): no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
-from celeryapp.domain.times import span
+from celeryapp.domain.times import parse_time, span
 
 #: What the default (no ``catchup``) does, as the contract says it.
 CATCHUP_DEFAULT = "catch-up: latest (one run for missed slots)"
@@ -24,6 +25,9 @@ _REPEATED = {
 }
 _MISSING = {"shift": "a skipped time runs at the change", "skip": "a skipped time does not run that day"}
 _ON_EXCLUDED = {"skip": "excluded days do not run", "next_business_day": "excluded days run the next business day"}
+#: A run starting this long after its slot says which slot it is for (a backfill's, a catch-up's,
+#: a late fire's); a regular run starts a moment after its slot, which is not worth saying.
+SLOT_SHOWN_AFTER_S = 60.0
 #: A backfill's run counts, in the order progress says them.
 PROGRESS_COUNTS = ("running", "completed", "failed", "cancelled", "skipped")
 
@@ -86,3 +90,12 @@ def time_control_words(schedule: Mapping[str, Any]) -> list[str]:
     dst = dst_words(schedule.get("dst"), schedule.get("cron"))
     words = [catchup_words(schedule.get("catchup")), calendar_words(schedule.get("calendar"))]
     return words + ([dst] if dst else [])
+
+
+def slot_differs(slot: datetime | str | None, started_at: datetime | str | None) -> bool:
+    """Whether a run's slot is worth showing beside its start (objects' ISO strings or datetimes)."""
+    slot_at = parse_time(slot) if isinstance(slot, str) or slot is None else slot
+    started = parse_time(started_at) if isinstance(started_at, str) or started_at is None else started_at
+    if slot_at is None or started is None:
+        return False
+    return abs((started - slot_at).total_seconds()) > SLOT_SHOWN_AFTER_S

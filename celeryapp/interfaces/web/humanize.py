@@ -143,13 +143,3 @@ def cadence_words(cron: str | None, every_s: float | None, timezone: str) -> str
         return f"{cron_words(cron)}, {timezone}"
     assert every_s is not None
     return f"every {span(every_s)}"
-
-
-#: A run starting this long after its slot says which slot it is for (a backfill's, a catch-up's,
-#: a late fire's); a regular run starts a moment after its slot, which is not worth saying.
-SLOT_SHOWN_AFTER_S = 60.0
-
-
-def slot_differs(slot: datetime | None, started_at: datetime) -> bool:
-    """Whether a run's slot is worth showing beside its start."""
-    return slot is not None and abs((started_at - slot).total_seconds()) > SLOT_SHOWN_AFTER_S

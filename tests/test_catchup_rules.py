@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from celeryapp.domain.batching import Alone, BatchSchedule, Fire, decide_batchable
 from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.catchup import (
+    MAX_EXCLUDED_PASSED,
     CatchupPolicy,
     CatchupRules,
     decide_late,
@@ -26,6 +27,7 @@ from celeryapp.domain.catchup import (
     too_late,
 )
 from celeryapp.domain.decisions import FireDecision, ScheduleState
+from celeryapp.domain.times import span
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.scheduling.schedule_file import load_file
@@ -197,16 +199,31 @@ def test_all_makes_up_the_newest_missed_slots_in_the_window_oldest_first(
         return "closed" if slot.hour in excluded_hours else None
 
     chosen = make_up_slots(cadence, rules, between=(since, until), now=now, excluded=excluded)
-    candidates = [
-        slot
-        # From a second before the window (not from ``since``): a day of 1 s slots is enough.
-        for slot in every_slot(cadence, max(since, now - timedelta(seconds=window_s + 1)), until)
-        if now - slot <= timedelta(seconds=window_s) and excluded(slot) is None
-    ]
+    # Newest first, as far as the bound on excluded slots passed over allows.
+    candidates: list[datetime] = []
+    passed = 0
+    # From a second before the window (not from ``since``): a day of 1 s slots is enough.
+    for slot in reversed(every_slot(cadence, max(since, now - timedelta(seconds=window_s + 1)), until)):
+        if now - slot > timedelta(seconds=window_s) or len(candidates) == max_runs:
+            break
+        if excluded(slot) is None:
+            candidates.insert(0, slot)
+        else:
+            passed += 1
+            if passed > MAX_EXCLUDED_PASSED:
+                break
     assert list(chosen) == candidates[-max_runs:]
     assert len(chosen) <= max_runs
     assert all(a < b for a, b in itertools.pairwise(chosen)), "oldest first, each once"
     assert all(since < slot < until for slot in chosen)
+    # Every missed slot not made up says why: older than the window, or beyond max_runs.
+    missed = every_slot(cadence, max(since, now - timedelta(seconds=window_s + 3600)), until)
+    for slot in missed[:5] + missed[-max_runs - 5 :]:
+        detail = missed_detail(rules, slot, now=now)
+        if now - slot > timedelta(seconds=window_s):
+            assert detail.endswith(f"not made up: older than catchup.window ({span(window_s)})")
+        elif slot not in chosen:
+            assert excluded(slot) or detail.endswith(f"older than the newest {max_runs} (catchup.max_runs)")
 
 
 @given(cadence=CADENCES, gap_s=st.integers(min_value=1, max_value=3 * 86400))

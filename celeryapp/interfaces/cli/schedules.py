@@ -124,6 +124,7 @@ def show_cmd(name: str, as_json: bool) -> None:
     """A schedule: definition, status, next fire times, recent executions and slots (--json: all of it)."""
     from celeryapp.domain.cron_words import describe
     from celeryapp.domain.times import instants_in, stamp, took, zone_of
+    from celeryapp.interfaces.time_words import time_control_words
 
     schedule = call("get_schedule", name)
     executions = call("list_executions", schedule=name, limit=5)
@@ -149,6 +150,8 @@ def show_cmd(name: str, as_json: bool) -> None:
     if schedule.get("cron"):
         # A daily wall time of the schedule's zone, not an instant: the zone is named, as in `next`.
         console.print(hanging(text_of(f"  {describe(schedule['cron'])}, {schedule['timezone']} time")))
+    for words in time_control_words(schedule):  # catch-up, calendar and DST, the defaults said too
+        console.print(hanging(text_of(f"  {words}")))
     counts = f"{schedule['run_count']} successful, {schedule['error_count']} failed"
     console.print(text_of(f"  runs {runs(schedule)}: {counts}; retry {schedule['current_retry']}"))
     for line in alerting_lines(schedule, zone, viewer, now):

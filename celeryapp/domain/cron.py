@@ -131,6 +131,12 @@ class CronExpression:
                     if candidate >= start:
                         yield candidate
 
+    def fires_on(self, day: date) -> bool:
+        """Whether the expression fires on ``day`` (its day and month fields; at some time of it)."""
+        if day.month not in self.months:
+            return False
+        return self.rule.matches(day.day, monthrange(day.year, day.month)[1], day.isoweekday() % 7)
+
     def wall_times(self, start: datetime, end: datetime) -> list[datetime]:
         """The naive wall times matching the expression in [start, end): meant for the stretch a
         change of the clocks skips or repeats, a few hours at most."""
@@ -145,7 +151,7 @@ class CronExpression:
         # With ``fold`` fixed, the instant never decreases as wall time grows, so the first
         # wall time whose instant is after ``after`` gives the earliest such instant.
         for naive in self._naive_times(start):
-            instant = _instant(naive, zone, fold, skip)
+            instant = instant_of(naive, zone, fold, skip)
             if instant is not None and instant > after:
                 return instant
         raise CronError(f"{self.text!r} has no fire time before the year {MAXYEAR + 1}")
@@ -183,7 +189,7 @@ class CronExpression:
         return times
 
 
-def _instant(naive: datetime, zone: tzinfo, fold: int, skip: bool = False) -> datetime | None:
+def instant_of(naive: datetime, zone: tzinfo, fold: int = 0, skip: bool = False) -> datetime | None:
     """The real instant of a wall-clock time; ``fold`` picks the pass of a repeated time. A time
     that does not exist is the transition after it, or ``None`` with ``skip``."""
     first = naive.replace(tzinfo=zone, fold=0).astimezone(UTC)

@@ -39,9 +39,10 @@ def name_arg(value: Any, field: str = "name") -> str:
     return value
 
 
-def execution_id_arg(value: Any, field: str = "execution_id") -> int:
+def execution_id_arg(value: Any, field: str = "execution_id", what: str = "an execution id") -> int:
+    """A row's id (``what`` names the row in the refusal: an execution id, a backfill id)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(field, f"must be an integer (an execution id), got {type_name(value)}")
+        raise InvalidArgument(field, f"must be an integer ({what}), got {type_name(value)}")
     if not 1 <= value <= MAX_ID:
         raise InvalidArgument(field, f"must be between 1 and {MAX_ID}, got {short_repr(value)}")
     return value

@@ -23,12 +23,11 @@ from celeryapp.domain.backfill_slots import (
     request_key,
 )
 from celeryapp.domain.effects import Effects
-from celeryapp.domain.limits import MAX_ID, short_repr, type_name
 from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
 from celeryapp.execution.backfills import cancel_backfill as cancel_in_db
 from celeryapp.execution.backfills import create_backfill, running_request, slot_facts
-from celeryapp.interfaces.arguments import actor_arg, flag_arg, limit_arg, name_arg, reason_arg
+from celeryapp.interfaces.arguments import actor_arg, execution_id_arg, flag_arg, limit_arg, name_arg, reason_arg
 from celeryapp.interfaces.backfill_view import backfill_view, backfill_views
 from celeryapp.scheduling.beat_entries import cadence_of
 from celeryapp.scheduling.calendar_files import excluded_slots
@@ -125,11 +124,7 @@ def _answer(backfill_id: int | None, slots: list[datetime]) -> dict[str, Any]:
 
 
 def _backfill_id(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument("backfill_id", f"must be an integer (a backfill id), got {type_name(value)}")
-    if not 1 <= value <= MAX_ID:
-        raise InvalidArgument("backfill_id", f"must be between 1 and {MAX_ID}, got {short_repr(value)}")
-    return value
+    return execution_id_arg(value, "backfill_id", "a backfill id")
 
 
 def cancel_backfill(

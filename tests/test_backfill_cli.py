@@ -104,6 +104,7 @@ def test_refusals_show_the_field_and_why(app: ChordbeatCelery, worker: Any, clie
         (["--from", _z(today), "--to", _z(today - timedelta(days=1))], "end: ", "is before start"),
         (["--to", "2026-02-30T00:00:00Z"], "end: is not a time that exists", ""),
         (["--to", _z(today + timedelta(days=2))], "end: ", "is in the future"),
+        (["--from", "x" * 10_000], "start: must be an ISO 8601 time with its UTC offset, got 10000 characters", ""),
     ):
         result = CliRunner().invoke(main, ["backfill", "nightly", *span, *extra, "--yes"])
         assert result.exit_code == 1 and f"Error: {said}" in result.output and why in result.output, result.output

@@ -65,9 +65,25 @@ def test_backfill_from_the_schedule_page_lists_asks_starts_and_shows_progress(
         ({"from": "yesterday"}, "start: is not a date and time"),
         ({"from": _london_midnight(0), "to": _london_midnight(1)}, "end: "),
         ({"mode": "some"}, "mode: must be one of missing, failed, all"),
+        (
+            {"from": "<b>" + "9" * 5000},
+            "start: is not a date and time (2026-11-20T02:00, or ISO 8601), got &#x27;&lt;b&gt;99",
+        ),
+        ({"from": "2026-02-30T02:00"}, "start: is not a date and time"),
     ):
         r = admin.get(web.url + "/act/backfill?" + urlencode({**request, "max_concurrent": "1", **bad}), timeout=10)
         assert r.status_code == 400 and said in r.text and 'id="confirm"' not in r.text, (bad, text_of(r.text))
+
+    for name in ("<script>x</script>", "nope\x00", "n" * 5000):
+        r = admin.get(web.url + "/act/backfill?" + urlencode({**request, "name": name}), timeout=10)
+        assert r.status_code == 404 and "<script>x" not in r.text, name
+    # Hourly over two years: more slots than one backfill takes, said before anything starts.
+    service.apply_schedule(
+        app, {"name": "hourly", "cron": "0 * * * *", "steps": [{"name": "s", "task": "chordbeat.examples.sleep"}]}
+    )
+    huge = urlencode({"name": "hourly", "from": "2024-01-01T00:00Z", "to": "2026-01-01T00:00Z"})
+    r = admin.get(web.url + f"/act/backfill?{huge}", timeout=10)
+    assert r.status_code == 400 and "end: the range holds more than 10000 slots" in r.text, text_of(r.text)
 
     # The confirmation: a POST with the xsrf token, by an admin.
     form = {**request, "max_concurrent": "1", "reason": "outage"}

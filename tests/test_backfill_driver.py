@@ -130,6 +130,7 @@ def test_a_regular_slot_meeting_a_backfill_run_is_buffered_and_runs_first(app: C
     # The buffered regular run starts first; the backfill's next waits for it.
     runs = _runs(app, "only")
     assert [(r.trigger, r.backfill_id) for r in runs] == [(Trigger.BACKFILL, backfill_id), (Trigger.INTERVAL, None)]
+    assert runs[1].slot == due  # the buffered run is the regular slot's, and says so
     assert _row(app, backfill_id).started == 1
     _end(app, runs[1].id)
     runs = _runs(app, "only")

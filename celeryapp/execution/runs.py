@@ -14,7 +14,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.decisions import (
@@ -55,6 +55,7 @@ from models import (
     ScheduleExecution,
     ScheduleStatus,
     SlotOutcome,
+    SlotRecord,
     Trigger,
     WorkerTask,
     WorkerTaskStatus,
@@ -337,12 +338,28 @@ def _after_execution(
             trigger=trigger,
             now=now,
             run_key=f"{name}:after:{execution.id}",
+            nominal_at=session.scalar(_BUFFERED_SLOT, {"p_name": name}),
             locked=True,
         )
         effects.merge(started.effects)
     if row.backfilling:
         effects.merge(drive_backfills(session, schedule_id, now=now))
     return effects
+
+
+#: The slot the buffer holds: the newest slot recorded buffered (a buffer keeps one run, for the
+#: latest slot that met the active one; a manual run's has none). Read newest first along the
+#: schedule's slot record index: the record is among the last few, written while the run was on.
+_BUFFERED_SLOT = (
+    select(SlotRecord.nominal_at)
+    .where(
+        SlotRecord.schedule_name == bindparam("p_name"),
+        SlotRecord.outcome == SlotOutcome.BUFFERED,
+        SlotRecord.trigger.in_((Trigger.CRON, Trigger.INTERVAL, Trigger.MANUAL)),
+    )
+    .order_by(SlotRecord.id.desc())
+    .limit(1)
+)
 
 
 def drive_backfills(session: Session, schedule_id: int, *, now: datetime) -> Effects:

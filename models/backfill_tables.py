@@ -44,6 +44,9 @@ class Backfill(Base):
     #: How many of ``slots`` were started (or passed over): the next is ``slots[started]``.
     started: Mapped[int] = mapped_column(Integer, default=0)
     max_concurrent: Mapped[int] = mapped_column(Integer, default=1)
+    #: No slot starts before this (a slot its business calendar moved to the next business day
+    #: waits for that day's wall time); None: at once.
+    not_before: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     status: Mapped[BackfillStatus] = enum_column(BackfillStatus, default=BackfillStatus.RUNNING)
     #: Identifies the request (schedule, range, mode): asked again, it starts nothing.
     request_key: Mapped[str | None] = mapped_column(String(400), unique=True, default=None)

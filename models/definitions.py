@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from celeryapp.domain.catchup import CatchupRules
-from celeryapp.domain.dst_rules import DstRules
 from celeryapp.domain.definition import (
     KIND_OF_TASK,
     AlertRules,
@@ -13,6 +12,7 @@ from celeryapp.domain.definition import (
     StepKind,
     StepSpec,
 )
+from celeryapp.domain.dst_rules import DstRules
 from models.tables import Schedule, ScheduleStep
 
 

@@ -84,6 +84,9 @@ class SlotOutcome(StrEnum):
     MISSED = "missed"
     #: The slot's day is excluded by the schedule's calendar (``on_excluded: skip``): nothing ran.
     SKIPPED_CALENDAR = "skipped_calendar"
+    #: The slot's day is excluded (``on_excluded: next_business_day``): its run waits for the same
+    #: wall time on the next business day; the detail says when.
+    MOVED = "moved"
     BUFFERED = "buffered"
     RETRY = "retry"
 
@@ -163,3 +166,6 @@ class BackfillOrigin(StrEnum):
     REQUEST = "request"
     #: A schedule's ``catchup: all`` after missed slots: runs keep the schedule's own trigger.
     CATCHUP = "catchup"
+    #: A slot its business calendar excluded, moved to the next business day
+    #: (``on_excluded: next_business_day``): its run waits for ``not_before``.
+    MOVED = "moved"

@@ -40,6 +40,7 @@ def upgrade() -> None:
         sa.Column("slots", sa.JSON(), nullable=False),
         sa.Column("started", sa.Integer(), nullable=False),
         sa.Column("max_concurrent", sa.Integer(), nullable=False),
+        sa.Column("not_before", sa.DateTime(timezone=True), nullable=True),
         sa.Column("status", sa.String(32), nullable=False),
         sa.Column("request_key", sa.String(400), nullable=True, unique=True),
         sa.Column("actor", sa.String(100), nullable=True),

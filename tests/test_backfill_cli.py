@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from datetime import UTC, datetime, timedelta
@@ -138,3 +139,21 @@ def test_backfill_cancel_asks_first_and_stops_what_has_not_started(
     assert again.exit_code == 0 and "already cancelled; nothing to cancel" in again.output, again.output
     (run,) = call(client, "chordbeat.list_executions", schedule="slow")
     call(client, "chordbeat.cancel_execution", execution_id=run["id"])  # the 30 s step need not be waited out
+
+
+def test_backfill_wait_follows_it_and_exits_zero_only_when_every_run_completed(
+    app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
+) -> None:
+    _nightly(client, "good", steps=[step("s", kwargs={"seconds": 0.3})])
+    _nightly(client, "bad", steps=[step("s", "chordbeat.examples.fail")])
+    today = _midnight_utc()
+    span = ["--from", _z(today - timedelta(days=3)), "--to", _z(today), "--yes", "--wait"]
+    status, lines = _terminal(settings, "backfill", "good", *span)
+    shown = "\n".join(lines)
+    assert status == 0 and "#1 completed: 3/3 started, 3 completed" in shown, shown
+    assert re.search(r"#1 running: [0-3]/3 started", shown) and not wide_lines(lines), shown
+    status, lines = _terminal(settings, "backfill", "bad", *span[:-2], "--yes", "--wait")
+    assert status == 1 and "#2 completed: 3/3 started, 3 failed" in "\n".join(lines), lines
+    as_json = CliRunner().invoke(main, ["backfill", "good", *span[:4], "--mode", "all", "--yes", "--wait", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.output)["skipped"] == 3  # every slot had its run: passed over, nothing failed

@@ -4,6 +4,8 @@ asking, runs them (``--dry-run`` only lists); ``backfill --cancel ID`` stops wha
 
 from __future__ import annotations
 
+import sys
+import time
 from datetime import datetime, tzinfo
 from typing import Any
 
@@ -27,6 +29,8 @@ from celeryapp.interfaces.terminal import hanging, printable, text_of
 SLOTS_SHOWN = 10
 #: Backfills ``chordbeat backfills`` shows at most.
 BACKFILLS_SHOWN = 20
+#: How often ``--wait`` asks how far a backfill got.
+WAIT_POLL_S = 0.5
 
 
 def time_arg(text: str, zone: tzinfo) -> str:
@@ -76,6 +80,7 @@ def _say_slots(name: str, answer: dict[str, Any], mode: str, zone: tzinfo, viewe
 )
 @click.option("--max-concurrent", type=int, default=1, show_default=True, help="Runs at a time (1 to 100).")
 @click.option("--dry-run", is_flag=True, help="Only list the slots; start nothing.")
+@click.option("--wait", is_flag=True, help="Follow it to its end; exit 0 only if every run completed.")
 @click.option("--cancel", "cancel_id", type=int, default=None, metavar="ID", help="Cancel backfill ID instead.")
 @yes_option
 @acts
@@ -87,6 +92,7 @@ def backfill_cmd(
     mode: str,
     max_concurrent: int,
     dry_run: bool,
+    wait: bool,
     cancel_id: int | None,
     yes: bool,
     as_name: str | None,
@@ -129,16 +135,45 @@ def backfill_cmd(
     count = listed["count"]
     confirm(f"start {count} run{'' if count == 1 else 's'} of {name} ({at_a_time}, oldest first)?", yes)
     started = call("backfill_schedule", name, actor=acting(as_name), reason=reason, **request)
-    if as_json:
+    backfill_id = started["backfill_id"]
+    if as_json and not (wait and backfill_id):
         echo_json(started)
         return
-    if started["backfill_id"] is None:
+    if backfill_id is None:
         click.echo(printable(f"{name}: nothing started (those slots have runs now)"))
         return
-    said = f"backfill #{started['backfill_id']} of {name}: {started['count']} slots, oldest first"
-    console.print(hanging(text_of(said)))
+    if not as_json:
+        console.print(hanging(text_of(f"backfill #{backfill_id} of {name}: {started['count']} slots, oldest first")))
+    if wait:
+        _follow(backfill_id, as_json)
     console.print(hanging(text_of(f"follow it: chordbeat backfills {name}", "dim")))
-    console.print(hanging(text_of(f"stop it: chordbeat backfill --cancel {started['backfill_id']}", "dim")))
+    console.print(hanging(text_of(f"stop it: chordbeat backfill --cancel {backfill_id}", "dim")))
+
+
+def _follow(backfill_id: int, as_json: bool) -> None:
+    """A line each time the backfill's progress changes, until it ends; exit 0 only if every slot
+    it started completed (none failed, none cancelled). Ctrl-C stops watching, not the backfill."""
+    from celeryapp.interfaces.time_words import progress_words
+
+    said = ""
+    try:
+        while True:
+            backfill = call("get_backfill", backfill_id)
+            progress = f"#{backfill_id} {backfill['status']}: {progress_words(backfill)}"
+            if progress != said and not as_json:
+                console.print(hanging(text_of(progress)))
+                said = progress
+            if backfill["status"] != "running":
+                break
+            time.sleep(WAIT_POLL_S)
+    except KeyboardInterrupt:
+        said = f"stopped watching; backfill #{backfill_id} goes on (chordbeat backfill --cancel {backfill_id} stops it)"
+        console.print(hanging(text_of(said, "yellow")))
+        sys.exit(130)
+    if as_json:
+        echo_json(backfill)
+    ended_well = backfill["status"] == "completed" and not backfill["failed"] and not backfill["cancelled"]
+    sys.exit(0 if ended_well else 1)
 
 
 def _cancel(backfill_id: int, yes: bool, as_name: str | None, reason: str | None, as_json: bool) -> None:

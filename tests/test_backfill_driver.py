@@ -221,3 +221,35 @@ def test_a_run_end_does_not_read_the_backfills_slots_again(app: ChordbeatCelery)
     assert len(_runs(app, "long")) == 4
     reads = [s for s in statements if s.startswith("SELECT") and "backfills.slots" in s]
     assert reads == [], reads
+
+
+def test_a_moved_slot_waits_for_its_time_then_runs_with_the_regular_trigger(app: ChordbeatCelery) -> None:
+    """on_excluded: next_business_day's run: a one-slot backfill of origin moved, not before its time."""
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "payroll", "skip", anchor)
+    slot, moved_to = anchor + HOUR, utcnow() + HOUR
+    with transaction(app.settings.database_url) as session:
+        made = create_backfill(
+            session,
+            schedule_id,
+            [slot],
+            origin=BackfillOrigin.MOVED,
+            max_concurrent=1,
+            now=utcnow(),
+            mode="moved",
+            reason="excluded by the schedule's calendar.exclude",
+            not_before=moved_to,
+        )
+    assert made.effects.dispatch == [] and _runs(app, "payroll") == []
+    # Nothing before its time, whoever drives (a regular run's end, recovery's pass)...
+    assert recover(app, now=moved_to - timedelta(seconds=1)).backfills == []
+    assert _runs(app, "payroll") == []
+    # ...and from then on, recovery's pass starts it.
+    assert recover(app, now=moved_to).backfills == [schedule_id]
+    (run,) = _runs(app, "payroll")
+    stamp = slot.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    assert (run.trigger, run.slot, run.run_key) == (Trigger.INTERVAL, slot, f"payroll:moved:{stamp}")
+    with transaction(app.settings.database_url) as session:
+        record = session.scalars(select(SlotRecord).where(SlotRecord.execution_id == run.id)).one()
+        assert record.detail == f"moved from {stamp}: excluded by the schedule's calendar.exclude"
+    assert _row(app, made.backfill_id).started == 1

@@ -125,6 +125,8 @@ def drive(session: Session, schedule_id: int, *, now: datetime, start: Starter) 
     # regular run in progress or buffered goes first.
     may_start = schedule.status is ScheduleStatus.ACTIVE and not (exclusive and (running or schedule.buffered))
     for backfill in backfills:
+        if backfill.not_before is not None and now < backfill.not_before:
+            continue  # not due yet: it starts nothing, and holds nothing back
         in_progress = running.get(backfill.id, 0)
         started = backfill.started
         slots = _slots_of(session, backfill)
@@ -150,6 +152,11 @@ def _start_slot(
         trigger = regular_trigger(schedule.every_s)
         key = run_key(schedule.name, trigger, slot)
         detail = f"catch-up #{backfill.id}"
+    elif backfill.origin is BackfillOrigin.MOVED:
+        # A slot its business calendar moved: a run of its own, one per slot however often fired.
+        trigger = regular_trigger(schedule.every_s)
+        key = f"{schedule.name}:moved:{iso(slot)}"
+        detail = f"moved from {iso(slot)}" + (f": {backfill.reason}" if backfill.reason else "")
     else:
         trigger = Trigger.BACKFILL
         earlier = 0

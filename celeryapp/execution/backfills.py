@@ -63,6 +63,7 @@ def create_backfill(
     mode: str = "catchup",
     request_key: str | None = None,
     span: tuple[datetime, datetime] | None = None,
+    not_before: datetime | None = None,
 ) -> BackfillStart:
     """Make a backfill of ``slots`` (aware, oldest first, at least one) and start its first runs.
 
@@ -70,7 +71,9 @@ def create_backfill(
     ``origin`` CATCHUP: the runs keep the schedule's own trigger and the regular run key, so a
     make-up run and a late fire of the same slot cannot both run. ``request_key``: the caller
     checked that no running backfill has it. ``span``: the requested range (start, end); a
-    catch-up's is its first slot and its last.
+    catch-up's is its first slot and its last. ``not_before``: no slot starts before then (origin
+    MOVED: the run waits for the next business day's wall time; recovery's pass starts it within
+    its interval after, or any run end or fire of the schedule before that).
     """
     if not slots:
         raise ValueError("a backfill needs at least one slot")
@@ -89,6 +92,7 @@ def create_backfill(
         slots=[stored_slot(slot) for slot in slots],
         started=0,
         max_concurrent=max_concurrent,
+        not_before=not_before,
         status=BackfillStatus.RUNNING,
         request_key=request_key,
         actor=actor,

@@ -113,6 +113,9 @@ def test_refusals_show_the_field_and_why(app: ChordbeatCelery, worker: Any, clie
     assert missing.exit_code == 1 and "does not exist" in missing.output, missing.output
     assert CliRunner().invoke(main, ["backfill", "nightly"]).exit_code == 2  # no range: a usage error
     assert call(client, "chordbeat.list_backfills", name="nightly") == []
+    call(client, "chordbeat.pause_schedule", name="nightly")
+    paused = CliRunner().invoke(main, ["backfill", "nightly", *span, "--dry-run"])
+    assert "nightly is paused: the runs start when it is resumed" in paused.output, paused.output
 
 
 def test_backfill_cancel_asks_first_and_stops_what_has_not_started(

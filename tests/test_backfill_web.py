@@ -134,7 +134,14 @@ def test_cancel_asks_first_and_catch_ups_show_too(app: ChordbeatCelery, web: Web
         slot = datetime.fromisoformat(start) + timedelta(days=1)
         made = create_backfill(session, schedule, [slot], origin=BackfillOrigin.CATCHUP, max_concurrent=1, now=utcnow())
     page = text_of(admin.get(web.url + "/schedule/fragment?name=slow", timeout=10).text)
-    assert re.search(rf"#{made.backfill_id} catch-up running", page) and "catch-up (fire)" in page, page
+    assert re.search(rf"#{made.backfill_id} catch-up running", page) and "catch-up (beat&#x27;s fire)" in page, page
     service.cancel_backfill(app, made.backfill_id)  # it would start when the run in progress ends
+    # A paused schedule's backfill would wait for its resume: the dry run says so.
+    service.pause_schedule(app, "slow")
+    earlier = urlencode({"name": "slow", "from": _london_midnight(12), "to": _london_midnight(9)})
+    assert (
+        "slow is paused: the runs start when it is resumed."
+        in admin.get(web.url + f"/act/backfill?{earlier}", timeout=10).text
+    )
     for execution in service.list_executions(app, schedule="slow", status="in_progress"):
         service.cancel_execution(app, execution["id"])  # the 30 s steps need not be waited out

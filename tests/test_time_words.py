@@ -54,3 +54,4 @@ def test_progress_leaves_out_what_is_none() -> None:
     )
     assert backfill_title(_backfill()) == "#3 running"
     assert backfill_title({**_backfill(), "origin": "catchup", "status": "completed"}) == "#3 catch-up completed"
+    assert backfill_title({**_backfill(), "origin": "moved"}) == "#3 moved slot running"

@@ -28,6 +28,8 @@ _ON_EXCLUDED = {"skip": "excluded days do not run", "next_business_day": "exclud
 #: A run starting this long after its slot says which slot it is for (a backfill's, a catch-up's,
 #: a late fire's); a regular run starts a moment after its slot, which is not worth saying.
 SLOT_SHOWN_AFTER_S = 60.0
+#: What made a backfill other than a request: a late fire's catch-up, a calendar's moved slot.
+ORIGIN_WORDS = {"catchup": "catch-up", "moved": "moved slot"}
 #: A backfill's run counts, in the order progress says them.
 PROGRESS_COUNTS = ("running", "completed", "failed", "cancelled", "skipped")
 
@@ -79,10 +81,16 @@ def progress_words(backfill: Mapping[str, Any]) -> str:
     return ", ".join([f"{backfill['started']}/{backfill['total']} started", *counts])
 
 
+def origin_words(backfill: Mapping[str, Any]) -> str:
+    """``catch-up`` or ``moved slot`` for what beat's fire made; ``""`` for a request."""
+    origin = str(backfill["origin"])
+    return "" if origin == "request" else ORIGIN_WORDS.get(origin, origin)
+
+
 def backfill_title(backfill: Mapping[str, Any]) -> str:
     """``#3 running`` or ``#4 catch-up completed``."""
-    kind = "catch-up " if backfill["origin"] == "catchup" else ""
-    return f"#{backfill['id']} {kind}{backfill['status']}"
+    kind = origin_words(backfill)
+    return f"#{backfill['id']} {kind + ' ' if kind else ''}{backfill['status']}"
 
 
 def time_control_words(schedule: Mapping[str, Any]) -> list[str]:

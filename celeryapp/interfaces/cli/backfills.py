@@ -121,10 +121,12 @@ def backfill_cmd(
     if as_json and dry_run:
         echo_json(listed)
         return
-    now = reference_now()
-    zone = zone_of(call("get_schedule", name)["timezone"])
+    now, schedule = reference_now(), call("get_schedule", name)
+    zone = zone_of(schedule["timezone"])
     if not as_json:  # stdout is the JSON answer alone
         _say_slots(name, listed, mode, zone, viewer, now)
+        if schedule["status"] == "paused" and listed["count"]:
+            console.print(hanging(text_of(f"{name} is paused: the runs start when it is resumed", "yellow")))
     if dry_run or not listed["count"]:
         if as_json:
             echo_json(listed)
@@ -203,7 +205,7 @@ def _cancel(backfill_id: int, yes: bool, as_name: str | None, reason: str | None
 def backfills_cmd(name: str, as_json: bool) -> None:
     """A schedule's backfills and catch-ups, newest first, with their progress."""
     from celeryapp.domain.times import stamp, zone_of
-    from celeryapp.interfaces.time_words import backfill_title, progress_words
+    from celeryapp.interfaces.time_words import backfill_title, origin_words, progress_words
 
     backfills = call("list_backfills", name, limit=BACKFILLS_SHOWN)
     if as_json:
@@ -223,6 +225,6 @@ def backfills_cmd(name: str, as_json: bool) -> None:
             console.print(hanging(text_of(f"  last slot  {stamp(b['last_slot'], zone, viewer, now)}")))
         if b["next_slot"] and b["status"] == "running":
             console.print(hanging(text_of(f"  next slot  {stamp(b['next_slot'], zone, viewer, now)}")))
-        by = f"  by {b['actor']}" if b["actor"] else "  by the fire of a late slot"
+        by = f"  by {b['actor']}" if b["actor"] else f"  {origin_words(b)} by beat's fire"
         why = f": {b['reason']}" if b["reason"] else ""
         console.print(hanging(text_of(f"{by}, {stamp(b['created_at'], zone, viewer, now)}{why}", "dim")))

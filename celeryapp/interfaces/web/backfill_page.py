@@ -66,6 +66,8 @@ class DryRun:
     count: int = 0
     error: str | None = None
     back: str = "/"
+    #: The schedule's status: a paused one's backfill starts when it is resumed.
+    status: str = "active"
 
     @property
     def more(self) -> int:
@@ -130,10 +132,13 @@ class BackfillActionHandler(BaseHandler):
         }
 
     async def dry_run(self, form: BackfillForm) -> DryRun:
-        zone = await self.read(lambda s: s.scalar(select(Schedule.timezone).where(Schedule.name == form.name)))
-        if zone is None:
+        found = await self.read(
+            lambda s: s.execute(select(Schedule.timezone, Schedule.status).where(Schedule.name == form.name)).first()
+        )
+        if found is None:
             raise tornado.web.HTTPError(404, reason="no such schedule")
-        page = DryRun(form, zone, back=f"/schedule?name={quote(form.name, safe='')}")
+        zone, status = found
+        page = DryRun(form, zone, back=f"/schedule?name={quote(form.name, safe='')}", status=status.value)
         if not form.start and not form.end:
             return page  # the form alone, nothing asked yet
         try:

@@ -94,12 +94,24 @@ def test_the_field_reads_back_as_written(calendars_dir: Path) -> None:
         ("calendar/calendars", [f"c{n}" for n in range(21)], "calendar.calendars", "at most 20 calendar names"),
         ("calendar/on_excluded", "never", "calendar.on_excluded", "must be one of skip, next_business_day"),
         ("calendar/on_excluded", True, "calendar.on_excluded", "must be one of skip, next_business_day, got bool"),
-        ("calendar/on_excluded", "next_business_day", "calendar.on_excluded", "not supported yet; use 'skip'"),
     ],
 )
 def test_each_mistake_is_refused_naming_the_field(path: str, value: Any, field: str, reason: str) -> None:
     errors = errors_of(with_change(path, value), None)
     assert field in errors and reason in errors[field], errors
+
+
+def test_next_business_day_is_for_cron_schedules_only() -> None:
+    moving = with_change("calendar", {"exclude": ["2026-12-24"], "on_excluded": "next_business_day"})
+    assert parse_definition(moving, rules=KNOWN_ONLY).calendar == CalendarRules(
+        (date(2026, 12, 24),), (), OnExcluded.NEXT_BUSINESS_DAY
+    )
+    interval = {**moving, "every": 3600}
+    del interval["cron"]
+    assert errors_of(interval, None) == {
+        "calendar.on_excluded": "'next_business_day' is for cron schedules only: an 'every' schedule's slots have no"
+        " wall time to keep"
+    }
 
 
 def test_a_named_calendar_must_be_a_readable_file(calendars_dir: Path) -> None:

@@ -40,7 +40,7 @@ def parse_calendar_field(raw: Mapping[str, Any]) -> CalendarRules | None:
     problems.check(refuse_unknown, calendar, CALENDAR_FIELDS, "calendar")
     exclude = problems.check(_exclude, calendar.get("exclude"))
     names = problems.check(_calendars, calendar.get("calendars"))
-    on_excluded = problems.check(_on_excluded, calendar.get("on_excluded"))
+    on_excluded = problems.check(_on_excluded, calendar.get("on_excluded"), raw.get("cron") is None)
     if not problems and not exclude and not names:
         problems.add(DefinitionError("calendar", "must give exclude dates or calendars (leave calendar out for none)"))
     problems.raise_any()
@@ -91,7 +91,7 @@ def _calendars(value: Any) -> tuple[str, ...]:
     return distinct_names(_listed(value, path, MAX_CALENDARS, "calendar names"), path, calendar_name_problem)
 
 
-def _on_excluded(value: Any) -> OnExcluded:
+def _on_excluded(value: Any, interval: bool) -> OnExcluded:
     path = "calendar.on_excluded"
     if value is None:
         return OnExcluded.SKIP
@@ -99,9 +99,13 @@ def _on_excluded(value: Any) -> OnExcluded:
     if not isinstance(value, str) or value not in {choice.value for choice in OnExcluded}:
         shown = short_repr(value) if isinstance(value, str) else type_name(value)
         raise DefinitionError(path, f"must be one of {choices}, got {shown}")
-    if value == OnExcluded.NEXT_BUSINESS_DAY:
-        # Moving a slot to another day meets the catch-up and backfill rules still to come.
-        raise DefinitionError(path, "'next_business_day' is not supported yet; use 'skip'")
+    if value == OnExcluded.NEXT_BUSINESS_DAY and interval:
+        # A moved run keeps its slot's wall time on the next business day: an interval's slots
+        # are absolute time, with no wall time of their own to keep.
+        raise DefinitionError(
+            path,
+            "'next_business_day' is for cron schedules only: an 'every' schedule's slots have no wall time to keep",
+        )
     return OnExcluded(value)
 
 

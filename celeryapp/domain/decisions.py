@@ -133,6 +133,8 @@ class FireDecision:
     reason: str | None = None
     #: A regular slot's fire was processed: the schedule's last slot moves up to it.
     claims_slot: bool = False
+    #: Where its business calendar moved the slot's run (``on_excluded: next_business_day``).
+    moved_to: datetime | None = None
 
 
 def decide_fire(
@@ -182,16 +184,31 @@ def decide_fire(
     return FireDecision(start=True, claims_slot=True)
 
 
-def decide_calendar(decision: FireDecision, excluded: Callable[[], str | None]) -> FireDecision:
+def decide_calendar(
+    decision: FireDecision,
+    excluded: Callable[[], str | None],
+    move: Callable[[], datetime | str] | None = None,
+) -> FireDecision:
     """A regular slot that would start a run on a day its business calendar excludes starts
     nothing: the slot is claimed and recorded ``skipped_calendar``. ``excluded`` says why (``None``:
     not excluded), asked only of a slot that would start (it reads the calendar's files). A slot
-    that starts nothing anyway keeps its own outcome; a retry is no slot and runs."""
+    that starts nothing anyway keeps its own outcome; a retry is no slot and runs.
+
+    ``move`` (``on_excluded: next_business_day``) says where the run moves, or why it cannot (no
+    business day within the search, or the DST rule skips that wall time): moved, the slot is
+    recorded ``moved`` and its run waits for that time; else it is skipped, saying why."""
     if not (decision.start and decision.claims_slot):
         return decision
     reason = excluded()
     if reason is None:
         return decision
+    if move is not None:
+        target = move()
+        if isinstance(target, datetime):
+            return FireDecision(
+                outcome=SlotOutcome.MOVED, reason=f"moved to {iso(target)}: {reason}", claims_slot=True, moved_to=target
+            )
+        reason = f"{reason}; not moved: {target}"
     return FireDecision(outcome=SlotOutcome.SKIPPED_CALENDAR, reason=f"not run: {reason}", claims_slot=True)
 
 

@@ -17,16 +17,19 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import select
 
+from celeryapp.domain.business_moves import moved_to
 from celeryapp.domain.calendar_fields import CalendarReader
 from celeryapp.domain.calendars import (
     MAX_CALENDAR_BYTES,
     Calendar,
     CalendarError,
     calendar_name_problem,
+    next_business_day,
     parse_calendar,
     slot_excluded,
 )
-from celeryapp.domain.definition import CalendarRules
+from celeryapp.domain.definition import CalendarRules, OnExcluded
+from celeryapp.domain.dst_rules import DstRules
 from celeryapp.errors import ConfigError
 from models import Schedule, ScheduleStatus, transaction
 
@@ -130,3 +133,34 @@ def slot_calendar_reason(directory: str | None, stored: Any, timezone: str, slot
     if reason is not None and reason.startswith("its calendar cannot be read"):
         logger.error("the slot at %s does not run: %s", slot.isoformat(), reason)
     return reason
+
+
+def moves_slots(stored: Any) -> bool:
+    """Whether the schedule's stored ``calendar`` moves an excluded slot's run (``on_excluded:
+    next_business_day``) rather than skipping it."""
+    rules = CalendarRules.from_json(stored)
+    return rules is not None and rules.on_excluded is OnExcluded.NEXT_BUSINESS_DAY
+
+
+def moved_slot(
+    directory: str | None, stored: Any, timezone: str, dst: DstRules | None, slot: datetime
+) -> datetime | str:
+    """Where ``on_excluded: next_business_day`` moves the run of ``slot`` (on an excluded day): its
+    wall time on the next business day; or why it does not move."""
+    rules = CalendarRules.from_json(stored)
+    if rules is None:
+        return "the schedule has no calendar"
+    try:
+        calendar = schedule_calendar(directory, rules)
+    except (CalendarError, ConfigError):
+        return "its calendar cannot be read"
+    zone = ZoneInfo(timezone)
+    try:
+        target = moved_to(slot, zone, calendar, dst)
+    except CalendarError as exc:
+        return str(exc)
+    if target is None:
+        wall = slot.astimezone(zone)
+        day = next_business_day(wall.date(), calendar)
+        return f"{wall:%H:%M} does not happen on {day.isoformat()} in {timezone} (dst.missing: skip)"
+    return target

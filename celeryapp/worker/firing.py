@@ -28,6 +28,7 @@ from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, cadenc
 from celeryapp.scheduling.calendar_files import slot_calendar_reason
 from celeryapp.worker.catchup_fires import record_unfired, start_catchup
 from celeryapp.worker.dispatch import apply_effects
+from celeryapp.worker.moved_fires import mover, start_moved
 from celeryapp.worker.slot_claims import claim_slot, claimed_slots, recorded
 from models import (
     ExecutionStatus,
@@ -262,7 +263,8 @@ def _fire(
         state = ScheduleState(row.status, row.current_retry, row.retry_at, row.last_slot_at)
         decision = decide_fire(state, trigger=trigger, nominal_at=nominal_at, now=now, cadence=cadence)
         excluded = partial(slot_calendar_reason, app.settings.calendars_dir, row.calendar, row.timezone)
-        decision = decide_calendar(decision, partial(excluded, nominal_at))
+        move = mover(app.settings.calendars_dir, row.calendar, row.timezone, cadence.dst, nominal_at)
+        decision = decide_calendar(decision, partial(excluded, nominal_at), move)
         grace_s = app.settings.alert_missed_grace_s
         decision = decide_late(decision, too_late(catchup, nominal_at=nominal_at, now=now, grace_s=grace_s))
         # The slots a ``catchup: all`` makes up: their backfill is made once the fired slot's run
@@ -288,6 +290,7 @@ def _fire(
                 now=now,
                 detail=decision.reason,
             )
+        effects.merge(start_moved(session, owner, decision, nominal_at, now))
         if not decision.start:
             logger.info("fire of %r for %s: %s", name, nominal_at.isoformat(), decision.reason)
             if state.status is not ScheduleStatus.ACTIVE:

@@ -104,8 +104,12 @@ def test_backfill_from_the_schedule_page_lists_asks_starts_and_shows_progress(
 
     # A backfill run's page says which slot it is for.
     first = service.list_executions(app, schedule="nightly", limit=500)[-1]
-    run = text_of(admin.get(web.url + f"/execution/{first['id']}", timeout=10).text)
-    assert re.search(r"trigger backfill \(backfill #\d+\) · for slot \d{4}-\d\d-\d\d 02:00:00 \+00:00 GMT", run), run
+    html = admin.get(web.url + f"/execution/{first['id']}", timeout=10).text
+    assert f'href="/schedule?name=nightly#backfill-{backfill["id"]}" id="run-backfill"' in html  # to its progress
+    run = text_of(html)
+    assert re.search(r"trigger backfill \( ?backfill #\d+ ?\) · for slot \d{4}-\d\d-\d\d 02:00:00 \+00:00 GMT", run), (
+        run
+    )
 
 
 def test_cancel_asks_first_and_catch_ups_show_too(app: ChordbeatCelery, web: WebServer, worker: Any) -> None:

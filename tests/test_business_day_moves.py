@@ -8,8 +8,11 @@ schedule is refused the rule."""
 
 from __future__ import annotations
 
+import html
 import json
+import sys
 from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -19,17 +22,23 @@ from sqlalchemy import select, update
 
 from celeryapp import app as chordbeat_app
 from celeryapp.application import ChordbeatCelery
+from celeryapp.config import Settings
 from celeryapp.context import current_step
 from celeryapp.domain.times import iso
 from celeryapp.errors import DefinitionError
+from celeryapp.execution.runs import cancel_execution
 from celeryapp.interfaces import service
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.recovery import RecoveryReport, top_up_backfills
 from celeryapp.worker import firing
 from models import Backfill, BackfillOrigin, BackfillStatus, Schedule, ScheduleExecution, Trigger, transaction
+from tests import processes
 from tests.helpers import call, finished
+from tests.terminals import in_pty, plain_lines
+from tests.web_server import VIEWER, WebServer, text_of
 
 LONDON = ZoneInfo("Europe/London")
+CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 INLINE = "excluded by the schedule's calendar.exclude"
 SEEN = "tests:moved:seen"
 
@@ -171,3 +180,55 @@ def test_skip_stays_the_default_and_every_schedules_are_refused_the_move(app: Ch
     with pytest.raises(DefinitionError) as caught:
         service.apply_schedule(app, interval)
     assert {e.field for e in caught.value.errors} == {"calendar.on_excluded"}
+
+
+def test_the_preview_says_where_an_excluded_slot_moves(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings
+) -> None:
+    first = latest_slot() + timedelta(days=1)
+    days = [(first + timedelta(days=n)).astimezone(LONDON).date() for n in range(8)]
+    # The third coming slot's day excluded, and the weekday after it: its run moves past both.
+    excluded = {days[2], next(day for day in days[3:] if day.weekday() < 5)}
+    call(client, "chordbeat.apply_schedule", definition=definition(sorted(excluded)))
+    expected = [
+        f"{INLINE}; moved to {business_day_18(day, excluded).astimezone(LONDON):%a %Y-%m-%d} 18:00"
+        if day in excluded
+        else None
+        for day in days
+    ]
+    fires = call(client, "chordbeat.next_fires", name="payroll", count=8)
+    assert [datetime.fromisoformat(f["local"]).date() for f in fires] == days
+    assert [f["excluded"] for f in fires] == expected
+    # As a person sees it: chordbeat next in a terminal 80 columns wide.
+    status, output = in_pty([CHORDBEAT, "next", "payroll", "-n", "8"], processes.settings_env(settings), columns=80)
+    assert status == 0, output
+    text = " ".join(" ".join(plain_lines(output)).split())
+    for reason in filter(None, expected):
+        assert f"not run: {reason}" in text, output
+    assert all(len(line) <= 80 for line in plain_lines(output)), output
+    # The schedule page's coming fire times say it too.
+    with WebServer(app) as web:
+        page = html.unescape(text_of(web.session(VIEWER).get(web.url + "/schedule?name=payroll", timeout=10).text))
+    for reason in filter(None, expected):
+        assert f"not run: {reason}" in page, page
+
+
+def test_an_exclusive_schedule_runs_the_day_s_own_slot_first_then_the_moved_one(app: ChordbeatCelery) -> None:
+    slot = latest_slot()
+    day = slot.astimezone(LONDON).date()
+    service.apply_schedule(app, definition([day]))  # overlap skip: exclusive
+    target = business_day_18(day, {day})
+    firing.fire(app, "payroll", nominal_at=slot, trigger=Trigger.CRON)
+    # The day moved to has its own slot at that time: it fires and runs.
+    assert firing.fire(app, "payroll", nominal_at=target, trigger=Trigger.CRON)["status"] == "in_progress"
+    (regular,) = runs(app)
+    # The moved run is due, but a regular run is in progress: it waits, and is not skipped.
+    top_up(app, target)
+    assert len(runs(app)) == 1
+    with transaction(app.settings.database_url) as session:
+        cancel_execution(session, regular.id, now=target + timedelta(minutes=1), reason="ended by the test")
+    first, moved = runs(app)
+    assert [(r.trigger, r.slot, r.run_key) for r in (first, moved)] == [
+        (Trigger.CRON, target, f"payroll:cron:{iso(target)}"),
+        (Trigger.CRON, slot, f"payroll:moved:{iso(slot)}"),
+    ]

@@ -1,5 +1,6 @@
 """The next-fires preview (``chordbeat.next_fires``): a schedule's coming slots, each with its wall
-time and, when its business calendar excludes it, why it will not run."""
+time and, when its business calendar excludes it, why it will not run (and where its run moves,
+with ``on_excluded: next_business_day``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument
 from celeryapp.interfaces.arguments import name_arg
 from celeryapp.interfaces.web.queries import next_fire_times
-from celeryapp.scheduling.calendar_files import excluded_slots
+from celeryapp.scheduling.calendar_files import preview_exclusions
 from celeryapp.scheduling.store import find_schedule
 from models import transaction, utcnow
 
@@ -42,7 +43,7 @@ def next_fires(app: ChordbeatCelery, name: str, count: int = 10) -> list[dict[st
         times = next_fire_times(schedule, now, count)
         stored, timezone, cron, dst = schedule.calendar, schedule.timezone, schedule.cron, schedule.dst
     zone = ZoneInfo(timezone)
-    reasons = excluded_slots(app.settings.calendars_dir, stored, timezone, times)
+    reasons = preview_exclusions(app.settings.calendars_dir, stored, timezone, dst, times)
     notes = dst_notes(cron, zone, DstRules.from_json(dst), now, times)
     return [
         {"at": iso(at), "local": at.astimezone(zone).isoformat(), "excluded": reason, "dst": note}

@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 MAX_CACHED_CALENDARS = 256
 _cache: dict[str, tuple[tuple[int, int, int], frozenset[date]]] = {}
 _cache_lock = threading.Lock()
+#: How a slot's reason begins when the calendar cannot be read.
+_UNREADABLE = "its calendar cannot be read"
 
 
 def read_calendar(directory: str | None, name: str) -> frozenset[date]:
@@ -121,16 +123,38 @@ def excluded_slots(directory: str | None, stored: Any, timezone: str, times: lis
     try:
         calendar = schedule_calendar(directory, rules)
     except (CalendarError, ConfigError) as exc:
-        return [f"its calendar cannot be read: {exc}"] * len(times)
+        return [f"{_UNREADABLE}: {exc}"] * len(times)
     zone = ZoneInfo(timezone)
     return [slot_excluded(at, zone, calendar) for at in times]
+
+
+def preview_exclusions(
+    directory: str | None, stored: Any, timezone: str, dst: Any, times: list[datetime]
+) -> list[str | None]:
+    """What the previews say of each of ``times``: as :func:`excluded_slots`, and where the run of
+    an excluded one moves when the calendar moves them ("...; moved to Mon 2026-12-28 18:00", the
+    schedule's wall time), or why it does not. ``dst``: the stored ``dst`` object."""
+    reasons = excluded_slots(directory, stored, timezone, times)
+    if not moves_slots(stored):
+        return reasons
+    rules, zone = DstRules.from_json(dst), ZoneInfo(timezone)
+    said: list[str | None] = []
+    for at, reason in zip(times, reasons, strict=True):
+        if reason is not None and not reason.startswith(_UNREADABLE):
+            target = moved_slot(directory, stored, timezone, rules, at)
+            if isinstance(target, datetime):
+                reason += f"; moved to {target.astimezone(zone):%a %Y-%m-%d %H:%M}"
+            else:
+                reason += f"; not moved: {target}"
+        said.append(reason)
+    return said
 
 
 def slot_calendar_reason(directory: str | None, stored: Any, timezone: str, slot: datetime) -> str | None:
     """Why the schedule's stored ``calendar`` keeps the slot at ``slot`` from running, or ``None``;
     a calendar that cannot be read is said as an error too: never a silent run, nor a silent skip."""
     (reason,) = excluded_slots(directory, stored, timezone, [slot])
-    if reason is not None and reason.startswith("its calendar cannot be read"):
+    if reason is not None and reason.startswith(_UNREADABLE):
         logger.error("the slot at %s does not run: %s", slot.isoformat(), reason)
     return reason
 

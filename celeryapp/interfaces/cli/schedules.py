@@ -39,7 +39,7 @@ from celeryapp.interfaces.terminal import (
     time_cell,
 )
 
-#: Columns a DST note under a slot of ``chordbeat next`` is wrapped to.
+#: Columns a slot's reason and DST note of ``chordbeat next`` are wrapped to.
 NOTE_WIDTH = 80
 
 
@@ -224,7 +224,9 @@ def next_cmd(name: str, count: int, as_json: bool) -> None:
     if schedule.get("cron"):
         click.echo(printable(f"{describe(schedule['cron'])}, {schedule['timezone']} time:"))
     for t, reason, note in zip(times, reasons, notes, strict=True):
-        click.echo(printable(_marked(stamp(t, zone_of(schedule["timezone"]), viewer, now), reason)))
+        # A slot's reason wraps under it, within the 80 columns the output keeps to.
+        line = _marked(stamp(t, zone_of(schedule["timezone"]), viewer, now), reason)
+        click.echo(printable(textwrap.fill(line, NOTE_WIDTH, subsequent_indent="    ") if reason else line))
         if note:
             # Under its slot, wrapped to the 80 columns the output keeps to.
             click.echo(printable(textwrap.fill(note, NOTE_WIDTH, initial_indent="  ", subsequent_indent="    ")))

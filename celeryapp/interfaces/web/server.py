@@ -30,7 +30,7 @@ from celeryapp.interfaces.web.base import BaseHandler, WebContext
 from celeryapp.interfaces.web.broker_state import broker_state
 from celeryapp.interfaces.web.login import LoginHandler, LogoutHandler
 from celeryapp.monitoring.health import age_s
-from celeryapp.scheduling.calendar_files import excluded_slots
+from celeryapp.scheduling.calendar_files import preview_exclusions
 from models import ScheduleStep, utcnow
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class ScheduleHandler(BaseHandler):
             badges = await self.read(open_alerts, [name])
             silence = await self.read(silence_in_force, name, utcnow())
             s, directory = view.schedule, self.ctx.app.settings.calendars_dir
-            excluded = excluded_slots(directory, s.calendar, s.timezone, view.upcoming)
+            excluded = preview_exclusions(directory, s.calendar, s.timezone, s.dst, view.upcoming)
             self.page(
                 "schedule.html",
                 v=view,

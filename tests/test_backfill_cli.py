@@ -21,6 +21,8 @@ from tests.terminals import in_pty, plain_lines, screen_lines, time_format_probl
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 INDIA = {"TZ": "Asia/Kolkata"}
+#: London's offset and abbreviation in winter or summer (the slots are relative to today).
+LONDON = r"\+0[01]:00 (GMT|BST)"
 
 
 def _terminal(settings: Settings, *args: str, replies: dict[str, str] | None = None) -> tuple[int, list[str]]:
@@ -56,7 +58,7 @@ def test_backfill_lists_asks_starts_and_shows_progress_in_80_columns(
     shown = "\n".join(lines)
     assert status == 0, shown
     assert "nightly: 14 slots to backfill (mode missing)" in shown, shown
-    assert re.search(rf"first {first:%Y-%m-%d} 02:00:00 \+00:00 GMT, 07:30 IST here, ", shown), shown
+    assert re.search(rf"first {first:%Y-%m-%d} 02:00:00 {LONDON}, 0[67]:30 IST here, ", shown), shown
     assert "… and 4 more (--json lists them all)" in shown and "dry run: nothing started" in shown, shown
     assert not wide_lines(lines) and not time_format_problems(lines), (wide_lines(lines), time_format_problems(lines))
     assert call(client, "chordbeat.list_backfills", name="nightly") == []
@@ -89,7 +91,7 @@ def test_backfill_lists_asks_starts_and_shows_progress_in_80_columns(
     oldest = call(client, "chordbeat.list_executions", schedule="nightly", limit=500)[-1]
     status, lines = _terminal(settings, "execution", str(oldest["id"]))
     shown = "\n".join(lines)
-    assert re.search(rf"\(backfill run, took .*\n  for slot {first:%Y-%m-%d} 02:00:00 \+00:00 GMT, 07:30 IST", shown), (
+    assert re.search(rf"\(backfill run, took .*\n  for slot {first:%Y-%m-%d} 02:00:00 {LONDON}, 0[67]:30 IST", shown), (
         shown
     )
     assert not wide_lines(lines) and not time_format_problems(lines), (wide_lines(lines), time_format_problems(lines))

@@ -131,12 +131,6 @@ class CronExpression:
                     if candidate >= start:
                         yield candidate
 
-    def fires_on(self, day: date) -> bool:
-        """Whether the expression fires on ``day`` (its day and month fields; at some time of it)."""
-        if day.month not in self.months:
-            return False
-        return self.rule.matches(day.day, monthrange(day.year, day.month)[1], day.isoweekday() % 7)
-
     def wall_times(self, start: datetime, end: datetime) -> list[datetime]:
         """The naive wall times matching the expression in [start, end): meant for the stretch a
         change of the clocks skips or repeats, a few hours at most."""

@@ -173,8 +173,8 @@ SERVICE_TASKS = (
         "chordbeat.next_fires",
         (_NAME, Param("count", required=False, default=10, note="at most 100")),
         '`[{"at": ISO, "local": ISO with offset, "excluded": null or "<reason>", "dst": null or "<note>"}]`: '
-        "the coming slots, those the schedule's calendar excludes with why, and on a day the clocks change "
-        "what the schedule's DST rule did",
+        "the coming slots, those the schedule's calendar excludes with why (and where the run moves with "
+        "`on_excluded: next_business_day`), and on a day the clocks change what the schedule's DST rule did",
         ("NotFound",),
     ),
     ServiceTask(

@@ -112,6 +112,9 @@ def test_next_business_day_is_for_cron_schedules_only() -> None:
         "calendar.on_excluded": "'next_business_day' is for cron schedules only: an 'every' schedule's slots have no"
         " wall time to keep"
     }
+    # Neither cron nor every: that is the mistake, not the rule.
+    del interval["every"]
+    assert "calendar.on_excluded" not in errors_of(interval, None)
 
 
 def test_a_named_calendar_must_be_a_readable_file(calendars_dir: Path) -> None:

@@ -40,7 +40,8 @@ def parse_calendar_field(raw: Mapping[str, Any]) -> CalendarRules | None:
     problems.check(refuse_unknown, calendar, CALENDAR_FIELDS, "calendar")
     exclude = problems.check(_exclude, calendar.get("exclude"))
     names = problems.check(_calendars, calendar.get("calendars"))
-    on_excluded = problems.check(_on_excluded, calendar.get("on_excluded"), raw.get("cron") is None)
+    interval = raw.get("cron") is None and raw.get("every") is not None
+    on_excluded = problems.check(_on_excluded, calendar.get("on_excluded"), interval)
     if not problems and not exclude and not names:
         problems.add(DefinitionError("calendar", "must give exclude dates or calendars (leave calendar out for none)"))
     problems.raise_any()

@@ -253,3 +253,23 @@ def test_a_moved_slot_waits_for_its_time_then_runs_with_the_regular_trigger(app:
         record = session.scalars(select(SlotRecord).where(SlotRecord.execution_id == run.id)).one()
         assert record.detail == f"moved from {stamp}: excluded by the schedule's calendar.exclude"
     assert _row(app, made.backfill_id).started == 1
+
+
+def test_cancel_previous_regular_slot_is_not_lost_to_a_waiting_backfill(app: ChordbeatCelery) -> None:
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "prev", "cancel_previous", anchor)
+    manual = service.trigger_schedule(app, "prev")["execution_id"]
+    backfill_id = _backfill(app, schedule_id, [anchor + HOUR], origin=BackfillOrigin.REQUEST, max_concurrent=1)
+    assert len(_runs(app, "prev")) == 1  # the backfill waits for the manual run
+    # The regular slot cancels the manual run: the room it makes is the regular run's, not the backfill's.
+    due = anchor + 10 * HOUR
+    answer = firing.fire(app, "prev", nominal_at=due, trigger=Trigger.INTERVAL)
+    assert answer.get("status") == "in_progress", answer
+    runs = _runs(app, "prev")
+    assert [(r.id == manual, r.trigger, r.status) for r in runs] == [
+        (True, Trigger.MANUAL, ExecutionStatus.CANCELLED),
+        (False, Trigger.INTERVAL, ExecutionStatus.IN_PROGRESS),
+    ]
+    assert _row(app, backfill_id).started == 0
+    _end(app, runs[1].id)
+    assert [(r.trigger, r.slot) for r in _runs(app, "prev")[2:]] == [(Trigger.BACKFILL, anchor + HOUR)]

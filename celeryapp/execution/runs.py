@@ -70,6 +70,8 @@ logger = logging.getLogger(__name__)
 
 #: The audit row of a run the overlap policy ``cancel_previous`` stopped.
 _BY_OVERLAP = Note(BEAT, AuditAction.CANCELLED_BY_OVERLAP, "a new run started (overlap: cancel_previous)")
+#: Its error: the room it leaves is the new run's, which starts next in the same transaction.
+_NEW_RUN_STARTED = "cancelled: a new run started"
 
 
 def lock_schedule(session: Session, schedule_id: int) -> None:
@@ -125,7 +127,7 @@ def start_execution(
         )
         if overlap.action is OverlapAction.CANCEL_AND_START:
             for execution_id, _ in active:
-                why = "cancelled: a new run started"
+                why = _NEW_RUN_STARTED
                 effects.merge(cancel_execution(session, execution_id, now=now, reason=why, note=_BY_OVERLAP))
         elif overlap.action is not OverlapAction.START:
             overlapped = apply_overlap(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
@@ -342,7 +344,8 @@ def _after_execution(
             locked=True,
         )
         effects.merge(started.effects)
-    if row.backfilling:
+    # Not into the room a cancel_previous run leaves: a waiting backfill would take the new run's.
+    if row.backfilling and error != _NEW_RUN_STARTED:
         effects.merge(drive_backfills(session, schedule_id, now=now))
     return effects
 

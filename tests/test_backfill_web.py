@@ -149,3 +149,19 @@ def test_cancel_asks_first_and_catch_ups_show_too(app: ChordbeatCelery, web: Web
     )
     for execution in service.list_executions(app, schedule="slow", status="in_progress"):
         service.cancel_execution(app, execution["id"])  # the 30 s steps need not be waited out
+
+
+def test_a_time_at_the_start_of_year_one_is_refused_not_a_server_error(app: ChordbeatCelery, web: WebServer) -> None:
+    # London wall time of 0001-01-01 00:00 is before UTC's year 1 by its LMT offset; one east of
+    # UTC is too: the range walk stepped into year 0 and the page answered 500.
+    _nightly(app, "nightly")
+    _nightly(app, "delhi", timezone="Asia/Kolkata")
+    admin = web.session(ADMIN)
+    for name in ("nightly", "delhi"):
+        request = {"name": name, "from": "0001-01-01T00:00", "to": "0001-01-03T00:00", "mode": "all"}
+        r = admin.get(web.url + "/act/backfill?" + urlencode(request), timeout=10)
+        assert r.status_code == 400 and "start: is too far in the past" in r.text, (name, r.status_code)
+        form = {**request, "max_concurrent": "1", "_xsrf": xsrf(admin)}
+        r = admin.post(web.url + "/act/backfill", data=form, timeout=10)
+        assert r.status_code == 400 and "start: is too far in the past" in r.text, (name, r.status_code)
+        assert service.list_backfills(app, name) == []

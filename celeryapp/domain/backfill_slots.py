@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -26,6 +26,8 @@ MAX_CONCURRENT_RUNS = 100
 MAX_TIME_CHARS = 40
 #: Slots are ``start ≤ slot < end``; the cadence's walk is ``(since, until]``: shifted by this.
 _TICK = timedelta(microseconds=1)
+#: A time must lie this far after datetime's first instant: a day covers any zone's offset.
+_EDGE = timedelta(days=2)
 
 
 class BackfillMode(StrEnum):
@@ -50,6 +52,12 @@ def parse_time(field: str, value: Any) -> datetime:
         raise InvalidArgument(field, f"is not a time that exists (ISO 8601), got {short_repr(value)}") from None
     if when.tzinfo is None:
         raise InvalidArgument(field, f"must say its UTC offset (e.g. 2026-01-01T00:00:00Z), got {short_repr(value)}")
+    try:
+        # The range walk steps back a tick and into the schedule's zone: at the edge of year 1
+        # that is year 0, an OverflowError (a 500 on the dashboard) rather than a refusal.
+        when.astimezone(UTC) - _EDGE
+    except OverflowError:
+        raise InvalidArgument(field, f"is too far in the past, got {short_repr(value)}") from None
     return when
 
 

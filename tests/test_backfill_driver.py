@@ -273,3 +273,20 @@ def test_cancel_previous_regular_slot_is_not_lost_to_a_waiting_backfill(app: Cho
     assert _row(app, backfill_id).started == 0
     _end(app, runs[1].id)
     assert [(r.trigger, r.slot) for r in _runs(app, "prev")[2:]] == [(Trigger.BACKFILL, anchor + HOUR)]
+
+
+def test_a_slot_a_request_ran_is_not_made_up_again_by_a_catch_up(app: ChordbeatCelery) -> None:
+    """A request (mode missing) and a catch-up made apart queue the same missed slot, each with its
+    own run key: the slot runs once."""
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "twice", "skip", anchor)
+    slots = [anchor + HOUR, anchor + 2 * HOUR]
+    _backfill(app, schedule_id, slots, origin=BackfillOrigin.REQUEST, max_concurrent=1, mode="missing")
+    catch_up = _backfill(app, schedule_id, [slots[1]], origin=BackfillOrigin.CATCHUP, max_concurrent=1)
+    _end(app, _runs(app, "twice")[0].id)
+    _end(app, _runs(app, "twice")[1].id)
+    assert [(r.trigger, r.slot) for r in _runs(app, "twice")] == [
+        (Trigger.BACKFILL, slots[0]),
+        (Trigger.BACKFILL, slots[1]),
+    ]
+    assert _row(app, catch_up).status is BackfillStatus.COMPLETED

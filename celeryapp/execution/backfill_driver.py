@@ -148,6 +148,15 @@ def _start_slot(
     session: Session, schedule: Schedule, backfill: Backfill, slot: datetime, *, now: datetime, start: Starter
 ) -> Effects | None:
     """Start the backfill's run of ``slot``; ``None`` if its run key had made a run already."""
+    if backfill.origin is BackfillOrigin.CATCHUP or backfill.mode == "missing":
+        # A missed slot run since the backfill was made (a catch-up and a request made apart
+        # queue it with different run keys) is not run again.
+        ran = select(ScheduleExecution.id).where(
+            ScheduleExecution.schedule_id == schedule.id, ScheduleExecution.slot == slot
+        )
+        if session.scalar(ran.limit(1)) is not None:
+            logger.info("backfill %s of %r: slot %s ran meanwhile, passed over", backfill.id, schedule.name, iso(slot))
+            return None
     if backfill.origin is BackfillOrigin.CATCHUP:
         trigger = regular_trigger(schedule.every_s)
         key = run_key(schedule.name, trigger, slot)

@@ -54,10 +54,11 @@ def parse_time(field: str, value: Any) -> datetime:
         raise InvalidArgument(field, f"must say its UTC offset (e.g. 2026-01-01T00:00:00Z), got {short_repr(value)}")
     try:
         # The range walk steps back a tick and into the schedule's zone: at the edge of year 1
-        # that is year 0, an OverflowError (a 500 on the dashboard) rather than a refusal.
+        # that is year 0 (and year 9999 west of UTC is 10000 in UTC): an OverflowError, a 500 on
+        # the dashboard, rather than a refusal.
         when.astimezone(UTC) - _EDGE
     except OverflowError:
-        raise InvalidArgument(field, f"is too far in the past, got {short_repr(value)}") from None
+        raise InvalidArgument(field, f"is out of range (too near year 1 or 9999), got {short_repr(value)}") from None
     return when
 
 

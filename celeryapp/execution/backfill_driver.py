@@ -24,7 +24,7 @@ from celeryapp.domain.backfill_slots import backfill_run_key
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.names import run_key
 from celeryapp.domain.times import iso
-from celeryapp.execution.run_rows import StartResult
+from celeryapp.execution.run_rows import StartResult, execution_with_key
 from models import (
     Backfill,
     BackfillOrigin,
@@ -149,12 +149,13 @@ def _start_slot(
 ) -> Effects | None:
     """Start the backfill's run of ``slot``; ``None`` if its run key had made a run already."""
     if backfill.origin is BackfillOrigin.CATCHUP or backfill.mode == "missing":
-        # A missed slot run since the backfill was made (a catch-up and a request made apart
-        # queue it with different run keys) is not run again.
-        ran = select(ScheduleExecution.id).where(
-            ScheduleExecution.schedule_id == schedule.id, ScheduleExecution.slot == slot
-        )
-        if session.scalar(ran.limit(1)) is not None:
+        # A missed slot run since the backfill was made: a catch-up and a request (mode missing)
+        # made apart queue it with different run keys, so each looks for the other's (unique index).
+        if backfill.origin is BackfillOrigin.CATCHUP:
+            other = backfill_run_key(schedule.name, slot, earlier_backfill_runs=0, mode="missing")
+        else:
+            other = run_key(schedule.name, regular_trigger(schedule.every_s), slot)
+        if execution_with_key(session, other) is not None:
             logger.info("backfill %s of %r: slot %s ran meanwhile, passed over", backfill.id, schedule.name, iso(slot))
             return None
     if backfill.origin is BackfillOrigin.CATCHUP:

@@ -290,3 +290,17 @@ def test_a_slot_a_request_ran_is_not_made_up_again_by_a_catch_up(app: ChordbeatC
         (Trigger.BACKFILL, slots[1]),
     ]
     assert _row(app, catch_up).status is BackfillStatus.COMPLETED
+
+
+def test_a_slot_a_missing_backfill_ran_runs_once_when_its_late_fire_comes(app: ChordbeatCelery) -> None:
+    """A backfill of the missing slots may take the latest one while beat's fire for it is still on
+    its way (beat was down, the operator backfilled the outage, beat came back): the fire that comes
+    after the backfill's run must start nothing. Mode missing runs a slot that never ran under its
+    regular run key, so the database's unique key makes it one run whichever comes first."""
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "late-fire", "allow", anchor)
+    latest = anchor + 10 * HOUR  # due now
+    _backfill(app, schedule_id, [latest], origin=BackfillOrigin.REQUEST, max_concurrent=1, mode="missing")
+    answer = firing.fire(app, "late-fire", nominal_at=latest, trigger=Trigger.INTERVAL)
+    assert answer == {"execution_id": None, "skipped": "duplicate"}, answer
+    assert [(r.trigger, r.slot) for r in _runs(app, "late-fire")] == [(Trigger.BACKFILL, latest)]

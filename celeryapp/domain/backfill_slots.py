@@ -123,7 +123,8 @@ def choose_slots(
 
 
 def backfill_run_key(name: str, slot: datetime, *, earlier_backfill_runs: int, mode: str) -> str:
-    """The run key of a backfill's run of ``slot``.
+    """The run key of a backfill's run of ``slot`` that ran before (modes ``all`` and ``failed``;
+    mode ``missing`` runs a slot under its regular key).
 
     The first backfill run of a slot has the plain key, so a request made twice starts it once;
     mode ``failed`` runs a slot again on purpose: its key counts the backfill runs before it,

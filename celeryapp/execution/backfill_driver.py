@@ -148,13 +148,10 @@ def _start_slot(
     session: Session, schedule: Schedule, backfill: Backfill, slot: datetime, *, now: datetime, start: Starter
 ) -> Effects | None:
     """Start the backfill's run of ``slot``; ``None`` if its run key had made a run already."""
-    if backfill.origin is BackfillOrigin.CATCHUP or backfill.mode == "missing":
-        # A missed slot run since the backfill was made: a catch-up and a request (mode missing)
-        # made apart queue it with different run keys, so each looks for the other's (unique index).
-        if backfill.origin is BackfillOrigin.CATCHUP:
-            other = backfill_run_key(schedule.name, slot, earlier_backfill_runs=0, mode="missing")
-        else:
-            other = run_key(schedule.name, regular_trigger(schedule.every_s), slot)
+    if backfill.origin is BackfillOrigin.CATCHUP:
+        # A missed slot a request (mode all or failed) ran since the catch-up was made has another
+        # run key than the catch-up's: looked for by it (unique index).
+        other = backfill_run_key(schedule.name, slot, earlier_backfill_runs=0, mode="all")
         if execution_with_key(session, other) is not None:
             logger.info("backfill %s of %r: slot %s ran meanwhile, passed over", backfill.id, schedule.name, iso(slot))
             return None
@@ -169,19 +166,25 @@ def _start_slot(
         detail = f"moved from {iso(slot)}" + (f": {backfill.reason}" if backfill.reason else "")
     else:
         trigger = Trigger.BACKFILL
-        earlier = 0
-        if backfill.mode == "failed":
-            earlier = (
-                session.scalar(
-                    select(func.count()).where(
-                        ScheduleExecution.schedule_id == schedule.id,
-                        ScheduleExecution.trigger == Trigger.BACKFILL,
-                        ScheduleExecution.slot == slot,
+        if backfill.mode == "missing":
+            # A slot that never ran runs under its regular key: a catch-up of it, or its own fire
+            # still on its way when the backfill was asked for, and this run are one run whichever
+            # comes first (the unique key passes the later over).
+            key = run_key(schedule.name, regular_trigger(schedule.every_s), slot)
+        else:
+            earlier = 0
+            if backfill.mode == "failed":
+                earlier = (
+                    session.scalar(
+                        select(func.count()).where(
+                            ScheduleExecution.schedule_id == schedule.id,
+                            ScheduleExecution.trigger == Trigger.BACKFILL,
+                            ScheduleExecution.slot == slot,
+                        )
                     )
+                    or 0
                 )
-                or 0
-            )
-        key = backfill_run_key(schedule.name, slot, earlier_backfill_runs=earlier, mode=backfill.mode)
+            key = backfill_run_key(schedule.name, slot, earlier_backfill_runs=earlier, mode=backfill.mode)
         detail = f"backfill #{backfill.id}"
     result = start(
         session,

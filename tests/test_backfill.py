@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,10 @@ def _backfill_runs(app: ChordbeatCelery, name: str) -> list[ScheduleExecution]:
             ScheduleExecution.schedule_name == name, ScheduleExecution.trigger == Trigger.BACKFILL
         )
         return list(session.scalars(query.order_by(ScheduleExecution.id)))
+
+
+def _completed(client: Celery, backfill_id: int) -> bool:
+    return bool(call(client, "chordbeat.get_backfill", backfill_id=backfill_id)["status"] == "completed")
 
 
 def _in_progress(app: ChordbeatCelery, name: str) -> int:
@@ -127,14 +132,10 @@ def test_a_backfill_runs_its_slots_oldest_first_at_most_max_concurrent_each_told
     # Mode all runs every slot again (mode missing ran them under their regular keys); the same
     # request made again once that is done starts nothing: each slot's backfill key made its run.
     for runs_then, skipped in ((12, 0), (12, 6)):
-        again = call(client, "chordbeat.backfill_schedule", mode="all", **request)
-        wait_for(
-            lambda: call(client, "chordbeat.get_backfill", backfill_id=again["backfill_id"])["status"] == "completed",
-            30,
-            what="the mode-all backfill to complete",
-        )
+        again = call(client, "chordbeat.backfill_schedule", mode="all", **request)["backfill_id"]
+        wait_for(partial(_completed, client, again), 30, what="the mode-all backfill to complete")
         assert len(_backfill_runs(app, "hourly")) == runs_then
-        assert call(client, "chordbeat.get_backfill", backfill_id=again["backfill_id"])["skipped"] == skipped
+        assert call(client, "chordbeat.get_backfill", backfill_id=again)["skipped"] == skipped
 
 
 def test_cancel_stops_the_slots_not_started(app: ChordbeatCelery, worker: Any, client: Celery) -> None:

@@ -45,6 +45,7 @@ SUMMARY_KEYS = {
     "error",
     "rerun_of",
     "rerun_from_group",
+    "slot",
     "steps",
 }
 

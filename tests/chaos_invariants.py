@@ -49,6 +49,7 @@ from models import (
     ExecutionStatus,
     Schedule,
     ScheduleExecution,
+    SlotOutcome,
     SlotRecord,
     Trigger,
     WorkerTask,
@@ -484,7 +485,12 @@ def _decided_slots(ctx: Context, schedule: Schedule, out: list[Violation]) -> tu
         late += recorded - ts(nominal) > period + 1
     for k, whats in sorted(seen.items()):
         executions = [w for w in whats if w.startswith("execution")]
-        if len(executions) > 1 or len(whats) - len(executions) > 1:
+        records = [w for w in whats if not w.startswith("execution")]
+        if any(w.startswith(SlotOutcome.FIRED.value) for w in records):
+            # A buffered slot's run, started when the active one ended, is recorded fired for the
+            # slot too: one slot waiting, then firing once, is one decision.
+            records = [w for w in records if w != SlotOutcome.BUFFERED.value]
+        if len(executions) > 1 or len(records) > 1:
             t = anchor + k * period
             out.append(
                 Violation(

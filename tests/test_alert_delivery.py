@@ -20,7 +20,7 @@ from models.clock import clock
 from tests import alert_wiring
 from tests.alert_wiring import SECRET, alert, deliveries, failures, hanging_server
 from tests.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401  (fixtures)
-from tests.servers import free_port
+from tests.servers import free_port, wait_for
 
 #: The alert tests' fixtures (tests/alert_wiring.py): a channels file, its variables naming the receivers.
 settings = alert_wiring.settings
@@ -223,9 +223,15 @@ def test_a_hanging_receiver_holds_up_no_other_channel(
         assert sender.poll() == 3
         smtp.wait(1)
         http.wait(1)
-        # Delivered while the stuck channel's send still waits for an answer.
-        stuck = deliveries(settings, key)["stuck"]
-        assert stuck.lease_until is not None and stuck.last_error is None
+        # Delivered while the stuck channel's send still waits for an answer (its own thread takes
+        # its lease: on a loaded host, maybe only after the others were delivered).
+        stuck = wait_for(
+            lambda: (row := deliveries(settings, key)["stuck"]).lease_until is not None and row,
+            10,
+            interval=0.05,
+            what="the stuck channel's lease",
+        )
+        assert stuck.last_error is None
         sender.close(30)
     state = deliveries(settings, key)["stuck"]
     assert state.status is DeliveryStatus.PENDING and state.last_error is not None and "no answer" in state.last_error

@@ -164,12 +164,24 @@ def test_apply_stores_the_catchup_gives_it_back_and_refuses_a_bad_one_naming_eve
     assert call(client, "chordbeat.apply_schedule", definition=definition)["catchup"] is None
 
 
+def _last_6_pm(now: datetime) -> datetime:
+    """The latest 18:00 UTC at or before ``now``: the daily schedules' latest slot."""
+    latest = now.replace(hour=18, minute=0, second=0, microsecond=0)
+    return latest - timedelta(days=1) if latest > now else latest
+
+
+def _apply_daily(client: Celery, one_step: dict[str, Any]) -> None:
+    """A schedule "daily" at 18:00 UTC that makes up to 5 missed slots of the last 5 days."""
+    catchup = {"policy": "all", "window": 5 * 86400, "max_runs": 5}
+    definition = {"name": "daily", "cron": "0 18 * * *", "catchup": catchup, "steps": [one_step]}
+    call(client, "chordbeat.apply_schedule", definition=definition)
+
+
 def test_all_after_days_down_makes_up_the_slots_in_its_window_except_an_excluded_day(
     app: ChordbeatCelery, worker: Any, client: Celery
 ) -> None:
     now = datetime.now(UTC)
-    latest = now.replace(hour=18, minute=0, second=0, microsecond=0)
-    latest -= timedelta(days=1) if latest > now else timedelta(0)
+    latest = _last_6_pm(now)
     day = {n: latest - timedelta(days=n) for n in range(1, 6)}
     # Back to three days before the slot fired, and an hour more: four days back is outside.
     window_s = int((now - day[3]).total_seconds()) + 3600
@@ -203,13 +215,9 @@ def test_all_after_days_down_makes_up_the_slots_in_its_window_except_an_excluded
 def test_all_makes_up_a_slot_whose_fire_came_after_the_next_was_due(
     app: ChordbeatCelery, worker: Any, client: Celery
 ) -> None:
-    now = datetime.now(UTC)
-    latest = now.replace(hour=18, minute=0, second=0, microsecond=0)
-    latest -= timedelta(days=1) if latest > now else timedelta(0)
+    latest = _last_6_pm(datetime.now(UTC))
     day = {n: latest - timedelta(days=n) for n in range(1, 4)}
-    catchup = {"policy": "all", "window": 5 * 86400, "max_runs": 5}
-    definition = {"name": "daily", "cron": "0 18 * * *", "catchup": catchup, "steps": [step("s")]}
-    call(client, "chordbeat.apply_schedule", definition=definition)
+    _apply_daily(client, step("s"))
     # The workers were down: yesterday's fire message is taken only now, once today's slot is due.
     with transaction(app.settings.database_url) as session:
         session.execute(update(Schedule).values(last_slot_at=day[3]))
@@ -237,18 +245,9 @@ def test_all_makes_up_a_slot_whose_fire_came_after_the_next_was_due(
 def test_a_superseded_slot_is_not_made_up_while_a_catch_up_of_the_schedule_runs(
     app: ChordbeatCelery, worker: Any, client: Celery
 ) -> None:
-    now = datetime.now(UTC)
-    latest = now.replace(hour=18, minute=0, second=0, microsecond=0)
-    latest -= timedelta(days=1) if latest > now else timedelta(0)
+    latest = _last_6_pm(datetime.now(UTC))
     day = {n: latest - timedelta(days=n) for n in range(1, 4)}
-    catchup = {"policy": "all", "window": 5 * 86400, "max_runs": 5}
-    definition = {
-        "name": "daily",
-        "cron": "0 18 * * *",
-        "catchup": catchup,
-        "steps": [step("s", kwargs={"seconds": 3})],
-    }
-    call(client, "chordbeat.apply_schedule", definition=definition)
+    _apply_daily(client, step("s", kwargs={"seconds": 3}))
     with transaction(app.settings.database_url) as session:
         session.execute(update(Schedule).values(last_slot_at=day[3]))
     # A backlog of fire messages taken one after the other: the first makes its slot up, the
@@ -267,12 +266,8 @@ def test_a_superseded_slot_is_not_made_up_while_a_catch_up_of_the_schedule_runs(
 
 
 def test_all_makes_up_no_slot_missed_while_paused(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
-    now = datetime.now(UTC)
-    latest = now.replace(hour=18, minute=0, second=0, microsecond=0)
-    latest -= timedelta(days=1) if latest > now else timedelta(0)
-    catchup = {"policy": "all", "window": 5 * 86400, "max_runs": 5}
-    definition = {"name": "daily", "cron": "0 18 * * *", "catchup": catchup, "steps": [step("s")]}
-    call(client, "chordbeat.apply_schedule", definition=definition)
+    latest = _last_6_pm(datetime.now(UTC))
+    _apply_daily(client, step("s"))
     with transaction(app.settings.database_url) as session:
         session.execute(update(Schedule).values(last_slot_at=latest - timedelta(days=3)))
     # Paused and resumed since (the slots between were the pause's, recorded skipped_paused).

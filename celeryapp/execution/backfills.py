@@ -21,7 +21,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.effects import Effects
-from celeryapp.execution.runs import drive_backfills, lock_schedule
+from celeryapp.execution.backfill_driver import drive
+from celeryapp.execution.runs import lock_schedule, start_execution
 from models import (
     Backfill,
     BackfillOrigin,
@@ -103,6 +104,11 @@ def create_backfill(
     session.flush()
     logger.info("backfill %s of %r: %s slots, %s at a time", row.id, name, len(slots), max_concurrent)
     return BackfillStart(row.id, drive_backfills(session, schedule_id, now=now))
+
+
+def drive_backfills(session: Session, schedule_id: int, *, now: datetime) -> Effects:
+    """Start what the schedule's running backfills may start now (the caller holds its row lock)."""
+    return drive(session, schedule_id, now=now, start=start_execution)
 
 
 def cancel_backfill(session: Session, backfill_id: int, *, now: datetime) -> Backfill | None:

@@ -14,7 +14,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.decisions import (
@@ -43,7 +43,7 @@ from celeryapp.execution.run_rows import (
     insert_ignoring_conflicts,
     insert_worker_tasks,
 )
-from celeryapp.execution.slot_records import record_slot
+from celeryapp.execution.slot_records import BUFFERED_SLOT, record_slot
 from celeryapp.monitoring import metric_counts
 from celeryapp.monitoring.alert_outbox import alert_run_ended
 from models import (
@@ -55,7 +55,6 @@ from models import (
     ScheduleExecution,
     ScheduleStatus,
     SlotOutcome,
-    SlotRecord,
     Trigger,
     WorkerTask,
     WorkerTaskStatus,
@@ -70,8 +69,6 @@ logger = logging.getLogger(__name__)
 
 #: The audit row of a run the overlap policy ``cancel_previous`` stopped.
 _BY_OVERLAP = Note(BEAT, AuditAction.CANCELLED_BY_OVERLAP, "a new run started (overlap: cancel_previous)")
-#: Its error: the room it leaves is the new run's, which starts next in the same transaction.
-_NEW_RUN_STARTED = "cancelled: a new run started"
 
 
 def lock_schedule(session: Session, schedule_id: int) -> None:
@@ -127,8 +124,9 @@ def start_execution(
         )
         if overlap.action is OverlapAction.CANCEL_AND_START:
             for execution_id, _ in active:
-                why = _NEW_RUN_STARTED
-                effects.merge(cancel_execution(session, execution_id, now=now, reason=why, note=_BY_OVERLAP))
+                # The room it leaves is the new run's, which starts next: no waiting backfill takes it.
+                why, note = "cancelled: a new run started", _BY_OVERLAP
+                effects.merge(cancel_execution(session, execution_id, now=now, reason=why, note=note, backfills=False))
         elif overlap.action is not OverlapAction.START:
             overlapped = apply_overlap(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
             if overlapped is not None:
@@ -191,12 +189,14 @@ def finish_execution(
     error: str | None,
     now: datetime,
     cancel: bool = False,
+    backfills: bool = True,
 ) -> Effects | None:
     """End the execution if ``guard`` still holds; ``None`` if someone else changed it first.
 
     ``cancel``: its attempts still running end with it (their activities closed as cancelled)
-    and are revoked. Locks are taken in the documented order (docs/architecture.md, "Locks"):
-    schedule, execution, worker tasks, activities, then the metric counts.
+    and are revoked. ``backfills``: the schedule's backfills may start in the room it leaves. Locks
+    are taken in the documented order (docs/architecture.md, "Locks"): schedule, execution, worker
+    tasks, activities, then the metric counts.
     """
     if execution.schedule_id is not None:
         lock_schedule(session, execution.schedule_id)
@@ -226,7 +226,7 @@ def finish_execution(
         logger.warning("execution %s of %r failed: %s", execution.id, execution.schedule_name, error)
     else:
         logger.info("execution %s of %r %s", execution.id, execution.schedule_name, status.value)
-    effects = _after_execution(session, execution, status, error=error, now=now)
+    effects = _after_execution(session, execution, status, error=error, now=now, backfills=backfills)
     effects.ended.append(execution.id)
     if cancel:
         effects.cancelled.append(execution.id)
@@ -236,7 +236,13 @@ def finish_execution(
 
 
 def _after_execution(
-    session: Session, execution: ScheduleExecution, status: ExecutionStatus, *, error: str | None, now: datetime
+    session: Session,
+    execution: ScheduleExecution,
+    status: ExecutionStatus,
+    *,
+    error: str | None,
+    now: datetime,
+    backfills: bool,
 ) -> Effects:
     """Schedule bookkeeping once an execution ends: counters, repeats, retries, a run that waited.
 
@@ -340,34 +346,13 @@ def _after_execution(
             trigger=trigger,
             now=now,
             run_key=f"{name}:after:{execution.id}",
-            nominal_at=session.scalar(_BUFFERED_SLOT, {"p_name": name}),
+            nominal_at=session.scalar(BUFFERED_SLOT, {"p_name": name}),
             locked=True,
         )
         effects.merge(started.effects)
-    # Not into the room a cancel_previous run leaves: a waiting backfill would take the new run's.
-    if row.backfilling and error != _NEW_RUN_STARTED:
-        effects.merge(drive_backfills(session, schedule_id, now=now))
+    if row.backfilling and backfills:
+        effects.merge(drive(session, schedule_id, now=now, start=start_execution))
     return effects
-
-
-#: The slot the buffer holds: the newest slot recorded buffered (a buffer keeps one run, for the
-#: latest slot that met the active one; a manual run's has none). Read newest first along the
-#: schedule's slot record index: the record is among the last few, written while the run was on.
-_BUFFERED_SLOT = (
-    select(SlotRecord.nominal_at)
-    .where(
-        SlotRecord.schedule_name == bindparam("p_name"),
-        SlotRecord.outcome == SlotOutcome.BUFFERED,
-        SlotRecord.trigger.in_((Trigger.CRON, Trigger.INTERVAL, Trigger.MANUAL)),
-    )
-    .order_by(SlotRecord.id.desc())
-    .limit(1)
-)
-
-
-def drive_backfills(session: Session, schedule_id: int, *, now: datetime) -> Effects:
-    """Start what the schedule's running backfills may start now (the caller holds its row lock)."""
-    return drive(session, schedule_id, now=now, start=start_execution)
 
 
 def cancel_execution(
@@ -378,6 +363,7 @@ def cancel_execution(
     reason: str = "cancelled",
     status: ExecutionStatus = ExecutionStatus.CANCELLED,
     note: Note | None = None,
+    backfills: bool = True,
 ) -> Effects:
     """Stop an in-progress execution; a finished one is left as it is. ``reason``: its error;
     ``note``: the audit row written when it was stopped (not when it had ended already).
@@ -390,7 +376,9 @@ def cancel_execution(
     if execution.status is not ExecutionStatus.IN_PROGRESS:
         return Effects()
     guard = (ScheduleExecution.id == execution_id, ScheduleExecution.status == ExecutionStatus.IN_PROGRESS)
-    effects = finish_execution(session, execution, guard, status, error=reason, now=now, cancel=True)
+    effects = finish_execution(
+        session, execution, guard, status, error=reason, now=now, cancel=True, backfills=backfills
+    )
     if effects is None:
         return Effects()  # it ended meanwhile, nothing to cancel
     if note is not None:

@@ -5,13 +5,27 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import insert
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.orm import Session
 
 from celeryapp.monitoring import metric_counts
 from celeryapp.monitoring.alert_outbox import MISSED_OUTCOMES, alert_missed_slots
-from models import Schedule, SlotOutcome, Trigger
+from models import Schedule, SlotOutcome, SlotRecord, Trigger
 from models.tables import SLOT_RECORDS
+
+#: The slot the buffer holds: the newest slot recorded buffered (a buffer keeps one run, for the
+#: latest slot that met the active one; a manual run's has none). Read newest first along the
+#: schedule's slot record index: the record is among the last few, written while the run was on.
+BUFFERED_SLOT = (
+    select(SlotRecord.nominal_at)
+    .where(
+        SlotRecord.schedule_name == bindparam("p_name"),
+        SlotRecord.outcome == SlotOutcome.BUFFERED,
+        SlotRecord.trigger.in_((Trigger.CRON, Trigger.INTERVAL, Trigger.MANUAL)),
+    )
+    .order_by(SlotRecord.id.desc())
+    .limit(1)
+)
 
 
 class SlotOwner(NamedTuple):

@@ -22,11 +22,11 @@ from celeryapp.domain.times import iso
 from celeryapp.domain.transitions import decide_pause, decide_resume
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import NotFound
-from celeryapp.execution.backfills import cancel_backfills_of
+from celeryapp.execution.backfills import cancel_backfills_of, drive_backfills
 from celeryapp.execution.reruns import start_rerun
 from celeryapp.execution.run_rows import StartResult
 from celeryapp.execution.runs import cancel_execution as cancel_in_db
-from celeryapp.execution.runs import drive_backfills, start_execution
+from celeryapp.execution.runs import start_execution
 from celeryapp.interfaces.alerts import (
     acknowledge_alert,
     get_alert,

@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.names import runner_task_id
 from celeryapp.execution.advancing import advance_execution
-from celeryapp.execution.backfills import backfilling_schedules, cancel_backfills_of
-from celeryapp.execution.runs import cancel_execution, drive_backfills, lock_schedule
+from celeryapp.execution.backfills import backfilling_schedules, cancel_backfills_of, drive_backfills
+from celeryapp.execution.runs import cancel_execution, lock_schedule
 from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.keys import STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis

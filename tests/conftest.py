@@ -27,7 +27,7 @@ from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, reset_clients
 from models.migrate import upgrade
 from models.session import dispose_all
-from tests.servers import PostgresServer, RedisServer, wait_for
+from tests.servers import PgBouncer, PostgresServer, RedisServer, wait_for
 from tests.slowness import item_slow_reason, record_start, started_but_not_slow
 
 pytest_plugins = ("celery.contrib.pytest",)
@@ -66,6 +66,15 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 @pytest.fixture(scope="session")
+def pgbouncer(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction pooling in front of the session's PostgreSQL."""
+    server = PgBouncer(postgres_server)
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sqlite") / "template.db"
     upgrade(f"sqlite:///{path}")
@@ -75,7 +84,8 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> Iterator[str]:
-    """A freshly migrated database per test, on SQLite and on PostgreSQL."""
+    """A freshly migrated database per test, on SQLite and on PostgreSQL (or PostgreSQL through
+    PgBouncer, for the tests that ask for ``pgbouncer``)."""
     if request.param == "sqlite":
         path = tmp_path / "chordbeat.db"
         shutil.copy(sqlite_template, path)
@@ -87,7 +97,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template
         with engine.connect() as conn:
             conn.execute(text(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}"))
         engine.dispose()
-        yield server.url(name)
+        yield request.getfixturevalue("pgbouncer").url(name) if request.param == "pgbouncer" else server.url(name)
     dispose_all()
 
 

@@ -1,4 +1,4 @@
-"""Real Redis and PostgreSQL servers for the tests, on free loopback ports in temp dirs."""
+"""Real Redis, PostgreSQL and PgBouncer servers for the tests, on free loopback ports in temp dirs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
 
@@ -227,3 +227,83 @@ class PostgresServer:
         with contextlib.suppress(subprocess.CalledProcessError):
             self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "stop")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PgBouncer:
+    """Debian's PgBouncer in transaction pooling, in front of ``postgres``: every database of the
+    server under the same name, its clients trusted (as the test server trusts them)."""
+
+    def __init__(self, postgres: PostgresServer, *, pool_size: int = 20) -> None:
+        self.postgres = postgres
+        self.pool_size = pool_size
+        self.dir = Path(tempfile.mkdtemp(prefix="chordbeat-pgbouncer-"))
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://{self.postgres.user}@127.0.0.1:{self.port}/{database}"
+
+    def _write_config(self) -> Path:
+        (self.dir / "users.txt").write_text(f'"{self.postgres.user}" ""\n')
+        ini = self.dir / "pgbouncer.ini"
+        ini.write_text(
+            "[databases]\n"
+            f"* = host=127.0.0.1 port={self.postgres.port}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            f"auth_file = {self.dir / 'users.txt'}\n"
+            "pool_mode = transaction\n"
+            f"default_pool_size = {self.pool_size}\n"
+            "max_client_conn = 1000\n"
+            # Each test's database has a pool of its own: idle server connections are closed
+            # soon, or a session's worth of them would use up the server's connections.
+            "server_idle_timeout = 5\n"
+            f"admin_users = {self.postgres.user}\n"
+            f"logfile = {self.dir / 'pgbouncer.log'}\n"
+            f"pidfile = {self.dir / 'pgbouncer.pid'}\n"
+        )
+        return ini
+
+    def start(self) -> None:
+        binary = shutil.which("pgbouncer")
+        if binary is None:
+            raise RuntimeError("pgbouncer is not installed (make test installs it)")
+        ini = self._write_config()
+        # PgBouncer refuses to run as root: the test server's user runs it.
+        user = "postgres" if os.geteuid() == 0 else None
+        if user is not None:
+            shutil.chown(self.dir, user, user)
+            for path in self.dir.iterdir():
+                shutil.chown(path, user, user)
+        (self.dir / "pgbouncer.pid").unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            [binary, str(ini)], user=user, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        engine = create_engine(self.url(), isolation_level="AUTOCOMMIT")
+        try:
+            wait_for(lambda: _answers(engine), 10, what="pgbouncer to answer")
+        finally:
+            engine.dispose()
+
+    def stop(self) -> None:
+        """SIGKILL: every client connection is cut at once, whatever it was doing."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _answers(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.execute(text("SELECT 1")).scalar())

@@ -13,6 +13,8 @@ ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || missing+=(faketime)
 command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v nft >/dev/null 2>&1 || missing+=(nftables)
+# PostgreSQL behind a connection pooler in transaction pooling (the suite's pgbouncer runs).
+command -v pgbouncer >/dev/null 2>&1 || missing+=(pgbouncer)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${missing[*]} from Debian's packages"
@@ -22,6 +24,7 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   # The packages may start system services; the project runs its own servers.
   service redis-server stop >/dev/null 2>&1 || true
   service redis-sentinel stop >/dev/null 2>&1 || true
+  service pgbouncer stop >/dev/null 2>&1 || true
 else
   echo "missing: ${missing[*]}; install them with: sudo apt-get install ${missing[*]}" >&2
   exit 1

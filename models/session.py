@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import Connection, CursorResult, Engine, Executable, create_engine, event, make_url
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -78,14 +79,74 @@ def _replace_closed_connections(engine: Engine) -> None:
             raise DisconnectionError("the server closed the connection")
 
 
-def _pin_isolation_level(engine: Engine) -> None:
+def _pooler_aware(engine: Engine) -> None:
+    told = False
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # The engine's level makes each BEGIN name it; statements sent without one (autocommit)
-        # run at the session's default, which the database or role may have set otherwise.
+        # Behind a pooler in transaction pooling (PgBouncer's usual mode) each transaction may
+        # run on another server connection, shared with the pool's other clients: a statement
+        # prepared on one is missing on the next, or its name is taken there (psycopg prepares
+        # after 5 executions). A pooler answers the connection with a key of its own: the process
+        # id it gives is not the server's. Where they are safe, prepared statements are kept: they
+        # spare the server planning the step path's statements (docs/operations.md, "Behind PgBouncer").
         with dbapi_connection.cursor() as cursor:
-            cursor.execute(f"SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {PG_ISOLATION_LEVEL}")
+            cursor.execute("SELECT pg_backend_pid(), current_setting('default_transaction_isolation')")
+            server_pid, level = cursor.fetchone()
+            pooled = server_pid != dbapi_connection.info.backend_pid
+            if pooled:
+                dbapi_connection.prepare_threshold = None
+            elif level != PG_ISOLATION_LEVEL.lower():
+                # The engine's level makes each BEGIN name it; statements sent without one
+                # (autocommit) run at the session's default. Through a pooler the session is
+                # not ours to set (it would leak to the pool's other clients and be missing on
+                # the other server connections): there the role's or database's default must be
+                # READ COMMITTED, as PostgreSQL's own is.
+                cursor.execute(f"SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {PG_ISOLATION_LEVEL}")
         dbapi_connection.commit()
+        nonlocal told
+        if pooled and not told:
+            told = True
+            _tell_pooler(level)
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: ExceptionContext) -> None:
+        if context.original_exception is not None and connection_refused(context.original_exception):
+            # Replaced, alone: the others in the pool may be fine (another server connection).
+            context.is_disconnect = True
+            context.invalidate_pool_on_disconnect = False
+
+
+def _tell_pooler(level: str) -> None:
+    logger.info("a connection pooler is in front of the database: no statement is prepared on the server")
+    if level != PG_ISOLATION_LEVEL.lower():
+        logger.warning(
+            "the database's default isolation level is %r behind a connection pooler: statements sent alone "
+            "run at it (they are correct, but wait and are tried again more); make it %r for chordbeat's role "
+            "(ALTER ROLE ... SET default_transaction_isolation = %r)",
+            level,
+            PG_ISOLATION_LEVEL.lower(),
+            PG_ISOLATION_LEVEL.lower(),
+        )
+
+
+#: SQLSTATEs of a statement refused for what its connection holds, not for what it says: the
+#: server connection a pooler chose lacks the statement the client prepared on another (26000),
+#: or has one of the same name (42P05). Nothing ran; another connection runs it.
+CONNECTION_SQLSTATES = {"26000": "prepared statement missing", "42P05": "prepared statement name taken"}
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    original = getattr(error, "orig", None) or error
+    code = getattr(original, "sqlstate", None) or getattr(original, "pgcode", None)
+    return code if isinstance(code, str) else None
+
+
+def connection_refused(error: BaseException) -> bool:
+    """True when ``error`` (the driver's, or SQLAlchemy's wrapping it) is the fault of the
+    connection it was sent on, found out when the statement was sent (it did not run): the
+    connection is to be replaced and the work run on another."""
+    return _sqlstate(error) in CONNECTION_SQLSTATES
 
 
 def get_engine(url: str) -> Engine:
@@ -113,7 +174,7 @@ def _get(url: str) -> tuple[Engine, sessionmaker[Session], sessionmaker[Session]
                 _configure_sqlite(engine)
             elif engine.dialect.name == "postgresql":
                 _replace_closed_connections(engine)
-                _pin_isolation_level(engine)
+                _pooler_aware(engine)
             reader = engine.execution_options(**{READ_ONLY: True})
             found = (engine, sessionmaker(engine, expire_on_commit=False), sessionmaker(reader, expire_on_commit=False))
             _engines[key] = found
@@ -174,8 +235,10 @@ def dispose_all() -> None:
 
 
 #: SQLSTATEs of a transaction the server aborted to let others go on, which may simply be run
-#: again: a deadlock (40P01) and a serialization failure (40001).
-RETRIED_SQLSTATES = {"40P01": "deadlock", "40001": "serialization failure"}
+#: again: a deadlock (40P01) and a serialization failure (40001); and those of a statement
+#: refused for its connection's sake before it ran (see ``CONNECTION_SQLSTATES``), run again on
+#: another connection.
+RETRIED_SQLSTATES = {"40P01": "deadlock", "40001": "serialization failure", **CONNECTION_SQLSTATES}
 #: How many times :func:`retrying` runs a transaction in all before the failure is raised.
 CONFLICT_TRIES = 6
 #: Seconds the first pause before running again may last at most; each next one doubles, up to
@@ -186,10 +249,9 @@ CONFLICT_MAX_PAUSE_S = 1.0
 
 
 def conflict_of(error: BaseException) -> str | None:
-    """The SQLSTATE of a deadlock or serialization failure (the driver's error, or SQLAlchemy's
-    wrapping it); ``None`` for any other error."""
-    original = getattr(error, "orig", None) or error
-    code = getattr(original, "sqlstate", None) or getattr(original, "pgcode", None)
+    """The SQLSTATE of a deadlock, a serialization failure or a statement refused for its
+    connection (the driver's error, or SQLAlchemy's wrapping it); ``None`` for any other error."""
+    code = _sqlstate(error)
     return code if code in RETRIED_SQLSTATES else None
 
 

@@ -74,6 +74,35 @@ def pgbouncer(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
     server.close()
 
 
+#: Modules whose database tests also run through PgBouncer in transaction pooling (a third
+#: ``database_url``, ``pgbouncer``): the step path, firing, recovery, backfill and the dashboard's
+#: reads, chosen among the fast ones so that the suite grows by little.
+PGBOUNCER_MODULES = frozenset(
+    {
+        "test_step_cost",
+        "test_step_claims",
+        "test_fire_batch",
+        "test_recovery",
+        "test_backfill_driver",
+        "test_web",
+        "test_pgbouncer",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Before pytest parametrizes: as a marker, this choice of databases replaces the fixture's."""
+    module = metafunc.module.__name__.rpartition(".")[2]
+    if "database_url" not in metafunc.fixturenames or module not in PGBOUNCER_MODULES:
+        return
+    # A test that chooses its databases itself keeps its choice.
+    if not any("database_url" in str(m.args[0]) for m in metafunc.definition.iter_markers("parametrize")):
+        metafunc.definition.add_marker(
+            pytest.mark.parametrize("database_url", ["sqlite", "postgresql", "pgbouncer"], indirect=True)
+        )
+
+
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sqlite") / "template.db"
@@ -84,8 +113,8 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> Iterator[str]:
-    """A freshly migrated database per test, on SQLite and on PostgreSQL (or PostgreSQL through
-    PgBouncer, for the tests that ask for ``pgbouncer``)."""
+    """A freshly migrated database per test, on SQLite and on PostgreSQL (and, for the modules of
+    ``PGBOUNCER_MODULES``, on PostgreSQL through PgBouncer)."""
     if request.param == "sqlite":
         path = tmp_path / "chordbeat.db"
         shutil.copy(sqlite_template, path)

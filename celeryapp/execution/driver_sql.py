@@ -8,8 +8,8 @@ SQLAlchemy made of that checkout (a transaction it commits, or autocommit), so c
 handling stays SQLAlchemy's. What SQLAlchemy does around a statement that matters is kept: its
 ``before_cursor_execute`` listeners see it, and a driver error is raised as SQLAlchemy's
 (:class:`~sqlalchemy.exc.DBAPIError` with the driver's as ``orig``), the connection invalidated
-first when it is gone, as SQLAlchemy does (callers tell a database away from a refused
-statement by that).
+first when it is gone or refused the statement for its own sake, as SQLAlchemy does (callers
+tell a database away from a refused statement by that).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
+
+from models.session import connection_refused
 
 #: Constants a compiled statement may carry as bind parameters, sent as they are.
 _PLAIN = (int, str, float, bool, type(None))
@@ -63,7 +65,9 @@ class DriverStatement:
         try:
             return driver.execute(sql, values)  # type: ignore[union-attr]
         except dbapi.Error as exc:
-            gone = conn.dialect.is_disconnect(exc, driver, None)
+            # A prepared statement a pooler's server connection lacked (see models.session) is
+            # the connection's fault as a closed one is: replaced, and the work tried again.
+            gone = conn.dialect.is_disconnect(exc, driver, None) or connection_refused(exc)
             if gone:
                 conn.invalidate(exc)
             raise DBAPIError.instance(

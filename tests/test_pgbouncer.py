@@ -5,9 +5,12 @@ rely on what a server connection keeps between transactions (docs/operations.md)
 from __future__ import annotations
 
 import logging
+import os
+import socket
+from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, func, make_url, select, text
+from sqlalchemy import create_engine, event, func, make_url, select, text
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
@@ -108,3 +111,32 @@ def test_no_session_state_is_left_on_pgbouncers_server_connections(
     assert prepared == 0
     assert level == "repeatable read"
     assert any("default_transaction_isolation" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql", "pgbouncer"], indirect=True)
+def test_a_claim_committed_whose_answer_was_lost_is_run_by_its_runner(app: ChordbeatCelery) -> None:
+    """The connection is cut on ``COMMIT`` after the server committed the claim (PgBouncer killed
+    at that moment, a network cut): trying again finds nothing queued. The runner knows the claim
+    it made and runs the step, once, as attempt 1, instead of leaving it to recovery to give up as
+    lost and run again under another attempt number."""
+    [task_id] = _queued_group(app, "cut", 1)
+    cut: list[int] = []
+
+    def commit_then_cut(conn: Any) -> None:
+        if cut:
+            return
+        cut.append(task_id)
+        driver = conn.connection.driver_connection
+        driver.commit()  # the server commits the claim,
+        driver.execute("SELECT 1")  # a transaction opens for SQLAlchemy's COMMIT to end,
+        with socket.socket(fileno=os.dup(driver.fileno())) as sock:
+            sock.shutdown(socket.SHUT_RDWR)  # whose answer never comes
+
+    event.listen(get_engine(app.settings.database_url), "commit", commit_then_cut)
+    assert runner.run_step(app, task_id, 1, node="here") == {"status": "complete"}
+    assert cut == [task_id]
+    with transaction(app.settings.database_url) as session:
+        attempts = session.execute(select(Activity.attempt, Activity.status)).all()
+        left = session.scalar(select(func.count()).select_from(WorkerTask))
+    assert attempts == [(1, ActivityStatus.COMPLETE)]
+    assert left == 0

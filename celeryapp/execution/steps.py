@@ -248,6 +248,23 @@ def claim_step(conn: Connection, worker_task_id: int, attempt: int, *, node: str
     return _claim_of(worker_task_id, attempt, claimed, activity_id, claimed[6])
 
 
+_STILL_CLAIMED = select(_task.id).where(
+    _task.id == bindparam("p_task_id"),
+    _task.attempt == bindparam("p_attempt"),
+    _task.status == WorkerTaskStatus.PROCESSING,
+    _task.node == bindparam("p_node"),
+    _task.started_at == bindparam("p_now"),
+)
+
+
+def claim_committed(conn: Connection, claim: Claim, *, node: str, now: datetime) -> bool:
+    """Whether ``claim``, made by ``node`` at ``now`` and not known to have committed (the
+    connection was lost on ``COMMIT``), did: its attempt is still processing as that claim left
+    it. Its runner then runs it, where claiming again finds nothing queued."""
+    params = {"p_task_id": claim.worker_task_id, "p_attempt": claim.attempt, "p_node": node, "p_now": now}
+    return conn.execute(_STILL_CLAIMED, params).first() is not None
+
+
 class Recorded(NamedTuple):
     """What recording an outcome did."""
 

@@ -11,6 +11,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from billiard.common import terminate_handler_fired
@@ -24,7 +25,7 @@ from celeryapp.domain.redaction import hide_secrets
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.errors import StepCancelled
 from celeryapp.execution.advancing import advance_group
-from celeryapp.execution.steps import Claim, Recorded, claim_step, finish_step, stored_outcome
+from celeryapp.execution.steps import Claim, Recorded, claim_committed, claim_step, finish_step, stored_outcome
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
@@ -223,17 +224,37 @@ def _claim(
 ) -> tuple[Claim | Exception | None, float]:
     """The claim (``None``: not ours to run; an error: the database did not let it), and when its
     successful try was sent (monotonic: recovery counts a lost attempt's time from the claim)."""
+    url = app.settings.database_url
     sent = time.monotonic()
+    #: A claim made whose COMMIT failed (the connection lost on the way: a pooler restarted, a
+    #: network cut), with when it was made and sent: it may have committed unseen.
+    unsure: tuple[Claim, datetime, float] | None = None
 
     def once() -> Claim | None:
-        nonlocal sent
+        nonlocal sent, unsure
         sent = time.monotonic()
+        now = utcnow()
+        made: Claim | None = None
         # A transaction even for PostgreSQL's single statement: the claim commits only once
         # its runner, alive, asks for it. Alone it would commit whenever the statement ran,
         # and a worker killed while it waited (a locked table, a stalled server) would leave
         # an attempt claimed that nothing runs: recovery would fail it and use up an attempt.
-        with connection(app.settings.database_url) as conn:
-            return claim_step(conn, worker_task_id, attempt, node=node, now=utcnow())
+        try:
+            with connection(url) as conn:
+                made = claim_step(conn, worker_task_id, attempt, node=node, now=now)
+        except Exception:
+            if made is not None:
+                unsure = (made, now, sent)
+            raise
+        if made is None and unsure is not None:
+            # Nothing left to claim: if it is because the unsure claim did commit, it is ours
+            # to run (else nothing would, until recovery gave the attempt up as lost).
+            earlier, made_at, earlier_sent = unsure
+            with autocommit(url, read_only=True) as conn:
+                if claim_committed(conn, earlier, node=node, now=made_at):
+                    sent = earlier_sent
+                    return earlier
+        return made
 
     return _patiently(f"claiming worker task {worker_task_id} attempt {attempt}", once), sent
 

@@ -28,6 +28,10 @@ Fault kinds and what they do:
   under libfaketime reading its offset from a file of its own (``FAKETIME_TIMESTAMP_FILE``, read
   again every second). Nothing may notice: it excuses no missed slot and no stall.
 - ``partition``, ``partition_one_way``, ``sentinel_failover``: the multi-host lab's (:mod:`tests.chaos_lab`).
+- ``pgbouncer_restart``: the PgBouncer in front of PostgreSQL (transaction pooling) SIGKILLed, every
+  client connection cut whatever it was doing, a commit on its way included; started again on the
+  same port after the duration. Only a database behind PgBouncer draws it (test_chaos.py's plan
+  through PgBouncer).
 
 Every process that exits without being told to (a worker crashing on a Redis outage, say) is
 recorded as an unexpected exit and restarted two seconds later, as systemd's ``Restart=always``
@@ -51,7 +55,7 @@ from celery import Celery
 
 from celeryapp.config import Settings
 from tests import processes
-from tests.servers import PostgresServer, RedisServer
+from tests.servers import PgBouncer, PostgresServer, RedisServer
 
 WORKER_KINDS = ("worker_kill", "worker_stop")
 BEAT_KINDS = ("beat_kill", "beat_stop")
@@ -62,6 +66,8 @@ FAULT_KINDS = WORKER_KINDS + BEAT_KINDS + REDIS_KINDS + DB_KINDS + CLOCK_KINDS
 PARTITION_KINDS, FAILOVER_KINDS = ("partition", "partition_one_way"), ("sentinel_failover",)
 #: Kinds only a cluster of the multi-host lab (:class:`tests.chaos_lab.LabCluster`) can inject.
 LAB_KINDS = PARTITION_KINDS + FAILOVER_KINDS
+#: Kinds only a database behind PgBouncer can inject.
+POOLER_KINDS = ("pgbouncer_restart",)
 #: Kinds a default (short) plan draws from; long plans add ``db_outage_long``.
 SHORT_PLAN_KINDS = WORKER_KINDS + BEAT_KINDS + REDIS_KINDS + ("db_outage",) + CLOCK_KINDS
 #: How far a ``clock_skew`` fault steps a clock, either way (seconds).
@@ -81,6 +87,7 @@ DURATIONS_S = {
     "partition": (2.0, 15.0),
     "partition_one_way": (2.0, 15.0),
     "sentinel_failover": (2.0, 8.0),  # a SIGKILLed primary's time down (at least until the promotion)
+    "pgbouncer_restart": (0.5, 4.0),
 }
 #: Relative frequency of each kind in a plan.
 WEIGHTS = {
@@ -96,6 +103,7 @@ WEIGHTS = {
     "partition": 2,
     "partition_one_way": 2,
     "sentinel_failover": 2,
+    "pgbouncer_restart": 3,
 }
 #: Seconds of load before the first fault, and between two faults: (min, max).
 WARMUP_S = 6.0
@@ -130,12 +138,16 @@ class Fault:
             "partition": f"host {self.target} cut off both ways for {self.duration_s:.1f}s, then healed",
             "partition_one_way": f"host {self.target} cut off ({self.how} dropped) for {self.duration_s:.1f}s",
             "sentinel_failover": killed if self.how == "sigkill" else "SENTINEL FAILOVER: the replica promoted",
+            "pgbouncer_restart": f"SIGKILL PgBouncer, restart after {self.duration_s:.1f}s",
         }[self.kind]
         return f"+{self.at_s:6.1f}s  {self.kind:<20} {what}"
 
 
-def make_plan(seed: int, seconds: float, kinds: tuple[str, ...], workers: tuple[str, ...]) -> list[Fault]:
-    """Faults one after another from ``WARMUP_S`` until ``seconds``; the same inputs, the same plan."""
+def make_plan(
+    seed: int, seconds: float, kinds: tuple[str, ...], workers: tuple[str, ...], first: str | None = None
+) -> list[Fault]:
+    """Faults one after another from ``WARMUP_S`` until ``seconds``; the same inputs, the same plan.
+    ``first`` (one of ``kinds``): the first fault's kind, so that a plan has at least one."""
     if not kinds:
         return []
     rng = random.Random(seed)
@@ -145,6 +157,8 @@ def make_plan(seed: int, seconds: float, kinds: tuple[str, ...], workers: tuple[
     while True:
         t += rng.uniform(*GAP_S)
         kind = rng.choices(kinds, weights)[0]
+        if first in kinds and not faults:
+            kind = first
         duration = round(rng.uniform(*DURATIONS_S[kind]), 1)
         if t + duration > seconds:
             return faults
@@ -193,13 +207,21 @@ class Exit:
 
 
 class Database:
-    """Makes the test's database unavailable and available again."""
+    """Makes the test's database unavailable and available again; ``pooler``: the PgBouncer the
+    URL goes through, for ``pgbouncer_restart``."""
 
-    def __init__(self, url: str, postgres: PostgresServer | None = None, sqlite_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        postgres: PostgresServer | None = None,
+        sqlite_path: Path | None = None,
+        pooler: PgBouncer | None = None,
+    ) -> None:
         self.url = url
         self._postgres = postgres
         self._sqlite_path = sqlite_path
         self._lock: sqlite3.Connection | None = None
+        self.pooler = pooler
 
     @property
     def kind(self) -> str:
@@ -349,6 +371,13 @@ class Cluster:
             applied.started = time.time()
             sleep(duration)
             clock.write_text("+0s\n")
+        elif kind in POOLER_KINDS:
+            pooler = self.database.pooler
+            assert pooler is not None, "only a database behind PgBouncer draws its restarts"
+            pooler.stop()
+            applied.started = time.time()
+            sleep(duration)
+            pooler.start()
         elif kind in REDIS_KINDS:
             assert self.redis is not None, "a cluster on Sentinels draws no Redis restarts"
             self.redis.terminate()

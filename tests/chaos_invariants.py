@@ -71,6 +71,7 @@ BLACKOUT_AFTER_S = {
     "partition@beat": 30.0,
     "partition_one_way@beat": 30.0,
     "sentinel_failover": 10.0,
+    "pgbouncer_restart": 10.0,
 }
 #: Seconds after a fault during which an execution may sit with no step body running (recovery
 #: needs the heartbeat TTL and a recovery pass; with beat down or waiting for its lock it does
@@ -89,6 +90,7 @@ STALL_AFTER_S = {
     "partition@beat": 30.0,
     "partition_one_way@beat": 30.0,
     "sentinel_failover": 15.0,
+    "pgbouncer_restart": 10.0,
 }
 
 

@@ -134,9 +134,11 @@ def settle(cluster: Cluster, names: list[str]) -> float:
     return time.time()
 
 
-def announced_plan(where: str, index: int, seed: int, kinds: tuple[str, ...], workers: tuple[str, ...]) -> list[Fault]:
+def announced_plan(
+    where: str, index: int, seed: int, kinds: tuple[str, ...], workers: tuple[str, ...], first: str | None = None
+) -> list[Fault]:
     """Plan ``index`` of a test (its seed ``seed``), printed with how to replay it."""
-    plan = make_plan(seed, SECONDS, kinds, workers)
+    plan = make_plan(seed, SECONDS, kinds, workers, first)
     print(
         f"\n=== chaos plan {index} {where}: seed {seed}, {SECONDS:g}s; replay with "
         f"CHORDBEAT_CHAOS_SEED={seed - index} CHORDBEAT_CHAOS_SECONDS={SECONDS:g} "

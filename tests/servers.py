@@ -261,6 +261,9 @@ class PgBouncer:
             # Each test's database has a pool of its own: idle server connections are closed
             # soon, or a session's worth of them would use up the server's connections.
             "server_idle_timeout = 5\n"
+            # After a failed connect to the server PgBouncer waits this long before the next
+            # (15 s by default): a PostgreSQL back from a restart would stay away that long.
+            "server_login_retry = 1\n"
             f"admin_users = {self.postgres.user}\n"
             f"logfile = {self.dir / 'pgbouncer.log'}\n"
             f"pidfile = {self.dir / 'pgbouncer.pid'}\n"

@@ -10,6 +10,9 @@ end of its body. Faults are described in :mod:`tests.chaos`, the invariants in
 
 Knobs (environment): :mod:`tests.chaos_run`; the long plan adds ``db_outage_long``.
 
+A third plan runs on PostgreSQL through PgBouncer in transaction pooling (:data:`PGBOUNCER_PLAN_KINDS`,
+its first fault a PgBouncer restart).
+
 ``pytest -s`` shows the plan, the measurements and the violations; they are also written to
 ``chaos-report.json`` in the test's temporary directory.
 """
@@ -27,7 +30,7 @@ from sqlalchemy import create_engine, text
 
 from celeryapp.config import Settings
 from models.migrate import upgrade
-from tests.chaos import FAULT_KINDS, SHORT_PLAN_KINDS, Cluster, Database
+from tests.chaos import FAULT_KINDS, POOLER_KINDS, SHORT_PLAN_KINDS, Cluster, Database
 from tests.chaos_run import (
     OVERHEAD_S,
     PLANS,
@@ -39,7 +42,7 @@ from tests.chaos_run import (
     play_and_check,
     report,
 )
-from tests.servers import PostgresServer, RedisServer
+from tests.servers import PgBouncer, PostgresServer, RedisServer
 
 pytestmark = pytest.mark.slow
 
@@ -60,25 +63,42 @@ def chaos_postgres() -> Iterator[PostgresServer]:
     server.close()
 
 
+@pytest.fixture(scope="module")
+def chaos_pgbouncer(chaos_postgres: PostgresServer) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction pooling in front of the suite's cluster: the plan kills it."""
+    server = PgBouncer(chaos_postgres)
+    server.start()
+    yield server
+    server.close()
+
+
+#: What a plan through PgBouncer draws from: its restarts, and the faults a database and its
+#: clients meet behind it (the database itself going away, workers killed or frozen, beat killed).
+PGBOUNCER_PLAN_KINDS = (*POOLER_KINDS, "db_outage", "worker_kill", "worker_stop", "beat_kill")
+
+
 def new_database(kind: str, tmp: Path, request: pytest.FixtureRequest) -> Database:
     if kind == "sqlite":
         path = tmp / "chordbeat.db"
         shutil.copy(request.getfixturevalue("sqlite_template"), path)
         return Database(f"sqlite:///{path}", sqlite_path=path)
     server: PostgresServer = request.getfixturevalue("chaos_postgres")
+    pooler: PgBouncer | None = request.getfixturevalue("chaos_pgbouncer") if kind == "pgbouncer" else None
     name = f"chaos_{uuid.uuid4().hex[:12]}"
     engine = create_engine(server.url(), isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
         conn.execute(text(f"CREATE DATABASE {name} TEMPLATE chaos_template"))
     engine.dispose()
-    return Database(server.url(name), postgres=server)
+    url = server.url(name) if pooler is None else pooler.url(name)
+    return Database(url, postgres=server, pooler=pooler)
 
 
 def run_plan(kind: str, index: int, seed: int, kinds: tuple[str, ...], root: Path, request: Any) -> dict[str, Any]:
     tmp = root / f"plan-{index}"
     tmp.mkdir()
     workers = ("w1", "w2")
-    plan = announced_plan(f"on {kind}", index, seed, kinds, workers)
+    first = POOLER_KINDS[0] if kind == "pgbouncer" else None
+    plan = announced_plan(f"on {kind}", index, seed, kinds, workers, first)
     redis = RedisServer(persistent=True)
     redis.start()
     database = new_database(kind, tmp, request)
@@ -108,3 +128,12 @@ def test_invariants_hold_under_a_seeded_fault_plan(
     kinds = fault_kinds(SHORT_PLAN_KINDS, FAULT_KINDS)
     results = [run_plan(database, i, SEED + i, kinds, tmp_path, request) for i in range(PLANS)]
     report(f"chaos on {database}", SEED, results, tmp_path / "chaos-report.json")
+
+
+@pytest.mark.timeout(PLANS * (SECONDS + SETTLE_S + OVERHEAD_S) + 60)
+def test_invariants_hold_under_a_seeded_fault_plan_through_pgbouncer(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    kinds = fault_kinds(PGBOUNCER_PLAN_KINDS, (*PGBOUNCER_PLAN_KINDS, "db_outage_long"))
+    results = [run_plan("pgbouncer", i, SEED + i, kinds, tmp_path, request) for i in range(PLANS)]
+    report("chaos through pgbouncer", SEED, results, tmp_path / "chaos-report.json")

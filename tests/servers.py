@@ -233,9 +233,11 @@ class PgBouncer:
     """Debian's PgBouncer in transaction pooling, in front of ``postgres``: every database of the
     server under the same name, its clients trusted (as the test server trusts them)."""
 
-    def __init__(self, postgres: PostgresServer, *, pool_size: int = 20) -> None:
+    def __init__(self, postgres: PostgresServer, *, pool_size: int = 20, extra: str = "") -> None:
+        """``extra``: more lines of the ``[pgbouncer]`` section."""
         self.postgres = postgres
         self.pool_size = pool_size
+        self.extra = extra
         self.dir = Path(tempfile.mkdtemp(prefix="chordbeat-pgbouncer-"))
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -266,7 +268,7 @@ class PgBouncer:
             "server_login_retry = 1\n"
             f"admin_users = {self.postgres.user}\n"
             f"logfile = {self.dir / 'pgbouncer.log'}\n"
-            f"pidfile = {self.dir / 'pgbouncer.pid'}\n"
+            f"pidfile = {self.dir / 'pgbouncer.pid'}\n" + self.extra
         )
         return ini
 

@@ -4,9 +4,12 @@ rely on what a server connection keeps between transactions (docs/operations.md)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +21,7 @@ from celeryapp.worker import runner
 from models import Activity, ActivityStatus, WorkerTask, get_engine, transaction
 from models.session import autocommit
 from tests.helpers import step
-from tests.servers import PostgresServer
+from tests.servers import PgBouncer, PostgresServer, wait_for
 
 THROUGH_PGBOUNCER = pytest.mark.parametrize("database_url", ["pgbouncer"], indirect=True)
 
@@ -140,3 +143,44 @@ def test_a_claim_committed_whose_answer_was_lost_is_run_by_its_runner(app: Chord
         left = session.scalar(select(func.count()).select_from(WorkerTask))
     assert attempts == [(1, ActivityStatus.COMPLETE)]
     assert left == 0
+
+
+@pytest.fixture
+def one_server_connection(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
+    """A PgBouncer of one server connection a pool, whose clients wait for it 1 s at most."""
+    bouncer = PgBouncer(postgres_server, pool_size=1, extra="query_wait_timeout = 1\n")
+    bouncer.start()
+    yield bouncer
+    bouncer.close()
+
+
+@pytest.mark.parametrize("database_url", ["pgbouncer"], indirect=True)
+def test_a_claim_refused_by_pgbouncers_query_wait_timeout_is_tried_again(
+    app: ChordbeatCelery, one_server_connection: PgBouncer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every server connection busy past ``query_wait_timeout``: PgBouncer answers the claim with
+    an error (08P01) and closes the connection. The database is away, not the step refused: the
+    runner tries again until a server connection is free, and the step runs once."""
+    [task_id] = _queued_group(app, "waiting", 1)
+    url = one_server_connection.url(make_url(app.settings.database_url).database or "")
+    app.apply_settings(dataclasses.replace(app.settings, database_url=url))
+    caplog.set_level(logging.WARNING, logger=runner.__name__)
+    answers: list[dict[str, Any]] = []
+    holder = create_engine(url)
+    try:
+        with holder.begin() as held:
+            held.execute(text("SELECT 1"))  # the pool's one server connection, held
+            stepping = threading.Thread(target=lambda: answers.append(runner.run_step(app, task_id, 1, node="here")))
+            stepping.start()
+            wait_for(
+                lambda: any("query_wait_timeout" in r.getMessage() for r in caplog.records),
+                20,
+                what="PgBouncer to refuse the claim",
+            )
+        stepping.join(30)
+    finally:
+        holder.dispose()
+    assert answers == [{"status": "complete"}]
+    with transaction(url) as session:
+        attempts = session.execute(select(Activity.attempt, Activity.status)).all()
+    assert attempts == [(1, ActivityStatus.COMPLETE)]

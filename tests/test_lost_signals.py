@@ -1,0 +1,106 @@
+"""Signals that outlive a failed write: a cancel commits in the database, then sets its flag in
+Redis. When that write fails (Redis away at that very moment), the run's running step is stopped
+all the same, by its own question to the database (celeryapp/worker/attempt_check.py), and the
+two runs of a ``cancel_previous`` schedule do not overlap past one recovery interval."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import select
+
+import tests.fault_tasks  # noqa: F401  (registers the fault step tasks in this process too)
+from celeryapp.application import ChordbeatCelery
+from celeryapp.config import Settings
+from celeryapp.interfaces import service
+from celeryapp.recovery import recovery
+from models import ExecutionStatus, ScheduleExecution, transaction
+from tests import processes
+from tests.fault_tasks import read_log
+from tests.helpers import wait_for
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.slow
+
+#: The worker's recovery interval, which is how often a long step asks the database.
+INTERVAL_S = 2.0
+#: Well past the moment Redis is away: the step's lease (the heartbeat's TTL less 0.75 s) must not
+#: run out meanwhile, or the step would stop for that reason and the test would prove nothing.
+HEARTBEAT_TTL_S = 15.0
+
+
+def _events(log: Path, execution_id: int, event: str) -> list[dict[str, Any]]:
+    return [e for e in read_log(str(log)) if e["execution_id"] == execution_id and e["event"] == event]
+
+
+def _started(log: Path, execution_id: int) -> float:
+    (start,) = wait_for(lambda: _events(log, execution_id, "start"), 30, what=f"execution {execution_id}'s step")
+    wait_for(lambda: _events(log, execution_id, "tick"), 10, what=f"execution {execution_id}'s step to tick")
+    return float(start["t"])
+
+
+def _stopped(log: Path, execution_id: int) -> float:
+    """When the step was interrupted (it ticks for a minute otherwise, and logs its end)."""
+    (event,) = wait_for(
+        lambda: _events(log, execution_id, "interrupted"), 30, interval=0.1, what=f"execution {execution_id}'s stop"
+    )
+    assert not _events(log, execution_id, "end")
+    return float(event["t"])
+
+
+def _status(app: ChordbeatCelery, execution_id: int) -> ExecutionStatus:
+    with transaction(app.settings.database_url, read_only=True) as session:
+        return session.get_one(ScheduleExecution, execution_id).status
+
+
+def test_a_cancel_whose_flag_write_failed_still_stops_its_step(
+    app: ChordbeatCelery, settings: Settings, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    log = tmp_path / "steps.log"
+    tick = {"name": "long", "task": "faults.tick", "kwargs": {"log": str(log), "seconds": 60}}
+    worker_settings = dataclasses.replace(settings, recovery_interval_s=INTERVAL_S, heartbeat_ttl_s=HEARTBEAT_TTL_S)
+    with processes.worker(worker_settings, tmp_path, "w1", env=processes.FAULT_TASKS_ENV):
+        service.apply_schedule(app, {"name": "cut", "every": 3600, "overlap": "cancel_previous", "steps": [tick]})
+
+        # A cancel: it commits, then its flag's write fails (Redis is away that moment).
+        first = service.trigger_schedule(app, "cut")["execution_id"]
+        _started(log, first)
+        redis_server.stop()
+        with pytest.raises(redis.RedisError):
+            service.cancel_execution(app, first)
+        cancelled_at = time.time()
+        redis_server.start()
+        assert _status(app, first) is ExecutionStatus.CANCELLED
+        took = _stopped(log, first) - cancelled_at
+
+        # cancel_previous: the new run's start cancels the old one in the same commit; the flag's
+        # write fails, and so does the new run's publish (recovery sends it).
+        second = service.trigger_schedule(app, "cut")["execution_id"]
+        _started(log, second)
+        redis_server.stop()
+        with pytest.raises(redis.RedisError):
+            service.trigger_schedule(app, "cut")
+        replaced_at = time.time()
+        redis_server.start()
+        with transaction(app.settings.database_url, read_only=True) as session:
+            third = session.scalar(select(ScheduleExecution.id).where(ScheduleExecution.id > second))
+        assert third is not None and _status(app, second) is ExecutionStatus.CANCELLED
+        wait_for(
+            lambda: _events(log, third, "start") or (recovery.recover(app) and None),
+            30,
+            interval=0.5,
+            what="recovery to send the new run's step",
+        )
+        new_started = _started(log, third)
+        old_stopped = _stopped(log, second)
+    overlap = old_stopped - new_started
+    print(
+        f"\ncancel without its flag: step stopped {took:.1f}s after; cancel_previous: {old_stopped - replaced_at:.1f}s "
+        f"after, overlap {overlap:.1f}s"
+    )
+    assert overlap <= INTERVAL_S, f"the two runs of the exclusive schedule overlapped {overlap:.1f}s"

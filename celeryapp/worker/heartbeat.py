@@ -192,6 +192,7 @@ class StepWatch:
     # What the watching thread asks of each watch: its part of a poll's pipeline, then the answers.
 
     def refresh_due(self, now: float) -> bool:
+        self.check_time(now)  # a process that stood still past the lease: its step stops before a refresh hides it
         return now - self._last_sent >= self._refresh_s
 
     def queue_refresh(self, pipe: Any) -> None:

@@ -41,8 +41,12 @@ NAME_PART_CHARS = 80
 #: The runner's result repr (what the worker reads the outcome from) holds a whole error and
 #: traceback (``limits.ERROR_CHARS`` and ``limits.TRACEBACK_CHARS``, escaped).
 RESULT_REPR_CHARS = 48 * 1024
-#: How long an operator's stop flag outlives the stop: longer than a message can wait for a worker.
-STOP_FLAG_TTL_S = 7 * 24 * 3600
+#: How long an operator's stop flag lives. It is set when the worker holding the attempt's message
+#: is told (Celery asks ``revoked`` before the runner claims, and the claim may wait up to
+#: runner.DATABASE_PATIENCE_S, 10 minutes, for the database), and read by the step's watch from its
+#: first heartbeat on: the wait, then as long as a cancel flag (dispatch.flag_ttl_ms) with room to
+#: spare. Operators' stops are few: an hour's of them is nothing to hold.
+STOP_FLAG_TTL_S = 3600
 TERMINATED = "terminated by operator"
 REVOKED = "revoked by operator"
 

@@ -1,7 +1,8 @@
 """Signals that outlive a failed write: a cancel commits in the database, then sets its flag in
 Redis. When that write fails (Redis away at that very moment), the run's running step is stopped
 all the same, by its own question to the database (celeryapp/worker/attempt_check.py), and the
-two runs of a ``cancel_previous`` schedule do not overlap past one recovery interval."""
+two runs of a ``cancel_previous`` schedule do not overlap past one recovery interval. An
+operator's stop, which is only a flag, is written once Redis answers."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ import tests.fault_tasks  # noqa: F401  (registers the fault step tasks in this 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
+from celeryapp.messaging import keys
+from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery import recovery
+from celeryapp.worker.step_events import STOP_FLAG_TTL_S, TERMINATED, stop_attempt
 from models import ExecutionStatus, ScheduleExecution, transaction
 from tests import processes
 from tests.fault_tasks import read_log
@@ -104,3 +108,18 @@ def test_a_cancel_whose_flag_write_failed_still_stops_its_step(
         f"after, overlap {overlap:.1f}s"
     )
     assert overlap <= INTERVAL_S, f"the two runs of the exclusive schedule overlapped {overlap:.1f}s"
+
+
+def test_an_operators_stop_whose_write_failed_is_written_once_redis_answers(
+    app: ChordbeatCelery, redis_server: RedisServer
+) -> None:
+    """Flower's Terminate or Revoke reached the worker, whose write of the stop flag then failed:
+    the worker tries again until Redis answers, and the step's watch finds the flag then."""
+    redis_server.stop()
+    try:
+        assert stop_attempt(app, ("41", "2"), TERMINATED) is False
+    finally:
+        redis_server.start()
+    client = get_redis(app.settings.broker_url)
+    wait_for(lambda: client.exists(keys.stop_key(41, 2)), 10, interval=0.1, what="the stop flag")
+    assert 0 < client.ttl(keys.stop_key(41, 2)) <= STOP_FLAG_TTL_S

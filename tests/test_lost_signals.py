@@ -14,19 +14,27 @@ from typing import Any
 import pytest
 import redis
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 import tests.fault_tasks  # noqa: F401  (registers the fault step tasks in this process too)
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.errors import StepCancelled
+from celeryapp.execution.runs import cancel_execution
+from celeryapp.execution.steps import claim_step
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery import recovery
+from celeryapp.recovery.repair import requeue_attempt
+from celeryapp.worker.attempt_check import asking_the_database
+from celeryapp.worker.heartbeat import Interrupt, StepWatch
 from celeryapp.worker.step_events import STOP_FLAG_TTL_S, TERMINATED, stop_attempt
-from models import ExecutionStatus, ScheduleExecution, transaction
+from models import ExecutionStatus, ScheduleExecution, WorkerTask, transaction, utcnow
+from models.session import connection
 from tests import processes
 from tests.fault_tasks import read_log
-from tests.helpers import wait_for
+from tests.helpers import step, wait_for
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -123,3 +131,47 @@ def test_an_operators_stop_whose_write_failed_is_written_once_redis_answers(
     client = get_redis(app.settings.broker_url)
     wait_for(lambda: client.exists(keys.stop_key(41, 2)), 10, interval=0.1, what="the stop flag")
     assert 0 < client.ttl(keys.stop_key(41, 2)) <= STOP_FLAG_TTL_S
+
+
+def _claimed_watch(app: ChordbeatCelery, worker_task_id: int, attempt: int) -> StepWatch:
+    """The attempt claimed, and a watch for its step (made in this thread: the one it interrupts)
+    whose Redis flags nobody sets: only the database's answer can stop the step."""
+    url = app.settings.database_url
+    with connection(url) as conn:
+        assert claim_step(conn, worker_task_id, attempt, node="test", now=utcnow()) is not None
+    client = get_redis(app.settings.broker_url)
+    return StepWatch(client, heartbeat_key="tests:hb", cancel_key="tests:never-set", ttl_s=30)
+
+
+def test_the_database_alone_stops_a_fenced_or_cancelled_attempt(app: ChordbeatCelery) -> None:
+    """Recovery gave the attempt up, then the run was cancelled, each committed without its flag
+    (their effects never applied): the step's question to the database stops it, as fenced then as
+    cancelled."""
+    url = app.settings.database_url
+    service.apply_schedule(app, {"name": "asked", "every": 3600, "steps": [step("a")]})
+    execution_id = service.trigger_schedule(app, "asked")["execution_id"]
+    with transaction(url, read_only=True) as session:
+        task_id = session.scalars(select(WorkerTask.id).where(WorkerTask.execution_id == execution_id)).one()
+
+    def given_up(session: Session) -> None:
+        requeue_attempt(session, task_id, 1, reason="worker lost: the test", now=utcnow())
+
+    def cancelled(session: Session) -> None:
+        cancel_execution(session, execution_id, now=utcnow())
+
+    for attempt, change, interrupt in ((1, given_up, Interrupt.FENCED), (2, cancelled, Interrupt.CANCELLED)):
+        watch = _claimed_watch(app, task_id, attempt)
+        with transaction(url) as session:
+            change(session)
+        stopped = False
+        try:
+            with (
+                watch,
+                asking_the_database(watch, database_url=url, worker_task_id=task_id, attempt=attempt, every_s=0.2),
+            ):
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    time.sleep(0.01)  # a step at work
+        except StepCancelled:
+            stopped = True
+        assert stopped and watch.interrupted is interrupt

@@ -53,7 +53,7 @@ def _verdicts(database_url: str, asked: list[_Asked]) -> list[Interrupt | None]:
         rows = conn.execute(
             select(WorkerTask.id, WorkerTask.attempt, WorkerTask.status).where(WorkerTask.id.in_(ids))
         ).all()
-    held = {(task_id, attempt) for task_id, attempt, status in rows if status is WorkerTaskStatus.PROCESSING}
+    held = {(task_id, attempt) for task_id, attempt, status in rows if status == WorkerTaskStatus.PROCESSING}
     present = {task_id for task_id, _attempt, _status in rows}
     return [
         None

@@ -330,3 +330,20 @@ def test_a_buffered_slot_is_busy_for_a_backfill_and_runs_once(app: ChordbeatCele
     _end(app, buffered.id)
     assert [r.id for r in _runs(app, "held") if r.slot == slot] == [buffered.id]
     assert _row(app, backfill_id).status is BackfillStatus.COMPLETED
+
+
+def test_a_catch_up_of_a_slot_that_was_buffered_meanwhile_runs_it_once(app: ChordbeatCelery) -> None:
+    """A catch-up that queued a slot behind the run in progress (beat back after an outage), then
+    the slot's own fire buffered behind that run too: one run of the slot, the buffered one."""
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "made-up", "buffer_one", anchor)
+    manual = service.trigger_schedule(app, "made-up")["execution_id"]
+    slot = anchor + 10 * HOUR  # due now
+    catch_up = _backfill(app, schedule_id, [slot], origin=BackfillOrigin.CATCHUP, max_concurrent=1)
+    answer = firing.fire(app, "made-up", nominal_at=slot, trigger=Trigger.INTERVAL)
+    assert answer["execution_id"] is None and answer["skipped"].startswith("buffered: "), answer
+    _end(app, manual)
+    (buffered,) = [r for r in _runs(app, "made-up") if r.slot == slot]
+    _end(app, buffered.id)
+    assert [r.id for r in _runs(app, "made-up") if r.slot == slot] == [buffered.id]
+    assert _row(app, catch_up).status is BackfillStatus.COMPLETED

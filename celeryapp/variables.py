@@ -98,7 +98,11 @@ VARIABLES = (
     ),
     Variable("CHORDBEAT_SCHEDULES_FILE", "unset", "declarative schedule file applied when beat starts"),
     Variable("CHORDBEAT_HEARTBEAT_TTL", f"`{DEFAULT_HEARTBEAT_TTL_S:g}` (s)", "TTL of a running step's heartbeat key"),
-    Variable("CHORDBEAT_RECOVERY_INTERVAL", f"`{DEFAULT_RECOVERY_INTERVAL_S:g}` (s)", "period of the recovery task"),
+    Variable(
+        "CHORDBEAT_RECOVERY_INTERVAL",
+        f"`{DEFAULT_RECOVERY_INTERVAL_S:g}` (s)",
+        "period of the recovery task, and of a long step's question to the database whether its attempt still runs",
+    ),
     Variable(
         "CHORDBEAT_BEAT_STALL",
         f"`{DEFAULT_BEAT_STALL_S:g}` (s)",

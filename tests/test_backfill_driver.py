@@ -11,9 +11,11 @@ from sqlalchemy import select, update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.batching import Fire
+from celeryapp.domain.times import iso
 from celeryapp.execution.backfills import create_backfill
 from celeryapp.execution.runs import cancel_execution
 from celeryapp.interfaces import service
+from celeryapp.interfaces.backfill_service import backfill_schedule
 from celeryapp.recovery import housekeeping
 from celeryapp.recovery.recovery import recover
 from celeryapp.worker import firing
@@ -304,3 +306,44 @@ def test_a_slot_a_missing_backfill_ran_runs_once_when_its_late_fire_comes(app: C
     answer = firing.fire(app, "late-fire", nominal_at=latest, trigger=Trigger.INTERVAL)
     assert answer == {"execution_id": None, "skipped": "duplicate"}, answer
     assert [(r.trigger, r.slot) for r in _runs(app, "late-fire")] == [(Trigger.BACKFILL, latest)]
+
+
+def test_a_buffered_slot_is_busy_for_a_backfill_and_runs_once(app: ChordbeatCelery) -> None:
+    """A slot buffered behind a run in progress (buffer_one) is not chosen by a backfill of mode
+    missing asked for meanwhile, and when a backfill queued it before it fired, the buffered run
+    and the backfill's are one run: the buffered run has the slot's own run key."""
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "held", "buffer_one", anchor)
+    manual = service.trigger_schedule(app, "held")["execution_id"]
+    slot = anchor + 10 * HOUR  # due now
+    answer = firing.fire(app, "held", nominal_at=slot, trigger=Trigger.INTERVAL)
+    assert answer["execution_id"] is None and answer["skipped"].startswith("buffered: "), answer
+    # Asked for now, a backfill of the missing slots leaves the buffered one out.
+    listed = backfill_schedule(app, "held", iso(slot - HOUR), iso(utcnow()), mode="missing", dry_run=True)
+    assert listed["slots"] == [iso(slot - HOUR)]
+    # One that has it (made from an earlier look, or queued before the slot fired) runs it once.
+    backfill_id = _backfill(app, schedule_id, [slot], origin=BackfillOrigin.REQUEST, max_concurrent=1, mode="missing")
+    _end(app, manual)
+    buffered = _runs(app, "held")[1]
+    assert (buffered.slot, buffered.status) == (slot, ExecutionStatus.IN_PROGRESS)
+    assert buffered.run_key == f"held:interval:{iso(slot)}"
+    _end(app, buffered.id)
+    assert [r.id for r in _runs(app, "held") if r.slot == slot] == [buffered.id]
+    assert _row(app, backfill_id).status is BackfillStatus.COMPLETED
+
+
+def test_a_catch_up_of_a_slot_that_was_buffered_meanwhile_runs_it_once(app: ChordbeatCelery) -> None:
+    """A catch-up that queued a slot behind the run in progress (beat back after an outage), then
+    the slot's own fire buffered behind that run too: one run of the slot, the buffered one."""
+    anchor = utcnow().replace(microsecond=0) - 10 * HOUR
+    schedule_id = _apply(app, "made-up", "buffer_one", anchor)
+    manual = service.trigger_schedule(app, "made-up")["execution_id"]
+    slot = anchor + 10 * HOUR  # due now
+    catch_up = _backfill(app, schedule_id, [slot], origin=BackfillOrigin.CATCHUP, max_concurrent=1)
+    answer = firing.fire(app, "made-up", nominal_at=slot, trigger=Trigger.INTERVAL)
+    assert answer["execution_id"] is None and answer["skipped"].startswith("buffered: "), answer
+    _end(app, manual)
+    (buffered,) = [r for r in _runs(app, "made-up") if r.slot == slot]
+    _end(app, buffered.id)
+    assert [r.id for r in _runs(app, "made-up") if r.slot == slot] == [buffered.id]
+    assert _row(app, catch_up).status is BackfillStatus.COMPLETED

@@ -7,8 +7,14 @@ from typing import Any
 from celery import Celery
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.interfaces import service
+from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
-from tests.helpers import run_once, step
+from celeryapp.variables import DEFAULT_HEARTBEAT_TTL_S
+from celeryapp.worker.dispatch import flag_ttl_ms
+from celeryapp.worker.runner import DATABASE_PATIENCE_S
+from celeryapp.worker.step_events import STOP_FLAG_TTL_S
+from tests.helpers import run_once, step, wait_for
 
 
 def test_steps_store_no_result_and_chords_still_advance(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
@@ -23,3 +29,28 @@ def test_steps_store_no_result_and_chords_still_advance(app: ChordbeatCelery, wo
     # What is stored (the service calls' answers, read by their callers at once) expires soon.
     assert results
     assert all(0 < redis_client.ttl(key) <= app.settings.result_expires_s for key in results)
+
+
+def test_cancel_flags_live_as_long_as_the_attempts_they_stop(app: ChordbeatCelery) -> None:
+    """A cancel_previous schedule started again and again: each start cancels the run before it and
+    sets its cancel flag. Flags live two heartbeat TTLs (dispatch.flag_ttl_ms), not a week: Redis
+    holds the last few seconds' of them, however long the history (issue 35: 117 B each, 1.1 GiB
+    for 1,000 minutely cancel_previous schedules)."""
+    runs = 30
+    service.apply_schedule(app, {"name": "churn", "every": 60, "overlap": "cancel_previous", "steps": [step("a")]})
+    for _ in range(runs):
+        service.trigger_schedule(app, "churn")
+    client = get_redis(app.settings.broker_url)
+    pattern = f"{keys.PREFIX}:cancel:*"
+    flags = list(client.scan_iter(pattern))
+    assert len(flags) == runs - 1
+    ttl_ms = flag_ttl_ms(app.settings.heartbeat_ttl_s)
+    assert all(0 < client.pttl(flag) <= ttl_ms for flag in flags)
+    wait_for(lambda: not list(client.scan_iter(pattern)), ttl_ms / 1000 + 5, interval=0.2, what="the flags to go")
+
+
+def test_an_operators_stop_flag_outlives_a_claim_waiting_for_the_database() -> None:
+    """The stop flag is set before the runner claims (Celery asks ``revoked`` first), and the claim
+    may wait for the database for DATABASE_PATIENCE_S: the flag must still be there for the step's
+    first heartbeat, which reads it, with a lease to spare."""
+    assert STOP_FLAG_TTL_S > DATABASE_PATIENCE_S + 2 * DEFAULT_HEARTBEAT_TTL_S

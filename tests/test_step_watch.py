@@ -227,3 +227,31 @@ def test_a_step_wakes_the_time_keeper_only_when_it_may_have_to_stop_before_the_k
         assert stopped_at < wakes_at, "the step due before the keeper's next check was stopped only then"
     finally:
         server.close()
+
+
+def test_a_process_that_stood_still_past_its_lease_stops_its_step_before_a_refresh(monkeypatch: Any) -> None:
+    """A worker frozen (SIGSTOP, a VM pause) past its lease wakes with recovery free to have run its
+    attempt elsewhere, and the fence flag may be gone by then: flags live two heartbeat TTLs
+    (dispatch.flag_ttl_ms), not a week. The watching thread may wake before the time-keeping one:
+    it must stop the step, not refresh the heartbeat, which would renew the lease and hide the
+    freeze. Before, the refresh won that race and the step ran on beside its replacement."""
+    server = RedisServer()
+    server.start()
+    try:
+        monkeypatch.setattr(heartbeat, "KEEPER_IDLE_S", 60.0)  # only the watching thread can notice
+        wait_for(lambda: heartbeat._keeper is None, 10, what="other steps' time keeper to end")
+        watch = StepWatch(redis.Redis.from_url(server.url), heartbeat_key="hb", cancel_key="cancel", ttl_s=30)
+        interrupted = False
+        try:
+            with watch:
+                asleep = lambda: heartbeat._keeper_wakes_at > time.monotonic() + 10  # noqa: E731
+                wait_for(asleep, 5, interval=0.01, what="the time keeper to sleep until the lease's end")
+                watch._last_sent -= 60  # as if the process had stood still for a minute
+                deadline = time.monotonic() + 3
+                while time.monotonic() < deadline:
+                    time.sleep(0.01)  # a step at work
+        except StepCancelled:
+            interrupted = True
+        assert interrupted and watch.lease_lost
+    finally:
+        server.close()

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.effects import Effects
 from celeryapp.execution.backfill_driver import drive
 from celeryapp.execution.runs import lock_schedule, start_execution
+from celeryapp.execution.slot_records import BUFFERED_SLOT
 from models import (
     Backfill,
     BackfillOrigin,
@@ -161,7 +162,8 @@ class SlotFacts:
 
 def slot_facts(session: Session, schedule_id: int, start: datetime, end: datetime) -> SlotFacts:
     """Which slots in ``start ≤ slot < end`` ran, whose latest run failed or was cancelled, and
-    which are busy (a run in progress, or queued in a running backfill of the schedule)."""
+    which are busy (a run in progress, buffered behind one, or queued in a running backfill of
+    the schedule)."""
     in_range = (
         ScheduleExecution.schedule_id == schedule_id,
         ScheduleExecution.slot >= start,
@@ -189,6 +191,12 @@ def slot_facts(session: Session, schedule_id: int, start: datetime, end: datetim
         )
     ):
         queued.update(datetime.fromisoformat(slot) for slot in slots[started:])
+    name, buffered = session.execute(select(Schedule.name, Schedule.buffered).where(Schedule.id == schedule_id)).one()
+    if buffered:
+        # Its run starts when the active one ends (under the slot's own key, see runs.py).
+        slot, _trigger = session.execute(BUFFERED_SLOT, {"p_name": name}).first() or (None, None)
+        if slot is not None:
+            queued.add(slot)
     ended_badly = {ExecutionStatus.FAILED, ExecutionStatus.CANCELLED}
     return SlotFacts(
         ran=frozenset(latest) | frozenset(slot for slot in fired if slot is not None),

@@ -340,13 +340,18 @@ def _after_execution(
     ):
         # A regular slot buffered behind a backfill's run is a regular run.
         trigger = execution.trigger if execution.trigger is not Trigger.BACKFILL else regular_trigger(row.every_s)
+        slot, slot_trigger = session.execute(BUFFERED_SLOT, {"p_name": name}).first() or (None, None)
+        key = f"{name}:after:{execution.id}"
+        if slot is not None and slot_trigger in (Trigger.CRON, Trigger.INTERVAL):
+            # The slot's own key: a backfill (mode missing) or a catch-up of the slot is one run with it.
+            key = run_key(name, regular_trigger(row.every_s), slot)
         started = start_execution(
             session,
             session.get_one(Schedule, schedule_id),
             trigger=trigger,
             now=now,
-            run_key=f"{name}:after:{execution.id}",
-            nominal_at=session.scalar(BUFFERED_SLOT, {"p_name": name}),
+            run_key=key,
+            nominal_at=slot,
             locked=True,
         )
         effects.merge(started.effects)

@@ -13,11 +13,12 @@ from celeryapp.monitoring.alert_outbox import MISSED_OUTCOMES, alert_missed_slot
 from models import Schedule, SlotOutcome, SlotRecord, Trigger
 from models.tables import SLOT_RECORDS
 
-#: The slot the buffer holds: the newest slot recorded buffered (a buffer keeps one run, for the
-#: latest slot that met the active one; a manual run's has none). Read newest first along the
-#: schedule's slot record index: the record is among the last few, written while the run was on.
+#: The slot the buffer holds, and its trigger: the newest slot recorded buffered (a buffer keeps
+#: one run, for the latest slot that met the active one; a manual run's has none, a rerun's that of
+#: the run it repeats). Read newest first along the schedule's slot record index: the record is
+#: among the last few, written while the run was on.
 BUFFERED_SLOT = (
-    select(SlotRecord.nominal_at)
+    select(SlotRecord.nominal_at, SlotRecord.trigger)
     .where(
         SlotRecord.schedule_name == bindparam("p_name"),
         SlotRecord.outcome == SlotOutcome.BUFFERED,

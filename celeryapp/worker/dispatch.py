@@ -22,8 +22,8 @@ logger = logging.getLogger(__name__)
 
 RUN_STEP = "chordbeat.run_step"
 ADVANCE = "chordbeat.advance_execution"
-#: How long a cancel flag outlives the cancel: longer than any message can wait for a worker.
-CANCEL_FLAG_TTL_S = 7 * 24 * 3600
+#: How long a cancel or fence flag lives, in heartbeat TTLs (see :func:`flag_ttl_ms`).
+FLAG_TTL_HEARTBEATS = 2
 #: A dispatch marker lives as long as the broker may keep the message unacked.
 MARKER_TTL_S = VISIBILITY_TIMEOUT_S
 
@@ -131,15 +131,29 @@ def drop_pickup(app: Celery, worker_task_id: int, attempt: int) -> None:
         get_redis(app.settings.broker_url).delete(keys.pickup_key(worker_task_id, attempt))
 
 
+def flag_ttl_ms(heartbeat_ttl_s: float) -> int:
+    """How long a cancel or fence flag lives: as long as the attempts it stops may still be at work
+    without having read it. A step's watch reads the flags with every heartbeat refresh; a step
+    whose refreshes do not reach Redis (its process frozen, Redis out of its reach) stops itself
+    once its lease (less than a heartbeat TTL) runs out, and a process that stood still stops its
+    steps before its first refresh on waking (heartbeat.py). A flag a heartbeat TTL old has reached
+    every attempt at work, or there is none; the second TTL is margin. A message not yet claimed
+    needs no flag (its claim finds the run over), and a flag lost early (a failover to a replica
+    whose clock runs ahead) is made up for by the step's question to the database (attempt_check.py).
+    So Redis holds the flags of the last two TTLs' cancels (30 s by default), not of a week's."""
+    return int(FLAG_TTL_HEARTBEATS * heartbeat_ttl_s * 1000)
+
+
 def apply_effects(app: Celery, effects: Effects) -> None:
     """Carry out, after commit, what a lifecycle function decided."""
     if effects.cancelled or effects.fenced:
         client = get_redis(app.settings.broker_url)
+        flag_ttl = flag_ttl_ms(app.settings.heartbeat_ttl_s)
         with client.pipeline(transaction=False) as pipe:
             for execution_id in effects.cancelled:
-                pipe.set(keys.cancel_key(execution_id), "1", ex=CANCEL_FLAG_TTL_S)
+                pipe.set(keys.cancel_key(execution_id), "1", px=flag_ttl)
             for worker_task_id, attempt in effects.fenced:
-                pipe.set(keys.fenced_key(worker_task_id, attempt), "1", ex=CANCEL_FLAG_TTL_S)
+                pipe.set(keys.fenced_key(worker_task_id, attempt), "1", px=flag_ttl)
             pipe.execute()
     if effects.revoke:
         # Drops messages still queued; running steps stop through the cancel flag instead of a

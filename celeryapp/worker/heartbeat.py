@@ -37,8 +37,7 @@ CANCEL_POLL_S = 0.5
 INTERRUPT_LANDING_S = 0.5
 #: Seconds the time-keeping thread may wake late (a loaded host, the GIL held by the step).
 KEEPER_LATENESS_S = 0.25
-#: What the lease keeps back from the heartbeat's TTL (a quarter of a TTL below 3 s, which would
-#: otherwise leave no lease at all).
+#: What the lease keeps back from the heartbeat's TTL (a quarter of a TTL below 3 s: else no lease at all).
 LEASE_MARGIN_S = INTERRUPT_LANDING_S + KEEPER_LATENESS_S
 #: Seconds the time-keeping thread sleeps at most: a step watched since may have an earlier deadline.
 KEEPER_IDLE_S = 1.0
@@ -193,6 +192,7 @@ class StepWatch:
     # What the watching thread asks of each watch: its part of a poll's pipeline, then the answers.
 
     def refresh_due(self, now: float) -> bool:
+        self.check_time(now)  # a process that stood still past the lease: its step stops before a refresh hides it
         return now - self._last_sent >= self._refresh_s
 
     def queue_refresh(self, pipe: Any) -> None:
@@ -216,12 +216,12 @@ class StepWatch:
         cancelled, *rest = replies
         stopped = rest.pop() if self._stop_key is not None else None
         if rest and rest[0]:
-            self._fire(Interrupt.FENCED)
+            self.stop(Interrupt.FENCED)
         elif cancelled:
-            self._fire(Interrupt.CANCELLED)
+            self.stop(Interrupt.CANCELLED)
         elif stopped is not None:
             self.stopped = _text(stopped)
-            self._fire(Interrupt.STOPPED_BY_OPERATOR)
+            self.stop(Interrupt.STOPPED_BY_OPERATOR)
 
     # What the time-keeping thread asks.
 
@@ -231,7 +231,7 @@ class StepWatch:
         if not self._armed:
             return None
         if self._deadline is not None and now >= self._deadline:
-            self._fire(Interrupt.TIMED_OUT)
+            self.stop(Interrupt.TIMED_OUT)
             return None
         lease_end = self._last_sent + self.lease_s
         if now >= lease_end:
@@ -241,7 +241,7 @@ class StepWatch:
                 self._heartbeat_key,
                 now - self._last_sent,
             )
-            self._fire(Interrupt.LEASE_LOST)
+            self.stop(Interrupt.LEASE_LOST)
             return None
         return self.first_deadline()
 
@@ -250,7 +250,7 @@ class StepWatch:
         lease_end = self._last_sent + self.lease_s
         return lease_end if self._deadline is None else min(lease_end, self._deadline)
 
-    def _fire(self, why: Interrupt) -> None:
+    def stop(self, why: Interrupt) -> None:
         self._fired = True
         with self._lock:
             if self._armed:

@@ -29,6 +29,7 @@ from celeryapp.execution.steps import Claim, Recorded, claim_committed, claim_st
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
+from celeryapp.worker.attempt_check import asking_the_database
 from celeryapp.worker.dispatch import apply_effects
 from celeryapp.worker.heartbeat import StepWatch
 from celeryapp.worker.step_events import RunnerAnswer, step_result
@@ -299,8 +300,15 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
     )
     started = time.monotonic()
     # The heartbeat is kept until the outcome is recorded: a step whose outcome waits for the
-    # database has not ended, and must not be taken for a lost one and run again.
-    with watch:
+    # database has not ended, and must not be taken for a lost one and run again. A long step also
+    # asks the database whether its attempt is still the one running (a cancel whose Redis flag
+    # was never written, or was lost, stops it all the same: attempt_check.py).
+    every_s = settings.recovery_interval_s
+    url = settings.database_url
+    with (
+        watch,
+        asking_the_database(watch, database_url=url, worker_task_id=worker_task_id, attempt=attempt, every_s=every_s),
+    ):
         try:
             with running_step(context):
                 outcome = execute_step(app, claim, watch)

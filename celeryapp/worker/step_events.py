@@ -23,6 +23,8 @@ from __future__ import annotations
 import ast
 import logging
 import re
+import threading
+import time
 from enum import StrEnum
 from typing import Any
 
@@ -41,8 +43,14 @@ NAME_PART_CHARS = 80
 #: The runner's result repr (what the worker reads the outcome from) holds a whole error and
 #: traceback (``limits.ERROR_CHARS`` and ``limits.TRACEBACK_CHARS``, escaped).
 RESULT_REPR_CHARS = 48 * 1024
-#: How long an operator's stop flag outlives the stop: longer than a message can wait for a worker.
-STOP_FLAG_TTL_S = 7 * 24 * 3600
+#: How long an operator's stop flag lives. It is set when the worker holding the attempt's message
+#: is told (Celery asks ``revoked`` before the runner claims, and the claim may wait up to
+#: runner.DATABASE_PATIENCE_S, 10 minutes, for the database), and read by the step's watch from its
+#: first heartbeat on: the wait, then as long as a cancel flag (dispatch.flag_ttl_ms) with room to
+#: spare. Operators' stops are few: an hour's of them is nothing to hold.
+STOP_FLAG_TTL_S = 3600
+#: Seconds between two tries of a stop flag's write that failed (as often as a watch reads it).
+STOP_RETRY_S = 0.5
 TERMINATED = "terminated by operator"
 REVOKED = "revoked by operator"
 
@@ -154,18 +162,35 @@ def event_for(retval: Any) -> tuple[str, dict[str, Any]]:
 
 
 def stop_attempt(app: Any, args: Any, reason: str) -> bool:
-    """Set the stop flag of the attempt a runner message stands for; False if it could not."""
+    """Set the stop flag of the attempt a runner message stands for; False if it could not yet (a
+    thread then tries again until Redis answers)."""
     try:
         worker_task_id, attempt = (int(a) for a in args)
     except (TypeError, ValueError):
         return False
+    url, key = app.settings.broker_url, keys.stop_key(worker_task_id, attempt)
     try:
-        get_redis(app.settings.broker_url).set(keys.stop_key(worker_task_id, attempt), reason, ex=STOP_FLAG_TTL_S)
-    except redis.RedisError:
-        logger.exception("could not stop worker task %s attempt %s (%s)", worker_task_id, attempt, reason)
+        get_redis(url).set(key, reason, ex=STOP_FLAG_TTL_S)
+    except redis.RedisError as exc:
+        # The operator was told the stop was taken: it must not be lost with the write.
+        logger.warning("could not stop worker task %s attempt %s yet (%s): %s", worker_task_id, attempt, reason, exc)
+        threading.Thread(target=_stop_later, args=(url, key, reason), name="chordbeat-stop-later", daemon=True).start()
         return False
     logger.warning("worker task %s attempt %s: %s; the step stops, recorded cancelled", worker_task_id, attempt, reason)
     return True
+
+
+def _stop_later(url: str, key: str, reason: str) -> None:
+    """The stop flag's write, tried again until Redis answers, for as long as the flag would live."""
+    give_up = time.monotonic() + STOP_FLAG_TTL_S
+    while time.monotonic() < give_up:
+        time.sleep(STOP_RETRY_S)
+        try:
+            get_redis(url).set(key, reason, ex=STOP_FLAG_TTL_S)
+        except redis.RedisError:
+            continue
+        logger.warning("%s: %s, set now that Redis answers; the step stops, recorded cancelled", key, reason)
+        return
 
 
 #: :func:`celeryapp.domain.names.runner_task_id`'s shape.

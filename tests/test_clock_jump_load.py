@@ -165,4 +165,4 @@ def test_a_deployment_keeps_time_while_redis_clock_jumps_either_way(
             assert not found, (jump, len(found), found[:5])
         assert "Redis's clock jumped" in beat.output() + worker.output()
     correction = reference_time.shared_correction(client)
-    assert correction is not None and correction.jumps == len(SHIFTS_S), correction
+    assert correction is not None and correction.correction.jumps == len(SHIFTS_S), correction

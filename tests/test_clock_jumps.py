@@ -20,7 +20,9 @@ from celeryapp.domain.clock_correction import (
 )
 from celeryapp.messaging import reference_time
 from celeryapp.messaging.redis_client import get_redis
-from models.clock import ReferenceClock
+from celeryapp.monitoring.metrics import ExecutionCollector
+from models.clock import ReferenceClock, clock
+from tests.web_server import ADMIN, WebServer, text_of
 
 # --- the correction's arithmetic --------------------------------------------------------------
 
@@ -135,9 +137,9 @@ def test_every_process_keeps_one_continuous_time_across_a_jump(jump_s: float, ca
     assert abs(worker.timestamp() - time.time()) < 0.05, "not read since: the old reading goes on"
     worker.measure()
     started_since = clock_on(reference)
-    for clock in (worker, started_since):
-        assert abs(clock.timestamp() - time.time()) < 0.05
-        assert clock.correction == beat.correction and clock.correction.jumps == 1
+    for other in (worker, started_since):
+        assert abs(other.timestamp() - time.time()) < 0.05
+        assert other.correction == beat.correction and other.correction.jumps == 1
     assert len(caplog.records) == 1, "adopting a recorded correction logs nothing"
 
 
@@ -204,4 +206,20 @@ def test_redis_keeps_the_correction_by_compare_and_set(app: ChordbeatCelery) -> 
     second = Correction.from_text(first).after_jump(raw_s + 40, raw_s).to_text()
     assert shared.share(first, second) == second
     assert shared.read()[1] == second
-    assert reference_time.shared_correction(get_redis(app.settings.broker_url)) == Correction.from_text(second)
+    shown = reference_time.shared_correction(get_redis(app.settings.broker_url))
+    assert shown is not None and shown.correction == Correction.from_text(second)
+    assert shown.correction.jumps == 2 and shown.remaining_s == pytest.approx(-10, abs=0.5)
+
+
+def test_a_jump_is_counted_exported_and_shown_on_the_health_page(app: ChordbeatCelery) -> None:
+    client = get_redis(app.settings.broker_url)
+    raw_s = reference_time.read_reference(app.settings.broker_url)
+    client.set(reference_time.CORRECTION_KEY, NO_CORRECTION.after_jump(raw_s - 120, raw_s).to_text())
+    clock.measure()  # this process adopts it, as every process does at its next reading
+    families = {family.name: family for family in ExecutionCollector(app).collect()}
+    assert [s.value for s in families["chordbeat_clock_jumps"].samples] == [1]
+    assert 119 < families["chordbeat_clock_correction_seconds"].samples[0].value <= 120
+    with WebServer(app) as web:
+        health = text_of(web.session(ADMIN).get(web.url + "/health", timeout=10).text)
+    assert "Redis's clock jumped 2 min forward" in health, health
+    assert "(1 jump so far)" in health and "behind Redis's clock, taken back at 0.2 % (done in 16 h" in health, health

@@ -21,6 +21,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import redis
 
@@ -130,16 +131,39 @@ def install(url: str) -> None:
     clock.use(RedisReference(url), _OffsetReporter(url))
 
 
-def shared_correction(client: redis.Redis) -> Correction | None:
-    """The deployment's clock correction (``None``: Redis's clock never jumped, or the record is
-    garbled: the processes log that)."""
-    stored = client.get(CORRECTION_KEY)
+@dataclass(frozen=True)
+class ClockCorrection:
+    """The deployment's correction as an operator sees it."""
+
+    correction: Correction
+    #: Seconds still subtracted from Redis's clock now (positive: Redis is ahead of chordbeat's time).
+    remaining_s: float
+    #: Seconds until it is taken back entirely.
+    done_in_s: float
+    #: chordbeat's time of the last jump.
+    jumped_at: datetime
+
+
+def shared_correction(client: redis.Redis) -> ClockCorrection | None:
+    """The deployment's clock correction now (``None``: Redis's clock never jumped, or the record
+    is garbled: the processes log that). One round trip: Redis's TIME and the record."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.get(CORRECTION_KEY)
+        (seconds, microseconds), stored = pipe.execute()
     if stored is None:
         return None
     try:
-        return Correction.from_text(stored)
+        correction = Correction.from_text(stored)
     except BadCorrection:
         return None
+    raw_s = float(seconds) + microseconds / 1_000_000
+    return ClockCorrection(
+        correction,
+        correction.remaining_s(raw_s),
+        max(0.0, correction.done_at() - raw_s),
+        datetime.fromtimestamp(correction.corrected(correction.at_reference_s), UTC),
+    )
 
 
 def offsets(client: redis.Redis, now_s: float) -> list[ProcessOffset]:

@@ -5,23 +5,29 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.client import ChordbeatClient
 from celeryapp.domain.clock_correction import (
+    CORRECTION_KEY,
     JUMP_THRESHOLD_S,
     NO_CORRECTION,
     SLEW_RATE,
     BadCorrection,
     Correction,
 )
+from celeryapp.domain.names import PREFIX
+from celeryapp.interfaces import service
 from celeryapp.messaging import reference_time
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metrics import ExecutionCollector
 from models.clock import ReferenceClock, clock
+from tests.helpers import step
 from tests.web_server import ADMIN, WebServer, text_of
 
 # --- the correction's arithmetic --------------------------------------------------------------
@@ -81,6 +87,7 @@ def test_two_minutes_forward_are_taken_back_in_about_17_hours() -> None:
 
 
 def test_a_record_round_trips_and_a_garbled_one_is_refused_naming_the_field() -> None:
+    assert CORRECTION_KEY.startswith(f"{PREFIX}:")
     correction = NO_CORRECTION.after_jump(NOW, NOW - 30.5)
     assert Correction.from_text(correction.to_text()) == correction
     for text, field in [
@@ -223,3 +230,18 @@ def test_a_jump_is_counted_exported_and_shown_on_the_health_page(app: ChordbeatC
         health = text_of(web.session(ADMIN).get(web.url + "/health", timeout=10).text)
     assert "Redis's clock jumped 2 min forward" in health, health
     assert "(1 jump so far)" in health and "behind Redis's clock, taken back at 0.2 % (done in 16 h" in health, health
+
+
+def test_a_service_call_made_after_redis_clock_jumped_back_is_not_dropped_as_expired(
+    app: ChordbeatCelery, worker: Any
+) -> None:
+    """ChordbeatClient wrote its calls' expiry by Redis's raw clock: two minutes behind chordbeat's
+    time after a jump back, every call had expired before a worker took it."""
+    service.apply_schedule(app, {"name": "called", "every": 3600, "steps": [step("s")]})
+    raw_s = reference_time.read_reference(app.settings.broker_url)
+    correction = NO_CORRECTION.after_jump(raw_s + 120, raw_s)
+    get_redis(app.settings.broker_url).set(CORRECTION_KEY, correction.to_text())
+    clock.measure()  # the worker (in this process) adopts it
+    assert clock.correction == correction
+    caller = ChordbeatClient(app.settings.broker_url, app.settings.result_backend, timeout_s=10)
+    assert caller.call("chordbeat.trigger_schedule", name="called")["execution_id"] is not None

@@ -24,6 +24,11 @@ import json
 import math
 from dataclasses import dataclass
 
+#: Where the deployment's correction lives in Redis (JSON, :class:`Correction`), beside ``TIME``.
+#: It never expires: once taken back it subtracts nothing, and it keeps the count of jumps. (The
+#: prefix of :mod:`celeryapp.domain.names` spelled out: the client imports nothing else.)
+CORRECTION_KEY = "chordbeat:clock:correction"
+
 #: A reading further than this from where the last one said the reference would be (seconds,
 #: beyond the two readings' own uncertainty) is a jump of the reference.
 JUMP_THRESHOLD_S = 1.0

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 
 import redis
 
-from celeryapp.domain.clock_correction import BadCorrection, Correction
+from celeryapp.domain.clock_correction import CORRECTION_KEY, BadCorrection, Correction
 from celeryapp.messaging.keys import PREFIX
 from celeryapp.messaging.redis_client import get_redis, registered_script
 from models.clock import MEASURE_INTERVAL_S, clock
@@ -34,9 +34,6 @@ logger = logging.getLogger(__name__)
 
 #: Hash of process -> its last offset reading (JSON ``{"offset_s": ..., "at": ...}``).
 OFFSETS_KEY = f"{PREFIX}:clock:offsets"
-#: The deployment's clock correction (JSON, :class:`Correction`); never expires: once taken back
-#: it subtracts nothing, and it keeps the count of jumps for the metrics.
-CORRECTION_KEY = f"{PREFIX}:clock:correction"
 #: Compare-and-set of the correction: KEYS[1]; ARGV[1] the record expected ('' for none), ARGV[2]
 #: the new one. Returns the record stored afterwards.
 _SHARE_LUA = """

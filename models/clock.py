@@ -131,6 +131,15 @@ class ReferenceClock:
         """What this process subtracts from the raw reference (:data:`NO_CORRECTION` mostly)."""
         return self._correction
 
+    def jumped_forward_within(self, seconds: float) -> bool:
+        """Whether the reference last jumped forward, less than ``seconds`` ago. Redis expires keys
+        by its own clock: those that had less time to live than the jump vanished at once."""
+        reading, correction = self._reading, self._correction
+        if reading is None or correction.last_jump_s <= 0:
+            return False
+        raw_now_s = reading.reference_s + (time.monotonic() - reading.monotonic_s)
+        return raw_now_s - correction.at_reference_s < seconds
+
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.timestamp(), UTC)
 

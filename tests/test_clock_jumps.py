@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import select
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.client import ChordbeatClient
@@ -22,12 +24,16 @@ from celeryapp.domain.clock_correction import (
     Correction,
 )
 from celeryapp.domain.names import PREFIX
+from celeryapp.execution.steps import claim_step
 from celeryapp.interfaces import service
 from celeryapp.messaging import reference_time
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metrics import ExecutionCollector
+from celeryapp.recovery.recovery import RECOVERY_SEEN_KEY, recover
+from models import WorkerTask, transaction, utcnow
 from models.clock import ReferenceClock, clock
-from tests.helpers import step
+from tests.helpers import start_and_hold, step
+from tests.servers import wait_for
 from tests.web_server import ADMIN, WebServer, text_of
 
 # --- the correction's arithmetic --------------------------------------------------------------
@@ -245,3 +251,36 @@ def test_a_service_call_made_after_redis_clock_jumped_back_is_not_dropped_as_exp
     assert clock.correction == correction
     caller = ChordbeatClient(app.settings.broker_url, app.settings.result_backend, timeout_s=10)
     assert caller.call("chordbeat.trigger_schedule", name="called")["execution_id"] is not None
+
+
+class ShiftedRedisReference(reference_time.RedisReference):
+    """The real Redis's TIME, ``shift_s`` off: a jump of its clock as this process sees it."""
+
+    shift_s = 0.0
+
+    def read(self) -> tuple[float, str | None]:
+        raw_s, stored = super().read()
+        return raw_s + self.shift_s, stored
+
+
+def test_recovery_takes_no_step_for_lost_just_after_redis_clock_jumped_forward(app: ChordbeatCelery) -> None:
+    """Redis expires keys by its own clock: a jump forward longer than a heartbeat's time to live
+    expired every heartbeat at once, and a recovery pass before the steps wrote them again took
+    every step that had run a TTL for lost (stopped and run again)."""
+    service.apply_schedule(app, {"name": "running", "every": 3600, "steps": [step("a")]})
+    reference = ShiftedRedisReference(app.settings.broker_url)
+    clock.use(reference)
+    clock.measure()
+    execution_id, _effects = start_and_hold(app, "running")
+    past = utcnow() - timedelta(seconds=60)
+    with transaction(app.settings.database_url) as session:
+        task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.execution_id == execution_id))
+        assert task_id is not None
+        assert claim_step(session.connection(), task_id, 1, node="beating@host", now=past) is not None
+    client = get_redis(app.settings.broker_url)
+    client.set(RECOVERY_SEEN_KEY, "1", ex=60)  # recovery has been running all along
+    reference.shift_s = 20.0  # the jump: its heartbeat expired with it
+    assert recover(app).requeued == [], "a heartbeat expired by the jump is not a lost worker"
+    assert clock.jumped_forward_within(app.settings.heartbeat_ttl_s)
+    # One TTL on, a heartbeat still missing is a lost worker again.
+    wait_for(lambda: recover(app).requeued == [task_id], 10, interval=0.2, what="the step taken for lost")

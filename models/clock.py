@@ -93,6 +93,9 @@ class Reading:
     wall_s: float = 0.0
     #: How far off the reading may be: half its round trip.
     error_s: float = 0.0
+    #: The deployment's correction in force from this reading on (one attribute with the reading,
+    #: so that a caller never applies a new correction to an old reading).
+    correction: Correction = NO_CORRECTION
 
 
 class ReferenceClock:
@@ -103,8 +106,7 @@ class ReferenceClock:
         self._reference: SharedReference | None = None
         self._on_measured: OnMeasured | None = None
         self._reading: Reading | None = None
-        #: The deployment's correction as this process last knew it, and its stored text.
-        self._correction: Correction = NO_CORRECTION
+        #: The stored text of the correction in force (the reading's), to compare the next with.
         self._correction_text: str | None = None
         self._next_try_s = float("-inf")
         #: Process whose background reading is under way (a forked child has no such thread).
@@ -118,8 +120,7 @@ class ReferenceClock:
         reference = _Unshared(read) if callable(read) else read
         with self._lock:
             self._reference, self._on_measured = reference, on_measured
-            self._reading, self._next_try_s = None, float("-inf")
-            self._correction, self._correction_text = NO_CORRECTION, None
+            self._reading, self._next_try_s, self._correction_text = None, float("-inf"), None
 
     @property
     def reading(self) -> Reading | None:
@@ -129,16 +130,17 @@ class ReferenceClock:
     @property
     def correction(self) -> Correction:
         """What this process subtracts from the raw reference (:data:`NO_CORRECTION` mostly)."""
-        return self._correction
+        reading = self._reading
+        return NO_CORRECTION if reading is None else reading.correction
 
     def jumped_forward_within(self, seconds: float) -> bool:
         """Whether the reference last jumped forward, less than ``seconds`` ago. Redis expires keys
         by its own clock: those that had less time to live than the jump vanished at once."""
-        reading, correction = self._reading, self._correction
-        if reading is None or correction.last_jump_s <= 0:
+        reading = self._reading
+        if reading is None or reading.correction.last_jump_s <= 0:
             return False
         raw_now_s = reading.reference_s + (time.monotonic() - reading.monotonic_s)
-        return raw_now_s - correction.at_reference_s < seconds
+        return raw_now_s - reading.correction.at_reference_s < seconds
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.timestamp(), UTC)
@@ -150,10 +152,10 @@ class ReferenceClock:
                 self.measure()
             else:
                 self._measure_in_background()
-        reading, correction = self._reading, self._correction
+        reading = self._reading
         if reading is None:
             return time.time()
-        return correction.corrected(reading.reference_s + (time.monotonic() - reading.monotonic_s))
+        return reading.correction.corrected(reading.reference_s + (time.monotonic() - reading.monotonic_s))
 
     def _measure_in_background(self) -> None:
         with self._reader_lock:
@@ -186,8 +188,8 @@ class ReferenceClock:
                 logger.info("reference clock: read again")
             reading, stored = read
             correction = self._follow(reference, reading, stored)
-            reading = replace(reading, offset_s=reading.wall_s - correction.corrected(reading.reference_s))
-            self._reading, self._correction = reading, correction
+            offset_s = reading.wall_s - correction.corrected(reading.reference_s)
+            self._reading = reading = replace(reading, offset_s=offset_s, correction=correction)
             self._next_try_s, self._failing = now_s + MEASURE_INTERVAL_S, False
         finally:
             self._lock.release()
@@ -202,33 +204,43 @@ class ReferenceClock:
         """The correction after ``reading``: the shared one, a new one if the reference jumped, or
         ours written back if the reference lost it (a Redis restart without its data: every process
         that knew it writes back the same record, and the jump it covers does not reappear)."""
+        current = NO_CORRECTION if self._reading is None else self._reading.correction
+        if stored is not None and stored != self._correction_text:
+            try:
+                Correction.from_text(stored)
+            except BadCorrection as exc:
+                logger.error("reference clock: the shared clock correction is garbled (%s); replacing it", exc)
+                try:
+                    stored = reference.share(stored, self._correction_text or current.to_text())
+                except Exception:
+                    return current
         if stored is None and self._correction_text is not None:
             try:
                 stored = reference.share(None, self._correction_text)
             except Exception as exc:
                 logger.warning("reference clock: cannot write the clock correction back (%s)", exc)
-                return self._correction
+                return current
             if stored == self._correction_text:
                 logger.warning("reference clock: the shared clock correction was gone; written back")
         if stored != self._correction_text:
             # Another process saw a jump first (or this one just started): take its correction,
             # so that every process keeps the same time.
-            return self._adopt(stored)
+            return self._adopt(stored, current)
         previous = self._reading
         if previous is None:
-            return self._correction
+            return current
         elapsed_s = reading.monotonic_s - previous.monotonic_s
         expected_raw_s = previous.reference_s + elapsed_s
         step_s = reading.reference_s - expected_raw_s
         if not is_jump(step_s, previous.error_s + reading.error_s):
-            return self._correction
+            return current
         wall_step_s = reading.wall_s - (previous.wall_s + elapsed_s)
         if not is_jump(step_s - wall_step_s, previous.error_s + reading.error_s):
             # This host's clock moved as the reference did: our monotonic clock stood still (a
             # suspended host or VM), the reference did not jump.
             logger.info("reference clock: this process's monotonic clock missed %.1f s; read again", step_s)
-            return self._correction
-        jumped = self._correction.after_jump(expected_raw_s, reading.reference_s)
+            return current
+        jumped = current.after_jump(expected_raw_s, reading.reference_s)
         text = jumped.to_text()
         try:
             stored = reference.share(self._correction_text, text)
@@ -236,7 +248,6 @@ class ReferenceClock:
             # Kept here: this process goes on without the step; the others see the jump themselves
             # and the first to store its correction gives it to this one at its next reading.
             logger.error("reference clock: Redis's clock jumped %.1f s; cannot share the correction (%s)", step_s, exc)
-            self._correction = jumped
             return jumped
         logger.error(
             "reference clock: Redis's clock jumped %.1f s %s; chordbeat's time goes on without the step "
@@ -246,18 +257,17 @@ class ReferenceClock:
             jumped.slew * 100,
             "correction recorded" if stored == text else "another process recorded it first",
         )
-        return self._adopt(stored)
+        return self._adopt(stored, current)
 
-    def _adopt(self, stored: str | None) -> Correction:
+    def _adopt(self, stored: str | None, current: Correction) -> Correction:
         if stored is None:
-            self._correction, self._correction_text = NO_CORRECTION, None
+            self._correction_text = None
             return NO_CORRECTION
         try:
             correction = Correction.from_text(stored)
-        except BadCorrection as exc:
-            logger.error("reference clock: the shared clock correction is garbled (%s); keeping ours", exc)
-            return self._correction
-        self._correction, self._correction_text = correction, stored
+        except BadCorrection:
+            return current  # garbled again since it was replaced: the next reading replaces it
+        self._correction_text = stored
         return correction
 
     def _read_once(self, reference: SharedReference) -> tuple[Reading, str | None] | None:

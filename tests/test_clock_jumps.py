@@ -200,6 +200,22 @@ def test_a_lost_record_is_written_back_so_that_the_jump_does_not_reappear(caplog
     assert abs(clock_on(reference).timestamp() - time.time()) < 0.05, "a process started since agrees"
 
 
+def test_a_garbled_record_is_replaced_and_time_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    reference = Reference()
+    clock = clock_on(reference)
+    reference.shift_s = 30.0
+    clock.measure()
+    recorded = reference.stored
+    reference.stored = '{"jump_s": "soon"}'
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="models.clock"):
+        clock.measure()
+        clock.measure()
+    assert reference.stored == recorded, "replaced by the correction in force"
+    assert len(caplog.records) == 1 and "jump_s: not a number" in caplog.text
+    assert abs(clock.timestamp() - time.time()) < 0.05
+
+
 def test_a_reading_within_the_threshold_is_no_jump() -> None:
     reference = Reference()
     clock = clock_on(reference)

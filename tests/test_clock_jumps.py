@@ -243,7 +243,7 @@ def test_redis_keeps_the_correction_by_compare_and_set(app: ChordbeatCelery) -> 
 def test_a_jump_is_counted_exported_and_shown_on_the_health_page(app: ChordbeatCelery) -> None:
     client = get_redis(app.settings.broker_url)
     raw_s = reference_time.read_reference(app.settings.broker_url)
-    client.set(reference_time.CORRECTION_KEY, NO_CORRECTION.after_jump(raw_s - 120, raw_s).to_text())
+    client.set(CORRECTION_KEY, NO_CORRECTION.after_jump(raw_s - 120, raw_s).to_text())
     clock.measure()  # this process adopts it, as every process does at its next reading
     families = {family.name: family for family in ExecutionCollector(app).collect()}
     assert [s.value for s in families["chordbeat_clock_jumps"].samples] == [1]

@@ -8,7 +8,7 @@ page. It does no harm to chordbeat (nothing compares its clock with another's) b
 broken NTP that the steps' own code, logs and other systems on that host still suffer from.
 
 Redis's clock itself may jump (a failover to a host with another clock, an NTP step): the
-deployment's correction (:mod:`celeryapp.domain.clock_correction`) lives in :data:`CORRECTION_KEY`,
+deployment's correction (:mod:`celeryapp.domain.clock_correction`) lives in its ``CORRECTION_KEY``,
 read in the same round trip as ``TIME`` and written by compare-and-set, so that every process
 subtracts the same one.
 """

@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.domain.clock_correction import CORRECTION_KEY
 from celeryapp.interfaces import service
 from celeryapp.messaging import reference_time
 from celeryapp.messaging.redis_client import get_redis
@@ -174,5 +175,9 @@ def test_a_deployment_keeps_time_while_redis_clock_jumps_either_way(
             found = troubles(app, beat.output() + worker.output())
             assert not found, (jump, len(found), found[:5])
         assert "Redis's clock jumped" in beat.output() + worker.output()
-    correction = reference_time.shared_correction(client)
-    assert correction is not None and correction.correction.jumps == len(SHIFTS_S), correction
+        recorded = client.get(CORRECTION_KEY)
+        correction = reference_time.shared_correction(client)
+        assert correction is not None and correction.correction.jumps == len(SHIFTS_S), correction
+        # Redis loses the record (a restart without its data): the processes write it back.
+        client.delete(CORRECTION_KEY)
+        wait_for(lambda: client.get(CORRECTION_KEY) == recorded, 10, interval=0.1, what="the record written back")

@@ -106,15 +106,20 @@ class RedisReference:
         self.url = url
 
     def read(self) -> tuple[float, str | None]:
-        with get_redis(self.url).pipeline(transaction=False) as pipe:
-            pipe.time()
-            pipe.get(CORRECTION_KEY)
-            (seconds, microseconds), stored = pipe.execute()
-        return float(seconds) + microseconds / 1_000_000, _text(stored)
+        return _time_and_record(get_redis(self.url))
 
     def share(self, expected: str | None, correction: str) -> str | None:
         client = get_redis(self.url)
         return _text(registered_script(client, _SHARE_LUA)(keys=[CORRECTION_KEY], args=[expected or "", correction]))
+
+
+def _time_and_record(client: redis.Redis) -> tuple[float, str | None]:
+    """Redis's raw TIME and the stored correction, in one round trip."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.get(CORRECTION_KEY)
+        (seconds, microseconds), stored = pipe.execute()
+    return float(seconds) + microseconds / 1_000_000, _text(stored)
 
 
 def _text(stored: object) -> str | None:
@@ -144,17 +149,13 @@ class ClockCorrection:
 def shared_correction(client: redis.Redis) -> ClockCorrection | None:
     """The deployment's clock correction now (``None``: Redis's clock never jumped, or the record
     is garbled: the processes log that). One round trip: Redis's TIME and the record."""
-    with client.pipeline(transaction=False) as pipe:
-        pipe.time()
-        pipe.get(CORRECTION_KEY)
-        (seconds, microseconds), stored = pipe.execute()
+    raw_s, stored = _time_and_record(client)
     if stored is None:
         return None
     try:
         correction = Correction.from_text(stored)
     except BadCorrection:
         return None
-    raw_s = float(seconds) + microseconds / 1_000_000
     return ClockCorrection(
         correction,
         correction.remaining_s(raw_s),

@@ -3,6 +3,7 @@ deadlines and recovery never see the step (tests/clock_shift.c makes the server'
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import tempfile
@@ -181,3 +182,10 @@ def test_a_deployment_keeps_time_while_redis_clock_jumps_either_way(
         # Redis loses the record (a restart without its data): the processes write it back.
         client.delete(CORRECTION_KEY)
         wait_for(lambda: client.get(CORRECTION_KEY) == recorded, 10, interval=0.1, what="the record written back")
+    # The every-second schedule's slots, whatever became of each, are a second apart throughout.
+    with transaction(app.settings.database_url) as session:
+        slots = session.scalars(
+            select(SlotRecord.nominal_at).join(Schedule).where(Schedule.name == "every-1s").order_by(SlotRecord.id)
+        ).all()
+    gaps = {round((later - earlier).total_seconds(), 2) for earlier, later in itertools.pairwise(slots)}
+    assert gaps == {1.0}, gaps

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -222,6 +223,15 @@ def test_a_reading_within_the_threshold_is_no_jump() -> None:
     reference.shift_s = JUMP_THRESHOLD_S / 2
     clock.measure()
     assert clock.correction == NO_CORRECTION and reference.stored is None
+
+
+@pytest.fixture
+def app(app: ChordbeatCelery) -> Iterator[ChordbeatCelery]:
+    """The app, and afterwards no correction left in the session's Redis nor in this process's
+    clock: the tests that follow keep Redis's time."""
+    yield app
+    get_redis(app.settings.broker_url).delete(CORRECTION_KEY)
+    reference_time.install(app.settings.broker_url)
 
 
 def test_redis_keeps_the_correction_by_compare_and_set(app: ChordbeatCelery) -> None:

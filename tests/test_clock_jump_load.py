@@ -185,7 +185,10 @@ def test_a_deployment_keeps_time_while_redis_clock_jumps_either_way(
     # The every-second schedule's slots, whatever became of each, are a second apart throughout.
     with transaction(app.settings.database_url) as session:
         slots = session.scalars(
-            select(SlotRecord.nominal_at).join(Schedule).where(Schedule.name == "every-1s").order_by(SlotRecord.id)
+            select(SlotRecord.nominal_at)
+            .join(Schedule)
+            .where(Schedule.name == "every-1s")
+            .order_by(SlotRecord.nominal_at)
         ).all()
     gaps = {round((later - earlier).total_seconds(), 2) for earlier, later in itertools.pairwise(slots)}
     assert gaps == {1.0}, gaps

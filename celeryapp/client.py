@@ -12,6 +12,7 @@ environment, leaves Celery's current app alone and connects no signal receivers 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import time
@@ -37,6 +38,7 @@ from celeryapp.answer_shapes import (
     TriggerJson,
 )
 from celeryapp.contract import SOURCE_HEADER
+from celeryapp.domain.clock_correction import CORRECTION_KEY, BadCorrection, Correction
 from celeryapp.domain.redaction import redact
 
 #: Queue the service tasks are consumed from by every worker (Celery's default queue).
@@ -130,13 +132,21 @@ class ChordbeatClient:
         """When a call sent now expires, by Redis's clock: chordbeat's workers judge expiry by it,
         and this host's clock may be off by more than the timeout (every call would be dropped as
         expired, or kept long after the caller gave up). Redis unreadable: relative to this host's
-        clock, as plain Celery does."""
+        clock, as plain Celery does. After a jump of Redis's clock the workers' time is Redis's
+        minus the deployment's correction, read in the same round trip."""
         try:
-            with self.app.pool.acquire(block=True) as connection:
-                seconds_, microseconds = connection.default_channel.client.time()
+            with (
+                self.app.pool.acquire(block=True) as connection,
+                connection.default_channel.client.pipeline(transaction=False) as pipe,
+            ):
+                (seconds_, microseconds), stored = pipe.time().get(CORRECTION_KEY).execute()
         except Exception:
             return self.timeout_s
-        return datetime.fromtimestamp(float(seconds_) + microseconds / 1_000_000 + self.timeout_s, UTC)
+        now_s = float(seconds_) + microseconds / 1_000_000
+        if stored is not None:
+            with contextlib.suppress(BadCorrection):  # garbled: the workers log it and keep their own
+                now_s = Correction.from_text(stored).corrected(now_s)
+        return datetime.fromtimestamp(now_s + self.timeout_s, UTC)
 
     def worker_listening(self, timeout_s: float = DEFAULT_PROBE_S) -> bool:
         """Whether some worker consumes the service queue, asked over Celery's remote control.

@@ -52,8 +52,8 @@ def test_importing_the_client_builds_no_app_sets_no_current_app_and_connects_no_
         CHORDBEAT_STEP_KINDS="not-a-kind",
     )
     # I expect nothing built, nothing made current, nothing connected, nothing else imported but
-    # the answers' shapes and the pure redaction the client's task reprs share with the workers (standard
-    # library only)
+    # the answers' shapes, the pure redaction the client's task reprs share with the workers and the
+    # reference clock's correction its calls' expiry is reckoned by (standard library only)
     assert seen == {
         "current_app": True,
         "default_app": True,
@@ -64,6 +64,7 @@ def test_importing_the_client_builds_no_app_sets_no_current_app_and_connects_no_
             "celeryapp.client",
             "celeryapp.contract",
             "celeryapp.domain",
+            "celeryapp.domain.clock_correction",
             "celeryapp.domain.redaction",
         ],
     }

@@ -6,6 +6,11 @@ process notes its offset in :data:`OFFSETS_KEY` at every reading: a host whose c
 :data:`OFFSET_WARNING_S` off is logged, counted in the metrics and shown on the dashboard's health
 page. It does no harm to chordbeat (nothing compares its clock with another's) but it tells of a
 broken NTP that the steps' own code, logs and other systems on that host still suffer from.
+
+Redis's clock itself may jump (a failover to a host with another clock, an NTP step): the
+deployment's correction (:mod:`celeryapp.domain.clock_correction`) lives in its ``CORRECTION_KEY``,
+read in the same round trip as ``TIME`` and written by compare-and-set, so that every process
+subtracts the same one.
 """
 
 from __future__ import annotations
@@ -16,17 +21,29 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import redis
 
+from celeryapp.domain.clock_correction import CORRECTION_KEY, BadCorrection, Correction
 from celeryapp.messaging.keys import PREFIX
-from celeryapp.messaging.redis_client import get_redis
+from celeryapp.messaging.redis_client import get_redis, registered_script
 from models.clock import MEASURE_INTERVAL_S, clock
 
 logger = logging.getLogger(__name__)
 
 #: Hash of process -> its last offset reading (JSON ``{"offset_s": ..., "at": ...}``).
 OFFSETS_KEY = f"{PREFIX}:clock:offsets"
+#: Compare-and-set of the correction: KEYS[1]; ARGV[1] the record expected ('' for none), ARGV[2]
+#: the new one. Returns the record stored afterwards.
+_SHARE_LUA = """
+local stored = redis.call('GET', KEYS[1])
+if (stored or '') == ARGV[1] then
+    redis.call('SET', KEYS[1], ARGV[2])
+    return ARGV[2]
+end
+return stored
+"""
 #: An offset larger than this (either way), in seconds, is warned about.
 OFFSET_WARNING_S = 5.0
 #: A process still off is warned about again after this many seconds (not at every reading).
@@ -82,9 +99,69 @@ def read_reference(url: str) -> float:
     return float(seconds) + microseconds / 1_000_000
 
 
+class RedisReference:
+    """Redis's ``TIME`` with the deployment's correction beside it (:class:`models.clock.SharedReference`)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def read(self) -> tuple[float, str | None]:
+        return _time_and_record(get_redis(self.url))
+
+    def share(self, expected: str | None, correction: str) -> str | None:
+        client = get_redis(self.url)
+        return _text(registered_script(client, _SHARE_LUA)(keys=[CORRECTION_KEY], args=[expected or "", correction]))
+
+
+def _time_and_record(client: redis.Redis) -> tuple[float, str | None]:
+    """Redis's raw TIME and the stored correction, in one round trip."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.get(CORRECTION_KEY)
+        (seconds, microseconds), stored = pipe.execute()
+    return float(seconds) + microseconds / 1_000_000, _text(stored)
+
+
+def _text(stored: object) -> str | None:
+    if stored is None:
+        return None
+    return stored.decode("utf-8", "replace") if isinstance(stored, bytes) else str(stored)
+
+
 def install(url: str) -> None:
     """Make the Redis at ``url`` this process's reference clock (read at first use)."""
-    clock.use(lambda: read_reference(url), _OffsetReporter(url))
+    clock.use(RedisReference(url), _OffsetReporter(url))
+
+
+@dataclass(frozen=True)
+class ClockCorrection:
+    """The deployment's correction as an operator sees it."""
+
+    correction: Correction
+    #: Seconds still subtracted from Redis's clock now (positive: Redis is ahead of chordbeat's time).
+    remaining_s: float
+    #: Seconds until it is taken back entirely.
+    done_in_s: float
+    #: chordbeat's time of the last jump.
+    jumped_at: datetime
+
+
+def shared_correction(client: redis.Redis) -> ClockCorrection | None:
+    """The deployment's clock correction now (``None``: Redis's clock never jumped, or the record
+    is garbled: the processes log that). One round trip: Redis's TIME and the record."""
+    raw_s, stored = _time_and_record(client)
+    if stored is None:
+        return None
+    try:
+        correction = Correction.from_text(stored)
+    except BadCorrection:
+        return None
+    return ClockCorrection(
+        correction,
+        correction.remaining_s(raw_s),
+        max(0.0, correction.done_at() - raw_s),
+        datetime.fromtimestamp(correction.corrected(correction.at_reference_s), UTC),
+    )
 
 
 def offsets(client: redis.Redis, now_s: float) -> list[ProcessOffset]:

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
-from celeryapp.messaging.reference_time import offsets
+from celeryapp.messaging.reference_time import offsets, shared_correction
 from celeryapp.monitoring import metric_counts as mc
 from celeryapp.monitoring.overload import queued, skipped_last_minute
 from models import AlertKind, ExecutionStatus, MetricCount, Schedule, ScheduleExecution, ScheduleStatus, transaction
@@ -145,13 +145,14 @@ class ExecutionCollector(Collector):
                 histogram.add_metric([schedule], samples, sum_value=total)
             yield histogram
 
-    def _overload(self) -> Iterator[GaugeMetricFamily]:
-        """Backpressure from Redis: skips for lack of capacity, and what waits in the queues."""
+    def _overload(self) -> Iterator[Family]:
+        """From Redis: skips for lack of capacity, what waits in the queues, and the clocks."""
         try:
             client = get_redis(self.app.settings.broker_url)
             skipped = skipped_last_minute(client)
             waiting = {queue: queued(client, queue) for queue in (keys.CONTROL_QUEUE, keys.STEPS_QUEUE)}
             clocks = offsets(client, clock.timestamp())
+            correction = shared_correction(client)
         except redis.RedisError:
             return  # the database figures are still served
         skips = GaugeMetricFamily(
@@ -176,6 +177,20 @@ class ExecutionCollector(Collector):
         for entry in clocks:
             offset.add_metric([entry.process], entry.offset_s)
         yield offset
+        jumps = CounterMetricFamily(
+            "chordbeat_clock_jumps",
+            "Jumps of the reference clock (Redis's TIME: a failover to a host with another clock, an NTP step) "
+            "seen and corrected; kept with the correction in Redis",
+        )
+        jumps.add_metric([], correction.correction.jumps if correction else 0)
+        yield jumps
+        remaining = GaugeMetricFamily(
+            "chordbeat_clock_correction_seconds",
+            "Seconds chordbeat's time is still behind (negative: ahead of) Redis's clock after a jump; "
+            "taken back slowly, 0 once done",
+        )
+        remaining.add_metric([], correction.remaining_s if correction else 0.0)
+        yield remaining
 
 
 def serve(app: ChordbeatCelery, port: int, address: str) -> None:

@@ -41,6 +41,7 @@ from models import (
     utcnow,
 )
 from models.audit import BEAT, Note
+from models.clock import clock
 from models.session import retried_transaction
 from models.states import AuditAction
 
@@ -274,15 +275,21 @@ def check_redis_epoch(app: ChordbeatCelery, report: RecoveryReport) -> None:
 def heartbeats_trusted(app: ChordbeatCelery) -> bool:
     """Whether a missing heartbeat now means a lost worker.
 
-    Not for one TTL after recovery itself could not run (Redis was away, or beat was): running
-    steps' heartbeat keys expired meanwhile or vanished with Redis's data, and their watches need
-    a moment to write them again. Re-queueing then would stop and re-run steps that are fine.
+    Not for one TTL after recovery itself could not run (Redis was away, or beat was), nor after
+    Redis's clock jumped forward: running steps' heartbeat keys expired meanwhile or vanished with
+    Redis's data, and their watches need a moment to write them again. Re-queueing then would stop
+    and re-run steps that are fine.
     """
     settings = app.settings
     client = get_redis(settings.broker_url)
     gap_ms = int((2 * settings.recovery_interval_s + settings.heartbeat_ttl_s) * 1000)
     if client.set(RECOVERY_SEEN_KEY, "1", px=gap_ms, get=True) is None:
         client.set(HEARTBEAT_GRACE_KEY, "1", px=int(settings.heartbeat_ttl_s * 1000))
+        return False
+    # Redis's clock jumped forward: every heartbeat with less time to live than the jump expired at
+    # once. Read now, so that a jump no process has seen yet is not taken for lost workers.
+    clock.measure()
+    if clock.jumped_forward_within(settings.heartbeat_ttl_s):
         return False
     return not client.exists(HEARTBEAT_GRACE_KEY)
 

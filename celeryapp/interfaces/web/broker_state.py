@@ -13,7 +13,13 @@ from celeryapp.application import REDBEAT_LOCK_TIMEOUT_S, ChordbeatCelery
 from celeryapp.messaging import keys
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
-from celeryapp.messaging.reference_time import OFFSET_WARNING_S, ProcessOffset, offsets
+from celeryapp.messaging.reference_time import (
+    OFFSET_WARNING_S,
+    ClockCorrection,
+    ProcessOffset,
+    offsets,
+    shared_correction,
+)
 from models.clock import clock
 
 PING_TIMEOUT_S = 1.0
@@ -38,6 +44,8 @@ class BrokerState:
     clocks_off: list[ProcessOffset] = field(default_factory=list)
     #: Seconds since the workers answered the ping the list comes from.
     workers_age_s: float = 0.0
+    #: The correction after a jump of Redis's clock, while it is being taken back.
+    clock_correction: ClockCorrection | None = None
 
 
 @dataclass(frozen=True)
@@ -105,13 +113,15 @@ def broker_state(app: ChordbeatCelery, extra_queues: list[str], pings: WorkerPin
         beat = get_redis(app.settings.redbeat_url)
         ttl_ms = int(beat.pttl(f"{app.conf.redbeat_key_prefix}:lock"))
         clocks_off = [o for o in offsets(client, clock.timestamp()) if abs(o.offset_s) > OFFSET_WARNING_S]
+        correction = shared_correction(client)
     except redis.RedisError as exc:
         return BrokerState([], {}, None, None, error=f"Redis: {exc}")
     lock_ttl = ttl_ms / 1000 if ttl_ms > 0 else None
     last_tick = None if lock_ttl is None else max(REDBEAT_LOCK_TIMEOUT_S - lock_ttl, 0.0)
     answers = pings.answers(app)
     age = time.monotonic() - answers.asked_at
-    return BrokerState(answers.workers, depths, lock_ttl, last_tick, answers.error, clocks_off, age)
+    correcting = correction if correction is not None and correction.remaining_s != 0 else None
+    return BrokerState(answers.workers, depths, lock_ttl, last_tick, answers.error, clocks_off, age, correcting)
 
 
 def _ping(app: ChordbeatCelery) -> list[dict[str, object]]:

@@ -8,6 +8,10 @@ which is what the harness kills; ``end`` also says how the body ended). Lines ar
 one ``write`` on an ``O_APPEND`` descriptor and fsynced, so lines of concurrent workers never
 interleave and a line written before a SIGKILL is on disk.
 
+Wherever a watch's interrupt lands in the body, a ``start`` line that was written is followed by
+an ``end`` line (only a dead worker leaves a start without an end). An interrupt landing before the
+start line was written may leave an ``end`` alone, which the harness ignores.
+
 How long a body sleeps and whether it fails is a hash of (seed, execution, step, attempt): the
 same attempt behaves the same way wherever it runs.
 """
@@ -67,9 +71,11 @@ def step(
         raise RuntimeError("chaos step called outside a chordbeat step")
     seconds = sleep_min + (sleep_max - sleep_min) * draw(seed, context, "sleep")
     fails = draw(seed, context, "fail") < fail_rate
-    record(log, "start", context)
     ended = "raised"
     try:
+        # Inside the ``try``: the watch's interrupt may land as the start line's fsync returns (a
+        # worker frozen there by a SIGSTOP, and stopped on waking), and its end is logged all the same.
+        record(log, "start", context)
         deadline = time.monotonic() + seconds
         # Short slices: a cancel or timeout interrupt lands between them.
         while (left := deadline - time.monotonic()) > 0:

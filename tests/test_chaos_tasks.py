@@ -1,10 +1,11 @@
-"""The chaos suite's step task: every start it logs has its end, wherever the watch's interrupt lands.
+"""The chaos suite's step task: every start it logs has its end, wherever interrupts land.
 
 The harness takes a start without an end on a live worker for a body that ran until the end of the
 test. A CI run (PostgreSQL, seed 846922) flagged attempt 1 of a step as running beside its
 replacement: its worker was SIGSTOPped 0.1 s after the start line's timestamp, past the lease; on
 waking the watch interrupted the body, which stopped, but the interrupt landed as the start line's
-fsync returned, before the body's ``try``, so no end line was written.
+fsync returned, before the body's ``try``, so no end line was written. A step with a timeout has
+a second interrupt, Celery's soft time limit, which the end line's own guard did not catch.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery.exceptions import SoftTimeLimitExceeded
 
 from celeryapp.context import StepContext, running_step
 from celeryapp.errors import StepCancelled
@@ -110,11 +112,10 @@ def _checks(code: CodeType) -> frozenset[int]:
     return frozenset(i.offset for i in dis.get_instructions(code) if i.opname in CHECKS_FOR_INTERRUPTS)
 
 
-def _run_interrupted_at(place: int, log: Path, *, fails: bool) -> int:
-    """Run the step with :class:`StepCancelled` raised at its ``place``-th instruction that checks
-    for interrupts (counted in this module's code: the body and ``record``), as the watch's
-    interrupt lands there; how many such places it passed. An exception from a trace function
-    unsets it: one interrupt, as a watch fires at most once."""
+def _run_interrupted_at(place: int, log: Path, *, fails: bool, interrupt: type[BaseException] = StepCancelled) -> int:
+    """Run the step with ``interrupt`` raised at its ``place``-th instruction that checks for
+    interrupts (counted in this module's code: the body and ``record``), as it lands there; how
+    many such places it passed. An exception from a trace function unsets it: one interrupt."""
     count = 0
     checks: dict[CodeType, frozenset[int]] = {}
 
@@ -123,7 +124,7 @@ def _run_interrupted_at(place: int, log: Path, *, fails: bool) -> int:
         if event == "opcode" and frame.f_lasti in checks[frame.f_code]:
             count += 1
             if count == place:
-                raise StepCancelled
+                raise interrupt
         return each_instruction
 
     def each_call(frame: FrameType, event: str, arg: object) -> Any:
@@ -138,24 +139,59 @@ def _run_interrupted_at(place: int, log: Path, *, fails: bool) -> int:
     try:
         with running_step(CONTEXT):
             chaos_tasks.step(str(log), sleep_max=0.0, fail_rate=1.0 if fails else 0.0)
-    except (StepCancelled, chaos_tasks.ChaosStepFailed):
+    except (StepCancelled, SoftTimeLimitExceeded, chaos_tasks.ChaosStepFailed):
         pass
     finally:
         sys.settrace(previous)
     return count
 
 
-@pytest.mark.parametrize("fails", [False, True], ids=["ok", "failed"])
-def test_wherever_the_interrupt_lands_a_logged_start_has_its_end(tmp_path: Path, fails: bool) -> None:
-    """Every place of the body and its log writes where the interrupt may land, in turn: none
-    leaves a start line without an end line (before the fix: the start line's fsync and close,
-    after its write and before the body's ``try``)."""
-    total = _run_interrupted_at(0, tmp_path / "uninterrupted.log", fails=fails)
+def _places_leaving_a_start_unended(tmp_path: Path, **how: Any) -> tuple[list[int], int]:
+    total = _run_interrupted_at(0, tmp_path / "uninterrupted.log", **how)
     assert _unended_starts(tmp_path / "uninterrupted.log") == [] and total > 20
     unended = []
     for place in range(1, total + 1):
         log = tmp_path / f"at-{place}.log"
-        _run_interrupted_at(place, log, fails=fails)
+        _run_interrupted_at(place, log, **how)
+        if _unended_starts(log):
+            unended.append(place)
+    return unended, total
+
+
+@pytest.mark.parametrize("interrupt", [StepCancelled, SoftTimeLimitExceeded])
+@pytest.mark.parametrize("fails", [False, True], ids=["ok", "failed"])
+def test_wherever_an_interrupt_lands_a_logged_start_has_its_end(
+    tmp_path: Path, fails: bool, interrupt: type[BaseException]
+) -> None:
+    """Every place of the body and its log writes where an interrupt may land, in turn: none leaves
+    a start line without an end line. Before the fix: the start line's fsync and close (after its
+    write, before the body's ``try``), and for a soft time limit the end line's writing too."""
+    unended, total = _places_leaving_a_start_unended(tmp_path, fails=fails, interrupt=interrupt)
+    assert unended == [], f"{len(unended)} of {total} landing places leave a start without an end"
+
+
+def test_a_soft_time_limit_landing_as_an_interrupted_body_logs_its_end_leaves_no_start_unended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's timeout (and a frozen worker's waking) brings two interrupts: the watch's, landing at
+    each place in turn, and Celery's soft time limit, landing just before the end line is written
+    (before that, it has the same effect; after, the line is there)."""
+    real_write = os.write
+    armed = [False]
+
+    def soft_limit_before_the_end_line(fd: int, data: bytes) -> int:
+        if armed[0] and b'"event": "end"' in data:
+            armed[0] = False
+            raise SoftTimeLimitExceeded
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", soft_limit_before_the_end_line)
+    total = _run_interrupted_at(0, tmp_path / "uninterrupted.log", fails=False)
+    unended = []
+    for place in range(1, total + 1):
+        armed[0] = True
+        log = tmp_path / f"at-{place}.log"
+        _run_interrupted_at(place, log, fails=False)
         if _unended_starts(log):
             unended.append(place)
     assert unended == [], f"{len(unended)} of {total} landing places leave a start without an end"

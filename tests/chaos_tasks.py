@@ -8,6 +8,11 @@ which is what the harness kills; ``end`` also says how the body ended). Lines ar
 one ``write`` on an ``O_APPEND`` descriptor and fsynced, so lines of concurrent workers never
 interleave and a line written before a SIGKILL is on disk.
 
+Wherever an interrupt lands in the body (the watch's, Celery's soft time limit, or both), a
+``start`` line that was written is followed by an ``end`` line: only a dead worker leaves a start
+without an end. An interrupt landing before the start line was written may leave an ``end``
+alone, which the harness ignores.
+
 How long a body sleeps and whether it fails is a hash of (seed, execution, step, attempt): the
 same attempt behaves the same way wherever it runs.
 """
@@ -22,7 +27,6 @@ from typing import Any
 
 from celeryapp import app
 from celeryapp.context import StepContext, current_step
-from celeryapp.errors import StepCancelled
 from models.clock import clock
 
 STEP_TASK = "chordbeat_chaos.step"
@@ -67,9 +71,11 @@ def step(
         raise RuntimeError("chaos step called outside a chordbeat step")
     seconds = sleep_min + (sleep_max - sleep_min) * draw(seed, context, "sleep")
     fails = draw(seed, context, "fail") < fail_rate
-    record(log, "start", context)
     ended = "raised"
     try:
+        # Inside the ``try``: the watch's interrupt may land as the start line's fsync returns (a
+        # worker frozen there by a SIGSTOP, and stopped on waking), and its end is logged all the same.
+        record(log, "start", context)
         deadline = time.monotonic() + seconds
         # Short slices: a cancel or timeout interrupt lands between them.
         while (left := deadline - time.monotonic()) > 0:
@@ -84,9 +90,15 @@ def step(
             ended = type(exc).__name__
         raise
     finally:
+        # Interrupts land anywhere, this cleanup included: the watch's StepCancelled and Celery's
+        # soft time limit, each once at most (both come at a step's timeout, and as a frozen worker
+        # wakes). The end line is written again after each, and the last one is raised.
         try:
             record(log, "end", context, outcome=ended)
-        except StepCancelled:
-            # The watch's interrupt can land anywhere, this cleanup included: the body ends here.
-            record(log, "end", context, outcome="StepCancelled")
+        except BaseException as interrupt:
+            try:
+                record(log, "end", context, outcome=type(interrupt).__name__)
+            except BaseException as second:
+                record(log, "end", context, outcome=type(second).__name__)
+                raise
             raise

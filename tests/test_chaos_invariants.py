@@ -1,11 +1,21 @@
-"""The chaos suite's slot check, on hand-made records: what it must flag, and what it must let be."""
+"""The chaos suite's checks, on hand-made records: what they must flag, and what they must let be."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from models import Schedule, SlotOutcome, SlotRecord, Trigger
-from tests.chaos_invariants import Context, Snapshot, Violation, _decided_slots
+from models import Activity, ActivityStatus, Schedule, SlotOutcome, SlotRecord, Trigger
+from tests.chaos import Applied, Fault
+from tests.chaos_invariants import (
+    Context,
+    Snapshot,
+    Violation,
+    _decided_slots,
+    check_no_concurrent_bodies,
+    read_step_log,
+)
 
 SLOT = datetime(2026, 11, 25, 1, 0, tzinfo=UTC)
 
@@ -44,3 +54,78 @@ def test_a_slot_fired_twice_or_decided_twice_is_flagged() -> None:
     ):
         (violation,) = _slot_check(*twice)
         assert violation.invariant == "no slot fires twice" and "decided twice" in violation.detail
+
+
+# --- a body frozen by a SIGSTOP just after it started (CI, PostgreSQL, seed 846922) ---------------
+
+STOPPED_AT = SLOT.timestamp()
+WAKE = STOPPED_AT + 3.4
+FROZEN_WORKER, OTHER_WORKER = 100, 200
+
+
+def _line(event: str, attempt: int, ppid: int, t: float, **extra: object) -> str:
+    fields = {"event": event, "execution_id": 1, "step": "a", "attempt": attempt, "pid": ppid + 1, "ppid": ppid}
+    return json.dumps({**fields, "t": t, **extra})
+
+
+def _frozen_start_check(tmp_path: Path, attempt_1_end: float | None) -> list[Violation]:
+    """Attempt 1 starts 0.1 s before its worker's 3.4 s SIGSTOP; recovery closes it as lost and
+    attempt 2 starts on the other worker during the stop. ``attempt_1_end``: its end line's time."""
+    lines = [_line("start", 1, FROZEN_WORKER, STOPPED_AT - 0.1)]
+    lines.append(_line("start", 2, OTHER_WORKER, STOPPED_AT + 3.2))
+    if attempt_1_end is not None:
+        lines.append(_line("end", 1, FROZEN_WORKER, attempt_1_end, outcome="StepCancelled"))
+    lines.append(_line("end", 2, OTHER_WORKER, STOPPED_AT + 3.5, outcome="ok"))
+    log = tmp_path / "steps.log"
+    log.write_text("\n".join(lines) + "\n")
+    at = datetime.fromtimestamp
+    activities = [
+        Activity(
+            execution_id=1,
+            step_index=0,
+            step_name="a",
+            attempt=1,
+            status=ActivityStatus.FAILED_WITH_ERROR,
+            started_at=at(STOPPED_AT - 0.2, UTC),
+            completed_at=at(STOPPED_AT + 3.1, UTC),
+            error="worker lost: no heartbeat from w1",
+        ),
+        Activity(
+            execution_id=1,
+            step_index=0,
+            step_name="a",
+            attempt=2,
+            status=ActivityStatus.COMPLETE,
+            started_at=at(STOPPED_AT + 3.15, UTC),
+            completed_at=at(STOPPED_AT + 3.6, UTC),
+        ),
+    ]
+    stop = Applied(Fault(10.0, "worker_stop", "w1", 3.4), started=STOPPED_AT, ended=WAKE, pid=FROZEN_WORKER)
+    snap = Snapshot(schedules=[], executions=[], activities=activities, tasks=[], slots=[])
+    ends = {"firing_end": STOPPED_AT + 20, "settled": STOPPED_AT + 30}
+    ctx = Context(snap, read_step_log(log), [stop], {}, [], started=STOPPED_AT - 10, execution_bound_s=60, **ends)
+    return check_no_concurrent_bodies(ctx)
+
+
+def test_a_body_frozen_as_it_started_and_stopped_on_waking_does_not_overlap_its_replacement(tmp_path: Path) -> None:
+    # Its end logged as the interrupt landed after the wake: the frozen time does not count.
+    assert _frozen_start_check(tmp_path, WAKE + 0.05) == []
+
+
+def test_a_body_that_ran_on_after_waking_or_never_logged_its_end_overlaps_its_replacement(tmp_path: Path) -> None:
+    (ran_on,) = _frozen_start_check(tmp_path, WAKE + 1.0)
+    assert ran_on.invariant == "no step body runs twice at once" and "[logged]" in ran_on.detail
+    # A start without an end on a live worker ran, for all the check knows, until the end of the
+    # test: what the task's step log looked like when the interrupt landed before its ``try``.
+    (unended,) = _frozen_start_check(tmp_path, None)
+    assert "[never ended]" in unended.detail and "worker lost" in unended.detail
+
+
+def test_an_end_line_without_its_start_is_ignored(tmp_path: Path) -> None:
+    """An interrupt landing before the start line was written leaves its end alone."""
+    log = tmp_path / "steps.log"
+    lines = [_line("end", 1, FROZEN_WORKER, 1.0, outcome="StepCancelled")]
+    lines += [_line("start", 1, FROZEN_WORKER, 2.0), _line("end", 1, FROZEN_WORKER, 3.0, outcome="ok")]
+    log.write_text("\n".join(lines) + "\n")
+    (run,) = read_step_log(log)
+    assert (run.start, run.end, run.outcome) == (2.0, 3.0, "ok")

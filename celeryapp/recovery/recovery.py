@@ -26,6 +26,7 @@ from celeryapp.execution.runs import cancel_execution, lock_schedule
 from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.keys import STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.recovery.lost_claims import live_attempts, note_running_unclaimed
 from celeryapp.recovery.paused_slots import record_all_paused
 from celeryapp.recovery.repair import requeue_attempt, resend_queued
 from celeryapp.scheduling.beat_entries import reconcile
@@ -125,7 +126,12 @@ def recover_stale_steps(app: ChordbeatCelery, now: datetime, report: RecoveryRep
 def requeue_lost(
     app: ChordbeatCelery, task_id: int, attempt: int, reason: str, now: datetime, report: RecoveryReport
 ) -> None:
-    """Re-queue (or fail, out of attempts) an attempt whose worker is gone; a no-op if it moved on."""
+    """Re-queue (or fail, out of attempts) an attempt whose worker is gone; a no-op if it moved on.
+    Not while a later attempt of it runs: the database lost that attempt's re-queue (lost_claims)."""
+    (running,) = live_attempts(get_redis(app.settings.broker_url), [(task_id, attempt)], from_next=True)
+    if running is not None:
+        note_running_unclaimed(task_id, attempt, running, "processing")
+        return
     effects = _repair(
         app,
         f"worker task {task_id}",
@@ -153,11 +159,14 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
             pipe.exists(keys.dispatch_marker_key(task_id, attempt))
             pipe.exists(keys.pickup_key(task_id, attempt))
         found = pipe.execute()
+    running = live_attempts(client, [(task_id, attempt) for _e, task_id, attempt, _q in queued])
     lost, on_its_way, waited = [], {}, set()
-    for (execution_id, task_id, attempt, queued_at), marked, picked in zip(
-        queued, found[::2], found[1::2], strict=True
+    for (execution_id, task_id, attempt, queued_at), marked, picked, beating in zip(
+        queued, found[::2], found[1::2], running, strict=True
     ):
-        if not marked and not picked:
+        if beating is not None:
+            note_running_unclaimed(task_id, attempt, beating, "queued")
+        elif not marked and not picked:
             lost.append(task_id)
         elif not picked:
             runner_id = runner_task_id(execution_id, task_id, attempt)

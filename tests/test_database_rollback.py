@@ -7,28 +7,59 @@ re-queue); the lab's promoted standby (test_standby_failover) loses them for rea
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
-from sqlalchemy import delete, select, update
+import pytest
+from sqlalchemy import delete, select, text, update
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.execution.runs import start_execution
 from celeryapp.execution.steps import claim_step
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
-from celeryapp.recovery import recovery
-from models import Activity, WorkerTask, WorkerTaskStatus, transaction, utcnow
-from tests.helpers import step
-from tests.test_recovery import backdate, recovery_has_been_running, start_without_dispatch
+from celeryapp.recovery import database_rollback, recovery
+from models import (
+    Activity,
+    Schedule,
+    ScheduleExecution,
+    Trigger,
+    WorkerTask,
+    WorkerTaskStatus,
+    transaction,
+    utcnow,
+)
+from tests.helpers import step, wait_for
 
 
 def _one_step_run(app: ChordbeatCelery, name: str) -> tuple[int, int]:
-    service.apply_schedule(app, {"name": name, "every": 60, "steps": [step("a")]})
-    execution_id = start_without_dispatch(app, name)
-    with transaction(app.settings.database_url, read_only=True) as session:
-        task_id = session.scalar(select(WorkerTask.id).where(WorkerTask.execution_id == execution_id))
-    assert task_id is not None
+    """A run recorded in the database whose message was never sent (a crash after commit)."""
+    service.apply_schedule(app, {"name": name, "every": 60, "overlap": "allow", "steps": [step("a")]})
+    with transaction(app.settings.database_url) as session:
+        schedule = session.scalars(select(Schedule).where(Schedule.name == name)).one()
+        execution_id = start_execution(
+            session, schedule, trigger=Trigger.MANUAL, run_key=f"{name}:unsent", now=utcnow()
+        ).execution_id
+        assert execution_id is not None
+        task_id = session.scalars(select(WorkerTask.id).where(WorkerTask.execution_id == execution_id)).one()
     return execution_id, task_id
+
+
+def backdate(app: ChordbeatCelery, execution_id: int) -> None:
+    """As if the run's attempt had been queued (or claimed) a minute ago."""
+    past = utcnow() - timedelta(seconds=60)
+    with transaction(app.settings.database_url) as session:
+        session.execute(
+            update(WorkerTask).where(WorkerTask.execution_id == execution_id).values(queued_at=past, started_at=past)
+        )
+
+
+def recovery_has_been_running(app: ChordbeatCelery) -> None:
+    """As if the periodic recovery had been running all along (no gap, so heartbeats count)."""
+    client = get_redis(app.settings.broker_url)
+    client.set(recovery.RECOVERY_SEEN_KEY, "1", ex=60)
+    client.delete(recovery.HEARTBEAT_GRACE_KEY)
 
 
 def _attempt(app: ChordbeatCelery, task_id: int) -> tuple[WorkerTaskStatus, int]:
@@ -80,3 +111,42 @@ def test_a_lost_attempt_whose_next_attempt_runs_is_not_requeued_until_that_one_e
     redis_client.delete(second)
     assert recovery.recover(app, now=utcnow() + timedelta(seconds=1)).requeued == [task_id]
     assert _attempt(app, task_id) == (WorkerTaskStatus.QUEUED, 2)
+
+
+def _sequence_back_to(app: ChordbeatCelery, table: str, last_id: int) -> None:
+    """What the promoted standby's sequence says: the ids after ``last_id`` were never handed out."""
+    with transaction(app.settings.database_url) as session:
+        if session.bind is not None and session.bind.dialect.name == "postgresql":
+            session.execute(
+                text("SELECT setval(pg_get_serial_sequence(:t, 'id'), :v, :called)"),
+                {"t": table, "v": max(last_id, 1), "called": last_id > 0},
+            )
+        else:
+            session.execute(text("UPDATE sqlite_sequence SET seq = :v WHERE name = :t"), {"t": table, "v": last_id})
+
+
+def test_a_database_behind_the_ids_redis_saw_is_detected_its_sequences_moved_and_repairs_paused(
+    app: ChordbeatCelery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run started and sent on the old primary is lost with the failover; only its dispatch (in
+    Redis) remembers its ids. The next pass says so, moves the sequences past them and repairs
+    nothing for a heartbeat TTL (a message lost meanwhile is sent after)."""
+    kept, kept_task = _one_step_run(app, "kept")  # its message lost: a repair to make
+    backdate(app, kept)
+    lost = service.trigger_schedule(app, "kept")["execution_id"]
+    with transaction(app.settings.database_url) as session:
+        lost_tasks = session.scalars(select(WorkerTask.id).where(WorkerTask.execution_id == lost)).all()
+        session.execute(delete(ScheduleExecution).where(ScheduleExecution.id == lost))
+    _sequence_back_to(app, "schedule_executions", kept)
+    _sequence_back_to(app, "worker_tasks", kept_task)
+    recovery_has_been_running(app)
+    with caplog.at_level(logging.CRITICAL, logger=database_rollback.__name__):
+        report = recovery.recover(app)
+    assert report.repairs_paused and report.resent == []
+    assert f"schedule_executions: database at {kept}, seen {lost}" in caplog.text
+    assert f"worker_tasks: database at {kept_task}, seen {max(lost_tasks)}" in caplog.text
+    again = service.trigger_schedule(app, "kept")["execution_id"]
+    assert again > lost + database_rollback.SEQUENCE_MARGIN
+    caplog.clear()
+    wait_for(lambda: recovery.recover(app).resent == [kept_task], 10, interval=0.2, what="the pause to end")
+    assert "went back" not in caplog.text

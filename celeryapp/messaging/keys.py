@@ -65,6 +65,13 @@ def stop_key(worker_task_id: int, attempt: int) -> str:
     return f"{PREFIX}:stop:{worker_task_id}:{attempt}"
 
 
+#: The highest ids Redis has seen, per table (a hash: ``EXECUTIONS_MARK``, ``WORKER_TASKS_MARK``, ...):
+#: a database whose sequences are below them went back (celeryapp/recovery/database_rollback.py).
+HIGH_WATER_KEY = f"{PREFIX}:high-water"
+EXECUTIONS_MARK = "schedule_executions"
+WORKER_TASKS_MARK = "worker_tasks"
+
+
 def cancel_key(execution_id: int) -> str:
     """Key whose presence tells running steps of an execution to stop."""
     return f"{PREFIX}:cancel:{execution_id}"

@@ -26,6 +26,7 @@ from celeryapp.execution.runs import cancel_execution, lock_schedule
 from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.keys import STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.recovery.database_rollback import check_database_went_back
 from celeryapp.recovery.lost_claims import live_attempts, note_running_unclaimed
 from celeryapp.recovery.paused_slots import record_all_paused
 from celeryapp.recovery.repair import requeue_attempt, resend_queued
@@ -71,6 +72,8 @@ class RecoveryReport:
     unstuck: list[int] = field(default_factory=list)
     timed_out: list[int] = field(default_factory=list)
     redis_reset: bool = False
+    #: The database went back less than a heartbeat TTL ago: nothing was repaired (database_rollback).
+    repairs_paused: bool = False
     #: Paused schedules whose passed slots were recorded (routine: not a repair, not logged).
     paused_slots: list[str] = field(default_factory=list)
     #: Schedules one of whose running backfills started a run here (a crash or a resume between
@@ -79,7 +82,9 @@ class RecoveryReport:
 
     @property
     def empty(self) -> bool:
-        return not (self.requeued or self.resent or self.unstuck or self.timed_out or self.redis_reset)
+        return not (
+            self.requeued or self.resent or self.unstuck or self.timed_out or self.redis_reset or self.repairs_paused
+        )
 
 
 def _apply(app: ChordbeatCelery, effects: Effects) -> None:
@@ -323,6 +328,13 @@ def recover(app: ChordbeatCelery, *, now: datetime | None = None) -> RecoveryRep
         check_redis_epoch(app, report)
     except redis.RedisError:
         logger.exception("recovery: Redis unreachable; database repairs go on")
+    try:
+        report.repairs_paused = check_database_went_back(app)
+    except redis.RedisError:
+        logger.exception("recovery: Redis unreachable; whether the database went back is checked next time")
+    if report.repairs_paused:
+        logger.warning("recovery: %s", report)
+        return report
     time_out_executions(app, now, report)
     try:
         if heartbeats_trusted(app):

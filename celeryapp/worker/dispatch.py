@@ -82,13 +82,19 @@ def _send_chord(app: Celery, header: list[Signature], body: Signature) -> None:
             runner.apply_async(producer=producer, add_to_parent=False, group_id=group_id, group_index=index, chord=body)
 
 
-#: KEYS: marker, pickup lease, marker, pickup lease, ...; ARGV[1]: the marker's TTL. A worker may
-#: already have taken the message (its pickup lease exists): then the attempt is past needing one.
+#: KEYS: marker, pickup lease, marker, pickup lease, ..., the high-water marks; ARGV[1]: the
+#: marker's TTL, then mark, id, mark, id. A worker may already have taken the message (its pickup
+#: lease exists): then the attempt is past needing one. The ids sent raise their marks (see
+#: keys.HIGH_WATER_KEY), in this script rather than a round trip of their own.
 _MARK_SENT_LUA = """
-for i = 1, #KEYS, 2 do
+for i = 1, #KEYS - 1, 2 do
   if redis.call('EXISTS', KEYS[i + 1]) == 0 then
     redis.call('SET', KEYS[i], '1', 'EX', ARGV[1])
   end
+end
+for i = 2, #ARGV, 2 do
+  local seen = tonumber(redis.call('HGET', KEYS[#KEYS], ARGV[i]) or '0')
+  if tonumber(ARGV[i + 1]) > seen then redis.call('HSET', KEYS[#KEYS], ARGV[i], ARGV[i + 1]) end
 end
 """
 
@@ -105,8 +111,10 @@ def _mark_sent(app: Celery, group: GroupDispatch) -> None:
             keys.pickup_key(step.worker_task_id, step.attempt),
         )
     ]
+    last_task = max(step.worker_task_id for step in group.steps)
+    seen = [keys.EXECUTIONS_MARK, group.execution_id, keys.WORKER_TASKS_MARK, last_task]
     # EVALSHA: the script's text travels once per Redis server, not with every group.
-    registered_script(client, _MARK_SENT_LUA)(keys=names, args=[MARKER_TTL_S])
+    registered_script(client, _MARK_SENT_LUA)(keys=[*names, keys.HIGH_WATER_KEY], args=[MARKER_TTL_S, *seen])
 
 
 #: KEYS: pickup lease, dispatch marker; ARGV[1]: the lease's TTL (ms). One command, cheaper for the

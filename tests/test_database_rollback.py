@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from celery import Celery
 from sqlalchemy import delete, select, text, update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.execution.runs import start_execution
-from celeryapp.execution.steps import claim_step
+from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery import database_rollback, recovery
 from models import (
     Activity,
+    ActivityStatus,
     Schedule,
     ScheduleExecution,
     Trigger,
@@ -30,7 +33,7 @@ from models import (
     transaction,
     utcnow,
 )
-from tests.helpers import step, wait_for
+from tests.helpers import finished, running, step, token_of_task, wait_for
 
 
 def _one_step_run(app: ChordbeatCelery, name: str) -> tuple[int, int]:
@@ -74,7 +77,8 @@ def test_a_queued_attempt_whose_heartbeat_beats_is_not_sent_again_until_it_ends(
     execution_id, task_id = _one_step_run(app, "lostclaim")
     with transaction(app.settings.database_url) as session:
         assert claim_step(session.connection(), task_id, 1, node="w@host", now=utcnow()) is not None
-    heartbeat = keys.heartbeat_key(task_id, 1)
+    token = token_of_task(app, task_id)
+    heartbeat = keys.heartbeat_key(task_id, 1, token)
     redis_client = get_redis(app.settings.broker_url)
     redis_client.set(heartbeat, "1", px=60_000)  # the worker running the claimed attempt
     # The failover loses the claim's commit: queued again, no activity; the message was taken.
@@ -88,11 +92,11 @@ def test_a_queued_attempt_whose_heartbeat_beats_is_not_sent_again_until_it_ends(
     backdate(app, execution_id)
     recovery_has_been_running(app)
     assert recovery.recover(app).resent == []
-    assert not redis_client.exists(keys.dispatch_marker_key(task_id, 1))
+    assert not redis_client.exists(keys.dispatch_marker_key(task_id, 1, token))
     assert _attempt(app, task_id) == (WorkerTaskStatus.QUEUED, 1)
     redis_client.delete(heartbeat)  # the step ended; its outcome found no claim to record
     assert recovery.recover(app).resent == [task_id]
-    assert redis_client.exists(keys.dispatch_marker_key(task_id, 1))
+    assert redis_client.exists(keys.dispatch_marker_key(task_id, 1, token))
 
 
 def test_a_lost_attempt_whose_next_attempt_runs_is_not_requeued_until_that_one_ends(app: ChordbeatCelery) -> None:
@@ -103,7 +107,7 @@ def test_a_lost_attempt_whose_next_attempt_runs_is_not_requeued_until_that_one_e
         assert claim_step(session.connection(), task_id, 1, node="gone@host", now=utcnow()) is not None
     backdate(app, execution_id)
     redis_client = get_redis(app.settings.broker_url)
-    second = keys.heartbeat_key(task_id, 2)
+    second = keys.heartbeat_key(task_id, 2, token_of_task(app, task_id))
     redis_client.set(second, "1", px=60_000)
     recovery_has_been_running(app)
     assert recovery.recover(app).requeued == []
@@ -150,3 +154,65 @@ def test_a_database_behind_the_ids_redis_saw_is_detected_its_sequences_moved_and
     caplog.clear()
     wait_for(lambda: recovery.recover(app).resent == [kept_task], 10, interval=0.2, what="the pause to end")
     assert "went back" not in caplog.text
+
+
+def _lose(app: ChordbeatCelery, execution_id: int) -> None:
+    """What a failover to an asynchronous standby does to a run committed just before it: its rows
+    were never there, and the sequences hand out its ids again."""
+    with transaction(app.settings.database_url) as session:
+        task_ids = session.scalars(select(WorkerTask.id).where(WorkerTask.execution_id == execution_id)).all()
+        activity_ids = session.scalars(select(Activity.id).where(Activity.execution_id == execution_id)).all()
+        session.execute(delete(Activity).where(Activity.execution_id == execution_id))
+        session.execute(delete(WorkerTask).where(WorkerTask.execution_id == execution_id))
+        session.execute(delete(ScheduleExecution).where(ScheduleExecution.id == execution_id))
+    _sequence_back_to(app, "schedule_executions", execution_id - 1)
+    if task_ids:
+        _sequence_back_to(app, "worker_tasks", min(task_ids) - 1)
+    if activity_ids:
+        _sequence_back_to(app, "activities", min(activity_ids) - 1)
+
+
+def test_a_run_given_the_id_of_a_run_lost_with_the_database_meets_none_of_its_redis_state(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    """The lost run was cancelled: its cancel flag and its runner's revoked task id outlive it in
+    Redis and in the worker. The run that gets its id runs to its end (it was stopped at once)."""
+    service.apply_schedule(
+        app, {"name": "reused", "every": 60, "overlap": "allow", "steps": [step("a", kwargs={"seconds": 1.5})]}
+    )
+    lost = service.trigger_schedule(app, "reused")["execution_id"]
+    running(client, lost, "a")
+    service.cancel_execution(app, lost)
+    assert finished(client, lost)["status"] == "cancelled"
+    _lose(app, lost)
+    again = service.trigger_schedule(app, "reused")["execution_id"]
+    assert again == lost
+    done = finished(client, again)
+    assert (done["status"], [a["status"] for a in done["activities"]]) == ("completed", ["complete"])
+
+
+def test_an_outcome_whose_claim_was_lost_closes_no_other_runs_activity(app: ChordbeatCelery) -> None:
+    """The lost claim's activity id is handed out again, to another run's claim: the first
+    runner's outcome must not close it (nor count as the attempt's)."""
+    _first, first_task = _one_step_run(app, "first")
+    with transaction(app.settings.database_url) as session:
+        lost_claim = claim_step(session.connection(), first_task, 1, node="w@host", now=utcnow())
+    assert lost_claim is not None
+    with transaction(app.settings.database_url) as session:
+        session.execute(delete(Activity).where(Activity.id == lost_claim.activity_id))
+        session.execute(
+            update(WorkerTask)
+            .where(WorkerTask.id == first_task)
+            .values(status=WorkerTaskStatus.QUEUED, node=None, started_at=None)
+        )
+    _sequence_back_to(app, "activities", lost_claim.activity_id - 1)
+    _second, second_task = _one_step_run(app, "second")
+    with transaction(app.settings.database_url) as session:
+        other = claim_step(session.connection(), second_task, 1, node="v@host", now=utcnow())
+    assert other is not None and other.activity_id == lost_claim.activity_id
+    with transaction(app.settings.database_url) as session:
+        recorded = finish_step(session.connection(), lost_claim, ActivityStatus.COMPLETE, now=utcnow())
+    assert not recorded.closed and not recorded.last_of_group
+    with transaction(app.settings.database_url, read_only=True) as session:
+        assert session.get_one(Activity, other.activity_id).status is ActivityStatus.IN_PROGRESS
+        assert session.get_one(WorkerTask, first_task).status is WorkerTaskStatus.QUEUED

@@ -60,7 +60,10 @@ def start_executions(session: Session, starts: list[Start], *, now: datetime) ->
             # The row lock and the caller's check leave only one conflict: the run key's.
             results.append(StartResult(execution_with_key(session, start.run_key), skipped="duplicate"))
             continue
-        group = first_group(start.schedule, definition.groups, execution_id, task_ids[execution_id], start.trigger)
+        token = next(row["token"] for row in rows if row["run_key"] == start.run_key)
+        group = first_group(
+            start.schedule, definition.groups, execution_id, token, task_ids[execution_id], start.trigger
+        )
         results.append(StartResult(execution_id, effects=Effects(dispatch=[group])))
         slots.append(SlotRow(start.schedule, SlotOutcome.FIRED, start.trigger, start.nominal_at, execution_id))
     if slots:

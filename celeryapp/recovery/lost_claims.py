@@ -32,21 +32,21 @@ ATTEMPTS_AHEAD = 3
 
 
 def live_attempts(
-    client: redis.Redis, attempts: Sequence[tuple[int, int]], *, from_next: bool = False
+    client: redis.Redis, attempts: Sequence[tuple[int, int, int]], *, from_next: bool = False
 ) -> list[int | None]:
-    """For each (worker task id, attempt the database has), the attempt of it whose heartbeat beats
+    """For each (worker task id, attempt the database has, run token), the attempt of it whose heartbeat beats
     (that attempt itself unless ``from_next``, or one of the :data:`ATTEMPTS_AHEAD` after it), or
     ``None``. One pipelined round trip for all."""
     first = 1 if from_next else 0
     offsets = range(first, ATTEMPTS_AHEAD + 1)
     with client.pipeline(transaction=False) as pipe:
-        for task_id, attempt in attempts:
+        for task_id, attempt, token in attempts:
             for offset in offsets:
-                pipe.exists(keys.heartbeat_key(task_id, attempt + offset))
+                pipe.exists(keys.heartbeat_key(task_id, attempt + offset, token))
         beating = pipe.execute()
     found: list[int | None] = []
     width = len(offsets)
-    for index, (_task_id, attempt) in enumerate(attempts):
+    for index, (_task_id, attempt, _token) in enumerate(attempts):
         replies = beating[index * width : (index + 1) * width]
         alive = [attempt + offset for offset, beats in zip(offsets, replies, strict=True) if beats]
         found.append(alive[-1] if alive else None)

@@ -110,9 +110,13 @@ def _repair(app: ChordbeatCelery, what: str, repair: Callable[[Session], Effects
 def recover_stale_steps(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
     """Re-queue processing attempts whose heartbeat expired."""
     settings = app.settings
-    query = select(WorkerTask.id, WorkerTask.attempt, WorkerTask.node).where(
-        WorkerTask.status == WorkerTaskStatus.PROCESSING,
-        WorkerTask.started_at < now - timedelta(seconds=settings.heartbeat_ttl_s),
+    query = (
+        select(WorkerTask.id, WorkerTask.attempt, ScheduleExecution.token, WorkerTask.node)
+        .join(ScheduleExecution, ScheduleExecution.id == WorkerTask.execution_id)
+        .where(
+            WorkerTask.status == WorkerTaskStatus.PROCESSING,
+            WorkerTask.started_at < now - timedelta(seconds=settings.heartbeat_ttl_s),
+        )
     )
     with transaction(settings.database_url, read_only=True) as session:
         candidates = session.execute(query).all()
@@ -120,20 +124,20 @@ def recover_stale_steps(app: ChordbeatCelery, now: datetime, report: RecoveryRep
         return
     client = get_redis(settings.broker_url)
     with client.pipeline(transaction=False) as pipe:
-        for task_id, attempt, _node in candidates:
-            pipe.exists(keys.heartbeat_key(task_id, attempt))
+        for task_id, attempt, token, _node in candidates:
+            pipe.exists(keys.heartbeat_key(task_id, attempt, token))
         alive = pipe.execute()
-    for (task_id, attempt, owner), beating in zip(candidates, alive, strict=True):
+    for (task_id, attempt, token, owner), beating in zip(candidates, alive, strict=True):
         if not beating:
-            requeue_lost(app, task_id, attempt, f"worker lost: no heartbeat from {owner}", now, report)
+            requeue_lost(app, task_id, attempt, token, f"worker lost: no heartbeat from {owner}", now, report)
 
 
 def requeue_lost(
-    app: ChordbeatCelery, task_id: int, attempt: int, reason: str, now: datetime, report: RecoveryReport
+    app: ChordbeatCelery, task_id: int, attempt: int, token: int, reason: str, now: datetime, report: RecoveryReport
 ) -> None:
     """Re-queue (or fail, out of attempts) an attempt whose worker is gone; a no-op if it moved on.
     Not while a later attempt of it runs: the database lost that attempt's re-queue (lost_claims)."""
-    (running,) = live_attempts(get_redis(app.settings.broker_url), [(task_id, attempt)], from_next=True)
+    (running,) = live_attempts(get_redis(app.settings.broker_url), [(task_id, attempt, token)], from_next=True)
     if running is not None:
         note_running_unclaimed(task_id, attempt, running, "processing")
         return
@@ -150,7 +154,15 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
     settings = app.settings
     with transaction(settings.database_url, read_only=True) as session:
         queued = session.execute(
-            select(WorkerTask.execution_id, WorkerTask.id, WorkerTask.attempt, WorkerTask.queued_at).where(
+            select(
+                WorkerTask.execution_id,
+                WorkerTask.id,
+                WorkerTask.attempt,
+                WorkerTask.queued_at,
+                ScheduleExecution.token,
+            )
+            .join(ScheduleExecution, ScheduleExecution.id == WorkerTask.execution_id)
+            .where(
                 WorkerTask.status == WorkerTaskStatus.QUEUED,
                 WorkerTask.queued_at < now - timedelta(seconds=RESEND_GRACE_S),
             )
@@ -159,14 +171,14 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
         return
     client = get_redis(settings.broker_url)
     with client.pipeline(transaction=False) as pipe:
-        for _execution_id, task_id, attempt, _queued_at in queued:
+        for _execution_id, task_id, attempt, _queued_at, token in queued:
             # On its way (marker); in a worker's hands until its claim commits (pickup lease).
-            pipe.exists(keys.dispatch_marker_key(task_id, attempt))
-            pipe.exists(keys.pickup_key(task_id, attempt))
+            pipe.exists(keys.dispatch_marker_key(task_id, attempt, token))
+            pipe.exists(keys.pickup_key(task_id, attempt, token))
         found = pipe.execute()
-    running = live_attempts(client, [(task_id, attempt) for _e, task_id, attempt, _q in queued])
+    running = live_attempts(client, [(task_id, attempt, token) for _e, task_id, attempt, _q, token in queued])
     lost, on_its_way, waited = [], {}, set()
-    for (execution_id, task_id, attempt, queued_at), marked, picked, beating in zip(
+    for (execution_id, task_id, attempt, queued_at, token), marked, picked, beating in zip(
         queued, found[::2], found[1::2], running, strict=True
     ):
         if beating is not None:
@@ -174,7 +186,7 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
         elif not marked and not picked:
             lost.append(task_id)
         elif not picked:
-            runner_id = runner_task_id(execution_id, task_id, attempt)
+            runner_id = runner_task_id(execution_id, task_id, attempt, token)
             on_its_way[runner_id] = task_id
             if queued_at is not None and queued_at < now - timedelta(seconds=settings.heartbeat_ttl_s):
                 waited.add(runner_id)

@@ -43,7 +43,7 @@ def _runner(app: Celery, step: StepDispatch, group: GroupDispatch) -> Signature:
         # backstop for a step that ignores it, and heartbeat recovery handles what follows.
         options["soft_time_limit"] = step.spec.timeout_s
         options["time_limit"] = step.spec.timeout_s + 30
-    return app.signature(RUN_STEP, args=(step.worker_task_id, step.attempt), immutable=True, **options)
+    return app.signature(RUN_STEP, args=(step.worker_task_id, step.attempt, step.token), immutable=True, **options)
 
 
 def _advance(app: Celery, group: GroupDispatch) -> Signature:
@@ -107,8 +107,8 @@ def _mark_sent(app: Celery, group: GroupDispatch) -> None:
         key
         for step in group.steps
         for key in (
-            keys.dispatch_marker_key(step.worker_task_id, step.attempt),
-            keys.pickup_key(step.worker_task_id, step.attempt),
+            keys.dispatch_marker_key(step.worker_task_id, step.attempt, step.token),
+            keys.pickup_key(step.worker_task_id, step.attempt, step.token),
         )
     ]
     last_task = max(step.worker_task_id for step in group.steps)
@@ -122,21 +122,21 @@ def _mark_sent(app: Celery, group: GroupDispatch) -> None:
 _TAKEN_LUA = "redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) redis.call('DEL', KEYS[2])"
 
 
-def take_message(app: Celery, worker_task_id: int, attempt: int) -> None:
+def take_message(app: Celery, worker_task_id: int, attempt: int, token: int) -> None:
     """An attempt's message reached a worker: its dispatch marker gives way to a pickup lease that
     lives only as long as a heartbeat (see :func:`keys.pickup_key`)."""
     client = get_redis(app.settings.broker_url)
-    names = [keys.pickup_key(worker_task_id, attempt), keys.dispatch_marker_key(worker_task_id, attempt)]
+    names = [keys.pickup_key(worker_task_id, attempt, token), keys.dispatch_marker_key(worker_task_id, attempt, token)]
     try:
         registered_script(client, _TAKEN_LUA)(keys=names, args=[int(app.settings.heartbeat_ttl_s * 1000)])
     except redis.RedisError as exc:
         logger.warning("pickup of worker task %s attempt %s not recorded: %s", worker_task_id, attempt, exc)
 
 
-def drop_pickup(app: Celery, worker_task_id: int, attempt: int) -> None:
+def drop_pickup(app: Celery, worker_task_id: int, attempt: int, token: int) -> None:
     """Nothing was claimed: without the lease, recovery sends the attempt again."""
     with contextlib.suppress(redis.RedisError):
-        get_redis(app.settings.broker_url).delete(keys.pickup_key(worker_task_id, attempt))
+        get_redis(app.settings.broker_url).delete(keys.pickup_key(worker_task_id, attempt, token))
 
 
 def apply_effects(app: Celery, effects: Effects) -> None:
@@ -144,10 +144,10 @@ def apply_effects(app: Celery, effects: Effects) -> None:
     if effects.cancelled or effects.fenced:
         client = get_redis(app.settings.broker_url)
         with client.pipeline(transaction=False) as pipe:
-            for execution_id in effects.cancelled:
-                pipe.set(keys.cancel_key(execution_id), "1", ex=CANCEL_FLAG_TTL_S)
-            for worker_task_id, attempt in effects.fenced:
-                pipe.set(keys.fenced_key(worker_task_id, attempt), "1", ex=CANCEL_FLAG_TTL_S)
+            for execution_id, token in effects.cancelled:
+                pipe.set(keys.cancel_key(execution_id, token), "1", ex=CANCEL_FLAG_TTL_S)
+            for worker_task_id, attempt, token in effects.fenced:
+                pipe.set(keys.fenced_key(worker_task_id, attempt, token), "1", ex=CANCEL_FLAG_TTL_S)
             pipe.execute()
     if effects.revoke:
         # Drops messages still queued; running steps stop through the cancel flag instead of a

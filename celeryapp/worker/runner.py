@@ -238,14 +238,15 @@ def _claim(
     return _patiently(f"claiming worker task {worker_task_id} attempt {attempt}", once), sent
 
 
-def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: str) -> dict[str, Any]:
+def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: str, token: int = 0) -> dict[str, Any]:
+    """Run an attempt of the run whose token is ``token`` (0: a message sent before runs had one)."""
     settings = app.settings
     client = get_redis(settings.broker_url)
     # The pickup lease was taken when the worker received the message (signals.py). Kept while
     # the claim waits for the database, and deleted after it: claimed, the attempt is past needing
     # one; not claimed, recovery sends the attempt again once the lease is gone (a duplicate of
     # a message still retrying elsewhere is harmless: only one claim can win).
-    with StepWatch.keep_alive(client, keys.pickup_key(worker_task_id, attempt), settings.heartbeat_ttl_s):
+    with StepWatch.keep_alive(client, keys.pickup_key(worker_task_id, attempt, token), settings.heartbeat_ttl_s):
         claim, claim_sent = _claim(app, worker_task_id, attempt, node)
     if not isinstance(claim, Claim):
         # Nothing was claimed, so nothing runs here; the attempt is still queued in the database.
@@ -268,10 +269,12 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
     )
     watch = StepWatch(
         client,
-        heartbeat_key=keys.heartbeat_key(worker_task_id, attempt),
-        cancel_key=keys.cancel_key(claim.execution_id),
-        fenced_key=keys.fenced_key(worker_task_id, attempt),
-        stop_key=keys.stop_key(worker_task_id, attempt),
+        # Named with the run's token as the database has it, not the message's: a message of a run
+        # lost with a database that went back claims the new run that reuses its ids as its own.
+        heartbeat_key=keys.heartbeat_key(worker_task_id, attempt, claim.token),
+        cancel_key=keys.cancel_key(claim.execution_id, claim.token),
+        fenced_key=keys.fenced_key(worker_task_id, attempt, claim.token),
+        stop_key=keys.stop_key(worker_task_id, attempt, claim.token),
         ttl_s=settings.heartbeat_ttl_s,
         timeout_s=claim.spec.timeout_s,
         since=claim_sent,

@@ -156,11 +156,14 @@ def event_for(retval: Any) -> tuple[str, dict[str, Any]]:
 def stop_attempt(app: Any, args: Any, reason: str) -> bool:
     """Set the stop flag of the attempt a runner message stands for; False if it could not."""
     try:
-        worker_task_id, attempt = (int(a) for a in args)
+        worker_task_id, attempt, *tokens = (int(a) for a in args)
+        (token,) = tokens or (0,)  # no token: sent before runs had one
     except (TypeError, ValueError):
         return False
     try:
-        get_redis(app.settings.broker_url).set(keys.stop_key(worker_task_id, attempt), reason, ex=STOP_FLAG_TTL_S)
+        get_redis(app.settings.broker_url).set(
+            keys.stop_key(worker_task_id, attempt, token), reason, ex=STOP_FLAG_TTL_S
+        )
     except redis.RedisError:
         logger.exception("could not stop worker task %s attempt %s (%s)", worker_task_id, attempt, reason)
         return False
@@ -169,7 +172,7 @@ def stop_attempt(app: Any, args: Any, reason: str) -> bool:
 
 
 #: :func:`celeryapp.domain.names.runner_task_id`'s shape.
-_RUNNER_ID = re.compile(rf"{keys.PREFIX}-e(\d+)-wt\d+-a\d+")
+_RUNNER_ID = re.compile(rf"{keys.PREFIX}-e(\d+)-wt\d+-a\d+(?:-r([0-9a-f]+))?")
 
 
 def _execution_cancelled(app: Any, task_id: str) -> bool:
@@ -177,7 +180,8 @@ def _execution_cancelled(app: Any, task_id: str) -> bool:
     if match is None:
         return False
     try:
-        return bool(get_redis(app.settings.broker_url).exists(keys.cancel_key(int(match[1]))))
+        token = int(match[2], 16) if match[2] else 0
+        return bool(get_redis(app.settings.broker_url).exists(keys.cancel_key(int(match[1]), token)))
     except redis.RedisError:
         return False
 

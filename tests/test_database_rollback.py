@@ -22,6 +22,7 @@ from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery import database_rollback, recovery
+from celeryapp.worker import heartbeat
 from models import (
     Activity,
     ActivityStatus,
@@ -216,3 +217,24 @@ def test_an_outcome_whose_claim_was_lost_closes_no_other_runs_activity(app: Chor
     with transaction(app.settings.database_url, read_only=True) as session:
         assert session.get_one(Activity, other.activity_id).status is ActivityStatus.IN_PROGRESS
         assert session.get_one(WorkerTask, first_task).status is WorkerTaskStatus.QUEUED
+
+
+def test_a_claim_of_an_attempt_that_runs_elsewhere_is_undone_and_runs_nothing(
+    app: ChordbeatCelery, worker: Any
+) -> None:
+    """A message of an attempt whose claim the database lost (its runner still at work) is sent
+    by something other than recovery (an advancement, a duplicate): its claim succeeds, but the
+    first heartbeat finds the other runner's. Nothing runs; the claim is undone for recovery."""
+    execution_id, task_id = _one_step_run(app, "twice")
+    token = token_of_task(app, task_id)
+    redis_client = get_redis(app.settings.broker_url)
+    other = keys.heartbeat_key(task_id, 1, token)
+    redis_client.set(other, "1", px=60_000)
+    answer = app.send_task("chordbeat.run_step", args=(task_id, 1, token), ignore_result=False).get(timeout=20)
+    assert answer == {"status": "skipped"}
+    assert _attempt(app, task_id) == (WorkerTaskStatus.QUEUED, 1)
+    with transaction(app.settings.database_url, read_only=True) as session:
+        assert session.scalars(select(Activity).where(Activity.execution_id == execution_id)).all() == []
+    wait_for(lambda: not heartbeat._watchers, 10, interval=0.05, what="the step watch to end")
+    assert 0 < redis_client.pttl(other) <= 60_000  # the other runner's, neither refreshed nor deleted
+    redis_client.delete(other)

@@ -313,6 +313,33 @@ def finish_step(
     return Recorded(bool(closed), bool(dropped) and conn.execute(select(_GROUP_LEFT), group).scalar_one() == 0)
 
 
+_RELEASE_TASK = (
+    update(WORKER_TASKS)
+    .where(
+        _task.id == bindparam("p_task_id"),
+        _task.attempt == bindparam("p_attempt"),
+        _task.status == WorkerTaskStatus.PROCESSING,
+        _task.node == bindparam("p_node"),
+    )
+    .values(status=WorkerTaskStatus.QUEUED, node=None, started_at=None)
+)
+_DROP_OPENED = delete(ACTIVITIES).where(
+    ACTIVITIES.c.id == bindparam("p_activity_id"), ACTIVITIES.c.status == ActivityStatus.IN_PROGRESS
+)
+
+
+def release_claim(conn: Connection, claim: Claim, *, node: str) -> bool:
+    """Undo a claim whose attempt turns out to run elsewhere already (the database went back and
+    lost that runner's claim): queued again, the activity it opened deleted, so that the other
+    runner's outcome finds nothing of it and recovery sends the attempt again once that one ended.
+    Whether the claim was still there to undo."""
+    params = {"p_task_id": claim.worker_task_id, "p_attempt": claim.attempt, "p_node": node}
+    if not conn.execute(_RELEASE_TASK, params).rowcount:
+        return False
+    conn.execute(_DROP_OPENED, {"p_activity_id": claim.activity_id})
+    return True
+
+
 _STORED = select(ACTIVITIES.c.status, ACTIVITIES.c.error).where(ACTIVITIES.c.id == bindparam("p_activity_id"))
 
 

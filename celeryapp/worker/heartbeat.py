@@ -42,8 +42,14 @@ KEEPER_LATENESS_S = 0.25
 LEASE_MARGIN_S = INTERRUPT_LANDING_S + KEEPER_LATENESS_S
 #: Seconds the time-keeping thread sleeps at most: a step watched since may have an earlier deadline.
 KEEPER_IDLE_S = 1.0
-#: A step's first heartbeat (KEYS[1], ARGV[1] ms) and its stop flag's read (KEYS[2]): one command, not two.
-_FIRST_BEAT_LUA = "redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) return redis.call('GET', KEYS[2])"
+#: A step's first heartbeat (KEYS[1], ARGV[1] ms) and its stop flag's read (KEYS[2]): one command, not
+#: two. A heartbeat already there is another runner's of the same attempt (the database went back and
+#: lost that runner's claim): left alone, and answered 1.
+_FIRST_BEAT_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {1} end
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+return {0, redis.call('GET', KEYS[2])}
+"""
 
 
 def lease_s(ttl_s: float) -> float:
@@ -72,6 +78,7 @@ class Interrupt(Enum):
     STOPPED_BY_OPERATOR = "stopped by operator"  # Flower's Terminate or Revoke: ``stopped`` says which
     TIMED_OUT = "timed out"
     LEASE_LOST = "lease lost"  # the attempt is lost to this worker: recovery runs it again
+    RUNNING_ELSEWHERE = "running elsewhere"  # another runner's heartbeat: its claim was lost (never started)
 
 
 class StepWatch:
@@ -142,6 +149,10 @@ class StepWatch:
     def lease_lost(self) -> bool:
         return self.interrupted is Interrupt.LEASE_LOST
 
+    @property
+    def running_elsewhere(self) -> bool:
+        return self.interrupted is Interrupt.RUNNING_ELSEWHERE
+
     @classmethod
     def keep_alive(cls, client: redis.Redis, key: str, ttl_s: float) -> StepWatch:
         """A watch that only refreshes ``key`` (first at the next poll) and deletes it when left."""
@@ -170,7 +181,15 @@ class StepWatch:
             else:
                 # The first heartbeat and the read of the operator's stop flag: one command.
                 first_beat = registered_script(self.client, _FIRST_BEAT_LUA)
-                self.stopped = _text(first_beat(keys=[self._heartbeat_key, self._stop_key], args=[self._ttl_ms]))
+                beaten, *stopped = first_beat(keys=[self._heartbeat_key, self._stop_key], args=[self._ttl_ms])
+                if beaten:
+                    # Neither started nor refreshed, and the other runner's heartbeat not deleted.
+                    logger.error("heartbeat %s: the attempt runs elsewhere; not started", self._heartbeat_key)
+                    self.interrupted = Interrupt.RUNNING_ELSEWHERE
+                    self.done_keys = self.done_keys[1:]
+                    self._last_sent = float("inf")
+                    return
+                self.stopped = _text(stopped[0])
         except redis.RedisError as exc:
             # The watching thread writes it at its next poll; the lease counts from ``since``.
             logger.warning("heartbeat %s not refreshed: %s", self._heartbeat_key, exc)

@@ -24,7 +24,7 @@ from celeryapp.domain.redaction import hide_secrets
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.errors import StepCancelled
 from celeryapp.execution.advancing import advance_group
-from celeryapp.execution.steps import Claim, Recorded, claim_step, finish_step, stored_outcome
+from celeryapp.execution.steps import Claim, Recorded, claim_step, finish_step, release_claim, stored_outcome
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
@@ -121,6 +121,8 @@ def _execute(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcome:
                 return Outcome(ActivityStatus.FAILED_WITH_ERROR, f"refused on this worker: {refusal}", None)
             if watch.lease_lost:
                 return Outcome(ActivityStatus.CANCELLED, "not started: its lease ran out", None)  # not recorded
+            if watch.running_elsewhere:
+                return Outcome(ActivityStatus.CANCELLED, "not started: running elsewhere", None)  # not recorded
             if watch.stopped is not None:
                 return Outcome(ActivityStatus.CANCELLED, watch.stopped, None)  # revoked before it started
             result = app.tasks[claim.spec.task](*claim.spec.args, **claim.spec.kwargs)
@@ -300,6 +302,9 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
                 claim.attempt,
             )
             return RunnerAnswer.LEASE_LOST.result()
+        if watch.running_elsewhere:
+            _release(app, claim, node)
+            return RunnerAnswer.SKIPPED.result()
         recorded = _record(app, claim, outcome)
     if not isinstance(recorded, Recorded):
         return RunnerAnswer.UNRECORDED.result()
@@ -309,6 +314,26 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
     if not recorded.closed:
         return _superseded(app, claim)
     return step_result(outcome.status, outcome.error, outcome.message, outcome.traceback)
+
+
+def _release(app: ChordbeatCelery, claim: Claim, node: str) -> None:
+    """Another runner's heartbeat of this very attempt: the database lost that runner's claim (it
+    went back), and this claim must not run beside it (see recovery/lost_claims.py)."""
+    try:
+        with connection(app.settings.database_url) as conn:
+            release_claim(conn, claim, node=node)
+    except Exception:
+        # Left processing here, under the other's heartbeat: recovery waits for it as for any.
+        logger.warning(
+            "worker task %s attempt %s: claim not undone", claim.worker_task_id, claim.attempt, exc_info=True
+        )
+    else:
+        logger.error(
+            "worker task %s attempt %s already runs elsewhere (its heartbeat beats; the database lost that "
+            "claim): not run here, queued again for once it ended",
+            claim.worker_task_id,
+            claim.attempt,
+        )
 
 
 def _superseded(app: ChordbeatCelery, claim: Claim) -> dict[str, Any]:

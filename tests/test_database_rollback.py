@@ -15,7 +15,10 @@ import pytest
 from celery import Celery
 from sqlalchemy import delete, select, text, update
 
+from celeryapp import app as chordbeat_app
+from celeryapp import outcome
 from celeryapp.application import ChordbeatCelery
+from celeryapp.context import current_step
 from celeryapp.execution.runs import start_execution
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
@@ -238,3 +241,24 @@ def test_a_claim_of_an_attempt_that_runs_elsewhere_is_undone_and_runs_nothing(
     wait_for(lambda: not heartbeat._watchers, 10, interval=0.05, what="the step watch to end")
     assert 0 < redis_client.pttl(other) <= 60_000  # the other runner's, neither refreshed nor deleted
     redis_client.delete(other)
+
+
+@chordbeat_app.task(name="tests.report_run_token")
+def report_run_token() -> dict[str, Any]:
+    context = current_step()
+    assert context is not None
+    return outcome.completed(f"{context.execution_id}/{context.run_token}")
+
+
+def test_a_step_is_told_its_runs_token_to_fence_external_writes_by(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    """An id alone no longer names a run once a database went back: a step passing its attempt to
+    an external system as a fencing token names the run by its id and token."""
+    fencing = {"name": "s", "task": "tests.report_run_token"}
+    service.apply_schedule(app, {"name": "fencing", "every": 60, "steps": [fencing]})
+    execution_id = service.trigger_schedule(app, "fencing")["execution_id"]
+    done = finished(client, execution_id)
+    with transaction(app.settings.database_url, read_only=True) as session:
+        token = session.get_one(ScheduleExecution, execution_id).token
+    assert token > 0 and done["activities"][0]["message"] == f"{execution_id}/{token}"

@@ -268,6 +268,7 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         claim.payload,
         claim.spec.timeout_s,
         claim.slot,
+        claim.token,
     )
     watch = StepWatch(
         client,

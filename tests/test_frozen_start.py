@@ -22,7 +22,7 @@ from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.worker import runner
-from celeryapp.worker.heartbeat import lease_s
+from celeryapp.worker.lease import lease_s
 from celeryapp.worker.step_events import RunnerAnswer
 from models import WorkerTask, get_engine, transaction
 from tests.helpers import token_of_task

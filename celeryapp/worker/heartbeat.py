@@ -27,39 +27,17 @@ import redis
 
 from celeryapp.errors import StepCancelled
 from celeryapp.messaging.redis_client import registered_script
+from celeryapp.worker.lease import lease_s
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between two reads of the cancel flag; also bounds how fast a cancel stops a step.
 CANCEL_POLL_S = 0.5
-#: Seconds an interrupt may take to land in a step at work: it lands at the step's next bytecode,
-#: after whatever C call (a short sleep, a socket read) the step is in returns.
-INTERRUPT_LANDING_S = 0.5
-#: Seconds the time-keeping thread may wake late (a loaded host, the GIL held by the step).
-KEEPER_LATENESS_S = 0.25
-#: What the lease keeps back from the heartbeat's TTL (a quarter of a TTL below 3 s, which would
-#: otherwise leave no lease at all).
-LEASE_MARGIN_S = INTERRUPT_LANDING_S + KEEPER_LATENESS_S
 #: Seconds the time-keeping thread sleeps at most: a step watched since may have an earlier deadline.
 KEEPER_IDLE_S = 1.0
-#: A step's first heartbeat (KEYS[1], ARGV[1] ms) and its stop flag's read (KEYS[2]): one command, not
-#: two. A heartbeat already there is another runner's of the same attempt (the database went back and
-#: lost that runner's claim): left alone, and answered 1.
-_FIRST_BEAT_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {1} end
-redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
-return {0, redis.call('GET', KEYS[2])}
-"""
-
-
-def lease_s(ttl_s: float) -> float:
-    """How long a step may run on without a heartbeat refresh Redis acknowledged.
-
-    Counted from when the last acknowledged refresh was *sent*: Redis started the key's TTL no
-    earlier, so recovery, which sees the key gone only after a TTL on Redis's clock, cannot re-queue
-    the attempt before the lease and its margin have passed and the interrupt has landed.
-    """
-    return ttl_s - min(LEASE_MARGIN_S, ttl_s / 4)
+#: A step's first heartbeat (KEYS[1], ARGV[1] ms), the one it replaced (another runner's of this very
+#: attempt: the database lost that claim) and its stop flag's read (KEYS[2]): one command, not three.
+_FIRST_BEAT_LUA = "return {redis.call('SET', KEYS[1], '1', 'PX', ARGV[1], 'GET'), redis.call('GET', KEYS[2])}"
 
 
 def _text(value: object) -> str | None:
@@ -78,7 +56,7 @@ class Interrupt(Enum):
     STOPPED_BY_OPERATOR = "stopped by operator"  # Flower's Terminate or Revoke: ``stopped`` says which
     TIMED_OUT = "timed out"
     LEASE_LOST = "lease lost"  # the attempt is lost to this worker: recovery runs it again
-    RUNNING_ELSEWHERE = "running elsewhere"  # another runner's heartbeat: its claim was lost (never started)
+    RUNNING_ELSEWHERE = "running elsewhere"  # another runner's heartbeat found: never started
 
 
 class StepWatch:
@@ -149,10 +127,6 @@ class StepWatch:
     def lease_lost(self) -> bool:
         return self.interrupted is Interrupt.LEASE_LOST
 
-    @property
-    def running_elsewhere(self) -> bool:
-        return self.interrupted is Interrupt.RUNNING_ELSEWHERE
-
     @classmethod
     def keep_alive(cls, client: redis.Redis, key: str, ttl_s: float) -> StepWatch:
         """A watch that only refreshes ``key`` (first at the next poll) and deletes it when left."""
@@ -181,15 +155,10 @@ class StepWatch:
             else:
                 # The first heartbeat and the read of the operator's stop flag: one command.
                 first_beat = registered_script(self.client, _FIRST_BEAT_LUA)
-                beaten, *stopped = first_beat(keys=[self._heartbeat_key, self._stop_key], args=[self._ttl_ms])
-                if beaten:
-                    # Neither started nor refreshed, and the other runner's heartbeat not deleted.
-                    logger.error("heartbeat %s: the attempt runs elsewhere; not started", self._heartbeat_key)
-                    self.interrupted = Interrupt.RUNNING_ELSEWHERE
-                    self.done_keys = self.done_keys[1:]
-                    self._last_sent = float("inf")
-                    return
-                self.stopped = _text(stopped[0])
+                replaced, stopped = first_beat(keys=[self._heartbeat_key, self._stop_key], args=[self._ttl_ms])
+                self.stopped = _text(stopped)
+                if replaced is not None:  # left to its runner when this watch ends: not deleted
+                    self.interrupted, self.done_keys = Interrupt.RUNNING_ELSEWHERE, self.done_keys[1:]
         except redis.RedisError as exc:
             # The watching thread writes it at its next poll; the lease counts from ``since``.
             logger.warning("heartbeat %s not refreshed: %s", self._heartbeat_key, exc)

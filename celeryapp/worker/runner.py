@@ -29,7 +29,7 @@ from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
 from celeryapp.worker.dispatch import apply_effects
-from celeryapp.worker.heartbeat import StepWatch
+from celeryapp.worker.heartbeat import Interrupt, StepWatch
 from celeryapp.worker.step_events import RunnerAnswer, step_result
 from celeryapp.worker.step_log import capturing_log, traceback_text
 from models import ActivityStatus, utcnow
@@ -121,7 +121,7 @@ def _execute(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcome:
                 return Outcome(ActivityStatus.FAILED_WITH_ERROR, f"refused on this worker: {refusal}", None)
             if watch.lease_lost:
                 return Outcome(ActivityStatus.CANCELLED, "not started: its lease ran out", None)  # not recorded
-            if watch.running_elsewhere:
+            if watch.interrupted is Interrupt.RUNNING_ELSEWHERE:
                 return Outcome(ActivityStatus.CANCELLED, "not started: running elsewhere", None)  # not recorded
             if watch.stopped is not None:
                 return Outcome(ActivityStatus.CANCELLED, watch.stopped, None)  # revoked before it started
@@ -303,7 +303,7 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
                 claim.attempt,
             )
             return RunnerAnswer.LEASE_LOST.result()
-        if watch.running_elsewhere:
+        if watch.interrupted is Interrupt.RUNNING_ELSEWHERE:
             _release(app, claim, node)
             return RunnerAnswer.SKIPPED.result()
         recorded = _record(app, claim, outcome)

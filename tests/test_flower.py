@@ -320,8 +320,8 @@ def test_a_cancel_revoking_queued_steps_is_not_taken_for_an_operators_revoke(
         execution_id = call(client, "chordbeat.trigger_schedule", name="cancelled")["execution_id"]
         running(client, execution_id, "s0")
         tasks = [worker_task(app, execution_id, f"s{i}") for i in range(3)]
+        task_ids = [_runner_id(app, execution_id, t.id) for t in tasks]  # read before the cancel deletes them
         assert call(client, "chordbeat.cancel_execution", execution_id=execution_id)["status"] == "cancelled"
-        task_ids = [_runner_id(app, execution_id, t.id) for t in tasks]
         # Every runner ends, the revoked ones included: they ran (and skipped), so the chord did not
         # fail (a dropped message would be a REVOKED chord part).
         wait_for(

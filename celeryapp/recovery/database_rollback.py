@@ -30,7 +30,7 @@ from sqlalchemy.exc import ProgrammingError
 
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, registered_script
-from models.session import connection
+from models.session import autocommit, connection
 
 if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery
@@ -93,7 +93,7 @@ def check_database_went_back(app: ChordbeatCelery) -> bool:
     sequences past them and pause repairs for a TTL. Whether repairs are paused now."""
     settings = app.settings
     client = get_redis(settings.broker_url)
-    with connection(settings.database_url) as conn:
+    with autocommit(settings.database_url, read_only=True) as conn:
         sequences = {table: _sequence(conn, table) for table in WATCHED_TABLES}
     marks = dict(zip(WATCHED_TABLES, client.hmget(keys.HIGH_WATER_KEY, WATCHED_TABLES), strict=True))
     behind = {t: int(m) for t, m in marks.items() if m is not None and int(m) > sequences[t]}

@@ -23,6 +23,10 @@ class StepContext:
     #: The nominal time the run is for (UTC): a cron or interval run's slot, a backfill's slot, a
     #: retry's due time; ``None`` for a manual run. A job covering "its day" reads it here.
     slot: datetime | None = None
+    #: The run's random token. With ``execution_id`` it names the run even after a database that
+    #: went back handed its id out again: an external system fencing writes by attempt keys them
+    #: by (execution_id, run_token, step), not by the id alone. 0 for runs started before it existed.
+    run_token: int = 0
 
 
 _current: ContextVar[StepContext | None] = ContextVar("chordbeat_step", default=None)

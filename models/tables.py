@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 from typing import Any, cast
 
@@ -147,6 +148,15 @@ class ScheduleStep(Base):
     schedule: Mapped[Schedule] = relationship(back_populates="steps")
 
 
+def run_token() -> int:
+    """A run's token: random, never 0 (the token of runs started before it existed)."""
+    return secrets.randbelow(RUN_TOKEN_MAX) + 1
+
+
+#: Run tokens are below this (a positive 32-bit integer on every database).
+RUN_TOKEN_MAX = 2**31 - 1
+
+
 class ScheduleExecution(Base):
     __tablename__ = "schedule_executions"
     __table_args__ = (
@@ -191,6 +201,10 @@ class ScheduleExecution(Base):
     slot: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     #: The backfill (or catch-up) that started the run; None for the others.
     backfill_id: Mapped[int | None] = mapped_column(Integer, default=None, index=True)
+    #: Drawn at random when the run starts (:func:`run_token`): it names the run's Redis keys and
+    #: Celery task ids with its id, which a database that went back hands out again. 0 for runs
+    #: started before revision 0012 (their keys are named as before).
+    token: Mapped[int] = mapped_column(Integer, default=lambda: run_token())
 
 
 class WorkerTask(Base):

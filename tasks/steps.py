@@ -16,6 +16,7 @@ from celeryapp.errors import InvalidArgument
 from celeryapp.messaging import keys
 from celeryapp.worker import runner, step_events
 from models.session import get_engine
+from models.tables import RUN_TOKEN_MAX
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +36,11 @@ logger = logging.getLogger(__name__)
     Request="celeryapp.worker.step_events:StepRequest",
     resultrepr_maxsize=step_events.RESULT_REPR_CHARS,
 )
-def run_step(self: Task, worker_task_id: int, attempt: int) -> RedactedResult:
+def run_step(self: Task, worker_task_id: int, attempt: int, token: int = 0) -> RedactedResult:
     check_int(worker_task_id, "worker_task_id", InvalidArgument)
     check_int(attempt, "attempt", InvalidArgument, high=1000)
+    # 0: sent before runs had tokens (models.tables.ScheduleExecution.token).
+    check_int(token, "token", InvalidArgument, low=0, high=RUN_TOKEN_MAX)
     queue = (self.request.delivery_info or {}).get("routing_key")
     if queue in keys.CONTROL_QUEUES:
         # Published there by hand or by a definition stored before such queues were refused. Run
@@ -56,7 +59,8 @@ def run_step(self: Task, worker_task_id: int, attempt: int) -> RedactedResult:
     # Monitors read the outcome back from the result's repr (step_events.event_for): Celery's own
     # repr of a dict leaves newlines, backslashes and quotes in strings unescaped (a traceback, a
     # program's output), and could not be read back; this one is Python's.
-    return RedactedResult(runner.run_step(app, worker_task_id, attempt, node=self.request.hostname or "unknown"))
+    node = self.request.hostname or "unknown"
+    return RedactedResult(runner.run_step(app, worker_task_id, attempt, node=node, token=token))
 
 
 @celeryd_init.connect

@@ -1,7 +1,7 @@
 """The chaos suite's step task: records every start and end of its body in a step log.
 
 Loaded by the subprocess workers through ``CHORDBEAT_TASK_MODULES=tests.chaos_tasks``. Each line
-of the log is one JSON object ``{"event": "start"|"end", "execution_id", "step", "attempt",
+of the log is one JSON object ``{"event": "start"|"end", "execution_id", "schedule", "step", "attempt",
 "pid", "ppid", "t"}`` (``t`` is epoch seconds of the reference clock: the chaos plan steps hosts'
 clocks, and the harness compares times written by different processes; ``ppid`` is the worker's main process,
 which is what the harness kills; ``end`` also says how the body ended). Lines are written with
@@ -46,6 +46,7 @@ def record(log: str, event: str, context: StepContext, **extra: Any) -> None:
     line = {
         "event": event,
         "execution_id": context.execution_id,
+        "schedule": context.schedule,
         "step": context.step,
         "attempt": context.attempt,
         "pid": os.getpid(),

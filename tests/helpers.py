@@ -25,7 +25,7 @@ from celeryapp.interfaces.views import execution_json
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
-from models import Schedule, ScheduleExecution, Trigger, get_engine, transaction, utcnow
+from models import Schedule, ScheduleExecution, Trigger, WorkerTask, get_engine, transaction, utcnow
 from tests.servers import wait_for
 
 __all__ = [
@@ -87,6 +87,16 @@ def running(client: Celery, execution_id: int, step_name: str) -> dict[str, Any]
     found = wait_for(check, 20, interval=0.05, what=f"{step_name} to run")
     assert isinstance(found, dict)
     return found
+
+
+def token_of_task(app: ChordbeatCelery, worker_task_id: int) -> int:
+    """The token of a worker task's run (it names the attempt's keys and Celery task id)."""
+    with transaction(app.settings.database_url, read_only=True) as session:
+        return session.scalars(
+            select(ScheduleExecution.token)
+            .join(WorkerTask, WorkerTask.execution_id == ScheduleExecution.id)
+            .where(WorkerTask.id == worker_task_id)
+        ).one()
 
 
 def db_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:

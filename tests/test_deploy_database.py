@@ -17,6 +17,9 @@ from sqlalchemy import create_engine, text
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.messaging import keys
+from celeryapp.messaging.redis_client import get_redis
+from celeryapp.recovery.database_rollback import ROLLBACK_PAUSE_KEY, SEQUENCE_MARGIN, check_database_went_back
 from celeryapp.recovery.housekeeping import purge
 from models.migrate import upgrade
 from models.session import dispose_all
@@ -112,3 +115,35 @@ def test_the_runtime_role_runs_everything_but_cannot_change_the_schema(
                 conn.execute(text(ddl))
     finally:
         engine.dispose()
+
+
+def test_the_runtime_role_moves_a_sequence_that_went_back(app: ChordbeatCelery, settings: Settings) -> None:
+    """After a failover to an asynchronous standby recovery moves the sequences past the ids
+    Redis saw: UPDATE on the sequences, granted by roles.psql."""
+    get_redis(settings.broker_url).hset(keys.HIGH_WATER_KEY, keys.EXECUTIONS_MARK, 50)
+    assert check_database_went_back(app)
+    engine = create_engine(settings.database_url)
+    try:
+        with engine.connect() as conn:
+            moved = conn.scalar(text("SELECT last_value FROM schedule_executions_id_seq"))
+    finally:
+        engine.dispose()
+    assert moved == 50 + SEQUENCE_MARGIN
+
+
+def test_a_role_that_cannot_move_sequences_pauses_repairs_once(
+    app: ChordbeatCelery, settings: Settings, postgres_server: PostgresServer, roles_database: str
+) -> None:
+    """A deployment whose runtime role predates the grant: CRITICAL, and repairs paused for one
+    TTL, not at every pass from then on (the runs' tokens keep reused ids apart meanwhile)."""
+    admin = create_engine(postgres_server.url(roles_database), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text("REVOKE UPDATE ON ALL SEQUENCES IN SCHEMA public FROM chordbeat_app"))
+    finally:
+        admin.dispose()
+    client = get_redis(settings.broker_url)
+    client.hset(keys.HIGH_WATER_KEY, keys.EXECUTIONS_MARK, 50)
+    assert check_database_went_back(app)
+    client.delete(ROLLBACK_PAUSE_KEY)  # one TTL later
+    assert not check_database_went_back(app)

@@ -30,11 +30,16 @@ from celeryapp.worker import step_events
 from models import ActivityStatus, AuditSource, ScheduleStep, WorkerTask, transaction
 from tests import processes
 from tests.chromium import chromium
-from tests.helpers import call, finished, running, step, wait_for
+from tests.helpers import call, finished, running, step, token_of_task, wait_for
 from tests.servers import free_port
 from tests.step_log_tasks import RAISING_LINE
 
 pytestmark = pytest.mark.slow
+
+
+def _runner_id(app: ChordbeatCelery, execution_id: int, worker_task_id: int) -> str:
+    """The Celery task id of the first attempt of a worker task."""
+    return runner_task_id(execution_id, worker_task_id, 1, token_of_task(app, worker_task_id))
 
 
 def worker_task(app: ChordbeatCelery, execution_id: int, step_name: str) -> WorkerTask:
@@ -193,7 +198,7 @@ def test_terminate_from_flower_cancels_the_step_for_good_and_the_run_goes_on(
         call(client, "chordbeat.apply_schedule", definition=definition)
         execution_id = call(client, "chordbeat.trigger_schedule", name="terminate-me")["execution_id"]
         running(client, execution_id, "long")
-        task_id = runner_task_id(execution_id, worker_task(app, execution_id, "long").id, 1)
+        task_id = _runner_id(app, execution_id, worker_task(app, execution_id, "long").id)
         # What Flower's Terminate button sends (the same broadcast, through Flower's API).
         response = requests.post(
             f"{monitor.url}/api/task/revoke/{task_id}", data={"terminate": "true"}, auth=monitor.auth, timeout=10
@@ -237,7 +242,7 @@ def test_revoking_a_queued_step_cancels_it_and_the_group_still_advances(
         running(client, execution_id, "blocker")
         task = worker_task(app, execution_id, "target")
         # What Flower's Revoke button sends.
-        client.control.revoke(runner_task_id(execution_id, task.id, 1))
+        client.control.revoke(_runner_id(app, execution_id, task.id))
         done = finished(client, execution_id, timeout=60)
     assert done["status"] == "completed", done
     outcomes = {a["step"]: (a["attempt"], a["status"], a["error"]) for a in done["activities"]}
@@ -315,8 +320,8 @@ def test_a_cancel_revoking_queued_steps_is_not_taken_for_an_operators_revoke(
         execution_id = call(client, "chordbeat.trigger_schedule", name="cancelled")["execution_id"]
         running(client, execution_id, "s0")
         tasks = [worker_task(app, execution_id, f"s{i}") for i in range(3)]
+        task_ids = [_runner_id(app, execution_id, t.id) for t in tasks]  # read before the cancel deletes them
         assert call(client, "chordbeat.cancel_execution", execution_id=execution_id)["status"] == "cancelled"
-        task_ids = [runner_task_id(execution_id, t.id, 1) for t in tasks]
         # Every runner ends, the revoked ones included: they ran (and skipped), so the chord did not
         # fail (a dropped message would be a REVOKED chord part).
         wait_for(
@@ -335,7 +340,7 @@ def test_a_step_cancelled_from_the_dashboard_while_it_ran_is_revoked_with_the_st
         watched(monitor, client, definition)
         execution_id = call(client, "chordbeat.trigger_schedule", name="cancel-me")["execution_id"]
         running(client, execution_id, "long")
-        task_id = runner_task_id(execution_id, worker_task(app, execution_id, "long").id, 1)
+        task_id = _runner_id(app, execution_id, worker_task(app, execution_id, "long").id)
         time.sleep(3)  # the issue's scenario: the step had run for 3 s when it was cancelled
         # What the dashboard's Cancel does: the service, in its process, as the web's user.
         service.cancel_execution(app, execution_id, actor="admin", reason="wrong payload", source=AuditSource.WEB)
@@ -465,7 +470,7 @@ def test_a_step_received_while_task_events_were_off_is_still_found_as_the_docs_s
         call(client, "chordbeat.apply_schedule", definition=definition)
         execution_id = call(client, "chordbeat.trigger_schedule", name="late")["execution_id"]
         running(client, execution_id, "Upload to bank")  # received, with events off
-        task_id = runner_task_id(execution_id, worker_task(app, execution_id, "Upload to bank").id, 1)
+        task_id = _runner_id(app, execution_id, worker_task(app, execution_id, "Upload to bank").id)
         client.control.enable_events()  # what Flower does every 5 s
         finished(client, execution_id, timeout=30)
         shown = flower_sees(

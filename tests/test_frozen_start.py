@@ -22,9 +22,10 @@ from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.worker import runner
-from celeryapp.worker.heartbeat import lease_s
+from celeryapp.worker.lease import lease_s
 from celeryapp.worker.step_events import RunnerAnswer
 from models import WorkerTask, get_engine, transaction
+from tests.helpers import token_of_task
 from tests.servers import wait_for
 
 _RAN = "tests:frozen-start:ran"
@@ -78,7 +79,7 @@ def test_a_step_whose_claim_outlasted_its_lease_is_not_started(app: ChordbeatCel
     }
     # Not started: nothing ran, and no heartbeat hides the attempt from recovery.
     assert client.get(_RAN) is None
-    assert not client.exists(keys.heartbeat_key(late, 1))
+    assert not client.exists(keys.heartbeat_key(late, 1, token_of_task(app, late)))
     # The same hold-up shorter than the lease: the step runs (the test can tell the two apart).
     on_time = _queued_attempt(app, "frozen-on-time")
     assert _run_with_claim_held_up(app, on_time, 0.3) == {"status": "complete"}

@@ -35,7 +35,17 @@ from models import (
     utcnow,
 )
 from tests import processes
-from tests.helpers import call, db_execution, entry_exists, execution, finished, running, step, wait_for
+from tests.helpers import (
+    call,
+    db_execution,
+    entry_exists,
+    execution,
+    finished,
+    running,
+    step,
+    token_of_task,
+    wait_for,
+)
 
 
 def start_without_dispatch(app: ChordbeatCelery, name: str) -> int:
@@ -267,7 +277,7 @@ def test_startup_recovery_leaves_a_step_whose_heartbeat_another_live_worker_refr
         tasks = [t.id for t in session.scalars(select(WorkerTask).order_by(WorkerTask.id))]
         claim_step(session.connection(), tasks[0], 1, node="twin@host", now=utcnow() - timedelta(seconds=60))
         claim_step(session.connection(), tasks[1], 1, node="twin@host", now=utcnow())
-    live = keys.heartbeat_key(tasks[0], 1)
+    live = keys.heartbeat_key(tasks[0], 1, token_of_task(app, tasks[0]))
     redis_client.set(live, "1", px=60_000)
     start = node_start.recover_node(app, "twin@host")
     assert not start.report.requeued and [w.worker_task_id for w in start.pending] == tasks

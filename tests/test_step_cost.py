@@ -307,7 +307,8 @@ def test_a_groups_chord_is_counted_by_the_result_backend_and_subscribes_to_no_re
     # Celery's chord().apply_async() builds a group result for a caller to wait on, which subscribes
     # to each part's result channel (and unsubscribes once it is collected): nobody waits on them.
     spec = StepSpec.from_json({"name": "a", "task": "chordbeat.examples.sleep"})
-    group = GroupDispatch(7, 1, (StepDispatch(7, 11, 1, spec), StepDispatch(7, 12, 1, spec)), schedule_name="s")
+    steps = (StepDispatch(7, 11, 1, spec, 0x2A), StepDispatch(7, 12, 1, spec, 0x2A))
+    group = GroupDispatch(7, 1, steps, schedule_name="s")
     client = get_redis(app.settings.broker_url)
 
     def subscribed() -> int:
@@ -320,8 +321,8 @@ def test_a_groups_chord_is_counted_by_the_result_backend_and_subscribes_to_no_re
     messages = [json.loads(raw) for key in queue for raw in client.lrange(key, 0, -1)]
     parts = sorted((m["headers"]["group_index"], m["headers"]) for m in messages)
     assert [(index, headers["id"]) for index, headers in parts] == [
-        (0, "chordbeat-e7-wt11-a1"),
-        (1, "chordbeat-e7-wt12-a1"),
+        (0, "chordbeat-e7-wt11-a1-r2a"),
+        (1, "chordbeat-e7-wt12-a1-r2a"),
     ]
     group_id = parts[0][1]["group"]
     assert parts[1][1]["group"] == group_id
@@ -404,14 +405,14 @@ def test_a_steps_pickup_and_first_heartbeat_are_one_redis_command_each(app: Chor
     def calls(command: str) -> int:
         return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
-    dispatch.take_message(app, 5, 1)  # this Redis has now seen the scripts (no NOSCRIPT and load)
+    dispatch.take_message(app, 5, 1, 0x2A)  # this Redis has now seen the scripts (no NOSCRIPT and load)
     with StepWatch(client, heartbeat_key="hb:5", cancel_key="cancel:5", stop_key="stop:5", ttl_s=30):
         pass
-    client.set(keys.dispatch_marker_key(6, 1), "1")
+    client.set(keys.dispatch_marker_key(6, 1, 0x2A), "1")
     client.set("stop:6", "stopped by hand")
     scripts = calls("evalsha")  # (the commands a script runs count as themselves too)
-    dispatch.take_message(app, 6, 1)
-    assert client.pttl(keys.pickup_key(6, 1)) > 0 and not client.exists(keys.dispatch_marker_key(6, 1))
+    dispatch.take_message(app, 6, 1, 0x2A)
+    assert client.pttl(keys.pickup_key(6, 1, 0x2A)) > 0 and not client.exists(keys.dispatch_marker_key(6, 1, 0x2A))
     watch = StepWatch(client, heartbeat_key="hb:6", cancel_key="cancel:6", stop_key="stop:6", ttl_s=30)
     with watch:
         assert watch.stopped == "stopped by hand" and client.pttl("hb:6") > 0

@@ -16,10 +16,12 @@ class StepDispatch:
     worker_task_id: int
     attempt: int
     spec: StepSpec
+    #: The run's token (it names the run's keys and task ids with its id).
+    token: int
 
     @property
     def celery_task_id(self) -> str:
-        return runner_task_id(self.execution_id, self.worker_task_id, self.attempt)
+        return runner_task_id(self.execution_id, self.worker_task_id, self.attempt, self.token)
 
 
 @dataclass(frozen=True)
@@ -40,12 +42,14 @@ class Effects:
     """What to do after commit: chords to send, executions whose running steps must stop."""
 
     dispatch: list[GroupDispatch] = field(default_factory=list)
-    cancelled: list[int] = field(default_factory=list)
+    #: Cancelled runs (execution id, token): their running steps must stop.
+    cancelled: list[tuple[int, int]] = field(default_factory=list)
     revoke: list[str] = field(default_factory=list)
     #: Schedules whose beat entry must be rewritten (retry due, done, dead).
     resync: list[str] = field(default_factory=list)
-    #: Attempts given up by recovery (worker task id, attempt): if still running anywhere, they stop.
-    fenced: list[tuple[int, int]] = field(default_factory=list)
+    #: Attempts given up by recovery (worker task id, attempt, run token): if still running
+    #: anywhere, they stop.
+    fenced: list[tuple[int, int, int]] = field(default_factory=list)
     #: Slots skipped because the schedule's previous run is still active (counted for overload).
     skipped_overlap: int = 0
     #: Executions this transaction ended (completed, failed, cancelled).

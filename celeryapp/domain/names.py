@@ -27,10 +27,17 @@ def run_key(name: str, trigger: Trigger, nominal_at: datetime, retry: int = 0) -
     return f"{name}:{kind}:{iso(nominal_at)}"
 
 
-def runner_task_id(execution_id: int, worker_task_id: int, attempt: int) -> str:
+def runner_task_id(execution_id: int, worker_task_id: int, attempt: int, token: int) -> str:
     """Deterministic Celery task id of a step runner: revocable and recognisable when redelivered.
 
-    Ids are never reused (tables are AUTOINCREMENT on SQLite too), so a revoked id cannot hit a
-    later run.
+    Ids are not reused (tables are AUTOINCREMENT on SQLite too) unless the database goes back (a
+    failover to an asynchronous standby): the run's random ``token`` keeps a revoked id from
+    hitting a later run with the same ids.
     """
-    return f"{PREFIX}-e{execution_id}-wt{worker_task_id}-a{attempt}"
+    return f"{PREFIX}-e{execution_id}-wt{worker_task_id}-a{attempt}{token_suffix(token, '-r')}"
+
+
+def token_suffix(token: int, separator: str) -> str:
+    """How a run's token ends its names; nothing for token 0 (runs started before tokens, whose
+    names stay as they were)."""
+    return f"{separator}{token:x}" if token else ""

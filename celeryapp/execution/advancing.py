@@ -41,6 +41,7 @@ _READ_GROUP = (
         _run.plan[bindparam("p_next_group", type_=JSON.JSONIntIndexType)],
         _run.schedule_name,
         select(func.count()).select_from(WORKER_TASKS).where(*_OF_GROUP).scalar_subquery(),
+        _run.token,
         _activity.step_name,
         _activity.status,
         _activity.error,
@@ -96,6 +97,8 @@ class GroupState(NamedTuple):
     unfinished: int
     #: The latest attempt's outcome of each step that recorded one.
     results: dict[str, StepResult]
+    #: The run's token (it names the next group's keys and task ids).
+    token: int = 0
 
     def outcome(self) -> GroupOutcome:
         steps = [StepSpec.from_json(s) for s in self.group]
@@ -114,9 +117,9 @@ def read_group(conn: Connection, execution_id: int, step_index: int) -> GroupSta
     rows = conn.execute(_READ_GROUP, params).all()
     if not rows:
         return None
-    group, next_group, schedule_name, unfinished = rows[0][:4]
+    group, next_group, schedule_name, unfinished, token = rows[0][:5]
     results = {name: StepResult(status, error) for *_, name, status, error in rows if name is not None}
-    return GroupState(group, next_group, schedule_name, unfinished, results)
+    return GroupState(group, next_group, schedule_name, unfinished, results, token)
 
 
 def move_on(conn: Connection, execution_id: int, step_index: int, state: GroupState, *, now: datetime) -> Effects:
@@ -133,7 +136,7 @@ def move_on(conn: Connection, execution_id: int, step_index: int, state: GroupSt
         queued = sorted(conn.execute(_QUEUE_NEXT, params).all())
     assert state.next_group is not None  # only a group with a next one moves on
     specs = {s["name"]: StepSpec.from_json(s) for s in state.next_group}
-    steps = tuple(StepDispatch(execution_id, i, a, specs[n]) for i, a, n in queued)
+    steps = tuple(StepDispatch(execution_id, i, a, specs[n], state.token) for i, a, n in queued)
     return Effects(dispatch=[GroupDispatch(execution_id, step_index + 1, steps, schedule_name=state.schedule_name)])
 
 

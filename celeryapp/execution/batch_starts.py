@@ -54,13 +54,15 @@ def start_executions(session: Session, starts: list[Start], *, now: datetime) ->
     task_ids = insert_worker_tasks(session, made, now=now) if made else {}
     results: list[StartResult] = []
     slots: list[SlotRow] = []
-    for start, definition in zip(starts, definitions, strict=True):
+    for start, definition, row in zip(starts, definitions, rows, strict=True):
         execution_id = ids.get(start.run_key)
         if execution_id is None:
             # The row lock and the caller's check leave only one conflict: the run key's.
             results.append(StartResult(execution_with_key(session, start.run_key), skipped="duplicate"))
             continue
-        group = first_group(start.schedule, definition.groups, execution_id, task_ids[execution_id], start.trigger)
+        group = first_group(
+            start.schedule, definition.groups, execution_id, row["token"], task_ids[execution_id], start.trigger
+        )
         results.append(StartResult(execution_id, effects=Effects(dispatch=[group])))
         slots.append(SlotRow(start.schedule, SlotOutcome.FIRED, start.trigger, start.nominal_at, execution_id))
     if slots:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.definition import ScheduleDefinition, StepSpec
 from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
 from models import ExecutionStatus, Overlap, Schedule, ScheduleExecution, Trigger, WorkerTaskStatus
-from models.tables import EXECUTIONS, WORKER_TASKS
+from models.tables import EXECUTIONS, WORKER_TASKS, run_token
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ def execution_row(
         "started_at": now,
         "slot": slot,
         "backfill_id": backfill_id,
+        "token": run_token(),
         "deadline_at": now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
     }
     return row if rerun is None else {**row, **rerun.row()}
@@ -145,10 +146,11 @@ def first_group(
     schedule: Schedule,
     groups: Groups,
     execution_id: int,
+    token: int,
     task_ids: dict[str, int],
     trigger: Trigger,
     start_group: int = 0,
 ) -> GroupDispatch:
     logger.info("execution %s of schedule %r started (%s)", execution_id, schedule.name, trigger.value)
-    first = [StepDispatch(execution_id, task_ids[step.name], 1, step) for step in groups[start_group]]
+    first = [StepDispatch(execution_id, task_ids[step.name], 1, step, token) for step in groups[start_group]]
     return GroupDispatch(execution_id, start_group, tuple(first), schedule_name=schedule.name)

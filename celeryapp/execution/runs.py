@@ -135,23 +135,18 @@ def start_execution(
     definition = definition_of(schedule)
     # One statement: a unique conflict (the same run key, or another active run of an exclusive
     # schedule) inserts nothing instead of failing, and is sorted out below.
-    execution_id = session.scalar(
-        insert_ignoring_conflicts(session)
-        .values(
-            execution_row(
-                schedule,
-                definition,
-                trigger=trigger,
-                run_key=run_key,
-                now=now,
-                payload=payload,
-                rerun=rerun,
-                slot=nominal_at,
-                backfill_id=backfill_id,
-            )
-        )
-        .returning(EXECUTIONS.c.id)
+    row = execution_row(
+        schedule,
+        definition,
+        trigger=trigger,
+        run_key=run_key,
+        now=now,
+        payload=payload,
+        rerun=rerun,
+        slot=nominal_at,
+        backfill_id=backfill_id,
     )
+    execution_id = session.scalar(insert_ignoring_conflicts(session).values(row).returning(EXECUTIONS.c.id))
     if execution_id is None:
         winner = execution_with_key(session, run_key)
         if winner is not None:
@@ -176,7 +171,7 @@ def start_execution(
         execution_id=execution_id,
         detail=detail,
     )
-    effects.dispatch.append(first_group(schedule, groups, execution_id, task_ids, trigger, start))
+    effects.dispatch.append(first_group(schedule, groups, execution_id, row["token"], task_ids, trigger, start))
     return StartResult(execution_id, effects=effects)
 
 
@@ -229,9 +224,9 @@ def finish_execution(
     effects = _after_execution(session, execution, status, error=error, now=now, backfills=backfills)
     effects.ended.append(execution.id)
     if cancel:
-        effects.cancelled.append(execution.id)
+        effects.cancelled.append((execution.id, execution.token))
         running = [(i, a) for i, a, state in dropped if state is not WorkerTaskStatus.WAITING]
-        effects.revoke += [runner_task_id(execution.id, i, a) for i, a in running]
+        effects.revoke += [runner_task_id(execution.id, i, a, execution.token) for i, a in running]
     return effects
 
 

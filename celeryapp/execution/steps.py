@@ -38,6 +38,9 @@ class Claim:
     payload: dict[str, Any]
     #: The run's nominal time (UTC), ``None`` for a manual run.
     slot: datetime | None = None
+    #: The run's token: its keys are named with it (keys.py), and its outcome closes only its own
+    #: activity (ids a database that went back hands out again belong to other runs).
+    token: int = 0
 
 
 def _of_run(column: Any) -> Any:
@@ -91,6 +94,7 @@ _CLAIM = (
         _of_run(EXECUTIONS.c.schedule_name),
         _of_run(EXECUTIONS.c.payload),
         _of_run(EXECUTIONS.c.slot),
+        _of_run(EXECUTIONS.c.token),
     )
 )
 
@@ -145,15 +149,23 @@ def _claim_in_one_statement() -> Any:
         EXECUTIONS.c.payload,
         opened.c.id,
         EXECUTIONS.c.slot,
+        EXECUTIONS.c.token,
     ).join_from(opened, EXECUTIONS, EXECUTIONS.c.id == opened.c.execution_id)
 
 
 _CLAIM_IN_ONE_STATEMENT = DriverStatement(_claim_in_one_statement())
 
 
+#: The activity the claim opened, of the claimed run: after a database went back (its claim lost
+#: with it), the id may be another run's.
 _CLOSE_ACTIVITY = (
     update(ACTIVITIES)
-    .where(ACTIVITIES.c.id == bindparam("p_activity_id"), ACTIVITIES.c.status == ActivityStatus.IN_PROGRESS)
+    .where(
+        ACTIVITIES.c.id == bindparam("p_activity_id"),
+        ACTIVITIES.c.status == ActivityStatus.IN_PROGRESS,
+        ACTIVITIES.c.execution_id == bindparam("p_execution_id"),
+        exists().where(EXECUTIONS.c.id == ACTIVITIES.c.execution_id, EXECUTIONS.c.token == bindparam("p_token")),
+    )
     .values(
         status=bindparam("p_outcome"),
         error=bindparam("p_error"),
@@ -204,12 +216,21 @@ def _one_statement(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql"
 
 
-def _claim_of(worker_task_id: int, attempt: int, row: Sequence[Any], activity_id: int, slot: Any) -> Claim:
+def _claim_of(worker_task_id: int, attempt: int, row: Sequence[Any], activity_id: int, slot: Any, token: int) -> Claim:
     """The claim of the attempt whose claiming statement returned ``row`` (both forms' first six columns)."""
     execution_id, step_index, step_name, group, schedule_name, payload = row[:6]
     spec = next(StepSpec.from_json(s) for s in group if s["name"] == step_name)
     return Claim(
-        worker_task_id, attempt, execution_id, step_index, spec, activity_id, schedule_name, dict(payload), _utc(slot)
+        worker_task_id,
+        attempt,
+        execution_id,
+        step_index,
+        spec,
+        activity_id,
+        schedule_name,
+        dict(payload),
+        _utc(slot),
+        token,
     )
 
 
@@ -229,7 +250,7 @@ def claim_step(conn: Connection, worker_task_id: int, attempt: int, *, node: str
     params = {"p_task_id": worker_task_id, "p_attempt": attempt, "p_node": node, "p_now": now}
     if _one_statement(conn):
         row = _CLAIM_IN_ONE_STATEMENT.run(conn, params).fetchone()
-        return None if row is None else _claim_of(worker_task_id, attempt, row, row[6], row[7])
+        return None if row is None else _claim_of(worker_task_id, attempt, row, row[6], row[7], row[8])
     claimed = conn.execute(_CLAIM, params).first()
     if claimed is None:
         return None
@@ -245,7 +266,7 @@ def claim_step(conn: Connection, worker_task_id: int, attempt: int, *, node: str
             "p_now": now,
         },
     ).scalar_one()
-    return _claim_of(worker_task_id, attempt, claimed, activity_id, claimed[6])
+    return _claim_of(worker_task_id, attempt, claimed, activity_id, claimed[6], claimed[7])
 
 
 _STILL_CLAIMED = select(_task.id).where(
@@ -294,6 +315,8 @@ def finish_step(
         "p_message": message,
         "p_traceback": traceback,
         "p_log_tail": log_tail,
+        "p_execution_id": claim.execution_id,
+        "p_token": claim.token,
     }
     task = {"p_task_id": claim.worker_task_id, "p_attempt": claim.attempt}
     group = {"p_execution_id": claim.execution_id, "p_step_index": claim.step_index}
@@ -305,6 +328,33 @@ def finish_step(
     dropped = conn.execute(_DROP_TASK, task).rowcount
     closed = conn.execute(_CLOSE_ACTIVITY, {**outcome, "p_now": now}).rowcount
     return Recorded(bool(closed), bool(dropped) and conn.execute(select(_GROUP_LEFT), group).scalar_one() == 0)
+
+
+_RELEASE_TASK = (
+    update(WORKER_TASKS)
+    .where(
+        _task.id == bindparam("p_task_id"),
+        _task.attempt == bindparam("p_attempt"),
+        _task.status == WorkerTaskStatus.PROCESSING,
+        _task.node == bindparam("p_node"),
+    )
+    .values(status=WorkerTaskStatus.QUEUED, node=None, started_at=None)
+)
+_DROP_OPENED = delete(ACTIVITIES).where(
+    ACTIVITIES.c.id == bindparam("p_activity_id"), ACTIVITIES.c.status == ActivityStatus.IN_PROGRESS
+)
+
+
+def release_claim(conn: Connection, claim: Claim, *, node: str) -> bool:
+    """Undo a claim whose attempt turns out to run elsewhere already (the database went back and
+    lost that runner's claim): queued again, the activity it opened deleted, so that the other
+    runner's outcome finds nothing of it and recovery sends the attempt again once that one ended.
+    Whether the claim was still there to undo."""
+    params = {"p_task_id": claim.worker_task_id, "p_attempt": claim.attempt, "p_node": node}
+    if not conn.execute(_RELEASE_TASK, params).rowcount:
+        return False
+    conn.execute(_DROP_OPENED, {"p_activity_id": claim.activity_id})
+    return True
 
 
 _STORED = select(ACTIVITIES.c.status, ACTIVITIES.c.error).where(ACTIVITIES.c.id == bindparam("p_activity_id"))

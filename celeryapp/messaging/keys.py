@@ -9,6 +9,11 @@ from celeryapp.domain.names import CONTROL_QUEUES as CONTROL_QUEUES
 from celeryapp.domain.names import PREFIX as PREFIX
 from celeryapp.domain.names import PUBLIC_QUEUE as PUBLIC_QUEUE
 from celeryapp.domain.names import STEPS_QUEUE as STEPS_QUEUE
+from celeryapp.domain.names import token_suffix
+
+# The keys of a run and of its attempts end with the run's random token
+# (models.tables.ScheduleExecution.token): ids a database that went back hands out again meet
+# none of the lost run's keys.
 
 #: Lowest message priority on Redis (0 is the highest).
 LOWEST_PRIORITY = 9
@@ -33,41 +38,48 @@ def step_priority(step_index: int) -> int:
     return max(0, LOWEST_PRIORITY - step_index)
 
 
-def heartbeat_key(worker_task_id: int, attempt: int) -> str:
+def heartbeat_key(worker_task_id: int, attempt: int, token: int) -> str:
     """Key a running step refreshes; its expiry means the attempt's worker is gone."""
-    return f"{PREFIX}:hb:{worker_task_id}:{attempt}"
+    return f"{PREFIX}:hb:{worker_task_id}:{attempt}{token_suffix(token, ':')}"
 
 
-def dispatch_marker_key(worker_task_id: int, attempt: int) -> str:
+def dispatch_marker_key(worker_task_id: int, attempt: int, token: int) -> str:
     """Set when an attempt's message is published; its absence for a queued attempt means the
     message never left or Redis lost it, and recovery sends it again."""
-    return f"{PREFIX}:sent:{worker_task_id}:{attempt}"
+    return f"{PREFIX}:sent:{worker_task_id}:{attempt}{token_suffix(token, ':')}"
 
 
-def pickup_key(worker_task_id: int, attempt: int) -> str:
+def pickup_key(worker_task_id: int, attempt: int, token: int) -> str:
     """Set, with the heartbeat's TTL, when a worker takes an attempt's message and until its claim
     commits. The dispatch marker gives way to it: a worker dying (or its claim failing) between
     taking the message and committing the claim lets it expire, and recovery sends the attempt
     again instead of waiting for the broker's visibility timeout."""
-    return f"{PREFIX}:pickup:{worker_task_id}:{attempt}"
+    return f"{PREFIX}:pickup:{worker_task_id}:{attempt}{token_suffix(token, ':')}"
 
 
-def fenced_key(worker_task_id: int, attempt: int) -> str:
+def fenced_key(worker_task_id: int, attempt: int, token: int) -> str:
     """Set by recovery when it gives an attempt up (its heartbeat stopped): if that attempt is in
     fact still running somewhere (a frozen worker, a Redis stall), its watch stops it."""
-    return f"{PREFIX}:fenced:{worker_task_id}:{attempt}"
+    return f"{PREFIX}:fenced:{worker_task_id}:{attempt}{token_suffix(token, ':')}"
 
 
-def stop_key(worker_task_id: int, attempt: int) -> str:
+def stop_key(worker_task_id: int, attempt: int, token: int) -> str:
     """Set by a worker when an operator terminates or revokes the attempt's message (Flower's
     Terminate and Revoke, ``celery control revoke``); its value is the reason. The attempt's watch
     stops the step, which is then recorded cancelled: the group advances, and nothing re-runs it."""
-    return f"{PREFIX}:stop:{worker_task_id}:{attempt}"
+    return f"{PREFIX}:stop:{worker_task_id}:{attempt}{token_suffix(token, ':')}"
 
 
-def cancel_key(execution_id: int) -> str:
+#: The highest ids Redis has seen, per table (a hash: ``EXECUTIONS_MARK``, ``WORKER_TASKS_MARK``, ...):
+#: a database whose sequences are below them went back (celeryapp/recovery/database_rollback.py).
+HIGH_WATER_KEY = f"{PREFIX}:high-water"
+EXECUTIONS_MARK = "schedule_executions"
+WORKER_TASKS_MARK = "worker_tasks"
+
+
+def cancel_key(execution_id: int, token: int) -> str:
     """Key whose presence tells running steps of an execution to stop."""
-    return f"{PREFIX}:cancel:{execution_id}"
+    return f"{PREFIX}:cancel:{execution_id}{token_suffix(token, ':')}"
 
 
 def web_session_key(session_digest: str) -> str:

@@ -26,7 +26,7 @@ from sqlalchemy import select
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.recovery import RecoveryReport, requeue_lost
-from models import WorkerTask, WorkerTaskStatus, transaction, utcnow
+from models import ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction, utcnow
 
 if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery
@@ -47,6 +47,7 @@ class Watched:
 
     worker_task_id: int
     attempt: int
+    token: int
     execution_id: int
     step_name: str
     claimed_at: datetime | None
@@ -68,9 +69,18 @@ class NodeStart:
     _checked_before: bool = False
 
     def load(self) -> NodeStart:
-        query = select(
-            WorkerTask.id, WorkerTask.attempt, WorkerTask.execution_id, WorkerTask.step_name, WorkerTask.started_at
-        ).where(WorkerTask.status == WorkerTaskStatus.PROCESSING, WorkerTask.node == self.node)
+        query = (
+            select(
+                WorkerTask.id,
+                WorkerTask.attempt,
+                ScheduleExecution.token,
+                WorkerTask.execution_id,
+                WorkerTask.step_name,
+                WorkerTask.started_at,
+            )
+            .join(ScheduleExecution, ScheduleExecution.id == WorkerTask.execution_id)
+            .where(WorkerTask.status == WorkerTaskStatus.PROCESSING, WorkerTask.node == self.node)
+        )
         with transaction(self.app.settings.database_url, read_only=True) as session:
             self.pending = [Watched(*row) for row in session.execute(query.order_by(WorkerTask.id))]
         return self
@@ -85,7 +95,7 @@ class NodeStart:
         client = get_redis(self.app.settings.broker_url)
         with client.pipeline(transaction=False) as pipe:
             for watched in self.pending:
-                pipe.pttl(keys.heartbeat_key(watched.worker_task_id, watched.attempt))
+                pipe.pttl(keys.heartbeat_key(watched.worker_task_id, watched.attempt, watched.token))
             ttls = [int(t) for t in pipe.execute()]
         still: list[Watched] = []
         for watched, ttl_ms in zip(self.pending, ttls, strict=True):
@@ -97,6 +107,7 @@ class NodeStart:
                         self.app,
                         watched.worker_task_id,
                         watched.attempt,
+                        watched.token,
                         f"worker lost: {self.node} restarted",
                         now,
                         self.report,

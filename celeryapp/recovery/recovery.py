@@ -26,6 +26,8 @@ from celeryapp.execution.runs import cancel_execution, lock_schedule
 from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.keys import STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.recovery.database_rollback import check_database_went_back
+from celeryapp.recovery.lost_claims import live_attempts, note_running_unclaimed
 from celeryapp.recovery.paused_slots import record_all_paused
 from celeryapp.recovery.repair import requeue_attempt, resend_queued
 from celeryapp.scheduling.beat_entries import reconcile
@@ -71,6 +73,8 @@ class RecoveryReport:
     unstuck: list[int] = field(default_factory=list)
     timed_out: list[int] = field(default_factory=list)
     redis_reset: bool = False
+    #: The database went back less than a heartbeat TTL ago: nothing was repaired (database_rollback).
+    repairs_paused: bool = False
     #: Paused schedules whose passed slots were recorded (routine: not a repair, not logged).
     paused_slots: list[str] = field(default_factory=list)
     #: Schedules one of whose running backfills started a run here (a crash or a resume between
@@ -79,7 +83,9 @@ class RecoveryReport:
 
     @property
     def empty(self) -> bool:
-        return not (self.requeued or self.resent or self.unstuck or self.timed_out or self.redis_reset)
+        return not (
+            self.requeued or self.resent or self.unstuck or self.timed_out or self.redis_reset or self.repairs_paused
+        )
 
 
 def _apply(app: ChordbeatCelery, effects: Effects) -> None:
@@ -105,9 +111,13 @@ def _repair(app: ChordbeatCelery, what: str, repair: Callable[[Session], Effects
 def recover_stale_steps(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
     """Re-queue processing attempts whose heartbeat expired."""
     settings = app.settings
-    query = select(WorkerTask.id, WorkerTask.attempt, WorkerTask.node).where(
-        WorkerTask.status == WorkerTaskStatus.PROCESSING,
-        WorkerTask.started_at < now - timedelta(seconds=settings.heartbeat_ttl_s),
+    query = (
+        select(WorkerTask.id, WorkerTask.attempt, ScheduleExecution.token, WorkerTask.node)
+        .join(ScheduleExecution, ScheduleExecution.id == WorkerTask.execution_id)
+        .where(
+            WorkerTask.status == WorkerTaskStatus.PROCESSING,
+            WorkerTask.started_at < now - timedelta(seconds=settings.heartbeat_ttl_s),
+        )
     )
     with transaction(settings.database_url, read_only=True) as session:
         candidates = session.execute(query).all()
@@ -115,18 +125,23 @@ def recover_stale_steps(app: ChordbeatCelery, now: datetime, report: RecoveryRep
         return
     client = get_redis(settings.broker_url)
     with client.pipeline(transaction=False) as pipe:
-        for task_id, attempt, _node in candidates:
-            pipe.exists(keys.heartbeat_key(task_id, attempt))
+        for task_id, attempt, token, _node in candidates:
+            pipe.exists(keys.heartbeat_key(task_id, attempt, token))
         alive = pipe.execute()
-    for (task_id, attempt, owner), beating in zip(candidates, alive, strict=True):
+    for (task_id, attempt, token, owner), beating in zip(candidates, alive, strict=True):
         if not beating:
-            requeue_lost(app, task_id, attempt, f"worker lost: no heartbeat from {owner}", now, report)
+            requeue_lost(app, task_id, attempt, token, f"worker lost: no heartbeat from {owner}", now, report)
 
 
 def requeue_lost(
-    app: ChordbeatCelery, task_id: int, attempt: int, reason: str, now: datetime, report: RecoveryReport
+    app: ChordbeatCelery, task_id: int, attempt: int, token: int, reason: str, now: datetime, report: RecoveryReport
 ) -> None:
-    """Re-queue (or fail, out of attempts) an attempt whose worker is gone; a no-op if it moved on."""
+    """Re-queue (or fail, out of attempts) an attempt whose worker is gone; a no-op if it moved on.
+    Not while a later attempt of it runs: the database lost that attempt's re-queue (lost_claims)."""
+    (running,) = live_attempts(get_redis(app.settings.broker_url), [(task_id, attempt, token)], from_next=True)
+    if running is not None:
+        note_running_unclaimed(task_id, attempt, running, "processing")
+        return
     effects = _repair(
         app,
         f"worker task {task_id}",
@@ -140,7 +155,15 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
     settings = app.settings
     with transaction(settings.database_url, read_only=True) as session:
         queued = session.execute(
-            select(WorkerTask.execution_id, WorkerTask.id, WorkerTask.attempt, WorkerTask.queued_at).where(
+            select(
+                WorkerTask.execution_id,
+                WorkerTask.id,
+                WorkerTask.attempt,
+                WorkerTask.queued_at,
+                ScheduleExecution.token,
+            )
+            .join(ScheduleExecution, ScheduleExecution.id == WorkerTask.execution_id)
+            .where(
                 WorkerTask.status == WorkerTaskStatus.QUEUED,
                 WorkerTask.queued_at < now - timedelta(seconds=RESEND_GRACE_S),
             )
@@ -149,19 +172,22 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
         return
     client = get_redis(settings.broker_url)
     with client.pipeline(transaction=False) as pipe:
-        for _execution_id, task_id, attempt, _queued_at in queued:
+        for _execution_id, task_id, attempt, _queued_at, token in queued:
             # On its way (marker); in a worker's hands until its claim commits (pickup lease).
-            pipe.exists(keys.dispatch_marker_key(task_id, attempt))
-            pipe.exists(keys.pickup_key(task_id, attempt))
+            pipe.exists(keys.dispatch_marker_key(task_id, attempt, token))
+            pipe.exists(keys.pickup_key(task_id, attempt, token))
         found = pipe.execute()
+    running = live_attempts(client, [(task_id, attempt, token) for _e, task_id, attempt, _q, token in queued])
     lost, on_its_way, waited = [], {}, set()
-    for (execution_id, task_id, attempt, queued_at), marked, picked in zip(
-        queued, found[::2], found[1::2], strict=True
+    for (execution_id, task_id, attempt, queued_at, token), marked, picked, beating in zip(
+        queued, found[::2], found[1::2], running, strict=True
     ):
-        if not marked and not picked:
+        if beating is not None:
+            note_running_unclaimed(task_id, attempt, beating, "queued")
+        elif not marked and not picked:
             lost.append(task_id)
         elif not picked:
-            runner_id = runner_task_id(execution_id, task_id, attempt)
+            runner_id = runner_task_id(execution_id, task_id, attempt, token)
             on_its_way[runner_id] = task_id
             if queued_at is not None and queued_at < now - timedelta(seconds=settings.heartbeat_ttl_s):
                 waited.add(runner_id)
@@ -321,6 +347,13 @@ def recover(app: ChordbeatCelery, *, now: datetime | None = None) -> RecoveryRep
         check_redis_epoch(app, report)
     except redis.RedisError:
         logger.exception("recovery: Redis unreachable; database repairs go on")
+    try:
+        report.repairs_paused = check_database_went_back(app)
+    except redis.RedisError:
+        logger.exception("recovery: Redis unreachable; whether the database went back is checked next time")
+    if report.repairs_paused:
+        logger.warning("recovery: %s", report)
+        return report
     time_out_executions(app, now, report)
     try:
         if heartbeats_trusted(app):

@@ -60,11 +60,11 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
         logger.warning(
             "step %r of execution %s: %s; re-queued as attempt %s", task.step_name, execution.id, reason, attempt + 1
         )
-        step = StepDispatch(execution.id, worker_task_id, attempt + 1, spec)
+        step = StepDispatch(execution.id, worker_task_id, attempt + 1, spec, execution.token)
         name = execution.schedule_name
         group = GroupDispatch(execution.id, task.step_index, (step,), requeue=True, schedule_name=name)
         metric_counts.count_requeue(session)  # last: after every lock this transaction takes
-        return Effects(dispatch=[group], fenced=[(worker_task_id, attempt)])
+        return Effects(dispatch=[group], fenced=[(worker_task_id, attempt, execution.token)])
     if execution.schedule_id is not None:
         lock_schedule(session, execution.schedule_id)
     session.execute(select(ScheduleExecution.id).where(ScheduleExecution.id == execution.id).with_for_update())
@@ -74,7 +74,7 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
     logger.error("step %r of execution %s: %s; not run again", task.step_name, execution.id, verdict.error)
     effects = advance_execution(session, execution.id, task.step_index, now=now)
     metric_counts.count_requeue(session)  # last: after every lock this transaction takes
-    effects.fenced.append((worker_task_id, attempt))
+    effects.fenced.append((worker_task_id, attempt, execution.token))
     return effects
 
 
@@ -108,6 +108,6 @@ def resend_queued(session: Session, worker_task_id: int, *, now: datetime) -> Ef
         .where(WorkerTask.id == worker_task_id, WorkerTask.status == WorkerTaskStatus.QUEUED)
         .values(queued_at=now)
     )
-    step = StepDispatch(execution.id, worker_task_id, task.attempt, spec)
+    step = StepDispatch(execution.id, worker_task_id, task.attempt, spec, execution.token)
     group = GroupDispatch(execution.id, task.step_index, (step,), requeue=True, schedule_name=execution.schedule_name)
     return Effects(dispatch=[group])

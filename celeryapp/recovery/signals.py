@@ -81,8 +81,8 @@ def take_step_message(sender: Any = None, request: Any = None, **_: Any) -> None
     if request is None or request.type != RUN_STEP:
         return
     try:
-        worker_task_id, attempt = request.args
-        take_message(request.task.app, int(worker_task_id), int(attempt))
+        worker_task_id, attempt, *token = request.args  # no token: sent before runs had one
+        take_message(request.task.app, int(worker_task_id), int(attempt), int(token[0]) if token else 0)
     except Exception:
         logger.exception("could not record the pickup of %s", request.id)
 

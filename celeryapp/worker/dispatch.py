@@ -43,7 +43,7 @@ def _runner(app: Celery, step: StepDispatch, group: GroupDispatch) -> Signature:
         # backstop for a step that ignores it, and heartbeat recovery handles what follows.
         options["soft_time_limit"] = step.spec.timeout_s
         options["time_limit"] = step.spec.timeout_s + 30
-    return app.signature(RUN_STEP, args=(step.worker_task_id, step.attempt), immutable=True, **options)
+    return app.signature(RUN_STEP, args=(step.worker_task_id, step.attempt, step.token), immutable=True, **options)
 
 
 def _advance(app: Celery, group: GroupDispatch) -> Signature:
@@ -82,13 +82,19 @@ def _send_chord(app: Celery, header: list[Signature], body: Signature) -> None:
             runner.apply_async(producer=producer, add_to_parent=False, group_id=group_id, group_index=index, chord=body)
 
 
-#: KEYS: marker, pickup lease, marker, pickup lease, ...; ARGV[1]: the marker's TTL. A worker may
-#: already have taken the message (its pickup lease exists): then the attempt is past needing one.
+#: KEYS: marker, pickup lease, marker, pickup lease, ..., the high-water marks; ARGV[1]: the
+#: marker's TTL, then mark, id, mark, id. A worker may already have taken the message (its pickup
+#: lease exists): then the attempt is past needing one. The ids sent raise their marks (see
+#: keys.HIGH_WATER_KEY), in this script rather than a round trip of their own.
 _MARK_SENT_LUA = """
-for i = 1, #KEYS, 2 do
+for i = 1, #KEYS - 1, 2 do
   if redis.call('EXISTS', KEYS[i + 1]) == 0 then
     redis.call('SET', KEYS[i], '1', 'EX', ARGV[1])
   end
+end
+for i = 2, #ARGV, 2 do
+  local seen = tonumber(redis.call('HGET', KEYS[#KEYS], ARGV[i]) or '0')
+  if tonumber(ARGV[i + 1]) > seen then redis.call('HSET', KEYS[#KEYS], ARGV[i], ARGV[i + 1]) end
 end
 """
 
@@ -101,12 +107,14 @@ def _mark_sent(app: Celery, group: GroupDispatch) -> None:
         key
         for step in group.steps
         for key in (
-            keys.dispatch_marker_key(step.worker_task_id, step.attempt),
-            keys.pickup_key(step.worker_task_id, step.attempt),
+            keys.dispatch_marker_key(step.worker_task_id, step.attempt, step.token),
+            keys.pickup_key(step.worker_task_id, step.attempt, step.token),
         )
     ]
+    last_task = max(step.worker_task_id for step in group.steps)
+    seen = [keys.EXECUTIONS_MARK, group.execution_id, keys.WORKER_TASKS_MARK, last_task]
     # EVALSHA: the script's text travels once per Redis server, not with every group.
-    registered_script(client, _MARK_SENT_LUA)(keys=names, args=[MARKER_TTL_S])
+    registered_script(client, _MARK_SENT_LUA)(keys=[*names, keys.HIGH_WATER_KEY], args=[MARKER_TTL_S, *seen])
 
 
 #: KEYS: pickup lease, dispatch marker; ARGV[1]: the lease's TTL (ms). One command, cheaper for the
@@ -114,21 +122,21 @@ def _mark_sent(app: Celery, group: GroupDispatch) -> None:
 _TAKEN_LUA = "redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) redis.call('DEL', KEYS[2])"
 
 
-def take_message(app: Celery, worker_task_id: int, attempt: int) -> None:
+def take_message(app: Celery, worker_task_id: int, attempt: int, token: int) -> None:
     """An attempt's message reached a worker: its dispatch marker gives way to a pickup lease that
     lives only as long as a heartbeat (see :func:`keys.pickup_key`)."""
     client = get_redis(app.settings.broker_url)
-    names = [keys.pickup_key(worker_task_id, attempt), keys.dispatch_marker_key(worker_task_id, attempt)]
+    names = [keys.pickup_key(worker_task_id, attempt, token), keys.dispatch_marker_key(worker_task_id, attempt, token)]
     try:
         registered_script(client, _TAKEN_LUA)(keys=names, args=[int(app.settings.heartbeat_ttl_s * 1000)])
     except redis.RedisError as exc:
         logger.warning("pickup of worker task %s attempt %s not recorded: %s", worker_task_id, attempt, exc)
 
 
-def drop_pickup(app: Celery, worker_task_id: int, attempt: int) -> None:
+def drop_pickup(app: Celery, worker_task_id: int, attempt: int, token: int) -> None:
     """Nothing was claimed: without the lease, recovery sends the attempt again."""
     with contextlib.suppress(redis.RedisError):
-        get_redis(app.settings.broker_url).delete(keys.pickup_key(worker_task_id, attempt))
+        get_redis(app.settings.broker_url).delete(keys.pickup_key(worker_task_id, attempt, token))
 
 
 def flag_ttl_ms(heartbeat_ttl_s: float) -> int:
@@ -150,10 +158,10 @@ def apply_effects(app: Celery, effects: Effects) -> None:
         client = get_redis(app.settings.broker_url)
         flag_ttl = flag_ttl_ms(app.settings.heartbeat_ttl_s)
         with client.pipeline(transaction=False) as pipe:
-            for execution_id in effects.cancelled:
-                pipe.set(keys.cancel_key(execution_id), "1", px=flag_ttl)
-            for worker_task_id, attempt in effects.fenced:
-                pipe.set(keys.fenced_key(worker_task_id, attempt), "1", px=flag_ttl)
+            for execution_id, token in effects.cancelled:
+                pipe.set(keys.cancel_key(execution_id, token), "1", px=flag_ttl)
+            for worker_task_id, attempt, token in effects.fenced:
+                pipe.set(keys.fenced_key(worker_task_id, attempt, token), "1", px=flag_ttl)
             pipe.execute()
     if effects.revoke:
         # Drops messages still queued; running steps stop through the cancel flag instead of a

@@ -27,32 +27,17 @@ import redis
 
 from celeryapp.errors import StepCancelled
 from celeryapp.messaging.redis_client import registered_script
+from celeryapp.worker.lease import lease_s
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between two reads of the cancel flag; also bounds how fast a cancel stops a step.
 CANCEL_POLL_S = 0.5
-#: Seconds an interrupt may take to land in a step at work: it lands at the step's next bytecode,
-#: after whatever C call (a short sleep, a socket read) the step is in returns.
-INTERRUPT_LANDING_S = 0.5
-#: Seconds the time-keeping thread may wake late (a loaded host, the GIL held by the step).
-KEEPER_LATENESS_S = 0.25
-#: What the lease keeps back from the heartbeat's TTL (a quarter of a TTL below 3 s: else no lease at all).
-LEASE_MARGIN_S = INTERRUPT_LANDING_S + KEEPER_LATENESS_S
 #: Seconds the time-keeping thread sleeps at most: a step watched since may have an earlier deadline.
 KEEPER_IDLE_S = 1.0
-#: A step's first heartbeat (KEYS[1], ARGV[1] ms) and its stop flag's read (KEYS[2]): one command, not two.
-_FIRST_BEAT_LUA = "redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) return redis.call('GET', KEYS[2])"
-
-
-def lease_s(ttl_s: float) -> float:
-    """How long a step may run on without a heartbeat refresh Redis acknowledged.
-
-    Counted from when the last acknowledged refresh was *sent*: Redis started the key's TTL no
-    earlier, so recovery, which sees the key gone only after a TTL on Redis's clock, cannot re-queue
-    the attempt before the lease and its margin have passed and the interrupt has landed.
-    """
-    return ttl_s - min(LEASE_MARGIN_S, ttl_s / 4)
+#: A step's first heartbeat (KEYS[1], ARGV[1] ms), the one it replaced (another runner's of this very
+#: attempt: the database lost that claim) and its stop flag's read (KEYS[2]): one command, not three.
+_FIRST_BEAT_LUA = "return {redis.call('SET', KEYS[1], '1', 'PX', ARGV[1], 'GET'), redis.call('GET', KEYS[2])}"
 
 
 def _text(value: object) -> str | None:
@@ -71,6 +56,7 @@ class Interrupt(Enum):
     STOPPED_BY_OPERATOR = "stopped by operator"  # Flower's Terminate or Revoke: ``stopped`` says which
     TIMED_OUT = "timed out"
     LEASE_LOST = "lease lost"  # the attempt is lost to this worker: recovery runs it again
+    RUNNING_ELSEWHERE = "running elsewhere"  # another runner's heartbeat found: never started
 
 
 class StepWatch:
@@ -169,7 +155,10 @@ class StepWatch:
             else:
                 # The first heartbeat and the read of the operator's stop flag: one command.
                 first_beat = registered_script(self.client, _FIRST_BEAT_LUA)
-                self.stopped = _text(first_beat(keys=[self._heartbeat_key, self._stop_key], args=[self._ttl_ms]))
+                replaced, stopped = first_beat(keys=[self._heartbeat_key, self._stop_key], args=[self._ttl_ms])
+                self.stopped = _text(stopped)
+                if replaced is not None:  # left to its runner when this watch ends: not deleted
+                    self.interrupted, self.done_keys = Interrupt.RUNNING_ELSEWHERE, self.done_keys[1:]
         except redis.RedisError as exc:
             # The watching thread writes it at its next poll; the lease counts from ``since``.
             logger.warning("heartbeat %s not refreshed: %s", self._heartbeat_key, exc)

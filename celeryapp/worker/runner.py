@@ -25,13 +25,21 @@ from celeryapp.domain.redaction import hide_secrets
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.errors import StepCancelled
 from celeryapp.execution.advancing import advance_group
-from celeryapp.execution.steps import Claim, Recorded, claim_committed, claim_step, finish_step, stored_outcome
+from celeryapp.execution.steps import (
+    Claim,
+    Recorded,
+    claim_committed,
+    claim_step,
+    finish_step,
+    release_claim,
+    stored_outcome,
+)
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
 from celeryapp.worker.attempt_check import asking_the_database
 from celeryapp.worker.dispatch import apply_effects
-from celeryapp.worker.heartbeat import StepWatch
+from celeryapp.worker.heartbeat import Interrupt, StepWatch
 from celeryapp.worker.step_events import RunnerAnswer, step_result
 from celeryapp.worker.step_log import capturing_log, traceback_text
 from models import ActivityStatus, utcnow
@@ -123,6 +131,8 @@ def _execute(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcome:
                 return Outcome(ActivityStatus.FAILED_WITH_ERROR, f"refused on this worker: {refusal}", None)
             if watch.lease_lost:
                 return Outcome(ActivityStatus.CANCELLED, "not started: its lease ran out", None)  # not recorded
+            if watch.interrupted is Interrupt.RUNNING_ELSEWHERE:
+                return Outcome(ActivityStatus.CANCELLED, "not started: running elsewhere", None)  # not recorded
             if watch.stopped is not None:
                 return Outcome(ActivityStatus.CANCELLED, watch.stopped, None)  # revoked before it started
             result = app.tasks[claim.spec.task](*claim.spec.args, **claim.spec.kwargs)
@@ -260,14 +270,15 @@ def _claim(
     return _patiently(f"claiming worker task {worker_task_id} attempt {attempt}", once), sent
 
 
-def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: str) -> dict[str, Any]:
+def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: str, token: int = 0) -> dict[str, Any]:
+    """Run an attempt of the run whose token is ``token`` (0: a message sent before runs had one)."""
     settings = app.settings
     client = get_redis(settings.broker_url)
     # The pickup lease was taken when the worker received the message (signals.py). Kept while
     # the claim waits for the database, and deleted after it: claimed, the attempt is past needing
     # one; not claimed, recovery sends the attempt again once the lease is gone (a duplicate of
     # a message still retrying elsewhere is harmless: only one claim can win).
-    with StepWatch.keep_alive(client, keys.pickup_key(worker_task_id, attempt), settings.heartbeat_ttl_s):
+    with StepWatch.keep_alive(client, keys.pickup_key(worker_task_id, attempt, token), settings.heartbeat_ttl_s):
         claim, claim_sent = _claim(app, worker_task_id, attempt, node)
     if not isinstance(claim, Claim):
         # Nothing was claimed, so nothing runs here; the attempt is still queued in the database.
@@ -287,13 +298,16 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
         claim.payload,
         claim.spec.timeout_s,
         claim.slot,
+        claim.token,
     )
     watch = StepWatch(
         client,
-        heartbeat_key=keys.heartbeat_key(worker_task_id, attempt),
-        cancel_key=keys.cancel_key(claim.execution_id),
-        fenced_key=keys.fenced_key(worker_task_id, attempt),
-        stop_key=keys.stop_key(worker_task_id, attempt),
+        # Named with the run's token as the database has it, not the message's: a message of a run
+        # lost with a database that went back claims the new run that reuses its ids as its own.
+        heartbeat_key=keys.heartbeat_key(worker_task_id, attempt, claim.token),
+        cancel_key=keys.cancel_key(claim.execution_id, claim.token),
+        fenced_key=keys.fenced_key(worker_task_id, attempt, claim.token),
+        stop_key=keys.stop_key(worker_task_id, attempt, claim.token),
         ttl_s=settings.heartbeat_ttl_s,
         timeout_s=claim.spec.timeout_s,
         since=claim_sent,
@@ -326,6 +340,9 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
                 claim.attempt,
             )
             return RunnerAnswer.LEASE_LOST.result()
+        if watch.interrupted is Interrupt.RUNNING_ELSEWHERE:
+            _release(app, claim, node)
+            return RunnerAnswer.SKIPPED.result()
         recorded = _record(app, claim, outcome)
     if not isinstance(recorded, Recorded):
         return RunnerAnswer.UNRECORDED.result()
@@ -335,6 +352,26 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
     if not recorded.closed:
         return _superseded(app, claim)
     return step_result(outcome.status, outcome.error, outcome.message, outcome.traceback)
+
+
+def _release(app: ChordbeatCelery, claim: Claim, node: str) -> None:
+    """Another runner's heartbeat of this very attempt: the database lost that runner's claim (it
+    went back), and this claim must not run beside it (see recovery/lost_claims.py)."""
+    try:
+        with connection(app.settings.database_url) as conn:
+            release_claim(conn, claim, node=node)
+    except Exception:
+        # Left processing here, under the other's heartbeat: recovery waits for it as for any.
+        logger.warning(
+            "worker task %s attempt %s: claim not undone", claim.worker_task_id, claim.attempt, exc_info=True
+        )
+    else:
+        logger.error(
+            "worker task %s attempt %s already runs elsewhere (its heartbeat beats; the database lost that "
+            "claim): not run here, queued again for once it ended",
+            claim.worker_task_id,
+            claim.attempt,
+        )
 
 
 def _superseded(app: ChordbeatCelery, claim: Claim) -> dict[str, Any]:

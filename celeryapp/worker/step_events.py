@@ -165,10 +165,11 @@ def stop_attempt(app: Any, args: Any, reason: str) -> bool:
     """Set the stop flag of the attempt a runner message stands for; False if it could not yet (a
     thread then tries again until Redis answers)."""
     try:
-        worker_task_id, attempt = (int(a) for a in args)
+        worker_task_id, attempt, *tokens = (int(a) for a in args)
+        (token,) = tokens or (0,)  # no token: sent before runs had one
     except (TypeError, ValueError):
         return False
-    url, key = app.settings.broker_url, keys.stop_key(worker_task_id, attempt)
+    url, key = app.settings.broker_url, keys.stop_key(worker_task_id, attempt, token)
     try:
         get_redis(url).set(key, reason, ex=STOP_FLAG_TTL_S)
     except redis.RedisError as exc:
@@ -194,7 +195,7 @@ def _stop_later(url: str, key: str, reason: str) -> None:
 
 
 #: :func:`celeryapp.domain.names.runner_task_id`'s shape.
-_RUNNER_ID = re.compile(rf"{keys.PREFIX}-e(\d+)-wt\d+-a\d+")
+_RUNNER_ID = re.compile(rf"{keys.PREFIX}-e(\d+)-wt\d+-a\d+(?:-r([0-9a-f]+))?")
 
 
 def _execution_cancelled(app: Any, task_id: str) -> bool:
@@ -202,7 +203,8 @@ def _execution_cancelled(app: Any, task_id: str) -> bool:
     if match is None:
         return False
     try:
-        return bool(get_redis(app.settings.broker_url).exists(keys.cancel_key(int(match[1]))))
+        token = int(match[2], 16) if match[2] else 0
+        return bool(get_redis(app.settings.broker_url).exists(keys.cancel_key(int(match[1]), token)))
     except redis.RedisError:
         return False
 

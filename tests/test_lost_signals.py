@@ -125,12 +125,12 @@ def test_an_operators_stop_whose_write_failed_is_written_once_redis_answers(
     the worker tries again until Redis answers, and the step's watch finds the flag then."""
     redis_server.stop()
     try:
-        assert stop_attempt(app, ("41", "2"), TERMINATED) is False
+        assert stop_attempt(app, ("41", "2", "7"), TERMINATED) is False
     finally:
         redis_server.start()
     client = get_redis(app.settings.broker_url)
-    wait_for(lambda: client.exists(keys.stop_key(41, 2)), 10, interval=0.1, what="the stop flag")
-    assert 0 < client.ttl(keys.stop_key(41, 2)) <= STOP_FLAG_TTL_S
+    wait_for(lambda: client.exists(keys.stop_key(41, 2, 7)), 10, interval=0.1, what="the stop flag")
+    assert 0 < client.ttl(keys.stop_key(41, 2, 7)) <= STOP_FLAG_TTL_S
 
 
 def _claimed_watch(app: ChordbeatCelery, worker_task_id: int, attempt: int) -> StepWatch:

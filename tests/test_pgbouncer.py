@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, event, func, make_url, select, text
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
-from celeryapp.worker import runner
+from celeryapp.worker import database_patience, runner
 from models import Activity, ActivityStatus, WorkerTask, get_engine, transaction
 from models.session import autocommit
 from tests.helpers import step
@@ -84,7 +84,7 @@ def test_a_prepared_statement_refused_by_the_pooler_is_tried_again_on_a_fresh_co
     with engine.connect() as first, engine.connect() as second:
         for conn in (first, second):
             conn.connection.driver_connection.prepare_threshold = 0  # type: ignore[union-attr]
-    caplog.set_level(logging.WARNING, logger=runner.__name__)
+    caplog.set_level(logging.WARNING, logger=database_patience.__name__)
     answers = _run(app, task_ids)
     assert answers == [{"status": "complete"}] * 12
     assert _activities(app) == [(ActivityStatus.COMPLETE, 12)]
@@ -164,7 +164,7 @@ def test_a_claim_refused_by_pgbouncers_query_wait_timeout_is_tried_again(
     [task_id] = _queued_group(app, "waiting", 1)
     url = one_server_connection.url(make_url(app.settings.database_url).database or "")
     app.apply_settings(dataclasses.replace(app.settings, database_url=url))
-    caplog.set_level(logging.WARNING, logger=runner.__name__)
+    caplog.set_level(logging.WARNING, logger=database_patience.__name__)
     answers: list[dict[str, Any]] = []
     holder = create_engine(url)
     try:

@@ -11,8 +11,8 @@ from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.variables import DEFAULT_HEARTBEAT_TTL_S
+from celeryapp.worker.database_patience import DATABASE_PATIENCE_S
 from celeryapp.worker.dispatch import flag_ttl_ms
-from celeryapp.worker.runner import DATABASE_PATIENCE_S
 from celeryapp.worker.step_events import STOP_FLAG_TTL_S
 from tests.helpers import run_once, step, wait_for
 

@@ -23,7 +23,7 @@ from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.repair import requeue_attempt
-from celeryapp.worker import dispatch, firing, runner
+from celeryapp.worker import database_patience, dispatch, firing, runner
 from celeryapp.worker.heartbeat import StepWatch
 from models import (
     ActivityStatus,
@@ -361,13 +361,14 @@ def test_the_step_paths_driver_statements_fail_as_sqlalchemys_would(app: Chordbe
     (task_id,) = _group(app, execution_id, 0)
     with pytest.raises(DataError) as refused, connection(url) as conn:
         claim_step(conn, task_id, 2**40, node="here", now=utcnow())  # no such integer
-    assert refused.value.orig is not None and not runner._transient(refused.value)
+    assert refused.value.orig is not None and not database_patience.transient(refused.value)
     with pytest.raises(OperationalError) as away, connection(url) as conn:
         backend = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
         with autocommit(url) as other:
             other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
         claim_step(conn, task_id, 1, node="here", now=utcnow())
-    assert isinstance(away.value, DBAPIError) and away.value.connection_invalidated and runner._transient(away.value)
+    assert isinstance(away.value, DBAPIError) and away.value.connection_invalidated
+    assert database_patience.transient(away.value)
     with connection(url) as conn:  # a new connection, and the attempt is still there to claim
         assert claim_step(conn, task_id, 1, node="here", now=utcnow()) is not None
 

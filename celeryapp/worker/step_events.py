@@ -45,7 +45,7 @@ NAME_PART_CHARS = 80
 RESULT_REPR_CHARS = 48 * 1024
 #: How long an operator's stop flag lives. It is set when the worker holding the attempt's message
 #: is told (Celery asks ``revoked`` before the runner claims, and the claim may wait up to
-#: runner.DATABASE_PATIENCE_S, 10 minutes, for the database), and read by the step's watch from its
+#: database_patience.DATABASE_PATIENCE_S, 10 minutes, for the database), and read by the step's watch from its
 #: first heartbeat on: the wait, then as long as a cancel flag (dispatch.flag_ttl_ms) with room to
 #: spare. Operators' stops are few: an hour's of them is nothing to hold.
 STOP_FLAG_TTL_S = 3600

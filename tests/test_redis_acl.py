@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from string import Template
+from typing import Any
 
 import pytest
 import redis
@@ -18,7 +19,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from celeryapp.config import Settings
-from tests import processes
+from tests import processes, test_flower
 from tests.helpers import call, finished, step
 from tests.servers import free_port, wait_for
 
@@ -92,6 +93,21 @@ def service_caller(url: str) -> Celery:
     return client
 
 
+def flower_view(settings: Settings, tmp: Path) -> dict[str, Any]:
+    """What Flower's workers API shows, asked afresh (``refresh``: its inspection commands)."""
+    with test_flower.flower(settings, tmp) as monitor:
+
+        def listed() -> dict[str, Any] | None:
+            shown: dict[str, Any] = monitor.get("/api/workers", refresh="1").json()
+            return shown if any(w.get("stats") for w in shown.values()) else None
+
+        found = wait_for(listed, 30, interval=0.5, what=f"Flower to list the worker\n{monitor.process.output()}")
+        assert isinstance(found, dict)
+        output = monitor.process.output()
+    assert "no permissions" not in output, output
+    return found
+
+
 def test_the_default_user_is_off(acl_redis: AclRedis) -> None:
     with pytest.raises(redis.AuthenticationError):
         redis.Redis(port=acl_redis.port).ping()
@@ -142,14 +158,16 @@ def test_a_monitor_reads_but_queues_and_reads_no_task(acl_redis: AclRedis, comma
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_each_role_does_its_job_under_the_acl_file(acl_redis: AclRedis, settings: Settings, tmp_path: Path) -> None:
-    own = acl_redis.url("chordbeat")
+    own, watching = acl_redis.url("chordbeat"), acl_redis.url("monitor")
     chordbeat = dataclasses.replace(settings, broker_url=own, result_backend=own, redbeat_url=own)
+    monitor_settings = dataclasses.replace(settings, broker_url=watching, result_backend=watching, redbeat_url=watching)
     definition = {"name": "acl", "every": 3600, "steps": [step("a")]}
     caller = service_caller(acl_redis.url("service"))
     monitor = Celery("flower", broker=acl_redis.url("monitor"), set_as_current=False)
     try:
         with processes.worker(chordbeat, tmp_path) as worker, processes.beat(chordbeat, tmp_path) as beat:
             wait_for(lambda: monitor.control.ping(timeout=1), 60, what=f"the worker to answer\n{worker.output()}")
+            flower_workers = flower_view(monitor_settings, tmp_path)
             stats = monitor.control.inspect(timeout=2).stats()
             queued = acl_redis.client("monitor").llen("celery")
             call(caller, "chordbeat.apply_schedule", definition=definition)
@@ -161,5 +179,8 @@ def test_each_role_does_its_job_under_the_acl_file(acl_redis: AclRedis, settings
         monitor.close()
     assert done["status"] == "completed", done
     assert stats and queued == 0
+    # Flower, as the monitor user, lists the worker with what its inspection commands answered.
+    (shown,) = flower_workers.values()
+    assert shown["stats"]["pid"] and shown["active_queues"]
     assert "beat: acquired lock" in log
     assert "no permissions" not in log and "NoPermission" not in log

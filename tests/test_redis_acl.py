@@ -45,7 +45,7 @@ def acl_redis() -> Iterator[AclRedis]:
     directory = Path(tempfile.mkdtemp(prefix="chordbeat-acl-"))
     passwords = {role: secrets.token_urlsafe(16) for role in ROLES}
     hashes = {
-        f"CHORDBEAT_ACL_{role.upper()}_SHA256": hashlib.sha256(p.encode()).hexdigest() for role, p in passwords.items()
+        f"REDIS_ACL_{role.upper()}_SHA256": hashlib.sha256(p.encode()).hexdigest() for role, p in passwords.items()
     }
     (directory / "users.acl").write_text(Template(ACL_FILE.read_text()).substitute(hashes))
     server = AclRedis(free_port(), passwords)

@@ -62,6 +62,12 @@ def test_a_broker_caller_cannot_change_a_worker_but_monitors_still_read_it(
         client.control.shutdown()
         wait_for(lambda: "refused 'shutdown'" in worker.output(), 20, what="the shutdown's refusal in the log")
         assert worker.running, worker.output()
+        # A worker starting beside it asks it ``hello`` (Celery's mingle, on in the deploy files):
+        # refused, and the newcomer starts all the same.
+        argv = [arg for arg in processes.worker_argv("w2", 1) if arg != "--without-mingle"]
+        with processes.running(processes.Process(argv, processes.settings_env(settings), tmp_path / "w2.log")) as w2:
+            wait_for(lambda: "mingle: sync complete" in w2.output(), 60, what=f"w2's mingle\n{w2.output()}")
+            wait_for(lambda: len(client.control.ping(timeout=1)) == 2, 30, what="both workers to answer")
         # What Flower and chordbeat read still answers.
         inspector = client.control.inspect(timeout=2)
         stats, active, queues = inspector.stats(), inspector.active(), inspector.active_queues()

@@ -99,7 +99,10 @@ class GuardedNode(Node):  # type: ignore[misc]
         if allowed(method, _extra(self.state)):
             return super().dispatch(method, arguments, reply_to=reply_to, ticket=ticket, **kwargs)  # type: ignore[no-untyped-call]
         origin = reply_to.get("routing_key") if isinstance(reply_to, dict) else None
-        logger.warning(
+        # Every worker that starts asks its peers ``hello`` (Celery's mingle; the refusal answers
+        # it harmlessly): not worth a warning on each peer at each start.
+        logger.log(
+            logging.INFO if method == "hello" else logging.WARNING,
             "remote control: refused %s from the broker (caller's reply address %s, ticket %s, "
             "destination %s, arguments %s); CHORDBEAT_REMOTE_CONTROL turns it on",
             _bounded(method),

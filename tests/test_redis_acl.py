@@ -8,6 +8,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from string import Template
@@ -25,6 +26,8 @@ from tests.servers import free_port, wait_for
 
 ACL_FILE = Path(processes.ROOT) / "deploy" / "redis" / "users.acl"
 ROLES = ("chordbeat", "service", "monitor")
+#: A caller held to its own results as docs/security.md says: its own user, its own task id prefix.
+OWN_RESULTS_CALLER = "billing"
 
 
 @dataclasses.dataclass
@@ -33,7 +36,7 @@ class AclRedis:
     passwords: dict[str, str]
 
     def url(self, role: str) -> str:
-        user = "chordbeat" if role == "chordbeat" else f"chordbeat-{role}"
+        user = role if role in ("chordbeat", OWN_RESULTS_CALLER) else f"chordbeat-{role}"
         return f"redis://{user}:{self.passwords[role]}@127.0.0.1:{self.port}/0"
 
     def client(self, role: str) -> redis.Redis:
@@ -43,11 +46,18 @@ class AclRedis:
 @pytest.fixture
 def acl_redis() -> Iterator[AclRedis]:
     directory = Path(tempfile.mkdtemp(prefix="chordbeat-acl-"))
-    passwords = {role: secrets.token_urlsafe(16) for role in ROLES}
+    passwords = {role: secrets.token_urlsafe(16) for role in (*ROLES, OWN_RESULTS_CALLER)}
     hashes = {
         f"REDIS_ACL_{role.upper()}_SHA256": hashlib.sha256(p.encode()).hexdigest() for role, p in passwords.items()
     }
-    (directory / "users.acl").write_text(Template(ACL_FILE.read_text()).substitute(hashes))
+    rendered = Template(ACL_FILE.read_text()).substitute(hashes)
+    (service_line,) = [line for line in rendered.splitlines() if line.startswith("user chordbeat-service ")]
+    own_results = (
+        service_line.replace("chordbeat-service", OWN_RESULTS_CALLER)
+        .replace(hashes["REDIS_ACL_SERVICE_SHA256"], hashes[f"REDIS_ACL_{OWN_RESULTS_CALLER.upper()}_SHA256"])
+        .replace("celery-task-meta-*", f"celery-task-meta-{OWN_RESULTS_CALLER}-*")
+    )
+    (directory / "users.acl").write_text(f"{rendered}{own_results}\n")
     server = AclRedis(free_port(), passwords)
     binary = shutil.which("redis-server")
     assert binary is not None
@@ -173,11 +183,22 @@ def test_each_role_does_its_job_under_the_acl_file(acl_redis: AclRedis, settings
             call(caller, "chordbeat.apply_schedule", definition=definition)
             execution_id = call(caller, "chordbeat.trigger_schedule", name="acl")["execution_id"]
             done = finished(caller, execution_id)
+            billing = service_caller(acl_redis.url(OWN_RESULTS_CALLER))
+            try:
+                own_id = f"{OWN_RESULTS_CALLER}-{uuid.uuid4()}"
+                own_answer = billing.send_task("chordbeat.list_schedules", task_id=own_id).get(timeout=20)
+            finally:
+                billing.close()
+            others_id = caller.send_task("chordbeat.list_schedules").id
+            wait_for(lambda: acl_redis.client("chordbeat").exists(f"celery-task-meta-{others_id}"), 20)
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                acl_redis.client(OWN_RESULTS_CALLER).get(f"celery-task-meta-{others_id}")
             log = worker.output() + beat.output()
     finally:
         caller.close()
         monitor.close()
     assert done["status"] == "completed", done
+    assert [s["name"] for s in own_answer] == ["acl"]
     assert stats and queued == 0
     # Flower, as the monitor user, lists the worker with what its inspection commands answered.
     (shown,) = flower_workers.values()

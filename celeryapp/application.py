@@ -46,6 +46,8 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
     # redis:// result backends on connections that follow a failover (see results.py).
     loader_cls = "celeryapp.messaging.results:Loader"
     task_cls = "celeryapp.messaging.expiry:ReferenceClockTask"
+    # Workers obey only inspection commands from the broker (see remote_control.py).
+    control_cls = "celeryapp.messaging.remote_control:GuardedControl"
 
     def apply_settings(self, settings: Settings) -> None:
         self.settings = settings

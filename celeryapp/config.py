@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from celeryapp.errors import ConfigError
 from celeryapp.redis_urls import DEFAULT_SENTINEL_MASTER, check_redis_url
 from celeryapp.variables import (
+    ALL_REMOTE_CONTROL,
     DEFAULT_ALERT_MISSED_GRACE_S,
     DEFAULT_ALERT_POLL_INTERVAL_S,
     DEFAULT_ALERT_RATE_LIMIT,
@@ -38,6 +39,7 @@ from celeryapp.variables import (
     MAX_ACTOR_CHARS,
     OWN_VARIABLES,
     STEP_KINDS,
+    WORKER_CHANGING_COMMANDS,
 )
 
 _VARIABLE_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -54,6 +56,17 @@ def _step_kinds(env: Mapping[str, str]) -> frozenset[str]:
     if not kinds <= STEP_KINDS or "task" not in kinds:
         raise ConfigError(f"CHORDBEAT_STEP_KINDS: a comma-separated subset of {sorted(STEP_KINDS)} with 'task'")
     return kinds
+
+
+def _remote_control(env: Mapping[str, str]) -> frozenset[str]:
+    commands = frozenset(_env_list(env, "CHORDBEAT_REMOTE_CONTROL"))
+    unknown = commands - WORKER_CHANGING_COMMANDS - {ALL_REMOTE_CONTROL}
+    if unknown:
+        raise ConfigError(
+            f"CHORDBEAT_REMOTE_CONTROL: {sorted(unknown)[0][:60]!r} is not a Celery command that changes a worker; "
+            f"name some of {sorted(WORKER_CHANGING_COMMANDS)} or {ALL_REMOTE_CONTROL!r}"
+        )
+    return commands
 
 
 def _executable_allow(env: Mapping[str, str], kinds: frozenset[str]) -> tuple[str, ...]:
@@ -209,6 +222,9 @@ class Settings:
     sql_env_prefix: str = DEFAULT_SQL_ENV_PREFIX
     #: The URLs sql steps may use, by variable name (those starting with ``sql_env_prefix``).
     sql_urls: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Celery control commands that change a worker which workers obey from the broker (``all``:
+    #: every one); inspection commands are always answered (celeryapp/messaging/remote_control.py).
+    remote_control: frozenset[str] = frozenset()
     #: Dashboard accounts, ``name:role:password`` entries separated by commas (celeryapp/interfaces/web/auth.py).
     web_users: str = field(default="", repr=False)
     #: Key that signs the dashboard's session cookies.
@@ -267,6 +283,7 @@ class Settings:
                 for name, url in env.items()
                 if name.startswith(sql_prefix) and name != sql_prefix and name not in OWN_VARIABLES and url
             },
+            remote_control=_remote_control(env),
             web_users=env.get("CHORDBEAT_WEB_USERS", ""),
             web_secret=env.get("CHORDBEAT_WEB_SECRET", ""),
             web_address=env.get("CHORDBEAT_WEB_ADDRESS") or DEFAULT_WEB_ADDRESS,

@@ -52,6 +52,34 @@ DEFAULT_ALERT_RATE_LIMIT = 10
 #: Seconds past its due time a slot may go unfired before ``missed`` says beat is not firing it;
 #: a ``catchup: none`` schedule's slot fired later than this does not run.
 DEFAULT_ALERT_MISSED_GRACE_S = 120.0
+#: Celery's remote control commands that change a worker (or, for ``hello``, its revoked set;
+#: ``objgraph`` and ``mem*`` are costly): workers refuse them from the broker unless
+#: ``CHORDBEAT_REMOTE_CONTROL`` names them (celeryapp/messaging/remote_control.py).
+WORKER_CHANGING_COMMANDS = frozenset(
+    {
+        "shutdown",
+        "pool_restart",
+        "pool_grow",
+        "pool_shrink",
+        "autoscale",
+        "rate_limit",
+        "time_limit",
+        "add_consumer",
+        "cancel_consumer",
+        "revoke",
+        "revoke_by_stamped_headers",
+        "terminate",
+        "disable_events",
+        "heartbeat",
+        "election",
+        "hello",
+        "objgraph",
+        "memdump",
+        "memsample",
+    }
+)
+#: ``CHORDBEAT_REMOTE_CONTROL=all``: every command Celery knows, as a plain Celery worker obeys.
+ALL_REMOTE_CONTROL = "all"
 #: Longest name the CLI may say it acts as (``CHORDBEAT_ACTOR``, ``--as``).
 MAX_ACTOR_CHARS = 100
 
@@ -178,6 +206,15 @@ VARIABLES = (
         f"`{DEFAULT_SQL_ENV_PREFIX}`",
         "a sql step's `database_env` must name a variable starting with this (e.g. `CHORDBEAT_SQL_REPORTING`); "
         "chordbeat's own settings and `FLOWER_*` are refused whatever the prefix",
+    ),
+    Variable(
+        "CHORDBEAT_REMOTE_CONTROL",
+        "unset (inspection only)",
+        "Celery remote control commands that change a worker which workers obey from the broker, comma-separated "
+        "(`revoke` for Flower's Revoke and Terminate buttons; `shutdown`, `pool_restart`, `rate_limit`, …), or "
+        "`all`; unset, workers answer only the inspection commands Flower and `chordbeat` read and refuse (and "
+        "log) the rest. Whoever can publish to the broker can then use them: see "
+        "[security.md](security.md#remote-control)",
     ),
     Variable(
         "CHORDBEAT_WEB_USERS",

@@ -94,6 +94,8 @@ def flower(settings: Settings, tmp: Path, **extra: str) -> Iterator[Flower]:
         yield monitor
 
 
+#: Workers that obey an operator's revoke from the broker (Flower's Revoke and Terminate buttons).
+OPERATORS_REVOKE = {"CHORDBEAT_REMOTE_CONTROL": "revoke"}
 #: A worker that can run tests/step_log_tasks.py's chatty failing step.
 STEP_LOG_TASKS = {"CHORDBEAT_TASK_MODULES": "tests.step_log_tasks", "PYTHONPATH": processes.ROOT}
 
@@ -194,7 +196,12 @@ def test_terminate_from_flower_cancels_the_step_for_good_and_the_run_goes_on(
         "every": 3600,
         "steps": [step("long", kwargs={"seconds": 60}, continue_on_failure=True), step("after")],
     }
-    with flower(settings, tmp_path) as monitor, events_worker(settings, tmp_path), processes.beat(settings, tmp_path):
+    # Workers obey Flower's Revoke and Terminate only when the operator turns revoke on.
+    with (
+        flower(settings, tmp_path) as monitor,
+        events_worker(settings, tmp_path, OPERATORS_REVOKE),
+        processes.beat(settings, tmp_path),
+    ):
         call(client, "chordbeat.apply_schedule", definition=definition)
         execution_id = call(client, "chordbeat.trigger_schedule", name="terminate-me")["execution_id"]
         running(client, execution_id, "long")
@@ -233,7 +240,7 @@ def test_revoking_a_queued_step_cancels_it_and_the_group_still_advances(
     }
     # One step process: while the blocker runs, the target's message waits (on the worker or queued).
     with (
-        processes.step_worker(settings, tmp_path, concurrency=1),
+        processes.step_worker(settings, tmp_path, concurrency=1, env=OPERATORS_REVOKE),
         processes.control_worker(settings, tmp_path),
         processes.beat(settings, tmp_path),
     ):
@@ -306,11 +313,11 @@ def test_step_names_shown_to_monitors_are_bounded() -> None:
     assert step_events.args_repr(41, 0, 2) == "(execution=41, group=1, attempt=2)"
 
 
-def test_a_cancel_revoking_queued_steps_is_not_taken_for_an_operators_revoke(
+def test_a_cancel_of_queued_steps_is_not_taken_for_an_operators_revoke(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
     # Three parallel steps on one step process: two wait (on the worker or in the queue) when the
-    # run is cancelled, and the cancel revokes them.
+    # run is cancelled; they run, and their claim finds the run over.
     steps = [[step(f"s{i}", kwargs={"seconds": 30}) for i in range(3)]]
     with (
         processes.step_worker(settings, tmp_path, concurrency=1) as steps_worker,
@@ -322,7 +329,7 @@ def test_a_cancel_revoking_queued_steps_is_not_taken_for_an_operators_revoke(
         tasks = [worker_task(app, execution_id, f"s{i}") for i in range(3)]
         task_ids = [_runner_id(app, execution_id, t.id) for t in tasks]  # read before the cancel deletes them
         assert call(client, "chordbeat.cancel_execution", execution_id=execution_id)["status"] == "cancelled"
-        # Every runner ends, the revoked ones included: they ran (and skipped), so the chord did not
+        # Every runner ends, the queued ones included: they ran (and skipped), so the chord did not
         # fail (a dropped message would be a REVOKED chord part).
         wait_for(
             lambda: all(f"[{t}] succeeded" in steps_worker.output() for t in task_ids), 30, what="every runner to end"

@@ -1,5 +1,5 @@
 """What a change in the database leaves to do once its transaction commits: chords to send,
-runs to stop, messages to revoke, beat entries to rewrite. :mod:`celeryapp.worker.dispatch` does it.
+runs to stop, beat entries to rewrite. :mod:`celeryapp.worker.dispatch` does it.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ class Effects:
     dispatch: list[GroupDispatch] = field(default_factory=list)
     #: Cancelled runs (execution id, token): their running steps must stop.
     cancelled: list[tuple[int, int]] = field(default_factory=list)
-    revoke: list[str] = field(default_factory=list)
     #: Schedules whose beat entry must be rewritten (retry due, done, dead).
     resync: list[str] = field(default_factory=list)
     #: Attempts given up by recovery (worker task id, attempt, run token): if still running
@@ -58,7 +57,6 @@ class Effects:
     def merge(self, other: Effects) -> Effects:
         self.dispatch += other.dispatch
         self.cancelled += other.cancelled
-        self.revoke += other.revoke
         self.resync += other.resync
         self.fenced += other.fenced
         self.skipped_overlap += other.skipped_overlap

@@ -27,7 +27,7 @@ from celeryapp.domain.decisions import (
 )
 from celeryapp.domain.definition import retry_base_s
 from celeryapp.domain.effects import Effects
-from celeryapp.domain.names import run_key, runner_task_id
+from celeryapp.domain.names import run_key
 from celeryapp.errors import NotFound
 from celeryapp.execution.after_run import log_after_run, pending_retry_started, write_after_run
 from celeryapp.execution.backfill_driver import drive, has_running_backfill, regular_trigger
@@ -57,7 +57,6 @@ from models import (
     SlotOutcome,
     Trigger,
     WorkerTask,
-    WorkerTaskStatus,
 )
 from models.audit import BEAT, Note
 from models.definitions import definition_of
@@ -189,7 +188,7 @@ def finish_execution(
     """End the execution if ``guard`` still holds; ``None`` if someone else changed it first.
 
     ``cancel``: its attempts still running end with it (their activities closed as cancelled)
-    and are revoked. ``backfills``: the schedule's backfills may start in the room it leaves. Locks
+    and stop (the cancel flag). ``backfills``: the schedule's backfills may start in the room it leaves. Locks
     are taken in the documented order (docs/architecture.md, "Locks"): schedule, execution, worker
     tasks, activities, then the metric counts.
     """
@@ -203,13 +202,11 @@ def finish_execution(
     )
     if not done:
         return None
-    # Read as deleted (under the execution's lock), not before: a group queued meanwhile is revoked too.
-    dropped = session.execute(
-        delete(WorkerTask)
-        .where(WorkerTask.execution_id == execution.id)
-        .returning(WorkerTask.id, WorkerTask.attempt, WorkerTask.status),
+    # Under the execution's lock: a queued step's claim then finds neither its task nor the run.
+    session.execute(
+        delete(WorkerTask).where(WorkerTask.execution_id == execution.id),
         execution_options=NO_SYNC,
-    ).all()
+    )
     if cancel:
         session.execute(
             update(Activity)
@@ -224,9 +221,9 @@ def finish_execution(
     effects = _after_execution(session, execution, status, error=error, now=now, backfills=backfills)
     effects.ended.append(execution.id)
     if cancel:
+        # Running steps stop through the cancel flag (not a revoke: chordbeat sends no remote
+        # control command); queued ones run, and their claim finds the run over.
         effects.cancelled.append((execution.id, execution.token))
-        running = [(i, a) for i, a, state in dropped if state is not WorkerTaskStatus.WAITING]
-        effects.revoke += [runner_task_id(execution.id, i, a, execution.token) for i, a in running]
     return effects
 
 

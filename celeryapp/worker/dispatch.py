@@ -1,4 +1,4 @@
-"""Sending what a committed transaction decided: chords for step groups, cancels, revokes."""
+"""Sending what a committed transaction decided: chords for step groups, cancels, fences."""
 
 from __future__ import annotations
 
@@ -163,10 +163,6 @@ def apply_effects(app: Celery, effects: Effects) -> None:
             for worker_task_id, attempt, token in effects.fenced:
                 pipe.set(keys.fenced_key(worker_task_id, attempt, token), "1", px=flag_ttl)
             pipe.execute()
-    if effects.revoke:
-        # Drops messages still queued; running steps stop through the cancel flag instead of a
-        # signal, which could hit whatever task the pool process runs next.
-        app.control.revoke(effects.revoke)
     for group in effects.dispatch:
         send_group(app, group)
     if effects.skipped_overlap:

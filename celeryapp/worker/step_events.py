@@ -11,7 +11,8 @@ the truth is told in the worker's task events instead, which is all Flower reads
   error and traceback) for a failed step and ``task-revoked`` for a cancelled one (also when the
   run's cancel closed the activity first: the runner then answers what was stored), and gives a
   completed step a readable result (its warning, if any);
-- an operator's Terminate or Revoke (Flower's buttons, ``celery control revoke``) does not kill
+- an operator's Terminate or Revoke (Flower's buttons, ``celery control revoke``; workers obey them
+  only when ``CHORDBEAT_REMOTE_CONTROL`` names ``revoke``, see docs/security.md) does not kill
   the pool process or drop the message: it sets the attempt's stop flag
   (:func:`celeryapp.messaging.keys.stop_key`), and the runner records the step cancelled with the reason.
   Killing the process would make the attempt look like a lost worker that recovery runs again, and
@@ -235,7 +236,7 @@ class StepRequest(ReferenceClockRequest):
             worker_state.revoked.discard(self.id)
             if not _execution_cancelled(self.task.app, self.id):
                 stop_attempt(self.task.app, self.args, REVOKED)
-            # (chordbeat's own cancel revokes its queued steps too: their claim finds the run over.)
+            # (A step of a cancelled run needs no flag: its claim finds the run over.)
             return False
         result: bool = super().revoked()
         return result

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from celeryapp.alerting import messages, transports
 from celeryapp.alerting.channels import DEFAULT_SENDER, DEFAULT_SMTP_URL_ENV, Channel, load_channels
+from celeryapp.alerting.log_masking import masked_logger, remember
 from celeryapp.alerting.messages import AlertText
 from celeryapp.alerting.transports import SendFailed
 from celeryapp.config import Settings, environment_variable
@@ -39,7 +39,7 @@ from celeryapp.monitoring import metric_counts
 from models import Alert, AlertDelivery, AlertKind, DeliveryStatus, transaction
 from models.clock import clock
 
-logger = logging.getLogger(__name__)
+logger = masked_logger(__name__)
 
 #: Seconds a claimed delivery is the claimer's: longer than a send takes (each network step of a
 #: send gives up after ``transports.SEND_TIMEOUT_S``); a send still going after this may be
@@ -290,6 +290,8 @@ def _webhook(channel: Channel, body: bytes) -> None:
     headers = {}
     if channel.secret_env is not None:
         secret = environment_variable(channel.secret_env)
+        if secret is not None:
+            remember(secret, url=False)
         if secret is None:
             # Unsigned, the receiver would (rightly) refuse it or, worse, trust it.
             raise SendFailed(f"{channel.secret_env} is not set (the webhook's signing secret)")
@@ -302,7 +304,7 @@ def _url(channel: Channel) -> str:
     url = environment_variable(channel.url_env)
     if url is None:
         raise SendFailed(f"{channel.url_env} is not set")
-    return transports.http_url(url, channel.url_env)
+    return transports.http_url(remember(url), channel.url_env)
 
 
 def _mail(channel: Channel, message: EmailMessage) -> None:
@@ -310,7 +312,7 @@ def _mail(channel: Channel, message: EmailMessage) -> None:
     smtp_url = environment_variable(variable)
     if smtp_url is None:
         raise SendFailed(f"{variable} is not set")
-    transports.send_mail(smtp_url, variable, message)
+    transports.send_mail(remember(smtp_url), variable, message)
 
 
 def _sender(channel: Channel) -> str:

@@ -10,7 +10,6 @@ While Redis cannot be asked at all, each of them watches and sends (see :meth:`S
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Any
@@ -19,6 +18,7 @@ import redis
 from celery import bootsteps
 
 from celeryapp.alerting import deadline_watch
+from celeryapp.alerting.log_masking import masked_logger
 from celeryapp.alerting.sender import Sender
 from celeryapp.config import Settings
 from celeryapp.domain.names import PREFIX
@@ -26,7 +26,7 @@ from celeryapp.messaging.keys import CONTROL_QUEUE
 from celeryapp.messaging.redis_client import get_redis, registered_script
 from models.clock import clock
 
-logger = logging.getLogger(__name__)
+logger = masked_logger(__name__)
 
 #: The Redis key whose value names the worker sending alerts.
 LEASE_KEY = f"{PREFIX}:alerts:sender"

@@ -7,6 +7,7 @@ path is its secret, a URL's user and query may be), never the secret, never the 
 
 from __future__ import annotations
 
+import http.client
 import smtplib
 import ssl
 import urllib.error
@@ -81,6 +82,11 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> None:
         raise SendFailed(f"{where}: {_reason(exc.reason)}") from None
     except TimeoutError:
         raise SendFailed(f"no answer from {where} within {SEND_TIMEOUT_S:g} s") from None
+    except http.client.InvalidURL:
+        # Its message quotes the URL's parts: "nonnumeric port: 'password@host'", a token path.
+        raise SendFailed(f"{where}: not a usable URL (http.client refused it)") from None
+    except http.client.HTTPException as exc:  # a malformed answer: its text is the receiver's
+        raise SendFailed(f"{where}: {type(exc).__name__}") from None
     except (OSError, ValueError) as exc:
         raise SendFailed(f"{where}: {_reason(exc)}") from None
 

@@ -16,7 +16,10 @@ from sqlalchemy import select, update
 from celeryapp.alerting import messages
 from celeryapp.alerting.log_masking import masked_logger, remember
 from celeryapp.alerting.sender import Sender, send_channel
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.errors import InvalidArgument
+from celeryapp.interfaces import alerts as alert_service
 from models import Alert, AlertDelivery, DeliveryStatus, transaction
 from models.clock import clock
 from tests import alert_wiring
@@ -126,11 +129,35 @@ def test_a_storm_reaches_a_channel_as_the_rate_limit_and_one_summary(
     assert status == [DeliveryStatus.DELIVERED] * 3 + [DeliveryStatus.SUMMARISED] * 5
 
     later = alert(settings, ["hook"], execution_id=99)  # same minute: waits for room
-    test = alert(settings, ["hook"], execution_id=100, kind="test")  # an operator's test never waits
+    test = alert(settings, ["hook"], execution_id=100, kind="test")  # a test too (it counts: issue 36)
     send(settings, "hook")
-    assert [r.json()["id"] for r in http.wait(5)[4:]] == [test]
-    assert deliveries(settings, later)["hook"].status is DeliveryStatus.PENDING
-    assert deliveries(settings, later)["hook"].attempts == 0
+    assert len(http.answered()) == 4
+    for key in (later, test):
+        assert deliveries(settings, key)["hook"].status is DeliveryStatus.PENDING
+        assert deliveries(settings, key)["hook"].attempts == 0
+
+
+def test_test_alerts_are_counted_by_the_rate_limit_and_carry_the_callers_text_as_a_test(
+    app: ChordbeatCelery, settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]
+) -> None:
+    http, _ = wired
+    lure = "URGENT: your chordbeat session expired, re-authenticate at https://evil.example/login " * 6
+    calls = [
+        alert_service.test_alert(app, "hook", actor="dave", reason=lure[:500]) for _ in range(settings.alert_rate_limit)
+    ]
+    # Past the channel's rate limit (3 a minute here), a test is refused, naming the field.
+    with pytest.raises(InvalidArgument, match=r"^channel: 3 test alerts to hook in the last 60 s"):
+        alert_service.test_alert(app, "hook", actor="dave", reason="one more")
+    # A real alert and the tests share the window: the alert first, the tests with what is left.
+    key = alert(settings, ["hook"])
+    send(settings, "hook")
+    got = http.wait(settings.alert_rate_limit)
+    assert [r.json()["id"] for r in got] == [key, calls[0]["id"], calls[1]["id"]]
+    send(settings, "hook")
+    assert len(http.answered()) == settings.alert_rate_limit  # the third test waits for room
+    message = got[1].json()["message"]
+    assert message.startswith("TEST, not an alert: chordbeat test of channel hook, asked by dave (service)")
+    assert len(message) <= 200 and message.count("URGENT") == 1 and message.endswith('…"')
 
 
 def test_hostile_text_stays_in_its_place_and_huge_text_is_cut(

@@ -20,6 +20,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.alerting.channels import channel_names
+from celeryapp.domain.alert_delivery import RATE_WINDOW_S
 from celeryapp.domain.limits import is_unicode, short_repr, type_name
 from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument, NotFound
@@ -42,6 +43,10 @@ MAX_ALERT_LIMIT = 500
 ALERT_STATUSES = ("open", "acknowledged", "silenced", "all")
 #: Kinds that report no trouble: never open.
 NEWS_KINDS = frozenset({AlertKind.RESOLVED, AlertKind.TEST})
+#: Characters of the caller's name and note a test alert's message carries (the audit trail
+#: keeps them whole): enough to say who and why, too few for a message of the caller's own.
+TEST_ACTOR_CHARS = 40
+TEST_NOTE_CHARS = 80
 #: Longest silence: a schedule nobody wants alerts from for longer should lose its ``alerts``.
 MAX_SILENCE_DAYS = 366
 #: Longest ``until`` text read (an ISO 8601 time with an offset is 32 characters at most).
@@ -352,6 +357,7 @@ def test_alert(
 
     def send(session: Session) -> dict[str, Any]:
         now = utcnow()
+        _refuse_past_the_rate_limit(session, channel, now, app.settings.alert_rate_limit)
         # Each test its own alert: the same channel tested twice in a millisecond is two tests.
         key = f"{AlertKind.TEST.value}/{channel}/{iso(now)}/{uuid.uuid4().hex[:8]}"
         write_alert(
@@ -369,6 +375,35 @@ def test_alert(
     return retried_transaction(app.settings.database_url, f"testing channel {channel!r}", send)
 
 
+def _refuse_past_the_rate_limit(session: Session, channel: str, now: datetime, limit: int) -> None:
+    """The channel's rate limit counts tests too (the sender holds those past it): a caller asking
+    for more in the window is told at once instead of waiting for a delivery that waits."""
+    since = now - timedelta(seconds=RATE_WINDOW_S)
+    query = (
+        select(func.count(), func.min(Alert.at))
+        .select_from(Alert)
+        .join(AlertDelivery, AlertDelivery.alert_id == Alert.id)
+        .where(Alert.kind == AlertKind.TEST, AlertDelivery.channel == channel, Alert.at >= since)
+    )
+    count, first = session.execute(query).one()
+    if count >= limit:
+        wait_s = max(RATE_WINDOW_S - (now - first).total_seconds(), 1.0)
+        raise InvalidArgument(
+            "channel",
+            f"{count} test alerts to {channel} in the last {RATE_WINDOW_S:g} s already, the channel's rate "
+            f"limit (CHORDBEAT_ALERT_RATE_LIMIT={limit}); try again in {wait_s:.0f} s",
+        )
+
+
 def _test_message(channel: str, who: Actor, why: str | None) -> str:
-    text = f"chordbeat test alert to channel {channel}, sent by {who.name} ({who.source.value})"
-    return text if why is None else f"{text}: {why}"
+    """Marked a test from its first words; the caller's words quoted, one line, cut: a test can
+    reach a pager or a mailbox, and must not read as chordbeat's own (\"URGENT: re-authenticate
+    at ...\")."""
+    text = f"TEST, not an alert: chordbeat test of channel {channel}, asked by {_quoted(who.name, TEST_ACTOR_CHARS)}"
+    text += f" ({who.source.value})"
+    return text if why is None else f'{text}; note: "{_quoted(why, TEST_NOTE_CHARS)}"'
+
+
+def _quoted(text: str, limit: int) -> str:
+    printable = "".join(c if c.isprintable() else " " for c in text).replace('"', "'")
+    return printable if len(printable) <= limit else printable[: limit - 1] + "…"

@@ -19,7 +19,7 @@ from celeryapp.alerting.sender import Sender, send_channel
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.errors import InvalidArgument
-from celeryapp.interfaces import alerts as alert_service
+from celeryapp.interfaces import wiring_checks
 from models import Alert, AlertDelivery, DeliveryStatus, transaction
 from models.clock import clock
 from tests import alert_wiring
@@ -143,11 +143,11 @@ def test_test_alerts_are_counted_by_the_rate_limit_and_carry_the_callers_text_as
     http, _ = wired
     lure = "URGENT: your chordbeat session expired, re-authenticate at https://evil.example/login " * 6
     calls = [
-        alert_service.test_alert(app, "hook", actor="dave", reason=lure[:500]) for _ in range(settings.alert_rate_limit)
+        wiring_checks.test_alert(app, "hook", actor="dave", reason=lure[:500]) for _ in range(settings.alert_rate_limit)
     ]
     # Past the channel's rate limit (3 a minute here), a test is refused, naming the field.
     with pytest.raises(InvalidArgument, match=r"^channel: 3 test alerts to hook in the last 60 s"):
-        alert_service.test_alert(app, "hook", actor="dave", reason="one more")
+        wiring_checks.test_alert(app, "hook", actor="dave", reason="one more")
     # A real alert and the tests share the window: the alert first, the tests with what is left.
     key = alert(settings, ["hook"])
     send(settings, "hook")

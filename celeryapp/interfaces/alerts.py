@@ -10,7 +10,6 @@ shown); a new silence replaces the one in force.
 
 from __future__ import annotations
 
-import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
@@ -19,17 +18,13 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from celeryapp.alerting.channels import channel_names
-from celeryapp.domain.alert_delivery import RATE_WINDOW_S
 from celeryapp.domain.limits import is_unicode, short_repr, type_name
 from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument, NotFound
 from celeryapp.interfaces.arguments import actor_arg, limit_arg, name_arg, reason_arg
-from celeryapp.monitoring.alert_outbox import write_alert
 from celeryapp.scheduling.store import find_schedule
 from models import Alert, AlertDelivery, AlertKind, AlertSilence, transaction, utcnow
 from models.alert_tables import ALERT_KEY_LENGTH, ALERTS
-from models.audit import Actor
 from models.session import affected, retried_transaction
 from models.states import AuditAction, AuditSource
 
@@ -43,10 +38,6 @@ MAX_ALERT_LIMIT = 500
 ALERT_STATUSES = ("open", "acknowledged", "silenced", "all")
 #: Kinds that report no trouble: never open.
 NEWS_KINDS = frozenset({AlertKind.RESOLVED, AlertKind.TEST})
-#: Characters of the caller's name and note a test alert's message carries (the audit trail
-#: keeps them whole): enough to say who and why, too few for a message of the caller's own.
-TEST_ACTOR_CHARS = 40
-TEST_NOTE_CHARS = 80
 #: Longest silence: a schedule nobody wants alerts from for longer should lose its ``alerts``.
 MAX_SILENCE_DAYS = 366
 #: Longest ``until`` text read (an ISO 8601 time with an offset is 32 characters at most).
@@ -107,22 +98,6 @@ def until_arg(value: Any, now: datetime) -> datetime:
             "schedule's alerts out of its definition",
         )
     return until
-
-
-def channel_arg(app: ChordbeatCelery, value: Any) -> str:
-    """A channel of the deployment's channels file."""
-    if not isinstance(value, str):
-        raise InvalidArgument("channel", f"must be a channel's name (a string), got {type_name(value)}")
-    names = channel_names(app.settings)
-    if not names:
-        raise InvalidArgument("channel", "no channel is defined: CHORDBEAT_ALERT_CHANNELS names no channels file")
-    if value not in names:
-        raise InvalidArgument(
-            "channel",
-            f"no channel {short_repr(value)} in {app.settings.alert_channels_file}; "
-            f"its channels: {', '.join(sorted(names))}",
-        )
-    return value
 
 
 def alert_json(alert: Alert, deliveries: Iterable[AlertDelivery]) -> dict[str, Any]:
@@ -206,7 +181,7 @@ def list_alerts(
         return alerts_json(session, alert_rows(session, schedule=schedule, status=wanted, limit=limit))
 
 
-def _find(session: Session, key: str) -> Alert:
+def find_alert(session: Session, key: str) -> Alert:
     alert = session.scalar(select(Alert).where(Alert.key == key))
     if alert is None:
         raise NotFound(f"alert {key!r} does not exist")
@@ -216,7 +191,7 @@ def _find(session: Session, key: str) -> Alert:
 def get_alert(app: ChordbeatCelery, id: str) -> dict[str, Any]:
     key = alert_id_arg(id)
     with transaction(app.settings.database_url, read_only=True) as session:
-        return alerts_json(session, [_find(session, key)])[0]
+        return alerts_json(session, [find_alert(session, key)])[0]
 
 
 def acknowledge_alert(
@@ -232,7 +207,7 @@ def acknowledge_alert(
 
     def ack(session: Session) -> dict[str, Any]:
         now = utcnow()
-        alert = _find(session, key)
+        alert = find_alert(session, key)
         changed = affected(
             session,
             update(ALERTS)
@@ -340,70 +315,3 @@ def unsilence_schedule(
         return {**_silence_json(name, None), "changed": bool(changed)}
 
     return retried_transaction(app.settings.database_url, f"unsilencing schedule {name!r}", unsilence)
-
-
-def test_alert(
-    app: ChordbeatCelery,
-    channel: str,
-    actor: str | None = None,
-    reason: str | None = None,
-    *,
-    source: AuditSource = AuditSource.SERVICE,
-) -> dict[str, Any]:
-    """A ``test`` alert for one channel, delivered like any other: its delivery says whether the
-    wiring works (``get_alert`` follows it)."""
-    who, why = actor_arg(actor, source), reason_arg(reason)
-    channel = channel_arg(app, channel)
-
-    def send(session: Session) -> dict[str, Any]:
-        now = utcnow()
-        _refuse_past_the_rate_limit(session, channel, now, app.settings.alert_rate_limit)
-        # Each test its own alert: the same channel tested twice in a millisecond is two tests.
-        key = f"{AlertKind.TEST.value}/{channel}/{iso(now)}/{uuid.uuid4().hex[:8]}"
-        write_alert(
-            session,
-            key=key,
-            kind=AlertKind.TEST,
-            schedule_name=NO_SCHEDULE,
-            message=_test_message(channel, who, why),
-            channels=[channel],
-            now=now,
-        )
-        who.record(session, AuditAction.ALERT_TEST, None, reason=why, detail={"channel": channel, "alert": key}, at=now)
-        return alerts_json(session, [_find(session, key)])[0]
-
-    return retried_transaction(app.settings.database_url, f"testing channel {channel!r}", send)
-
-
-def _refuse_past_the_rate_limit(session: Session, channel: str, now: datetime, limit: int) -> None:
-    """The channel's rate limit counts tests too (the sender holds those past it): a caller asking
-    for more in the window is told at once instead of waiting for a delivery that waits."""
-    since = now - timedelta(seconds=RATE_WINDOW_S)
-    query = (
-        select(func.count(), func.min(Alert.at))
-        .select_from(Alert)
-        .join(AlertDelivery, AlertDelivery.alert_id == Alert.id)
-        .where(Alert.kind == AlertKind.TEST, AlertDelivery.channel == channel, Alert.at >= since)
-    )
-    count, first = session.execute(query).one()
-    if count >= limit:
-        wait_s = max(RATE_WINDOW_S - (now - first).total_seconds(), 1.0)
-        raise InvalidArgument(
-            "channel",
-            f"{count} test alerts to {channel} in the last {RATE_WINDOW_S:g} s already, the channel's rate "
-            f"limit (CHORDBEAT_ALERT_RATE_LIMIT={limit}); try again in {wait_s:.0f} s",
-        )
-
-
-def _test_message(channel: str, who: Actor, why: str | None) -> str:
-    """Marked a test from its first words; the caller's words quoted, one line, cut: a test can
-    reach a pager or a mailbox, and must not read as chordbeat's own (\"URGENT: re-authenticate
-    at ...\")."""
-    text = f"TEST, not an alert: chordbeat test of channel {channel}, asked by {_quoted(who.name, TEST_ACTOR_CHARS)}"
-    text += f" ({who.source.value})"
-    return text if why is None else f'{text}; note: "{_quoted(why, TEST_NOTE_CHARS)}"'
-
-
-def _quoted(text: str, limit: int) -> str:
-    printable = "".join(c if c.isprintable() else " " for c in text).replace('"', "'")
-    return printable if len(printable) <= limit else printable[: limit - 1] + "…"

@@ -9,7 +9,7 @@ from celeryapp import app
 from celeryapp.contract import SOURCE_HEADER
 from celeryapp.domain.redaction import RedactedResult
 from celeryapp.errors import ChordbeatError, InvalidArgument
-from celeryapp.interfaces import alerts, backfill_service, service
+from celeryapp.interfaces import alerts, backfill_service, service, wiring_checks
 from celeryapp.interfaces.arguments import default_actor
 from celeryapp.messaging.expiry import ReferenceClockTask
 from models.states import AuditSource
@@ -187,4 +187,4 @@ def unsilence_schedule(name: str, actor: str | None = None, reason: str | None =
 
 @app.task(base=ServiceTask, name="chordbeat.test_alert")
 def test_alert(channel: str, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
-    return alerts.test_alert(app, channel, reason=reason, **_caller(actor))
+    return wiring_checks.test_alert(app, channel, reason=reason, **_caller(actor))

@@ -6,6 +6,7 @@ a receiver that hangs holds up no other channel. (In workers: test_alert_sender_
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import logging
 from datetime import timedelta
 
@@ -13,8 +14,12 @@ import pytest
 from sqlalchemy import select, update
 
 from celeryapp.alerting import messages
+from celeryapp.alerting.log_masking import masked_logger, remember
 from celeryapp.alerting.sender import Sender, send_channel
+from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.errors import InvalidArgument
+from celeryapp.interfaces import wiring_checks
 from models import Alert, AlertDelivery, DeliveryStatus, transaction
 from models.clock import clock
 from tests import alert_wiring
@@ -124,11 +129,35 @@ def test_a_storm_reaches_a_channel_as_the_rate_limit_and_one_summary(
     assert status == [DeliveryStatus.DELIVERED] * 3 + [DeliveryStatus.SUMMARISED] * 5
 
     later = alert(settings, ["hook"], execution_id=99)  # same minute: waits for room
-    test = alert(settings, ["hook"], execution_id=100, kind="test")  # an operator's test never waits
+    test = alert(settings, ["hook"], execution_id=100, kind="test")  # a test too (it counts: issue 36)
     send(settings, "hook")
-    assert [r.json()["id"] for r in http.wait(5)[4:]] == [test]
-    assert deliveries(settings, later)["hook"].status is DeliveryStatus.PENDING
-    assert deliveries(settings, later)["hook"].attempts == 0
+    assert len(http.answered()) == 4
+    for key in (later, test):
+        assert deliveries(settings, key)["hook"].status is DeliveryStatus.PENDING
+        assert deliveries(settings, key)["hook"].attempts == 0
+
+
+def test_test_alerts_are_counted_by_the_rate_limit_and_carry_the_callers_text_as_a_test(
+    app: ChordbeatCelery, settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]
+) -> None:
+    http, _ = wired
+    lure = "URGENT: your chordbeat session expired, re-authenticate at https://evil.example/login " * 6
+    calls = [
+        wiring_checks.test_alert(app, "hook", actor="dave", reason=lure[:500]) for _ in range(settings.alert_rate_limit)
+    ]
+    # Past the channel's rate limit (3 a minute here), a test is refused, naming the field.
+    with pytest.raises(InvalidArgument, match=r"^channel: 3 test alerts to hook in the last 60 s"):
+        wiring_checks.test_alert(app, "hook", actor="dave", reason="one more")
+    # A real alert and the tests share the window: the alert first, the tests with what is left.
+    key = alert(settings, ["hook"])
+    send(settings, "hook")
+    got = http.wait(settings.alert_rate_limit)
+    assert [r.json()["id"] for r in got] == [key, calls[0]["id"], calls[1]["id"]]
+    send(settings, "hook")
+    assert len(http.answered()) == settings.alert_rate_limit  # the third test waits for room
+    message = got[1].json()["message"]
+    assert message.startswith("TEST, not an alert: chordbeat test of channel hook, asked by dave (service)")
+    assert len(message) <= 200 and message.count("URGENT") == 1 and message.endswith('…"')
 
 
 def test_hostile_text_stays_in_its_place_and_huge_text_is_cut(
@@ -178,6 +207,54 @@ def test_secrets_are_never_in_errors_or_logs(
     assert [r.path for r in http.answered()] == [f"/services/{token}?key={token}"]
     for text in [*errors.values(), caplog.text]:
         assert token not in text and SECRET not in text
+
+
+def _logged_text(record: logging.LogRecord) -> str:
+    """All a handler could write of ``record``: message, arguments, traceback, stack."""
+    formatter = logging.Formatter()
+    parts = [str(record.msg), repr(record.args), record.getMessage(), record.exc_text or "", record.stack_info or ""]
+    if record.exc_info:
+        parts.append(formatter.formatException(record.exc_info))
+    return "\n".join(parts)
+
+
+def test_secrets_of_a_url_http_client_cannot_parse_are_in_no_log_record(
+    settings: Settings,
+    wired: tuple[HttpReceiver, SmtpReceiver],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # http.client refuses both (InvalidURL) with the password, or the token path, in its message.
+    password, token = "PASSW0RD-of-the-hook", "T0KEN-of-the-chat"
+    monkeypatch.setenv("HOOK_URL", f"http://alice:{password}@127.0.0.1/hook")  # no port: "nonnumeric port"
+    monkeypatch.setenv("CHAT_URL", f"http://127.0.0.1:{free_port()}/services/{token} x")  # a space in the path
+    caplog.set_level(logging.DEBUG)
+    key = alert(settings, ["hook", "chat"])
+    for _ in range(2):  # and at the retry
+        send(settings, "hook", "chat")
+        with transaction(settings.database_url) as session:
+            session.execute(update(AlertDelivery).values(next_try_at=clock.now()))
+    states = deliveries(settings, key)
+    assert {c: d.attempts for c, d in states.items()} == {"hook": 2, "chat": 2}
+    assert states["hook"].last_error == "http://127.0.0.1/…: not a usable URL (http.client refused it)"
+    logged = [_logged_text(record) for record in caplog.records]
+    assert logged  # the failures are logged...
+    for text in [*logged, *(d.last_error or "" for d in states.values())]:
+        assert password not in text and token not in text  # ...never their secrets
+
+
+def test_an_exception_quoting_a_secret_the_sender_read_is_logged_masked(caplog: pytest.LogCaptureFixture) -> None:
+    # Whatever raises (a library's error the transports do not know): the record is masked.
+    password, token = "PASSW0RD-read-by-the-sender", "T0KEN-read-by-the-sender"
+    remember(f"http://alice:{password}@hooks.example.com/services/{token}")
+    caplog.set_level(logging.DEBUG)
+    try:
+        raise http.client.InvalidURL(f"nonnumeric port: '{password}@hooks.example.com' for /services/{token}")
+    except http.client.InvalidURL:
+        masked_logger("celeryapp.alerting.sender").exception("could not send to %s", f"/services/{token}")
+    [record] = caplog.records
+    assert "nonnumeric port" in _logged_text(record) and "could not send to" in caplog.text
+    assert password not in _logged_text(record) + caplog.text and token not in _logged_text(record) + caplog.text
 
 
 def test_without_a_channels_file_nothing_is_sent_or_counted_as_an_attempt(

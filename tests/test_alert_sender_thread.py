@@ -151,3 +151,44 @@ def test_a_killed_senders_successor_delivers_and_a_step_worker_never_sends(
     assert got.json()["id"] == key and got.signature_valid(SECRET)
     assert deliveries(settings, key)["hook"].status is DeliveryStatus.DELIVERED
     print(f"kill -> successor's delivery: {got.received_at - killed.timestamp():.3f} s")
+
+
+@pytest.mark.parametrize(
+    ("value", "ttl_ms", "why"),
+    [
+        ("x", None, "no expiry"),  # one SET by hand: alerting stopped for ever, silently
+        ("celery@gone-host", None, "no expiry"),
+        ("x", 5_000, "not a worker's name"),
+        ("celery@other", 86_400_000, "a TTL of 86400 s"),  # longer than any sender gives
+    ],
+)
+def test_a_lease_no_sender_could_hold_is_taken_over_and_logged(
+    app: ChordbeatCelery,
+    settings: Settings,
+    caplog: pytest.LogCaptureFixture,
+    value: str,
+    ttl_ms: int | None,
+    why: str,
+) -> None:
+    client = redis.Redis.from_url(settings.broker_url)
+    client.set(sender_thread.LEASE_KEY, value, px=ttl_ms)
+    thread = sender_thread.SenderThread(settings, "celery@control-a")
+    try:
+        assert thread.holds_lease()
+    finally:
+        thread.sender.close(1)
+    assert lease_holder(settings) == "celery@control-a"
+    assert 0 < client.pttl(sender_thread.LEASE_KEY) <= (sender_thread.LEASE_S + settings.alert_poll_interval_s) * 1000
+    [warning] = [r for r in caplog.records if r.levelname == "WARNING" and "lease" in r.getMessage()]
+    assert repr(value) in warning.getMessage() and why in warning.getMessage()
+
+
+def test_a_live_senders_lease_is_left_to_it(app: ChordbeatCelery, settings: Settings) -> None:
+    holder = sender_thread.SenderThread(settings, "celery@control-a")
+    other = sender_thread.SenderThread(settings, "celery@control-b")
+    try:
+        assert holder.holds_lease() and not other.holds_lease() and holder.holds_lease()
+    finally:
+        holder.sender.close(1)
+        other.sender.close(1)
+    assert lease_holder(settings) == "celery@control-a"

@@ -134,7 +134,9 @@ def test_a_test_alert_goes_to_one_channel_and_is_audited(
 ) -> None:
     sent = call(client, "chordbeat.test_alert", channel="ops-mail", actor="dave", reason="new relay")
     assert sent["kind"] == "test" and sent["schedule"] is None and sent["id"].startswith("test/ops-mail/")
-    assert sent["message"] == "chordbeat test alert to channel ops-mail, sent by dave (service): new relay"
+    assert sent["message"] == (
+        'TEST, not an alert: chordbeat test of channel ops-mail, asked by dave (service); note: "new relay"'
+    )
     assert [(d["channel"], d["status"], d["attempts"]) for d in sent["deliveries"]] == [("ops-mail", "pending", 0)]
     # Two tests are two alerts (each its own delivery to follow).
     other = call(client, "chordbeat.test_alert", channel="ops-mail")

@@ -69,6 +69,38 @@ def test_wrong_password_and_foreign_next_are_refused(web: WebServer) -> None:
     assert r.headers["Location"] == "/"
 
 
+#: ``next`` values a browser reads as //evil.example (tab and newlines dropped, backslash a slash).
+ANOTHER_SITE = ("/\t/evil.example", "/\n/evil.example", "/\r/evil.example", "/\\evil.example", "\\/evil.example")
+
+
+def test_a_next_a_browser_reads_as_another_site_never_leaves_the_dashboard(
+    app: ChordbeatCelery, web: WebServer
+) -> None:
+    _define(app, "nightly", [{"name": "a", "task": "chordbeat.examples.sleep"}])
+    admin = web.session(ADMIN)
+    for target in ANOTHER_SITE:
+        # The login: where it sends the browser once logged in.
+        login = web.session()
+        r = login.post(
+            web.url + "/login",
+            params={"next": target},
+            data={"username": VIEWER[0], "password": VIEWER[1], "_xsrf": xsrf(login)},
+            allow_redirects=False,
+            timeout=10,
+        )
+        assert (r.status_code, r.headers["Location"]) == (302, "/"), repr(target)
+        # The confirmation page: its Back link and the form's next are the dashboard's.
+        page = admin.get(web.url + "/act/run", params={"name": "nightly", "next": target}, timeout=10)
+        assert page.status_code == 200
+        back = re.search(r'<a href="([^"]*)" id="confirm-back"', page.text)
+        assert back is not None and html.unescape(back.group(1)) == "/", repr(target)
+        assert "evil.example" not in page.text, repr(target)
+        # The action: where it sends the browser once done.
+        form = {"name": "nightly", "next": target, "_xsrf": xsrf(admin)}
+        r = admin.post(web.url + "/act/resume", data=form, allow_redirects=False, timeout=10)
+        assert (r.status_code, r.headers["Location"]) == (302, "/"), repr(target)
+
+
 def test_a_changed_password_or_removed_user_ends_the_session(app: ChordbeatCelery) -> None:
     with WebServer(app) as before:
         admin, viewer = before.session(ADMIN), before.session(VIEWER)

@@ -21,6 +21,7 @@ from celeryapp.interfaces.web.auth import (
 from celeryapp.interfaces.web.guard import FAILED_LOGIN_FLOOR_S, failure_pad_s
 from celeryapp.interfaces.web.humanize import cadence_words, cron_words
 from celeryapp.interfaces.web.queries import next_fire_times
+from celeryapp.interfaces.web.redirects import same_site_path
 from celeryapp.interfaces.web.sessions import client_address, forwarded_https
 from models import Schedule, ScheduleStatus
 
@@ -167,3 +168,52 @@ def test_forwarded_headers_are_believed_from_the_trusted_proxy_only() -> None:
     assert client_address("10.0.0.6", "192.0.2.7", proxies) == "10.0.0.6"
     assert client_address("10.0.0.5", "not-an-address", proxies) == "10.0.0.5"
     assert client_address("10.0.0.5", None, proxies) == "10.0.0.5"
+
+
+#: Each read by the WHATWG URL parser against http://dash.example/act/pause as the host
+#: evil.example (checked with node's ``new URL``): tab and newlines dropped, backslash a slash,
+#: C0 controls and spaces stripped from the ends, a scheme with a host.
+ANOTHER_SITE = [
+    "//evil.example",
+    "/\t/evil.example",
+    "/\n/evil.example",
+    "/\r/evil.example",
+    "\t//evil.example",
+    "/\t\\evil.example",
+    "/\\\tevil.example",
+    "/\\evil.example",
+    "\\/evil.example",
+    "\\\\evil.example",
+    " //evil.example",
+    "\x00//evil.example",
+    "\x1f/\\evil.example",
+    "https:evil.example",
+    "http:\\\\evil.example",
+    "https://evil.example/",
+    "javascript:alert(1)",
+]
+
+
+@pytest.mark.parametrize("target", ANOTHER_SITE)
+def test_a_next_a_browser_reads_as_another_site_is_refused(target: str) -> None:
+    assert same_site_path(target) == "/"
+    assert same_site_path(target, "/alerts") == "/alerts"
+
+
+@pytest.mark.parametrize(
+    ("target", "path"),
+    [
+        ("/schedule?name=a%2F%2Fb", "/schedule?name=a%2F%2Fb"),
+        ("/alerts?status=open&schedule=", "/alerts?status=open&schedule="),
+        ("/%09/evil.example", "/%09/evil.example"),  # a path of this site: browsers do not decode it
+        (" /health\n", "/health"),  # as the browser will read it
+        ("/.//evil.example", "/.//evil.example"),  # http://dash.example//evil.example
+    ],
+)
+def test_a_next_of_this_site_is_kept_as_the_browser_reads_it(target: str, path: str) -> None:
+    assert same_site_path(target) == path
+
+
+def test_a_control_character_inside_a_next_is_refused() -> None:
+    # Harmless to a browser (percent-encoded in the path) but not for a Location header.
+    assert same_site_path("/\x0b/x") == "/" and same_site_path("/\x7f/x") == "/"

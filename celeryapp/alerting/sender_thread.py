@@ -10,7 +10,6 @@ While Redis cannot be asked at all, each of them watches and sends (see :meth:`S
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Any
@@ -19,6 +18,7 @@ import redis
 from celery import bootsteps
 
 from celeryapp.alerting import deadline_watch
+from celeryapp.alerting.log_masking import masked_logger
 from celeryapp.alerting.sender import Sender
 from celeryapp.config import Settings
 from celeryapp.domain.names import PREFIX
@@ -26,7 +26,7 @@ from celeryapp.messaging.keys import CONTROL_QUEUE
 from celeryapp.messaging.redis_client import get_redis, registered_script
 from models.clock import clock
 
-logger = logging.getLogger(__name__)
+logger = masked_logger(__name__)
 
 #: The Redis key whose value names the worker sending alerts.
 LEASE_KEY = f"{PREFIX}:alerts:sender"
@@ -34,13 +34,39 @@ LEASE_KEY = f"{PREFIX}:alerts:sender"
 LEASE_S = 15.0
 #: Seconds a stopping worker waits for sends under way (each ends within its own timeout).
 STOP_WAIT_S = 15.0
-#: Renew the lease if this node holds it; 1 if renewed.
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+#: A held lease's TTL is at most the TTL this node gives; one longer than this many times that
+#: was set by no sender (a hand-made key, say): taken over (room left for nodes polling slower).
+LONGEST_TTL_FACTOR = 4
+#: Renew the lease if this node holds it, take it if free, and take over one no sender could
+#: hold: without expiry (one ``SET`` by hand stopped alerting for ever), with a TTL no sender
+#: gives, holding no worker's name, or not a string at all. Answers {outcome, the value found,
+#: its TTL in ms, its type}: outcome 1 renewed, 2 taken, 3 taken over, 0 another node's.
+_TAKE_OR_RENEW = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return {2, '', -2, kind}
 end
-return 0
+if kind ~= 'string' then
+    redis.call('DEL', KEYS[1])
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return {3, '', -2, kind}
+end
+local value = redis.call('GET', KEYS[1])
+local ttl = redis.call('PTTL', KEYS[1])
+if value == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, '', ttl, kind}
+end
+local named = #value <= 255 and string.find(value, '^[^@%s%c]+@[^@%s%c]+$') ~= nil
+if ttl < 0 or ttl > tonumber(ARGV[3]) or not named then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return {3, value, ttl, kind}
+end
+return {0, '', ttl, kind}
 """
+#: Characters of a lease's value quoted in the log when it is taken over.
+QUOTED_VALUE_CHARS = 100
 #: Give the lease up if this node holds it.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -114,13 +140,27 @@ class SenderThread:
         return held
 
     def holds_lease(self) -> bool:
-        """Take the lease if free, renew it if ours; whether this node now holds it."""
+        """Take the lease if free, renew it if ours, take it over if no sender could hold it (said
+        in the log: someone or something wrote the key); whether this node now holds it. The
+        lease always expires: a node that stops renewing it loses it."""
         client = get_redis(self.settings.broker_url)
         ttl_ms = int((LEASE_S + self.settings.alert_poll_interval_s) * 1000)
-        if client.set(LEASE_KEY, self.node, nx=True, px=ttl_ms):
+        script = registered_script(client, _TAKE_OR_RENEW)
+        outcome, value, found_ttl_ms, kind = script(
+            keys=[LEASE_KEY], args=[self.node, ttl_ms, LONGEST_TTL_FACTOR * ttl_ms]
+        )
+        if outcome == 2:
             logger.info("%s sends the alerts", self.node)
-            return True
-        return bool(registered_script(client, _RENEW)(keys=[LEASE_KEY], args=[self.node, ttl_ms]))
+        elif outcome == 3:
+            logger.warning(
+                "the alert sender's lease %s was held by %s with %s: no sender could hold it; "
+                "%s takes it over and sends the alerts",
+                LEASE_KEY,
+                _quoted(value),
+                _unholdable(value, int(found_ttl_ms), _text(kind), LONGEST_TTL_FACTOR * ttl_ms),
+                self.node,
+            )
+        return int(outcome) in {1, 2, 3}
 
     def _watch(self) -> None:
         if time.monotonic() < self._next_watch:
@@ -139,6 +179,25 @@ class SenderThread:
             return
         if raised:
             logger.info("the deadline watch raised %d alerts", raised)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _quoted(value: bytes | str) -> str:
+    return repr(_text(value)[:QUOTED_VALUE_CHARS])
+
+
+def _unholdable(value: bytes | str, ttl_ms: int, kind: str, longest_ms: int) -> str:
+    """Why no sender could hold a lease like this one."""
+    if kind != "string":
+        return f"a Redis {kind}, not a string"
+    if ttl_ms < 0:
+        return "no expiry"
+    if ttl_ms > longest_ms:
+        return f"a TTL of {ttl_ms / 1000:.0f} s"
+    return "not a worker's name"
 
 
 class AlertSenderStep(bootsteps.StartStopStep):  # type: ignore[misc]

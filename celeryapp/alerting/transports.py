@@ -7,6 +7,7 @@ path is its secret, a URL's user and query may be), never the secret, never the 
 
 from __future__ import annotations
 
+import http.client
 import smtplib
 import ssl
 import urllib.error
@@ -81,12 +82,18 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> None:
         raise SendFailed(f"{where}: {_reason(exc.reason)}") from None
     except TimeoutError:
         raise SendFailed(f"no answer from {where} within {SEND_TIMEOUT_S:g} s") from None
+    except http.client.InvalidURL:
+        # Its message quotes the URL's parts: "nonnumeric port: 'password@host'", a token path.
+        raise SendFailed(f"{where}: not a usable URL (http.client refused it)") from None
+    except http.client.HTTPException as exc:  # a malformed answer: its text is the receiver's
+        raise SendFailed(f"{where}: {type(exc).__name__}") from None
     except (OSError, ValueError) as exc:
         raise SendFailed(f"{where}: {_reason(exc)}") from None
 
 
 def send_mail(smtp_url: str, variable: str, message: EmailMessage) -> None:
-    """Send ``message`` through the server of ``smtp://[user:pass@]host[:port]`` (or ``smtps://``)."""
+    """Send ``message`` through the server of ``smtp://[user:pass@]host[:port]`` (or ``smtps://``);
+    with a user or password, over ``smtp://`` only after STARTTLS."""
     try:
         parts = urlsplit(smtp_url)
         scheme, host, port = parts.scheme, parts.hostname, parts.port
@@ -103,8 +110,10 @@ def send_mail(smtp_url: str, variable: str, message: EmailMessage) -> None:
         else:
             server = smtplib.SMTP(host, port or SMTP_PORTS[scheme], timeout=SEND_TIMEOUT_S)
         with server:
-            if parts.username:
-                server.login(unquote(parts.username), unquote(parts.password or ""))
+            if parts.username or parts.password:
+                if scheme == "smtp":
+                    _starttls(server, where)
+                server.login(unquote(parts.username or ""), unquote(parts.password or ""))
             # Recipients refused while others took it are not retried: a resend would reach
             # those who have it twice, and the refusal is the server's (a mistyped address).
             server.send_message(message)
@@ -116,6 +125,20 @@ def send_mail(smtp_url: str, variable: str, message: EmailMessage) -> None:
         raise SendFailed(f"no answer from {where} within {SEND_TIMEOUT_S:g} s") from None
     except (smtplib.SMTPException, OSError) as exc:
         raise SendFailed(f"{where}: {_reason(exc)}") from None
+
+
+def _starttls(server: smtplib.SMTP, where: str) -> None:
+    """Encrypt the connection before a login: over ``smtp://`` the password would go in clear,
+    readable on every network between. The server's certificate is verified (a private CA:
+    ``SSL_CERT_FILE``); a server that does not offer STARTTLS never gets the password."""
+    server.ehlo()
+    if not server.has_extn("starttls"):
+        raise SendFailed(
+            f"{where} does not offer STARTTLS: the password is never sent in clear "
+            "(use a server that offers it, or smtps://)"
+        )
+    server.starttls(context=ssl.create_default_context())
+    server.ehlo()
 
 
 def _reason(reason: object) -> str:

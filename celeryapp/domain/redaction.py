@@ -99,3 +99,36 @@ def hide_secrets(text: str) -> str:
     the dashboard, in the CLI and in Flower, to people who may not see the step's credentials.
     """
     return _KEYWORD_SECRET.sub(rf"\g<1>{HIDDEN}", _URL_PASSWORD.sub(rf"\g<1>{HIDDEN}@", text))
+
+
+def url_secrets(url: str) -> set[str]:
+    """The parts of a URL read from a channel's variable that are its secrets, as written and
+    decoded: the whole URL, its user and password, its path and query (a Slack webhook's path is
+    its token); an unparseable URL, all of it and what follows its scheme."""
+    found = {url}
+    _scheme, _sep, rest = url.partition("://")
+    found.add(rest)
+    try:
+        parts = urlsplit(url)
+        pieces = [parts.username or "", parts.password or "", parts.query, parts.fragment]
+        if parts.path.strip("/"):
+            pieces += [parts.path, parts.path + ("?" + parts.query if parts.query else "")]
+    except ValueError:
+        pieces = []
+    # What http.client quotes back of an unparseable URL: what follows its user (a "port" that
+    # is "password@host"), and the netloc after the scheme.
+    userinfo, at, _host = rest.partition("/")[0].rpartition("@")
+    if at:
+        pieces += [userinfo, *userinfo.split(":", 1)]
+    for piece in pieces:
+        found.update({piece, unquote(piece)})
+    return {piece for piece in found if piece}
+
+
+def hide_values(text: str, values: set[str] | frozenset[str], shortest: int = 4) -> str:
+    """``text`` with every one of ``values`` (secrets known by value) replaced, longest first so
+    that a part of one never leaves the rest of it showing; values shorter than ``shortest``
+    characters are not looked for (every "a" would go), :func:`hide_secrets` is applied too."""
+    for value in sorted((v for v in values if len(v) >= shortest), key=len, reverse=True):
+        text = text.replace(value, HIDDEN)
+    return hide_secrets(text)

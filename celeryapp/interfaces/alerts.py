@@ -10,7 +10,6 @@ shown); a new silence replaces the one in force.
 
 from __future__ import annotations
 
-import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
@@ -19,16 +18,13 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from celeryapp.alerting.channels import channel_names
 from celeryapp.domain.limits import is_unicode, short_repr, type_name
 from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument, NotFound
 from celeryapp.interfaces.arguments import actor_arg, limit_arg, name_arg, reason_arg
-from celeryapp.monitoring.alert_outbox import write_alert
 from celeryapp.scheduling.store import find_schedule
 from models import Alert, AlertDelivery, AlertKind, AlertSilence, transaction, utcnow
 from models.alert_tables import ALERT_KEY_LENGTH, ALERTS
-from models.audit import Actor
 from models.session import affected, retried_transaction
 from models.states import AuditAction, AuditSource
 
@@ -102,22 +98,6 @@ def until_arg(value: Any, now: datetime) -> datetime:
             "schedule's alerts out of its definition",
         )
     return until
-
-
-def channel_arg(app: ChordbeatCelery, value: Any) -> str:
-    """A channel of the deployment's channels file."""
-    if not isinstance(value, str):
-        raise InvalidArgument("channel", f"must be a channel's name (a string), got {type_name(value)}")
-    names = channel_names(app.settings)
-    if not names:
-        raise InvalidArgument("channel", "no channel is defined: CHORDBEAT_ALERT_CHANNELS names no channels file")
-    if value not in names:
-        raise InvalidArgument(
-            "channel",
-            f"no channel {short_repr(value)} in {app.settings.alert_channels_file}; "
-            f"its channels: {', '.join(sorted(names))}",
-        )
-    return value
 
 
 def alert_json(alert: Alert, deliveries: Iterable[AlertDelivery]) -> dict[str, Any]:
@@ -201,7 +181,7 @@ def list_alerts(
         return alerts_json(session, alert_rows(session, schedule=schedule, status=wanted, limit=limit))
 
 
-def _find(session: Session, key: str) -> Alert:
+def find_alert(session: Session, key: str) -> Alert:
     alert = session.scalar(select(Alert).where(Alert.key == key))
     if alert is None:
         raise NotFound(f"alert {key!r} does not exist")
@@ -211,7 +191,7 @@ def _find(session: Session, key: str) -> Alert:
 def get_alert(app: ChordbeatCelery, id: str) -> dict[str, Any]:
     key = alert_id_arg(id)
     with transaction(app.settings.database_url, read_only=True) as session:
-        return alerts_json(session, [_find(session, key)])[0]
+        return alerts_json(session, [find_alert(session, key)])[0]
 
 
 def acknowledge_alert(
@@ -227,7 +207,7 @@ def acknowledge_alert(
 
     def ack(session: Session) -> dict[str, Any]:
         now = utcnow()
-        alert = _find(session, key)
+        alert = find_alert(session, key)
         changed = affected(
             session,
             update(ALERTS)
@@ -335,40 +315,3 @@ def unsilence_schedule(
         return {**_silence_json(name, None), "changed": bool(changed)}
 
     return retried_transaction(app.settings.database_url, f"unsilencing schedule {name!r}", unsilence)
-
-
-def test_alert(
-    app: ChordbeatCelery,
-    channel: str,
-    actor: str | None = None,
-    reason: str | None = None,
-    *,
-    source: AuditSource = AuditSource.SERVICE,
-) -> dict[str, Any]:
-    """A ``test`` alert for one channel, delivered like any other: its delivery says whether the
-    wiring works (``get_alert`` follows it)."""
-    who, why = actor_arg(actor, source), reason_arg(reason)
-    channel = channel_arg(app, channel)
-
-    def send(session: Session) -> dict[str, Any]:
-        now = utcnow()
-        # Each test its own alert: the same channel tested twice in a millisecond is two tests.
-        key = f"{AlertKind.TEST.value}/{channel}/{iso(now)}/{uuid.uuid4().hex[:8]}"
-        write_alert(
-            session,
-            key=key,
-            kind=AlertKind.TEST,
-            schedule_name=NO_SCHEDULE,
-            message=_test_message(channel, who, why),
-            channels=[channel],
-            now=now,
-        )
-        who.record(session, AuditAction.ALERT_TEST, None, reason=why, detail={"channel": channel, "alert": key}, at=now)
-        return alerts_json(session, [_find(session, key)])[0]
-
-    return retried_transaction(app.settings.database_url, f"testing channel {channel!r}", send)
-
-
-def _test_message(channel: str, who: Actor, why: str | None) -> str:
-    text = f"chordbeat test alert to channel {channel}, sent by {who.name} ({who.source.value})"
-    return text if why is None else f"{text}: {why}"

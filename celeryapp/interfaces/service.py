@@ -32,7 +32,6 @@ from celeryapp.interfaces.alerts import (
     get_alert,
     list_alerts,
     silence_schedule,
-    test_alert,
     unsilence_schedule,
 )
 from celeryapp.interfaces.arguments import actor_arg as _actor
@@ -48,6 +47,7 @@ from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_back
 from celeryapp.interfaces.next_fires import next_fires
 from celeryapp.interfaces.summaries import execution_summaries, schedules_page
 from celeryapp.interfaces.views import alerting_of, execution_json, one_schedule_json, schedule_json
+from celeryapp.interfaces.wiring_checks import test_alert
 from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.recovery.paused_slots import record_paused_slots
 from celeryapp.scheduling.calendar_files import calendar_reader

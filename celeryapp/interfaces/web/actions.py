@@ -28,6 +28,7 @@ from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.execution.reruns import first_failed_group
 from celeryapp.interfaces import service
 from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler
+from celeryapp.interfaces.web.redirects import same_site_path
 from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleStatus, utcnow
 from models.states import AuditSource
 
@@ -157,11 +158,6 @@ def _for_execution(session: Session, action: str, execution_id: int, now: dateti
     )
 
 
-def safe_path(target: str) -> str:
-    """Only a path of this site: never //evil.example or a scheme."""
-    return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/"
-
-
 def parse_payload(text: str) -> dict[str, Any] | None:
     """The payload typed in the form: None for an empty field (the schedule's own payload).
 
@@ -202,13 +198,13 @@ class ActionHandler(BaseHandler):
         if action not in CONFIRMED:
             raise tornado.web.HTTPError(405)
         c = await self.confirmation(action, execution_id, self.get_query_argument("name", None))
-        c.back = safe_path(self.get_query_argument("next", c.back))
+        c.back = same_site_path(self.get_query_argument("next", c.back), c.back)
         self.page("confirm.html", c=c)
 
     async def again(self, action: str, execution_id: str | None, name: str | None, error: str) -> None:
         """The confirmation page once more, with what was typed and what is wrong with it."""
         c = await self.confirmation(action, execution_id, name)
-        c.back = safe_path(self.get_body_argument("next", c.back))
+        c.back = same_site_path(self.get_body_argument("next", c.back), c.back)
         c.reason = self.get_body_argument("reason", "")
         if c.payload is not None:
             c.payload = self.get_body_argument("payload", c.payload)
@@ -239,7 +235,7 @@ class ActionHandler(BaseHandler):
             message, target = f"{action} refused: {exc}", None
         logger.info("web: %s by %s: %s", action, self.user.name, message)
         self.set_signed_cookie(FLASH_COOKIE, message, expires_days=None, httponly=True, samesite="Strict")
-        self.redirect(target or safe_path(self.get_body_argument("next", "/")))
+        self.redirect(target or same_site_path(self.get_body_argument("next", "/")))
 
     def act(
         self, action: str, execution_id: str | None, name: str | None, reason: str | None, typed: str

@@ -25,9 +25,10 @@ from celeryapp.domain.times import iso, stamp
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.interfaces import alerts
 from celeryapp.interfaces.display import alert_words, deadline_words
-from celeryapp.interfaces.web.actions import Confirmation, safe_path
+from celeryapp.interfaces.web.actions import Confirmation
 from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler
 from celeryapp.interfaces.web.humanize import here_tag
+from celeryapp.interfaces.web.redirects import same_site_path
 from models import Alert, AlertSilence, Schedule, utcnow
 from models.alert_tables import ALERT_KEY_LENGTH
 from models.states import AuditSource
@@ -158,7 +159,7 @@ class AlertActionHandler(BaseHandler):
         if action == "unsilence":
             raise tornado.web.HTTPError(405)
         c = await self.confirmation(action, self.get_query_argument("id", None), self.get_query_argument("name", None))
-        c.back = safe_path(self.get_query_argument("next", c.back))
+        c.back = same_site_path(self.get_query_argument("next", c.back), c.back)
         self.page("confirm.html", c=c)
 
     @tornado.web.authenticated
@@ -179,7 +180,11 @@ class AlertActionHandler(BaseHandler):
             else:
                 # The same page, what was typed kept, and what is wrong with it.
                 c = await self.confirmation(action, key, name)
-                c.back, c.reason, c.error = safe_path(self.get_body_argument("next", c.back)), reason or "", str(exc)
+                c.back, c.reason, c.error = (
+                    same_site_path(self.get_body_argument("next", c.back), c.back),
+                    reason or "",
+                    str(exc),
+                )
                 self.set_status(400)
                 self.page("confirm.html", c=c)
                 return
@@ -187,7 +192,7 @@ class AlertActionHandler(BaseHandler):
             message = f"{action} refused: {exc}"
         logger.info("web: %s by %s: %s", action, self.user.name, message)
         self.set_signed_cookie(FLASH_COOKIE, message, expires_days=None, httponly=True, samesite="Strict")
-        self.redirect(safe_path(self.get_body_argument("next", "/alerts")))
+        self.redirect(same_site_path(self.get_body_argument("next", "/alerts"), "/alerts"))
 
     def act(self, action: str, key: str | None, name: str | None, reason: str | None, hours: str) -> str:
         app = self.ctx.app

@@ -28,8 +28,9 @@ from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_backfill
 from celeryapp.interfaces.backfill_view import backfill_view, backfill_views
 from celeryapp.interfaces.time_words import backfill_title, progress_words
-from celeryapp.interfaces.web.actions import Confirmation, safe_path
+from celeryapp.interfaces.web.actions import Confirmation
 from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler
+from celeryapp.interfaces.web.redirects import same_site_path
 from models import Backfill, Schedule
 from models.states import AuditSource
 
@@ -160,7 +161,7 @@ class BackfillActionHandler(BaseHandler):
         self.admin()
         if action == "cancel-backfill":
             c = await self.cancellation(backfill_id)
-            c.back = safe_path(self.get_query_argument("next", c.back))
+            c.back = same_site_path(self.get_query_argument("next", c.back), c.back)
             self.page("confirm.html", c=c)
             return
         page = await self.dry_run(self.form(self.get_query_argument))
@@ -223,7 +224,7 @@ class BackfillActionHandler(BaseHandler):
 
     async def cancel(self, backfill_id: str | None, reason: str | None) -> None:
         c = await self.cancellation(backfill_id)
-        back = safe_path(self.get_body_argument("next", c.back))
+        back = same_site_path(self.get_body_argument("next", c.back), c.back)
         if reason is None:
             c.back, c.error = back, "Say why: a reason is required to cancel."
             self.set_status(400)

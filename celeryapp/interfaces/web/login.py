@@ -10,6 +10,7 @@ import redis
 from celeryapp.interfaces.web.base import BaseHandler
 from celeryapp.interfaces.web.guard import failure_pad_s
 from celeryapp.interfaces.web.hashing import PoolFull
+from celeryapp.interfaces.web.redirects import same_site_path
 from celeryapp.interfaces.web.throttle import Refusal
 
 logger = logging.getLogger(__name__)
@@ -61,9 +62,7 @@ class LoginHandler(BaseHandler):
         self.render("login.html", error=error, next=self._next(), user=None)
 
     def _next(self) -> str:
-        target = self.get_argument("next", "/")
-        # Only a path of this site: never //evil.example or a scheme.
-        return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/"
+        return same_site_path(self.get_argument("next", "/"))
 
 
 class LogoutHandler(BaseHandler):

@@ -243,7 +243,9 @@ SERVICE_TASKS = (
     ServiceTask(
         "chordbeat.test_alert",
         (Param("channel"), _ACTOR, _REASON),
-        "`channel`: a channel of the `CHORDBEAT_ALERT_CHANNELS` file; alert object of kind `test` with one "
-        "pending delivery to the channel (`get_alert` follows it)",
+        "`channel`: a channel of the `CHORDBEAT_ALERT_CHANNELS` file, refused once it has had "
+        "`CHORDBEAT_ALERT_RATE_LIMIT` tests in the last 60 s; alert object of kind `test` (message `TEST, not an "
+        "alert: …`, the actor and reason quoted and cut) with one pending delivery to the channel (`get_alert` "
+        "follows it)",
     ),
 )

@@ -48,7 +48,9 @@ def acl_redis() -> Iterator[AclRedis]:
     directory = Path(tempfile.mkdtemp(prefix="chordbeat-acl-"))
     passwords = {role: secrets.token_urlsafe(16) for role in (*ROLES, OWN_RESULTS_CALLER)}
     hashes = {
-        f"REDIS_ACL_{role.upper()}_SHA256": hashlib.sha256(p.encode()).hexdigest() for role, p in passwords.items()
+        # The workers' user is `chordbeat`; its variable says APP, as no CHORDBEAT_* name may be undocumented.
+        f"REDIS_ACL_{'APP' if role == 'chordbeat' else role.upper()}_SHA256": hashlib.sha256(p.encode()).hexdigest()
+        for role, p in passwords.items()
     }
     rendered = Template(ACL_FILE.read_text()).substitute(hashes)
     (service_line,) = [line for line in rendered.splitlines() if line.startswith("user chordbeat-service ")]

@@ -62,6 +62,9 @@ EPOCH_KEY = f"{keys.PREFIX}:epoch"
 RECOVERY_SEEN_KEY = f"{keys.PREFIX}:recovery:seen"
 #: While present, missing heartbeats are not yet taken for lost workers (see heartbeats_trusted).
 HEARTBEAT_GRACE_KEY = f"{keys.PREFIX}:recovery:heartbeat-grace"
+#: The run id (``INFO server``) of the Redis server the last pass talked to. Replicated like any
+#: key, so on a promoted replica (or a server restarted from its snapshot) it names another server.
+PRIMARY_KEY = f"{keys.PREFIX}:recovery:primary"
 
 
 @dataclass
@@ -115,9 +118,16 @@ def recover_stale_steps(app: ChordbeatCelery, now: datetime, report: RecoveryRep
         return
     client = get_redis(settings.broker_url)
     with client.pipeline(transaction=False) as pipe:
+        # Asked of the server that answers the heartbeats: a failover since heartbeats_trusted
+        # looked would judge them by a clock not yet given its grace.
+        pipe.get(PRIMARY_KEY)
+        pipe.info("server")
         for task_id, attempt, _node in candidates:
             pipe.exists(keys.heartbeat_key(task_id, attempt))
-        alive = pipe.execute()
+        seen, server, *alive = pipe.execute()
+    if seen is not None and seen != server["run_id"]:
+        logger.warning("recovery: the Redis primary changed during the pass; nothing re-queued in it")
+        return
     for (task_id, attempt, owner), beating in zip(candidates, alive, strict=True):
         if not beating:
             requeue_lost(app, task_id, attempt, f"worker lost: no heartbeat from {owner}", now, report)
@@ -278,12 +288,14 @@ def heartbeats_trusted(app: ChordbeatCelery) -> bool:
     Not for one TTL after recovery itself could not run (Redis was away, or beat was), nor after
     Redis's clock jumped forward: running steps' heartbeat keys expired meanwhile or vanished with
     Redis's data, and their watches need a moment to write them again. Re-queueing then would stop
-    and re-run steps that are fine.
+    and re-run steps that are fine. Nor for one TTL after the Redis primary changed
+    (:func:`primary_changed`).
     """
     settings = app.settings
     client = get_redis(settings.broker_url)
     gap_ms = int((2 * settings.recovery_interval_s + settings.heartbeat_ttl_s) * 1000)
-    if client.set(RECOVERY_SEEN_KEY, "1", px=gap_ms, get=True) is None:
+    unseen = client.set(RECOVERY_SEEN_KEY, "1", px=gap_ms, get=True) is None
+    if primary_changed(app, client) or unseen:
         client.set(HEARTBEAT_GRACE_KEY, "1", px=int(settings.heartbeat_ttl_s * 1000))
         return False
     # Redis's clock jumped forward: every heartbeat with less time to live than the jump expired at
@@ -292,6 +304,48 @@ def heartbeats_trusted(app: ChordbeatCelery) -> bool:
     if clock.jumped_forward_within(settings.heartbeat_ttl_s):
         return False
     return not client.exists(HEARTBEAT_GRACE_KEY)
+
+
+def primary_changed(app: ChordbeatCelery, client: redis.Redis) -> bool:
+    """Whether the Redis server answering is another than the last pass's: a promoted replica, or a
+    server restarted from its snapshot (``run_id`` is new at each start).
+
+    Redis keeps a key's expiry as an absolute time and a replica inherits it, so the new server
+    expires keys by its own clock: one ahead drops running steps' heartbeats at once, one behind
+    keeps a dead worker's for as much longer. The first is covered by the grace heartbeats_trusted
+    then gives; the second by shortening what is left of every live attempt's keys to one TTL.
+    """
+    run_id = client.info("server")["run_id"]
+    previous = client.set(PRIMARY_KEY, run_id, get=True)
+    # None: the first pass, or Redis lost its data (RECOVERY_SEEN_KEY is gone too, which is a gap).
+    if previous is None or previous == run_id:
+        return False
+    logger.warning(
+        "recovery: the Redis primary changed (run id %s, was %s): its clock may not be the old one's, "
+        "so no step is taken for lost for one heartbeat TTL",
+        run_id,
+        previous,
+    )
+    _cap_inherited_expiries(app, client)
+    return True
+
+
+def _cap_inherited_expiries(app: ChordbeatCelery, client: redis.Redis) -> None:
+    """Leave each live attempt's heartbeat and pickup key at most one TTL to live on the new server's
+    clock (``PEXPIRE … LT``: a key written since keeps its own): a key expiring later only because
+    this clock is behind the old one would hide a dead worker for as much longer."""
+    with transaction(app.settings.database_url, read_only=True) as session:
+        attempts = session.execute(
+            select(WorkerTask.id, WorkerTask.attempt).where(
+                WorkerTask.status.in_([WorkerTaskStatus.PROCESSING, WorkerTaskStatus.QUEUED])
+            )
+        ).all()
+    ttl_ms = int(app.settings.heartbeat_ttl_s * 1000)
+    with client.pipeline(transaction=False) as pipe:
+        for task_id, attempt in attempts:
+            pipe.pexpire(keys.heartbeat_key(task_id, attempt), ttl_ms, lt=True)
+            pipe.pexpire(keys.pickup_key(task_id, attempt), ttl_ms, lt=True)
+        pipe.execute()
 
 
 def top_up_backfills(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:

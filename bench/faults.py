@@ -14,7 +14,7 @@ from functools import partial
 from sqlalchemy import Engine, func, select
 
 from bench.harness import Bench, poll, running, trigger
-from celeryapp.recovery.recovery import HEARTBEAT_GRACE_KEY, RECOVERY_SEEN_KEY
+from celeryapp.recovery.heartbeat_trust import HEARTBEAT_GRACE_KEY, RECOVERY_SEEN_KEY
 from models import Activity, ScheduleExecution
 from tests.processes import Process
 

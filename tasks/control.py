@@ -5,14 +5,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery import Task
+from celery.signals import task_revoked
+
 from celeryapp import app
 from celeryapp.application import HOUSEKEEPING_INTERVAL_S
 from celeryapp.domain.limits import check_int
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.execution.advancing import advance_group
+from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery import housekeeping as history_purge
 from celeryapp.recovery import lost_slots, recovery
-from celeryapp.scheduling import beat_entries
+from celeryapp.scheduling import beat_entries, queued_fires
 from celeryapp.worker import firing
 from celeryapp.worker.dispatch import apply_effects
 from models import utcnow
@@ -35,10 +39,18 @@ def fire_schedule(name: str, nominal_at: str | None = None, trigger: str | None 
     return firing.fire(app, name, nominal_at=when, trigger=kind)
 
 
-@app.task(name="chordbeat.fire_batch", acks_late=True, reject_on_worker_lost=True, throws=(ChordbeatError,))
-def fire_batch(fires: list[dict[str, Any]]) -> list[dict[str, Any]]:
+@app.task(name="chordbeat.fire_batch", bind=True, acks_late=True, reject_on_worker_lost=True, throws=(ChordbeatError,))
+def fire_batch(self: Task, fires: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Sent by beat: the slots one tick found due, each ``{"name", "nominal_at", "trigger"}``."""
+    queued_fires.taken(get_redis(app.settings.broker_url), self.request.id)
     return firing.fire_batch(app, firing.batch_arguments(fires, now=utcnow()))
+
+
+@task_revoked.connect
+def fire_batch_dropped(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A fire message dropped unread (expired, revoked) is no longer queued either."""
+    if getattr(sender, "name", None) == fire_batch.name and request is not None:
+        queued_fires.taken(get_redis(app.settings.broker_url), request.id)
 
 
 @app.task(name="chordbeat.reconcile_beat", send_events=False)  # periodic: kept out of Flower

@@ -24,6 +24,7 @@ from celeryapp.interfaces import service
 from celeryapp.interfaces.views import execution_json
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.scheduling import queued_fires
 from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
 from models import Schedule, ScheduleExecution, Trigger, WorkerTask, get_engine, transaction, utcnow
 from tests.servers import wait_for
@@ -43,6 +44,7 @@ __all__ = [
     "set_field",
     "start_and_hold",
     "step",
+    "take_fires",
     "ts",
     "wait_for",
 ]
@@ -154,6 +156,20 @@ def fire_messages(app: ChordbeatCelery) -> list[tuple[list[dict[str, str]], str 
             _args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
             messages.append((kwargs["fires"], message["headers"]["expires"]))
     return messages
+
+
+def take_fires(app: ChordbeatCelery, taken: list[str]) -> list[str]:
+    """``taken``, extended by the names of the schedules fired since, in order. The control queue's
+    messages are taken as a control worker takes them, their queued markers too: with no worker
+    running, beat would otherwise send no more fires of a schedule whose last one waits."""
+    broker = get_redis(app.settings.broker_url)
+    for raw in broker.rpop(keys.CONTROL_QUEUE, 10_000) or []:  # oldest first
+        message = json.loads(raw)
+        if message["headers"]["task"] == "chordbeat.fire_batch":
+            queued_fires.taken(broker, message["headers"]["id"])
+            _args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+            taken.extend(fire["name"] for fire in kwargs["fires"])
+    return taken
 
 
 def entry_exists(app: ChordbeatCelery, name: str) -> bool:

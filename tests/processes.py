@@ -44,9 +44,19 @@ def steppable_clock(offset_file: Path) -> dict[str, str]:
 
 def _true_sleep() -> Path:
     """tests/faketime_sleep.c built once per user (it says why)."""
-    source = Path(ROOT) / "tests" / "faketime_sleep.c"
+    return _shared_library("faketime_sleep.c")
+
+
+def clock_shift_library() -> Path:
+    """tests/clock_shift.c built once per user: preloaded (``LD_PRELOAD``) into a redis-server with
+    ``CHORDBEAT_CLOCK_SHIFT_S`` or ``CHORDBEAT_CLOCK_SHIFT_FILE``, it shifts that server's clock."""
+    return _shared_library("clock_shift.c")
+
+
+def _shared_library(source_name: str) -> Path:
+    source = Path(ROOT) / "tests" / source_name
     version = os.stat(source).st_mtime_ns
-    built = Path(tempfile.gettempdir()) / f"chordbeat-{os.getuid()}" / f"faketime-sleep-{version}.so"
+    built = Path(tempfile.gettempdir()) / f"chordbeat-{os.getuid()}" / f"{source.stem}-{version}.so"
     if not built.exists():
         built.parent.mkdir(mode=0o700, exist_ok=True)
         partial = built.with_suffix(f".{os.getpid()}.tmp")

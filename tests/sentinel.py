@@ -5,6 +5,9 @@ Each server and Sentinel has its own directory and config file (Sentinel rewrite
 Sentinels judge a server down after :data:`DOWN_AFTER_MS` and two of them must agree; a failover
 may take :data:`FAILOVER_TIMEOUT_MS`.
 
+Given ``replica_clock_shift_s``, the replica's clock is that many seconds off the primary's
+(tests/clock_shift.c preloaded): a replica on another host, whose clock a failover makes Redis's.
+
 Given an ``address`` (the multi-host lab's bridge, :mod:`tests.lab`), every server and Sentinel
 also listens there, and the Sentinels know the servers (and each other) by it: the addresses they
 hand out must be reachable from the lab's hosts, where 127.0.0.1 is the host's own loopback.
@@ -13,6 +16,7 @@ hand out must be reachable from the lab's hosts, where 127.0.0.1 is the host's o
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import redis
 
+from tests.processes import clock_shift_library
 from tests.servers import free_port, wait_for
 
 MASTER = "mymaster"
@@ -42,8 +47,9 @@ def _binary(name: str) -> str:
 
 
 class SentinelCluster:
-    def __init__(self, master: str = MASTER, address: str = "127.0.0.1") -> None:
+    def __init__(self, master: str = MASTER, address: str = "127.0.0.1", replica_clock_shift_s: float = 0.0) -> None:
         self.master = master
+        self.replica_clock_shift_s = replica_clock_shift_s
         #: Where the servers and Sentinels are known (besides 127.0.0.1, where the test reaches them).
         self.address = address
         self.dir = Path(tempfile.mkdtemp(prefix="chordbeat-sentinel-"))
@@ -59,7 +65,7 @@ class SentinelCluster:
     def start(self) -> None:
         try:
             primary = self._server()
-            replica = self._server(replica_of=primary)
+            replica = self._server(replica_of=primary, clock_shift_s=self.replica_clock_shift_s)
             wait_for(
                 lambda: self.client(replica).info("replication").get("master_link_status") == "up",
                 20,
@@ -74,7 +80,7 @@ class SentinelCluster:
             self.close()
             raise
 
-    def _server(self, replica_of: int | None = None, port: int | None = None) -> int:
+    def _server(self, replica_of: int | None = None, port: int | None = None, clock_shift_s: float = 0.0) -> int:
         port = port or free_port()
         home = self.dir / f"redis-{port}"
         home.mkdir(exist_ok=True)
@@ -83,7 +89,11 @@ class SentinelCluster:
         argv += ["--logfile", str(home / "log"), "--protected-mode", self._protected()]
         if replica_of is not None:
             argv += ["--replicaof", self.address, str(replica_of)]
-        self.servers[port] = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        env = None
+        if clock_shift_s:
+            shift = {"LD_PRELOAD": str(clock_shift_library()), "CHORDBEAT_CLOCK_SHIFT_S": f"{clock_shift_s:+g}"}
+            env = {**os.environ, **shift}
+        self.servers[port] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, env=env)
         wait_for(self.client(port).ping, 10, what=f"redis-server on {port} to answer")
         return port
 
@@ -181,6 +191,14 @@ class SentinelCluster:
         found = wait_for(promoted, timeout, interval=0.05, what="a new primary")
         assert isinstance(found, int)
         return found
+
+    def demote_now(self, port: int) -> None:
+        """What the Sentinels do to a failed-over primary that is still up, without waiting for
+        their next look at it (up to 10 s, during which it still takes its clients' writes): it
+        follows the new primary, and its clients are disconnected, to ask the Sentinels again."""
+        old = self.client(port)
+        old.replicaof(self.address, self.primary())
+        old.client_kill_filter(_type="normal")
 
     def close(self) -> None:
         for proc in [*self.sentinels.values(), *self.servers.values()]:

@@ -26,12 +26,13 @@ from celeryapp.context import current_step
 from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.times import iso
 from celeryapp.interfaces import service
+from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.health import age_s
 from celeryapp.scheduling import beat_entries
 from celeryapp.scheduling.beat import ChordbeatScheduler
 from celeryapp.scheduling.beat_entries import CadenceSchedule, ScheduleEntry, cadence_of, entry_name
-from celeryapp.scheduling.stored_entry import FIRE_EXPIRY_GRACE
+from celeryapp.scheduling.stored_entry import FIRE_EXPIRY_GRACE, aware
 from models import ExecutionStatus, Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from tests import processes
 from tests.helpers import call, entry_exists, executions, finished, fire_messages, step, wait_for
@@ -324,38 +325,66 @@ def queued_fires(app: ChordbeatCelery) -> list[tuple[datetime, datetime]]:
     return fires
 
 
+def passed_slot(app: ChordbeatCelery, name: str) -> datetime | None:
+    """The last slot beat moved ``name``'s entry past (fired or not)."""
+    meta = get_redis(app.settings.redbeat_url).hget(ScheduleEntry.generate_key(app, entry_name(name)), "meta")
+    return aware(ScheduleEntry.decode_meta(meta)["last_run_at"]) if meta else None
+
+
 def test_after_a_worker_outage_a_schedule_runs_once_then_keeps_its_cadence(
     app: ChordbeatCelery, settings: Settings, tmp_path: Path
 ) -> None:
-    service.apply_schedule(app, {"name": "outage", "every": 1, "overlap": "allow", "steps": [step("s")]})
+    """Without a control worker beat passes slot after slot, but its first fire stays the only one
+    queued (before: a fire per slot piled up in Redis, expired only once a worker read it). When a
+    worker takes it, beat fires the latest slot it passed meanwhile: that one runs at once."""
+    service.apply_schedule(app, {"name": "outage", "every": 4, "overlap": "allow", "steps": [step("s")]})
     cadence = cadence_of(stored_schedule(app, "outage"))
-    with processes.beat(settings, tmp_path):
-        # No worker: beat sends a fire per slot and they wait in the queue.
-        wait_for(lambda: len(queued_fires(app)) >= 8, 60, interval=0.2, what="fire messages piling up")
+    most_queued = 0
+
+    def count_queued() -> int:
+        nonlocal most_queued
+        most_queued = max(most_queued, len(queued_fires(app)))
+        return most_queued
+
+    with processes.beat(settings, tmp_path) as beat:
+        wait_for(count_queued, 30, interval=0.2, what="a first fire")
+        first = queued_fires(app)[0][0]
+        wait_for(
+            lambda: count_queued() and (passed_slot(app, "outage") or first) >= first + timedelta(seconds=8),
+            60,
+            interval=0.2,
+            what="beat to pass 2 more slots",
+        )
+        assert most_queued == 1, beat.output()[-3000:]
+        assert "still queued (is a control worker running?); not fired again" in beat.output()
         backlog = queued_fires(app)
         for nominal, expires in backlog:
             expected = cadence.slot_after(nominal) + FIRE_EXPIRY_GRACE
             assert abs(expires - expected) < timedelta(milliseconds=1), (nominal, expires)
-        worker_up = datetime.now(UTC)
         with processes.worker(settings, tmp_path):
             wait_for(
-                lambda: len([s for s in slots(app) if s.outcome is SlotOutcome.FIRED and s.nominal_at > worker_up]) > 1,
+                lambda: len([s for s in slots(app) if s.outcome is SlotOutcome.FIRED]) > 1,
                 60,
                 interval=0.2,
                 what="the cadence to resume",
             )
     records = {s.nominal_at: s for s in slots(app)}
     assert all(nominal in records for nominal, _ in backlog), "every queued fire was taken and recorded"
-    # When the first worker took the first fire, every slot up to then had been missed.
+    # When the first worker took the first fire, every slot up to then had been missed: each is
+    # recorded (the queued fire's superseded, the ones never fired missed).
     drained_at = min(s.recorded_at for s in records.values())
+    passed, slot = [], first
+    while slot < drained_at - timedelta(seconds=1):
+        passed.append(slot)
+        slot = cadence.slot_after(slot)
+    assert [p for p in passed if p not in records] == []
     missed = [s for s in records.values() if s.nominal_at is not None and s.nominal_at <= drained_at]
     ran = len([s for s in missed if s.outcome is SlotOutcome.FIRED])
     # Not run: superseded by a newer slot, or recorded as missed by the newer slot's fire first.
     superseded = len([s for s in missed if s.outcome in (SlotOutcome.SKIPPED_SUPERSEDED, SlotOutcome.MISSED)])
     print(f"\nworker outage: {len(missed)} missed slots, {ran} ran, {superseded} superseded")
-    # The latest missed slot runs if it is still the latest when its fire is taken; otherwise the
-    # next slot runs: one run either way, none for the older slots.
-    assert len(missed) >= len(backlog) and ran <= 1 and superseded == len(missed) - ran
+    # The latest slot passed runs (its fire was held while the first one waited), none older.
+    assert len(missed) > len(backlog) and ran == 1 and superseded == len(missed) - ran
     first_run = min(e.started_at for e in executions(app))
     assert first_run - drained_at < timedelta(seconds=3), "the cadence resumes at once"
     by_id = {e.id: e for e in executions(app)}
@@ -364,6 +393,24 @@ def test_after_a_worker_outage_a_schedule_runs_once_then_keeps_its_cadence(
             assert record.nominal_at is not None and record.execution_id is not None
             started = by_id[record.execution_id].started_at
             assert started < cadence.slot_after(record.nominal_at), "a run started for a slot already superseded"
+
+
+def test_a_fire_message_dropped_unread_holds_no_schedule_back(app: ChordbeatCelery, worker: Any) -> None:
+    """A worker drops an expired fire message without running it: its queued marker goes too, or
+    beat would send no fire for its schedules until the marker expired (a day)."""
+    marker = keys.queued_fire_key("expired-fire")
+    client = get_redis(app.settings.broker_url)
+    client.set(marker, "1", ex=60)
+    fire = {"name": "gone", "nominal_at": iso(utcnow() - timedelta(minutes=5)), "trigger": "interval"}
+    app.send_task(
+        "chordbeat.fire_batch",
+        kwargs={"fires": [fire]},
+        queue=keys.CONTROL_QUEUE,
+        task_id="expired-fire",
+        expires=utcnow() - timedelta(seconds=1),
+    )
+    wait_for(lambda: not client.exists(marker), 20, what="the dropped message's marker to go")
+    assert slots(app) == []  # dropped unread: it fired nothing
 
 
 def test_after_beat_downtime_a_schedule_runs_once_then_keeps_its_cadence(

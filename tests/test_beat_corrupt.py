@@ -27,7 +27,7 @@ from celeryapp.scheduling import beat_entries
 from celeryapp.scheduling.beat_entries import ScheduleEntry
 from models import Schedule, transaction, utcnow
 from tests import processes
-from tests.helpers import fire_messages, step, wait_for
+from tests.helpers import step, take_fires, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -68,9 +68,13 @@ def corruptions(definition: str) -> dict[str, tuple[str, str]]:
     }
 
 
+#: Names of the schedules each test's beat fired, by the test's database.
+_FIRED: dict[str, list[str]] = {}
+
+
 def fired(app: ChordbeatCelery) -> list[str]:
-    """Names of the schedules fired so far, in order (the control queue: no worker consumes it)."""
-    return [fire["name"] for fires, _ in reversed(fire_messages(app)) for fire in fires]
+    """Names of the schedules fired so far, in order (taken from the control queue: no worker runs)."""
+    return take_fires(app, _FIRED.setdefault(app.settings.database_url, []))
 
 
 def error_lines(log: str, key: str) -> list[str]:

@@ -23,7 +23,7 @@ from celeryapp.interfaces import service
 from celeryapp.messaging import keys, reference_time
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metrics import ExecutionCollector
-from celeryapp.recovery.recovery import RECOVERY_SEEN_KEY
+from celeryapp.recovery.heartbeat_trust import RECOVERY_SEEN_KEY
 from models import SlotOutcome, SlotRecord, transaction
 from models.clock import MAX_ROUND_TRIP_S, ReferenceClock, clock
 from tests import processes

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ from celeryapp.domain.clock_correction import CORRECTION_KEY
 from celeryapp.interfaces import service
 from celeryapp.messaging import reference_time
 from celeryapp.messaging.redis_client import get_redis
-from celeryapp.recovery.recovery import RECOVERY_SEEN_KEY
+from celeryapp.recovery.heartbeat_trust import RECOVERY_SEEN_KEY
 from models import (
     Activity,
     ActivityStatus,
@@ -38,18 +36,6 @@ from tests.helpers import step
 from tests.servers import RedisServer, wait_for
 
 
-def clock_shift_library() -> Path:
-    """tests/clock_shift.c built once per user (it says why)."""
-    source = Path(processes.ROOT) / "tests" / "clock_shift.c"
-    built = Path(tempfile.gettempdir()) / f"chordbeat-{os.getuid()}" / f"clock-shift-{source.stat().st_mtime_ns}.so"
-    if not built.exists():
-        built.parent.mkdir(mode=0o700, exist_ok=True)
-        partial = built.with_suffix(f".{os.getpid()}.tmp")
-        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(partial), str(source)], check=True)
-        partial.replace(built)
-    return built
-
-
 class JumpingRedis(RedisServer):
     """A redis-server whose wall clock is ``shift_file``'s offset off (tests/clock_shift.c): a new
     offset makes its TIME, and its keys' expiry, jump within 50 ms."""
@@ -60,7 +46,10 @@ class JumpingRedis(RedisServer):
         self.shift_file.write_text("0")
 
     def start(self) -> None:
-        preload = {"LD_PRELOAD": str(clock_shift_library()), "CHORDBEAT_CLOCK_SHIFT_FILE": str(self.shift_file)}
+        preload = {
+            "LD_PRELOAD": str(processes.clock_shift_library()),
+            "CHORDBEAT_CLOCK_SHIFT_FILE": str(self.shift_file),
+        }
         with mock.patch.dict(os.environ, preload):  # the server's environment, not this process's clock
             super().start()
 

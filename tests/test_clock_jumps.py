@@ -30,7 +30,8 @@ from celeryapp.interfaces import service
 from celeryapp.messaging import reference_time
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metrics import ExecutionCollector
-from celeryapp.recovery.recovery import RECOVERY_SEEN_KEY, recover
+from celeryapp.recovery.heartbeat_trust import RECOVERY_SEEN_KEY
+from celeryapp.recovery.recovery import recover
 from models import WorkerTask, transaction, utcnow
 from models.clock import ReferenceClock, clock
 from tests.helpers import start_and_hold, step

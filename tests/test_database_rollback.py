@@ -24,7 +24,7 @@ from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
-from celeryapp.recovery import database_rollback, recovery
+from celeryapp.recovery import database_rollback, heartbeat_trust, recovery
 from celeryapp.worker import heartbeat
 from models import (
     Activity,
@@ -65,8 +65,8 @@ def backdate(app: ChordbeatCelery, execution_id: int) -> None:
 def recovery_has_been_running(app: ChordbeatCelery) -> None:
     """As if the periodic recovery had been running all along (no gap, so heartbeats count)."""
     client = get_redis(app.settings.broker_url)
-    client.set(recovery.RECOVERY_SEEN_KEY, "1", ex=60)
-    client.delete(recovery.HEARTBEAT_GRACE_KEY)
+    client.set(heartbeat_trust.RECOVERY_SEEN_KEY, "1", ex=60)
+    client.delete(heartbeat_trust.HEARTBEAT_GRACE_KEY)
 
 
 def _attempt(app: ChordbeatCelery, task_id: int) -> tuple[WorkerTaskStatus, int]:

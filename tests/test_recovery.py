@@ -22,7 +22,7 @@ from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.redis_client import get_redis
-from celeryapp.recovery import node_start, recovery
+from celeryapp.recovery import heartbeat_trust, node_start, recovery
 from celeryapp.recovery.housekeeping import purge
 from models import (
     Activity,
@@ -78,8 +78,8 @@ def backdate(app: ChordbeatCelery, execution_id: int, seconds: float = 60) -> No
 def recovery_has_been_running(app: ChordbeatCelery) -> None:
     """As if the periodic recovery had been running all along (no gap, so heartbeats count)."""
     client = get_redis(app.settings.broker_url)
-    client.set(recovery.RECOVERY_SEEN_KEY, "1", ex=60)
-    client.delete(recovery.HEARTBEAT_GRACE_KEY)
+    client.set(heartbeat_trust.RECOVERY_SEEN_KEY, "1", ex=60)
+    client.delete(heartbeat_trust.HEARTBEAT_GRACE_KEY)
 
 
 def test_a_queued_step_whose_message_never_left_is_sent_again(

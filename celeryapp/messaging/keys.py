@@ -57,6 +57,12 @@ def pickup_key(worker_task_id: int, attempt: int, token: int) -> str:
     return f"{PREFIX}:pickup:{worker_task_id}:{attempt}{token_suffix(token, ':')}"
 
 
+def queued_fire_key(message_id: str) -> str:
+    """Present while beat's fire message ``message_id`` waits in the control queue (see
+    celeryapp/scheduling/queued_fires.py): beat sends no other fire for its schedules meanwhile."""
+    return f"{PREFIX}:fire:queued:{message_id}"
+
+
 def fenced_key(worker_task_id: int, attempt: int, token: int) -> str:
     """Set by recovery when it gives an attempt up (its heartbeat stopped): if that attempt is in
     fact still running somewhere (a frozen worker, a Redis stall), its watch stops it."""

@@ -27,6 +27,7 @@ from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.keys import STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.database_rollback import check_database_went_back
+from celeryapp.recovery.heartbeat_trust import PRIMARY_KEY, heartbeats_trusted
 from celeryapp.recovery.lost_claims import live_attempts, note_running_unclaimed
 from celeryapp.recovery.paused_slots import record_all_paused
 from celeryapp.recovery.repair import requeue_attempt, resend_queued
@@ -43,7 +44,6 @@ from models import (
     utcnow,
 )
 from models.audit import BEAT, Note
-from models.clock import clock
 from models.session import retried_transaction
 from models.states import AuditAction
 
@@ -60,10 +60,6 @@ MAX_QUEUE_SCAN = 1000
 STUCK_GRACE_S = 2.0
 #: Present while Redis keeps its data; its absence means Redis restarted empty or failed over.
 EPOCH_KEY = f"{keys.PREFIX}:epoch"
-#: Lives a little longer than two recovery intervals: missing, recovery has not run for a while.
-RECOVERY_SEEN_KEY = f"{keys.PREFIX}:recovery:seen"
-#: While present, missing heartbeats are not yet taken for lost workers (see heartbeats_trusted).
-HEARTBEAT_GRACE_KEY = f"{keys.PREFIX}:recovery:heartbeat-grace"
 
 
 @dataclass
@@ -125,9 +121,16 @@ def recover_stale_steps(app: ChordbeatCelery, now: datetime, report: RecoveryRep
         return
     client = get_redis(settings.broker_url)
     with client.pipeline(transaction=False) as pipe:
+        # Asked of the server that answers the heartbeats: a failover since heartbeats_trusted
+        # looked would judge them by a clock not yet given its grace.
+        pipe.get(PRIMARY_KEY)
+        pipe.info("server")
         for task_id, attempt, token, _node in candidates:
             pipe.exists(keys.heartbeat_key(task_id, attempt, token))
-        alive = pipe.execute()
+        seen, server, *alive = pipe.execute()
+    if seen is not None and seen != server["run_id"]:
+        logger.warning("recovery: the Redis primary changed during the pass; nothing re-queued in it")
+        return
     for (task_id, attempt, token, owner), beating in zip(candidates, alive, strict=True):
         if not beating:
             requeue_lost(app, task_id, attempt, token, f"worker lost: no heartbeat from {owner}", now, report)
@@ -296,28 +299,6 @@ def check_redis_epoch(app: ChordbeatCelery, report: RecoveryReport) -> None:
     if client.set(EPOCH_KEY, utcnow().isoformat(), nx=True):
         report.redis_reset = True
         reconcile(app, full=True)
-
-
-def heartbeats_trusted(app: ChordbeatCelery) -> bool:
-    """Whether a missing heartbeat now means a lost worker.
-
-    Not for one TTL after recovery itself could not run (Redis was away, or beat was), nor after
-    Redis's clock jumped forward: running steps' heartbeat keys expired meanwhile or vanished with
-    Redis's data, and their watches need a moment to write them again. Re-queueing then would stop
-    and re-run steps that are fine.
-    """
-    settings = app.settings
-    client = get_redis(settings.broker_url)
-    gap_ms = int((2 * settings.recovery_interval_s + settings.heartbeat_ttl_s) * 1000)
-    if client.set(RECOVERY_SEEN_KEY, "1", px=gap_ms, get=True) is None:
-        client.set(HEARTBEAT_GRACE_KEY, "1", px=int(settings.heartbeat_ttl_s * 1000))
-        return False
-    # Redis's clock jumped forward: every heartbeat with less time to live than the jump expired at
-    # once. Read now, so that a jump no process has seen yet is not taken for lost workers.
-    clock.measure()
-    if clock.jumped_forward_within(settings.heartbeat_ttl_s):
-        return False
-    return not client.exists(HEARTBEAT_GRACE_KEY)
 
 
 def top_up_backfills(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:

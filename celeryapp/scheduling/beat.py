@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 import redis
@@ -19,17 +18,16 @@ from celery.signals import beat_init
 from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, acquire_distributed_beat_lock
 from redbeat.schedulers import get_redis as redbeat_client
 
-from celeryapp.domain.limits import MAX_FIRE_BATCH
 from celeryapp.errors import DefinitionError
 from celeryapp.messaging.broker import RECONNECT_INTERVAL_MAX_S
-from celeryapp.messaging.keys import CONTROL_QUEUE
 from celeryapp.monitoring import health
 from celeryapp.monitoring.watchdog import StallWatchdog
-from celeryapp.scheduling.beat_entries import chunks, reconcile, reconcile_fully_next, short_name_list
+from celeryapp.scheduling.beat_entries import chunks, reconcile, reconcile_fully_next
 from celeryapp.scheduling.calendar_files import unreadable_calendars
+from celeryapp.scheduling.fire_messages import FireSender
 from celeryapp.scheduling.redis_outage import RedisOutage
 from celeryapp.scheduling.schedule_file import apply_file
-from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, fire_of, wrong_type
+from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, wrong_type
 from models.audit import BEAT
 from models.clock import clock
 
@@ -50,7 +48,6 @@ LOAD_CHUNK = 1000
 #: First pause between two tries at reaching Redis while beat starts; each try waits half a
 #: second longer, up to the broker's own longest pause between reconnections.
 START_RETRY_FIRST_S = 0.5
-BATCH_FIRE_TASK = "chordbeat.fire_batch"
 #: Unreadable entries a beat remembers having reported (each is logged at ERROR once); past this
 #: many (someone writing garbage in bulk) it forgets them and reports again.
 REPORTED_MAX = 10_000
@@ -66,6 +63,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._reported: set[str] = set()
+        self._fires = FireSender()
         # Each thing beat keeps trying while Redis is away says so once, not every second.
         self._locking = RedisOutage(
             logger, "beat: cannot reach Redis for the lock; retrying", "trying for the lock again"
@@ -190,52 +188,6 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
         self._reported.add(key)
         logger.error("beat: entry %s cannot be used and is dropped until it is written again: %s", key, why)
 
-    def _send_fires(self, entries: list[ScheduleEntry]) -> None:
-        """Fire the due schedule entries, :data:`~celeryapp.domain.limits.MAX_FIRE_BATCH` slots a
-        message: a message each cost beat a few round trips and the workers a transaction per
-        slot (docs/performance.md, "Why 10,000 schedules due at once start in time").
-
-        As RedBeat does, the entries move on first (one round trip for all): a beat dying before
-        it sent them loses those fires, never doubles them; the lost-slot re-fire repairs that.
-        """
-        now = self.app.now()
-        slots: list[tuple[dict[str, str], datetime | None]] = []
-        with redbeat_client(self.app).pipeline(transaction=False) as pipe:
-            for entry in entries:
-                try:
-                    name = entry.kwargs.get("name")
-                    slot = fire_of(entry.schedule, entry.last_run_at, name, now) if isinstance(name, str) else None
-                    entry.reserve_in(pipe)  # queues nothing if it fails
-                except Exception as exc:
-                    self._drop(entry.key, f"its slot cannot be computed ({exc!r})")
-                    continue
-                if slot is not None:
-                    slots.append(slot)
-                else:
-                    # Not written by chordbeat: its slot would get the whole message refused.
-                    logger.warning("beat: entry %s names no schedule; not fired", entry.name)
-            pipe.execute()
-        for batch in chunks(slots, MAX_FIRE_BATCH):
-            names = [fire["name"] for fire, _ in batch]
-            expiries = [expires for _, expires in batch]
-            # A message lives as long as its longest-lived slot; the worker supersedes the others.
-            options = {"expires": max(e for e in expiries if e is not None)} if None not in expiries else {}
-            logger.info("beat: firing %s", short_name_list(names))
-            try:
-                self.app.send_task(
-                    BATCH_FIRE_TASK,
-                    kwargs={"fires": [fire for fire, _ in batch]},
-                    queue=CONTROL_QUEUE,
-                    ignore_result=True,
-                    producer=self.producer,
-                    headers={"celery_beat_task": True},
-                    **options,
-                )
-            except Exception:
-                logger.exception(
-                    "beat: sending the fires of %s failed; the lost-slot re-fire repairs them", short_name_list(names)
-                )
-
     def _repair(self) -> None:
         """After the lock was lost Redis may have lost everything: internal entries included."""
         try:
@@ -328,6 +280,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
             self._repair()
         try:
             started = self.app.now().timestamp()
+            self._fires.release(self.app, producer=self.producer)
             # RedBeat's tick without its lock extension (done above).
             remaining: list[float] = [float(self.max_interval)]
             fires: list[ScheduleEntry] = []
@@ -336,7 +289,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
                 if next_time_to_run:
                     remaining.append(float(next_time_to_run))
             if fires:
-                self._send_fires(fires)
+                self._fires.send(self.app, fires, producer=self.producer, drop=self._drop)
             remaining.append(self._until_next_entry(started))
             self._ticking.answered()
             return max(float(min(remaining)), MIN_TICK_S)

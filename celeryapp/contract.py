@@ -193,7 +193,8 @@ SERVICE_TASKS = (
         '10,000; calendar-excluded ones left out), run with `trigger: "backfill"` and their `slot`; the same '
         "request while its backfill runs answers with it and starts nothing; refused naming `end` (a dry run too) "
         "past the pending slots of the schedule's or the deployment's running backfills or their step executions "
-        "(`CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE`, `CHORDBEAT_BACKFILL_MAX_PENDING`, `CHORDBEAT_BACKFILL_MAX_STEP_RUNS`)",
+        "(`CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE`, `CHORDBEAT_BACKFILL_MAX_PENDING`, "
+        "`CHORDBEAT_BACKFILL_MAX_STEP_RUNS`)",
         ("NotFound", "InvalidTransition"),
     ),
     ServiceTask(

@@ -10,21 +10,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import tracemalloc
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument
+from celeryapp.execution.backfills import create_backfill, lock_backfill_totals
 from celeryapp.interfaces import service
 from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_backfill, get_backfill, list_backfills
 from models import Backfill, BackfillOrigin, BackfillStatus, Schedule, ScheduleStatus, transaction
-from tests.helpers import step
+from tests.helpers import step, wait_for
 
 NOW = datetime.now(UTC).replace(second=0, microsecond=0)
 
@@ -154,3 +156,52 @@ def test_list_backfills_answers_small_summaries_without_loading_slots(app: Chord
     assert newest["last_slot"] == iso(first + timedelta(minutes=9_999))
     assert newest["next_slot"] == iso(first + timedelta(minutes=49))
     assert get_backfill(app, newest["id"]) == newest
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_requests_for_two_schedules_cannot_pass_the_total_together(bounded: ChordbeatCelery) -> None:
+    """Each request holds only its own schedule's row lock: without a lock on the totals, one for
+    ``second`` would read the deployment's pending slots before ``first``'s request committed and
+    both would pass. Here ``first``'s request is a transaction of the test's, held open."""
+    for name in ("first", "second"):
+        _paused(bounded, name)
+    outcome: list[BaseException | dict[str, Any]] = []
+    with transaction(bounded.settings.database_url) as session:
+        lock_backfill_totals(session)
+        schedule_id = session.scalar(select(Schedule.id).where(Schedule.name == "first"))
+        assert schedule_id is not None
+        start = NOW - timedelta(days=2)
+        create_backfill(
+            session,
+            schedule_id,
+            [start + timedelta(minutes=i) for i in range(45)],
+            origin=BackfillOrigin.REQUEST,
+            max_concurrent=1,
+            now=NOW,
+            mode="all",
+        )
+
+        def request() -> None:
+            try:
+                outcome.append(backfill_schedule(bounded, "second", **_window(0, minutes=40)))
+            except BaseException as exc:  # handed to the test's thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=request)
+        thread.start()
+        # Waiting for the totals' lock, or (without that lock) answered already.
+        wait_for(lambda: outcome or _waiting_on_advisory_lock(bounded), what="the request waiting or answered")
+    thread.join(timeout=30)
+    assert len(outcome) == 1
+    refused = outcome[0]
+    assert isinstance(refused, InvalidArgument), refused
+    assert "more than 80 (CHORDBEAT_BACKFILL_MAX_PENDING)" in str(refused)
+    assert _backfills(bounded) == 1
+
+
+def _waiting_on_advisory_lock(app: ChordbeatCelery) -> bool:
+    with transaction(app.settings.database_url, read_only=True) as session:
+        waiting = session.scalar(
+            select(func.count()).select_from(text("pg_locks")).where(text("locktype = 'advisory' AND NOT granted"))
+        )
+    return bool(waiting)

@@ -23,6 +23,9 @@ from celeryapp.variables import (
     DEFAULT_ALERT_RETRY_FOR_S,
     DEFAULT_ALERT_WATCH_INTERVAL_S,
     DEFAULT_AUDIT_RETENTION_DAYS,
+    DEFAULT_BACKFILL_MAX_PENDING,
+    DEFAULT_BACKFILL_MAX_PENDING_PER_SCHEDULE,
+    DEFAULT_BACKFILL_MAX_STEP_RUNS,
     DEFAULT_BEAT_STALL_S,
     DEFAULT_BROKER_URL,
     DEFAULT_DATABASE_URL,
@@ -120,6 +123,16 @@ def _env_float(env: Mapping[str, str], name: str, default: float, *, minimum: fl
     if value < minimum:
         raise ConfigError(f"{name}: must be at least {minimum}, got {raw!r}")
     return value
+
+
+def _env_count(env: Mapping[str, str], name: str, default: int) -> int:
+    """A whole number of at least 1 (a bound of 0 would refuse every backfill: say so instead)."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.strip().isdecimal() or int(raw) < 1:
+        raise ConfigError(f"{name}: expected a whole number of at least 1, got {raw!r}")
+    return int(raw)
 
 
 def _redis_url(env: Mapping[str, str], name: str, default: str) -> str:
@@ -248,6 +261,9 @@ class Settings:
     dashboard_url: str | None = None
     #: The directory of the named business calendars (one file per calendar); unset: none.
     calendars_dir: str | None = None
+    backfill_max_pending_per_schedule: int = DEFAULT_BACKFILL_MAX_PENDING_PER_SCHEDULE
+    backfill_max_pending: int = DEFAULT_BACKFILL_MAX_PENDING
+    backfill_max_step_runs: int = DEFAULT_BACKFILL_MAX_STEP_RUNS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -305,4 +321,9 @@ class Settings:
             ),
             dashboard_url=_dashboard_url(env),
             calendars_dir=env.get("CHORDBEAT_CALENDARS_DIR") or None,
+            backfill_max_pending_per_schedule=_env_count(
+                env, "CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE", DEFAULT_BACKFILL_MAX_PENDING_PER_SCHEDULE
+            ),
+            backfill_max_pending=_env_count(env, "CHORDBEAT_BACKFILL_MAX_PENDING", DEFAULT_BACKFILL_MAX_PENDING),
+            backfill_max_step_runs=_env_count(env, "CHORDBEAT_BACKFILL_MAX_STEP_RUNS", DEFAULT_BACKFILL_MAX_STEP_RUNS),
         )

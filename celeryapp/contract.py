@@ -191,7 +191,10 @@ SERVICE_TASKS = (
         ),
         '`{"backfill_id": id or null, "slots": [ISO, ...], "count": n}`: the slots, oldest first (at most '
         '10,000; calendar-excluded ones left out), run with `trigger: "backfill"` and their `slot`; the same '
-        "request while its backfill runs answers with it and starts nothing",
+        "request while its backfill runs answers with it and starts nothing; refused naming `end` (a dry run too) "
+        "past the pending slots of the schedule's or the deployment's running backfills or their step executions "
+        "(`CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE`, `CHORDBEAT_BACKFILL_MAX_PENDING`, "
+        "`CHORDBEAT_BACKFILL_MAX_STEP_RUNS`)",
         ("NotFound", "InvalidTransition"),
     ),
     ServiceTask(
@@ -204,7 +207,7 @@ SERVICE_TASKS = (
     ServiceTask(
         "chordbeat.list_backfills",
         (_NAME, Param("limit", required=False, default=20, note="at most 500")),
-        "the schedule's backfills and catch-ups, newest first (backfill objects)",
+        "the schedule's backfills and catch-ups, newest first (backfill objects: summaries, no slot lists)",
         ("NotFound",),
     ),
     ServiceTask(

@@ -49,6 +49,15 @@ DEFAULT_ALERT_WATCH_INTERVAL_S = 10.0
 DEFAULT_ALERT_RETRY_FOR_S = 24 * 3600.0
 #: Alerts one channel is sent per minute; beyond that they go out as one summary.
 DEFAULT_ALERT_RATE_LIMIT = 10
+#: Slots waiting to start in one schedule's running backfills (and catch-ups), the request's own
+#: included: two requests of the most one may hold (10,000 slots) wait at a time.
+DEFAULT_BACKFILL_MAX_PENDING_PER_SCHEDULE = 20_000
+#: Slots waiting to start in every running backfill of the deployment, the request's included.
+DEFAULT_BACKFILL_MAX_PENDING = 100_000
+#: Step executions one schedule's backfills may still queue: its pending slots (the request's
+#: included) times the steps of its plan; a 10-step schedule reaches it at 20,000 slots, a
+#: 100-step one at 2,000.
+DEFAULT_BACKFILL_MAX_STEP_RUNS = 200_000
 #: Seconds past its due time a slot may go unfired before ``missed`` says beat is not firing it;
 #: a ``catchup: none`` schedule's slot fired later than this does not run.
 DEFAULT_ALERT_MISSED_GRACE_S = 120.0
@@ -288,6 +297,23 @@ VARIABLES = (
         f"`{DEFAULT_ALERT_MISSED_GRACE_S:g}` (s)",
         "a slot still unfired this long after it was due raises `missed` (beat or the workers are down); "
         "a `catchup: none` schedule's slot fired later than this does not run",
+    ),
+    Variable(
+        "CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE",
+        f"`{DEFAULT_BACKFILL_MAX_PENDING_PER_SCHEDULE}` (slots)",
+        "slots one schedule's running backfills may hold not started yet, the new request's included; "
+        "a request past it is refused naming `end` (wait for them, or cancel one)",
+    ),
+    Variable(
+        "CHORDBEAT_BACKFILL_MAX_PENDING",
+        f"`{DEFAULT_BACKFILL_MAX_PENDING}` (slots)",
+        "the same across every schedule of the deployment",
+    ),
+    Variable(
+        "CHORDBEAT_BACKFILL_MAX_STEP_RUNS",
+        f"`{DEFAULT_BACKFILL_MAX_STEP_RUNS}` (step executions)",
+        "step executions one schedule's backfills may still queue: its slots not started (the new "
+        "request's included) times the steps of its plan; a request past it is refused naming `end`",
     ),
     Variable(
         "CHORDBEAT_DASHBOARD_URL",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -118,6 +119,17 @@ def test_refusals_show_the_field_and_why(app: ChordbeatCelery, worker: Any, clie
     call(client, "chordbeat.pause_schedule", name="nightly")
     paused = CliRunner().invoke(main, ["backfill", "nightly", *span, "--dry-run"])
     assert "nightly is paused: the runs start when it is resumed" in paused.output, paused.output
+    # The worker (in this process) reads its bounds at each call: the schedule's pending slots.
+    previous = app.settings
+    app.apply_settings(dataclasses.replace(previous, backfill_max_pending_per_schedule=2))
+    try:
+        bounded = CliRunner().invoke(main, ["backfill", "nightly", *span, "--yes"])
+    finally:
+        app.apply_settings(previous)
+    said = "Error: end: 3 slots would leave 3 not started in 'nightly''s backfills, more than 2"
+    assert bounded.exit_code == 1 and said in bounded.output, bounded.output
+    assert "CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE" in bounded.output, bounded.output
+    assert call(client, "chordbeat.list_backfills", name="nightly") == []
 
 
 def test_backfill_cancel_asks_first_and_stops_what_has_not_started(

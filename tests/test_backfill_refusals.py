@@ -1,7 +1,8 @@
 """A backfill request is refused, naming the argument, before anything is written: reversed or
 empty ranges, more than 10,000 slots (found by walking 10,001, however long the range), times
 that do not exist or say no offset, huge strings, and ``max_concurrent`` of zero, NaN, a boolean
-or a string."""
+or a string. What running backfills may hold summed over requests (pending slots per schedule and
+in total, step executions) is refused in test_backfill_bounds.py."""
 
 from __future__ import annotations
 

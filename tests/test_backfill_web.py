@@ -5,6 +5,7 @@ schedule's catch-up, calendar and DST rules in words."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -165,3 +166,21 @@ def test_a_time_at_the_start_of_year_one_is_refused_not_a_server_error(app: Chor
         r = admin.post(web.url + "/act/backfill", data=form, timeout=10)
         assert r.status_code == 400 and "start: is out of range" in r.text, (name, r.status_code)
         assert service.list_backfills(app, name) == []
+
+
+def test_a_backfill_past_the_schedules_bound_is_refused_on_the_form(app: ChordbeatCelery, web: WebServer) -> None:
+    """The form goes through the service's path: its bound on pending slots refuses it, naming `end`."""
+    _nightly(app, "nightly")
+    previous = app.settings
+    app.apply_settings(dataclasses.replace(previous, backfill_max_pending_per_schedule=3))
+    try:
+        admin = web.session(ADMIN)
+        request = {"name": "nightly", "from": _london_midnight(6), "to": _london_midnight(1), "mode": "all"}
+        r = admin.get(web.url + "/act/backfill?" + urlencode(request), timeout=10)
+        assert r.status_code == 400 and "CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE" in r.text, r.status_code
+        form = {**request, "max_concurrent": "1", "_xsrf": xsrf(admin)}
+        r = admin.post(web.url + "/act/backfill", data=form, timeout=10)
+        assert r.status_code == 400 and "end: 5 slots would leave 5 not started" in r.text, r.status_code
+        assert service.list_backfills(app, "nightly") == []
+    finally:
+        app.apply_settings(previous)

@@ -76,3 +76,25 @@ def test_a_dashboard_url_is_taken_without_its_trailing_slash() -> None:
     url = Settings.from_env({"CHORDBEAT_DASHBOARD_URL": "https://ops.example.com:8443/chordbeat/"}).dashboard_url
     assert url == "https://ops.example.com:8443/chordbeat"
     assert Settings.from_env({"CHORDBEAT_DASHBOARD_URL": ""}).dashboard_url is None
+
+
+BACKFILL_BOUNDS = {
+    "CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE": "backfill_max_pending_per_schedule",
+    "CHORDBEAT_BACKFILL_MAX_PENDING": "backfill_max_pending",
+    "CHORDBEAT_BACKFILL_MAX_STEP_RUNS": "backfill_max_step_runs",
+}
+
+
+@pytest.mark.parametrize("name", BACKFILL_BOUNDS)
+@pytest.mark.parametrize("raw", ["0", "-5", "1.5", "1e6", "nan", "many"])
+def test_a_backfill_bound_is_a_whole_number_of_at_least_one(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({name: raw})
+    assert str(info.value) == f"{name}: expected a whole number of at least 1, got {raw!r}"
+
+
+@pytest.mark.parametrize("name", BACKFILL_BOUNDS)
+def test_a_backfill_bound_is_read_and_unset_is_the_default(name: str) -> None:
+    field = BACKFILL_BOUNDS[name]
+    assert getattr(Settings.from_env({name: "7"}), field) == 7
+    assert getattr(Settings.from_env({}), field) == getattr(Settings(), field) >= 10_000

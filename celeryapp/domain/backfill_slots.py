@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -95,6 +96,53 @@ def range_slots(cadence: Cadence, start: datetime, end: datetime, cap: int = MAX
             "end", f"the range holds more than {cap} slots (found {cap + 1} before its end); backfill it in parts"
         )
     return slots
+
+
+@dataclass(frozen=True)
+class BackfillBounds:
+    """What running backfills may hold not started yet (CHORDBEAT_BACKFILL_MAX_*)."""
+
+    pending_per_schedule: int
+    pending: int
+    step_runs: int
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What the running backfills hold not started yet, before the request."""
+
+    schedule_pending: int
+    pending: int
+    steps_per_run: int
+
+
+def check_bounds(name: str, count: int, backlog: Backlog, bounds: BackfillBounds) -> None:
+    """Refuse (naming ``end``: a shorter range asks less) a request of ``count`` slots that would
+    take the schedule's or the deployment's slots not started, or the step executions the
+    schedule's backfills may still queue, past their bound."""
+    schedule_pending = backlog.schedule_pending + count
+    if schedule_pending > bounds.pending_per_schedule:
+        raise InvalidArgument(
+            "end",
+            f"{count} slots would leave {schedule_pending} not started in {name!r}'s backfills, more than "
+            f"{bounds.pending_per_schedule} (CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE); "
+            "wait for them or cancel one",
+        )
+    pending = backlog.pending + count
+    if pending > bounds.pending:
+        raise InvalidArgument(
+            "end",
+            f"{count} slots would leave {pending} not started in the deployment's backfills, more than "
+            f"{bounds.pending} (CHORDBEAT_BACKFILL_MAX_PENDING); wait for them or cancel one",
+        )
+    step_runs = schedule_pending * backlog.steps_per_run
+    if step_runs > bounds.step_runs:
+        raise InvalidArgument(
+            "end",
+            f"{schedule_pending} slots of {backlog.steps_per_run} steps would queue {step_runs} step executions "
+            f"in {name!r}'s backfills, more than {bounds.step_runs} (CHORDBEAT_BACKFILL_MAX_STEP_RUNS); "
+            "backfill it in parts",
+        )
 
 
 def choose_slots(

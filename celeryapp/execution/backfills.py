@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.effects import Effects
@@ -31,6 +31,7 @@ from models import (
     ExecutionStatus,
     Schedule,
     ScheduleExecution,
+    ScheduleStep,
     SlotOutcome,
     SlotRecord,
 )
@@ -209,3 +210,34 @@ def slot_facts(session: Session, schedule_id: int, start: datetime, end: datetim
 def running_request(session: Session, key: str) -> Backfill | None:
     """The running backfill the same request made, if any."""
     return session.scalar(select(Backfill).where(Backfill.request_key == key))
+
+
+#: Any number names the advisory lock; every request for a backfill takes it (see below).
+_BACKFILL_TOTALS_LOCK = 0x6266_636E  # "bfcn"
+
+
+def lock_backfill_totals(session: Session) -> None:
+    """Serialise the requests that check the deployment's pending slots until commit: two requests
+    for different schedules hold different row locks and would both pass the bound. SQLite's
+    writers exclude each other already. Taken after the schedule's row lock, never before it."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _BACKFILL_TOTALS_LOCK})
+
+
+def pending_slots(session: Session, schedule_id: int | None = None) -> int:
+    """Slots of running backfills (and catch-ups) not started yet: of one schedule, or of all.
+    Counted by the database: the slot lists are never loaded."""
+    query = select(func.coalesce(func.sum(func.json_array_length(Backfill.slots) - Backfill.started), 0)).where(
+        Backfill.status == BackfillStatus.RUNNING
+    )
+    if schedule_id is not None:
+        query = query.where(Backfill.schedule_id == schedule_id)
+    return int(session.scalar(query) or 0)
+
+
+def steps_per_run(session: Session, schedule_id: int) -> int:
+    """The steps of the schedule's plan: what one of its runs queues at least."""
+    count = session.scalar(
+        select(func.count()).select_from(ScheduleStep).where(ScheduleStep.schedule_id == schedule_id)
+    )
+    return int(count or 0)

@@ -10,10 +10,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.backfill_slots import (
+    BackfillBounds,
+    Backlog,
+    check_bounds,
     check_range,
     choose_slots,
     parse_max_concurrent,
@@ -26,14 +28,21 @@ from celeryapp.domain.effects import Effects
 from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
 from celeryapp.execution.backfills import cancel_backfill as cancel_in_db
-from celeryapp.execution.backfills import create_backfill, running_request, slot_facts
+from celeryapp.execution.backfills import (
+    create_backfill,
+    lock_backfill_totals,
+    pending_slots,
+    running_request,
+    slot_facts,
+    steps_per_run,
+)
 from celeryapp.interfaces.arguments import actor_arg, execution_id_arg, flag_arg, limit_arg, name_arg, reason_arg
-from celeryapp.interfaces.backfill_view import backfill_view, backfill_views
+from celeryapp.interfaces.backfill_view import backfill_view, schedule_backfills
 from celeryapp.scheduling.beat_entries import cadence_of
 from celeryapp.scheduling.calendar_files import excluded_slots
 from celeryapp.scheduling.store import find_schedule
 from celeryapp.worker.dispatch import apply_effects
-from models import Backfill, BackfillOrigin, Overlap, ScheduleStatus, transaction, utcnow
+from models import BackfillOrigin, Overlap, ScheduleStatus, transaction, utcnow
 from models.session import retried_transaction
 from models.states import AuditAction, AuditSource
 
@@ -67,6 +76,10 @@ def backfill_schedule(
     dry = flag_arg(dry_run, "dry_run")
     who, why = actor_arg(actor, source), reason_arg(reason)
     key = request_key(name, since, until, chosen_mode)
+    settings = app.settings
+    bounds = BackfillBounds(
+        settings.backfill_max_pending_per_schedule, settings.backfill_max_pending, settings.backfill_max_step_runs
+    )
 
     def plan(session: Session) -> tuple[dict[str, Any], Effects]:
         now = utcnow()
@@ -90,6 +103,14 @@ def backfill_schedule(
         slots = choose_slots(slots, chosen_mode, ran=facts.ran, latest_failed=facts.latest_failed, busy=facts.busy)
         reasons = excluded_slots(app.settings.calendars_dir, schedule.calendar, schedule.timezone, slots)
         slots = [slot for slot, excluded in zip(slots, reasons, strict=True) if excluded is None]
+        if slots:
+            # A dry run is refused as the request would be: the CLI asks with one before starting.
+            if not dry:
+                lock_backfill_totals(session)
+            backlog = Backlog(
+                pending_slots(session, schedule.id), pending_slots(session), steps_per_run(session, schedule.id)
+            )
+            check_bounds(name, len(slots), backlog, bounds)
         if dry or not slots:
             return _answer(None, slots), Effects()
         made = create_backfill(
@@ -146,7 +167,10 @@ def cancel_backfill(
             raise NotFound(f"backfill {wanted} does not exist")
         detail = {"backfill_id": wanted, "status": backfill.status.value}
         who.record(session, AuditAction.CANCEL, backfill.schedule_name, reason=why, detail=detail, at=now)
-        return backfill_view(session, backfill)
+        session.flush()
+        view = backfill_view(session, wanted)
+        assert view is not None  # found under the schedule's lock a moment ago
+        return view
 
     return retried_transaction(app.settings.database_url, f"cancelling backfill {wanted}", cancel)
 
@@ -154,19 +178,18 @@ def cancel_backfill(
 def get_backfill(app: ChordbeatCelery, backfill_id: Any) -> dict[str, Any]:
     wanted = _backfill_id(backfill_id)
     with transaction(app.settings.database_url, read_only=True) as session:
-        backfill = session.get(Backfill, wanted)
-        if backfill is None:
+        view = backfill_view(session, wanted)
+        if view is None:
             raise NotFound(f"backfill {wanted} does not exist")
-        return backfill_view(session, backfill)
+        return view
 
 
 def list_backfills(app: ChordbeatCelery, name: Any, limit: Any = 20) -> list[dict[str, Any]]:
-    """The schedule's backfills (and catch-ups), newest first; a deleted schedule's are kept."""
+    """The schedule's backfills (and catch-ups), newest first, as summaries (no slot lists); a
+    deleted schedule's are kept."""
     name, limit = name_arg(name), limit_arg(limit, MAX_BACKFILL_LIST_LIMIT)
     with transaction(app.settings.database_url, read_only=True) as session:
-        rows = session.scalars(
-            select(Backfill).where(Backfill.schedule_name == name).order_by(Backfill.id.desc()).limit(limit)
-        ).all()
-        if not rows:
+        views = schedule_backfills(session, name, limit)
+        if not views:
             find_schedule(session, name)
-        return backfill_views(session, rows)
+        return views

@@ -26,12 +26,13 @@ from celeryapp.domain.limits import MAX_ID, MAX_NAME_CHARS
 from celeryapp.domain.times import parse_time, zone_of
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_backfill
-from celeryapp.interfaces.backfill_view import backfill_view, backfill_views
+from celeryapp.interfaces.backfill_view import backfill_view
+from celeryapp.interfaces.backfill_view import schedule_backfills as backfill_summaries
 from celeryapp.interfaces.time_words import backfill_title, progress_words
 from celeryapp.interfaces.web.actions import Confirmation
 from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler
 from celeryapp.interfaces.web.redirects import same_site_path
-from models import Backfill, Schedule
+from models import Schedule
 from models.states import AuditSource
 
 logger = logging.getLogger(__name__)
@@ -77,10 +78,7 @@ class DryRun:
 
 def schedule_backfills(session: Session, name: str) -> list[dict[str, Any]]:
     """The schedule's last backfills and catch-ups, newest first, with their progress."""
-    rows = session.scalars(
-        select(Backfill).where(Backfill.schedule_name == name).order_by(Backfill.id.desc()).limit(PANEL_BACKFILLS)
-    ).all()
-    return backfill_views(session, rows)
+    return backfill_summaries(session, name, PANEL_BACKFILLS)
 
 
 def form_time(field_name: str, text: str, zone: str) -> str:
@@ -172,9 +170,7 @@ class BackfillActionHandler(BaseHandler):
     async def cancellation(self, backfill_id: str | None) -> Confirmation:
         if backfill_id is None or int(backfill_id) > MAX_ID:
             raise tornado.web.HTTPError(404, reason="no such backfill")
-        view = await self.read(
-            lambda s: (lambda b: None if b is None else backfill_view(s, b))(s.get(Backfill, int(backfill_id)))
-        )
+        view = await self.read(lambda s: backfill_view(s, int(backfill_id)))
         if view is None:
             raise tornado.web.HTTPError(404, reason="no such backfill")
         waiting = view["total"] - view["started"]

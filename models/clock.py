@@ -114,6 +114,8 @@ class ReferenceClock:
         self._reader_lock = threading.Lock()
         #: The last reading failed: a failure is logged once, not every RETRY_AFTER_FAILURE_S.
         self._failing = False
+        #: The thread taking the first reading (it must not wait for itself).
+        self._first_reader: int | None = None
 
     def use(self, read: ReadReference | SharedReference | None, on_measured: OnMeasured | None = None) -> None:
         """Take ``read`` as the reference from now on (``None``: this host's own clock)."""
@@ -175,9 +177,19 @@ class ReferenceClock:
         reference, on_measured = self._reference, self._on_measured
         if reference is None:
             return None
-        # One reader at a time; the others go on with the previous reading meanwhile.
+        # One reader at a time; the others go on with the previous reading meanwhile. With none
+        # yet, they wait for the one under way: the host's clock (maybe minutes off) must not stand
+        # in for the reference because another thread happened to read first (a worker 35 s ahead
+        # discarded its first message as expired while its start-up recovery was reading).
         if not self._lock.acquire(blocking=False):
-            return self._reading
+            if self._reading is not None or self._first_reader == threading.get_ident():
+                return self._reading
+            self._lock.acquire()
+            if self._reading is not None or time.monotonic() < self._next_try_s:
+                # Taken, or just failed, by the thread this one waited for.
+                self._lock.release()
+                return self._reading
+        self._first_reader = threading.get_ident() if self._reading is None else None
         try:
             read = self._read_once(reference)
             now_s = time.monotonic()
@@ -192,6 +204,7 @@ class ReferenceClock:
             self._reading = reading = replace(reading, offset_s=offset_s, correction=correction)
             self._next_try_s, self._failing = now_s + MEASURE_INTERVAL_S, False
         finally:
+            self._first_reader = None
             self._lock.release()
         if on_measured is not None:
             try:
@@ -309,6 +322,7 @@ clock = ReferenceClock()
 def _fresh_locks_in_child() -> None:
     # A fork copies a lock held by another thread (a reading under way) held for ever.
     clock._lock, clock._reader_lock, clock._reader_pid = threading.Lock(), threading.Lock(), None
+    clock._first_reader = None
 
 
 os.register_at_fork(after_in_child=_fresh_locks_in_child)

@@ -92,6 +92,30 @@ def test_a_slow_reading_serves_as_the_first_but_does_not_replace_a_good_one() ->
     assert abs(clock.timestamp() - (time.time() + 300)) < 1, "three slow readings do not replace a good one"
 
 
+def test_a_caller_waits_for_the_first_reading_another_thread_is_taking() -> None:
+    """A worker's first message arrived while its start-up recovery took the first reading: the
+    message's expiry was judged by the host's clock (35 s ahead) and the message discarded."""
+    reading_started, may_answer = threading.Event(), threading.Event()
+
+    def reference() -> float:
+        reading_started.set()
+        may_answer.wait(10)
+        return time.time() + 1_000
+
+    clock = ReferenceClock()
+    clock.use(reference)
+    first = threading.Thread(target=clock.measure)
+    first.start()
+    try:
+        assert reading_started.wait(10)
+        threading.Timer(0.2, may_answer.set).start()
+        now = clock.timestamp()
+    finally:
+        may_answer.set()
+        first.join(10)
+    assert abs(now - (time.time() + 1_000)) < 1, "the host's clock stood in for the reference"
+
+
 def test_every_process_notes_its_offset_and_a_gone_one_is_dropped(app: ChordbeatCelery) -> None:
     client = get_redis(app.settings.broker_url)
     reference_time.install(app.settings.broker_url)

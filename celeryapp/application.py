@@ -145,6 +145,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # so a next group never waits behind a backlog of other runs' first steps.
             "queue_order_strategy": "priority",
             "priority_steps": list(range(10)),
+            "max_message_bytes": settings.max_message_bytes,
             **sentinel_transport_options(settings.broker_url, settings.sentinel_master),
         },
         "result_backend_transport_options": {

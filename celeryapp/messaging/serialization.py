@@ -14,6 +14,12 @@ itself, before any of that: a poisoned one (not JSON, headers nested too deep, n
 envelope) killed the worker the same way, from the transport's read in the event loop
 ("Unrecoverable error"). :class:`RefusingEnvelopes` makes the transport's channels
 (:mod:`celeryapp.messaging.broker`) refuse it with :func:`envelope`, log it and drop it.
+
+Nor had a message any size limit: a 60 MB one was decoded whole (envelope, base64, JSON: several
+times its size in memory) by whichever process took it. One longer than ``CHORDBEAT_MAX_MESSAGE_BYTES``
+(the channel's ``max_message_bytes`` transport option) is now dropped before any decoding, and logged
+with its queue and size. Its id sits in the envelope's headers, after the body, so its caller is
+not answered: it times out.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from kombu.exceptions import DecodeError
 from kombu.serialization import registry
 from kombu.utils import json as kombu_json
 from kombu.utils.encoding import bytes_to_str
+
+from celeryapp.variables import DEFAULT_MAX_MESSAGE_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +131,16 @@ def install() -> None:
     )
 
 
-def _envelope_or_none(item: bytes | str, source: str) -> dict[str, Any] | None:
+def _envelope_or_none(item: bytes | str, source: str, max_bytes: int) -> dict[str, Any] | None:
+    if len(item) > max_bytes:  # a str here is ASCII JSON (kombu's): its length is its size
+        logger.error(
+            "broker: a message from %s was refused undecoded and dropped: %d bytes, longer than "
+            "CHORDBEAT_MAX_MESSAGE_BYTES (%d)",
+            source,
+            len(item),
+            max_bytes,
+        )
+        return None
     try:
         return envelope(item)
     except DecodeError as exc:
@@ -137,6 +154,9 @@ class RefusingEnvelopes:
     (remote control, events) over pub/sub, which kombu decoded letting ``RecursionError`` and
     anything not shaped like a message through. A refused message is already off its list and
     was never delivered, nor recorded as unacknowledged: it is gone."""
+
+    #: Longest message decoded (transport option ``max_message_bytes``); longer ones are dropped.
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
     def _brpop_read(self, **options: Any) -> bool:
         channel: Any = self
@@ -152,7 +172,7 @@ class RefusingEnvelopes:
             dest, item = dest_item
             dest = bytes_to_str(dest).rsplit(channel.sep, 1)[0]  # type: ignore[no-untyped-call]
             channel._queue_cycle.rotate(dest)
-            message = _envelope_or_none(item, dest)
+            message = _envelope_or_none(item, dest, channel.max_message_bytes)
             if message is not None:
                 channel.connection._deliver(message, dest)
             return True
@@ -166,7 +186,7 @@ class RefusingEnvelopes:
             for priority in channel.priority_steps:
                 item = client.rpop(channel._q_for_pri(queue, priority))
                 if item:
-                    message = _envelope_or_none(item, queue)
+                    message = _envelope_or_none(item, queue, channel.max_message_bytes)
                     if message is None:
                         continue
                     channel._maybe_update_queues_expire(client, queue)
@@ -188,7 +208,7 @@ class RefusingEnvelopes:
                 if payload["data"]:
                     if name[0] == "/":
                         _, _, name = name.partition(".")
-                    message = _envelope_or_none(payload["data"], name)
+                    message = _envelope_or_none(payload["data"], name, channel.max_message_bytes)
                     if message is None:
                         # Not Empty, as kombu raises: from the second message of a read on, it
                         # escapes the loop over what is buffered, and the rest waits for the

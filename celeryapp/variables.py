@@ -262,6 +262,13 @@ VARIABLES = (
         "logged with its queue and size; at least 65536 (see [security.md](security.md#size-limits))",
     ),
     Variable(
+        "CHORDBEAT_FLOWER_CONTROL",
+        "`off`",
+        "`on` lets a Flower login use Flower's task-publishing, result-reading and worker-control API and "
+        "buttons (flower.cfg); off, they answer 403 and Flower only reads (see [flower.md](flower.md#read-only))",
+        setting=False,
+    ),
+    Variable(
         "CHORDBEAT_WEB_TRUSTED_PROXY",
         "unset (none)",
         "comma-separated addresses or networks (`10.0.0.5`, `10.0.0.0/24`) of the TLS-terminating proxy in front of "

@@ -18,8 +18,9 @@ envelope) killed the worker the same way, from the transport's read in the event
 Nor had a message any size limit: a 60 MB one was decoded whole (envelope, base64, JSON: several
 times its size in memory) by whichever process took it. One longer than ``CHORDBEAT_MAX_MESSAGE_BYTES``
 (the channel's ``max_message_bytes`` transport option) is now dropped before any decoding, and logged
-with its queue and size. Its id sits in the envelope's headers, after the body, so its caller is
-not answered: it times out.
+with its queue and size. Its caller is answered when it can be, without decoding the body: kombu
+writes the body first, base64 (no quote inside), so what follows its closing quote, the headers
+and properties, is read alone when it is short; the answer is the hook :func:`install` was given.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import binascii
 import logging
 from base64 import b64decode
+from collections.abc import Callable
 from queue import Empty
 from typing import Any
 
@@ -42,6 +44,13 @@ logger = logging.getLogger(__name__)
 #: Deepest nesting of lists and dicts (the body's own list counts) a message or result may have:
 #: far beyond what any task takes, far below what the pickler and ``json`` recurse through.
 MAX_MESSAGE_DEPTH = 100
+#: Longest envelope without its body read to find whom to answer about an oversized message.
+MAX_ENVELOPE_TAIL_BYTES = 64 * 1024
+#: kombu's Redis envelope starts with its body.
+_BODY_FIRST = b'{"body": "'
+#: Told ``(task name, task id, reason)`` of an oversized message whose headers could be read.
+RefusalHook = Callable[[str, str, str], None]
+_refusal_hooks: list[RefusalHook] = []
 #: Celery's (and the app's) content type for ``json``.
 JSON_CONTENT_TYPE = "application/json"
 
@@ -123,9 +132,39 @@ def envelope(raw: bytes | str) -> dict[str, Any]:
     return value
 
 
-def install() -> None:
+def headers_after_body(raw: bytes | str) -> dict[str, Any] | None:
+    """An envelope's headers, read without its body: None unless the body is base64 (as kombu
+    writes it) and what follows it is short and JSON."""
+    data = raw.encode() if isinstance(raw, str) else raw
+    end = data.find(b'"', len(_BODY_FIRST)) if data.startswith(_BODY_FIRST) else -1
+    if end < 0 or len(data) - end > MAX_ENVELOPE_TAIL_BYTES:
+        return None
+    try:
+        value = loads(b'{"body": ""' + data[end + 1 :])
+    except DecodeError:
+        return None
+    headers = value.get("headers") if isinstance(value, dict) else None
+    return headers if isinstance(headers, dict) else None
+
+
+def _answer_refused(raw: bytes | str, reason: str) -> None:
+    headers = headers_after_body(raw)
+    if headers is None or not _refusal_hooks:
+        return
+    task, task_id = headers.get("task"), headers.get("id")
+    if isinstance(task, str) and isinstance(task_id, str):
+        for hook in _refusal_hooks:
+            try:
+                hook(task[:200], task_id[:200], reason)
+            except Exception:  # the refusal stands; only its answer is lost
+                logger.exception("broker: could not answer the refused message %.200s", task_id)
+
+
+def install(on_refused: RefusalHook | None = None) -> None:
     """Decode ``application/json`` with :func:`loads` in this process (kombu's registry is global;
-    encoding stays kombu's). Idempotent."""
+    encoding stays kombu's), and answer oversized messages with ``on_refused``. Idempotent."""
+    if on_refused is not None and on_refused not in _refusal_hooks:
+        _refusal_hooks[:] = [on_refused]
     registry.register(  # type: ignore[no-untyped-call]
         "json", kombu_json.dumps, loads, content_type=JSON_CONTENT_TYPE, content_encoding="utf-8"
     )
@@ -133,13 +172,9 @@ def install() -> None:
 
 def _envelope_or_none(item: bytes | str, source: str, max_bytes: int) -> dict[str, Any] | None:
     if len(item) > max_bytes:  # a str here is ASCII JSON (kombu's): its length is its size
-        logger.error(
-            "broker: a message from %s was refused undecoded and dropped: %d bytes, longer than "
-            "CHORDBEAT_MAX_MESSAGE_BYTES (%d)",
-            source,
-            len(item),
-            max_bytes,
-        )
+        reason = f"refused: a message of {len(item)} bytes, longer than CHORDBEAT_MAX_MESSAGE_BYTES ({max_bytes})"
+        logger.error("broker: a message from %s was refused undecoded and dropped: %s", source, reason)
+        _answer_refused(item, reason)
         return None
     try:
         return envelope(item)

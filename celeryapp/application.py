@@ -9,6 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 from kombu.entity import Queue
+from kombu.exceptions import DecodeError
 
 from celeryapp.alerting import child_environment
 from celeryapp.alerting.channels import channel_names
@@ -145,6 +146,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # so a next group never waits behind a backlog of other runs' first steps.
             "queue_order_strategy": "priority",
             "priority_steps": list(range(10)),
+            "max_message_bytes": settings.max_message_bytes,
             **sentinel_transport_options(settings.broker_url, settings.sentinel_master),
         },
         "result_backend_transport_options": {
@@ -193,10 +195,21 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def _answer_refused(app: ChordbeatCelery) -> serialization.RefusalHook:
+    def answer(task: str, task_id: str, reason: str) -> None:
+        registered = app.tasks.get(task)
+        # Only service calls store a result, read by a caller waiting for it: nobody else is.
+        if registered is not None and not registered.ignore_result:
+            app.backend.mark_as_failure(task_id, DecodeError(reason))
+
+    return answer
+
+
 def create_app(settings: Settings | None = None) -> ChordbeatCelery:
     app = ChordbeatCelery("chordbeat", include=list(TASK_MODULES), set_as_current=True)
-    # Poisoned messages and results are refused at decoding instead of killing a worker.
-    serialization.install()
+    # Poisoned messages and results are refused at decoding instead of killing a worker; the
+    # caller of a service call too long to decode is answered with the reason.
+    serialization.install(_answer_refused(app))
     app.apply_settings(settings or Settings.from_env())
     app.steps["consumer"].add(HealthStep)
     app.steps["consumer"].add(AlertSenderStep)

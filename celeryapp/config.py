@@ -31,6 +31,7 @@ from celeryapp.variables import (
     DEFAULT_DATABASE_URL,
     DEFAULT_HEALTH_DIR,
     DEFAULT_HEARTBEAT_TTL_S,
+    DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_RECOVERY_INTERVAL_S,
     DEFAULT_RESULT_EXPIRES_S,
     DEFAULT_RETENTION_DAYS,
@@ -38,8 +39,11 @@ from celeryapp.variables import (
     DEFAULT_STEP_KINDS,
     DEFAULT_STEP_TASKS,
     DEFAULT_WEB_ADDRESS,
+    DEFAULT_WEB_MAX_BODY_BYTES,
     DEFAULT_WEB_PORT,
     MAX_ACTOR_CHARS,
+    MIN_MAX_MESSAGE_BYTES,
+    MIN_WEB_MAX_BODY_BYTES,
     OWN_VARIABLES,
     STEP_KINDS,
     WORKER_CHANGING_COMMANDS,
@@ -132,6 +136,15 @@ def _env_count(env: Mapping[str, str], name: str, default: int) -> int:
         return default
     if not raw.strip().isdecimal() or int(raw) < 1:
         raise ConfigError(f"{name}: expected a whole number of at least 1, got {raw!r}")
+    return int(raw)
+
+
+def _env_bytes(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 12 or int(raw) < minimum:
+        raise ConfigError(f"{name}: expected a number of bytes of at least {minimum}, got {raw[:40]!r}")
     return int(raw)
 
 
@@ -244,6 +257,10 @@ class Settings:
     web_secret: str = field(default="", repr=False)
     web_address: str = DEFAULT_WEB_ADDRESS
     web_port: int = DEFAULT_WEB_PORT
+    #: Longest request body the dashboard reads (413 beyond).
+    web_max_body_bytes: int = DEFAULT_WEB_MAX_BODY_BYTES
+    #: Longest broker message a process decodes (celeryapp/messaging/serialization.py).
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     #: Networks of the TLS proxy whose X-Forwarded-Proto and X-Forwarded-For the dashboard believes.
     web_trusted_proxies: tuple[str, ...] = ()
     #: Seconds Redis keeps a stored task result; only service calls store one.
@@ -304,6 +321,12 @@ class Settings:
             web_secret=env.get("CHORDBEAT_WEB_SECRET", ""),
             web_address=env.get("CHORDBEAT_WEB_ADDRESS") or DEFAULT_WEB_ADDRESS,
             web_port=_web_port(env),
+            web_max_body_bytes=_env_bytes(
+                env, "CHORDBEAT_WEB_MAX_BODY_BYTES", DEFAULT_WEB_MAX_BODY_BYTES, minimum=MIN_WEB_MAX_BODY_BYTES
+            ),
+            max_message_bytes=_env_bytes(
+                env, "CHORDBEAT_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, minimum=MIN_MAX_MESSAGE_BYTES
+            ),
             web_trusted_proxies=_web_proxies(env),
             result_expires_s=_env_float(env, "CHORDBEAT_RESULT_EXPIRES", DEFAULT_RESULT_EXPIRES_S, minimum=60),
             actor=_actor(env),

@@ -41,6 +41,16 @@ DEFAULT_HEALTH_DIR = "/tmp"
 #: Where ``chordbeat web`` listens unless told otherwise: this machine only.
 DEFAULT_WEB_ADDRESS = "127.0.0.1"
 DEFAULT_WEB_PORT = 8180
+#: Largest request body the dashboard reads: its forms (login, actions, a backfill) are a few
+#: hundred bytes; a longer body is refused with 413 before it is read.
+DEFAULT_WEB_MAX_BODY_BYTES = 64 * 1024
+MIN_WEB_MAX_BODY_BYTES = 1024
+#: Largest broker message (kombu's envelope as stored in Redis, the base64 body inside it) a
+#: process decodes. The largest legitimate one, an ``apply_schedule`` of a definition at
+#: ``MAX_DEFINITION_BYTES`` (256 KiB) of non-ASCII text, is about 1 MiB (docs/security.md).
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: Below this, Celery's own messages (a worker's inspection replies) would be refused.
+MIN_MAX_MESSAGE_BYTES = 64 * 1024
 #: Seconds between two looks of the alert sender for deliveries that are due.
 DEFAULT_ALERT_POLL_INTERVAL_S = 1.0
 #: Seconds between two passes of the deadline watch (late runs, slots beat never fired).
@@ -239,6 +249,25 @@ VARIABLES = (
     ),
     Variable("CHORDBEAT_WEB_ADDRESS", f"`{DEFAULT_WEB_ADDRESS}`", "interface the dashboard listens on"),
     Variable("CHORDBEAT_WEB_PORT", f"`{DEFAULT_WEB_PORT}`", "port of the dashboard"),
+    Variable(
+        "CHORDBEAT_WEB_MAX_BODY_BYTES",
+        f"`{DEFAULT_WEB_MAX_BODY_BYTES}`",
+        "longest request body the dashboard accepts; a longer one is refused with 413 before it is read "
+        "(a chunked one once it passes the limit); at least 1024",
+    ),
+    Variable(
+        "CHORDBEAT_MAX_MESSAGE_BYTES",
+        f"`{DEFAULT_MAX_MESSAGE_BYTES}`",
+        "longest broker message (as stored in Redis) a process decodes; a longer one is dropped undecoded and "
+        "logged with its queue and size; at least 65536 (see [security.md](security.md#size-limits))",
+    ),
+    Variable(
+        "CHORDBEAT_FLOWER_CONTROL",
+        "`off`",
+        "`on` lets a Flower login use Flower's task-publishing, result-reading and worker-control API and "
+        "buttons (flower.cfg); off, they answer 403 and Flower only reads (see [flower.md](flower.md#read-only))",
+        setting=False,
+    ),
     Variable(
         "CHORDBEAT_WEB_TRUSTED_PROXY",
         "unset (none)",

@@ -34,8 +34,10 @@ class FromAddress(HTTPAdapter):
 
 
 class LoginServer:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pid: int = 0) -> None:
         self.url = url
+        #: The ``chordbeat web`` process's.
+        self.pid = pid
 
     def client(self, source: str = "127.0.0.1") -> requests.Session:
         """A browser-like client connecting from ``source``, with the login page's xsrf cookie."""
@@ -65,7 +67,7 @@ def chordbeat_web(settings: Settings, tmp: Path, users: str, **env: str) -> Iter
         **env,
     }
     process = Process([CHORDBEAT, "web"], settings_env(settings, **extra), tmp / f"web-{port}.log")
-    server = LoginServer(f"http://127.0.0.1:{port}")
+    server = LoginServer(f"http://127.0.0.1:{port}", process.pid)
     try:
         wait_for(lambda: requests.get(server.url + "/healthz", timeout=2).ok, 30, what="chordbeat web to answer")
         yield server

@@ -536,3 +536,11 @@ def test_the_wheel_holds_every_package_and_setuptools_says_nothing(tmp_path: Pat
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
     }
     assert expected - names == set()
+
+
+def test_flower_control_is_on_or_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", GOOD_PASSWORD)
+    monkeypatch.setenv("FLOWER_COOKIE_SECRET", GOOD_COOKIE)
+    monkeypatch.setenv("CHORDBEAT_FLOWER_CONTROL", "maybe")
+    with pytest.raises(SystemExit, match="CHORDBEAT_FLOWER_CONTROL must be on or off"):
+        runpy.run_path(str(ROOT / "flower.cfg"))

@@ -96,6 +96,8 @@ def flower(settings: Settings, tmp: Path, **extra: str) -> Iterator[Flower]:
 
 #: Workers that obey an operator's revoke from the broker (Flower's Revoke and Terminate buttons).
 OPERATORS_REVOKE = {"CHORDBEAT_REMOTE_CONTROL": "revoke"}
+#: Flower's task-publishing, result-reading and worker-control API, turned on (flower.cfg).
+FLOWER_CONTROL = {"CHORDBEAT_FLOWER_CONTROL": "on"}
 #: A worker that can run tests/step_log_tasks.py's chatty failing step.
 STEP_LOG_TASKS = {"CHORDBEAT_TASK_MODULES": "tests.step_log_tasks", "PYTHONPATH": processes.ROOT}
 
@@ -196,9 +198,10 @@ def test_terminate_from_flower_cancels_the_step_for_good_and_the_run_goes_on(
         "every": 3600,
         "steps": [step("long", kwargs={"seconds": 60}, continue_on_failure=True), step("after")],
     }
-    # Workers obey Flower's Revoke and Terminate only when the operator turns revoke on.
+    # Workers obey Flower's Revoke and Terminate only when the operator turns revoke on, and Flower
+    # offers them only when its control API is turned on too.
     with (
-        flower(settings, tmp_path) as monitor,
+        flower(settings, tmp_path, **FLOWER_CONTROL) as monitor,
         events_worker(settings, tmp_path, OPERATORS_REVOKE),
         processes.beat(settings, tmp_path),
     ):
@@ -530,3 +533,63 @@ def test_a_step_moved_off_a_control_queue_keeps_its_name_and_arguments_in_flower
     shown = by_name(seen)["moved/a"]
     assert shown["args"] == f"(execution={execution_id}, group=1, attempt=1)"
     assert set(found) == {shown["uuid"]}
+
+
+#: Flower's routes that queue a task, read a stored result, or change a task or a worker: what a
+#: Flower login could do as a broker caller and a worker operator.
+CONTROL_ROUTES = (
+    ("POST", "/api/task/async-apply/chordbeat.apply_schedule"),
+    ("POST", "/api/task/send-task/chordbeat.apply_schedule"),
+    ("POST", "/api/task/apply/chordbeat.apply_schedule"),
+    ("GET", "/api/task/result/{task}"),
+    ("POST", "/api/task/abort/{task}"),
+    ("POST", "/api/task/revoke/{task}"),
+    ("POST", "/api/task/timeout/chordbeat.run_step"),
+    ("POST", "/api/task/rate-limit/chordbeat.run_step"),
+    ("POST", "/api/worker/shutdown/{worker}"),
+    ("POST", "/api/worker/pool/restart/{worker}"),
+    ("POST", "/api/worker/pool/grow/{worker}"),
+    ("POST", "/api/worker/pool/shrink/{worker}"),
+    ("POST", "/api/worker/pool/autoscale/{worker}"),
+    ("POST", "/api/worker/queue/add-consumer/{worker}"),
+    ("POST", "/api/worker/queue/cancel-consumer/{worker}"),
+)
+#: What a Flower login reads: the pages, the task list and details, the workers.
+READ_ROUTES = (
+    "/",
+    "/workers",
+    "/worker/{worker}",
+    "/tasks",
+    "/task/{task}",
+    "/api/tasks",
+    "/api/task/info/{task}",
+    "/api/task/types",
+    "/api/workers",
+    "/api/queues/length",
+    "/broker",
+)
+
+
+def test_flower_is_read_only_unless_its_control_api_is_turned_on(
+    client: Celery, settings: Settings, tmp_path: Path
+) -> None:
+    definition = {"name": "watched", "every": 3600, "steps": [step("a")]}
+    with flower(settings, tmp_path) as monitor, events_worker(settings, tmp_path) as worker:
+        watched(monitor, client, definition)
+        task = by_name(monitor.tasks())["chordbeat.apply_schedule"]["uuid"]
+        workers = wait_for(lambda: list(monitor.get("/api/workers", refresh="1").json()), 30, what="the worker")
+        names = {"task": task, "worker": workers[0]}
+        hostile = {"kwargs": {"definition": {**definition, "name": "from-flower"}}, "command": "x"}
+        answers = {
+            route: requests.request(
+                method, monitor.url + route.format(**names), json=hostile, auth=monitor.auth, timeout=10
+            ).status_code
+            for method, route in CONTROL_ROUTES
+        }
+        assert answers == {route: 403 for _, route in CONTROL_ROUTES}
+        for route in READ_ROUTES:
+            response = monitor.get(route.format(**names))
+            assert response.status_code == 200, (route, response.text[:300])
+        assert worker.running
+        # Queued after Flower's would-be calls on the same queue: any of them would be applied by now.
+        assert [s["name"] for s in call(client, "chordbeat.list_schedules")] == ["watched"]

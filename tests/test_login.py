@@ -250,3 +250,40 @@ def _log_in(driver: WebDriver, web: LoginServer) -> None:
     driver.find_element(By.NAME, "password").send_keys(ADMIN[1])
     driver.find_element(By.ID, "login").click()
     wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "table.schedules"), 20, what="the schedules page")
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+#: An anonymous login body of 60 MB raised the dashboard's memory by 120 MB: it was read whole.
+HUGE_BODY = b"username=ops&password=" + b"x" * (60 * 1024 * 1024)
+
+
+def test_a_60_mb_login_body_is_refused_413_unread_and_a_chunked_one_stops_at_the_limit(web: LoginServer) -> None:
+    session = web.client()
+    before = _rss_bytes(web.pid)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    refused = session.post(f"{web.url}/login", data=HUGE_BODY, headers=form, timeout=30)
+    assert refused.status_code == 413, refused.text[:200]
+    assert "too large" in refused.text
+
+    def chunked() -> Iterator[bytes]:
+        view = memoryview(HUGE_BODY)
+        for start in range(0, len(view), 1024 * 1024):
+            yield bytes(view[start : start + 1024 * 1024])
+
+    try:
+        answer = session.post(f"{web.url}/login", data=chunked(), headers=form, timeout=30)
+    except requests.ConnectionError:
+        pass  # tornado answers 400 and closes the connection while the client still sends
+    else:
+        assert answer.status_code == 400, answer.text[:200]
+    grown = _rss_bytes(web.pid) - before
+    assert grown < 8 * 1024 * 1024, f"the dashboard grew by {grown} bytes"
+    # Ordinary requests are served as before.
+    assert web.log_in(web.client(), *ADMIN).status_code == 302

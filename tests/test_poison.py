@@ -3,7 +3,8 @@
 A body or an envelope nested a few hundred levels deep decoded and then killed a prefork worker's
 main process while pickling it for the pool (``Unrecoverable error: RecursionError``); restored,
 it killed the restarted worker too. An envelope that is not JSON, or not a message, killed it in
-the transport's read; so did one nested 5,000 deep published on its remote control channel.
+the transport's read; so did one nested 5,000 deep published on its remote control channel. A
+message of any size was decoded whole; one past ``CHORDBEAT_MAX_MESSAGE_BYTES`` is now dropped undecoded.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery.result import AsyncResult
 from kombu import Connection, Producer
 from kombu.exceptions import DecodeError
 from kombu.serialization import loads as kombu_loads
@@ -26,8 +28,9 @@ from kombu.serialization import loads as kombu_loads
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.messaging import keys, serialization, unacked
-from celeryapp.messaging.serialization import MAX_MESSAGE_DEPTH, envelope, loads, nesting_depth
+from celeryapp.messaging.serialization import MAX_MESSAGE_DEPTH, envelope, headers_after_body, loads, nesting_depth
 from celeryapp.messaging.unacked import UNACKED_INDEX_KEY, UNACKED_KEY
+from celeryapp.variables import DEFAULT_MAX_MESSAGE_BYTES
 from tests import processes
 from tests.helpers import call, run_once, step, wait_for
 
@@ -67,6 +70,16 @@ def deep_recursion() -> Iterator[None]:
         yield
     finally:
         sys.setrecursionlimit(previous)
+
+
+def test_the_headers_of_an_oversized_message_are_read_without_its_body() -> None:
+    headers = {"id": "abc", "task": "chordbeat.get_schedule"}
+    stored = json.dumps({"body": "QUJD" * 10_000, "content-encoding": "utf-8", "headers": headers, "properties": {}})
+    assert headers_after_body(stored) == headers
+    # Not as kombu writes it (a quoted body, headers first, a long tail): nobody to answer.
+    assert headers_after_body(json.dumps({"body": 'a"b', "headers": headers})) is None
+    assert headers_after_body(json.dumps({"headers": headers, "body": "QUJD"})) is None
+    assert headers_after_body(json.dumps({"body": "", "headers": {**headers, "x": "y" * 70_000}})) is None
 
 
 # -- the bound -------------------------------------------------------------------------------
@@ -225,13 +238,30 @@ def broadcast_poison(broker_url: str) -> int:
     return len(poison)
 
 
+#: Longer than CHORDBEAT_MAX_MESSAGE_BYTES's default: decoded whole, it held several times its size.
+OVERSIZED_CHARS = DEFAULT_MAX_MESSAGE_BYTES + 1024
+
+
+def oversized(client: Celery, broker_url: str) -> AsyncResult:
+    """A service call and a remote control broadcast longer than the limit: the call's result."""
+    call = client.send_task("chordbeat.get_schedule", kwargs={"name": "x" * OVERSIZED_CHARS}, queue=keys.PUBLIC_QUEUE)
+    broker = redis.Redis.from_url(broker_url)
+    channel = f"/{broker.connection_pool.connection_kwargs.get('db', 0)}.celery.pidbox"
+    assert broker.publish(channel, json.dumps({"body": "x" * OVERSIZED_CHARS})) == 1
+    return call
+
+
 def queued(client: redis.Redis) -> int:
     names = [q if pri == 0 else f"{q}{PRIORITY_SEP}{pri}" for q in QUEUES for pri in range(10)]
     return sum(int(client.llen(name)) for name in names)  # type: ignore[arg-type]
 
 
 def refusals(output: str) -> int:
-    return output.count("Can't decode message body") + output.count("was refused and dropped")
+    return (
+        output.count("Can't decode message body")
+        + output.count("was refused and dropped")
+        + output.count("was refused undecoded and dropped")
+    )
 
 
 @SQLITE_ONLY
@@ -243,6 +273,8 @@ def test_poisoned_messages_on_every_queue_are_refused_and_the_prefork_worker_liv
         wait_for(lambda: "ready." in worker.output(), 60, interval=0.2, what="the worker to start")
         sent = sum(send_poison(client, settings.broker_url, queue) for queue in QUEUES)
         sent += broadcast_poison(settings.broker_url)
+        too_long = oversized(client, settings.broker_url)
+        sent += 2
         wait_for(
             lambda: refusals(worker.output()) >= sent or not worker.running,
             60,
@@ -252,6 +284,10 @@ def test_poisoned_messages_on_every_queue_are_refused_and_the_prefork_worker_liv
         assert worker.running, worker.output()[-4000:]
         assert refusals(worker.output()) == sent
         assert "nested more than 100 levels deep" in worker.output()
+        assert worker.output().count(f"longer than CHORDBEAT_MAX_MESSAGE_BYTES ({DEFAULT_MAX_MESSAGE_BYTES})") == 2
+        # Its caller hears why at once, instead of waiting out its timeout.
+        with pytest.raises(DecodeError, match="CHORDBEAT_MAX_MESSAGE_BYTES"):
+            too_long.get(timeout=10)
         wait_for(lambda: queued(broker) == 0 and broker.hlen(UNACKED_KEY) == 0, 20, what="every message gone")
         # The same worker goes on with a step and a service call.
         assert run_once(client, {"name": "after", "every": 3600, "steps": [step("s")]})["status"] == "completed"

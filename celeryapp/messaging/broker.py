@@ -84,6 +84,7 @@ class ReferenceClockQoS(kombu_redis.QoS):  # type: ignore[misc]
 
 class _DetachedIsLost(RefusingEnvelopes, kombu_redis.Channel):  # type: ignore[misc]
     QoS = ReferenceClockQoS
+    from_transport_options = (*kombu_redis.Channel.from_transport_options, "max_message_bytes")  # type: ignore[assignment]
     _pooled_client: Any = None
 
     def _create_client(self, asynchronous: bool = False) -> Any:
@@ -116,6 +117,8 @@ class Channel(_DetachedIsLost):
 
 class SentinelChannel(_DetachedIsLost, kombu_redis.SentinelChannel):  # type: ignore[misc]
     """kombu's Sentinel channel (its connections already follow the primary), with our fix."""
+
+    from_transport_options = (*kombu_redis.SentinelChannel.from_transport_options, "max_message_bytes")  # type: ignore[assignment]
 
 
 class Transport(kombu_redis.Transport):  # type: ignore[misc]

@@ -14,6 +14,13 @@ itself, before any of that: a poisoned one (not JSON, headers nested too deep, n
 envelope) killed the worker the same way, from the transport's read in the event loop
 ("Unrecoverable error"). :class:`RefusingEnvelopes` makes the transport's channels
 (:mod:`celeryapp.messaging.broker`) refuse it with :func:`envelope`, log it and drop it.
+
+Nor had a message any size limit: a 60 MB one was decoded whole (envelope, base64, JSON: several
+times its size in memory) by whichever process took it. One longer than ``CHORDBEAT_MAX_MESSAGE_BYTES``
+(the channel's ``max_message_bytes`` transport option) is now dropped before any decoding, and logged
+with its queue and size. Its caller is answered when it can be, without decoding the body: kombu
+writes the body first, base64 (no quote inside), so what follows its closing quote, the headers
+and properties, is read alone when it is short; the answer is the hook :func:`install` was given.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import binascii
 import logging
 from base64 import b64decode
+from collections.abc import Callable
 from queue import Empty
 from typing import Any
 
@@ -29,11 +37,20 @@ from kombu.serialization import registry
 from kombu.utils import json as kombu_json
 from kombu.utils.encoding import bytes_to_str
 
+from celeryapp.variables import DEFAULT_MAX_MESSAGE_BYTES
+
 logger = logging.getLogger(__name__)
 
 #: Deepest nesting of lists and dicts (the body's own list counts) a message or result may have:
 #: far beyond what any task takes, far below what the pickler and ``json`` recurse through.
 MAX_MESSAGE_DEPTH = 100
+#: Longest envelope without its body read to find whom to answer about an oversized message.
+MAX_ENVELOPE_TAIL_BYTES = 64 * 1024
+#: kombu's Redis envelope starts with its body.
+_BODY_FIRST = b'{"body": "'
+#: Told ``(task name, task id, reason)`` of an oversized message whose headers could be read.
+RefusalHook = Callable[[str, str, str], None]
+_refusal_hooks: list[RefusalHook] = []
 #: Celery's (and the app's) content type for ``json``.
 JSON_CONTENT_TYPE = "application/json"
 
@@ -115,15 +132,50 @@ def envelope(raw: bytes | str) -> dict[str, Any]:
     return value
 
 
-def install() -> None:
+def headers_after_body(raw: bytes | str) -> dict[str, Any] | None:
+    """An envelope's headers, read without its body: None unless the body is base64 (as kombu
+    writes it) and what follows it is short and JSON."""
+    data = raw.encode() if isinstance(raw, str) else raw
+    end = data.find(b'"', len(_BODY_FIRST)) if data.startswith(_BODY_FIRST) else -1
+    if end < 0 or len(data) - end > MAX_ENVELOPE_TAIL_BYTES:
+        return None
+    try:
+        value = loads(b'{"body": ""' + data[end + 1 :])
+    except DecodeError:
+        return None
+    headers = value.get("headers") if isinstance(value, dict) else None
+    return headers if isinstance(headers, dict) else None
+
+
+def _answer_refused(raw: bytes | str, reason: str) -> None:
+    headers = headers_after_body(raw)
+    if headers is None or not _refusal_hooks:
+        return
+    task, task_id = headers.get("task"), headers.get("id")
+    if isinstance(task, str) and isinstance(task_id, str):
+        for hook in _refusal_hooks:
+            try:
+                hook(task[:200], task_id[:200], reason)
+            except Exception:  # the refusal stands; only its answer is lost
+                logger.exception("broker: could not answer the refused message %.200s", task_id)
+
+
+def install(on_refused: RefusalHook | None = None) -> None:
     """Decode ``application/json`` with :func:`loads` in this process (kombu's registry is global;
-    encoding stays kombu's). Idempotent."""
+    encoding stays kombu's), and answer oversized messages with ``on_refused``. Idempotent."""
+    if on_refused is not None and on_refused not in _refusal_hooks:
+        _refusal_hooks[:] = [on_refused]
     registry.register(  # type: ignore[no-untyped-call]
         "json", kombu_json.dumps, loads, content_type=JSON_CONTENT_TYPE, content_encoding="utf-8"
     )
 
 
-def _envelope_or_none(item: bytes | str, source: str) -> dict[str, Any] | None:
+def _envelope_or_none(item: bytes | str, source: str, max_bytes: int) -> dict[str, Any] | None:
+    if len(item) > max_bytes:  # a str here is ASCII JSON (kombu's): its length is its size
+        reason = f"refused: a message of {len(item)} bytes, longer than CHORDBEAT_MAX_MESSAGE_BYTES ({max_bytes})"
+        logger.error("broker: a message from %s was refused undecoded and dropped: %s", source, reason)
+        _answer_refused(item, reason)
+        return None
     try:
         return envelope(item)
     except DecodeError as exc:
@@ -137,6 +189,9 @@ class RefusingEnvelopes:
     (remote control, events) over pub/sub, which kombu decoded letting ``RecursionError`` and
     anything not shaped like a message through. A refused message is already off its list and
     was never delivered, nor recorded as unacknowledged: it is gone."""
+
+    #: Longest message decoded (transport option ``max_message_bytes``); longer ones are dropped.
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
     def _brpop_read(self, **options: Any) -> bool:
         channel: Any = self
@@ -152,7 +207,7 @@ class RefusingEnvelopes:
             dest, item = dest_item
             dest = bytes_to_str(dest).rsplit(channel.sep, 1)[0]  # type: ignore[no-untyped-call]
             channel._queue_cycle.rotate(dest)
-            message = _envelope_or_none(item, dest)
+            message = _envelope_or_none(item, dest, channel.max_message_bytes)
             if message is not None:
                 channel.connection._deliver(message, dest)
             return True
@@ -166,7 +221,7 @@ class RefusingEnvelopes:
             for priority in channel.priority_steps:
                 item = client.rpop(channel._q_for_pri(queue, priority))
                 if item:
-                    message = _envelope_or_none(item, queue)
+                    message = _envelope_or_none(item, queue, channel.max_message_bytes)
                     if message is None:
                         continue
                     channel._maybe_update_queues_expire(client, queue)
@@ -188,7 +243,7 @@ class RefusingEnvelopes:
                 if payload["data"]:
                     if name[0] == "/":
                         _, _, name = name.partition(".")
-                    message = _envelope_or_none(payload["data"], name)
+                    message = _envelope_or_none(payload["data"], name, channel.max_message_bytes)
                     if message is None:
                         # Not Empty, as kombu raises: from the second message of a read on, it
                         # escapes the loop over what is buffered, and the rest waits for the

@@ -14,6 +14,7 @@ import os
 from typing import Any
 from urllib.parse import urlencode
 
+import tornado.httpserver
 import tornado.ioloop
 import tornado.web
 from sqlalchemy import select
@@ -27,6 +28,7 @@ from celeryapp.interfaces.web.alerts_page import AlertActionHandler, AlertsHandl
 from celeryapp.interfaces.web.auth import WebUser, check_auth_config
 from celeryapp.interfaces.web.backfill_page import MODES, BackfillActionHandler, BackfillForm, schedule_backfills
 from celeryapp.interfaces.web.base import BaseHandler, WebContext
+from celeryapp.interfaces.web.bounded_bodies import BoundedBodies
 from celeryapp.interfaces.web.broker_state import broker_state
 from celeryapp.interfaces.web.login import LoginHandler, LogoutHandler
 from celeryapp.monitoring.health import age_s
@@ -191,5 +193,7 @@ def serve(app: ChordbeatCelery) -> None:
     settings = app.settings
     users = check_auth_config(settings.web_users, settings.web_secret)
     web = make_app(app, users, settings.web_secret)
-    web.listen(settings.web_port, address=settings.web_address, xheaders=False)
+    limit = settings.web_max_body_bytes
+    server = tornado.httpserver.HTTPServer(BoundedBodies(web, limit), xheaders=False, max_body_size=limit)
+    server.listen(settings.web_port, address=settings.web_address)
     tornado.ioloop.IOLoop.current().start()

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from kombu.exceptions import DecodeError
 from sqlalchemy import func, select
 
 from celeryapp.application import ChordbeatCelery
@@ -598,11 +599,15 @@ def test_ten_thousand_steps_are_refused_before_any_is_looked_at(app: ChordbeatCe
 
 
 def test_a_twenty_megabyte_trigger_payload_is_refused(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
-    """It used to be stored, and ``list_executions`` then returned 108 MB."""
+    """It used to be stored, and ``list_executions`` then returned 108 MB. Now its message is over
+    ``CHORDBEAT_MAX_MESSAGE_BYTES``: dropped before it is decoded, its caller told why; a payload
+    under that bound but over the payload's is refused naming the field."""
     call(client, "chordbeat.apply_schedule", definition=base())
     before = settled(app, call(client, "chordbeat.trigger_schedule", name="kept")["execution_id"], client)
-    with pytest.raises(InvalidArgument, match=f"payload: is 20000011 bytes of JSON, more than {MAX_JSON_BYTES}"):
+    with pytest.raises(DecodeError, match="longer than CHORDBEAT_MAX_MESSAGE_BYTES"):
         call(client, "chordbeat.trigger_schedule", name="kept", payload={"blob": "y" * 20_000_000})
+    with pytest.raises(InvalidArgument, match=f"payload: is 2000011 bytes of JSON, more than {MAX_JSON_BYTES}"):
+        call(client, "chordbeat.trigger_schedule", name="kept", payload={"blob": "y" * 2_000_000})
     # Many small values are not even walked to the end.
     with pytest.raises(InvalidArgument, match=f"payload: is more than {MAX_JSON_BYTES} bytes of JSON"):
         call(client, "chordbeat.trigger_schedule", name="kept", payload={"blob": [0] * 1_000_000})

@@ -188,7 +188,8 @@ def test_compose_services_run_real_commands_with_healthchecks() -> None:
     redis = shlex.split(REDIS_START.read_text().rsplit("exec ", 1)[1])
     assert redis[redis.index("--appendonly") + 1] == "yes"
     assert redis[redis.index("--maxmemory-policy") + 1] == "noeviction"
-    assert redis[redis.index("--aclfile") + 1] == "/tmp/users.acl"
+    assert redis[redis.index("--aclfile") + 1] == "$rendered"
+    assert "rendered=${REDIS_ACL_RENDERED:-/tmp/users.acl}" in REDIS_START.read_text()
     assert services["worker"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
 
 

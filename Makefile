@@ -9,11 +9,12 @@ BENCH_ARGS ?=
 .PHONY: run test test-fast lint typecheck system-deps bench clean
 
 # pip's output goes to a log (shown when it fails): a first `make run` prints the addresses, not pip.
-$(STAMP): pyproject.toml
+# constraints.txt pins every package to the versions the tests passed with.
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	@echo "installing chordbeat and its dependencies into $(VENV) (log: $(VENV)/install.log)"
 	@$(BIN)/pip install --progress-bar off --upgrade pip > $(VENV)/install.log 2>&1 \
-	  && $(BIN)/pip install --progress-bar off -e '.[test,postgres,run]' >> $(VENV)/install.log 2>&1 \
+	  && $(BIN)/pip install --progress-bar off -c constraints.txt -e '.[test,postgres,run]' >> $(VENV)/install.log 2>&1 \
 	  || { tail -n 40 $(VENV)/install.log; exit 1; }
 	@touch $@
 

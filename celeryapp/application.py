@@ -9,7 +9,6 @@ from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 from kombu.entity import Queue
-from kombu.exceptions import DecodeError
 
 from celeryapp.alerting import child_environment
 from celeryapp.alerting.channels import channel_names
@@ -19,6 +18,7 @@ from celeryapp.domain.redaction import credentials_apart
 from celeryapp.messaging import redis_client, reference_time, serialization
 from celeryapp.messaging.broker import sentinel_transport_options, transport_for
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
+from celeryapp.messaging.refused_bodies import AnswerRefusedBodies
 from celeryapp.recovery.signals import HealthStep
 from celeryapp.redis_urls import is_sentinel, parse_sentinels
 from celeryapp.variables import VISIBILITY_TIMEOUT_S
@@ -196,11 +196,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 def _answer_refused(app: ChordbeatCelery) -> serialization.RefusalHook:
-    def answer(task: str, task_id: str, reason: str) -> None:
+    def answer(task: str, task_id: str, error: Exception) -> None:
         registered = app.tasks.get(task)
         # Only service calls store a result, read by a caller waiting for it: nobody else is.
         if registered is not None and not registered.ignore_result:
-            app.backend.mark_as_failure(task_id, DecodeError(reason))
+            app.backend.mark_as_failure(task_id, error)
 
     return answer
 
@@ -212,6 +212,7 @@ def create_app(settings: Settings | None = None) -> ChordbeatCelery:
     serialization.install(_answer_refused(app))
     app.apply_settings(settings or Settings.from_env())
     app.steps["consumer"].add(HealthStep)
+    app.steps["consumer"].add(AnswerRefusedBodies)
     app.steps["consumer"].add(AlertSenderStep)
     # The sender's variables stay in the main process: pool children running steps drop them.
     child_environment.connect()

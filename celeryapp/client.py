@@ -85,8 +85,9 @@ class ChordbeatClient:
     """Calls the contract's service tasks and waits for their JSON answers.
 
     Errors raised by a task (an invalid definition, an unknown name) are raised here with the
-    worker's message, which names the field and the reason. ``source="cli"`` marks every call as
-    the CLI's in the audit trail (any other value: as another service's, ``service``).
+    worker's message, which names the field and the reason. ``source="cli"`` claims every call is
+    the CLI's: the audit trail records it as ``service`` (anyone on the broker can claim it) and
+    keeps the claim in the row's detail (``claimed_source``).
     """
 
     def __init__(

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-#: The message header that marks a call as the CLI's in the audit trail (``chordbeat-source``
-#: spelled as an identifier: Celery hands custom headers to the task as request attributes).
-#: Only ``"cli"`` is believed; any other value counts as ``service``.
+#: The message header by which a call claims to be the CLI's (``chordbeat-source`` spelled as an
+#: identifier: Celery hands custom headers to the task as request attributes). Never believed:
+#: the row's source is ``service`` and the claim is kept in its detail as ``claimed_source``.
 SOURCE_HEADER = "chordbeat_source"
 
 

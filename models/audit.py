@@ -3,6 +3,9 @@ transaction, so an action and its record commit or roll back together."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,6 +23,26 @@ REASON_CHARS = 500
 
 #: The actor of beat's own decisions (retries, a schedule going dead, timeouts).
 BEAT_ACTOR = "chordbeat"
+
+#: The source a service call's message claimed (its ``chordbeat_source`` header), while that call
+#: runs. Anyone who can publish to the broker can send any header, so the row's ``source`` stays
+#: ``service``; the claim is kept in its ``detail`` under ``claimed_source``, marked as the caller's
+#: word.
+_claimed_source: ContextVar[str | None] = ContextVar("claimed_source", default=None)
+#: Longest claim kept (a header is the caller's to make as long as it likes).
+CLAIMED_SOURCE_CHARS = 40
+
+
+@contextmanager
+def claimed_source(claim: str | None) -> Iterator[None]:
+    """Rows written by the service call run inside keep ``claim`` in their detail."""
+    # Printable characters only: it is shown in terminals and pages as it was sent.
+    kept = None if claim is None else "".join(c for c in claim if c.isprintable())[:CLAIMED_SOURCE_CHARS]
+    token = _claimed_source.set(kept)
+    try:
+        yield
+    finally:
+        _claimed_source.reset(token)
 
 
 @dataclass(frozen=True)
@@ -83,6 +106,9 @@ def record_audit(
     detail: dict[str, Any] | None = None,
     at: datetime | None = None,
 ) -> None:
+    claim = _claimed_source.get()
+    if claim is not None and source is AuditSource.SERVICE:
+        detail = {**(detail or {}), "claimed_source": claim}
     session.execute(
         insert(AUDIT_EVENTS).values(
             at=at or clock.now(),

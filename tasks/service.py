@@ -12,6 +12,7 @@ from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.interfaces import alerts, backfill_service, service, wiring_checks
 from celeryapp.interfaces.arguments import default_actor
 from celeryapp.messaging.expiry import ReferenceClockTask
+from models.audit import claimed_source
 from models.states import AuditSource
 
 
@@ -32,17 +33,26 @@ class ServiceTask(ReferenceClockTask):
             inspect.signature(self.run).bind(*args, **kwargs)
         except TypeError as exc:
             raise InvalidArgument("arguments", str(exc)) from None
-        return RedactedResult(super().__call__(*args, **kwargs))
+        with claimed_source(_claim()):
+            return RedactedResult(super().__call__(*args, **kwargs))
+
+
+def _claim() -> str | None:
+    """The source the message being run claims (``chordbeat_source`` header), as text; None without one."""
+    request = app.current_task.request if app.current_task is not None else None
+    claimed = getattr(request, SOURCE_HEADER, None) or (getattr(request, "headers", None) or {}).get(SOURCE_HEADER)
+    return None if claimed is None else str(claimed)
 
 
 def _caller(actor: Any) -> dict[str, Any]:
-    """The audit's actor and source of the call being run: the source is ``cli`` when the message
-    says so (:class:`celeryapp.client.ChordbeatClient` with ``source="cli"``), else ``service``:
-    a message claiming ``web`` or ``beat`` is not believed, those act in-process. No actor given:
-    the caller's Celery origin (``gen<pid>@<host>``), so a row never lacks one."""
+    """The audit's actor and source of the call being run: the source is always ``service``.
+    Anyone who can publish to the broker can claim ``cli`` (or ``web``, ``beat``) in a header and
+    name any actor, so only what chordbeat itself knows is recorded as a source: the CLI writing
+    in-process, the dashboard's session user, beat. The claim is kept in the row's detail
+    (:func:`models.audit.claimed_source`). No actor given: the caller's Celery origin
+    (``gen<pid>@<host>``), so a row never lacks one."""
     request = app.current_task.request if app.current_task is not None else None
-    claimed = getattr(request, SOURCE_HEADER, None) or (getattr(request, "headers", None) or {}).get(SOURCE_HEADER)
-    source = AuditSource.CLI if claimed == AuditSource.CLI.value else AuditSource.SERVICE
+    source = AuditSource.SERVICE
     if actor is None:
         actor = default_actor(source, getattr(request, "origin", None)).name
     return {"actor": actor, "source": source}

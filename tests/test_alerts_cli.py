@@ -117,7 +117,7 @@ def test_alerts_lists_them_in_80_columns_in_people_s_times_and_ack_takes_an_id(
     with transaction(settings.database_url) as session:
         ack = session.scalars(select(AuditEvent).where(AuditEvent.action == "alert_acknowledged")).first()
         assert ack is not None
-        assert (ack.actor, ack.source.value, ack.reason) == ("alice", "cli", "rerunning after LDAP fix")
+        assert (ack.actor, ack.source.value, ack.reason) == ("alice", "service", "rerunning after LDAP fix")
 
 
 def as_json(settings: Settings, *args: str) -> str:
@@ -168,9 +168,9 @@ def test_silence_asks_first_then_holds_the_schedule_s_alerts_until_unsilenced(
     with transaction(settings.database_url) as session:
         rows = session.scalars(select(AuditEvent).where(AuditEvent.action.in_(["silenced", "unsilenced"]))).all()
         assert [(r.action.value, r.actor, r.source.value, r.reason) for r in rows] == [
-            ("silenced", "alice", "cli", "LDAP upgrade"),
-            ("unsilenced", "alice", "cli", "upgrade done"),
-            ("unsilenced", "alice", "cli", None),
+            ("silenced", "alice", "service", "LDAP upgrade"),
+            ("unsilenced", "alice", "service", "upgrade done"),
+            ("unsilenced", "alice", "service", None),
         ]
 
 

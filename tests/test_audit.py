@@ -140,22 +140,38 @@ def test_hostile_actors_and_reasons_are_refused_naming_the_field_and_nothing_cha
     assert call(client, "chordbeat.list_executions") == []
 
 
-def test_the_cli_marks_its_calls_and_web_and_beat_cannot_be_claimed_over_the_wire(
+def test_a_source_claimed_over_the_wire_is_recorded_as_service_with_the_claim_kept_apart(
     app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings
 ) -> None:
+    """Anyone who can publish to the broker can send the ``chordbeat_source: cli`` header and name
+    any actor: it used to be believed (source ``cli``). Now every call over the broker is
+    ``service``, the claim kept in the detail as the caller's word."""
     apply(client, "marked")
     with ChordbeatClient(settings.broker_url, settings.result_backend, source="cli") as cli:
         cli.pause_schedule("marked", actor="ops@laptop", reason="deploy")
         cli.resume_schedule("marked")
-    for claimed in ("web", "beat", "nonsense"):
+    # A raw Celery client forging the CLI's header and someone else's name.
+    client.send_task(
+        "chordbeat.pause_schedule", kwargs={"name": "marked", "actor": "root@bastion"}, headers={SOURCE_HEADER: "cli"}
+    ).get(timeout=20)
+    call(client, "chordbeat.resume_schedule", name="marked")
+    for claimed in ("web", "beat", "x" * 500):
         client.send_task("chordbeat.pause_schedule", kwargs={"name": "marked"}, headers={SOURCE_HEADER: claimed}).get(
             timeout=20
         )
         call(client, "chordbeat.resume_schedule", name="marked")
     rows = list(reversed(trail(client, "marked")))
-    assert [(r["action"], r["source"]) for r in rows[:3]] == [("apply", "service"), ("pause", "cli"), ("resume", "cli")]
-    assert rows[1]["actor"] == "ops@laptop" and rows[2]["actor"].startswith("cli@")
-    assert {r["source"] for r in rows[3:]} == {"service"} and len(rows) == 9
+    assert {r["source"] for r in rows} == {"service"} and len(rows) == 11, rows
+    assert [(r["action"], (r["detail"] or {}).get("claimed_source")) for r in rows[:5]] == [
+        ("apply", None),
+        ("pause", "cli"),
+        ("resume", "cli"),
+        ("pause", "cli"),
+        ("resume", None),
+    ]
+    assert rows[1]["actor"] == "ops@laptop" and rows[2]["actor"].startswith("service@")
+    assert rows[3]["actor"] == "root@bastion"
+    assert [r["detail"]["claimed_source"] for r in rows[5::2]] == ["web", "beat", "x" * 40]
 
 
 def test_the_dashboard_acts_in_process_as_web(app: ChordbeatCelery, worker: Any, client: Celery) -> None:

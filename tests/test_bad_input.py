@@ -25,6 +25,7 @@ from kombu.exceptions import DecodeError
 from sqlalchemy import func, select
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.client import answer
 from celeryapp.domain.limits import MAX_JSON_BYTES
 from celeryapp.errors import ChordbeatError, DefinitionError, FieldError, InvalidArgument
 from celeryapp.interfaces import service
@@ -612,6 +613,29 @@ def test_a_twenty_megabyte_trigger_payload_is_refused(app: ChordbeatCelery, work
     with pytest.raises(InvalidArgument, match=f"payload: is more than {MAX_JSON_BYTES} bytes of JSON"):
         call(client, "chordbeat.trigger_schedule", name="kept", payload={"blob": [0] * 1_000_000})
     assert state(app) == before
+
+
+def test_a_call_nested_800_deep_is_answered_naming_the_argument(
+    app: ChordbeatCelery, worker: Any, client: Celery
+) -> None:
+    """Refused at decoding (the worker lives), its caller used to hear nothing and time out. The
+    message's headers name its id, so it is answered at once, naming the argument."""
+    call(client, "chordbeat.apply_schedule", definition=base())
+    before = state(app)
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous, 10_000))  # the sender's own encoder recurses through what it sends
+    try:
+        for args, kwargs, field in (
+            ((), {"name": "kept", "payload": {"d": nested(800)}}, "kwargs.payload"),
+            (("kept", nested(800)), {}, "args"),
+        ):
+            with pytest.raises(InvalidArgument) as caught:
+                answer(client.send_task("chordbeat.trigger_schedule", args=args, kwargs=kwargs), 20)
+            assert (caught.value.field, caught.value.reason) == (field, "nested more than 100 levels deep")
+    finally:
+        sys.setrecursionlimit(previous)
+    assert state(app) == before
+    assert call(client, "chordbeat.get_schedule", name="kept")["name"] == "kept"  # the worker lives
 
 
 def test_get_execution_of_true_is_not_execution_one(app: ChordbeatCelery, worker: Any, client: Celery) -> None:

@@ -45,6 +45,20 @@ CALENDARS = DEPLOY / "calendars"
 #: The control worker's command line in every deploy file.
 CONTROL_WORKER = ["-Q", "chordbeat.control,celery", "-P", "threads", "-c", "4"]
 RESPAWN = ["python", "deploy/local/respawn.py"]
+#: compose's Redis: renders the ACL file from the environment and runs Redis with it.
+REDIS_START = DEPLOY / "redis" / "start.sh"
+ACL_FILE = DEPLOY / "redis" / "users.acl"
+#: The Redis ACL user each role's process connects as (deploy/redis/users.acl).
+ROLE_USERS = {
+    "worker": "chordbeat",
+    "beat": "chordbeat",
+    "web": "chordbeat",
+    "metrics": "chordbeat",
+    "db upgrade": "chordbeat",
+    "flower": "chordbeat-monitor",
+}
+#: The ACL user of other services calling chordbeat: named by no process of ours.
+SERVICE_USER = "chordbeat-service"
 SYSTEMD_SANDBOX = {
     "NoNewPrivileges": "yes",
     "ProtectSystem": "strict",
@@ -170,9 +184,12 @@ def test_compose_services_run_real_commands_with_healthchecks() -> None:
     assert services["worker"]["healthcheck"]["test"] == ["CMD", "chordbeat", "health", "worker"]
     assert services["control"]["healthcheck"]["test"] == ["CMD", "chordbeat", "health", "worker"]
     assert services["beat-a"]["healthcheck"]["test"] == ["CMD", "chordbeat", "health", "beat"]
-    redis = services["redis"]["command"]
+    assert services["redis"]["command"] == ["bash", "/etc/chordbeat-redis/start.sh"]
+    redis = shlex.split(REDIS_START.read_text().rsplit("exec ", 1)[1])
     assert redis[redis.index("--appendonly") + 1] == "yes"
     assert redis[redis.index("--maxmemory-policy") + 1] == "noeviction"
+    assert redis[redis.index("--aclfile") + 1] == "$rendered"
+    assert "rendered=${REDIS_ACL_RENDERED:-/tmp/users.acl}" in REDIS_START.read_text()
     assert services["worker"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
 
 
@@ -253,13 +270,12 @@ def test_compose_is_hardened() -> None:
             assert service["read_only"] is True and service["cap_drop"] == ["ALL"], name
             assert "no-new-privileges:true" in service["security_opt"], name
             env = service["environment"]
-            assert env["CHORDBEAT_BROKER_URL"].startswith("redis://:${REDIS_PASSWORD:?"), name
+            user, password = ("chordbeat-monitor", "MONITOR") if name == "flower" else ("chordbeat", "APP")
+            assert env["CHORDBEAT_BROKER_URL"].startswith(f"redis://{user}:${{REDIS_{password}_PASSWORD:?"), name
             role = re.match(r"postgresql\+psycopg://(\w+):", env["CHORDBEAT_DATABASE_URL"])
             assert role is not None and role.group(1) == ("chordbeat_migrate" if name == "migrate" else "chordbeat_app")
             assert ("FLOWER_BASIC_AUTH" in env) == (name == "flower"), name
             assert ("CHORDBEAT_WEB_USERS" in env) == (name == "web"), name
-    redis = services["redis"]["command"]
-    assert redis[redis.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
     postgres = services["postgres"]
     assert "POSTGRES_USER" not in postgres["environment"], "the superuser must not be the application's role"
     assert "./postgres:/docker-entrypoint-initdb.d:ro" in postgres["volumes"]
@@ -304,7 +320,7 @@ def test_every_process_reads_the_alert_channels_and_only_the_control_worker_gets
     }
     assert with_secret == {"chordbeat-control"}
     documented = (DEPLOY / "k8s" / "config.yaml").read_text()
-    assert all(f"--from-literal={v}=" in documented for v in CHANNEL_VARS)
+    assert all(f"\n#     {v}=" in documented for v in CHANNEL_VARS)
     # systemd: every unit reads the file's name; the secrets file is the control unit's only.
     assert env_file(DEPLOY / "systemd" / "chordbeat.env")["CHORDBEAT_ALERT_CHANNELS"] == (
         "/etc/chordbeat/alert-channels.yaml"
@@ -372,7 +388,7 @@ def test_kubernetes_pods_are_hardened_and_ship_no_secret_values() -> None:
             assert ("chordbeat-web" in secrets) == (name == "chordbeat-web"), name
             for secret in secrets:
                 assert f"kubectl create secret generic {secret} " in documented, f"{secret} is not documented"
-    assert "CHORDBEAT_BROKER_URL='redis://:REDIS_PASSWORD@" in documented
+    assert "CHORDBEAT_BROKER_URL=redis://chordbeat:APP_PASSWORD@" in documented
     assert "chordbeat_app:APP_PASSWORD@" in documented and "chordbeat_migrate:MIGRATE_PASSWORD@" in documented
 
 
@@ -395,7 +411,7 @@ def test_systemd_units_are_sandboxed_and_restart() -> None:
         assert ("/etc/chordbeat/flower.env" in unit["EnvironmentFile"]) == (role == "flower"), name
         assert ("/etc/chordbeat/web.env" in unit["EnvironmentFile"]) == (role == "web"), name
     env = env_file(DEPLOY / "systemd" / "chordbeat.env")
-    assert env["CHORDBEAT_BROKER_URL"].startswith("redis://:REDIS_PASSWORD@")
+    assert env["CHORDBEAT_BROKER_URL"].startswith("redis://chordbeat:APP_PASSWORD@")
     assert env["CHORDBEAT_DATABASE_URL"].startswith("postgresql+psycopg://chordbeat_app:")
     assert env["CHORDBEAT_HEALTH_DIR"] == "/run/chordbeat"
     migrate = env_file(DEPLOY / "systemd" / "migrate.env")
@@ -544,3 +560,310 @@ def test_flower_control_is_on_or_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CHORDBEAT_FLOWER_CONTROL", "maybe")
     with pytest.raises(SystemExit, match="CHORDBEAT_FLOWER_CONTROL must be on or off"):
         runpy.run_path(str(ROOT / "flower.cfg"))
+
+
+# No credential on a command line: ps shows every process's arguments to every user of the host
+# (and compose and Kubernetes show commands to whoever may inspect a container).
+
+#: Options whose value is a password or token.
+CREDENTIAL_OPTIONS = {"-a", "--pass", "--password", "--requirepass", "--masterauth", "--token", "--secret"}
+_URL_PASSWORD = re.compile(r"://[^/@\s:]*:[^@/\s]+@")
+_CREDENTIAL_EXPANSION = re.compile(r"\$\{?!?\w*(?:PASSWORD|PASSWD|SECRET|TOKEN|AUTH|_PASS)\b", re.I)
+_EXPANDED = re.compile(r"\$\{?!?(\w+|[@*])")
+_OPERATORS = {";", "&&", "||", "|", "&", "(", ")", "((", "))", ";;", "{", "}", "$(", "`"}
+_REDIRECTIONS = {">", ">>", "<", "<<", "<<<", ">&", "<&", ">|"}
+#: The first words of commands that run no program of their own (their arguments reach no ps).
+SHELL_BUILTINS = {
+    ":",
+    ".",
+    "[",
+    "[[",
+    "]]",
+    "source",
+    "echo",
+    "printf",
+    "export",
+    "local",
+    "declare",
+    "readonly",
+    "set",
+    "unset",
+    "cd",
+    "umask",
+    "read",
+    "test",
+    "return",
+    "exit",
+    "shift",
+    "trap",
+    "wait",
+    "true",
+    "false",
+    "command",
+    "eval",
+    "if",
+    "then",
+    "elif",
+    "else",
+    "fi",
+    "for",
+    "in",
+    "do",
+    "done",
+    "while",
+    "until",
+    "case",
+    "esac",
+    "!",
+    "$",
+}
+_KEYWORDS = {"if", "then", "elif", "else", "do", "while", "until", "!", "exec", "time"}
+
+
+def credential_arguments(argv: list[str], tainted: frozenset[str] = frozenset()) -> list[str]:
+    """The arguments of ``argv`` (its program left out) that are, or expand, a credential."""
+    return [
+        arg
+        for arg in argv[1:]
+        if arg.split("=", 1)[0] in CREDENTIAL_OPTIONS
+        or _URL_PASSWORD.search(arg)
+        or _CREDENTIAL_EXPANSION.search(arg)
+        or set(_EXPANDED.findall(arg)) & tainted
+    ]
+
+
+def shell_commands(line: str) -> list[list[str]]:
+    """The simple commands of a line of shell, words unquoted, redirections and leading
+    assignments and keywords dropped."""
+    lexer = shlex.shlex(line.replace("$(", " $( "), posix=True, punctuation_chars=";&|()<>")
+    lexer.whitespace_split, lexer.commenters = True, ""
+    try:
+        words = list(lexer)
+    except ValueError:  # an unbalanced quote: a continuation this reader does not join
+        return []
+    commands, current, skip = [], [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in _REDIRECTIONS:
+            skip = True
+        elif word in _OPERATORS:
+            commands.append(current)
+            current = []
+        else:
+            current.append(word)
+    commands.append(current)
+    cleaned = []
+    for argv in commands:
+        while argv and (re.match(r"^\w+=", argv[0]) or argv[0] in _KEYWORDS):
+            argv = argv[1:]
+        if argv:
+            cleaned.append(argv)
+    return cleaned
+
+
+def _script_lines(text: str) -> list[str]:
+    """A script's lines, continuations joined, without comments and here-documents' bodies."""
+    lines: list[str] = []
+    heredoc = None
+    for line in text.replace("\\\n", " ").splitlines():
+        if heredoc is not None:
+            heredoc = None if line.strip() == heredoc else heredoc
+        elif not line.lstrip().startswith("#"):
+            if (opened := re.search(r"<<-?\s*'?(\w+)'?", line)) is not None:
+                heredoc = opened.group(1)
+            lines.append(line)
+    return lines
+
+
+def _credential_variables(lines: list[str]) -> frozenset[str]:
+    """The variables assigned a credential, or a value made with one (to a fixed point)."""
+    tainted: set[str] = set()
+    while True:
+        before = set(tainted)
+        for line in lines:
+            for name, value in re.findall(r"(?:^|[\s;])(\w+)=(\S.*)$", line):
+                if _CREDENTIAL_EXPANSION.search(value) or set(_EXPANDED.findall(value)) & tainted:
+                    tainted.add(name)
+        if tainted == before:
+            return frozenset(tainted)
+
+
+def script_command_lines(text: str) -> list[tuple[list[str], frozenset[str]]]:
+    """Each program a shell script runs, with the variables holding a credential where it runs
+    (assigned from one, or a function's positional parameters when it is called with one)."""
+    lines = _script_lines(text)
+    tainted = _credential_variables(lines)
+    functions = {m.group(1): m.group(2) for line in lines if (m := re.match(r"^\s*(\w+)\(\)\s*\{(.*)\}\s*$", line))}
+    found: list[tuple[list[str], frozenset[str]]] = []
+
+    def run(line: str, taint: frozenset[str]) -> None:
+        for argv in shell_commands(line):
+            if argv[0] in functions:
+                if credential_arguments(argv, taint):
+                    run(functions[argv[0]], taint | {str(n) for n in range(1, 10)} | {"@", "*"})
+            elif argv[0] not in SHELL_BUILTINS:
+                found.append((argv, taint))
+
+    for line in lines:
+        if not re.match(r"^\s*\w+\(\)\s*\{", line):
+            run(line, tainted)
+    return found
+
+
+CommandLines = dict[str, list[tuple[list[str], frozenset[str]]]]
+
+
+def _compose_command_lines(lines: CommandLines) -> None:
+    for name, service in compose()["services"].items():
+        for key in ("command", "entrypoint"):
+            if isinstance(service.get(key), list):
+                lines.setdefault(f"compose {name} {key}", []).append((service[key], frozenset()))
+        test = service.get("healthcheck", {}).get("test") or []
+        shell = shell_commands(test[1]) if test[:1] == ["CMD-SHELL"] else [test[1:]] if test[:1] == ["CMD"] else []
+        lines.setdefault(f"compose {name} healthcheck", []).extend((argv, frozenset()) for argv in shell)
+
+
+def _k8s_command_lines(lines: CommandLines) -> None:
+    for doc in k8s_documents():
+        pod = doc.get("spec", {}).get("template", {}).get("spec", {})
+        for container in pod.get("containers", []) + pod.get("initContainers", []):
+            where = lines.setdefault(f"k8s {doc['metadata']['name']}", [])
+            where.append((container.get("command", []) + container.get("args", []), frozenset()))
+            for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+                if command := container.get(probe, {}).get("exec", {}).get("command"):
+                    where.append((command, frozenset()))
+
+
+def deploy_command_lines() -> CommandLines:
+    """Every command line a deploy file starts (or a healthcheck or probe runs), by where it is."""
+    lines: CommandLines = {}
+    _compose_command_lines(lines)
+    _k8s_command_lines(lines)
+    for path in sorted((DEPLOY / "systemd").glob("*.service")):
+        lines[f"systemd {path.name}"] = [
+            (shlex.split(line.split("=", 1)[1].lstrip("-@+!:")), frozenset())
+            for line in path.read_text().splitlines()
+            if line.startswith("Exec")
+        ]
+    lines["Procfile"] = [(argv, frozenset()) for argv in procfile().values()]
+    docker = (DEPLOY / "Dockerfile").read_text().replace("\\\n", " ").splitlines()
+    lines["Dockerfile"] = [
+        (argv, frozenset())
+        for line in docker
+        if line.startswith(("RUN ", "CMD ", "HEALTHCHECK "))
+        for argv in shell_commands(
+            line.rsplit(" CMD ", 1)[-1] if line.startswith("HEALTHCHECK") else line.split(" ", 1)[1]
+        )
+    ]
+    makefile = (ROOT / "Makefile").read_text().splitlines()
+    lines["Makefile"] = [
+        (argv, frozenset())
+        for line in makefile
+        if line.startswith("\t")
+        for argv in shell_commands(line.strip().lstrip("@-"))
+    ]
+    for path in sorted(DEPLOY.rglob("*.sh")):
+        lines[str(path.relative_to(ROOT))] = script_command_lines(path.read_text())
+    return lines
+
+
+def test_no_deploy_file_puts_a_credential_on_a_command_line() -> None:
+    """The compose healthcheck ran ``redis-cli -a "$REDIS_PASSWORD"`` and Redis ``--requirepass``;
+    init-roles.sh gave psql the roles' passwords with ``-v``; ``make run`` gave python the broker
+    URL with its password. Each now reads its secret from a file or the environment."""
+    # The Secrets are made from files: a value given with --from-literal is in kubectl's arguments.
+    for documented in (DEPLOY / "k8s" / "config.yaml", ROOT / "docs" / "operations.md"):
+        assert "--from-literal=" not in documented.read_text(), documented
+    lines = deploy_command_lines()
+    assert {"compose redis healthcheck", "deploy/local/run.sh", "deploy/postgres/init-roles.sh", "Makefile"} <= set(
+        lines
+    ), sorted(lines)
+    assert sum(len(commands) for commands in lines.values()) > 60
+    leaks = {
+        where: found
+        for where, commands in lines.items()
+        for argv, taint in commands
+        if (found := credential_arguments(argv, taint))
+    }
+    assert leaks == {}
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        # The forms this test was written against: each must be caught.
+        'healthcheck: redis-cli -a "$REDIS_PASSWORD" --no-auth-warning ping | grep -q PONG',
+        "redis-server --appendonly yes --requirepass ${REDIS_PASSWORD:?set it}",
+        'psql --dbname "$POSTGRES_DB" -v app_password="$POSTGRES_APP_PASSWORD" -f roles.psql',
+        'ours="redis://:$LOCAL_REDIS_PASSWORD@127.0.0.1:6379/0"\n'
+        'answers() { python -c "import redis,sys; redis.Redis.from_url(sys.argv[1]).ping()" "$1" 2>/dev/null; }\n'
+        'if answers "$ours"; then echo up; fi',
+        "celery -A celeryapp worker -b redis://chordbeat:s3cret@redis:6379/0",
+    ],
+)
+def test_the_checker_catches_credentials_on_command_lines(script: str) -> None:
+    commands = script_command_lines(script.removeprefix("healthcheck: "))
+    assert any(credential_arguments(argv, taint) for argv, taint in commands), commands
+
+
+def acl_users() -> set[str]:
+    return {line.split()[1] for line in ACL_FILE.read_text().splitlines() if line.startswith("user ")} - {"default"}
+
+
+def url_user(url: str) -> str:
+    found = re.match(r"redis://([^:@/]*):", url)
+    assert found is not None and found.group(1), f"{url}: names no Redis user"
+    return found.group(1)
+
+
+def test_each_role_connects_as_its_own_redis_acl_user_in_every_deploy_file() -> None:
+    """deploy/redis/users.acl's users are the ones deploy files use: workers, beat, the dashboard
+    and metrics as ``chordbeat``, Flower as ``chordbeat-monitor``; ``chordbeat-service`` is for
+    other services' callers, given a password and used by no process of ours."""
+    users = acl_users()
+    assert users == {*ROLE_USERS.values(), SERVICE_USER}
+    used: set[str] = set()
+    # compose: each service's URL; Redis renders every user's hash from its own variable.
+    services: dict[str, Any] = compose()["services"]
+    for name, service in services.items():
+        if service.get("build") and name != "migrate":
+            role = check_command(service["command"])
+            used.add(user := url_user(service["environment"]["CHORDBEAT_BROKER_URL"]))
+            assert user == ROLE_USERS[role], name
+    redis = services["redis"]
+    (health_user,) = re.findall(r"--user (\S+)", redis["healthcheck"]["test"][1])
+    assert health_user in users and "REDISCLI_AUTH" in redis["environment"]
+    placeholders = set(re.findall(r"\$\{REDIS_ACL_(\w+)_SHA256\}", ACL_FILE.read_text()))
+    start = REDIS_START.read_text()
+    example = env_file(DEPLOY / "env.example")
+    for role in placeholders:
+        assert f"'${{REDIS_ACL_{role}_SHA256}}'/$(sha \"${{REDIS_{role}_PASSWORD:?}}\")" in start, role
+        assert f"REDIS_{role}_PASSWORD" in redis["environment"] and f"REDIS_{role}_PASSWORD" in example, role
+    assert len(placeholders) == len(users)
+    # Kubernetes: the URL of the last Secret that sets one, per the documented Secrets.
+    documented = (DEPLOY / "k8s" / "config.yaml").read_text()
+    secret_users = {
+        name: url_user(url)
+        for name, body in re.findall(
+            r"kubectl create secret generic ([\w-]+)(.*?)(?=kubectl create|\Z)", documented, re.S
+        )
+        for url in re.findall(r"CHORDBEAT_BROKER_URL=(\S+)", body)
+    }
+    for doc in k8s_documents():
+        if doc["kind"] != "Deployment":
+            continue
+        (container,) = doc["spec"]["template"]["spec"]["containers"]
+        refs = [s["secretRef"]["name"] for s in container["envFrom"] if "secretRef" in s]
+        user = [secret_users[ref] for ref in refs if ref in secret_users][-1]
+        used.add(user)
+        assert user == ROLE_USERS[check_command(container["command"])], doc["metadata"]["name"]
+    # systemd: the environment files in order, a later one's value winning.
+    for name, unit in systemd_units().items():
+        env: dict[str, str] = {}
+        for path in unit["EnvironmentFile"]:
+            env.update(env_file(DEPLOY / "systemd" / Path(path.lstrip("-")).name))
+        role = check_command(shlex.split(unit["ExecStart"][0]))
+        used.add(user := url_user(env["CHORDBEAT_BROKER_URL"]))
+        assert user == ROLE_USERS[role], name
+    assert used == users - {SERVICE_USER}

@@ -100,6 +100,26 @@ def test_an_address_over_its_limit_waits_while_another_address_is_served(
     assert [(r["detail"]["scope"], r["detail"]["address"]) for r in locked] == [("address", "127.0.0.3")]
 
 
+def test_ipv6_clients_behind_the_proxy_are_counted_by_their_64(app: ChordbeatCelery, tmp_path: Path) -> None:
+    """Every address of a /64 is one holder's: counted apart, it had 2**64 fresh counts. Through
+    the trusted proxy's ``X-Forwarded-For``, as this machine's one IPv6 loopback address (``::1``)
+    cannot be the peer of many addresses of one /64."""
+    with chordbeat_web(app.settings, tmp_path, _users(), CHORDBEAT_WEB_TRUSTED_PROXY="127.0.0.2") as web:
+        proxy = web.client("127.0.0.2")
+
+        def log_in(address: str, name: str, password: str) -> int:
+            return web.log_in(proxy, name, password, **{"X-Forwarded-For": address}).status_code
+
+        answers = [log_in(f"2001:db8:5:6::{n + 1:x}", f"nobody-{n}", "x") for n in range(ADDRESS_ATTEMPTS)]
+        assert answers == [401] * ADDRESS_ATTEMPTS
+        assert log_in("2001:db8:5:6:ffff:ffff:ffff:ffff", *VIEWER) == 429
+        assert log_in("2001:db8:5:7::1", *VIEWER) == 302  # the next /64 is someone else
+    locked = [r for r in _audit(app) if r["action"] == "locked_out"]
+    assert [(r["detail"]["scope"], r["detail"]["address"]) for r in locked] == [
+        ("address", "2001:db8:5:6:ffff:ffff:ffff:ffff")
+    ]
+
+
 def test_forty_parallel_guesses_are_bounded_while_pages_are_still_served(app: ChordbeatCelery, tmp_path: Path) -> None:
     """Hashing has a bounded pool of its own: past it, guesses are refused at once (429), and page
     reads, which use the default pool, keep being answered. (Timings: docs/security.md.)"""

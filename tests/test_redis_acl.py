@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import secrets
 import shutil
 import subprocess
@@ -118,6 +119,58 @@ def flower_view(settings: Settings, tmp: Path) -> dict[str, Any]:
         output = monitor.process.output()
     assert "no permissions" not in output, output
     return found
+
+
+def test_composes_redis_starts_with_each_roles_acl_user_from_the_environment(
+    tmp_path: Path,
+) -> None:
+    """deploy/redis/start.sh, as compose runs it: each role's user logs in with its own password,
+    the default user is off, the rendered ACL file holds only hashes (mode 0600), and the
+    healthcheck's redis-cli reads its password from ``REDISCLI_AUTH``. Compose used to run Redis
+    with ``--requirepass`` and the healthcheck with ``redis-cli -a``: passwords in arguments, which
+    test_deploy's command-line check refuses. (Redis rewrites its own title and environment block,
+    so /proc shows nothing either way there: the arguments are checked where they are written.)"""
+    passwords = {role: secrets.token_urlsafe(16) for role in ("APP", "SERVICE", "MONITOR")}
+    port = free_port()
+    env = {
+        "PATH": os.environ["PATH"],
+        "REDIS_ACL_TEMPLATE": str(ACL_FILE),
+        "REDIS_ACL_RENDERED": str(tmp_path / "users.acl"),
+        **{f"REDIS_{role}_PASSWORD": password for role, password in passwords.items()},
+    }
+    start = Path(processes.ROOT) / "deploy" / "redis" / "start.sh"
+    extra = ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(["bash", str(start), *extra], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: proc.poll() is None and _answers(port, "chordbeat", passwords["APP"]), 10, what="Redis")
+        for user, role in (("chordbeat-monitor", "MONITOR"), ("chordbeat-service", "SERVICE")):
+            assert _answers(port, user, passwords[role]), user
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+        with pytest.raises(redis.AuthenticationError):
+            _answers(port, "chordbeat", passwords["MONITOR"])
+        # The rendered file holds hashes only, readable by Redis's user alone.
+        rendered = tmp_path / "users.acl"
+        assert rendered.stat().st_mode & 0o077 == 0, oct(rendered.stat().st_mode)
+        text = rendered.read_text()
+        for password in passwords.values():
+            assert password not in text and hashlib.sha256(password.encode()).hexdigest() in text
+        health = subprocess.run(
+            ["redis-cli", "-p", str(port), "--user", "chordbeat-monitor", "ping"],
+            env={"PATH": os.environ["PATH"], "REDISCLI_AUTH": passwords["MONITOR"]},
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        assert health.stdout.strip() == "PONG", health
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _answers(port: int, user: str, password: str) -> bool:
+    return bool(redis.Redis(port=port, username=user, password=password).ping())
 
 
 def test_the_default_user_is_off(acl_redis: AclRedis) -> None:

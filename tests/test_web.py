@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Iterator
 from datetime import timedelta
@@ -14,6 +15,7 @@ from sqlalchemy import update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
+from celeryapp.messaging import keys
 from celeryapp.recovery.paused_slots import record_all_paused
 from models import Activity, Schedule, transaction, utcnow
 from models.audit import BEAT
@@ -142,6 +144,48 @@ def test_a_viewer_can_look_but_not_act(app: ChordbeatCelery, web: WebServer) -> 
     assert service.list_executions(app, schedule="nightly") == []
     admin = web.session(ADMIN)
     assert "Pause" in admin.get(web.url + "/", timeout=10).text
+
+
+def test_a_viewers_session_record_made_an_admins_in_redis_is_refused_and_ends(
+    app: ChordbeatCelery, web: WebServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sessions live in Redis. Anyone who could write there used to make a viewer an admin by
+    copying an admin's record over the viewer's (the record named its user and a stamp of the
+    entry, nothing tied it to its key). Records are signed now: an edited or moved one is refused,
+    logged, and the session ends."""
+    _define(app, "nightly", [{"name": "a", "task": "chordbeat.examples.sleep"}])
+    client = redis.Redis.from_url(app.settings.broker_url)
+
+    def new_record(user: tuple[str, str]) -> tuple[Any, str]:
+        before = set(client.keys(f"{keys.PREFIX}:web:session:*"))
+        session = web.session(user)
+        (key,) = set(client.keys(f"{keys.PREFIX}:web:session:*")) - before
+        return session, key
+
+    _, admin_key = new_record(ADMIN)
+    admins = json.loads(client.get(admin_key) or b"{}")
+    forgeries = {
+        "admin's record copied": lambda viewers: admins,
+        "user and role rewritten": lambda viewers: {
+            **viewers,
+            "user": ADMIN[0],
+            "role": "admin",
+            "stamp": admins["stamp"],
+        },
+        "role rewritten": lambda viewers: {**viewers, "role": "admin"},
+    }
+    for forgery, forge in forgeries.items():
+        viewer, viewer_key = new_record(VIEWER)
+        client.set(viewer_key, json.dumps(forge(json.loads(client.get(viewer_key) or b"{}"))), keepttl=True)
+        caplog.clear()
+        r = viewer.post(web.url + "/act/pause", data={"name": "nightly", "_xsrf": xsrf(viewer)}, timeout=10)
+        assert r.status_code == 403, forgery
+        assert _status(app, "nightly") == "active", forgery
+        assert client.exists(viewer_key) == 0, forgery
+        assert "fails its signature" in caplog.text, forgery
+        r = viewer.get(web.url + "/", allow_redirects=False, timeout=10)
+        assert r.status_code == 302 and r.headers["Location"].startswith("/login"), forgery
+    assert client.exists(admin_key) == 1  # the admin's own session holds
 
 
 def test_hostile_names_and_errors_render_as_text(app: ChordbeatCelery, web: WebServer, worker: Any) -> None:

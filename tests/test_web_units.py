@@ -6,6 +6,8 @@ import ipaddress
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from celeryapp.config import Settings
 from celeryapp.domain.times import clock, relative, span
@@ -23,6 +25,7 @@ from celeryapp.interfaces.web.humanize import cadence_words, cron_words
 from celeryapp.interfaces.web.queries import next_fire_times
 from celeryapp.interfaces.web.redirects import same_site_path
 from celeryapp.interfaces.web.sessions import client_address, forwarded_https
+from celeryapp.interfaces.web.throttle import IPV6_CLIENT_PREFIX, address_scope
 from models import Schedule, ScheduleStatus
 
 
@@ -217,3 +220,38 @@ def test_a_next_of_this_site_is_kept_as_the_browser_reads_it(target: str, path: 
 def test_a_control_character_inside_a_next_is_refused() -> None:
     # Harmless to a browser (percent-encoded in the path) but not for a Location header.
     assert same_site_path("/\x0b/x") == "/" and same_site_path("/\x7f/x") == "/"
+
+
+_IPV4 = st.integers(0, 2**32 - 1).map(ipaddress.IPv4Address)
+_IPV6 = st.integers(0, 2**128 - 1).map(ipaddress.IPv6Address).filter(lambda a: a.ipv4_mapped is None)
+
+
+@given(_IPV4)
+def test_an_ipv4_client_is_counted_by_its_address_also_when_mapped_into_ipv6(address: ipaddress.IPv4Address) -> None:
+    mapped = ipaddress.IPv6Address(f"::ffff:{address}")
+    assert address_scope(str(address)) == address_scope(str(mapped)) == str(address)
+
+
+@given(_IPV6, _IPV6)
+def test_ipv6_clients_share_a_count_exactly_when_they_share_a_64_prefix(
+    one: ipaddress.IPv6Address, other: ipaddress.IPv6Address
+) -> None:
+    """Before: keyed by the full address, so the 2**64 addresses of one /64 had 2**64 counts."""
+    scope = address_scope(str(one))
+    assert one in ipaddress.IPv6Network(scope) and ipaddress.IPv6Network(scope).prefixlen == IPV6_CLIENT_PREFIX
+    assert (scope == address_scope(str(other))) == (int(one) >> 64 == int(other) >> 64)
+    assert address_scope(one.exploded.upper()) == scope  # however it is spelt
+    assert address_scope(f"{one}%eth0") == scope
+
+
+@given(st.text(max_size=30).filter(lambda t: not _is_address(t.split("%", 1)[0])))
+def test_what_is_no_address_is_counted_as_given(text: str) -> None:
+    assert address_scope(text) == text
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

@@ -28,6 +28,13 @@ def audit_json(row: AuditEvent) -> dict[str, Any]:
     }
 
 
+def source_said(row: dict[str, Any]) -> str:
+    """A row's source as people read it: ``service (claims cli)`` when a service call's message
+    claimed another source (recorded, never believed: anyone on the broker can claim it)."""
+    claimed = (row.get("detail") or {}).get("claimed_source")
+    return f"{row['source']} (claims {claimed})" if claimed else str(row["source"])
+
+
 def audit_rows(session: Session, *, schedule: str | None, execution_id: int | None, limit: int) -> list[dict[str, Any]]:
     """Newest first; a schedule's rows (also those of a deleted schedule of that name), an
     execution's, or all. By id: rows are written in commit order closely enough, and ``at`` can

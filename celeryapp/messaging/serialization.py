@@ -48,11 +48,40 @@ MAX_MESSAGE_DEPTH = 100
 MAX_ENVELOPE_TAIL_BYTES = 64 * 1024
 #: kombu's Redis envelope starts with its body.
 _BODY_FIRST = b'{"body": "'
-#: Told ``(task name, task id, reason)`` of an oversized message whose headers could be read.
-RefusalHook = Callable[[str, str, str], None]
+#: Told ``(task name, task id, error)`` of a refused message whose headers could be read: the
+#: error is what its caller is answered with.
+RefusalHook = Callable[[str, str, Exception], None]
 _refusal_hooks: list[RefusalHook] = []
 #: Celery's (and the app's) content type for ``json``.
 JSON_CONTENT_TYPE = "application/json"
+
+
+class TooDeep(DecodeError):  # type: ignore[misc]
+    """Nested deeper than :data:`MAX_MESSAGE_DEPTH`; ``path`` leads from the top to a list or dict
+    past the bound (empty when the decoder itself ran out of recursion: where is unknown)."""
+
+    def __init__(self, path: tuple[int | str, ...]) -> None:
+        self.path = path
+        where = "".join(f"[{repr(step)[:40]}]" for step in path[:4])
+        at = f" (at {where})" if path else ""
+        super().__init__(f"refused: nested more than {MAX_MESSAGE_DEPTH} levels deep{at}")
+
+
+def too_deep_path(value: Any, bound: int = MAX_MESSAGE_DEPTH) -> tuple[int | str, ...] | None:
+    """The path to the first list or dict found past ``bound`` levels; None if there is none.
+    Iterative, like :func:`nesting_depth`."""
+    stack: list[tuple[Any, int, tuple[int | str, ...]]] = [(value, 1, ())]
+    while stack:
+        node, depth, path = stack.pop()
+        if not isinstance(node, (list, dict)):
+            continue
+        if depth > bound:
+            return path
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for step, child in items:
+            if isinstance(child, (list, dict)):
+                stack.append((child, depth + 1, (*path, step)))
+    return None
 
 
 def nesting_depth(value: Any, bound: int = MAX_MESSAGE_DEPTH) -> int:
@@ -99,11 +128,11 @@ def loads(data: str | bytes | bytearray | memoryview) -> Any:
         value = kombu_json.loads(data)  # type: ignore[no-untyped-call]
     except RecursionError:
         # Deeper than json's own recursion can go: far past the bound.
-        raise DecodeError(f"refused: nested more than {MAX_MESSAGE_DEPTH} levels deep") from None
+        raise TooDeep(()) from None
     except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise DecodeError(f"refused: not JSON ({exc})") from None
     if too_deep(data, value):
-        raise DecodeError(f"refused: nested more than {MAX_MESSAGE_DEPTH} levels deep")
+        raise TooDeep(too_deep_path(value) or ())
     return value
 
 
@@ -147,15 +176,25 @@ def headers_after_body(raw: bytes | str) -> dict[str, Any] | None:
     return headers if isinstance(headers, dict) else None
 
 
-def _answer_refused(raw: bytes | str, reason: str) -> None:
-    headers = headers_after_body(raw)
-    if headers is None or not _refusal_hooks:
+def task_argument(path: tuple[int | str, ...]) -> str:
+    """Which argument of a task message's body (``[args, kwargs, embed]``) ``path`` is in:
+    ``args``, ``kwargs.<name>``, or ``arguments`` when it cannot be told."""
+    if path[:1] == (0,):
+        return "args"
+    if path[:1] == (1,) and len(path) > 1:
+        return f"kwargs.{str(path[1])[:100]}"
+    return "arguments"
+
+
+def answer_refused(headers: Any, error: Exception) -> None:
+    """Answer the caller of a refused message whose headers name its task and id with ``error``."""
+    if not isinstance(headers, dict) or not _refusal_hooks:
         return
     task, task_id = headers.get("task"), headers.get("id")
     if isinstance(task, str) and isinstance(task_id, str):
         for hook in _refusal_hooks:
             try:
-                hook(task[:200], task_id[:200], reason)
+                hook(task[:200], task_id[:200], error)
             except Exception:  # the refusal stands; only its answer is lost
                 logger.exception("broker: could not answer the refused message %.200s", task_id)
 
@@ -174,7 +213,7 @@ def _envelope_or_none(item: bytes | str, source: str, max_bytes: int) -> dict[st
     if len(item) > max_bytes:  # a str here is ASCII JSON (kombu's): its length is its size
         reason = f"refused: a message of {len(item)} bytes, longer than CHORDBEAT_MAX_MESSAGE_BYTES ({max_bytes})"
         logger.error("broker: a message from %s was refused undecoded and dropped: %s", source, reason)
-        _answer_refused(item, reason)
+        answer_refused(headers_after_body(item), DecodeError(reason))
         return None
     try:
         return envelope(item)

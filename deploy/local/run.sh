@@ -54,7 +54,8 @@ echo "Dashboard: $web_url ($web_login)"
 echo "Flower:    $flower_url ($flower_login)"
 
 masked() { sed -E 's#(://[^:/@]*):[^@/]*@#\1:**@#' <<<"$1"; }
-answers() { python -c "import redis,sys; redis.Redis.from_url(sys.argv[1], socket_connect_timeout=1).ping()" "$1" 2>/dev/null; }
+# The URL (with its password) goes in the environment, never in python's arguments, which ps shows.
+answers() { REDIS_URL_TRIED="$1" python -c "import os, redis; redis.Redis.from_url(os.environ['REDIS_URL_TRIED'], socket_connect_timeout=1).ping()" 2>/dev/null; }
 processes="worker control beat flower web ready"
 if [ -z "${CHORDBEAT_BROKER_URL:-}" ]; then
   ours="redis://:$LOCAL_REDIS_PASSWORD@127.0.0.1:6379/0"

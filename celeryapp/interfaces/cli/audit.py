@@ -19,6 +19,7 @@ from celeryapp.interfaces.terminal import TIME_WIDTH, new_table, text_of, time_c
 def audit_cmd(schedule: str | None, limit: int, as_json: bool) -> None:
     """Who did what and why, newest first (times in the schedule's zone, else yours)."""
     from celeryapp.domain.times import instants_in
+    from celeryapp.interfaces.audit import source_said
     from celeryapp.interfaces.display import label
 
     rows: list[dict[str, Any]] = call("list_audit", schedule=schedule, limit=limit)
@@ -34,7 +35,7 @@ def audit_cmd(schedule: str | None, limit: int, as_json: bool) -> None:
     table.add_column("why")
     for row in rows:
         who = text_of(row["actor"])
-        who.append_text(text_of(f"\n{row['source']}", "dim"))
+        who.append_text(text_of(f"\n{source_said(row)}", "dim"))
         what = text_of(label(row["action"]), "bold")
         target = " ".join(
             part for part in (row["schedule"], f"#{row['execution_id']}" if row["execution_id"] else "") if part

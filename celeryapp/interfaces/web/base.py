@@ -37,6 +37,8 @@ T = TypeVar("T")
 class WebContext:
     app: ChordbeatCelery
     users: dict[str, WebUser]
+    #: ``CHORDBEAT_WEB_SECRET``: signs the cookies and the session records.
+    secret: str
     #: The workers' last answers to a ping, this server's own.
     pings: WorkerPings = field(default_factory=WorkerPings)
     #: Who is logged in (web/sessions.py).
@@ -45,7 +47,7 @@ class WebContext:
     guard: LoginGuard = field(init=False)
 
     def __post_init__(self) -> None:
-        self.sessions = Sessions(self.app.settings, self.users)
+        self.sessions = Sessions(self.app.settings, self.users, self.secret)
         self.guard = LoginGuard(self.app.settings, self.users)
 
 

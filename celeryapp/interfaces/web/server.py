@@ -155,7 +155,7 @@ class HealthHandler(BaseHandler):
 
 
 def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> tornado.web.Application:
-    ctx = {"ctx": WebContext(app, users)}
+    ctx = {"ctx": WebContext(app, users, secret)}
     return tornado.web.Application(
         [
             (r"/login", LoginHandler, ctx),

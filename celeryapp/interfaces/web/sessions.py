@@ -6,6 +6,13 @@ deletes it, so the cookie replayed later is refused; a session whose user is gon
 password entry or role changed (a restart with a new ``CHORDBEAT_WEB_USERS``) is refused and
 deleted at its next request.
 
+Redis is not trusted with who is logged in: anyone who can write there could otherwise copy an
+admin's session record over a viewer's, or give it a role. Each record is signed (HMAC-SHA256
+with a key drawn from ``CHORDBEAT_WEB_SECRET``) over the key it is stored under, the user, the
+role, the password entry's stamp and the expiry, so a record edited, moved to another session's
+key or kept past its expiry is refused, logged and deleted. The stamp is keyed too: a plain
+digest of a password entry would hand Redis readers a fast hash of a plain password.
+
 Over HTTPS (the request's own, or a trusted proxy's ``X-Forwarded-Proto``) every cookie is
 ``Secure`` and chordbeat's own (session, xsrf, flash) take the ``__Host-`` prefix, which a
 browser accepts only with ``Secure``, ``Path=/`` and no ``Domain``: no sibling host or plain-HTTP
@@ -20,7 +27,6 @@ import ipaddress
 import json
 import logging
 import secrets
-import time
 from typing import Any, overload
 
 import redis
@@ -30,6 +36,7 @@ from celeryapp.config import Settings
 from celeryapp.interfaces.web.auth import WebUser
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
+from models.clock import clock
 
 logger = logging.getLogger(__name__)
 SESSION_COOKIE = "chordbeat_session"
@@ -47,9 +54,21 @@ HOST_COOKIES = {
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
-def session_stamp(user: WebUser) -> str:
+def record_key(secret: str) -> bytes:
+    """The key session records are signed with: drawn from the cookie secret, apart from the
+    cookies' own use of it."""
+    return hmac.new(secret.encode(), b"chordbeat session record", hashlib.sha256).digest()
+
+
+def session_stamp(user: WebUser, key: bytes) -> str:
     """What a session remembers of its user's entry: it changes with the password entry and role."""
-    return hashlib.sha256(f"{user.role.value}:{user.password}".encode()).hexdigest()[:16]
+    return hmac.new(key, f"{user.role.value}:{user.password}".encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def record_signature(key: bytes, where: str, held: dict[str, Any]) -> str:
+    """The signature of a session record stored at ``where`` (its Redis key)."""
+    signed = json.dumps([where, held.get("user"), held.get("role"), held.get("stamp"), held.get("expires")])
+    return hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()
 
 
 def digest(text: str) -> str:
@@ -90,8 +109,9 @@ def client_address(peer: str, forwarded_for: str | None, proxies: tuple[Network,
 class Sessions:
     """This dashboard's sessions: its accounts, its Redis, the proxies it trusts."""
 
-    def __init__(self, settings: Settings, users: dict[str, WebUser]) -> None:
+    def __init__(self, settings: Settings, users: dict[str, WebUser], secret: str) -> None:
         self.users = users
+        self.key = record_key(secret)
         self.redis_url = settings.broker_url
         self.proxies: tuple[Network, ...] = tuple(ipaddress.ip_network(p) for p in settings.web_trusted_proxies)
 
@@ -113,8 +133,24 @@ class Sessions:
         if raw is None:
             return None
         held = _parse(raw)
+        if not hmac.compare_digest(str(held.get("signature")), record_signature(self.key, key, held)):
+            # Written by someone holding Redis, not by a dashboard: the session ends here.
+            logger.warning(
+                "web: a session record (user %.100r, role %.20r) fails its signature: edited or moved in Redis; "
+                "session dropped",
+                held.get("user"),
+                held.get("role"),
+            )
+            self._forget(key)
+            return None
         user = self.users.get(str(held.get("user")))
-        if user is None or not hmac.compare_digest(str(held.get("stamp")), session_stamp(user)):
+        if (
+            user is None
+            or held.get("role") != user.role.value
+            or not hmac.compare_digest(str(held.get("stamp")), session_stamp(user, self.key))
+            or not isinstance(held.get("expires"), (int, float))
+            or held["expires"] <= clock.now().timestamp()
+        ):
             self._forget(key)
             return None
         return user
@@ -122,8 +158,18 @@ class Sessions:
     def start(self, handler: tornado.web.RequestHandler, user: WebUser) -> None:
         """A new session for ``user`` (raises :class:`redis.RedisError` if it cannot be stored)."""
         session_id = secrets.token_urlsafe(SESSION_ID_BYTES)
-        held = {"user": user.name, "stamp": session_stamp(user), "at": time.time()}
-        self.redis().set(keys.web_session_key(digest(session_id)), json.dumps(held), ex=SESSION_TTL_S)
+        key = keys.web_session_key(digest(session_id))
+        # The reference clock: any dashboard process, on any host, reads the expiry.
+        now = clock.now().timestamp()
+        held: dict[str, Any] = {
+            "user": user.name,
+            "role": user.role.value,
+            "stamp": session_stamp(user, self.key),
+            "at": now,
+            "expires": now + SESSION_TTL_S,
+        }
+        held["signature"] = record_signature(self.key, key, held)
+        self.redis().set(key, json.dumps(held), ex=SESSION_TTL_S)
         handler.set_signed_cookie(
             SESSION_COOKIE, session_id, expires_days=SESSION_TTL_S / 86400, httponly=True, samesite="Strict"
         )

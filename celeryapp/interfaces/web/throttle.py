@@ -9,6 +9,7 @@ by every dashboard process, and expire with their window.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from dataclasses import dataclass
 
@@ -28,6 +29,9 @@ USER_LOCKOUT_S = 15 * 60
 ADDRESS_ATTEMPTS = 20
 #: Seconds of the per-address window (from its first attempt); the address waits it out.
 ADDRESS_WINDOW_S = 5 * 60
+#: Prefix length counted as one IPv6 client: a /64 is what one customer line or host is handed,
+#: and any address in it is that holder's to use (2**64 of them, one per guess).
+IPV6_CLIENT_PREFIX = 64
 
 # Returns {refused, retry_after_ms, newly}: refused 0 (go on), 1 (the user is locked), 2 (the
 # address is over its limit); newly is 1 for the attempt that locked it (audited once).
@@ -68,6 +72,21 @@ class Refusal:
     newly: bool
 
 
+def address_scope(address: str) -> str:
+    """What one client's attempts are counted under: an IPv4 address itself; an IPv6 address's
+    /64 (:data:`IPV6_CLIENT_PREFIX`); an IPv4-mapped IPv6 address (``::ffff:192.0.2.1``, a dual-stack
+    socket's view of an IPv4 peer) as that IPv4 address; anything else (no address at all) as given."""
+    try:
+        parsed = ipaddress.ip_address(address.split("%", 1)[0])  # a zone index names no other host
+    except ValueError:
+        return address
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.IPv6Network((parsed, IPV6_CLIENT_PREFIX), strict=False))
+    return str(parsed)
+
+
 class LoginThrottle:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -77,7 +96,7 @@ class LoginThrottle:
         return [
             keys.login_lock_key(who),
             keys.login_attempts_key("user", who),
-            keys.login_attempts_key("address", digest(address)),
+            keys.login_attempts_key("address", digest(address_scope(address))),
         ]
 
     def admit(self, name: str, address: str) -> Refusal | None:

@@ -117,7 +117,14 @@ def executable_refusal(
     refusal = program_refusal(program)
     if refusal:
         return refusal
-    real = resolve(program)
+    return resolved_program_refusal(resolve(program), program, allow, resolve=resolve)
+
+
+def resolved_program_refusal(
+    real: str, program: str, allow: Sequence[str], *, resolve: Callable[[str], str] = os.path.realpath
+) -> str | None:
+    """Whether ``real``, the path ``program`` was resolved to, is on the allowlist; the refusal
+    names ``program`` as the caller wrote it."""
     for entry in allow:
         if entry.endswith("/"):
             directory = resolve(entry).rstrip("/") + "/"

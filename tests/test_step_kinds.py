@@ -217,6 +217,16 @@ def test_loader_variables_are_refused_at_validation(enable: Enable, worker: Any,
     for name in ("LD_PRELOAD", "PYTHONPATH", "PATH", "BASH_ENV", "NODE_OPTIONS"):
         step = {"name": "x", "kind": "executable", "argv": [ENV], "env": {"MODE": "a", name: "/tmp/evil"}}
         assert f"steps[0].env.{name}: {name} may not be set" in refused(client, step)
+    # Proxies, askpass and pager commands, start-up files; in lower case, as curl reads proxies.
+    names = ("HTTPS_PROXY", "https_proxy", "all_proxy", "SSH_ASKPASS", "PAGER", "ZDOTDIR")
+    step = {"name": "x", "kind": "executable", "argv": [ENV], "env": {"MODE": "a", **dict.fromkeys(names, "x")}}
+    error = refused(client, step)
+    for name in names:
+        assert f"steps[0].env.{name}: {name} may not be set" in error
+    # Look-alikes are not names at all: a trailing space, a Cyrillic O, a fullwidth L.
+    for name in ("LD_PRELOAD ", "LD_PREL\u041eAD", "\uff2cD_PRELOAD"):
+        step = {"name": "x", "kind": "executable", "argv": [ENV], "env": {name: "/tmp/evil.so"}}
+        assert f"steps[0].env.{name}: {name!r} is not an environment variable name" in refused(client, step)
 
 
 def test_kind_steps_are_off_by_default(app: ChordbeatCelery, worker: Any, client: Celery) -> None:

@@ -49,6 +49,25 @@ class Request:
         expected = "sha256=" + hmac.new(secret.encode(), self.body, hashlib.sha256).hexdigest()
         return hmac.compare_digest(self.headers.get("x-chordbeat-signature", ""), expected)
 
+    def timestamped_signature_valid(self, secret: str, now: float | None = None) -> bool:
+        """docs/alerts.md's check: the V2 signature over the timestamp and the body, the timestamp
+        within the replay window of ``now``."""
+        return from_chordbeat(self.headers, self.body, secret, time.time() if now is None else now)
+
+
+#: The replay window docs/alerts.md gives receivers, in seconds.
+REPLAY_WINDOW_S = 300
+
+
+def from_chordbeat(headers: dict[str, str], body: bytes, secret: str, now: float) -> bool:
+    """What docs/alerts.md tells a receiver to check (headers keyed in lower case)."""
+    timestamp = headers.get("x-chordbeat-timestamp", "")
+    if not timestamp.isascii() or not timestamp.isdigit() or abs(now - int(timestamp)) > REPLAY_WINDOW_S:
+        return False
+    signed = timestamp.encode() + b"." + body
+    expected = "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(headers.get("x-chordbeat-signature-v2", ""), expected)
+
 
 @dataclass
 class HttpReceiver:
@@ -62,6 +81,10 @@ class HttpReceiver:
     hang: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     released: threading.Event = field(default_factory=threading.Event)
+    #: When set, requests are checked as docs/alerts.md says and answered 401 when they fail it.
+    secret: str | None = None
+    #: Seconds this receiver's clock is ahead of the test's (a replay "later").
+    clock_offset_s: float = 0.0
 
     def answered(self, status: int | None = None) -> list[Request]:
         with self.lock:
@@ -86,10 +109,14 @@ def _handler(receiver: HttpReceiver) -> type[BaseHTTPRequestHandler]:
             if receiver.hang:
                 # Held until released (or the server closes): the sender's timeout is what ends it.
                 receiver.released.wait(timeout=600)
+            headers = {k.lower(): v for k, v in self.headers.items()}
             with receiver.lock:
                 status = 500 if receiver.fail_next > 0 else 200
                 receiver.fail_next = max(0, receiver.fail_next - 1)
-                headers = {k.lower(): v for k, v in self.headers.items()}
+                if receiver.secret is not None and not from_chordbeat(
+                    headers, body, receiver.secret, time.time() + receiver.clock_offset_s
+                ):
+                    status = 401
                 receiver.requests.append(Request(self.command, self.path, headers, body, at, status))
             try:
                 self.send_response(status)

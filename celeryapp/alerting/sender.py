@@ -297,7 +297,11 @@ def _webhook(channel: Channel, body: bytes) -> None:
         if secret is None:
             # Unsigned, the receiver would (rightly) refuse it or, worse, trust it.
             raise SendFailed(f"{channel.secret_env} is not set (the webhook's signing secret)")
-        headers["X-Chordbeat-Signature"] = messages.signature(body, secret)
+        # Each attempt is signed at its own time: a retry hours later is still within the window.
+        timestamp = int(clock.now().timestamp())
+        headers[messages.TIMESTAMP_HEADER] = str(timestamp)
+        headers[messages.SIGNATURE_V2_HEADER] = messages.timestamped_signature(timestamp, body, secret)
+        headers[messages.SIGNATURE_HEADER] = messages.signature(body, secret)
     transports.post(_url(channel), body, headers)
 
 

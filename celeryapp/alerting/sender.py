@@ -27,7 +27,13 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.alerting import messages, transports
-from celeryapp.alerting.channels import DEFAULT_SENDER, DEFAULT_SMTP_URL_ENV, Channel, load_channels
+from celeryapp.alerting.channels import (
+    DEFAULT_SENDER,
+    DEFAULT_SMTP_URL_ENV,
+    Channel,
+    clear_text_refusal,
+    load_channels,
+)
 from celeryapp.alerting.log_masking import masked_logger, remember
 from celeryapp.alerting.messages import AlertText
 from celeryapp.alerting.transports import SendFailed
@@ -117,6 +123,7 @@ class Sender:
             self._file_error = str(exc)
             return None
         self._channels, self._file_error = (version, loaded), None
+        _say_clear_text_channels(path, loaded)
         return loaded
 
     def _job(self, name: str, channel: Channel | None) -> None:
@@ -125,6 +132,16 @@ class Sender:
         except Exception:
             # The next pass tries again; a claim taken before the failure lapses on its own.
             logger.exception("sending the alerts of channel %s failed", name)
+
+
+def _say_clear_text_channels(path: str, channels: dict[str, Channel]) -> None:
+    """At load, each channel whose URL is http:// without ``insecure: true``: its deliveries fail
+    saying the same, but the operator learns it before the first alert."""
+    for channel in channels.values():
+        url = environment_variable(channel.url_env) if channel.url_env else None
+        refusal = clear_text_refusal(channel, url) if url else None
+        if refusal:
+            logger.error("%s: %s; its alerts are not sent", path, refusal)
 
 
 def due_channels(database_url: str, now: datetime) -> list[str]:
@@ -310,7 +327,11 @@ def _url(channel: Channel) -> str:
     url = environment_variable(channel.url_env)
     if url is None:
         raise SendFailed(f"{channel.url_env} is not set")
-    return transports.http_url(remember(url), channel.url_env)
+    usable = transports.http_url(remember(url), channel.url_env)
+    refusal = clear_text_refusal(channel, usable)
+    if refusal:
+        raise SendFailed(refusal)
+    return usable
 
 
 def _mail(channel: Channel, message: EmailMessage) -> None:

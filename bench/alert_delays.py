@@ -21,7 +21,11 @@ from bench.harness import Bench, poll, running, trigger
 from models import ScheduleExecution
 from tests.receivers import HttpReceiver, Request, serve_http_receiver
 
-CHANNELS = "channels:\n  bench-hook: {kind: webhook, url_env: BENCH_ALERT_URL, secret_env: BENCH_ALERT_SECRET}\n"
+#: The receiver is on loopback, over http://: the channel says so.
+CHANNELS = (
+    "channels:\n"
+    "  bench-hook: {kind: webhook, url_env: BENCH_ALERT_URL, secret_env: BENCH_ALERT_SECRET, insecure: true}\n"
+)
 ON_FAILURE = {"channels": ["bench-hook"], "on": ["failed"]}
 ON_LATE = {"channels": ["bench-hook"], "on": ["late"]}
 FAIL = {"name": "fail", "task": "chordbeat.examples.fail", "kwargs": {"message": "bench"}}

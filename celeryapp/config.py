@@ -21,6 +21,7 @@ from celeryapp.variables import (
     DEFAULT_ALERT_POLL_INTERVAL_S,
     DEFAULT_ALERT_RATE_LIMIT,
     DEFAULT_ALERT_RETRY_FOR_S,
+    DEFAULT_ALERT_SEND_TIMEOUT_S,
     DEFAULT_ALERT_WATCH_INTERVAL_S,
     DEFAULT_AUDIT_RETENTION_DAYS,
     DEFAULT_BACKFILL_MAX_PENDING,
@@ -42,6 +43,8 @@ from celeryapp.variables import (
     DEFAULT_WEB_MAX_BODY_BYTES,
     DEFAULT_WEB_PORT,
     MAX_ACTOR_CHARS,
+    MAX_ALERT_SEND_TIMEOUT_S,
+    MIN_ALERT_SEND_TIMEOUT_S,
     MIN_MAX_MESSAGE_BYTES,
     MIN_WEB_MAX_BODY_BYTES,
     OWN_VARIABLES,
@@ -126,6 +129,17 @@ def _env_float(env: Mapping[str, str], name: str, default: float, *, minimum: fl
         raise ConfigError(f"{name}: expected a finite number, got {raw!r}")
     if value < minimum:
         raise ConfigError(f"{name}: must be at least {minimum}, got {raw!r}")
+    return value
+
+
+def _alert_send_timeout(env: Mapping[str, str]) -> float:
+    name = "CHORDBEAT_ALERT_SEND_TIMEOUT"
+    value = _env_float(env, name, DEFAULT_ALERT_SEND_TIMEOUT_S, minimum=MIN_ALERT_SEND_TIMEOUT_S)
+    if value > MAX_ALERT_SEND_TIMEOUT_S:
+        raise ConfigError(
+            f"{name}: must be at most {MAX_ALERT_SEND_TIMEOUT_S:g} (below the sender's 60 s claim on a delivery), "
+            f"got {env[name]!r}"
+        )
     return value
 
 
@@ -273,6 +287,7 @@ class Settings:
     alert_watch_interval_s: float = DEFAULT_ALERT_WATCH_INTERVAL_S
     alert_retry_for_s: float = DEFAULT_ALERT_RETRY_FOR_S
     alert_rate_limit: int = DEFAULT_ALERT_RATE_LIMIT
+    alert_send_timeout_s: float = DEFAULT_ALERT_SEND_TIMEOUT_S
     alert_missed_grace_s: float = DEFAULT_ALERT_MISSED_GRACE_S
     #: The dashboard's address for links in alerts; unset: alerts carry no links.
     dashboard_url: str | None = None
@@ -339,6 +354,7 @@ class Settings:
             ),
             alert_retry_for_s=_env_float(env, "CHORDBEAT_ALERT_RETRY_FOR", DEFAULT_ALERT_RETRY_FOR_S, minimum=3600),
             alert_rate_limit=int(_env_float(env, "CHORDBEAT_ALERT_RATE_LIMIT", DEFAULT_ALERT_RATE_LIMIT, minimum=1)),
+            alert_send_timeout_s=_alert_send_timeout(env),
             alert_missed_grace_s=_env_float(
                 env, "CHORDBEAT_ALERT_MISSED_GRACE", DEFAULT_ALERT_MISSED_GRACE_S, minimum=0
             ),

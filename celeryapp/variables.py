@@ -59,6 +59,13 @@ DEFAULT_ALERT_WATCH_INTERVAL_S = 10.0
 DEFAULT_ALERT_RETRY_FOR_S = 24 * 3600.0
 #: Alerts one channel is sent per minute; beyond that they go out as one summary.
 DEFAULT_ALERT_RATE_LIMIT = 10
+#: Seconds one send of an alert may take in all: name lookup, connection, TLS, the request and the
+#: whole answer (a receiver that answers a byte a second is cut here, not after its last byte).
+DEFAULT_ALERT_SEND_TIMEOUT_S = 30.0
+MIN_ALERT_SEND_TIMEOUT_S = 1.0
+#: Below the sender's claim on a delivery (``DELIVERY_LEASE_S``, 60 s): a send still going when its
+#: claim lapses could be repeated by another sender.
+MAX_ALERT_SEND_TIMEOUT_S = 50.0
 #: Slots waiting to start in one schedule's running backfills (and catch-ups), the request's own
 #: included: two requests of the most one may hold (10,000 slots) wait at a time.
 DEFAULT_BACKFILL_MAX_PENDING_PER_SCHEDULE = 20_000
@@ -315,6 +322,13 @@ VARIABLES = (
         "CHORDBEAT_ALERT_RETRY_FOR",
         f"`{DEFAULT_ALERT_RETRY_FOR_S:g}` (s)",
         "a delivery that keeps failing is retried with backoff for this long, then marked failed; at least 3600",
+    ),
+    Variable(
+        "CHORDBEAT_ALERT_SEND_TIMEOUT",
+        f"`{DEFAULT_ALERT_SEND_TIMEOUT_S:g}` (s)",
+        "the longest one alert send may take in all (name lookup, connection, TLS, request and the whole "
+        f"answer; webhooks, Slack and SMTP), then it counts as failed and is retried; "
+        f"{MIN_ALERT_SEND_TIMEOUT_S:g} to {MAX_ALERT_SEND_TIMEOUT_S:g}",
     ),
     Variable(
         "CHORDBEAT_ALERT_RATE_LIMIT",

@@ -26,10 +26,10 @@ from tests.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_rece
 SECRET = "s3cret-signing-key"
 CHANNELS_FILE = """
 channels:
-  hook: {kind: webhook, url_env: HOOK_URL, secret_env: HOOK_SECRET}
-  chat: {kind: slack, url_env: CHAT_URL}
+  hook: {kind: webhook, url_env: HOOK_URL, secret_env: HOOK_SECRET, insecure: true}
+  chat: {kind: slack, url_env: CHAT_URL, insecure: true}
   mail: {kind: email, to: ["ops@example.com"], smtp_url_env: MAIL_URL, sender: chordbeat@example.com}
-  stuck: {kind: webhook, url_env: STUCK_URL}
+  stuck: {kind: webhook, url_env: STUCK_URL, insecure: true}
 """
 
 

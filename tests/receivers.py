@@ -12,6 +12,7 @@ import email.policy
 import hashlib
 import hmac
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -49,6 +50,25 @@ class Request:
         expected = "sha256=" + hmac.new(secret.encode(), self.body, hashlib.sha256).hexdigest()
         return hmac.compare_digest(self.headers.get("x-chordbeat-signature", ""), expected)
 
+    def timestamped_signature_valid(self, secret: str, now: float | None = None) -> bool:
+        """docs/alerts.md's check: the V2 signature over the timestamp and the body, the timestamp
+        within the replay window of ``now``."""
+        return from_chordbeat(self.headers, self.body, secret, time.time() if now is None else now)
+
+
+#: The replay window docs/alerts.md gives receivers, in seconds.
+REPLAY_WINDOW_S = 300
+
+
+def from_chordbeat(headers: dict[str, str], body: bytes, secret: str, now: float) -> bool:
+    """What docs/alerts.md tells a receiver to check (headers keyed in lower case)."""
+    timestamp = headers.get("x-chordbeat-timestamp", "")
+    if not timestamp.isascii() or not timestamp.isdigit() or abs(now - int(timestamp)) > REPLAY_WINDOW_S:
+        return False
+    signed = timestamp.encode() + b"." + body
+    expected = "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(headers.get("x-chordbeat-signature-v2", ""), expected)
+
 
 @dataclass
 class HttpReceiver:
@@ -62,6 +82,13 @@ class HttpReceiver:
     hang: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     released: threading.Event = field(default_factory=threading.Event)
+    #: When set, requests are checked as docs/alerts.md says and answered 401 when they fail it.
+    secret: str | None = None
+    #: Seconds this receiver's clock is ahead of the test's (a replay "later").
+    clock_offset_s: float = 0.0
+    #: When set, the answer's body is this long and sent one byte per ``trickle_s`` seconds.
+    trickle_bytes: int = 0
+    trickle_s: float = 1.0
 
     def answered(self, status: int | None = None) -> list[Request]:
         with self.lock:
@@ -86,18 +113,37 @@ def _handler(receiver: HttpReceiver) -> type[BaseHTTPRequestHandler]:
             if receiver.hang:
                 # Held until released (or the server closes): the sender's timeout is what ends it.
                 receiver.released.wait(timeout=600)
+            headers = {k.lower(): v for k, v in self.headers.items()}
             with receiver.lock:
                 status = 500 if receiver.fail_next > 0 else 200
                 receiver.fail_next = max(0, receiver.fail_next - 1)
-                headers = {k.lower(): v for k, v in self.headers.items()}
+                if receiver.secret is not None and not from_chordbeat(
+                    headers, body, receiver.secret, time.time() + receiver.clock_offset_s
+                ):
+                    status = 401
                 receiver.requests.append(Request(self.command, self.path, headers, body, at, status))
             try:
+                if receiver.trickle_bytes:
+                    self._trickle(status)
+                    return
                 self.send_response(status)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok" if status == 200 else b"no")
             except OSError:
                 pass  # the sender gave up waiting and closed
+
+        def _trickle(self, status: int) -> None:
+            """The status line, then the rest of the answer one byte at a time (a slow receiver)."""
+            self.wfile.write(f"HTTP/1.1 {status} OK\r\n".encode())
+            self.wfile.flush()
+            rest = f"Content-Length: {receiver.trickle_bytes}\r\n\r\n".encode() + b"k" * receiver.trickle_bytes
+            for index in range(len(rest)):
+                # The pace is the receiver's behaviour under test, not a wait for a condition.
+                if receiver.released.wait(receiver.trickle_s):
+                    return
+                self.wfile.write(rest[index : index + 1])
+                self.wfile.flush()
 
         do_PUT = do_POST
 
@@ -189,3 +235,44 @@ def smtp_receiver() -> Iterator[SmtpReceiver]:
         yield receiver
     finally:
         controller.stop()  # type: ignore[no-untyped-call]
+
+
+@contextmanager
+def trickling_smtp_server(pace_s: float = 1.0) -> Iterator[str]:
+    """An SMTP server that greets one byte every ``pace_s`` seconds, for ever (a slow receiver);
+    its ``smtp://`` URL. Each greeting line is short, so no per-read timeout ever fires."""
+    stop = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+
+    def greet(connection: socket.socket) -> None:
+        with connection:
+            line = b"220-slow.example ESMTP\r\n"
+            while True:
+                for index in range(len(line)):
+                    # The pace is the receiver's behaviour under test, not a wait for a condition.
+                    if stop.wait(pace_s):
+                        return
+                    try:
+                        connection.sendall(line[index : index + 1])
+                    except OSError:
+                        return
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=greet, args=(connection,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, name="trickling-smtp", daemon=True)
+    thread.start()
+    try:
+        yield f"smtp://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import hmac
 import json
 import re
 from collections.abc import Callable
@@ -21,6 +19,7 @@ from celery import Celery
 from click.testing import CliRunner
 from sqlalchemy import select
 
+from celeryapp.alerting import messages
 from celeryapp.alerting.channels import load_channels
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
@@ -408,15 +407,21 @@ def test_the_worked_example_applies_with_the_deployed_channels_file(tmp_path: Pa
     assert shown == f"Error: {caught.value}"
 
 
-def test_the_signature_check_on_the_page_accepts_the_contracts_signature_only() -> None:
+def test_the_signature_check_on_the_page_accepts_the_senders_signature_only_within_the_window() -> None:
     (snippet,) = doc_blocks("python")
     scope: dict[str, Any] = {}
     exec(snippet, scope)
     check = scope["is_from_chordbeat"]
-    body, secret = json.dumps({"id": "failed/x/2026-11-25T02:00:00.000Z"}).encode(), "k" * 32
-    signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    assert check(body, signature, secret)
-    assert not check(body + b" ", signature, secret) and not check(body, signature, "other")
+    assert scope["REPLAY_WINDOW_S"] == messages.REPLAY_WINDOW_S
+    body, secret, now = json.dumps({"id": "failed/x/2026-11-25T02:00:00.000Z"}).encode(), "k" * 32, 1_795_000_000
+    signature = messages.timestamped_signature(now, body, secret)
+    assert check(body, str(now), signature, secret, now=now + 299)
+    assert not check(body + b" ", str(now), signature, secret, now=now)
+    assert not check(body, str(now), signature, "other", now=now)
+    assert not check(body, str(now), signature, secret, now=now + messages.REPLAY_WINDOW_S + 1), "a replay"
+    assert not check(body, str(now + 400), signature, secret, now=now + 400), "a timestamp moved on"
+    assert not check(body, str(now), messages.signature(body, secret), secret, now=now), "body-only"
+    assert not check(body, "\uff11795000000", signature, secret, now=now)
 
 
 def test_a_schedule_files_plain_on_key_is_the_name_on_and_values_keep_their_yaml_meaning() -> None:

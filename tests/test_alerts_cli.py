@@ -31,8 +31,8 @@ from tests.terminals import STYLE, in_pty, plain_lines, time_format_problems, wi
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 CHANNELS_FILE = """\
 channels:
-  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL}
-  broken-hook: {kind: webhook, url_env: BROKEN_WEBHOOK_URL}
+  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL, insecure: true}
+  broken-hook: {kind: webhook, url_env: BROKEN_WEBHOOK_URL, insecure: true}
 """
 NAME = "nightly-hr-sync"
 VIEWER = {"TZ": "Asia/Kolkata", "CHORDBEAT_ACTOR": "alice"}

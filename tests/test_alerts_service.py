@@ -27,7 +27,7 @@ from tests.servers import free_port
 
 CHANNELS_FILE = """\
 channels:
-  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL}
+  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL, insecure: true}
   ops-mail: {kind: email, to: ["ops@example.com"], smtp_url_env: CHORDBEAT_SMTP_URL}
 """
 

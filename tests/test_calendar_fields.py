@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,12 @@ from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.scheduling.beat import ChordbeatScheduler
-from celeryapp.scheduling.calendar_files import calendar_reader, read_calendar, unreadable_calendars
+from celeryapp.scheduling.calendar_files import (
+    calendar_reader,
+    excluded_slots,
+    read_calendar,
+    unreadable_calendars,
+)
 from celeryapp.scheduling.schedule_file import apply_file, load_file
 from models import Schedule, transaction
 from models.definitions import definition_of
@@ -126,7 +131,7 @@ def test_a_named_calendar_must_be_a_readable_file(calendars_dir: Path) -> None:
     (calendars_dir / "broken").write_text("2026-12-25\n2026-02-30\n")
     broken = errors_of(with_change("calendar/calendars", ["broken"]), calendars_dir)
     assert broken["calendar.calendars[0]"].endswith(
-        "broken: line 2: 2026-02-30 is not a date that exists (day is out of range for month)"
+        "broken: line 2 is not a date that exists (day is out of range for month)"
     )
     (calendars_dir / "huge").write_text("\n" * 1_000_000)
     assert (
@@ -210,3 +215,35 @@ def test_the_schedule_file_checks_the_calendars_and_beat_says_an_unreadable_one_
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
         f"beat: {problems[0]}; its slots start nothing until the calendar can be read"
     ]
+
+
+#: A file of the calendars directory that is not a calendar (issue 36): its lines must never be
+#: echoed back by a refusal, whoever asks.
+SECRET_LINE = "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+def test_a_file_that_is_not_a_calendar_is_refused_without_showing_its_lines(
+    app: ChordbeatCelery, worker: Any, client: Celery, tmp_path: Path, calendars_dir: Path
+) -> None:
+    (calendars_dir / "deploy.env").write_text(f"# deploy settings\n{SECRET_LINE}\n")
+    (calendars_dir / "dates.env").write_text("2026-12-25\n2026-99-01\n")
+    definition = with_change("calendar/calendars", ["deploy.env", "dates.env"])
+    # The service's reply (what the CLI and the dashboard's forms show).
+    with pytest.raises(Exception) as caught:
+        call(client, "chordbeat.apply_schedule", definition=definition)
+    reply = str(caught.value)
+    assert "calendar.calendars[0]: calendar 'deploy.env' cannot be used:" in reply
+    assert "deploy.env: line 2 is not a date written YYYY-MM-DD" in reply
+    assert "calendar.calendars[1]: calendar 'dates.env' cannot be used:" in reply
+    # A schedule file (chordbeat apply), and the reason shown for every slot of a stored schedule
+    # whose calendar became such a file (the dashboard's schedule page and the fire preview).
+    path = tmp_path / "pay.yaml"
+    path.write_text(yaml.safe_dump({"schedules": [definition]}))
+    with pytest.raises(DefinitionError) as from_file:
+        apply_file(app, path)
+    stored_calendar = {"calendars": ["deploy.env"], "on_excluded": "skip"}
+    (shown,) = excluded_slots(app.settings.calendars_dir, stored_calendar, "UTC", [datetime.now(UTC)])
+    assert shown is not None and "deploy.env: line 2 is not a date" in shown
+    for text in (reply, str(from_file.value), shown):
+        for secret in (SECRET_LINE, "wJalrXUtnFEMI", "2026-99-01"):
+            assert secret not in text, text

@@ -57,19 +57,22 @@ def test_a_calendar_file_is_dates_comments_and_blank_lines() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("2026-12-25\n2026-02-30\n", "line 2: 2026-02-30 is not a date that exists"),
-        ("2026-02-29", "line 1: 2026-02-29 is not a date that exists"),
-        ("2026-13-01", "line 1: 2026-13-01 is not a date that exists"),
-        ("\n\n25/12/2026", "line 3: '25/12/2026' is not a date written YYYY-MM-DD"),
-        ("2026-12-25 2026-12-26", "line 1: '2026-12-25 2026-12-26' is not a date written YYYY-MM-DD"),
+        ("2026-12-25\n2026-02-30\n", "line 2 is not a date that exists"),
+        ("2026-02-29", "line 1 is not a date that exists"),
+        ("2026-13-01", "line 1 is not a date that exists"),
+        ("\n\n25/12/2026", "line 3 is not a date written YYYY-MM-DD"),
+        ("2026-12-25 2026-12-26", "line 1 is not a date written YYYY-MM-DD"),
         ("\uff12\uff10\uff12\uff16-12-25", "is not a date written YYYY-MM-DD"),
         ("2026-1-5", "is not a date written YYYY-MM-DD"),
         ("20261225", "is not a date written YYYY-MM-DD"),
     ],
 )
 def test_a_bad_line_is_refused_naming_it(text: str, message: str) -> None:
-    with pytest.raises(CalendarError, match=message):
+    with pytest.raises(CalendarError, match=message) as caught:
         parse_calendar(text)
+    # The line is named, its text never shown: any file of the directory can be named.
+    bad = [line for line in text.splitlines() if line and line != "2026-12-25"]
+    assert bad and not any(line in str(caught.value) for line in bad)
 
 
 def test_a_leap_day_that_exists_is_read() -> None:

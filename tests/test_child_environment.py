@@ -18,7 +18,7 @@ from tests.receivers import HttpReceiver, http_receiver  # noqa: F401  (a fixtur
 
 CHANNELS_FILE = """\
 channels:
-  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL, secret_env: OPS_WEBHOOK_SECRET}
+  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL, secret_env: OPS_WEBHOOK_SECRET, insecure: true}
   ops-mail: {kind: email, to: ["ops@example.com"], smtp_url_env: OPS_SMTP_URL}
 """
 #: The channels' variables: the file's, and the contract's default mail server.

@@ -13,6 +13,7 @@ NUMERIC = {
     "CHORDBEAT_BEAT_STALL": ("beat_stall_s", 5),
     "CHORDBEAT_RETENTION_DAYS": ("retention_days", 0),
     "CHORDBEAT_RESULT_EXPIRES": ("result_expires_s", 60),
+    "CHORDBEAT_ALERT_SEND_TIMEOUT": ("alert_send_timeout_s", 1),
 }
 
 
@@ -40,6 +41,12 @@ def test_the_smallest_allowed_value_and_unset_are_taken(name: str) -> None:
     field, minimum = NUMERIC[name]
     assert getattr(Settings.from_env({name: str(minimum)}), field) == minimum
     assert getattr(Settings.from_env({name: ""}), field) == getattr(Settings(), field)
+
+
+def test_an_alert_send_may_not_outlast_the_senders_claim_on_its_delivery() -> None:
+    assert Settings.from_env({"CHORDBEAT_ALERT_SEND_TIMEOUT": "50"}).alert_send_timeout_s == 50
+    with pytest.raises(ConfigError, match=r"^CHORDBEAT_ALERT_SEND_TIMEOUT: must be at most 50 .*got '51'$"):
+        Settings.from_env({"CHORDBEAT_ALERT_SEND_TIMEOUT": "51"})
 
 
 def test_just_below_the_minimum_is_refused() -> None:

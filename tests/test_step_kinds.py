@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -20,10 +21,10 @@ from sqlalchemy import create_engine, text, update
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.domain.validation import parse_definition
-from celeryapp.errors import DefinitionError
+from celeryapp.errors import DefinitionError, StepError
 from celeryapp.monitoring import worker_registry
 from celeryapp.variables import STEP_KINDS
-from celeryapp.worker.step_kinds import split_statements
+from celeryapp.worker.step_kinds import run_executable, split_statements
 from models import ScheduleStep, transaction
 from tests import processes
 from tests.helpers import call, finished, wait_for
@@ -216,6 +217,16 @@ def test_loader_variables_are_refused_at_validation(enable: Enable, worker: Any,
     for name in ("LD_PRELOAD", "PYTHONPATH", "PATH", "BASH_ENV", "NODE_OPTIONS"):
         step = {"name": "x", "kind": "executable", "argv": [ENV], "env": {"MODE": "a", name: "/tmp/evil"}}
         assert f"steps[0].env.{name}: {name} may not be set" in refused(client, step)
+    # Proxies, askpass and pager commands, start-up files; in lower case, as curl reads proxies.
+    names = ("HTTPS_PROXY", "https_proxy", "all_proxy", "SSH_ASKPASS", "PAGER", "ZDOTDIR")
+    step = {"name": "x", "kind": "executable", "argv": [ENV], "env": {"MODE": "a", **dict.fromkeys(names, "x")}}
+    error = refused(client, step)
+    for name in names:
+        assert f"steps[0].env.{name}: {name} may not be set" in error
+    # Look-alikes are not names at all: a trailing space, a Cyrillic O, a fullwidth L.
+    for name in ("LD_PRELOAD ", "LD_PREL\u041eAD", "\uff2cD_PRELOAD"):
+        step = {"name": "x", "kind": "executable", "argv": [ENV], "env": {name: "/tmp/evil.so"}}
+        assert f"steps[0].env.{name}: {name!r} is not an environment variable name" in refused(client, step)
 
 
 def test_kind_steps_are_off_by_default(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
@@ -477,3 +488,46 @@ def test_a_program_dies_with_the_pool_process_that_started_it(
         for pgid in groups + [int(p) for p in (pids.read_text().split() if pids.exists() else [])]:
             for pid in group_members(pgid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# --- argv[0] is resolved once (issue 36) --------------------------------------------------------
+
+#: A process that swaps ``link`` between two targets as fast as it can, until killed.
+SWAPPER = """
+import os, sys
+link, first, second = sys.argv[1:]
+spare = link + ".new"
+while True:
+    for target in (first, second):
+        os.symlink(target, spare)
+        os.replace(spare, link)
+"""
+
+
+def test_a_symlink_swapped_while_steps_start_never_runs_the_program_off_the_allowlist(tmp_path: Path) -> None:
+    allowed, other = tmp_path / "allowed", tmp_path / "other"
+    allowed.mkdir()
+    other.mkdir()
+    marker = tmp_path / "evil-ran"
+    for path, body in ((allowed / "ok", "exit 0"), (other / "evil", f"echo ran >> {marker}")):
+        path.write_text(f"#!{SH}\n{body}\n")
+        path.chmod(0o755)
+    link = tmp_path / "program"
+    link.symlink_to(allowed / "ok")
+    swapper = subprocess.Popen([PY, "-c", SWAPPER, str(link), str(allowed / "ok"), str(other / "evil")])
+    ran = refused_here = 0
+    try:
+        # Each start is one race between the allowlist check and the exec; the window before the
+        # fix was a few microseconds wide, so many starts are tried (10 of 400 got through).
+        for _ in range(2000):
+            try:
+                run_executable([str(link)], allow=(f"{allowed}/",))
+                ran += 1
+            except StepError as exc:
+                assert "is not in CHORDBEAT_EXECUTABLE_ALLOW" in str(exc) or "no such file" in str(exc), exc
+                refused_here += 1
+            assert not marker.exists(), f"a program off the allowlist ran (after {ran} runs, {refused_here} refusals)"
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert ran and refused_here, "the swap raced with the starts both ways"

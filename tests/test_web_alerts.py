@@ -34,7 +34,7 @@ HOSTILE = "<img src=x onerror=\"document.title='owned'\"> disk full: /data"
 @pytest.fixture
 def settings(settings: Settings, tmp_path: Path) -> Settings:
     path = tmp_path / "channels.yaml"
-    path.write_text("channels:\n  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL}\n")
+    path.write_text("channels:\n  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL, insecure: true}\n")
     return dataclasses.replace(settings, alert_channels_file=str(path))
 
 

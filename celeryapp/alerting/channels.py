@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -46,8 +47,8 @@ DEFAULT_SENDER = "chordbeat@localhost"
 DEFAULT_SMTP_URL_ENV = "CHORDBEAT_SMTP_URL"
 #: Fields each kind takes, and those it must have.
 _FIELDS: dict[str, frozenset[str]] = {
-    "webhook": frozenset({"kind", "url_env", "secret_env"}),
-    "slack": frozenset({"kind", "url_env"}),
+    "webhook": frozenset({"kind", "url_env", "secret_env", "insecure"}),
+    "slack": frozenset({"kind", "url_env", "insecure"}),
     "email": frozenset({"kind", "to", "smtp_url_env", "sender"}),
 }
 _REQUIRED: dict[str, frozenset[str]] = {
@@ -70,6 +71,28 @@ class Channel:
     to: tuple[str, ...] = ()
     smtp_url_env: str | None = None
     sender: str | None = None
+    #: Whether the channel may send to an ``http://`` URL (in clear); off unless the file says so.
+    insecure: bool = False
+
+
+def clear_text_refusal(channel: Channel, url: str) -> str | None:
+    """Why the channel may not send to ``url``: an ``http://`` URL without ``insecure: true``.
+
+    In clear, the alert, its signature (replayable within its window) and a Slack webhook's path,
+    which is its secret, are readable and changeable on every network between. Loopback is not
+    exempt: "127.0.0.1" in a variable is often a proxy or a tunnel's end, and the file's reviewer
+    should see the exception written down.
+    """
+    try:
+        scheme = urlsplit(url).scheme  # as the sender reads it: lower case, leading blanks dropped
+    except ValueError:
+        return None  # not a URL at all: refused as that where it is used
+    if channel.insecure or scheme != "http":
+        return None
+    return (
+        f"channels.{channel.name}.url_env: {channel.url_env} is an http:// URL; alerts are sent over https:// "
+        f"only, unless the channel says insecure: true (sent in clear, readable and changeable on the way)"
+    )
 
 
 def load_channels(path: str | None) -> dict[str, Channel]:
@@ -154,7 +177,15 @@ def _channel(path: str, name: Any, fields: Any) -> Channel:
             else None
         ),
         sender=_address(f"{where}.sender", fields.get("sender") or DEFAULT_SENDER) if kind == "email" else None,
+        insecure=_flag(f"{where}.insecure", fields.get("insecure", False)),
     )
+
+
+def _flag(where: str, value: Any) -> bool:
+    # Only YAML's true and false: "yes" or 1 is more likely a mistake than a decision.
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{where}: must be true or false, got {short_repr(value)}")
 
 
 def _variable(where: str, key: str, value: Any) -> str | None:

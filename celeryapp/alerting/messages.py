@@ -35,6 +35,14 @@ SUMMARY_LISTED = 20
 CUT_MARK = " …(cut)"
 #: The kind of a summary message (not an alert kind: it stands for several alerts).
 SUMMARY_KIND = "summary"
+#: A webhook's headers: the time it was signed (whole seconds since the epoch, the reference
+#: clock's), the signature of that time and the body, and the contract's body-only signature.
+TIMESTAMP_HEADER = "X-Chordbeat-Timestamp"
+SIGNATURE_V2_HEADER = "X-Chordbeat-Signature-V2"
+SIGNATURE_HEADER = "X-Chordbeat-Signature"
+#: Seconds either side of its own clock within which a receiver takes a timestamp (docs/alerts.md);
+#: each attempt is signed anew, so a retry is never older than this.
+REPLAY_WINDOW_S = 300
 
 
 @dataclass(frozen=True)
@@ -90,8 +98,16 @@ def webhook_body(alert: AlertText, dashboard_url: str | None) -> bytes:
 
 
 def signature(body: bytes, secret: str) -> str:
-    """``X-Chordbeat-Signature``: ``sha256=`` and the hex HMAC-SHA256 of the raw body."""
+    """``X-Chordbeat-Signature``: ``sha256=`` and the hex HMAC-SHA256 of the raw body (the
+    contract's; replayable, kept for receivers that check only it)."""
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def timestamped_signature(timestamp: int, body: bytes, secret: str) -> str:
+    """``X-Chordbeat-Signature-V2``: ``sha256=`` and the hex HMAC-SHA256 of ``<timestamp>.<raw body>``,
+    ``timestamp`` being :data:`TIMESTAMP_HEADER`'s value. Signed together, a receiver that refuses
+    timestamps older than :data:`REPLAY_WINDOW_S` refuses a delivery replayed later."""
+    return "sha256=" + hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
 
 
 def slack_body(alert: AlertText, dashboard_url: str | None) -> bytes:

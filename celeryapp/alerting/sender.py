@@ -27,7 +27,13 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.alerting import messages, transports
-from celeryapp.alerting.channels import DEFAULT_SENDER, DEFAULT_SMTP_URL_ENV, Channel, load_channels
+from celeryapp.alerting.channels import (
+    DEFAULT_SENDER,
+    DEFAULT_SMTP_URL_ENV,
+    Channel,
+    clear_text_refusal,
+    load_channels,
+)
 from celeryapp.alerting.log_masking import masked_logger, remember
 from celeryapp.alerting.messages import AlertText
 from celeryapp.alerting.transports import SendFailed
@@ -41,9 +47,9 @@ from models.clock import clock
 
 logger = masked_logger(__name__)
 
-#: Seconds a claimed delivery is the claimer's: longer than a send takes (each network step of a
-#: send gives up after ``transports.SEND_TIMEOUT_S``); a send still going after this may be
-#: repeated by another sender, which at-least-once delivery allows.
+#: Seconds a claimed delivery is the claimer's: longer than a send takes (a send gives up after
+#: ``CHORDBEAT_ALERT_SEND_TIMEOUT``, at most ``MAX_ALERT_SEND_TIMEOUT_S``); a send still going after
+#: this may be repeated by another sender, which at-least-once delivery allows.
 DELIVERY_LEASE_S = 60.0
 #: Due deliveries of one channel read in one pass: a storm beyond it is summarised over passes.
 MAX_DUE_PER_PASS = 500
@@ -117,6 +123,7 @@ class Sender:
             self._file_error = str(exc)
             return None
         self._channels, self._file_error = (version, loaded), None
+        _say_clear_text_channels(path, loaded)
         return loaded
 
     def _job(self, name: str, channel: Channel | None) -> None:
@@ -125,6 +132,16 @@ class Sender:
         except Exception:
             # The next pass tries again; a claim taken before the failure lapses on its own.
             logger.exception("sending the alerts of channel %s failed", name)
+
+
+def _say_clear_text_channels(path: str, channels: dict[str, Channel]) -> None:
+    """At load, each channel whose URL is http:// without ``insecure: true``: its deliveries fail
+    saying the same, but the operator learns it before the first alert."""
+    for channel in channels.values():
+        url = environment_variable(channel.url_env) if channel.url_env else None
+        refusal = clear_text_refusal(channel, url) if url else None
+        if refusal:
+            logger.error("%s: %s; its alerts are not sent", path, refusal)
 
 
 def due_channels(database_url: str, now: datetime) -> list[str]:
@@ -267,11 +284,11 @@ def send_one(settings: Settings, name: str, channel: Channel | None, alert: Aler
         raise SendFailed(NOT_A_CHANNEL.format(name=name))
     if channel.kind == "email":
         message = messages.email(alert, sender=_sender(channel), to=channel.to, dashboard_url=where)
-        _mail(channel, message)
+        _mail(settings, channel, message)
     elif channel.kind == "slack":
-        transports.post(_url(channel), messages.slack_body(alert, where), {})
+        transports.post(_url(channel), messages.slack_body(alert, where), {}, deadline_s=settings.alert_send_timeout_s)
     else:
-        _webhook(channel, messages.webhook_body(alert, where))
+        _webhook(settings, channel, messages.webhook_body(alert, where))
 
 
 def send_summary(settings: Settings, name: str, channel: Channel | None, alerts: list[AlertText]) -> None:
@@ -281,14 +298,16 @@ def send_summary(settings: Settings, name: str, channel: Channel | None, alerts:
     if channel is None:
         raise SendFailed(NOT_A_CHANNEL.format(name=name))
     if channel.kind == "email":
-        _mail(channel, messages.summary_email(key, alerts, sender=_sender(channel), to=channel.to, dashboard_url=where))
+        summary = messages.summary_email(key, alerts, sender=_sender(channel), to=channel.to, dashboard_url=where)
+        _mail(settings, channel, summary)
     elif channel.kind == "slack":
-        transports.post(_url(channel), messages.summary_slack_body(alerts, where), {})
+        body = messages.summary_slack_body(alerts, where)
+        transports.post(_url(channel), body, {}, deadline_s=settings.alert_send_timeout_s)
     else:
-        _webhook(channel, messages.summary_webhook_body(key, alerts, now, where))
+        _webhook(settings, channel, messages.summary_webhook_body(key, alerts, now, where))
 
 
-def _webhook(channel: Channel, body: bytes) -> None:
+def _webhook(settings: Settings, channel: Channel, body: bytes) -> None:
     headers = {}
     if channel.secret_env is not None:
         secret = environment_variable(channel.secret_env)
@@ -297,8 +316,12 @@ def _webhook(channel: Channel, body: bytes) -> None:
         if secret is None:
             # Unsigned, the receiver would (rightly) refuse it or, worse, trust it.
             raise SendFailed(f"{channel.secret_env} is not set (the webhook's signing secret)")
-        headers["X-Chordbeat-Signature"] = messages.signature(body, secret)
-    transports.post(_url(channel), body, headers)
+        # Each attempt is signed at its own time: a retry hours later is still within the window.
+        timestamp = int(clock.now().timestamp())
+        headers[messages.TIMESTAMP_HEADER] = str(timestamp)
+        headers[messages.SIGNATURE_V2_HEADER] = messages.timestamped_signature(timestamp, body, secret)
+        headers[messages.SIGNATURE_HEADER] = messages.signature(body, secret)
+    transports.post(_url(channel), body, headers, deadline_s=settings.alert_send_timeout_s)
 
 
 def _url(channel: Channel) -> str:
@@ -306,15 +329,19 @@ def _url(channel: Channel) -> str:
     url = environment_variable(channel.url_env)
     if url is None:
         raise SendFailed(f"{channel.url_env} is not set")
-    return transports.http_url(remember(url), channel.url_env)
+    usable = transports.http_url(remember(url), channel.url_env)
+    refusal = clear_text_refusal(channel, usable)
+    if refusal:
+        raise SendFailed(refusal)
+    return usable
 
 
-def _mail(channel: Channel, message: EmailMessage) -> None:
+def _mail(settings: Settings, channel: Channel, message: EmailMessage) -> None:
     variable = channel.smtp_url_env or DEFAULT_SMTP_URL_ENV
     smtp_url = environment_variable(variable)
     if smtp_url is None:
         raise SendFailed(f"{variable} is not set")
-    transports.send_mail(remember(smtp_url), variable, message)
+    transports.send_mail(remember(smtp_url), variable, message, deadline_s=settings.alert_send_timeout_s)
 
 
 def _sender(channel: Channel) -> str:

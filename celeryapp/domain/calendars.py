@@ -59,6 +59,17 @@ def parse_date(text: str) -> date:
         raise CalendarError(f"{text} is not a date that exists ({exc})") from None
 
 
+def _file_date(content: str, number: int) -> date:
+    """The date on line ``number`` of a calendar file. The refusal names the line, never its text:
+    a caller can name any file of the calendars directory, which may hold anything."""
+    if not DATE_PATTERN.fullmatch(content):
+        raise CalendarError(f"line {number} is not a date written YYYY-MM-DD (its text is not shown)")
+    try:
+        return date.fromisoformat(content)
+    except ValueError as exc:
+        raise CalendarError(f"line {number} is not a date that exists ({exc})") from None
+
+
 def parse_calendar(text: str) -> frozenset[date]:
     """The dates of a calendar file's text; :class:`CalendarError` names the first bad line."""
     if len(text) > MAX_CALENDAR_BYTES:
@@ -72,10 +83,7 @@ def parse_calendar(text: str) -> frozenset[date]:
         content = line.partition("#")[0].strip()
         if not content:
             continue
-        try:
-            dates.add(parse_date(content))
-        except CalendarError as exc:
-            raise CalendarError(f"line {number}: {exc}") from None
+        dates.add(_file_date(content, number))
     return frozenset(dates)
 
 

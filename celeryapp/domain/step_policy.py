@@ -64,6 +64,28 @@ DENIED_ENV_NAMES = frozenset(
         "OPENSSL_CONF",
         "OPENSSL_ENGINES",
         "OPENSSL_MODULES",
+        # Start-up files of shells, editors and interpreters (each names a file of code).
+        "ZDOTDIR",
+        "XDG_CONFIG_HOME",
+        "XDG_CONFIG_DIRS",
+        "INPUTRC",
+        "VIMINIT",
+        "EXINIT",
+        "MYVIMRC",
+        "GVIMINIT",
+        "EMACSLOADPATH",
+        "PHPRC",
+        "PHP_INI_SCAN_DIR",
+        "R_PROFILE",
+        "R_PROFILE_USER",
+        "R_ENVIRON",
+        "R_ENVIRON_USER",
+        "R_LIBS",
+        "R_LIBS_USER",
+        "BUNDLE_GEMFILE",
+        "CURL_HOME",
+        "WGETRC",
+        "KRB5_CONFIG",
     }
 )
 #: Prefixes of denied variables: the loader (LD_*, DYLD_*), malloc debugging, interpreters'
@@ -78,9 +100,54 @@ DENIED_ENV_PREFIXES = (
     "GEM_",
     "NODE_",
     "NPM_CONFIG_",
+    "PIP_",
     "LUA_",
+    "GUILE_",
+    "JULIA_",
     "GIT_",
     "BASH_FUNC_",
+)
+#: Variables whose value is a command other programs run for their own purposes: a password
+#: prompt, a pager, an editor, a browser, a shell, less's input filters.
+COMMAND_ENV_NAMES = frozenset(
+    {
+        "SSH_ASKPASS",
+        "SSH_ASKPASS_REQUIRE",
+        "SUDO_ASKPASS",
+        "PAGER",
+        "MANPAGER",
+        "SYSTEMD_PAGER",
+        "EDITOR",
+        "VISUAL",
+        "SUDO_EDITOR",
+        "SYSTEMD_EDITOR",
+        "FCEDIT",
+        "BROWSER",
+        "SHELL",
+        "LESSOPEN",
+        "LESSCLOSE",
+        "RSYNC_RSH",
+        "RSYNC_CONNECT_PROG",
+    }
+)
+#: Variables that send a program's network traffic through, or make it trust, a party of the
+#: caller's choosing: proxies (curl and most libraries read them in lower case too) and
+#: certificate authorities.
+NETWORK_ENV_NAMES = frozenset(
+    {
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "FTP_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+        "SOCKS_PROXY",
+        "SOCKS5_SERVER",
+        "RSYNC_PROXY",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "CURL_CA_BUNDLE",
+        "REQUESTS_CA_BUNDLE",
+    }
 )
 #: Namespaces of the worker's own secrets, never a sql step's database.
 SECRET_ENV_PREFIXES = ("FLOWER_",)
@@ -117,7 +184,14 @@ def executable_refusal(
     refusal = program_refusal(program)
     if refusal:
         return refusal
-    real = resolve(program)
+    return resolved_program_refusal(resolve(program), program, allow, resolve=resolve)
+
+
+def resolved_program_refusal(
+    real: str, program: str, allow: Sequence[str], *, resolve: Callable[[str], str] = os.path.realpath
+) -> str | None:
+    """Whether ``real``, the path ``program`` was resolved to, is on the allowlist; the refusal
+    names ``program`` as the caller wrote it."""
     for entry in allow:
         if entry.endswith("/"):
             directory = resolve(entry).rstrip("/") + "/"
@@ -133,9 +207,16 @@ def env_name_refusal(name: str) -> str | None:
     """Whether an executable step's ``env`` may set ``name``."""
     if not ENV_NAME.fullmatch(name):
         return f"{name!r} is not an environment variable name"
+    # Compared in any letter case: the names are case-sensitive to the kernel, but programs read
+    # some in lower case (http_proxy before HTTP_PROXY in curl) and a denylist is no place to
+    # bet which. ENV_NAME admits ASCII only, so no Unicode look-alike reaches this comparison.
     upper = name.upper()
     if upper in DENIED_ENV_NAMES or upper.startswith(DENIED_ENV_PREFIXES):
         return f"{name} may not be set: it changes how programs are loaded or run"
+    if upper in COMMAND_ENV_NAMES:
+        return f"{name} may not be set: programs run the command it names"
+    if upper in NETWORK_ENV_NAMES:
+        return f"{name} may not be set: it changes where programs connect or whom they trust"
     return None
 
 

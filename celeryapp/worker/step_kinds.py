@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -22,7 +23,13 @@ from sqlalchemy import Engine, create_engine, event
 
 import celeryapp.outcome as outcome
 from celeryapp.context import current_step
-from celeryapp.domain.step_policy import env_name_refusal, executable_refusal, sql_env_refusal
+from celeryapp.domain.step_policy import (
+    env_name_refusal,
+    executable_refusal,
+    program_refusal,
+    resolved_program_refusal,
+    sql_env_refusal,
+)
 from celeryapp.errors import StepError
 from celeryapp.worker.step_log import note_output
 
@@ -84,25 +91,54 @@ def _wait(process: subprocess.Popen[str], timeout: float | None) -> str:
                 raise
 
 
+def open_program(program: str, allow: Sequence[str]) -> int:
+    """A descriptor of the file ``program`` names, once that very file is known to be allowed.
+
+    The name is resolved once, by opening it; the allowlist is checked against the path of the
+    opened file (the kernel's ``/proc/self/fd/N`` link) and the descriptor is what runs. A
+    symlink or directory swapped after the open changes nothing: the descriptor holds the file
+    that was checked. (Resolving the name again to execute it, even to a realpath checked a moment
+    before, leaves a window in which a swapped symlink runs another program.) ``O_PATH``: no read
+    permission needed, and a FIFO named as the program does not block the worker.
+    """
+    refusal = program_refusal(program)
+    if refusal:
+        raise StepError(f"argv: {refusal}")
+    try:
+        fd = os.open(program, os.O_PATH | os.O_CLOEXEC)
+    except OSError as exc:
+        # Whether a file off the allowlist exists is not the caller's to learn.
+        refusal = executable_refusal(program, allow)
+        if refusal:
+            raise StepError(f"argv: {refusal}") from None
+        reason = "no such file" if isinstance(exc, FileNotFoundError) else (exc.strerror or "").lower()
+        raise StepError(f"cannot start {program!r}: {reason}") from None
+    try:
+        refusal = resolved_program_refusal(os.readlink(f"/proc/self/fd/{fd}"), program, allow)
+        if refusal:
+            raise StepError(f"argv: {refusal}")
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not os.access(f"/proc/self/fd/{fd}", os.X_OK):
+            raise StepError(f"cannot start {program!r}: not an executable file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def run_executable(
     argv: list[str], cwd: str | None = None, env: Mapping[str, str] | None = None, *, allow: Sequence[str]
 ) -> dict[str, Any]:
     """Run ``argv`` if ``allow`` lists its program; exit code 0 completes the step, anything else fails it."""
-    refusal = executable_refusal(argv[0], allow)
-    if refusal:
-        raise StepError(f"argv: {refusal}")
     environment = program_environment(env)
-    # The resolved path is what was checked, so that is what runs (argv[0] stays as written).
-    program = os.path.realpath(argv[0])
-    if not os.access(program, os.X_OK) or not os.path.isfile(program):
-        reason = "not an executable file" if os.path.exists(program) else "no such file"
-        raise StepError(f"cannot start {argv[0]!r}: {reason}")
+    program = open_program(argv[0], allow)
     context = current_step()
     timeout = context.timeout_s if context else None
     watch_read, watch = os.pipe()
     try:
+        # The supervisor gets the descriptor under the same number and executes it through its
+        # own /proc/self/fd link (a script's interpreter opens it by that name too).
         process = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(SUPERVISOR), str(watch_read), program, *argv],
+            [sys.executable, "-I", "-S", str(SUPERVISOR), str(watch_read), f"/proc/self/fd/{program}", *argv],
             cwd=cwd,
             env=environment,
             stdin=subprocess.DEVNULL,
@@ -110,7 +146,7 @@ def run_executable(
             stderr=subprocess.STDOUT,
             encoding="utf-8",
             errors="replace",
-            pass_fds=(watch_read,),
+            pass_fds=(watch_read, program),
             start_new_session=True,
         )
     except OSError as exc:
@@ -119,6 +155,7 @@ def run_executable(
         raise StepError(f"cannot start {argv[0]!r}{where}: {exc.strerror}") from None
     finally:
         os.close(watch_read)
+        os.close(program)
     try:
         output = _wait(process, timeout)
     except subprocess.TimeoutExpired:

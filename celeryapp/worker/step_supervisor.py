@@ -1,7 +1,8 @@
 """Runs one executable step's program; kills everything it started when it ends or its worker dies.
 
 The worker starts this file as ``python -I -S step_supervisor.py FD PROGRAM ARGV0 [ARG...]`` in a
-session of its own (``celeryapp/worker/step_kinds.py``). It runs the program in a new process group and
+session of its own (``celeryapp/worker/step_kinds.py``); PROGRAM is ``/proc/self/fd/N``, the file the
+worker checked, passed as descriptor N. It runs the program in a new process group and
 kills that whole group (the program's children included) when either happens first:
 
 * the program exits: whatever it left running in its group does not outlive its step;

@@ -223,7 +223,9 @@ def test_systemd_units_run_real_commands() -> None:
     for name, unit in systemd_units().items():
         (exec_start,) = unit["ExecStart"]
         roles.add(check_command(shlex.split(exec_start)))
-        assert unit["EnvironmentFile"][0] == "/etc/chordbeat/chordbeat.env", name
+        # Every unit reads the shared settings first, but Flower: they hold the app's passwords.
+        shared = unit["EnvironmentFile"][0] == "/etc/chordbeat/chordbeat.env"
+        assert shared != (name == "chordbeat-flower.service"), name
     assert roles == {"db upgrade", "worker", "beat", "flower", "metrics", "web"}
 
 
@@ -272,8 +274,14 @@ def test_compose_is_hardened() -> None:
             env = service["environment"]
             user, password = ("chordbeat-monitor", "MONITOR") if name == "flower" else ("chordbeat", "APP")
             assert env["CHORDBEAT_BROKER_URL"].startswith(f"redis://{user}:${{REDIS_{password}_PASSWORD:?"), name
-            role = re.match(r"postgresql\+psycopg://(\w+):", env["CHORDBEAT_DATABASE_URL"])
-            assert role is not None and role.group(1) == ("chordbeat_migrate" if name == "migrate" else "chordbeat_app")
+            if name == "flower":
+                # What Flower holds, a Flower login's worst case can reach: no app password.
+                assert not any("APP_PASSWORD" in str(value) for value in env.values()), env
+                assert "CHORDBEAT_DATABASE_URL" not in env
+            else:
+                role = re.match(r"postgresql\+psycopg://(\w+):", env["CHORDBEAT_DATABASE_URL"])
+                assert role is not None
+                assert role.group(1) == ("chordbeat_migrate" if name == "migrate" else "chordbeat_app")
             assert ("FLOWER_BASIC_AUTH" in env) == (name == "flower"), name
             assert ("CHORDBEAT_WEB_USERS" in env) == (name == "web"), name
     postgres = services["postgres"]
@@ -294,7 +302,7 @@ def test_every_process_reads_the_alert_channels_and_only_the_control_worker_gets
     # reach the control worker (which sends) and nothing else: no step code runs beside them.
     services: dict[str, Any] = compose()["services"]
     for name, service in services.items():
-        if not service.get("build"):
+        if not service.get("build") or name == "flower":  # Flower applies nothing
             continue
         env, volumes = service["environment"], service.get("volumes", [])
         assert env["CHORDBEAT_ALERT_CHANNELS"] == "/config/alert-channels.yaml", name
@@ -344,7 +352,7 @@ def test_the_example_calendar_is_real_and_every_process_that_fires_applies_or_pr
     reads = {"worker", "control", "beat-a", "beat-b", "web"}
     # compose: every app process names the directory; those that fire, apply or preview mount it.
     for name, service in compose()["services"].items():
-        if service.get("build"):
+        if service.get("build") and name != "flower":  # Flower fires, applies and previews nothing
             volumes = service.get("volumes", [])
             assert service["environment"]["CHORDBEAT_CALENDARS_DIR"] == "/config/calendars", name
             mounted = "./calendars:/config/calendars:ro" in volumes
@@ -383,8 +391,12 @@ def test_kubernetes_pods_are_hardened_and_ship_no_secret_values() -> None:
             assert security["capabilities"] == {"drop": ["ALL"]}, name
             assert {"name": tmp, "mountPath": "/tmp"} in container["volumeMounts"], f"{name}: no writable /tmp"
             secrets = {s["secretRef"]["name"] for s in container["envFrom"] if "secretRef" in s}
-            assert secrets == {"chordbeat-migrate"} if doc["kind"] == "Job" else "chordbeat" in secrets, name
-            assert ("chordbeat-flower" in secrets) == (name == "chordbeat-flower"), name
+            if doc["kind"] == "Job":
+                assert secrets == {"chordbeat-migrate"}, name
+            elif name == "chordbeat-flower":
+                assert secrets == {"chordbeat-flower"}, "Flower would hold the app's passwords"
+            else:
+                assert "chordbeat" in secrets and "chordbeat-flower" not in secrets, name
             assert ("chordbeat-web" in secrets) == (name == "chordbeat-web"), name
             for secret in secrets:
                 assert f"kubectl create secret generic {secret} " in documented, f"{secret} is not documented"
@@ -408,7 +420,11 @@ def test_systemd_units_are_sandboxed_and_restart() -> None:
             assert unit["StateDirectory"] == ["chordbeat-flower"], name
             assert "FLOWER_DB=/var/lib/chordbeat-flower/flower.db" in unit["Environment"], name
         assert ("/etc/chordbeat/migrate.env" in unit["EnvironmentFile"]) == (role == "db upgrade"), name
-        assert ("/etc/chordbeat/flower.env" in unit["EnvironmentFile"]) == (role == "flower"), name
+        if role == "flower":
+            assert unit["EnvironmentFile"] == ["/etc/chordbeat/flower.env"], "Flower would hold the app's passwords"
+            assert unit["InaccessiblePaths"] == ["/etc/chordbeat"], name
+        else:
+            assert "/etc/chordbeat/chordbeat.env" in unit["EnvironmentFile"], name
         assert ("/etc/chordbeat/web.env" in unit["EnvironmentFile"]) == (role == "web"), name
     env = env_file(DEPLOY / "systemd" / "chordbeat.env")
     assert env["CHORDBEAT_BROKER_URL"].startswith("redis://chordbeat:APP_PASSWORD@")

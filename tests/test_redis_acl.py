@@ -225,7 +225,11 @@ def test_a_monitor_reads_but_queues_and_reads_no_task(acl_redis: AclRedis, comma
 def test_each_role_does_its_job_under_the_acl_file(acl_redis: AclRedis, settings: Settings, tmp_path: Path) -> None:
     own, watching = acl_redis.url("chordbeat"), acl_redis.url("monitor")
     chordbeat = dataclasses.replace(settings, broker_url=own, result_backend=own, redbeat_url=own)
-    monitor_settings = dataclasses.replace(settings, broker_url=watching, result_backend=watching, redbeat_url=watching)
+    # Flower gets no database (the deploy files give it none): a database it cannot open.
+    no_database = "sqlite:////nonexistent/flower-opens-no-database.db"
+    monitor_settings = dataclasses.replace(
+        settings, broker_url=watching, result_backend=watching, redbeat_url=watching, database_url=no_database
+    )
     definition = {"name": "acl", "every": 3600, "steps": [step("a")]}
     caller = service_caller(acl_redis.url("service"))
     monitor = Celery("flower", broker=acl_redis.url("monitor"), set_as_current=False)

@@ -45,7 +45,7 @@ TTL_S = 8.0
 #: ahead, the larger steps. 20 s behind is left out: it is the 60 s case with less time for a dead
 #: worker's heartbeat to outlive.
 SHIFTS_S = (20, -60, 60)
-#: Longer than the test: the healthy step ends when the test lets it (HEALTHY_MAY_END), the doomed
+#: Longer than the test: the healthy step ends when the test lets it (a file appears), the doomed
 #: step's attempts are killed.
 LONGEST_S = 600.0
 DOOMED_QUEUE = "doomed"
@@ -150,6 +150,7 @@ def test_failovers_to_replicas_with_other_clocks_rerun_no_healthy_step_and_lose_
                 app,
                 lambda a=attempt, o=old: (  # type: ignore[misc]
                     not cluster.client(o).exists(HEARTBEAT_GRACE_KEY)
+                    and time.time() - started(log, healthy)[1] > TTL_S + 1
                     and time.time() - started(log, doomed)[a] > TTL_S + 1
                 ),
                 30,

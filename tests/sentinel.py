@@ -231,10 +231,16 @@ class SentinelCluster:
     def demote_now(self, port: int) -> None:
         """What the Sentinels do to a failed-over primary that is still up, without waiting for
         their next look at it (up to 10 s, during which it still takes its clients' writes): it
-        follows the new primary, and its clients are disconnected, to ask the Sentinels again."""
-        old = self.client(port)
-        old.replicaof(self.address, self.primary())
-        old.client_kill_filter(_type="normal")
+        follows the new primary, and its clients are disconnected, to ask the Sentinels again.
+
+        In one transaction, as the Sentinels send it: a client blocked in ``BRPOP`` (a Celery
+        worker) then sees its connection closed. Sent apart, it first reads ``UNBLOCKED … (master
+        -> replica?)``, an error kombu does not take for a connection's, and the worker exits."""
+        new_primary = self.primary()
+        demote = self.client(port).pipeline(transaction=True)
+        demote.replicaof(self.address, new_primary)
+        demote.client_kill_filter(_type="normal")
+        demote.execute()
 
     def close(self) -> None:
         for proc in [*self.sentinels.values(), *self.servers.values()]:

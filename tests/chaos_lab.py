@@ -16,6 +16,14 @@ server), and the lab's own kinds (:data:`tests.chaos.LAB_KINDS`):
   measured recovery counts from there. The next fault waits until the old primary is a healthy
   replica again (a failover needs one).
 
+  The replica's host clock is off the primary's by :func:`replica_clock_shift_s` (20 or 60 s,
+  ahead or behind, drawn by the plan's seed; :mod:`tests.sentinel` preloads tests/clock_shift.c
+  into it, and each server keeps its clock when started again). Each failover thus moves Redis's
+  clock, the reference, by the shift, and back at the next: keys expire by the new primary's
+  clock (a heartbeat at once, ahead), and every process reads the jump. The primary-change grace
+  (:mod:`celeryapp.recovery.heartbeat_trust`) and the reference-clock correction
+  (:mod:`celeryapp.domain.clock_correction`) are what keep the windows below.
+
 Windows (:mod:`tests.chaos_invariants`) and why, with the cluster's heartbeat TTL of 3 s and
 recovery every second:
 
@@ -40,6 +48,7 @@ recovery every second:
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +57,15 @@ from tests import processes
 from tests.chaos import LAB_KINDS, PARTITION_KINDS, Applied, Cluster, Fault
 from tests.lab import Host, Lab
 from tests.sentinel import SentinelCluster
+
+#: How far the replica's clock may be off the primary's (seconds; negative: behind). 20 s is
+#: shorter than beat's 30 s lock, 60 s longer: ahead, the lock expires at once on the new primary.
+REPLICA_SHIFTS_S = (-60, -20, 20, 60)
+
+
+def replica_clock_shift_s(seed: int) -> int:
+    """The replica's clock shift for the plan of ``seed``: the same seed, the same shift."""
+    return random.Random(f"replica-clock:{seed}").choice(REPLICA_SHIFTS_S)
 
 
 @dataclass

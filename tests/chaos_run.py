@@ -4,7 +4,8 @@ knobs, its load, playing the plan, settling, checking, and the report.
 Knobs (environment):
 
 - ``CHORDBEAT_CHAOS_SEED``: replay a plan (the seed is printed; plan ``i`` uses seed + i).
-- ``CHORDBEAT_CHAOS_SECONDS`` (default 60) seconds of load and faults per plan;
+- ``CHORDBEAT_CHAOS_SECONDS`` (default 60; a test may default shorter, :func:`plan_seconds`)
+  seconds of load and faults per plan;
   ``CHORDBEAT_CHAOS_PLANS`` (default 1) plans per test; ``CHORDBEAT_CHAOS_LONG=1`` means
   300 s, 3 plans and every kind the test can inject.
 - ``CHORDBEAT_CHAOS_FAULTS`` / ``CHORDBEAT_CHAOS_EXCLUDE``: comma-separated fault kinds to draw
@@ -37,6 +38,14 @@ SECONDS = float(os.environ.get("CHORDBEAT_CHAOS_SECONDS") or (300 if LONG else 6
 PLANS = int(os.environ.get("CHORDBEAT_CHAOS_PLANS") or (3 if LONG else 1))
 SETTLE_S = float(os.environ.get("CHORDBEAT_CHAOS_SETTLE") or 90)
 EXECUTION_BOUND_S = float(os.environ.get("CHORDBEAT_CHAOS_BOUND") or 120)
+
+
+def plan_seconds(short: float) -> float:
+    """Seconds of load a test's plans last: ``short`` unless a knob says (CHORDBEAT_CHAOS_SECONDS,
+    or CHORDBEAT_CHAOS_LONG=1)."""
+    return SECONDS if LONG or os.environ.get("CHORDBEAT_CHAOS_SECONDS") else short
+
+
 #: Seconds per plan beyond load and settling: servers, migrations, process start and stop.
 OVERHEAD_S = 90
 
@@ -135,22 +144,30 @@ def settle(cluster: Cluster, names: list[str]) -> float:
 
 
 def announced_plan(
-    where: str, index: int, seed: int, kinds: tuple[str, ...], workers: tuple[str, ...], first: str | None = None
+    where: str,
+    index: int,
+    seed: int,
+    kinds: tuple[str, ...],
+    workers: tuple[str, ...],
+    first: str | None = None,
+    seconds: float = SECONDS,
 ) -> list[Fault]:
-    """Plan ``index`` of a test (its seed ``seed``), printed with how to replay it."""
-    plan = make_plan(seed, SECONDS, kinds, workers, first)
+    """Plan ``index`` of a test (its seed ``seed``, ``seconds`` long), printed with how to replay it."""
+    plan = make_plan(seed, seconds, kinds, workers, first)
     print(
-        f"\n=== chaos plan {index} {where}: seed {seed}, {SECONDS:g}s; replay with "
-        f"CHORDBEAT_CHAOS_SEED={seed - index} CHORDBEAT_CHAOS_SECONDS={SECONDS:g} "
+        f"\n=== chaos plan {index} {where}: seed {seed}, {seconds:g}s; replay with "
+        f"CHORDBEAT_CHAOS_SEED={seed - index} CHORDBEAT_CHAOS_SECONDS={seconds:g} "
         f"CHORDBEAT_CHAOS_FAULTS={','.join(kinds)}\n{plan_text(plan)}",
         flush=True,
     )
     return plan
 
 
-def play_and_check(cluster: Cluster, plan: list[Fault], log: Path, seed: int) -> dict[str, Any]:
-    """Start ``cluster``, apply the load, play ``plan``, settle, and check the invariants: the
-    plan's result for the report (its ``violations`` empty when every invariant held)."""
+def play_and_check(
+    cluster: Cluster, plan: list[Fault], log: Path, seed: int, seconds: float = SECONDS
+) -> dict[str, Any]:
+    """Start ``cluster``, apply the load (``seconds`` long), play ``plan``, settle, and check the
+    invariants: the plan's result for the report (its ``violations`` empty when every invariant held)."""
     definitions = schedules(log, seed)
     try:
         with running(cluster):
@@ -167,7 +184,7 @@ def play_and_check(cluster: Cluster, plan: list[Fault], log: Path, seed: int) ->
                 client.close()
             started = time.time()
             cluster.play(plan, started)
-            if (left := started + SECONDS - time.time()) > 0:
+            if (left := started + seconds - time.time()) > 0:
                 time.sleep(left)  # the rest of the load after the last fault
             firing_end = time.time()
             settled = settle(cluster, [d["name"] for d in definitions])
@@ -187,6 +204,7 @@ def play_and_check(cluster: Cluster, plan: list[Fault], log: Path, seed: int) ->
     violations, slot_stats = check_all(ctx)
     return {
         "seed": seed,
+        "seconds": seconds,
         "faults": [a.as_json() for a in cluster.applied],
         "deaths": {str(pid): at for pid, at in cluster.deaths.items()},
         "exits": [{"name": x.name, "pid": x.pid, "code": x.code, "at": x.at} for x in cluster.exits],
@@ -223,7 +241,7 @@ def report(title: str, seed: int, results: list[dict[str, Any]], path: Path) -> 
     data = {
         "seed": seed,
         "plans": len(results),
-        "seconds": SECONDS,
+        "seconds": results[0]["seconds"] if results else SECONDS,
         "faults_injected": sum(r["fault_count"] for r in results),
         "faults_by_kind": {kind: len(times) for kind, times in recovery.items()},
         "first_step_s_by_kind": first_step_s,

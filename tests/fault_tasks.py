@@ -40,12 +40,13 @@ def read_log(log: str) -> list[dict[str, Any]]:
 
 
 @app.task(name="faults.tick")
-def tick(log: str, seconds: float, unwind_s: float = 0.0) -> str:
-    """Logs a tick every 0.1 s for ``seconds``; when interrupted, takes ``unwind_s`` to clean up."""
+def tick(log: str, seconds: float, unwind_s: float = 0.0, until: str = "") -> str:
+    """Logs a tick every 0.1 s for ``seconds``, or until the file ``until`` exists; when
+    interrupted, takes ``unwind_s`` to clean up."""
     record(log, "start")
     try:
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (until and os.path.exists(until)):
             record(log, "tick")
             time.sleep(0.1)
     except BaseException:

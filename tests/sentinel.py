@@ -7,6 +7,10 @@ may take :data:`FAILOVER_TIMEOUT_MS`.
 
 Given ``replica_clock_shift_s``, the replica's clock is that many seconds off the primary's
 (tests/clock_shift.c preloaded): a replica on another host, whose clock a failover makes Redis's.
+A server keeps its clock when it is started again (:meth:`SentinelCluster.revive`): failing over
+and back moves Redis's clock by the shift and back. Given ``steppable_clocks``, every server reads
+its shift from a file, and :meth:`SentinelCluster.shift_clock` moves a server's clock while it runs
+(a replica's, before failing over to it).
 
 Given an ``address`` (the multi-host lab's bridge, :mod:`tests.lab`), every server and Sentinel
 also listens there, and the Sentinels know the servers (and each other) by it: the addresses they
@@ -23,6 +27,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import redis
@@ -47,15 +52,24 @@ def _binary(name: str) -> str:
 
 
 class SentinelCluster:
-    def __init__(self, master: str = MASTER, address: str = "127.0.0.1", replica_clock_shift_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        master: str = MASTER,
+        address: str = "127.0.0.1",
+        replica_clock_shift_s: float = 0.0,
+        steppable_clocks: bool = False,
+    ) -> None:
         self.master = master
         self.replica_clock_shift_s = replica_clock_shift_s
+        self.steppable_clocks = steppable_clocks
         #: Where the servers and Sentinels are known (besides 127.0.0.1, where the test reaches them).
         self.address = address
         self.dir = Path(tempfile.mkdtemp(prefix="chordbeat-sentinel-"))
         #: Redis servers by port (the primary first, then the replica).
         self.servers: dict[int, subprocess.Popen[bytes]] = {}
         self.sentinels: dict[int, subprocess.Popen[bytes]] = {}
+        #: Each server's clock shift by port (its host's clock): kept across a restart.
+        self.clock_shifts: dict[int, float] = {}
 
     @property
     def url(self) -> str:
@@ -82,6 +96,7 @@ class SentinelCluster:
 
     def _server(self, replica_of: int | None = None, port: int | None = None, clock_shift_s: float = 0.0) -> int:
         port = port or free_port()
+        self.clock_shifts[port] = clock_shift_s
         home = self.dir / f"redis-{port}"
         home.mkdir(exist_ok=True)
         argv = [_binary("redis-server"), "--port", str(port), "--bind", *self._binds(), "--dir", str(home)]
@@ -90,8 +105,12 @@ class SentinelCluster:
         if replica_of is not None:
             argv += ["--replicaof", self.address, str(replica_of)]
         env = None
-        if clock_shift_s:
-            shift = {"LD_PRELOAD": str(clock_shift_library()), "CHORDBEAT_CLOCK_SHIFT_S": f"{clock_shift_s:+g}"}
+        if clock_shift_s or self.steppable_clocks:
+            self._clock_file(port).write_text(f"{clock_shift_s:+g}")
+            shift = {
+                "LD_PRELOAD": str(clock_shift_library()),
+                "CHORDBEAT_CLOCK_SHIFT_FILE": str(self._clock_file(port)),
+            }
             env = {**os.environ, **shift}
         self.servers[port] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, env=env)
         wait_for(self.client(port).ping, 10, what=f"redis-server on {port} to answer")
@@ -112,6 +131,23 @@ class SentinelCluster:
         self.sentinels[port] = subprocess.Popen([_binary("redis-sentinel"), str(config)], stdout=subprocess.DEVNULL)
         wait_for(self.client(port).ping, 10, what=f"redis-sentinel on {port} to answer")
         return port
+
+    def _clock_file(self, port: int) -> Path:
+        return self.dir / f"redis-{port}" / "clock-shift"
+
+    def shift_clock(self, port: int, shift_s: float) -> None:
+        """Step the clock of the server on ``port`` to ``shift_s`` seconds off this host's (it was
+        started with ``steppable_clocks``, or shifted), and wait until its ``TIME`` says so."""
+        partial = self._clock_file(port).with_suffix(".tmp")
+        partial.write_text(f"{shift_s:+g}")
+        partial.replace(self._clock_file(port))
+        self.clock_shifts[port] = shift_s
+
+        def shifted() -> bool:
+            seconds, micros = self.client(port).time()
+            return abs(seconds + micros / 1e6 - time.time() - shift_s) < 0.5
+
+        wait_for(shifted, 5, interval=0.05, what=f"the clock of {port} to read {shift_s:+g}s")
 
     def _binds(self) -> list[str]:
         return sorted({"127.0.0.1", self.address})
@@ -152,7 +188,7 @@ class SentinelCluster:
         """Start the server on ``port`` again, as a replica of the current primary, and wait until
         every Sentinel counts it as a healthy replica (one a failover may promote)."""
         primary = self.primary()
-        self._server(replica_of=primary, port=port)
+        self._server(replica_of=primary, port=port, clock_shift_s=self.clock_shifts.get(port, 0.0))
         self.wait_healthy_replica(port)
 
     def wait_healthy_replica(self, port: int) -> None:
@@ -195,10 +231,16 @@ class SentinelCluster:
     def demote_now(self, port: int) -> None:
         """What the Sentinels do to a failed-over primary that is still up, without waiting for
         their next look at it (up to 10 s, during which it still takes its clients' writes): it
-        follows the new primary, and its clients are disconnected, to ask the Sentinels again."""
-        old = self.client(port)
-        old.replicaof(self.address, self.primary())
-        old.client_kill_filter(_type="normal")
+        follows the new primary, and its clients are disconnected, to ask the Sentinels again.
+
+        In one transaction, as the Sentinels send it: a client blocked in ``BRPOP`` (a Celery
+        worker) then sees its connection closed. Sent apart, it first reads ``UNBLOCKED … (master
+        -> replica?)``, an error kombu does not take for a connection's, and the worker exits."""
+        new_primary = self.primary()
+        demote = self.client(port).pipeline(transaction=True)
+        demote.replicaof(self.address, new_primary)
+        demote.client_kill_filter(_type="normal")
+        demote.execute()
 
     def close(self) -> None:
         for proc in [*self.sentinels.values(), *self.servers.values()]:

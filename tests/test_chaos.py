@@ -11,7 +11,7 @@ end of its body. Faults are described in :mod:`tests.chaos`, the invariants in
 Knobs (environment): :mod:`tests.chaos_run`; the long plan adds ``db_outage_long``.
 
 A third plan runs on PostgreSQL through PgBouncer in transaction pooling (:data:`PGBOUNCER_PLAN_KINDS`,
-its first fault a PgBouncer restart).
+its first fault a PgBouncer restart), :data:`PGBOUNCER_SECONDS` long unless a knob says.
 
 ``pytest -s`` shows the plan, the measurements and the violations; they are also written to
 ``chaos-report.json`` in the test's temporary directory.
@@ -39,6 +39,7 @@ from tests.chaos_run import (
     announced_plan,
     base_seed,
     fault_kinds,
+    plan_seconds,
     play_and_check,
     report,
 )
@@ -75,6 +76,9 @@ def chaos_pgbouncer(chaos_postgres: PostgresServer) -> Iterator[PgBouncer]:
 #: What a plan through PgBouncer draws from: its restarts, and the faults a database and its
 #: clients meet behind it (the database itself going away, workers killed or frozen, beat killed).
 PGBOUNCER_PLAN_KINDS = (*POOLER_KINDS, "db_outage", "worker_kill", "worker_stop", "beat_kill")
+#: Its default load: a third shorter than the other plans', still four or five faults after the
+#: first restart (what it adds to the suite is the path through the pooler, not the length).
+PGBOUNCER_SECONDS = plan_seconds(40)
 
 
 def new_database(kind: str, tmp: Path, request: pytest.FixtureRequest) -> Database:
@@ -98,7 +102,8 @@ def run_plan(kind: str, index: int, seed: int, kinds: tuple[str, ...], root: Pat
     tmp.mkdir()
     workers = ("w1", "w2")
     first = POOLER_KINDS[0] if kind == "pgbouncer" else None
-    plan = announced_plan(f"on {kind}", index, seed, kinds, workers, first)
+    seconds = PGBOUNCER_SECONDS if kind == "pgbouncer" else SECONDS
+    plan = announced_plan(f"on {kind}", index, seed, kinds, workers, first, seconds)
     redis = RedisServer(persistent=True)
     redis.start()
     database = new_database(kind, tmp, request)
@@ -114,7 +119,7 @@ def run_plan(kind: str, index: int, seed: int, kinds: tuple[str, ...], root: Pat
     )
     cluster = Cluster(settings, tmp, redis, database, worker_names=workers)
     try:
-        result = play_and_check(cluster, plan, tmp / "steps.jsonl", seed)
+        result = play_and_check(cluster, plan, tmp / "steps.jsonl", seed, seconds)
     finally:
         redis.close()
     return {"database": kind, "plan": index, **result}

@@ -2,7 +2,9 @@
 :mod:`tests.chaos_invariants`) with each worker and beat in a host of its own (a network
 namespace of :mod:`tests.lab`), Redis a Sentinel group (primary, replica, three Sentinels on the
 lab's bridge) and PostgreSQL on the bridge; the plan adds partitions (both ways, one way) and
-Sentinel failovers (:mod:`tests.chaos_lab`) to the worker, beat, database and clock faults.
+Sentinel failovers (:mod:`tests.chaos_lab`) to the worker, beat, database and clock faults. The
+replica runs on a clock 20 or 60 s ahead or behind (drawn by the seed, printed with the plan), so
+each failover also makes Redis's clock, the reference, jump.
 
 PostgreSQL only: processes on several hosts share a server database (SQLite is a file on one
 host). The short plan (60 s, one plan) includes ``db_outage_long``; ``CHORDBEAT_CHAOS_LONG=1``
@@ -21,7 +23,7 @@ import pytest
 
 from celeryapp.config import Settings
 from tests.chaos import BEAT_KINDS, CLOCK_KINDS, DB_KINDS, LAB_KINDS, WORKER_KINDS, Database
-from tests.chaos_lab import LabCluster
+from tests.chaos_lab import LabCluster, replica_clock_shift_s
 from tests.chaos_run import (
     OVERHEAD_S,
     PLANS,
@@ -49,10 +51,12 @@ def run_plan(servers: LabServers, index: int, seed: int, kinds: tuple[str, ...],
     tmp.mkdir()
     workers = ("w1", "w2")
     plan = announced_plan("across hosts", index, seed, kinds, workers)
+    shift_s = replica_clock_shift_s(seed)
+    print(f"  the Redis replica's clock: {shift_s:+d}s (each failover moves Redis's clock by it, and back)")
     name = f"chaos_hosts_{os.getpid()}_{index}"
     servers.postgres.create_database(name, template=TEMPLATE_DB)
     database = Database(servers.database_url(name), postgres=servers.postgres)
-    sentinels = SentinelCluster(address=servers.lab.server_address)
+    sentinels = SentinelCluster(address=servers.lab.server_address, replica_clock_shift_s=shift_s)
     sentinels.start()
     try:
         settings = Settings(
@@ -71,7 +75,7 @@ def run_plan(servers: LabServers, index: int, seed: int, kinds: tuple[str, ...],
     finally:
         servers.lab.remove_hosts()
         sentinels.close()
-    return {"database": "postgresql", "plan": index, **result}
+    return {"database": "postgresql", "plan": index, "replica_clock_shift_s": shift_s, **result}
 
 
 @pytest.mark.timeout(PLANS * (SECONDS + SETTLE_S + OVERHEAD_S) + 60)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ HELD = "held"
 #: Ids a PostgreSQL sequence logs ahead of the one it hands out (SEQ_LOG_VALS): a standby knows
 #: them as used, and hands out again only ids drawn past them.
 SEQUENCE_LOG_AHEAD = 32
+#: How long the step claimed on the lost timeline runs.
+CLAIMED_STEP_S = 3
 
 
 @pytest.fixture
@@ -137,8 +140,11 @@ def test_a_failover_to_a_synchronous_standby_loses_nothing(
         across = service.trigger_schedule(app, "across")["execution_id"]
         _started(log, "across")
         replicated.fail_over()
+        promoted = time.time()
         assert _bodies(log, "across")[0]["end"] is None  # the step runs across the failover
         assert _ended(app, across) == "completed"
+        ended = _bodies(log, "across")[0]["end"] - promoted
+        print(f"\nsynchronous: the step across the promotion ended {ended:.2f}s after it")
         report = recovery.recover(app)
         assert not report.repairs_paused
     assert [b["attempt"] for b in _bodies(log, "across")] == [1]
@@ -172,7 +178,9 @@ def test_a_failover_to_an_asynchronous_standby_reuses_no_state_and_runs_nothing_
     for name, seconds in (("cancelled", 30), ("done", 0.1), ("fresh", 1)):
         _schedule(app, name, log, seconds)
     # Its step waits in a queue no worker takes until replication is cut: claimed on the lost timeline.
-    _schedule(app, "claimed", log, 15, queue=HELD)
+    # Its first body is stopped within a recovery interval by its attempt's check (the database no
+    # longer holds its claim), its second runs whole: short, so that the test does not wait for it.
+    _schedule(app, "claimed", log, CLAIMED_STEP_S, queue=HELD)
     assert replicated.sync_state() == "async"
     with processes.worker(settings, tmp_path, "w1", concurrency=4):
         claimed = service.trigger_schedule(app, "claimed")["execution_id"]
@@ -189,6 +197,7 @@ def test_a_failover_to_an_asynchronous_standby_reuses_no_state_and_runs_nothing_
         with processes.step_worker(settings, tmp_path, "w2", queues=HELD):
             _started(log, "claimed")
             replicated.fail_over()
+            promoted = time.time()
             # Before any recovery pass: the promoted standby hands the lost runs' ids out again.
             fresh = service.trigger_schedule(app, "fresh")["execution_id"]
             assert fresh == cancelled
@@ -211,6 +220,10 @@ def test_a_failover_to_an_asynchronous_standby_reuses_no_state_and_runs_nothing_
     bodies = _bodies(log, "claimed")
     assert [b["attempt"] for b in bodies] == [1, 1]
     _never_beside_itself(bodies)
+    print(
+        f"\nasynchronous: first body {_bodies(log, 'fresh')[0]['start'] - promoted:.2f}s after the promotion; "
+        f"the lost claim's step ran again {bodies[1]['start'] - bodies[0]['end']:.2f}s after its first body ended"
+    )
 
 
 def _recovered(app: ChordbeatCelery, execution_id: int) -> bool:

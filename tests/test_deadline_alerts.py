@@ -26,6 +26,8 @@ from models.tables import SLOT_RECORDS
 from tests import processes
 from tests.helpers import call, finished, recorded_statements, step, wait_for
 
+pytestmark = pytest.mark.both_databases
+
 
 def configure(settings: Settings, name: str, deadlines: dict[str, Any], on: list[str]) -> None:
     """What a definition's ``deadlines`` and ``alerts`` objects store (their validation is

@@ -32,6 +32,8 @@ from tests.fault_tasks import read_log
 from tests.helpers import call, db_execution, finished, start_and_hold, step, wait_for
 from tests.servers import PostgresServer
 
+pytestmark = pytest.mark.both_databases
+
 
 def tick(log: Path, seconds: float, **extra: Any) -> dict[str, Any]:
     unwind = extra.pop("unwind_s", 0.0)

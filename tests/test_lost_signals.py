@@ -37,7 +37,7 @@ from tests.fault_tasks import read_log
 from tests.helpers import step, wait_for
 from tests.servers import RedisServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
 
 #: The worker's recovery interval, which is how often a long step asks the database.
 INTERVAL_S = 2.0

@@ -14,7 +14,7 @@ from celeryapp.config import Settings
 from tests import processes
 from tests.helpers import call, execution, finished, running, step, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
 
 #: What the second worker logs when its node name is another live worker's.
 DUPLICATE = "is also the name of another live worker"

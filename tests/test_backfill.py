@@ -224,6 +224,7 @@ def _regular_runs(app: ChordbeatCelery) -> int:
         )
 
 
+@pytest.mark.timeout(120)
 def test_a_backfill_goes_on_after_its_worker_is_killed_mid_run(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:

@@ -44,7 +44,7 @@ from tests.chaos_run import (
 )
 from tests.servers import PgBouncer, PostgresServer, RedisServer
 
-pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
+pytestmark = pytest.mark.slow
 
 SEED = base_seed()
 

@@ -90,6 +90,7 @@ def recovering_until(app: ChordbeatCelery, condition: Any, timeout: float, what:
 @pytest.mark.slow
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize("shift_s", [20, 60, -60])
+@pytest.mark.timeout(300)
 def test_a_failover_to_a_replica_with_another_clock_reruns_no_healthy_step_and_loses_no_dead_one(
     cluster: SentinelCluster, app: ChordbeatCelery, settings: Settings, tmp_path: Path, shift_s: int
 ) -> None:

@@ -70,6 +70,7 @@ def _status(app: ChordbeatCelery, execution_id: int) -> ExecutionStatus:
         return session.get_one(ScheduleExecution, execution_id).status
 
 
+@pytest.mark.timeout(120)
 def test_a_cancel_whose_flag_write_failed_still_stops_its_step(
     app: ChordbeatCelery, settings: Settings, tmp_path: Path, redis_server: RedisServer
 ) -> None:

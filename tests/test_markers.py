@@ -149,6 +149,12 @@ def test_plain_pytest_leaves_the_slow_tests_out_and_make_test_runs_everything() 
     assert fast is not None and '-m "not slow"' in fast.group(1)
 
 
+def test_a_test_gets_30_seconds_unless_it_says_it_needs_longer(request: pytest.FixtureRequest) -> None:
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert ini["timeout"] == 30 and request.config.getini("timeout") == "30"
+    assert request.node.get_closest_marker("timeout") is None
+
+
 def _databases(request: pytest.FixtureRequest, name: str) -> list[str]:
     """The databases test ``name`` of this module runs on, as collected afresh."""
     module = request.node.getparent(pytest.Module)

@@ -39,6 +39,7 @@ OUTAGE_S = float(os.environ.get("CHORDBEAT_TEST_OUTAGE_S", "6"))
     [("graceful", False), ("graceful", True), ("kill", False), ("freeze", True)],
     ids=["graceful-restart-empty", "graceful-restart-with-data", "sigkill", "frozen"],
 )
+@pytest.mark.timeout(120)
 def test_worker_and_beat_ride_out_a_redis_outage(
     app: ChordbeatCelery,
     client: Celery,

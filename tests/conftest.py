@@ -9,7 +9,6 @@ import os
 import shutil
 import sys
 import threading
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, reset_clients
 from models.migrate import upgrade
 from models.session import dispose_all
+from tests.helpers import tells_databases_apart
 from tests.servers import PgBouncer, PostgresServer, RedisServer, wait_for
 from tests.slowness import item_slow_reason, record_start, started_but_not_slow
 
@@ -123,15 +123,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                 pytrace=False,
             )
     metafunc.definition.add_marker(pytest.mark.parametrize("database_url", databases, indirect=True), append=False)
-
-
-def tells_databases_apart(code: types.CodeType) -> bool:
-    """Whether a test's code (nested functions included) names a database kind, as one that does
-    something on one only does (``if url.startswith("postgresql")``, ``dialect.name == "sqlite"``)."""
-    return any(
-        tells_databases_apart(const) if isinstance(const, types.CodeType) else const in ("postgresql", "sqlite")
-        for const in code.co_consts
-    )
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from selenium import webdriver
 from celeryapp.config import Settings
 from tests import processes
 from tests.chaos import Cluster
-from tests.conftest import tells_databases_apart
+from tests.helpers import tells_databases_apart
 from tests.lab import lab_servers
 from tests.sentinel import SentinelCluster
 from tests.servers import PostgresServer, RedisServer

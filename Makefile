@@ -32,11 +32,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Everything, slow tests included (-m "" undoes pyproject's -m 'not slow'); CI's command.
 test: $(STAMP) system-deps lint typecheck
-	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --dist loadfile -m "" $(PYTEST_ARGS)
 
-# A developer's quick loop, not CI's: leaves out the tests marked slow (subprocess workers, beat,
-# Flower, browsers, Sentinel, network namespaces, outages; tests/slowness.py finds them).
+# A developer's quick loop, not CI's, as plain `pytest` is: leaves out the tests marked slow
+# (subprocess workers, beat, Flower, browsers, Sentinel, network namespaces, outages;
+# tests/slowness.py finds them).
 test-fast: $(STAMP) system-deps
 	$(BIN)/pytest -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
 

@@ -27,6 +27,7 @@ from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, reset_clients
 from models.migrate import upgrade
 from models.session import dispose_all
+from tests.helpers import tells_databases_apart
 from tests.servers import PgBouncer, PostgresServer, RedisServer, wait_for
 from tests.slowness import item_slow_reason, record_start, started_but_not_slow
 
@@ -75,8 +76,8 @@ def pgbouncer(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
 
 
 #: Modules whose database tests also run through PgBouncer in transaction pooling (a third
-#: ``database_url``, ``pgbouncer``): the step path, firing, recovery, backfill and the dashboard's
-#: reads, chosen among the fast ones so that the suite grows by little.
+#: ``database_url``, ``pgbouncer``, besides SQLite and PostgreSQL): the step path, firing, recovery,
+#: backfill and the dashboard's reads, chosen among the fast ones so that the suite grows by little.
 PGBOUNCER_MODULES = frozenset(
     {
         "test_step_cost",
@@ -88,19 +89,40 @@ PGBOUNCER_MODULES = frozenset(
         "test_pgbouncer",
     }
 )
+#: Where a database test runs unless it says otherwise: SQLite. PostgreSQL only where behaviour
+#: can differ (claims, locks, compare-and-set, outages, SQL paths): a test or module marked
+#: ``both_databases`` runs on both, one parametrized ``database_url`` itself keeps its choice
+#: (docs/testing.md lists which modules run twice and why the others need not).
+DEFAULT_DATABASES = ("sqlite",)
+BOTH_DATABASES = ("sqlite", "postgresql")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Before pytest parametrizes: as a marker, this choice of databases replaces the fixture's."""
-    module = metafunc.module.__name__.rpartition(".")[2]
-    if "database_url" not in metafunc.fixturenames or module not in PGBOUNCER_MODULES:
+    """Before pytest parametrizes: the databases a test using ``database_url`` runs on."""
+    if "database_url" not in metafunc.fixturenames:
+        return
+    # A module that gives ``database_url`` a meaning of its own (test_query_plans' history) keeps it.
+    fixturedefs = metafunc._arg2fixturedefs.get("database_url", ())
+    if not fixturedefs or fixturedefs[-1].func.__module__ != __name__:
         return
     # A test that chooses its databases itself keeps its choice.
-    if not any("database_url" in str(m.args[0]) for m in metafunc.definition.iter_markers("parametrize")):
-        metafunc.definition.add_marker(
-            pytest.mark.parametrize("database_url", ["sqlite", "postgresql", "pgbouncer"], indirect=True)
-        )
+    if any("database_url" in str(m.args[0]) for m in metafunc.definition.iter_markers("parametrize")):
+        return
+    module = metafunc.module.__name__.rpartition(".")[2]
+    if module in PGBOUNCER_MODULES:
+        databases: tuple[str, ...] = (*BOTH_DATABASES, "pgbouncer")
+    elif metafunc.definition.get_closest_marker("both_databases") is not None:
+        databases = BOTH_DATABASES
+    else:
+        databases = DEFAULT_DATABASES
+        if tells_databases_apart(metafunc.function.__code__):
+            pytest.fail(
+                f"{metafunc.definition.nodeid} tells the databases apart but runs on SQLite only:"
+                " mark it both_databases (docs/testing.md)",
+                pytrace=False,
+            )
+    metafunc.definition.add_marker(pytest.mark.parametrize("database_url", databases, indirect=True), append=False)
 
 
 @pytest.fixture(scope="session")
@@ -111,11 +133,12 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture
 def database_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> Iterator[str]:
-    """A freshly migrated database per test, on SQLite and on PostgreSQL (and, for the modules of
-    ``PGBOUNCER_MODULES``, on PostgreSQL through PgBouncer)."""
-    if request.param == "sqlite":
+    """A freshly migrated database per test: SQLite, PostgreSQL or PostgreSQL through PgBouncer,
+    as ``pytest_generate_tests`` chose (SQLite when asked for by name, ``getfixturevalue``)."""
+    kind = getattr(request, "param", "sqlite")
+    if kind == "sqlite":
         path = tmp_path / "chordbeat.db"
         shutil.copy(sqlite_template, path)
         yield f"sqlite:///{path}"
@@ -126,7 +149,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template
         with engine.connect() as conn:
             conn.execute(text(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}"))
         engine.dispose()
-        yield request.getfixturevalue("pgbouncer").url(name) if request.param == "pgbouncer" else server.url(name)
+        yield request.getfixturevalue("pgbouncer").url(name) if kind == "pgbouncer" else server.url(name)
     dispose_all()
 
 
@@ -209,11 +232,18 @@ def client(settings: Settings) -> Iterator[Celery]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark slow what starts workers, beat, browsers, outages... (tests/slowness.py), before
-    ``-m "not slow"`` (make test-fast) deselects."""
+    ``-m "not slow"`` (plain pytest, make test-fast) deselects."""
     for item in items:
         reason = item_slow_reason(item)
         if reason is not None:
             item.add_marker(pytest.mark.slow(found=reason))
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """Say that the slow tests are left out when plain `pytest` (pyproject's -m) leaves them."""
+    if config.getoption("markexpr") == "not slow":
+        return 'slow tests left out (workers, beat, browsers, outages, the lab): -m "" runs them, as make test does'
+    return None
 
 
 sys.addaudithook(record_start)
@@ -227,7 +257,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """A test not marked slow that started a worker, beat, a browser... is a gap in the finding:
-    it fails here rather than slip into `make test-fast` unnoticed."""
+    it fails here rather than slip into the quick loop (plain pytest) unnoticed."""
     started = started_but_not_slow(item)
     if started:
         pytest.fail(f"{item.nodeid} started {started} but is not marked slow (see tests/slowness.py)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import types
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -228,3 +229,12 @@ def recorded_statements(
         yield statements
     finally:
         event.remove(engine, "before_cursor_execute", record)
+
+
+def tells_databases_apart(code: types.CodeType) -> bool:
+    """Whether a test's code (nested functions included) names a database kind, as one that does
+    something on one only does (``if url.startswith("postgresql")``, ``dialect.name == "sqlite"``)."""
+    return any(
+        tells_databases_apart(const) if isinstance(const, types.CodeType) else const in ("postgresql", "sqlite")
+        for const in code.co_consts
+    )

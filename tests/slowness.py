@@ -1,12 +1,14 @@
 """Which tests are slow, found from what they start, so that no hand-kept list can rot.
 
-`make test-fast` (pytest -m "not slow") leaves out every test that starts long-running processes
-of its own: subprocess workers, beat, Flower (tests.processes), Sentinel groups, browsers, network
-namespaces, a PostgreSQL of its own (initdb takes seconds), outages of Redis or PostgreSQL. A test
-is slow when its body, or a fixture it uses (directly or through other fixtures), reaches one of
-these through the functions and classes of tests/ it names; tests slow for other reasons
-(bench-like sizes) keep a `@pytest.mark.slow` by hand. tests/conftest.py marks and checks with
-these; tests/test_markers.py guards them.
+Plain `pytest` and `make test-fast` (-m "not slow") leave out every test that starts
+long-running processes of its own: subprocess workers, beat, Flower (tests.processes), Sentinel
+groups, browsers, network namespaces, a PostgreSQL of its own (initdb takes seconds), outages of
+Redis or PostgreSQL. A test is slow when its body, or a fixture it uses (directly or through
+other fixtures), reaches one of these through the functions and classes of tests/ it names;
+tests slow for other reasons (bench-like sizes) keep a `@pytest.mark.slow` by hand.
+tests/conftest.py marks and checks with these; tests/test_markers.py guards them. The finding
+reads code only (names in bytecode, followed in sorted order), so it marks the same tests on
+every run and every machine (docs/testing.md).
 """
 
 from __future__ import annotations

@@ -266,6 +266,7 @@ def test_without_a_channels_file_nothing_is_sent_or_counted_as_an_attempt(
     assert (state.status, state.attempts, state.last_error) == (DeliveryStatus.PENDING, 0, None)
 
 
+@pytest.mark.both_databases  # two senders' claims race: a compare-and-set
 def test_a_claim_is_taken_once_and_a_dead_senders_claim_lapses(
     settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]
 ) -> None:

@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from celery import Celery
 from sqlalchemy import select, update
 
@@ -17,6 +18,8 @@ from celeryapp.monitoring.alert_outbox import alert_key, raise_alert
 from models import Alert, AlertDelivery, AlertKind, AlertSilence, MetricCount, Schedule, transaction, utcnow
 from tests import processes
 from tests.helpers import call, finished, running, step, wait_for
+
+pytestmark = pytest.mark.both_databases
 
 CHANNELS = ["ops-webhook", "ops-mail"]
 

@@ -118,6 +118,7 @@ def test_alerts_are_sent_while_redis_cannot_be_asked_for_the_lease(
     assert got.json()["id"] == key and deliveries(settings, key)["hook"].status is DeliveryStatus.DELIVERED
 
 
+@pytest.mark.timeout(120)
 def test_a_killed_senders_successor_delivers_and_a_step_worker_never_sends(
     settings: Settings, tmp_path: Path, wired: tuple[HttpReceiver, SmtpReceiver]
 ) -> None:

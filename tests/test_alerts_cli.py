@@ -126,6 +126,7 @@ def as_json(settings: Settings, *args: str) -> str:
     return subprocess.run([CHORDBEAT, *args], env=env, capture_output=True, text=True, check=True).stdout
 
 
+@pytest.mark.timeout(120)
 def test_silence_asks_first_then_holds_the_schedule_s_alerts_until_unsilenced(
     raised: dict[str, str], client: Celery, settings: Settings
 ) -> None:
@@ -242,6 +243,7 @@ def test_a_predicted_late_alert_says_when_the_run_is_expected_to_finish(
     assert re.search(r"IST here,\s+in (1 h\s+59\s+min|2 h)", text), text
 
 
+@pytest.mark.timeout(120)
 def test_show_says_a_schedule_s_deadlines_alerts_silence_and_open_alerts(
     raised: dict[str, str], client: Celery, settings: Settings
 ) -> None:

@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 from celery import Celery
 from sqlalchemy import func, select, update
 
@@ -27,6 +28,8 @@ from models import ExecutionStatus, Schedule, ScheduleExecution, Trigger, transa
 from tests import processes
 from tests.fault_tasks import read_log
 from tests.helpers import call, wait_for
+
+pytestmark = pytest.mark.both_databases
 
 HOUR = timedelta(hours=1)
 SEEN = "tests:backfill:seen"
@@ -221,6 +224,7 @@ def _regular_runs(app: ChordbeatCelery) -> int:
         )
 
 
+@pytest.mark.timeout(120)
 def test_a_backfill_goes_on_after_its_worker_is_killed_mid_run(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:

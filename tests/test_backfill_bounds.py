@@ -28,6 +28,8 @@ from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_back
 from models import Backfill, BackfillOrigin, BackfillStatus, Schedule, ScheduleStatus, transaction
 from tests.helpers import step, wait_for
 
+pytestmark = pytest.mark.both_databases
+
 NOW = datetime.now(UTC).replace(second=0, microsecond=0)
 
 

@@ -23,7 +23,7 @@ from tests.chromium import chromium, confirm, log_in, no_iso, page_text
 from tests.servers import wait_for
 from tests.web_server import ADMIN, WebServer
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from models import BackfillOrigin, Schedule, transaction, utcnow
 from tests.servers import wait_for
 from tests.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
 
-pytestmark = pytest.mark.postgres
+pytestmark = pytest.mark.both_databases
 LONDON = ZoneInfo("Europe/London")
 
 

@@ -35,6 +35,8 @@ from models import Activity, Schedule, ScheduleExecution, ScheduleStep, SlotReco
 from tests.helpers import call, finished, set_field
 from tests.servers import wait_for
 
+pytestmark = pytest.mark.both_databases
+
 SLEEP = "chordbeat.examples.sleep"
 DAY = 24 * 3600
 TABLES = (Schedule, ScheduleStep, ScheduleExecution, WorkerTask, Activity, SlotRecord)

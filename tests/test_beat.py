@@ -132,6 +132,7 @@ def test_a_redelivered_fire_message_makes_one_execution(app: ChordbeatCelery, wo
     assert len(executions(app)) == 1
 
 
+@pytest.mark.timeout(120)
 def test_two_beats_fire_each_slot_once_and_a_killed_holder_is_replaced(
     app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
@@ -282,6 +283,7 @@ def test_a_retry_due_while_beat_entries_were_lost_still_runs(
     assert stored_schedule(app, "wiped").retry_at is None
 
 
+@pytest.mark.timeout(120)
 def test_a_retry_that_met_a_manual_run_runs_once_when_it_ends_and_the_cadence_resumes(
     app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
@@ -331,6 +333,7 @@ def passed_slot(app: ChordbeatCelery, name: str) -> datetime | None:
     return aware(ScheduleEntry.decode_meta(meta)["last_run_at"]) if meta else None
 
 
+@pytest.mark.timeout(120)
 def test_after_a_worker_outage_a_schedule_runs_once_then_keeps_its_cadence(
     app: ChordbeatCelery, settings: Settings, tmp_path: Path
 ) -> None:

@@ -37,6 +37,8 @@ from tests.helpers import call, finished
 from tests.terminals import in_pty, plain_lines
 from tests.web_server import VIEWER, WebServer, text_of
 
+pytestmark = pytest.mark.both_databases
+
 LONDON = ZoneInfo("Europe/London")
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 INLINE = "excluded by the schedule's calendar.exclude"

@@ -21,7 +21,7 @@ from tests.chromium import chromium, log_in
 from tests.helpers import wait_for
 from tests.web_server import ADMIN, WebServer
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

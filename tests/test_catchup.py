@@ -1,4 +1,4 @@
-"""Catch-up policies at work, with a real worker and beat on SQLite and PostgreSQL: beat frozen
+"""Catch-up policies at work, with a real worker and beat (on SQLite, docs/testing.md): beat frozen
 (SIGSTOP) across four slots of fast schedules, then thawed 2 s past the fourth. ``latest`` runs
 that slot and records the three before it missed; ``none`` runs nothing late (the thawed slot is
 past the missed grace, 1 s here) and records it too; ``all`` with ``max_runs: 2`` runs it and
@@ -51,6 +51,7 @@ def first_fired(client: Celery, name: str) -> datetime | None:
     return fired[0] if fired else None
 
 
+@pytest.mark.timeout(120)
 def test_latest_runs_the_slot_fired_after_beat_froze_none_nothing_late_and_all_the_newest_missed(
     app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:

@@ -174,6 +174,7 @@ def test_recovery_messages_reach_a_worker_whose_clock_is_ahead(
     assert "Discarding revoked task: chordbeat.recover" not in control.output()
 
 
+@pytest.mark.timeout(120)
 def test_hosts_whose_clocks_disagree_record_a_consistent_timeline_and_keep_deadlines(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
@@ -230,6 +231,7 @@ def test_a_host_whose_clock_is_off_is_warned_about_shown_and_measured(
         assert any(39 < offset < 41 for offset in offsets.values()), offsets
 
 
+@pytest.mark.timeout(120)
 def test_a_dead_worker_whose_clock_was_ahead_has_its_step_recovered_without_waiting_out_the_skew(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
@@ -279,6 +281,7 @@ def test_a_reading_due_is_taken_without_making_the_caller_wait() -> None:
     release.set()
 
 
+@pytest.mark.timeout(120)
 def test_the_broker_notes_when_a_worker_whose_clock_is_ahead_took_a_message_by_the_reference(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:

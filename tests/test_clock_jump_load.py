@@ -137,6 +137,7 @@ def troubles(app: ChordbeatCelery, output: str) -> list[object]:
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+@pytest.mark.timeout(300)
 def test_a_deployment_keeps_time_while_redis_clock_jumps_either_way(
     app: ChordbeatCelery, settings: Settings, tmp_path: Path, redis_server: JumpingRedis
 ) -> None:

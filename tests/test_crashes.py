@@ -17,7 +17,7 @@ from tests import processes
 from tests.helpers import call, db_execution, execution, finished, running, step, ts, wait_for
 from tests.servers import RedisServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
 
 
 def test_sigkilled_worker_mid_step_is_requeued_and_the_run_completes(

@@ -15,7 +15,7 @@ from tests.chromium import chromium, log_in, page_text, row_of
 from tests.servers import wait_for
 from tests.web_server import VIEWER, WebServer
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

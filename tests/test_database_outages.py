@@ -23,7 +23,7 @@ from tests.fault_tasks import read_log
 from tests.helpers import call, db_execution, start_and_hold, ts, wait_for
 from tests.servers import PostgresServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
 
 #: The outage: longer than the old runner's patience (about 1.2 s) and than the heartbeat's TTL
 #: (3 s here); ``CHORDBEAT_TEST_DB_OUTAGE_S=60`` checks the longest routine failover.

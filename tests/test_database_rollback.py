@@ -39,6 +39,8 @@ from models import (
 )
 from tests.helpers import finished, running, step, token_of_task, wait_for
 
+pytestmark = pytest.mark.both_databases
+
 
 def _one_step_run(app: ChordbeatCelery, name: str) -> tuple[int, int]:
     """A run recorded in the database whose message was never sent (a crash after commit)."""

@@ -26,6 +26,8 @@ from models.tables import SLOT_RECORDS
 from tests import processes
 from tests.helpers import call, finished, recorded_statements, step, wait_for
 
+pytestmark = pytest.mark.both_databases
+
 
 def configure(settings: Settings, name: str, deadlines: dict[str, Any], on: list[str]) -> None:
     """What a definition's ``deadlines`` and ``alerts`` objects store (their validation is
@@ -77,6 +79,7 @@ def slot_run(settings: Settings, name: str) -> tuple[int, datetime, datetime] | 
     return None if row is None else (row[0], row[1], row[2])
 
 
+@pytest.mark.timeout(120)
 def test_a_run_on_course_to_miss_its_deadline_is_reported_before_it_when_it_passes_and_when_it_ends(
     app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
@@ -123,6 +126,7 @@ def test_a_run_on_course_to_miss_its_deadline_is_reported_before_it_when_it_pass
         call(client, "chordbeat.cancel_execution", execution_id=other["id"])
 
 
+@pytest.mark.timeout(120)
 def test_a_deadline_passing_while_beat_is_down_raises_late_and_missed_once_and_none_when_paused(
     app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:

@@ -18,6 +18,8 @@ from celeryapp.scheduling.store import change_status
 from models import Schedule, ScheduleStatus, transaction, utcnow
 from tests.helpers import step
 
+pytestmark = pytest.mark.both_databases
+
 ACTIVE, PAUSED, DONE, DEAD = ScheduleStatus.ACTIVE, ScheduleStatus.PAUSED, ScheduleStatus.DONE, ScheduleStatus.DEAD
 
 

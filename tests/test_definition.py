@@ -235,6 +235,7 @@ def test_parsing_anything_raises_only_definition_errors(raw: Any) -> None:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(raw=near_valid(), now=UTC_TIMES, later=UTC_TIMES)
+@pytest.mark.timeout(120)
 def test_a_definition_that_parses_can_always_compute_its_fire_times(raw: Any, now: datetime, later: datetime) -> None:
     try:
         parsed = parse_definition(raw, rules=KNOWN_ONLY, now=now)

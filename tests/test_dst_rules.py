@@ -224,6 +224,7 @@ def check_transition(name: str, instant: datetime, before: timedelta, after: tim
                 assert [t for t in got if t in affected] == expected, where
 
 
+@pytest.mark.timeout(120)
 def test_every_zone_and_transition_follows_the_rules() -> None:
     """Each change between 2020 and 2030 of each zone: a daily and an hourly cron at the middle
     minute of the skipped or repeated stretch (and at its first and last minutes for each zone's

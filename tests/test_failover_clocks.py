@@ -104,6 +104,7 @@ def recovering_until(app: ChordbeatCelery, condition: Any, timeout: float, what:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.timeout(300)
 def test_failovers_to_replicas_with_other_clocks_rerun_no_healthy_step_and_lose_no_dead_one(
     cluster: SentinelCluster, app: ChordbeatCelery, settings: Settings, tmp_path: Path
 ) -> None:

@@ -32,6 +32,8 @@ from tests.fault_tasks import read_log
 from tests.helpers import call, db_execution, finished, start_and_hold, step, wait_for
 from tests.servers import PostgresServer
 
+pytestmark = pytest.mark.both_databases
+
 
 def tick(log: Path, seconds: float, **extra: Any) -> dict[str, Any]:
     unwind = extra.pop("unwind_s", 0.0)
@@ -61,6 +63,7 @@ def final(app: ChordbeatCelery, execution_id: int, timeout: float = 60) -> dict[
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_a_frozen_worker_is_fenced_and_its_attempt_stops_when_it_wakes(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
@@ -194,6 +197,7 @@ def test_a_worker_killed_while_its_outcome_waits_on_the_database_does_not_run_th
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_a_claim_the_database_refuses_is_run_once_the_database_is_back(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:

@@ -190,6 +190,7 @@ def test_flower_shows_steps_by_name_with_their_real_outcome_and_no_housekeeping(
     assert HOSTILE_STEP not in task_page
 
 
+@pytest.mark.timeout(120)
 def test_terminate_from_flower_cancels_the_step_for_good_and_the_run_goes_on(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
@@ -230,6 +231,7 @@ def test_terminate_from_flower_cancels_the_step_for_good_and_the_run_goes_on(
     assert shown["name"] == "terminate-me/long" and shown["exception"] == "cancelled: terminated by operator"
 
 
+@pytest.mark.timeout(120)
 def test_revoking_a_queued_step_cancels_it_and_the_group_still_advances(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
@@ -463,6 +465,7 @@ def search_box(browser: WebDriver, monitor: Flower, query: str) -> tuple[list[st
     return found
 
 
+@pytest.mark.timeout(120)
 def test_a_step_received_while_task_events_were_off_is_still_found_as_the_docs_say(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
@@ -510,6 +513,7 @@ def test_a_step_received_while_task_events_were_off_is_still_found_as_the_docs_s
     assert rows == [] and "at least 3 characters" in error
 
 
+@pytest.mark.timeout(120)
 def test_a_step_moved_off_a_control_queue_keeps_its_name_and_arguments_in_flower(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:

@@ -28,6 +28,8 @@ from models import WorkerTask, get_engine, transaction
 from tests.helpers import token_of_task
 from tests.servers import wait_for
 
+pytestmark = pytest.mark.both_databases
+
 _RAN = "tests:frozen-start:ran"
 
 

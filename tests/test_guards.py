@@ -12,6 +12,8 @@ from celeryapp.application import ChordbeatCelery
 from models import Activity, SlotOutcome, SlotRecord, WorkerTask, WorkerTaskStatus, transaction
 from tests.helpers import call, execution, finished, running, step, wait_for
 
+pytestmark = pytest.mark.both_databases
+
 
 def slow(name: str, seconds: float = 30) -> dict[str, Any]:
     return step(name, kwargs={"seconds": seconds})

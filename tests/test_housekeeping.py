@@ -15,6 +15,8 @@ from celeryapp.recovery import housekeeping
 from models import Activity, ScheduleExecution, SlotRecord, transaction, utcnow
 from tests.helpers import call, finished, step, wait_for
 
+pytestmark = pytest.mark.both_databases
+
 
 def _old_runs(app: ChordbeatCelery, client: Celery, count: int) -> list[int]:
     """``count`` finished runs (with their slot records) made older than the retention."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from celery import Celery
 
 from celeryapp import app as chordbeat_app
@@ -11,6 +12,8 @@ from celeryapp import outcome
 from celeryapp.application import ChordbeatCelery
 from celeryapp.context import current_step
 from tests.helpers import call, finished, run_once, step, ts
+
+pytestmark = pytest.mark.both_databases
 
 
 def hr_sync(seconds: float = 0.3, **overrides: Any) -> dict[str, Any]:

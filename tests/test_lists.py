@@ -30,6 +30,8 @@ from celeryapp.interfaces.summaries import MAX_SCHEDULE_BYTES, MAX_SUMMARY_BYTES
 from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, Trigger, transaction
 from tests.helpers import call, finished, step
 
+pytestmark = pytest.mark.both_databases
+
 #: A step's warning text: 100 of them make a plan of about 210 KB (a definition holds 256 KB).
 LONG_TEXT_CHARS = 2000
 WIDE_STEPS = 100

@@ -39,6 +39,8 @@ from models.session import CONFLICT_TRIES, autocommit, connection, dispose_all, 
 from tests.helpers import step, wait_for
 from tests.web_server import ADMIN, WebServer, xsrf
 
+pytestmark = pytest.mark.both_databases
+
 POSTGRES_ONLY = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 
 

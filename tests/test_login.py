@@ -31,7 +31,6 @@ from tests.chromium import chromium
 from tests.login_server import LoginServer, chordbeat_web
 from tests.servers import RedisServer, free_port, wait_for
 
-pytestmark = pytest.mark.postgres
 ADMIN = ("ops", "ops-password")
 VIEWER = ("watcher", "watcher-password")
 

@@ -37,7 +37,7 @@ from tests.fault_tasks import read_log
 from tests.helpers import step, wait_for
 from tests.servers import RedisServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
 
 #: The worker's recovery interval, which is how often a long step asks the database.
 INTERVAL_S = 2.0
@@ -70,6 +70,7 @@ def _status(app: ChordbeatCelery, execution_id: int) -> ExecutionStatus:
         return session.get_one(ScheduleExecution, execution_id).status
 
 
+@pytest.mark.timeout(120)
 def test_a_cancel_whose_flag_write_failed_still_stops_its_step(
     app: ChordbeatCelery, settings: Settings, tmp_path: Path, redis_server: RedisServer
 ) -> None:

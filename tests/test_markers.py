@@ -20,6 +20,7 @@ from selenium import webdriver
 from celeryapp.config import Settings
 from tests import processes
 from tests.chaos import Cluster
+from tests.helpers import tells_databases_apart
 from tests.lab import lab_servers
 from tests.sentinel import SentinelCluster
 from tests.servers import PostgresServer, RedisServer
@@ -134,12 +135,67 @@ def test_a_worker_program_started_through_a_shell_is_seen(request: pytest.Fixtur
     assert started_but_not_slow(request.node) == ["celery"]
 
 
-def test_make_test_deselects_nothing() -> None:
-    """`make test` (the README's and CI's command) runs every test, slow ones too."""
-    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
-    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+def test_plain_pytest_leaves_the_slow_tests_out_and_make_test_runs_everything() -> None:
+    """Plain `pytest` is the quick loop; `make test` (the README's and CI's command) runs every
+    test, slow ones too: its -m "" comes after pyproject's -m and replaces it."""
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert re.search(r"(^|\s)-m 'not slow'($|\s)", ini["addopts"]), ini["addopts"]
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
     assert recipe is not None
-    for command in (addopts, recipe.group(1)):
-        assert not re.search(r"(^|\s)-m(\s|$)|not slow", command), command
-    fast = re.search(r"^test-fast:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    (command,) = recipe.group(1).strip().splitlines()
+    assert re.search(r'(^|\s)-m ""(\s|$)', command) and "not slow" not in command, command
+    fast = re.search(r"^test-fast:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
     assert fast is not None and '-m "not slow"' in fast.group(1)
+
+
+def test_a_test_gets_30_seconds_unless_it_says_it_needs_longer(request: pytest.FixtureRequest) -> None:
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert ini["timeout"] == 30 and request.config.getini("timeout") == "30"
+    assert request.node.get_closest_marker("timeout") is None
+
+
+def _databases(request: pytest.FixtureRequest, name: str) -> list[str]:
+    """The databases test ``name`` of this module runs on, as collected afresh."""
+    module = request.node.getparent(pytest.Module)
+    assert module is not None
+    return sorted(
+        item.callspec.params["database_url"]
+        for item in module.collect()
+        if isinstance(item, pytest.Function) and item.originalname == name
+    )
+
+
+def test_a_database_test_runs_on_sqlite_unless_it_asks_for_more(
+    request: pytest.FixtureRequest, database_url: str
+) -> None:
+    # Not spelt "sqlite": a test naming a database kind is taken for one that tells them apart.
+    assert database_url.startswith("sqlite:")
+    only = database_url.partition(":")[0]
+    assert _databases(request, "test_a_database_test_runs_on_sqlite_unless_it_asks_for_more") == [only]
+
+
+@pytest.mark.both_databases
+def test_a_test_marked_both_databases_runs_on_postgresql_too(request: pytest.FixtureRequest, database_url: str) -> None:
+    assert _databases(request, "test_a_test_marked_both_databases_runs_on_postgresql_too") == ["postgresql", "sqlite"]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_test_that_names_its_databases_keeps_its_choice(request: pytest.FixtureRequest, database_url: str) -> None:
+    assert database_url.startswith("postgresql")
+    assert _databases(request, "test_a_test_that_names_its_databases_keeps_its_choice") == ["postgresql"]
+
+
+def test_a_test_that_tells_the_databases_apart_is_refused_unless_it_runs_on_both() -> None:
+    """pytest_generate_tests fails the collection of such a test left on SQLite only: its
+    PostgreSQL branch would never run."""
+
+    def branches(database_url: str) -> None:
+        if database_url.startswith("postgresql"):
+            pass
+
+    def only_uses_the_url(database_url: str) -> str:
+        return database_url + "?mode=ro"
+
+    assert tells_databases_apart(branches.__code__)
+    assert not tells_databases_apart(only_uses_the_url.__code__)

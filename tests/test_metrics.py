@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from celery import Celery
 from prometheus_client import CollectorRegistry, generate_latest
@@ -23,6 +24,8 @@ from celeryapp.scheduling.schedule_file import apply_file
 from models import MetricCount, transaction, utcnow
 from models.session import get_engine
 from tests.helpers import call, execution, finished, running, step
+
+pytestmark = pytest.mark.both_databases
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "chordbeat.json"

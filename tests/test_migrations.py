@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
 from models import Base
 from models.migrate import upgrade
+
+pytestmark = pytest.mark.both_databases
 
 
 def test_migrated_schema_matches_the_models(database_url: str) -> None:

@@ -14,12 +14,13 @@ from celeryapp.config import Settings
 from tests import processes
 from tests.helpers import call, execution, finished, running, step, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
 
 #: What the second worker logs when its node name is another live worker's.
 DUPLICATE = "is also the name of another live worker"
 
 
+@pytest.mark.timeout(120)
 def test_a_second_live_worker_with_the_same_node_name_takes_none_of_the_firsts_running_steps(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
@@ -44,6 +45,7 @@ def test_a_second_live_worker_with_the_same_node_name_takes_none_of_the_firsts_r
         assert first.running
 
 
+@pytest.mark.timeout(120)
 def test_a_node_restarting_before_its_heartbeats_expired_requeues_its_orphans_when_they_expire(
     app: ChordbeatCelery, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:

@@ -27,7 +27,7 @@ from tests import processes
 from tests.helpers import call, rode_out, running, step, ts, wait_for
 from tests.servers import RedisServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
 
 #: Long enough that a worker's first reconnection attempts fail, as in a real restart;
 #: ``CHORDBEAT_TEST_OUTAGE_S=60`` checks the longest outage docs/reliability.md promises to ride out.
@@ -39,6 +39,7 @@ OUTAGE_S = float(os.environ.get("CHORDBEAT_TEST_OUTAGE_S", "6"))
     [("graceful", False), ("graceful", True), ("kill", False), ("freeze", True)],
     ids=["graceful-restart-empty", "graceful-restart-with-data", "sigkill", "frozen"],
 )
+@pytest.mark.timeout(120)
 def test_worker_and_beat_ride_out_a_redis_outage(
     app: ChordbeatCelery,
     client: Celery,

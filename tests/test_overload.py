@@ -19,6 +19,8 @@ from celeryapp.worker import firing
 from models import Schedule, SlotOutcome, SlotRecord, Trigger, get_engine, transaction, utcnow
 from tests.helpers import step
 
+pytestmark = pytest.mark.both_databases
+
 
 def schedules_with_active_runs(app: ChordbeatCelery, count: int) -> list[str]:
     """``count`` hourly ``skip`` schedules of three steps, each with a run in progress (no worker

@@ -24,7 +24,7 @@ from tests.fault_tasks import read_log
 from tests.helpers import db_execution, step, ts, wait_for
 from tests.lab import Host, Lab, LabServers, lab, lab_servers, lab_settings  # noqa: F401  (fixtures)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 #: Long enough that, run on, the cut-off attempt would still be running when the next one starts.
 STEP_S = 10.0

@@ -22,6 +22,8 @@ from models import Schedule
 from tests import processes
 from tests.helpers import call, step, ts, wait_for
 
+pytestmark = pytest.mark.both_databases
+
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 #: Instants around both of 2026's DST changes in New York and London (March and October/November).
 INSTANTS = st.integers(min_value=0, max_value=365 * 24 * 3600).map(lambda s: EPOCH + timedelta(seconds=s))

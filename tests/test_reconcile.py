@@ -22,6 +22,8 @@ from models import Schedule, ScheduleSource, ScheduleStatus, Trigger, get_engine
 from tasks.control import reconcile_beat
 from tests.helpers import step
 
+pytestmark = pytest.mark.both_databases
+
 #: Past SQLite's 32,766 bound parameters in one statement.
 MANY = 40_000
 #: SQLite's default bound-parameter limit (some distributions build it higher).

@@ -175,6 +175,7 @@ def cluster() -> Iterator[SentinelCluster]:
 @pytest.mark.slow
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize("how", ["sigkill", "sentinel-failover"])
+@pytest.mark.timeout(120)
 def test_worker_and_beat_on_sentinels_ride_out_a_failover(
     cluster: SentinelCluster, app: ChordbeatCelery, settings: Settings, tmp_path: Path, how: str
 ) -> None:

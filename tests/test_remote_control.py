@@ -42,6 +42,7 @@ def _answers(replies: list[dict[str, Any]] | None) -> list[Any]:
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.timeout(120)
 def test_a_broker_caller_cannot_change_a_worker_but_monitors_still_read_it(
     client: Celery, settings: Settings, tmp_path: Path
 ) -> None:

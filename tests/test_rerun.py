@@ -14,6 +14,8 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.messaging.redis_client import get_redis
 from tests.helpers import call, finished, step
 
+pytestmark = pytest.mark.both_databases
+
 
 @chordbeat_app.task(name="tests.rerun_fails_first")
 def fails_first(counter: str) -> dict[str, Any]:

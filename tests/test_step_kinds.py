@@ -30,6 +30,8 @@ from tests import processes
 from tests.helpers import call, finished, wait_for
 from tests.servers import PostgresServer
 
+pytestmark = pytest.mark.both_databases
+
 PY = sys.executable
 SH = "/bin/sh"
 ENV = "/usr/bin/env"

@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
@@ -17,8 +15,6 @@ from tests import processes
 from tests.helpers import call, step
 from tests.terminals import in_pty, plain_lines, screen_lines, wide_lines
 from tests.web_server import ADMIN, VIEWER, WebServer, text_of
-
-pytestmark = pytest.mark.postgres
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 

@@ -23,7 +23,7 @@ from models.states import AuditAction, AuditSource
 from tests.servers import wait_for
 from tests.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
 
-pytestmark = pytest.mark.postgres
+pytestmark = pytest.mark.both_databases
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
 
 

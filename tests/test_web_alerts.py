@@ -26,7 +26,7 @@ from tests.chromium import chromium, confirm, log_in, no_iso, page_text, row_of
 from tests.helpers import wait_for
 from tests.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 #: Markup in a step's error: shown as text, never run.
 HOSTILE = "<img src=x onerror=\"document.title='owned'\"> disk full: /data"
 

@@ -25,7 +25,7 @@ from tests.chromium import row_of as _row
 from tests.servers import wait_for
 from tests.web_server import ADMIN, VIEWER, WebServer
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 #: The badge colour of a run completed with warnings (dashboard.css --warn).
 WARNING_YELLOW = "rgba(214, 158, 46, 1)"
 

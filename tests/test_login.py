@@ -99,6 +99,8 @@ def test_an_address_over_its_limit_waits_while_another_address_is_served(
     assert [(r["detail"]["scope"], r["detail"]["address"]) for r in locked] == [("address", "127.0.0.3")]
 
 
+# Twenty refused logins, each padded to the 1 s floor: over the default 30 s on a loaded machine.
+@pytest.mark.timeout(120)
 def test_ipv6_clients_behind_the_proxy_are_counted_by_their_64(app: ChordbeatCelery, tmp_path: Path) -> None:
     """Every address of a /64 is one holder's: counted apart, it had 2**64 fresh counts. Through
     the trusted proxy's ``X-Forwarded-For``, as this machine's one IPv6 loopback address (``::1``)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from celeryapp.alerting.sender import Sender, send_channel
 from celeryapp.config import Settings
 from celeryapp.monitoring import metric_counts
 from celeryapp.monitoring.alert_outbox import write_alert
@@ -107,3 +108,11 @@ def hanging_server() -> Iterator[str]:
         server.bind(("127.0.0.1", 0))
         server.listen(8)
         yield f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+
+
+def send(settings: Settings, *channels: str) -> None:
+    """One pass of the sender over ``channels``, in this thread."""
+    loaded = Sender(settings).channels()
+    assert loaded is not None
+    for name in channels:
+        send_channel(settings, name, loaded.get(name))

@@ -15,7 +15,7 @@ from sqlalchemy import select, update
 
 from celeryapp.alerting import messages
 from celeryapp.alerting.log_masking import masked_logger, remember
-from celeryapp.alerting.sender import Sender, send_channel
+from celeryapp.alerting.sender import Sender
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.errors import InvalidArgument
@@ -23,21 +23,13 @@ from celeryapp.interfaces import wiring_checks
 from models import Alert, AlertDelivery, DeliveryStatus, transaction
 from models.clock import clock
 from tests import alert_wiring
-from tests.alert_wiring import SECRET, alert, deliveries, failures, hanging_server
+from tests.alert_wiring import SECRET, alert, deliveries, failures, hanging_server, send
 from tests.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401  (fixtures)
 from tests.servers import free_port, wait_for
 
 #: The alert tests' fixtures (tests/alert_wiring.py): a channels file, its variables naming the receivers.
 settings = alert_wiring.settings
 wired = alert_wiring.wired
-
-
-def send(settings: Settings, *channels: str) -> None:
-    """One pass of the sender over ``channels``, in this thread."""
-    loaded = Sender(settings).channels()
-    assert loaded is not None
-    for name in channels:
-        send_channel(settings, name, loaded.get(name))
 
 
 def test_each_kind_of_channel_gets_its_message(settings: Settings, wired: tuple[HttpReceiver, SmtpReceiver]) -> None:

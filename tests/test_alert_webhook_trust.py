@@ -12,24 +12,15 @@ from pathlib import Path
 import pytest
 
 from celeryapp.alerting.channels import Channel, clear_text_refusal, load_channels
-from celeryapp.alerting.sender import Sender, send_channel
 from celeryapp.config import Settings
 from celeryapp.errors import ConfigError
 from models import DeliveryStatus
 from tests import alert_wiring
-from tests.alert_wiring import SECRET, alert, deliveries
+from tests.alert_wiring import SECRET, alert, deliveries, send
 from tests.receivers import REPLAY_WINDOW_S, HttpReceiver, Request, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401
 
 settings = alert_wiring.settings
 wired = alert_wiring.wired
-
-
-def send(settings: Settings, *channels: str) -> None:
-    """One pass of the sender over ``channels``, in this thread."""
-    loaded = Sender(settings).channels()
-    assert loaded is not None
-    for name in channels:
-        send_channel(settings, name, loaded.get(name))
 
 
 def post_again(url: str, request: Request, **changed: str) -> int:

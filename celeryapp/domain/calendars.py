@@ -49,25 +49,19 @@ def calendar_name_problem(name: object) -> str | None:
     )
 
 
-def parse_date(text: str) -> date:
-    """An ISO date ``YYYY-MM-DD`` that exists; :class:`CalendarError` says why not."""
+def parse_date(text: str, *, line: int | None = None) -> date:
+    """An ISO date ``YYYY-MM-DD`` that exists; :class:`CalendarError` says why not. With ``line``
+    (a calendar file's), the refusal names the line, never its text: a caller can name any file of
+    the calendars directory, which may hold anything."""
     if not DATE_PATTERN.fullmatch(text):
-        raise CalendarError(f"{short_repr(text)} is not a date written YYYY-MM-DD")
+        if line is None:
+            raise CalendarError(f"{short_repr(text)} is not a date written YYYY-MM-DD")
+        raise CalendarError(f"line {line} is not a date written YYYY-MM-DD (its text is not shown)")
     try:
         return date.fromisoformat(text)
     except ValueError as exc:
-        raise CalendarError(f"{text} is not a date that exists ({exc})") from None
-
-
-def _file_date(content: str, number: int) -> date:
-    """The date on line ``number`` of a calendar file. The refusal names the line, never its text:
-    a caller can name any file of the calendars directory, which may hold anything."""
-    if not DATE_PATTERN.fullmatch(content):
-        raise CalendarError(f"line {number} is not a date written YYYY-MM-DD (its text is not shown)")
-    try:
-        return date.fromisoformat(content)
-    except ValueError as exc:
-        raise CalendarError(f"line {number} is not a date that exists ({exc})") from None
+        shown = text if line is None else f"line {line}"
+        raise CalendarError(f"{shown} is not a date that exists ({exc})") from None
 
 
 def parse_calendar(text: str) -> frozenset[date]:
@@ -83,7 +77,7 @@ def parse_calendar(text: str) -> frozenset[date]:
         content = line.partition("#")[0].strip()
         if not content:
             continue
-        dates.add(_file_date(content, number))
+        dates.add(parse_date(content, line=number))
     return frozenset(dates)
 
 

@@ -28,10 +28,13 @@ import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import redis
 
+from celeryapp.config import Settings
 from tests.processes import clock_shift_library
 from tests.servers import free_port, wait_for
 
@@ -75,6 +78,14 @@ class SentinelCluster:
     def url(self) -> str:
         """The Sentinel list as chordbeat's settings take it."""
         return ";".join(f"sentinel://{self.address}:{port}/0" for port in self.sentinels)
+
+    def settings_for(self, settings: Settings, **changes: Any) -> Settings:
+        """``settings`` with every Redis client (broker, results, RedBeat, chordbeat's own) going
+        through this group's Sentinels."""
+        url = self.url
+        return replace(
+            settings, broker_url=url, result_backend=url, redbeat_url=url, sentinel_master=self.master, **changes
+        )
 
     def start(self) -> None:
         try:

@@ -15,7 +15,6 @@ import contextlib
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -111,15 +110,7 @@ def test_failovers_to_replicas_with_other_clocks_rerun_no_healthy_step_and_lose_
     """Before: ahead, the first pass after the failover took the healthy step for lost and ran it
     again as attempt 2; behind, the killed worker's step waited about 60 s more for its heartbeat
     to expire."""
-    sentinels = replace(
-        settings,
-        broker_url=cluster.url,
-        result_backend=cluster.url,
-        redbeat_url=cluster.url,
-        sentinel_master=MASTER,
-        heartbeat_ttl_s=TTL_S,
-        recovery_interval_s=RECOVERY_INTERVAL_S,
-    )
+    sentinels = cluster.settings_for(settings, heartbeat_ttl_s=TTL_S, recovery_interval_s=RECOVERY_INTERVAL_S)
     reset_clients()
     app.apply_settings(sentinels)
     log = tmp_path / "steps.log"

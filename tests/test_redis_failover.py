@@ -182,14 +182,7 @@ def test_worker_and_beat_on_sentinels_ride_out_a_failover(
     """Every URL a Sentinel list: broker (kombu's Sentinel transport), results, RedBeat and
     chordbeat's own clients. Before: the broker URL was refused ('sentinel' is not a transport we
     use) and get_redis raised ValueError."""
-    sentinels = replace(
-        settings,
-        broker_url=cluster.url,
-        result_backend=cluster.url,
-        redbeat_url=cluster.url,
-        sentinel_master=MASTER,
-        heartbeat_ttl_s=FAILOVER_TTL_S,
-    )
+    sentinels = cluster.settings_for(settings, heartbeat_ttl_s=FAILOVER_TTL_S)
     reset_clients()
     app.apply_settings(sentinels)
 

@@ -117,7 +117,13 @@ def time_format_problems(lines: list[str]) -> list[str]:
             # viewer's date shows when it is another day there, as in India in the evening UTC).
             dated = re.search(r"\d{4}-\d\d-\d\d $", line[: m.start()])
             below = lines[number + 1][dated.start() if dated else m.start() :] if number + 1 < len(lines) else ""
-            if not (re.match(r" \S+ here\b", line[m.end() :]) or re.match(r"\S+ here\b", below)):
+            # Or at the end of a line of prose that wrapped there: "here" opens the next line.
+            wrapped = not line[m.end() :].strip() and number + 1 < len(lines) and lines[number + 1].strip()
+            if not (
+                re.match(r" \S+ here\b", line[m.end() :])
+                or re.match(r"\S+ here\b", below)
+                or (wrapped and re.match(r"\S+ here\b", lines[number + 1].strip()))
+            ):
                 problems.append(f"a viewer's time without 'here': {line!r}")
     return problems
 

@@ -38,7 +38,7 @@ test: $(STAMP) system-deps lint typecheck
 
 # A developer's quick loop, not CI's, as plain `pytest` is: leaves out the tests marked slow
 # (subprocess workers, beat, Flower, browsers, Sentinel, network namespaces, outages;
-# tests/slowness.py finds them).
+# tests/support/slowness.py finds them).
 test-fast: $(STAMP) system-deps
 	$(BIN)/pytest -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
 

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, select
 
 from bench.harness import Bench, poll, running, trigger
 from models import ScheduleExecution
-from tests.receivers import HttpReceiver, Request, serve_http_receiver
+from tests.support.receivers import HttpReceiver, Request, serve_http_receiver
 
 #: The receiver is on loopback, over http://: the channel says so.
 CHANNELS = (

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, func, select
 from bench.harness import Bench, poll, running, trigger
 from celeryapp.recovery.heartbeat_trust import HEARTBEAT_GRACE_KEY, RECOVERY_SEEN_KEY
 from models import Activity, ScheduleExecution
-from tests.processes import Process
+from tests.support.processes import Process
 
 #: Long enough to be killed mid-step and still be running when re-queued.
 LONG_STEP = {"name": "long", "task": "chordbeat.examples.sleep", "kwargs": {"seconds": 120}}

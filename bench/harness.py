@@ -24,8 +24,8 @@ from celeryapp.client import ChordbeatClient
 from celeryapp.config import Settings
 from models.migrate import upgrade
 from models.session import dispose_all
-from tests.processes import CELERY, ROOT, Process, settings_env, worker_argv
-from tests.servers import PostgresServer, RedisServer, wait_for
+from tests.support.processes import CELERY, ROOT, Process, settings_env, worker_argv
+from tests.support.servers import PostgresServer, RedisServer, wait_for
 
 T = TypeVar("T")
 #: The benchmark's own role for reading results (not counted as chordbeat's statements).

@@ -33,7 +33,7 @@ from celeryapp import app
 from celeryapp.interfaces import service
 from celeryapp.recovery.housekeeping import purge
 from models import ScheduleExecution, SlotRecord
-from tests.web_server import ADMIN, WebServer
+from tests.support.web_server import ADMIN, WebServer
 
 FULL = HistoryShape()
 QUICK = HistoryShape(schedules=1_000, executions=100_000, slots=1_300_000, busy_schedules=10)

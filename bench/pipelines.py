@@ -17,7 +17,7 @@ from bench.harness import OBSERVER, Bench, children, cpu_by_process, cpu_used, p
 from bench.stats import gaps_ms, group_bounds, percentiles, throughput
 from celeryapp.client import ChordbeatClient
 from models import Activity, ExecutionStatus, ScheduleExecution
-from tests.servers import wait_for
+from tests.support.servers import wait_for
 
 #: One pipeline alone: 20 groups of 4 no-op steps.
 ALONE = (1, 20, 4)

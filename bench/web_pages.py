@@ -22,8 +22,8 @@ from celeryapp import app as chordbeat_app
 from celeryapp.config import Settings
 from models import Schedule, ScheduleStep
 from models.migrate import upgrade
-from tests.servers import PostgresServer, RedisServer
-from tests.web_server import ADMIN, WebServer
+from tests.support.servers import PostgresServer, RedisServer
+from tests.support.web_server import ADMIN, WebServer
 
 SCHEDULES = 10_000
 START = datetime(2026, 1, 1, tzinfo=UTC)

@@ -27,9 +27,9 @@ from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, reset_clients
 from models.migrate import upgrade
 from models.session import dispose_all
-from tests.helpers import tells_databases_apart
-from tests.servers import PgBouncer, PostgresServer, RedisServer, wait_for
-from tests.slowness import item_slow_reason, record_start, started_but_not_slow
+from tests.support.helpers import tells_databases_apart
+from tests.support.servers import PgBouncer, PostgresServer, RedisServer, wait_for
+from tests.support.slowness import item_slow_reason, record_start, started_but_not_slow
 
 pytest_plugins = ("celery.contrib.pytest",)
 
@@ -231,7 +231,7 @@ def client(settings: Settings) -> Iterator[Celery]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark slow what starts workers, beat, browsers, outages... (tests/slowness.py), before
+    """Mark slow what starts workers, beat, browsers, outages... (tests/support/slowness.py), before
     ``-m "not slow"`` (plain pytest, make test-fast) deselects."""
     for item in items:
         reason = item_slow_reason(item)
@@ -260,4 +260,4 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     it fails here rather than slip into the quick loop (plain pytest) unnoticed."""
     started = started_but_not_slow(item)
     if started:
-        pytest.fail(f"{item.nodeid} started {started} but is not marked slow (see tests/slowness.py)")
+        pytest.fail(f"{item.nodeid} started {started} but is not marked slow (see tests/support/slowness.py)")

@@ -22,12 +22,12 @@ from celeryapp.errors import InvalidArgument
 from celeryapp.interfaces import wiring_checks
 from models import Alert, AlertDelivery, DeliveryStatus, transaction
 from models.clock import clock
-from tests import alert_wiring
-from tests.alert_wiring import SECRET, alert, deliveries, failures, hanging_server, send
-from tests.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401  (fixtures)
-from tests.servers import free_port, wait_for
+from tests.support import alert_wiring
+from tests.support.alert_wiring import SECRET, alert, deliveries, failures, hanging_server, send
+from tests.support.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401  (fixtures)
+from tests.support.servers import free_port, wait_for
 
-#: The alert tests' fixtures (tests/alert_wiring.py): a channels file, its variables naming the receivers.
+#: The alert tests' fixtures (tests/support/alert_wiring.py): a channels file, its variables naming the receivers.
 settings = alert_wiring.settings
 wired = alert_wiring.wired
 

@@ -33,7 +33,7 @@ from celeryapp.scheduling.schedule_file import StrictLoader, apply_file, load_fi
 from models import Schedule, transaction
 from models.definitions import definition_of
 from models.states import AlertKind
-from tests.helpers import call, set_field, step
+from tests.support.helpers import call, set_field, step
 
 KNOWN_ONLY = StepRules.without_policy({"chordbeat.examples.sleep"}.__contains__)
 #: The channels of the deployment in these tests.

@@ -16,8 +16,8 @@ from celeryapp.config import Settings
 from celeryapp.monitoring import metric_counts
 from celeryapp.monitoring.alert_outbox import alert_key, raise_alert
 from models import Alert, AlertDelivery, AlertKind, AlertSilence, MetricCount, Schedule, transaction, utcnow
-from tests import processes
-from tests.helpers import call, finished, running, step, wait_for
+from tests.support import processes
+from tests.support.helpers import call, finished, running, step, wait_for
 
 pytestmark = pytest.mark.both_databases
 

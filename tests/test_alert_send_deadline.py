@@ -12,10 +12,10 @@ import pytest
 from celeryapp.alerting.sender import Sender, send_channel
 from celeryapp.config import Settings
 from models import DeliveryStatus
-from tests import alert_wiring
-from tests.alert_wiring import alert, deliveries
-from tests.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver, trickling_smtp_server  # noqa: F401
-from tests.servers import wait_for
+from tests.support import alert_wiring
+from tests.support.alert_wiring import alert, deliveries
+from tests.support.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver, trickling_smtp_server  # noqa: F401
+from tests.support.servers import wait_for
 
 settings = alert_wiring.settings
 wired = alert_wiring.wired

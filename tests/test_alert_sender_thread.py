@@ -19,13 +19,13 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from models import Alert, DeliveryStatus, Schedule, transaction
 from models.clock import clock
-from tests import alert_wiring, processes
-from tests.alert_wiring import SECRET, alert, deliveries, hanging_server
-from tests.helpers import call, finished, step
-from tests.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401  (fixtures)
-from tests.servers import free_port, wait_for
+from tests.support import alert_wiring, processes
+from tests.support.alert_wiring import SECRET, alert, deliveries, hanging_server
+from tests.support.helpers import call, finished, step
+from tests.support.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401  (fixtures)
+from tests.support.servers import free_port, wait_for
 
-#: The alert tests' fixtures (tests/alert_wiring.py): a channels file, its variables naming the receivers.
+#: The alert tests' fixtures (tests/support/alert_wiring.py): a channels file, its variables naming the receivers.
 settings = alert_wiring.settings
 wired = alert_wiring.wired
 

@@ -20,9 +20,9 @@ from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 from celeryapp.alerting.sender import Sender, send_channel
 from celeryapp.config import Settings
 from models import DeliveryStatus
-from tests import alert_wiring
-from tests.alert_wiring import alert, deliveries
-from tests.servers import free_port
+from tests.support import alert_wiring
+from tests.support.alert_wiring import alert, deliveries
+from tests.support.servers import free_port
 
 settings = alert_wiring.settings
 PASSWORD = "mail-relay-password"

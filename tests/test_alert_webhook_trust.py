@@ -15,9 +15,9 @@ from celeryapp.alerting.channels import Channel, clear_text_refusal, load_channe
 from celeryapp.config import Settings
 from celeryapp.errors import ConfigError
 from models import DeliveryStatus
-from tests import alert_wiring
-from tests.alert_wiring import SECRET, alert, deliveries, send
-from tests.receivers import REPLAY_WINDOW_S, HttpReceiver, Request, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401
+from tests.support import alert_wiring
+from tests.support.alert_wiring import SECRET, alert, deliveries, send
+from tests.support.receivers import REPLAY_WINDOW_S, HttpReceiver, Request, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401
 
 settings = alert_wiring.settings
 wired = alert_wiring.wired

@@ -23,10 +23,10 @@ from celeryapp.config import Settings
 from celeryapp.domain.times import iso
 from celeryapp.monitoring.alert_outbox import raise_alert
 from models import AlertKind, AuditEvent, Schedule, transaction, utcnow
-from tests import processes
-from tests.helpers import call, finished, step
-from tests.receivers import HttpReceiver, http_receiver  # noqa: F401  (a fixture)
-from tests.terminals import STYLE, in_pty, plain_lines, time_format_problems, wide_lines
+from tests.support import processes
+from tests.support.helpers import call, finished, step
+from tests.support.receivers import HttpReceiver, http_receiver  # noqa: F401  (a fixture)
+from tests.support.terminals import STYLE, in_pty, plain_lines, time_format_problems, wide_lines
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 CHANNELS_FILE = """\

@@ -20,10 +20,10 @@ from celeryapp.domain.times import iso
 from celeryapp.monitoring.alert_outbox import write_alert
 from celeryapp.recovery import housekeeping
 from models import Alert, AlertDelivery, AlertKind, AlertSilence, AuditEvent, Schedule, transaction, utcnow
-from tests import processes
-from tests.helpers import call, finished, http_get, step, wait_for
-from tests.receivers import HttpReceiver, http_receiver  # noqa: F401  (a fixture)
-from tests.servers import free_port
+from tests.support import processes
+from tests.support.helpers import call, finished, http_get, step, wait_for
+from tests.support.receivers import HttpReceiver, http_receiver  # noqa: F401  (a fixture)
+from tests.support.servers import free_port
 
 CHANNELS_FILE = """\
 channels:

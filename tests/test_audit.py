@@ -21,8 +21,8 @@ from celeryapp.interfaces import service
 from celeryapp.recovery import housekeeping, recovery
 from models import AuditAction, AuditSource, transaction, utcnow
 from models.audit import BEAT
-from tests import processes
-from tests.helpers import call, finished, running, step, wait_for
+from tests.support import processes
+from tests.support.helpers import call, finished, running, step, wait_for
 
 AUDIT_KEYS = {"id", "at", "actor", "source", "action", "schedule", "execution_id", "reason", "detail"}
 SLOW = {"seconds": 30}

@@ -25,9 +25,9 @@ from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.recovery import recover
 from celeryapp.worker import firing
 from models import ExecutionStatus, Schedule, ScheduleExecution, Trigger, transaction, utcnow
-from tests import processes
-from tests.fault_tasks import read_log
-from tests.helpers import call, wait_for
+from tests.support import processes
+from tests.support.fault_tasks import read_log
+from tests.support.helpers import call, wait_for
 
 pytestmark = pytest.mark.both_databases
 

@@ -26,7 +26,7 @@ from celeryapp.execution.backfills import create_backfill, lock_backfill_totals
 from celeryapp.interfaces import service
 from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_backfill, get_backfill, list_backfills
 from models import Backfill, BackfillOrigin, BackfillStatus, Schedule, ScheduleStatus, transaction
-from tests.helpers import step, wait_for
+from tests.support.helpers import step, wait_for
 
 pytestmark = pytest.mark.both_databases
 

@@ -19,9 +19,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
 from models import utcnow
-from tests.chromium import chromium, confirm, log_in, no_iso, page_text
-from tests.servers import wait_for
-from tests.web_server import ADMIN, WebServer
+from tests.support.chromium import chromium, confirm, log_in, no_iso, page_text
+from tests.support.servers import wait_for
+from tests.support.web_server import ADMIN, WebServer
 
 pytestmark = pytest.mark.slow
 

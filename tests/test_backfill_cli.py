@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces.cli import main
-from tests import processes
-from tests.helpers import call, step, wait_for
-from tests.terminals import in_pty, plain_lines, screen_lines, time_format_problems, wide_lines
+from tests.support import processes
+from tests.support.helpers import call, step, wait_for
+from tests.support.terminals import in_pty, plain_lines, screen_lines, time_format_problems, wide_lines
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 INDIA = {"TZ": "Asia/Kolkata"}

@@ -17,7 +17,7 @@ from celeryapp.errors import ChordbeatError, InvalidArgument, InvalidTransition,
 from celeryapp.interfaces import service
 from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_backfill, get_backfill, list_backfills
 from models import Backfill, Schedule, ScheduleStatus, transaction
-from tests.helpers import step
+from tests.support.helpers import step
 
 NOW = datetime.now(UTC).replace(second=0, microsecond=0)
 START, END = (NOW - timedelta(hours=6)).isoformat(), (NOW - timedelta(hours=1)).isoformat()

@@ -19,8 +19,8 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.execution.backfills import create_backfill
 from celeryapp.interfaces import service
 from models import BackfillOrigin, Schedule, transaction, utcnow
-from tests.servers import wait_for
-from tests.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
+from tests.support.servers import wait_for
+from tests.support.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
 
 pytestmark = pytest.mark.both_databases
 LONDON = ZoneInfo("Europe/London")

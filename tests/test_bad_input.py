@@ -32,8 +32,8 @@ from celeryapp.interfaces import service
 from celeryapp.scheduling.beat_entries import CadenceSchedule, cadence_of
 from celeryapp.scheduling.schedule_file import apply_file
 from models import Activity, Schedule, ScheduleExecution, ScheduleStep, SlotRecord, WorkerTask, transaction, utcnow
-from tests.helpers import call, finished, set_field
-from tests.servers import wait_for
+from tests.support.helpers import call, finished, set_field
+from tests.support.servers import wait_for
 
 pytestmark = pytest.mark.both_databases
 

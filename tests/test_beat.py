@@ -34,8 +34,8 @@ from celeryapp.scheduling.beat import ChordbeatScheduler
 from celeryapp.scheduling.beat_entries import CadenceSchedule, ScheduleEntry, cadence_of, entry_name
 from celeryapp.scheduling.stored_entry import FIRE_EXPIRY_GRACE, aware
 from models import ExecutionStatus, Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
-from tests import processes
-from tests.helpers import call, entry_exists, executions, finished, fire_messages, step, wait_for
+from tests.support import processes
+from tests.support.helpers import call, entry_exists, executions, finished, fire_messages, step, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -26,8 +26,8 @@ from celeryapp.recovery import lost_slots
 from celeryapp.scheduling import beat_entries
 from celeryapp.scheduling.beat_entries import ScheduleEntry
 from models import Schedule, transaction, utcnow
-from tests import processes
-from tests.helpers import step, take_fires, wait_for
+from tests.support import processes
+from tests.support.helpers import step, take_fires, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ import pytest
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
-from tests import processes
-from tests.helpers import step, take_fires, wait_for
-from tests.servers import RedisServer
+from tests.support import processes
+from tests.support.helpers import step, take_fires, wait_for
+from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.slow
 

@@ -32,10 +32,10 @@ from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.recovery import RecoveryReport, top_up_backfills
 from celeryapp.worker import firing
 from models import Backfill, BackfillOrigin, BackfillStatus, Schedule, ScheduleExecution, Trigger, transaction
-from tests import processes
-from tests.helpers import call, finished
-from tests.terminals import in_pty, plain_lines
-from tests.web_server import VIEWER, WebServer, text_of
+from tests.support import processes
+from tests.support.helpers import call, finished
+from tests.support.terminals import in_pty, plain_lines
+from tests.support.web_server import VIEWER, WebServer, text_of
 
 pytestmark = pytest.mark.both_databases
 

@@ -32,7 +32,7 @@ from celeryapp.scheduling.calendar_files import (
 from celeryapp.scheduling.schedule_file import apply_file, load_file
 from models import Schedule, transaction
 from models.definitions import definition_of
-from tests.helpers import call, set_field, step
+from tests.support.helpers import call, set_field, step
 
 KNOWN_ONLY = StepRules.without_policy({"chordbeat.examples.sleep"}.__contains__)
 UK = "# England and Wales\n2026-12-25  # Christmas\n2026-12-28\n"

@@ -21,9 +21,9 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.worker import firing
 from models import Schedule, Trigger, transaction
-from tests import processes
-from tests.helpers import call, step, ts, wait_for
-from tests.terminals import in_pty, plain_lines
+from tests.support import processes
+from tests.support.helpers import call, step, ts, wait_for
+from tests.support.terminals import in_pty, plain_lines
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 INLINE = "excluded by the schedule's calendar.exclude"

@@ -17,9 +17,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
-from tests.chromium import chromium, log_in
-from tests.helpers import wait_for
-from tests.web_server import ADMIN, WebServer
+from tests.support.chromium import chromium, log_in
+from tests.support.helpers import wait_for
+from tests.support.web_server import ADMIN, WebServer
 
 pytestmark = pytest.mark.slow
 

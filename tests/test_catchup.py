@@ -22,8 +22,8 @@ from celeryapp.config import Settings
 from celeryapp.domain.times import iso
 from celeryapp.worker import firing
 from models import Schedule, Trigger, transaction
-from tests import processes
-from tests.helpers import call, step, ts, wait_for
+from tests.support import processes
+from tests.support.helpers import call, step, ts, wait_for
 
 #: Seconds between slots: beat freezes across four of them.
 EVERY_S = 4

@@ -4,11 +4,11 @@ Real Redis (with an append-only file, so it can come back with or without its da
 PostgreSQL (its own cluster, stopped and started during the plan) and SQLite, subprocess prefork
 workers and beat. The load: several interval schedules and a minutely cron one, with parallel
 groups, ``continue_on_failure``, run retries (``max_retries``), step and execution timeouts, and
-the overlap policies, all running :data:`tests.chaos_tasks.STEP_TASK`, which logs each start and
-end of its body. Faults are described in :mod:`tests.chaos`, the invariants in
-:mod:`tests.chaos_invariants`.
+the overlap policies, all running :data:`tests.support.chaos_tasks.STEP_TASK`, which logs each start and
+end of its body. Faults are described in :mod:`tests.support.chaos`, the invariants in
+:mod:`tests.support.chaos_invariants`.
 
-Knobs (environment): :mod:`tests.chaos_run`; the long plan adds ``db_outage_long``.
+Knobs (environment): :mod:`tests.support.chaos_run`; the long plan adds ``db_outage_long``.
 
 A third plan runs on PostgreSQL through PgBouncer in transaction pooling (:data:`PGBOUNCER_PLAN_KINDS`,
 its first fault a PgBouncer restart), :data:`PGBOUNCER_SECONDS` long unless a knob says.
@@ -30,8 +30,8 @@ from sqlalchemy import create_engine, text
 
 from celeryapp.config import Settings
 from models.migrate import upgrade
-from tests.chaos import FAULT_KINDS, POOLER_KINDS, SHORT_PLAN_KINDS, Cluster, Database
-from tests.chaos_run import (
+from tests.support.chaos import FAULT_KINDS, POOLER_KINDS, SHORT_PLAN_KINDS, Cluster, Database
+from tests.support.chaos_run import (
     OVERHEAD_S,
     PLANS,
     SECONDS,
@@ -43,7 +43,7 @@ from tests.chaos_run import (
     play_and_check,
     report,
 )
-from tests.servers import PgBouncer, PostgresServer, RedisServer
+from tests.support.servers import PgBouncer, PostgresServer, RedisServer
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +115,7 @@ def run_plan(kind: str, index: int, seed: int, kinds: tuple[str, ...], root: Pat
         heartbeat_ttl_s=3,
         recovery_interval_s=1,
         health_dir=str(tmp),
-        task_modules=("tests.chaos_tasks",),
+        task_modules=("tests.support.chaos_tasks",),
     )
     cluster = Cluster(settings, tmp, redis, database, worker_names=workers)
     try:

@@ -1,14 +1,14 @@
-"""Chaos across hosts: the chaos suite's load and invariants (:mod:`tests.chaos_run`,
-:mod:`tests.chaos_invariants`) with each worker and beat in a host of its own (a network
-namespace of :mod:`tests.lab`), Redis a Sentinel group (primary, replica, three Sentinels on the
+"""Chaos across hosts: the chaos suite's load and invariants (:mod:`tests.support.chaos_run`,
+:mod:`tests.support.chaos_invariants`) with each worker and beat in a host of its own (a network
+namespace of :mod:`tests.support.lab`), Redis a Sentinel group (primary, replica, three Sentinels on the
 lab's bridge) and PostgreSQL on the bridge; the plan adds partitions (both ways, one way) and
-Sentinel failovers (:mod:`tests.chaos_lab`) to the worker, beat, database and clock faults. The
+Sentinel failovers (:mod:`tests.support.chaos_lab`) to the worker, beat, database and clock faults. The
 replica runs on a clock 20 or 60 s ahead or behind (drawn by the seed, printed with the plan), so
 each failover also makes Redis's clock, the reference, jump.
 
 PostgreSQL only: processes on several hosts share a server database (SQLite is a file on one
 host). The short plan (60 s, one plan) includes ``db_outage_long``; ``CHORDBEAT_CHAOS_LONG=1``
-runs three of 300 s. Other knobs: :mod:`tests.chaos_run`. ``pytest -s`` shows the plan, per fault
+runs three of 300 s. Other knobs: :mod:`tests.support.chaos_run`. ``pytest -s`` shows the plan, per fault
 kind how many were injected and the time from each one's end to the first step body starting,
 and the violations; they are also in ``chaos-hosts-report.json`` in the test's temporary directory.
 """
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from celeryapp.config import Settings
-from tests.chaos import BEAT_KINDS, CLOCK_KINDS, DB_KINDS, LAB_KINDS, WORKER_KINDS, Database
-from tests.chaos_lab import LabCluster, replica_clock_shift_s
-from tests.chaos_run import (
+from tests.support.chaos import BEAT_KINDS, CLOCK_KINDS, DB_KINDS, LAB_KINDS, WORKER_KINDS, Database
+from tests.support.chaos_lab import LabCluster, replica_clock_shift_s
+from tests.support.chaos_run import (
     OVERHEAD_S,
     PLANS,
     SECONDS,
@@ -35,8 +35,8 @@ from tests.chaos_run import (
     play_and_check,
     report,
 )
-from tests.lab import TEMPLATE_DB, LabServers, lab_servers  # noqa: F401  (fixture)
-from tests.sentinel import SentinelCluster
+from tests.support.lab import TEMPLATE_DB, LabServers, lab_servers  # noqa: F401  (fixture)
+from tests.support.sentinel import SentinelCluster
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def run_plan(servers: LabServers, index: int, seed: int, kinds: tuple[str, ...],
             heartbeat_ttl_s=3,
             recovery_interval_s=1,
             health_dir=str(tmp),
-            task_modules=("tests.chaos_tasks",),
+            task_modules=("tests.support.chaos_tasks",),
         )
         cluster = LabCluster(settings, tmp, None, database, worker_names=workers, lab=servers.lab, sentinels=sentinels)
         result = play_and_check(cluster, plan, tmp / "steps.jsonl", seed)

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from models import Activity, ActivityStatus, Schedule, SlotOutcome, SlotRecord, Trigger
-from tests.chaos import Applied, Fault
-from tests.chaos_invariants import (
+from tests.support.chaos import Applied, Fault
+from tests.support.chaos_invariants import (
     Context,
     Snapshot,
     Violation,

@@ -26,8 +26,8 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celeryapp.context import StepContext, running_step
 from celeryapp.errors import StepCancelled
 from celeryapp.worker.heartbeat import StepWatch
-from tests import chaos_tasks
-from tests.servers import RedisServer, wait_for
+from tests.support import chaos_tasks
+from tests.support.servers import RedisServer, wait_for
 
 CONTEXT = StepContext(7, "chaos-tasks", "a", 0, 1, {})
 

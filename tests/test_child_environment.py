@@ -12,9 +12,9 @@ from celery import Celery
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
-from tests import processes
-from tests.helpers import call, finished
-from tests.receivers import HttpReceiver, http_receiver  # noqa: F401  (a fixture)
+from tests.support import processes
+from tests.support.helpers import call, finished
+from tests.support.receivers import HttpReceiver, http_receiver  # noqa: F401  (a fixture)
 
 CHANNELS_FILE = """\
 channels:
@@ -36,7 +36,7 @@ def test_pool_children_running_steps_do_not_see_the_channels_secrets_the_sender_
 ) -> None:
     channels = tmp_path / "channels.yaml"
     channels.write_text(CHANNELS_FILE)
-    settings = dataclasses.replace(settings, task_modules=("tests.environment_tasks",))
+    settings = dataclasses.replace(settings, task_modules=("tests.support.environment_tasks",))
     env = {
         "CHORDBEAT_ALERT_CHANNELS": str(channels),
         "OPS_WEBHOOK_URL": http_receiver.url,

@@ -15,16 +15,16 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import text
 
-import tests.cli_tasks  # noqa: F401  (registers the CLI tests' step tasks in the in-process worker)
+import tests.support.cli_tasks  # noqa: F401  (registers the CLI tests' step tasks in the in-process worker)
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import listing
 from celeryapp.interfaces.cli import main
 from celeryapp.monitoring.health import touch
 from models import transaction
-from tests import processes
-from tests.helpers import call, finished, step, wait_for
-from tests.terminals import RELATIVE, WALL_TIME, in_pty, plain_lines, time_format_problems, wide_lines
+from tests.support import processes
+from tests.support.helpers import call, finished, step, wait_for
+from tests.support.terminals import RELATIVE, WALL_TIME, in_pty, plain_lines, time_format_problems, wide_lines
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 #: Markup, an SGR colour, a screen clear, an OSC 8 hyperlink, a carriage return and a bidi override.

@@ -13,7 +13,7 @@ from celery.result import AsyncResult
 
 from celeryapp.client import ChordbeatClient, answer
 from celeryapp.config import Settings
-from tests.servers import wait_for
+from tests.support.servers import wait_for
 
 
 def test_an_answer_stored_without_its_announcement_is_read(settings: Settings) -> None:

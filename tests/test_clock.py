@@ -26,9 +26,9 @@ from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery.heartbeat_trust import RECOVERY_SEEN_KEY
 from models import SlotOutcome, SlotRecord, transaction
 from models.clock import MAX_ROUND_TRIP_S, ReferenceClock, clock
-from tests import processes
-from tests.helpers import call, executions, finished, running, step, ts, wait_for
-from tests.web_server import ADMIN, WebServer, text_of
+from tests.support import processes
+from tests.support.helpers import call, executions, finished, running, step, ts, wait_for
+from tests.support.web_server import ADMIN, WebServer, text_of
 
 # --- the clock itself -------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """A deployment under load while Redis's clock (the reference) jumps forward and back: slots,
-deadlines and recovery never see the step (tests/clock_shift.c makes the server's clock jump)."""
+deadlines and recovery never see the step (tests/support/clock_shift.c makes the server's clock jump)."""
 
 from __future__ import annotations
 
@@ -31,13 +31,13 @@ from models import (
     SlotRecord,
     transaction,
 )
-from tests import processes
-from tests.helpers import step
-from tests.servers import RedisServer, wait_for
+from tests.support import processes
+from tests.support.helpers import step
+from tests.support.servers import RedisServer, wait_for
 
 
 class JumpingRedis(RedisServer):
-    """A redis-server whose wall clock is ``shift_file``'s offset off (tests/clock_shift.c): a new
+    """A redis-server whose wall clock is ``shift_file``'s offset off (tests/support/clock_shift.c): a new
     offset makes its TIME, and its keys' expiry, jump within 50 ms."""
 
     def __init__(self) -> None:

@@ -34,9 +34,9 @@ from celeryapp.recovery.heartbeat_trust import RECOVERY_SEEN_KEY
 from celeryapp.recovery.recovery import recover
 from models import WorkerTask, transaction, utcnow
 from models.clock import ReferenceClock, clock
-from tests.helpers import start_and_hold, step
-from tests.servers import wait_for
-from tests.web_server import ADMIN, WebServer, text_of
+from tests.support.helpers import start_and_hold, step
+from tests.support.servers import wait_for
+from tests.support.web_server import ADMIN, WebServer, text_of
 
 # --- the correction's arithmetic --------------------------------------------------------------
 

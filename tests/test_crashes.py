@@ -13,9 +13,9 @@ from redbeat.schedulers import RedBeatSchedulerEntry
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.messaging.redis_client import get_redis
-from tests import processes
-from tests.helpers import call, db_execution, execution, finished, running, step, ts, wait_for
-from tests.servers import RedisServer
+from tests.support import processes
+from tests.support.helpers import call, db_execution, execution, finished, running, step, ts, wait_for
+from tests.support.servers import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
 

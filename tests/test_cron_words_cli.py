@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from celeryapp.config import Settings
-from tests import processes
-from tests.helpers import call, step
-from tests.terminals import STYLE, in_pty, plain_lines, wide_lines
+from tests.support import processes
+from tests.support.helpers import call, step
+from tests.support.terminals import STYLE, in_pty, plain_lines, wide_lines
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 WORDS = "at 18:00 on the last weekday of the month"

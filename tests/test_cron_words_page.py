@@ -11,9 +11,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
-from tests.chromium import chromium, log_in, page_text, row_of
-from tests.servers import wait_for
-from tests.web_server import VIEWER, WebServer
+from tests.support.chromium import chromium, log_in, page_text, row_of
+from tests.support.servers import wait_for
+from tests.support.web_server import VIEWER, WebServer
 
 pytestmark = pytest.mark.slow
 

@@ -18,10 +18,10 @@ from sqlalchemy.engine import make_url
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.worker.dispatch import apply_effects
-from tests import processes
-from tests.fault_tasks import read_log
-from tests.helpers import call, db_execution, start_and_hold, ts, wait_for
-from tests.servers import PostgresServer
+from tests.support import processes
+from tests.support.fault_tasks import read_log
+from tests.support.helpers import call, db_execution, start_and_hold, ts, wait_for
+from tests.support.servers import PostgresServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
 

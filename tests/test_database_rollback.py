@@ -37,7 +37,7 @@ from models import (
     transaction,
     utcnow,
 )
-from tests.helpers import finished, running, step, token_of_task, wait_for
+from tests.support.helpers import finished, running, step, token_of_task, wait_for
 
 pytestmark = pytest.mark.both_databases
 

@@ -23,8 +23,8 @@ from celeryapp.domain.times import iso
 from models import Alert, AlertKind, Schedule, ScheduleExecution, Trigger, transaction
 from models.clock import clock
 from models.tables import SLOT_RECORDS
-from tests import processes
-from tests.helpers import call, finished, recorded_statements, step, wait_for
+from tests.support import processes
+from tests.support.helpers import call, finished, recorded_statements, step, wait_for
 
 pytestmark = pytest.mark.both_databases
 

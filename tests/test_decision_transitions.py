@@ -16,7 +16,7 @@ from celeryapp.errors import InvalidTransition
 from celeryapp.interfaces import service
 from celeryapp.scheduling.store import change_status
 from models import Schedule, ScheduleStatus, transaction, utcnow
-from tests.helpers import step
+from tests.support.helpers import step
 
 pytestmark = pytest.mark.both_databases
 

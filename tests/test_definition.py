@@ -21,7 +21,7 @@ from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.scheduling.beat_entries import CadenceSchedule
 from celeryapp.scheduling.store import next_fire_after
-from tests.helpers import call, set_field
+from tests.support.helpers import call, set_field
 
 KNOWN = {"chordbeat.examples.sleep", "chordbeat.examples.fail"}
 #: No policy of the workers', only which tasks they have.

@@ -23,8 +23,8 @@ from celeryapp.recovery.database_rollback import ROLLBACK_PAUSE_KEY, SEQUENCE_MA
 from celeryapp.recovery.housekeeping import purge
 from models.migrate import upgrade
 from models.session import dispose_all
-from tests.helpers import call, finished, step
-from tests.servers import PostgresServer, RedisServer
+from tests.support.helpers import call, finished, step
+from tests.support.servers import PostgresServer, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 _numbers = itertools.count(1)

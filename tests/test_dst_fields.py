@@ -32,9 +32,9 @@ from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, Sch
 from celeryapp.worker.firing import _ENTRY_AT, _FIRE_COLUMNS
 from models import Schedule, ScheduleSource, transaction
 from models.definitions import definition_of
-from tests import processes
-from tests.helpers import call, set_field, step
-from tests.terminals import in_pty, plain_lines
+from tests.support import processes
+from tests.support.helpers import call, set_field, step
+from tests.support.terminals import in_pty, plain_lines
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 KNOWN_ONLY = StepRules.without_policy({"chordbeat.examples.sleep"}.__contains__)

@@ -15,9 +15,9 @@ from sqlalchemy import update
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
 from models import Schedule, transaction
-from tests.chromium import chromium, log_in
-from tests.helpers import wait_for
-from tests.web_server import ADMIN, WebServer
+from tests.support.chromium import chromium, log_in
+from tests.support.helpers import wait_for
+from tests.support.web_server import ADMIN, WebServer
 
 pytestmark = pytest.mark.slow
 

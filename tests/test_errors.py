@@ -17,7 +17,7 @@ from sqlalchemy import update
 from celeryapp import contract, errors
 from celeryapp.application import ChordbeatCelery
 from models import Schedule, ScheduleStatus, transaction
-from tests.helpers import call, step
+from tests.support.helpers import call, step
 
 #: Exceptions of ours that are not ChordbeatErrors on purpose, and why.
 OUTSIDE_THE_ROOT = {

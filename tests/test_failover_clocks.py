@@ -29,11 +29,11 @@ from celeryapp.config import Settings
 from celeryapp.messaging.redis_client import get_redis, reset_clients
 from celeryapp.recovery.heartbeat_trust import HEARTBEAT_GRACE_KEY
 from celeryapp.recovery.recovery import recover
-from tests import processes
-from tests.fault_tasks import read_log
-from tests.helpers import call, db_execution
-from tests.sentinel import SentinelCluster
-from tests.servers import wait_for
+from tests.support import processes
+from tests.support.fault_tasks import read_log
+from tests.support.helpers import call, db_execution
+from tests.support.sentinel import SentinelCluster
+from tests.support.servers import wait_for
 
 MASTER = "chordbeat-primary"
 #: The step's lease (7.25 s, refreshed every 2.4 s) outlives a ``SENTINEL FAILOVER`` (1.3 s) with

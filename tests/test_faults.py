@@ -20,17 +20,17 @@ from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-import tests.fault_tasks  # noqa: F401  (registers the fault step tasks in the in-process worker)
+import tests.support.fault_tasks  # noqa: F401  (registers the fault step tasks in the in-process worker)
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.recovery import recovery
 from celeryapp.worker.dispatch import apply_effects
 from models import Activity, ScheduleExecution, transaction, utcnow
 from models.session import PG_CONNECT_TIMEOUT_S, connection, get_engine
-from tests import processes
-from tests.fault_tasks import read_log
-from tests.helpers import call, db_execution, finished, start_and_hold, step, wait_for
-from tests.servers import PostgresServer
+from tests.support import processes
+from tests.support.fault_tasks import read_log
+from tests.support.helpers import call, db_execution, finished, start_and_hold, step, wait_for
+from tests.support.servers import PostgresServer
 
 pytestmark = pytest.mark.both_databases
 

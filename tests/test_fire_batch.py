@@ -23,7 +23,7 @@ from models import (
     transaction,
     utcnow,
 )
-from tests.helpers import recorded_statements, step
+from tests.support.helpers import recorded_statements, step
 
 HOUR = timedelta(hours=1)
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import secrets
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +26,11 @@ from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.worker import step_events
 from models import ActivityStatus, AuditSource, ScheduleStep, WorkerTask, transaction
-from tests import processes
-from tests.chromium import chromium
-from tests.helpers import call, finished, running, step, token_of_task, wait_for
-from tests.servers import free_port
-from tests.step_log_tasks import RAISING_LINE
+from tests.support import processes
+from tests.support.chromium import chromium
+from tests.support.flower import Flower, flower
+from tests.support.helpers import call, finished, running, step, token_of_task, wait_for
+from tests.support.step_log_tasks import RAISING_LINE
 
 pytestmark = pytest.mark.slow
 
@@ -54,52 +52,12 @@ def worker_task(app: ChordbeatCelery, execution_id: int, step_name: str) -> Work
 HOSTILE_STEP = "<img src=x onerror=alert(1)>"
 
 
-class Flower:
-    def __init__(self, settings: Settings, tmp: Path, **extra: str) -> None:
-        self.port = free_port()
-        self.auth = ("ops", secrets.token_urlsafe(16))
-        env = processes.settings_env(
-            settings,
-            FLOWER_BASIC_AUTH=":".join(self.auth),
-            FLOWER_COOKIE_SECRET=secrets.token_urlsafe(32),
-            FLOWER_DB=str(tmp / "flower.db"),
-            FLOWER_PORT=str(self.port),
-            **extra,
-        )
-        argv = [processes.CELERY, "-A", "celeryapp", "flower", f"--conf={processes.ROOT}/flower.cfg"]
-        self.process = processes.Process(argv, env, tmp / "flower.log")
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def get(self, path: str, **params: Any) -> requests.Response:
-        return requests.get(self.url + path, params=params, auth=self.auth, timeout=10)
-
-    def tasks(self, **params: Any) -> dict[str, dict[str, Any]]:
-        response = self.get("/api/tasks", **params)
-        response.raise_for_status()
-        tasks: dict[str, dict[str, Any]] = response.json()
-        return tasks
-
-
-@contextlib.contextmanager
-def flower(settings: Settings, tmp: Path, **extra: str) -> Iterator[Flower]:
-    monitor = Flower(settings, tmp, **extra)
-    with processes.running(monitor.process):
-
-        def up() -> bool:
-            with contextlib.suppress(requests.RequestException):
-                return requests.get(monitor.url + "/healthcheck", timeout=2).ok
-            return False
-
-        wait_for(up, 60, interval=0.3, what=f"Flower to answer\n{monitor.process.output()}")
-        yield monitor
-
-
 #: Workers that obey an operator's revoke from the broker (Flower's Revoke and Terminate buttons).
 OPERATORS_REVOKE = {"CHORDBEAT_REMOTE_CONTROL": "revoke"}
 #: Flower's task-publishing, result-reading and worker-control API, turned on (flower.cfg).
 FLOWER_CONTROL = {"CHORDBEAT_FLOWER_CONTROL": "on"}
-#: A worker that can run tests/step_log_tasks.py's chatty failing step.
-STEP_LOG_TASKS = {"CHORDBEAT_TASK_MODULES": "tests.step_log_tasks", "PYTHONPATH": processes.ROOT}
+#: A worker that can run tests/support/step_log_tasks.py's chatty failing step.
+STEP_LOG_TASKS = {"CHORDBEAT_TASK_MODULES": "tests.support.step_log_tasks", "PYTHONPATH": processes.ROOT}
 
 
 def events_worker(

@@ -25,8 +25,8 @@ from celeryapp.worker import runner
 from celeryapp.worker.lease import lease_s
 from celeryapp.worker.step_events import RunnerAnswer
 from models import WorkerTask, get_engine, transaction
-from tests.helpers import token_of_task
-from tests.servers import wait_for
+from tests.support.helpers import token_of_task
+from tests.support.servers import wait_for
 
 pytestmark = pytest.mark.both_databases
 

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 
 from celeryapp.application import ChordbeatCelery
 from models import Activity, SlotOutcome, SlotRecord, WorkerTask, WorkerTaskStatus, transaction
-from tests.helpers import call, execution, finished, running, step, wait_for
+from tests.support.helpers import call, execution, finished, running, step, wait_for
 
 pytestmark = pytest.mark.both_databases
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces.web.broker_state import WorkerPings, broker_state
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 
 def test_the_page_shows_the_last_answers_and_a_stale_one_is_asked_again_in_the_background(

@@ -13,7 +13,7 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery import housekeeping
 from models import Activity, ScheduleExecution, SlotRecord, transaction, utcnow
-from tests.helpers import call, finished, step, wait_for
+from tests.support.helpers import call, finished, step, wait_for
 
 pytestmark = pytest.mark.both_databases
 

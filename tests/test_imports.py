@@ -218,14 +218,22 @@ def test_each_module_imports_on_its_own(module: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_test_modules_share_helpers_through_tests_helpers_not_through_each_other() -> None:
+def borrowed_from_test_modules(path: Path) -> list[str]:
+    """``path``'s imports of a test module or conftest, which only ``tests/support/`` should serve."""
     borrowed = []
-    for path in sorted((ROOT / "tests").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.ImportFrom)
-                and node.module
-                and node.module.startswith(("tests.test_", "tests.conftest"))
-            ):
-                borrowed.append(f"{path.name}: from {node.module} import …")
-    assert borrowed == []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or not node.module:
+            continue
+        modules = [f"{node.module}.{alias.name}" for alias in node.names] if node.module == "tests" else [node.module]
+        borrowed += [f"{path.name}: from {m}" for m in modules if m.startswith(("tests.test_", "tests.conftest"))]
+    return borrowed
+
+
+def test_test_modules_share_helpers_through_tests_support_not_through_each_other(tmp_path: Path) -> None:
+    assert [line for path in sorted((ROOT / "tests").rglob("*.py")) for line in borrowed_from_test_modules(path)] == []
+    planted = tmp_path / "test_planted.py"
+    planted.write_text("from tests import test_flower\nfrom tests.test_cli import run\nfrom tests.support import lab\n")
+    assert borrowed_from_test_modules(planted) == [
+        "test_planted.py: from tests.test_flower",
+        "test_planted.py: from tests.test_cli",
+    ]

@@ -11,7 +11,7 @@ from celeryapp import app as chordbeat_app
 from celeryapp import outcome
 from celeryapp.application import ChordbeatCelery
 from celeryapp.context import current_step
-from tests.helpers import call, finished, run_once, step, ts
+from tests.support.helpers import call, finished, run_once, step, ts
 
 pytestmark = pytest.mark.both_databases
 

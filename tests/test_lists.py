@@ -28,7 +28,7 @@ from celeryapp.domain.limits import (
 from celeryapp.interfaces import service, summaries
 from celeryapp.interfaces.summaries import MAX_SCHEDULE_BYTES, MAX_SUMMARY_BYTES
 from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, Trigger, transaction
-from tests.helpers import call, finished, step
+from tests.support.helpers import call, finished, step
 
 pytestmark = pytest.mark.both_databases
 

@@ -36,8 +36,8 @@ from models import (
     utcnow,
 )
 from models.session import CONFLICT_TRIES, autocommit, connection, dispose_all, retrying
-from tests.helpers import step, wait_for
-from tests.web_server import ADMIN, WebServer, xsrf
+from tests.support.helpers import step, wait_for
+from tests.support.web_server import ADMIN, WebServer, xsrf
 
 pytestmark = pytest.mark.both_databases
 

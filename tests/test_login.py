@@ -27,9 +27,9 @@ from celeryapp.interfaces.web.auth import hash_password
 from celeryapp.interfaces.web.throttle import ADDRESS_ATTEMPTS, ADDRESS_WINDOW_S, USER_ATTEMPTS, USER_LOCKOUT_S
 from models import transaction
 from models.tables import AUDIT_EVENTS
-from tests.chromium import chromium
-from tests.login_server import LoginServer, chordbeat_web
-from tests.servers import RedisServer, free_port, wait_for
+from tests.support.chromium import chromium
+from tests.support.login_server import LoginServer, chordbeat_web
+from tests.support.servers import RedisServer, free_port, wait_for
 
 ADMIN = ("ops", "ops-password")
 VIEWER = ("watcher", "watcher-password")

@@ -16,7 +16,7 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-import tests.fault_tasks  # noqa: F401  (registers the fault step tasks in this process too)
+import tests.support.fault_tasks  # noqa: F401  (registers the fault step tasks in this process too)
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.errors import StepCancelled
@@ -32,10 +32,10 @@ from celeryapp.worker.heartbeat import Interrupt, StepWatch
 from celeryapp.worker.step_events import STOP_FLAG_TTL_S, TERMINATED, stop_attempt
 from models import ExecutionStatus, ScheduleExecution, WorkerTask, transaction, utcnow
 from models.session import connection
-from tests import processes
-from tests.fault_tasks import read_log
-from tests.helpers import step, wait_for
-from tests.servers import RedisServer
+from tests.support import processes
+from tests.support.fault_tasks import read_log
+from tests.support.helpers import step, wait_for
+from tests.support.servers import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
 

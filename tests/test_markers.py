@@ -1,4 +1,4 @@
-"""The `slow` marker that `make test-fast` leaves out is found, not kept by hand (tests/slowness.py):
+"""The `slow` marker that `make test-fast` leaves out is found, not kept by hand (tests/support/slowness.py):
 these tests make sure that what starts workers, beat, browsers, Sentinel or a lab is found, that a
 fast test starting one anyway fails, and that `make test` deselects nothing."""
 
@@ -18,13 +18,13 @@ from celery.contrib.testing.worker import start_worker
 from selenium import webdriver
 
 from celeryapp.config import Settings
-from tests import processes
-from tests.chaos import Cluster
-from tests.helpers import tells_databases_apart
-from tests.lab import lab_servers
-from tests.sentinel import SentinelCluster
-from tests.servers import PostgresServer, RedisServer
-from tests.slowness import SLOW_PROGRAMS, slow_reason, started_but_not_slow
+from tests.support import processes
+from tests.support.chaos import Cluster
+from tests.support.helpers import tells_databases_apart
+from tests.support.lab import lab_servers
+from tests.support.sentinel import SentinelCluster
+from tests.support.servers import PostgresServer, RedisServer
+from tests.support.slowness import SLOW_PROGRAMS, slow_reason, started_but_not_slow
 
 ROOT = Path(__file__).resolve().parent.parent
 

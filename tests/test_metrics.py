@@ -23,7 +23,7 @@ from celeryapp.recovery.housekeeping import purge
 from celeryapp.scheduling.schedule_file import apply_file
 from models import MetricCount, transaction, utcnow
 from models.session import get_engine
-from tests.helpers import call, execution, finished, running, step
+from tests.support.helpers import call, execution, finished, running, step
 
 pytestmark = pytest.mark.both_databases
 

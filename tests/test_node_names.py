@@ -11,8 +11,8 @@ from celery import Celery
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
-from tests import processes
-from tests.helpers import call, execution, finished, running, step, wait_for
+from tests.support import processes
+from tests.support.helpers import call, execution, finished, running, step, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
 

@@ -17,9 +17,9 @@ from celery import Celery
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.monitoring.health import age_s, problem, touch
-from tests import processes
-from tests.helpers import call, finished, http_get, step, wait_for
-from tests.servers import RedisServer, free_port
+from tests.support import processes
+from tests.support.helpers import call, finished, http_get, step, wait_for
+from tests.support.servers import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,9 +23,9 @@ from celery import Celery
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
-from tests import processes
-from tests.helpers import call, rode_out, running, step, ts, wait_for
-from tests.servers import RedisServer
+from tests.support import processes
+from tests.support.helpers import call, rode_out, running, step, ts, wait_for
+from tests.support.servers import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_databases]
 

@@ -17,7 +17,7 @@ from celeryapp.monitoring import overload
 from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.worker import firing
 from models import Schedule, SlotOutcome, SlotRecord, Trigger, get_engine, transaction, utcnow
-from tests.helpers import step
+from tests.support.helpers import step
 
 pytestmark = pytest.mark.both_databases
 

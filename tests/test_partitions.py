@@ -1,4 +1,4 @@
-"""Hosts cut off from Redis (tests/lab.py: network namespaces on a bridge, nftables drops).
+"""Hosts cut off from Redis (tests/support/lab.py: network namespaces on a bridge, nftables drops).
 
 Lease discipline: a worker whose step's heartbeat no longer reaches Redis stops the step itself
 before the heartbeat can expire, so that when recovery (on another host) re-queues the attempt
@@ -19,10 +19,10 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys
-from tests import processes
-from tests.fault_tasks import read_log
-from tests.helpers import db_execution, step, ts, wait_for
-from tests.lab import Host, Lab, LabServers, lab, lab_servers, lab_settings  # noqa: F401  (fixtures)
+from tests.support import processes
+from tests.support.fault_tasks import read_log
+from tests.support.helpers import db_execution, step, ts, wait_for
+from tests.support.lab import Host, Lab, LabServers, lab, lab_servers, lab_settings  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

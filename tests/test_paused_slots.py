@@ -19,8 +19,8 @@ from celeryapp.config import Settings
 from celeryapp.domain.cadence import Cadence
 from celeryapp.recovery.paused_slots import paused_detail
 from models import Schedule
-from tests import processes
-from tests.helpers import call, step, ts, wait_for
+from tests.support import processes
+from tests.support.helpers import call, step, ts, wait_for
 
 pytestmark = pytest.mark.both_databases
 

@@ -20,8 +20,8 @@ from celeryapp.interfaces import service
 from celeryapp.worker import database_patience, runner
 from models import Activity, ActivityStatus, WorkerTask, get_engine, transaction
 from models.session import autocommit
-from tests.helpers import step
-from tests.servers import PgBouncer, PostgresServer, wait_for
+from tests.support.helpers import step
+from tests.support.servers import PgBouncer, PostgresServer, wait_for
 
 THROUGH_PGBOUNCER = pytest.mark.parametrize("database_url", ["pgbouncer"], indirect=True)
 

@@ -31,8 +31,8 @@ from celeryapp.messaging import keys, serialization, unacked
 from celeryapp.messaging.serialization import MAX_MESSAGE_DEPTH, envelope, headers_after_body, loads, nesting_depth
 from celeryapp.messaging.unacked import UNACKED_INDEX_KEY, UNACKED_KEY
 from celeryapp.variables import DEFAULT_MAX_MESSAGE_BYTES
-from tests import processes
-from tests.helpers import call, run_once, step, wait_for
+from tests.support import processes
+from tests.support.helpers import call, run_once, step, wait_for
 
 SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 QUEUES = (keys.STEPS_QUEUE, keys.CONTROL_QUEUE, keys.PUBLIC_QUEUE)

@@ -33,8 +33,8 @@ from celeryapp.scheduling import beat_entries
 from celeryapp.worker import firing
 from models import Trigger, get_engine, transaction, utcnow
 from models.migrate import upgrade
-from tests.helpers import finished
-from tests.servers import PostgresServer
+from tests.support.helpers import finished
+from tests.support.servers import PostgresServer
 
 SHAPE = HistoryShape(schedules=2_000, executions=100_000, slots=400_000, busy_schedules=20)
 #: A sequential scan of a table this big is a defect on a path that runs all day.

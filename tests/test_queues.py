@@ -16,8 +16,8 @@ from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from models import ScheduleStep, transaction
-from tests import processes
-from tests.helpers import call, finished, running, step, wait_for
+from tests.support import processes
+from tests.support.helpers import call, finished, running, step, wait_for
 
 #: Seconds a control or service call may take while every step slot is busy.
 CONTROL_ANSWER_S = 2.0

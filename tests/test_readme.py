@@ -17,10 +17,10 @@ from celery import Celery
 from celeryapp.application import ChordbeatCelery
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.worker_registry import live_workers
-from tests.helpers import call, finished
-from tests.processes import Process
-from tests.servers import RedisServer, free_port, wait_for
-from tests.terminals import in_pty, screen_lines
+from tests.support.helpers import call, finished
+from tests.support.processes import Process
+from tests.support.servers import RedisServer, free_port, wait_for
+from tests.support.terminals import in_pty, screen_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

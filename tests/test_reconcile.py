@@ -20,7 +20,7 @@ from celeryapp.scheduling.store import upsert_schedule
 from celeryapp.worker import firing
 from models import Schedule, ScheduleSource, ScheduleStatus, Trigger, get_engine, transaction, utcnow
 from tasks.control import reconcile_beat
-from tests.helpers import step
+from tests.support.helpers import step
 
 pytestmark = pytest.mark.both_databases
 

@@ -34,8 +34,8 @@ from models import (
     transaction,
     utcnow,
 )
-from tests import processes
-from tests.helpers import (
+from tests.support import processes
+from tests.support.helpers import (
     call,
     db_execution,
     entry_exists,

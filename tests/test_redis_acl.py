@@ -21,9 +21,10 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from celeryapp.config import Settings
-from tests import processes, test_flower
-from tests.helpers import call, finished, step
-from tests.servers import free_port, wait_for
+from tests.support import processes
+from tests.support.flower import flower
+from tests.support.helpers import call, finished, step
+from tests.support.servers import free_port, wait_for
 
 ACL_FILE = Path(processes.ROOT) / "deploy" / "redis" / "users.acl"
 ROLES = ("chordbeat", "service", "monitor")
@@ -108,7 +109,7 @@ def service_caller(url: str) -> Celery:
 
 def flower_view(settings: Settings, tmp: Path) -> dict[str, Any]:
     """What Flower's workers API shows, asked afresh (``refresh``: its inspection commands)."""
-    with test_flower.flower(settings, tmp) as monitor:
+    with flower(settings, tmp) as monitor:
 
         def listed() -> dict[str, Any] | None:
             shown: dict[str, Any] = monitor.get("/api/workers", refresh="1").json()

@@ -21,10 +21,10 @@ from celeryapp.config import Settings
 from celeryapp.interfaces import service
 from celeryapp.messaging.redis_client import get_redis, reset_clients
 from celeryapp.recovery.recovery import recover
-from tests import processes
-from tests.helpers import call, rode_out, running, step, ts
-from tests.sentinel import Forwarder, SentinelCluster
-from tests.servers import RedisServer, wait_for
+from tests.support import processes
+from tests.support.helpers import call, rode_out, running, step, ts
+from tests.support.sentinel import Forwarder, SentinelCluster
+from tests.support.servers import RedisServer, wait_for
 
 #: Not the default name: every client must be told it.
 MASTER = "chordbeat-primary"

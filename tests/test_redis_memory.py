@@ -14,7 +14,7 @@ from celeryapp.variables import DEFAULT_HEARTBEAT_TTL_S
 from celeryapp.worker.database_patience import DATABASE_PATIENCE_S
 from celeryapp.worker.dispatch import flag_ttl_ms
 from celeryapp.worker.step_events import STOP_FLAG_TTL_S
-from tests.helpers import run_once, step, wait_for
+from tests.support.helpers import run_once, step, wait_for
 
 
 def test_steps_store_no_result_and_chords_still_advance(app: ChordbeatCelery, worker: Any, client: Celery) -> None:

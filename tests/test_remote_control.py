@@ -14,8 +14,8 @@ from celeryapp.config import Settings
 from celeryapp.errors import ConfigError
 from celeryapp.messaging import remote_control
 from celeryapp.variables import WORKER_CHANGING_COMMANDS
-from tests import processes
-from tests.helpers import call, finished, step, wait_for
+from tests.support import processes
+from tests.support.helpers import call, finished, step, wait_for
 
 
 def test_every_command_celery_knows_is_either_answered_or_refused() -> None:

@@ -12,7 +12,7 @@ from celeryapp import app as chordbeat_app
 from celeryapp import outcome
 from celeryapp.application import ChordbeatCelery
 from celeryapp.messaging.redis_client import get_redis
-from tests.helpers import call, finished, step
+from tests.support.helpers import call, finished, step
 
 pytestmark = pytest.mark.both_databases
 

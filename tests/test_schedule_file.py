@@ -19,8 +19,8 @@ from celeryapp.interfaces import service
 from celeryapp.interfaces.cli import main
 from celeryapp.scheduling.schedule_file import apply_file
 from models import Schedule, ScheduleSource, transaction
-from tests import processes
-from tests.helpers import call, entry_exists, executions, finished, step, wait_for
+from tests.support import processes
+from tests.support.helpers import call, entry_exists, executions, finished, step, wait_for
 
 
 def write(path: Path, *schedules: dict[str, Any], source: str | None = None) -> Path:

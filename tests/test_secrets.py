@@ -18,9 +18,9 @@ from redis.connection import parse_url
 from celeryapp.client import ChordbeatClient
 from celeryapp.config import Settings
 from celeryapp.domain.redaction import credentials_apart
-from tests import processes
-from tests.helpers import http_get, wait_for
-from tests.servers import RedisServer, free_port
+from tests.support import processes
+from tests.support.helpers import http_get, wait_for
+from tests.support.servers import RedisServer, free_port
 
 REDIS_PASSWORD = "redis-pw-4f9c2e81d7"
 PAYLOAD_SECRET = "payload-secret-7d1a"

@@ -8,7 +8,7 @@ import pytest
 from celery import Celery
 
 from celeryapp.application import ChordbeatCelery
-from tests.helpers import call, finished, step
+from tests.support.helpers import call, finished, step
 
 SCHEDULE_KEYS = {
     "name",

@@ -1,9 +1,9 @@
 """PostgreSQL fails over to its streaming standby while steps claim and finish (issue 35, item 4).
 
-The lab (tests/standby.py): a primary, a standby made with ``pg_basebackup -R`` streaming through a
+The lab (tests/support/standby.py): a primary, a standby made with ``pg_basebackup -R`` streaming through a
 relay the test can cut, and the address chordbeat uses, moved to the standby once it is promoted
 (a virtual IP). A real worker runs the chaos suite's step task, which logs each body's start and
-end (tests/chaos_tasks.py).
+end (tests/support/chaos_tasks.py).
 
 Synchronous replication (``synchronous_standby_names`` and ``synchronous_commit = on``): nothing
 acknowledged is lost; every step body runs once, the one running across the failover included.
@@ -35,10 +35,10 @@ from celeryapp.interfaces import service
 from celeryapp.recovery import database_rollback, recovery
 from models import ScheduleExecution, transaction
 from models.migrate import upgrade
-from tests import processes
-from tests.chaos_tasks import STEP_TASK
-from tests.servers import RedisServer, wait_for
-from tests.standby import ReplicatedPostgres, run_sql
+from tests.support import processes
+from tests.support.chaos_tasks import STEP_TASK
+from tests.support.servers import RedisServer, wait_for
+from tests.support.standby import ReplicatedPostgres, run_sql
 
 TABLES = ("schedule_executions", "worker_tasks", "activities")
 #: A step queue only the second worker takes.
@@ -72,7 +72,7 @@ def settings(redis_server: RedisServer, replicated: ReplicatedPostgres, tmp_path
         heartbeat_ttl_s=3,
         recovery_interval_s=1,
         health_dir=str(tmp_path),
-        task_modules=("tests.chaos_tasks",),
+        task_modules=("tests.support.chaos_tasks",),
     )
 
 

@@ -20,7 +20,7 @@ from celeryapp.interfaces import service
 from models import Activity, ActivityStatus, WorkerTask, WorkerTaskStatus, transaction, utcnow
 from models.session import autocommit, connection
 from tasks.control import advance_execution as advance_task
-from tests.helpers import step
+from tests.support.helpers import step
 
 
 def _queued(app: ChordbeatCelery, name: str) -> tuple[int, int]:

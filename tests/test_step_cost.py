@@ -38,9 +38,9 @@ from models import (
     utcnow,
 )
 from models.session import autocommit, connection
-from tests import processes
-from tests.helpers import recorded_statements, step
-from tests.servers import wait_for
+from tests.support import processes
+from tests.support.helpers import recorded_statements, step
+from tests.support.servers import wait_for
 
 
 def _group(app: ChordbeatCelery, execution_id: int, index: int) -> list[int]:

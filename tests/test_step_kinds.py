@@ -26,9 +26,9 @@ from celeryapp.monitoring import worker_registry
 from celeryapp.variables import STEP_KINDS
 from celeryapp.worker.step_kinds import run_executable, split_statements
 from models import ScheduleStep, transaction
-from tests import processes
-from tests.helpers import call, finished, wait_for
-from tests.servers import PostgresServer
+from tests.support import processes
+from tests.support.helpers import call, finished, wait_for
+from tests.support.servers import PostgresServer
 
 pytestmark = pytest.mark.both_databases
 

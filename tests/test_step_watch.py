@@ -13,7 +13,7 @@ import redis
 from celeryapp.errors import StepCancelled
 from celeryapp.worker import heartbeat
 from celeryapp.worker.heartbeat import CANCEL_POLL_S, StepWatch
-from tests.servers import RedisServer, wait_for
+from tests.support.servers import RedisServer, wait_for
 
 
 def _exists_calls(client: redis.Redis) -> int:

@@ -11,10 +11,10 @@ from typing import Any
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import service
-from tests import processes
-from tests.helpers import call, step
-from tests.terminals import in_pty, plain_lines, screen_lines, wide_lines
-from tests.web_server import ADMIN, VIEWER, WebServer, text_of
+from tests.support import processes
+from tests.support.helpers import call, step
+from tests.support.terminals import in_pty, plain_lines, screen_lines, wide_lines
+from tests.support.web_server import ADMIN, VIEWER, WebServer, text_of
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 

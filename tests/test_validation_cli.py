@@ -12,9 +12,9 @@ from celery import Celery
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
-from tests import processes
-from tests.helpers import call
-from tests.terminals import in_pty, screen_lines
+from tests.support import processes
+from tests.support.helpers import call
+from tests.support.terminals import in_pty, screen_lines
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 #: The issue's schedule: four mistakes (name, zone alias, cron field, task) that took four rounds.

@@ -12,8 +12,8 @@ from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery import recovery
-from tests import processes
-from tests.helpers import step, wait_for
+from tests.support import processes
+from tests.support.helpers import step, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ from celeryapp.recovery.paused_slots import record_all_paused
 from models import Activity, Schedule, transaction, utcnow
 from models.audit import BEAT
 from models.states import AuditAction, AuditSource
-from tests.servers import wait_for
-from tests.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
+from tests.support.servers import wait_for
+from tests.support.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
 
 pytestmark = pytest.mark.both_databases
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'

@@ -22,9 +22,9 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import alerts, service
 from models import AlertSilence, AuditEvent, Schedule, transaction, utcnow
-from tests.chromium import chromium, confirm, log_in, no_iso, page_text, row_of
-from tests.helpers import wait_for
-from tests.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
+from tests.support.chromium import chromium, confirm, log_in, no_iso, page_text, row_of
+from tests.support.helpers import wait_for
+from tests.support.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
 
 pytestmark = pytest.mark.slow
 #: Markup in a step's error: shown as text, never run.

@@ -1,5 +1,5 @@
 """The dashboard in a real browser: Debian's Chromium driven by its chromedriver (Selenium,
-tests/chromium.py). One browser serves the whole module. ``CHORDBEAT_WEB_SCREENSHOTS=DIR`` saves
+tests/support/chromium.py). One browser serves the whole module. ``CHORDBEAT_WEB_SCREENSHOTS=DIR`` saves
 screenshots of the pages there (docs/img holds the ones the docs show).
 """
 
@@ -16,14 +16,14 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
-from tests.chromium import ISO, chromium
-from tests.chromium import confirm as _confirm
-from tests.chromium import log_in as _log_in
-from tests.chromium import no_iso as _no_iso
-from tests.chromium import page_text as _text
-from tests.chromium import row_of as _row
-from tests.servers import wait_for
-from tests.web_server import ADMIN, VIEWER, WebServer
+from tests.support.chromium import ISO, chromium
+from tests.support.chromium import confirm as _confirm
+from tests.support.chromium import log_in as _log_in
+from tests.support.chromium import no_iso as _no_iso
+from tests.support.chromium import page_text as _text
+from tests.support.chromium import row_of as _row
+from tests.support.servers import wait_for
+from tests.support.web_server import ADMIN, VIEWER, WebServer
 
 pytestmark = pytest.mark.slow
 #: The badge colour of a run completed with warnings (dashboard.css --warn).

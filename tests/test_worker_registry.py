@@ -17,7 +17,7 @@ from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, reset_clients
 from celeryapp.monitoring import worker_registry
 from celeryapp.monitoring.worker_registry import checked_rules, live_workers, publish
-from tests.servers import RedisServer, wait_for
+from tests.support.servers import RedisServer, wait_for
 
 NOTHING_HERE = StepRules.of(Settings(), lambda task: False).registered
 

@@ -26,7 +26,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from tests.servers import free_port, wait_for
+from tests.support.servers import free_port, wait_for
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Helpers shared by the test modules: calling the service, waiting for runs, reading state.
 
-Test modules import from here (or from tests.servers and tests.processes), never from each other.
+Test modules import from here (or from tests.support.servers and tests.support.processes), never from each other.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from celeryapp.messaging.redis_client import get_redis
 from celeryapp.scheduling import queued_fires
 from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
 from models import Schedule, ScheduleExecution, Trigger, WorkerTask, get_engine, transaction, utcnow
-from tests.servers import wait_for
+from tests.support.servers import wait_for
 
 __all__ = [
     "call",

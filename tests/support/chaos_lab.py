@@ -1,8 +1,8 @@
 """The chaos cluster on several hosts: each worker and beat in a host of the multi-host lab
-(:mod:`tests.lab`), Redis a Sentinel group (:mod:`tests.sentinel`) on the lab's bridge.
+(:mod:`tests.support.lab`), Redis a Sentinel group (:mod:`tests.support.sentinel`) on the lab's bridge.
 
-It injects every kind of :mod:`tests.chaos` but the Redis restarts (a Sentinel group is not one
-server), and the lab's own kinds (:data:`tests.chaos.LAB_KINDS`):
+It injects every kind of :mod:`tests.support.chaos` but the Redis restarts (a Sentinel group is not one
+server), and the lab's own kinds (:data:`tests.support.chaos.LAB_KINDS`):
 
 - ``partition``: one host (a worker's or beat's) cut off from the servers both ways (nftables
   drops in its namespace: no reset, no error) for 2-15 s, then healed.
@@ -17,14 +17,14 @@ server), and the lab's own kinds (:data:`tests.chaos.LAB_KINDS`):
   replica again (a failover needs one).
 
   The replica's host clock is off the primary's by :func:`replica_clock_shift_s` (20 or 60 s,
-  ahead or behind, drawn by the plan's seed; :mod:`tests.sentinel` preloads tests/clock_shift.c
+  ahead or behind, drawn by the plan's seed; :mod:`tests.support.sentinel` preloads tests/support/clock_shift.c
   into it, and each server keeps its clock when started again). Each failover thus moves Redis's
   clock, the reference, by the shift, and back at the next: keys expire by the new primary's
   clock (a heartbeat at once, ahead), and every process reads the jump. The primary-change grace
   (:mod:`celeryapp.recovery.heartbeat_trust`) and the reference-clock correction
   (:mod:`celeryapp.domain.clock_correction`) are what keep the windows below.
 
-Windows (:mod:`tests.chaos_invariants`) and why, with the cluster's heartbeat TTL of 3 s and
+Windows (:mod:`tests.support.chaos_invariants`) and why, with the cluster's heartbeat TTL of 3 s and
 recovery every second:
 
 - A cut-off beat fires nothing (there is one beat, no standby: every slot due meanwhile is
@@ -39,7 +39,7 @@ recovery every second:
   fire message the cut-off one held is re-sent by recovery. A body it completed but could not
   record is fenced (it cannot say so), as a frozen worker's.
 - A Sentinel failover: from the SIGKILL to the promotion nothing can be written (about 3 s:
-  :data:`tests.sentinel.DOWN_AFTER_MS` and an election), and every client then asks the
+  :data:`tests.support.sentinel.DOWN_AFTER_MS` and an election), and every client then asks the
   Sentinels for the new primary and reconnects. Blackout 10 s after the promotion (as a Redis
   restart from empty: writes the old primary had not replicated are lost); stall 15 s (a step's
   heartbeat refreshes did not reach Redis through the failover: its lease ends, it is re-queued
@@ -53,10 +53,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tests import processes
-from tests.chaos import LAB_KINDS, PARTITION_KINDS, Applied, Cluster, Fault
-from tests.lab import Host, Lab
-from tests.sentinel import SentinelCluster
+from tests.support import processes
+from tests.support.chaos import LAB_KINDS, PARTITION_KINDS, Applied, Cluster, Fault
+from tests.support.lab import Host, Lab
+from tests.support.sentinel import SentinelCluster
 
 #: How far the replica's clock may be off the primary's (seconds; negative: behind). 20 s is
 #: shorter than beat's 30 s lock, 60 s longer: ahead, the lock expires at once on the new primary.
@@ -70,7 +70,7 @@ def replica_clock_shift_s(seed: int) -> int:
 
 @dataclass
 class LabCluster(Cluster):
-    """A :class:`tests.chaos.Cluster` whose workers and beat each run in their own lab host."""
+    """A :class:`tests.support.chaos.Cluster` whose workers and beat each run in their own lab host."""
 
     lab: Lab | None = None
     sentinels: SentinelCluster | None = None

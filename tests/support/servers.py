@@ -50,7 +50,7 @@ class RedisServer:
     def __init__(self, password: str | None = None, *, persistent: bool = False, also_bind: str | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="chordbeat-redis-"))
         self.port = free_port()
-        #: An address it listens on besides 127.0.0.1 (the multi-host lab's, tests/lab.py).
+        #: An address it listens on besides 127.0.0.1 (the multi-host lab's, tests/support/lab.py).
         self.also_bind = also_bind
         #: With a password the server refuses unauthenticated clients (``--requirepass``).
         self.password = password
@@ -172,7 +172,7 @@ class PostgresServer:
 
     def __init__(self, also_listen: str | None = None) -> None:
         """``also_listen``: an interface (``10.1.2.1/24``) it listens on besides 127.0.0.1, trusting
-        its network's clients as loopback ones (the multi-host lab's, tests/lab.py)."""
+        its network's clients as loopback ones (the multi-host lab's, tests/support/lab.py)."""
         self.also_listen = ipaddress.IPv4Interface(also_listen) if also_listen else None
         if not PG_BIN_DIRS:
             raise RuntimeError("PostgreSQL server binaries are not installed (make test installs them)")

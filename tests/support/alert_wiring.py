@@ -1,5 +1,5 @@
 """The alert tests' shared wiring: a channels file naming every kind of channel, its variables
-pointing at the real receivers (tests/receivers.py), and the outbox read and written as the
+pointing at the real receivers (tests/support/receivers.py), and the outbox read and written as the
 sender sees it. Used by test_alert_delivery (the sender in this process) and
 test_alert_sender_thread (the sender in workers)."""
 
@@ -22,7 +22,7 @@ from celeryapp.monitoring import metric_counts
 from celeryapp.monitoring.alert_outbox import write_alert
 from models import Alert, AlertDelivery, AlertKind, MetricCount, transaction
 from models.clock import clock
-from tests.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401  (fixtures)
+from tests.support.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401  (fixtures)
 
 SECRET = "s3cret-signing-key"
 CHANNELS_FILE = """

@@ -14,7 +14,7 @@ import tornado.ioloop
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces.web.auth import hash_password, parse_users
 from celeryapp.interfaces.web.server import make_app
-from tests.servers import free_port
+from tests.support.servers import free_port
 
 SECRET = "test-secret-" + "x" * 40
 ADMIN = ("ops", "ops-password")

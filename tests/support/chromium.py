@@ -21,8 +21,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 
-from tests.servers import wait_for
-from tests.web_server import WebServer
+from tests.support.servers import wait_for
+from tests.support.web_server import WebServer
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -19,9 +19,9 @@ from celeryapp.config import Settings
 from celeryapp.messaging import keys
 
 CELERY = str(Path(sys.executable).with_name("celery"))
-ROOT = str(Path(__file__).resolve().parent.parent)
+ROOT = str(Path(__file__).resolve().parents[2])
 #: Environment of workers that also run the fault tests' step tasks.
-FAULT_TASKS_ENV = {"CHORDBEAT_TASK_MODULES": "tests.fault_tasks", "PYTHONPATH": ROOT}
+FAULT_TASKS_ENV = {"CHORDBEAT_TASK_MODULES": "tests.support.fault_tasks", "PYTHONPATH": ROOT}
 
 
 def skewed(offset_s: int) -> dict[str, str]:
@@ -43,18 +43,18 @@ def steppable_clock(offset_file: Path) -> dict[str, str]:
 
 
 def _true_sleep() -> Path:
-    """tests/faketime_sleep.c built once per user (it says why)."""
+    """tests/support/faketime_sleep.c built once per user (it says why)."""
     return _shared_library("faketime_sleep.c")
 
 
 def clock_shift_library() -> Path:
-    """tests/clock_shift.c built once per user: preloaded (``LD_PRELOAD``) into a redis-server with
+    """tests/support/clock_shift.c built once per user: preloaded (``LD_PRELOAD``) into a redis-server with
     ``CHORDBEAT_CLOCK_SHIFT_S`` or ``CHORDBEAT_CLOCK_SHIFT_FILE``, it shifts that server's clock."""
     return _shared_library("clock_shift.c")
 
 
 def _shared_library(source_name: str) -> Path:
-    source = Path(ROOT) / "tests" / source_name
+    source = Path(ROOT) / "tests" / "support" / source_name
     version = os.stat(source).st_mtime_ns
     built = Path(tempfile.gettempdir()) / f"chordbeat-{os.getuid()}" / f"{source.stem}-{version}.so"
     if not built.exists():

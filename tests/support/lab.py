@@ -35,8 +35,8 @@ import redis
 from celeryapp.config import Settings
 from models.migrate import upgrade
 from models.session import dispose_all
-from tests import processes
-from tests.servers import PostgresServer, RedisServer
+from tests.support import processes
+from tests.support.servers import PostgresServer, RedisServer
 
 #: Where the lab's /24 is drawn from (the second and third octets at random).
 LAB_RANGE = ipaddress.IPv4Network("10.0.0.0/8")
@@ -111,7 +111,7 @@ class Host:
         queues: str | None = None,
         env: dict[str, str] | None = None,
     ) -> processes.Process:
-        """A prefork worker named ``name@<host>``, as :func:`tests.processes.start_worker` starts one."""
+        """A prefork worker named ``name@<host>``, as :func:`tests.support.processes.start_worker` starts one."""
         argv = processes.worker_argv(name, concurrency, queues=queues)
         return self.start(argv, processes.settings_env(settings, **(env or {})), tmp / f"{name}.log")
 

@@ -1,7 +1,7 @@
 """Which tests are slow, found from what they start, so that no hand-kept list can rot.
 
 Plain `pytest` and `make test-fast` (-m "not slow") leave out every test that starts
-long-running processes of its own: subprocess workers, beat, Flower (tests.processes), Sentinel
+long-running processes of its own: subprocess workers, beat, Flower (tests.support.processes), Sentinel
 groups, browsers, network namespaces, a PostgreSQL of its own (initdb takes seconds), outages of
 Redis or PostgreSQL. A test is slow when its body, or a fixture it uses (directly or through
 other fixtures), reaches one of these through the functions and classes of tests/ it names;
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from celery.contrib.testing.worker import start_worker
 
-from tests.servers import PostgresServer
+from tests.support.servers import PostgresServer
 
 #: Objects whose use makes a test slow, besides anything from the modules in _SLOW_MODULE_PREFIXES:
 #: a process of its own, a PostgreSQL of its own (initdb), and Celery's in-process worker, which
@@ -33,9 +33,9 @@ _SLOW_MODULE_PREFIXES = ("selenium",)
 #: Names of what takes a server away for seconds: an outage of Redis, a stopped or frozen
 #: (SIGSTOP) PostgreSQL, a Redis replica syncing for a failover (about 5 s).
 _SLOW_ATTRIBUTES = frozenset({"outage", "stop_server", "SIGSTOP", "replicaof"})
-#: Not followed: the session's Redis and PostgreSQL start once (tests.servers' Popen) and every
+#: Not followed: the session's Redis and PostgreSQL start once (tests.support.servers' Popen) and every
 #: test, fast or slow, runs on them.
-_SHARED_SERVER_MODULES = frozenset({"tests.servers"})
+_SHARED_SERVER_MODULES = frozenset({"tests.support.servers"})
 #: Programs that only slow tests may start (a fast test that does fails at teardown, see below).
 SLOW_PROGRAMS = frozenset({"celery", "flower", "redis-sentinel", "chromium", "chromedriver", "ip", "nft"})
 

@@ -1,5 +1,5 @@
 """A step that says which environment variables its process sees, by name only (never a value),
-loaded by subprocess workers (``CHORDBEAT_TASK_MODULES=tests.environment_tasks``)."""
+loaded by subprocess workers (``CHORDBEAT_TASK_MODULES=tests.support.environment_tasks``)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ Fault kinds and what they do:
   steps a drifted clock, or breaks) for the duration, then back: every process of the cluster runs
   under libfaketime reading its offset from a file of its own (``FAKETIME_TIMESTAMP_FILE``, read
   again every second). Nothing may notice: it excuses no missed slot and no stall.
-- ``partition``, ``partition_one_way``, ``sentinel_failover``: the multi-host lab's (:mod:`tests.chaos_lab`).
+- ``partition``, ``partition_one_way``, ``sentinel_failover``: the multi-host lab's (:mod:`tests.support.chaos_lab`).
 - ``pgbouncer_restart``: the PgBouncer in front of PostgreSQL (transaction pooling) SIGKILLed, every
   client connection cut whatever it was doing, a commit on its way included; started again on the
   same port after the duration. Only a database behind PgBouncer draws it (test_chaos.py's plan
@@ -54,8 +54,8 @@ from typing import Any
 from celery import Celery
 
 from celeryapp.config import Settings
-from tests import processes
-from tests.servers import PgBouncer, PostgresServer, RedisServer
+from tests.support import processes
+from tests.support.servers import PgBouncer, PostgresServer, RedisServer
 
 WORKER_KINDS = ("worker_kill", "worker_stop")
 BEAT_KINDS = ("beat_kill", "beat_stop")
@@ -64,7 +64,7 @@ DB_KINDS = ("db_outage", "db_outage_long")
 CLOCK_KINDS = ("clock_skew",)
 FAULT_KINDS = WORKER_KINDS + BEAT_KINDS + REDIS_KINDS + DB_KINDS + CLOCK_KINDS
 PARTITION_KINDS, FAILOVER_KINDS = ("partition", "partition_one_way"), ("sentinel_failover",)
-#: Kinds only a cluster of the multi-host lab (:class:`tests.chaos_lab.LabCluster`) can inject.
+#: Kinds only a cluster of the multi-host lab (:class:`tests.support.chaos_lab.LabCluster`) can inject.
 LAB_KINDS = PARTITION_KINDS + FAILOVER_KINDS
 #: Kinds only a database behind PgBouncer can inject.
 POOLER_KINDS = ("pgbouncer_restart",)
@@ -251,7 +251,7 @@ class Cluster:
 
     settings: Settings
     tmp: Path
-    #: None on Sentinels (:class:`tests.chaos_lab.LabCluster`), which draws no ``REDIS_KINDS``.
+    #: None on Sentinels (:class:`tests.support.chaos_lab.LabCluster`), which draws no ``REDIS_KINDS``.
     redis: RedisServer | None
     database: Database
     worker_names: tuple[str, ...] = ("w1", "w2")

@@ -9,7 +9,7 @@ Knobs (environment):
   ``CHORDBEAT_CHAOS_PLANS`` (default 1) plans per test; ``CHORDBEAT_CHAOS_LONG=1`` means
   300 s, 3 plans and every kind the test can inject.
 - ``CHORDBEAT_CHAOS_FAULTS`` / ``CHORDBEAT_CHAOS_EXCLUDE``: comma-separated fault kinds to draw
-  from / to leave out (:data:`tests.chaos.FAULT_KINDS`, and on the lab :data:`tests.chaos.LAB_KINDS`).
+  from / to leave out (:data:`tests.support.chaos.FAULT_KINDS`, and on the lab :data:`tests.support.chaos.LAB_KINDS`).
 - ``CHORDBEAT_CHAOS_SETTLE`` (default 90): seconds the system gets, once schedules are paused,
   to finish every execution; ``CHORDBEAT_CHAOS_BOUND`` (default 120): longest acceptable
   execution.
@@ -28,10 +28,10 @@ from sqlalchemy import func, select
 
 from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTask, transaction
 from models.session import dispose_all
-from tests.chaos import Cluster, Fault, harness_client, make_plan, plan_text, running
-from tests.chaos_invariants import Context, Violation, check_all, measurements, read_step_log, snapshot
-from tests.chaos_tasks import STEP_TASK
-from tests.helpers import call, wait_for
+from tests.support.chaos import Cluster, Fault, harness_client, make_plan, plan_text, running
+from tests.support.chaos_invariants import Context, Violation, check_all, measurements, read_step_log, snapshot
+from tests.support.chaos_tasks import STEP_TASK
+from tests.support.helpers import call, wait_for
 
 LONG = os.environ.get("CHORDBEAT_CHAOS_LONG") == "1"
 SECONDS = float(os.environ.get("CHORDBEAT_CHAOS_SECONDS") or (300 if LONG else 60))

@@ -14,8 +14,8 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from celeryapp.config import Settings
-from tests.processes import Process, settings_env
-from tests.servers import free_port, wait_for
+from tests.support.processes import Process, settings_env
+from tests.support.servers import free_port, wait_for
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 SECRET = "login-test-secret-" + "y" * 40

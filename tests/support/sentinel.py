@@ -6,13 +6,13 @@ Sentinels judge a server down after :data:`DOWN_AFTER_MS` and two of them must a
 may take :data:`FAILOVER_TIMEOUT_MS`.
 
 Given ``replica_clock_shift_s``, the replica's clock is that many seconds off the primary's
-(tests/clock_shift.c preloaded): a replica on another host, whose clock a failover makes Redis's.
+(tests/support/clock_shift.c preloaded): a replica on another host, whose clock a failover makes Redis's.
 A server keeps its clock when it is started again (:meth:`SentinelCluster.revive`): failing over
 and back moves Redis's clock by the shift and back. Given ``steppable_clocks``, every server reads
 its shift from a file, and :meth:`SentinelCluster.shift_clock` moves a server's clock while it runs
 (a replica's, before failing over to it).
 
-Given an ``address`` (the multi-host lab's bridge, :mod:`tests.lab`), every server and Sentinel
+Given an ``address`` (the multi-host lab's bridge, :mod:`tests.support.lab`), every server and Sentinel
 also listens there, and the Sentinels know the servers (and each other) by it: the addresses they
 hand out must be reachable from the lab's hosts, where 127.0.0.1 is the host's own loopback.
 """
@@ -35,8 +35,8 @@ from typing import Any
 import redis
 
 from celeryapp.config import Settings
-from tests.processes import clock_shift_library
-from tests.servers import free_port, wait_for
+from tests.support.processes import clock_shift_library
+from tests.support.servers import free_port, wait_for
 
 MASTER = "mymaster"
 #: A primary that has not answered a Sentinel's pings for this long is subjectively down.

@@ -1,6 +1,6 @@
 """The chaos suite's step task: records every start and end of its body in a step log.
 
-Loaded by the subprocess workers through ``CHORDBEAT_TASK_MODULES=tests.chaos_tasks``. Each line
+Loaded by the subprocess workers through ``CHORDBEAT_TASK_MODULES=tests.support.chaos_tasks``. Each line
 of the log is one JSON object ``{"event": "start"|"end", "execution_id", "schedule", "step", "attempt",
 "pid", "ppid", "t"}`` (``t`` is epoch seconds of the reference clock: the chaos plan steps hosts'
 clocks, and the harness compares times written by different processes; ``ppid`` is the worker's main process,

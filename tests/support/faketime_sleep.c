@@ -1,4 +1,4 @@
-/* Loaded before libfaketime in a skewed test process (tests/processes.py skewed()).
+/* Loaded before libfaketime in a skewed test process (tests/support/processes.py skewed()).
  *
  * libfaketime 0.9.10 with FAKETIME_DONT_FAKE_MONOTONIC=1 shifts the absolute deadline of a
  * monotonic clock_nanosleep by the fake offset: CPython's time.sleep() then fails with EINVAL.

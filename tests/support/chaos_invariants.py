@@ -56,10 +56,10 @@ from models import (
     transaction,
 )
 from models.clock import MAX_ROUND_TRIP_S
-from tests.chaos import PARTITION_KINDS, Applied, Exit, Fault
+from tests.support.chaos import PARTITION_KINDS, Applied, Exit, Fault
 
 #: Seconds after a fault during which missing slots are excused (see the module docstring; the
-#: lab's kinds: :mod:`tests.chaos_lab`). ``kind@target`` applies to that target only, and is
+#: lab's kinds: :mod:`tests.support.chaos_lab`). ``kind@target`` applies to that target only, and is
 #: looked up before ``kind``.
 BLACKOUT_AFTER_S = {
     "beat_kill": 40.0,

@@ -1,5 +1,5 @@
 """A step task that talks and fails, loaded by subprocess workers
-(``CHORDBEAT_TASK_MODULES=tests.step_log_tasks``): what its activity keeps of it, and Flower shows."""
+(``CHORDBEAT_TASK_MODULES=tests.support.step_log_tasks``): what its activity keeps of it, and Flower shows."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ import time
 
 from sqlalchemy import create_engine, text
 
-from tests.sentinel import Forwarder
-from tests.servers import PostgresServer
+from tests.support.sentinel import Forwarder
+from tests.support.servers import PostgresServer
 
 
 class Relay(Forwarder):

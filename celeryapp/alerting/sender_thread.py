@@ -21,8 +21,7 @@ from celeryapp.alerting import deadline_watch
 from celeryapp.alerting.log_masking import masked_logger
 from celeryapp.alerting.sender import Sender
 from celeryapp.config import Settings
-from celeryapp.domain.names import PREFIX
-from celeryapp.messaging.keys import CONTROL_QUEUE
+from celeryapp.domain.names import CONTROL_QUEUE, PREFIX
 from celeryapp.messaging.redis_client import get_redis, registered_script
 from models.clock import clock
 

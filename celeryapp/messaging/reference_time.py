@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 import redis
 
 from celeryapp.domain.clock_correction import CORRECTION_KEY, BadCorrection, Correction
-from celeryapp.messaging.keys import PREFIX
+from celeryapp.domain.names import PREFIX
 from celeryapp.messaging.redis_client import get_redis, registered_script
 from models.clock import MEASURE_INTERVAL_S, clock
 

@@ -38,7 +38,7 @@ from celeryapp.execution.backfills import (
     steps_per_run,
 )
 from celeryapp.interfaces.arguments import actor_arg, execution_id_arg, flag_arg, limit_arg, name_arg, reason_arg
-from celeryapp.interfaces.backfill_view import backfill_view, schedule_backfills
+from celeryapp.interfaces.objects import backfill_json, schedule_backfills
 from celeryapp.scheduling.calendar_files import excluded_slots
 from celeryapp.scheduling.store import find_schedule
 from celeryapp.worker.dispatch import apply_effects
@@ -168,7 +168,7 @@ def cancel_backfill(
         detail = {"backfill_id": wanted, "status": backfill.status.value}
         who.record(session, AuditAction.CANCEL, backfill.schedule_name, reason=why, detail=detail, at=now)
         session.flush()
-        answer = backfill_view(session, wanted)
+        answer = backfill_json(session, wanted)
         assert answer is not None  # found under the schedule's lock a moment ago
         return answer
 
@@ -178,7 +178,7 @@ def cancel_backfill(
 def get_backfill(app: ChordbeatCelery, backfill_id: Any) -> dict[str, Any]:
     wanted = _backfill_id(backfill_id)
     with transaction(app.settings.database_url, read_only=True) as session:
-        backfill = backfill_view(session, wanted)
+        backfill = backfill_json(session, wanted)
         if backfill is None:
             raise NotFound(f"backfill {wanted} does not exist")
         return backfill

@@ -17,7 +17,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from celeryapp.application import ChordbeatCelery
-from celeryapp.interfaces import service
+from celeryapp.interfaces import backfill_service, service
 from models import utcnow
 from tests.support.chromium import chromium, confirm, log_in, no_iso, page_text
 from tests.support.servers import wait_for
@@ -80,10 +80,10 @@ def test_an_operator_backfills_from_the_schedule_page_and_watches_it_complete(
         assert "This will start 22 runs of nightly, oldest first, one at a time" in page_text(browser, "#confirm-what")
         no_iso(browser)
         _shot(browser, "backfill-dry-run")
-        assert service.list_backfills(app, "nightly") == []  # listing started nothing
+        assert backfill_service.list_backfills(app, "nightly") == []  # listing started nothing
         confirm(browser, reason="outage on the 3rd")
         wait_for(lambda: "/schedule?name=nightly" in browser.current_url, 20, what="the schedule page again")
-        (backfill,) = service.list_backfills(app, "nightly")
+        (backfill,) = backfill_service.list_backfills(app, "nightly")
         assert page_text(browser, ".flash") == f"nightly: backfill #{backfill['id']} started: 22 slots, oldest first"
         row = f"#backfill-{backfill['id']}"
         wait_for(
@@ -100,9 +100,9 @@ def test_an_operator_backfills_from_the_schedule_page_and_watches_it_complete(
 def test_an_operator_cancels_a_backfill_after_saying_why(app: ChordbeatCelery, worker: Any, browser: WebDriver) -> None:
     _nightly(app, "slow", 30)
     now = utcnow()
-    backfill_id = service.backfill_schedule(app, "slow", (now - timedelta(days=4)).isoformat(), now.isoformat())[
-        "backfill_id"
-    ]
+    backfill_id = backfill_service.backfill_schedule(
+        app, "slow", (now - timedelta(days=4)).isoformat(), now.isoformat()
+    )["backfill_id"]
     with WebServer(app) as web:
         log_in(browser, web, ADMIN)
         _open(browser, web, "slow")
@@ -119,6 +119,6 @@ def test_an_operator_cancels_a_backfill_after_saying_why(app: ChordbeatCelery, w
         assert page_text(browser, ".flash") == f"backfill #{backfill_id} cancelled (1/4 started, 1 running)"
         assert "cancelled" in page_text(browser, f"{row} .badge")
         assert not browser.find_elements(By.CSS_SELECTOR, f"{row} .cancel-backfill")
-    assert service.get_backfill(app, backfill_id)["status"] == "cancelled"
+    assert backfill_service.get_backfill(app, backfill_id)["status"] == "cancelled"
     for execution in service.list_executions(app, schedule="slow", status="in_progress"):
         service.cancel_execution(app, execution["id"])  # the 30 s step need not be waited out

@@ -17,7 +17,7 @@ import pytest
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.execution.backfills import create_backfill
-from celeryapp.interfaces import service
+from celeryapp.interfaces import backfill_service, service
 from models import BackfillOrigin, Schedule, transaction, utcnow
 from tests.support.servers import wait_for
 from tests.support.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
@@ -59,7 +59,7 @@ def test_backfill_from_the_schedule_page_lists_asks_starts_and_shows_progress(
     shown = text_of(r.text)
     assert r.status_code == 200 and "This will start 25 runs of nightly, oldest first, one at a time" in shown, shown
     assert len(re.findall(r"<li><span class=\"when\">", r.text)) == 20 and "… and 5 more" in shown
-    assert service.list_backfills(app, "nightly") == []
+    assert backfill_service.list_backfills(app, "nightly") == []
     for bad, said in (
         ({"max_concurrent": "0"}, "max_concurrent: must be a whole number from 1 to 100, got 0"),
         ({"max_concurrent": "two"}, "max_concurrent: must be a whole number from 1 to 100, got &#x27;two&#x27;"),
@@ -92,12 +92,14 @@ def test_backfill_from_the_schedule_page_lists_asks_starts_and_shows_progress(
     assert viewer.post(web.url + "/act/backfill", data={**form, "_xsrf": xsrf(viewer)}, timeout=10).status_code == 403
     r = admin.post(web.url + "/act/backfill", data={**form, "_xsrf": xsrf(admin)}, allow_redirects=False, timeout=10)
     assert r.status_code == 302 and r.headers["Location"] == "/schedule?name=nightly", r.text
-    (backfill,) = service.list_backfills(app, "nightly")
+    (backfill,) = backfill_service.list_backfills(app, "nightly")
     assert (backfill["actor"], backfill["reason"], backfill["total"]) == ("ops", "outage", 25)
     trail = service.list_audit(app, schedule="nightly")
     assert any(e["source"] == "web" and e["actor"] == "ops" and e["action"] == "trigger" for e in trail), trail
     wait_for(
-        lambda: service.get_backfill(app, backfill["id"])["status"] == "completed", 60, what="the backfill to complete"
+        lambda: backfill_service.get_backfill(app, backfill["id"])["status"] == "completed",
+        60,
+        what="the backfill to complete",
     )
     page = text_of(admin.get(web.url + "/schedule/fragment?name=nightly", timeout=10).text)
     assert re.search(rf"#{backfill['id']} completed .*25/25 started, 25 completed", page), page
@@ -118,7 +120,7 @@ def test_cancel_asks_first_and_catch_ups_show_too(app: ChordbeatCelery, web: Web
     admin = web.session(ADMIN)
     now = utcnow()
     start = (now - timedelta(days=6)).isoformat()
-    backfill_id = service.backfill_schedule(app, "slow", start, now.isoformat())["backfill_id"]
+    backfill_id = backfill_service.backfill_schedule(app, "slow", start, now.isoformat())["backfill_id"]
     page = text_of(admin.get(web.url + "/schedule?name=slow", timeout=10).text)
     assert re.search(rf"#{backfill_id} running .*1/6 started, 1 running", page), page
     assert "Cancel…" in page
@@ -128,11 +130,11 @@ def test_cancel_asks_first_and_catch_ups_show_too(app: ChordbeatCelery, web: Web
     form = {"_xsrf": xsrf(admin), "next": "/schedule?name=slow"}
     r = admin.post(web.url + f"/act/cancel-backfill/{backfill_id}", data=form, timeout=10)
     assert r.status_code == 400 and "a reason is required to cancel" in r.text
-    assert service.get_backfill(app, backfill_id)["status"] == "running"
+    assert backfill_service.get_backfill(app, backfill_id)["status"] == "running"
     r = admin.post(web.url + f"/act/cancel-backfill/{backfill_id}", data={**form, "reason": "enough"}, timeout=10)
     assert r.status_code == 200 and r.url.endswith("/schedule?name=slow")
     assert f"backfill #{backfill_id} cancelled (1/6 started, 1 running)" in text_of(r.text)
-    assert service.get_backfill(app, backfill_id)["status"] == "cancelled"
+    assert backfill_service.get_backfill(app, backfill_id)["status"] == "cancelled"
     # A catch-up (what a late fire of a catchup: all schedule makes) shows beside the backfills.
     with transaction(app.settings.database_url) as session:
         schedule = session.query(Schedule).filter_by(name="slow").one()
@@ -140,7 +142,7 @@ def test_cancel_asks_first_and_catch_ups_show_too(app: ChordbeatCelery, web: Web
         made = create_backfill(session, schedule, [slot], origin=BackfillOrigin.CATCHUP, max_concurrent=1, now=utcnow())
     page = text_of(admin.get(web.url + "/schedule/fragment?name=slow", timeout=10).text)
     assert re.search(rf"#{made.backfill_id} catch-up running", page) and "catch-up (beat&#x27;s fire)" in page, page
-    service.cancel_backfill(app, made.backfill_id)  # it would start when the run in progress ends
+    backfill_service.cancel_backfill(app, made.backfill_id)  # it would start when the run in progress ends
     # A paused schedule's backfill would wait for its resume: the dry run says so.
     service.pause_schedule(app, "slow")
     earlier = urlencode({"name": "slow", "from": _london_midnight(12), "to": _london_midnight(9)})
@@ -165,7 +167,7 @@ def test_a_time_at_the_start_of_year_one_is_refused_not_a_server_error(app: Chor
         form = {**request, "max_concurrent": "1", "_xsrf": xsrf(admin)}
         r = admin.post(web.url + "/act/backfill", data=form, timeout=10)
         assert r.status_code == 400 and "start: is out of range" in r.text, (name, r.status_code)
-        assert service.list_backfills(app, name) == []
+        assert backfill_service.list_backfills(app, name) == []
 
 
 def test_a_backfill_past_the_schedules_bound_is_refused_on_the_form(app: ChordbeatCelery, web: WebServer) -> None:
@@ -181,6 +183,6 @@ def test_a_backfill_past_the_schedules_bound_is_refused_on_the_form(app: Chordbe
         form = {**request, "max_concurrent": "1", "_xsrf": xsrf(admin)}
         r = admin.post(web.url + "/act/backfill", data=form, timeout=10)
         assert r.status_code == 400 and "end: 5 slots would leave 5 not started" in r.text, r.status_code
-        assert service.list_backfills(app, "nightly") == []
+        assert backfill_service.list_backfills(app, "nightly") == []
     finally:
         app.apply_settings(previous)

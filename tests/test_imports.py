@@ -295,6 +295,17 @@ def _defined_names(tree: ast.Module, package: bool) -> set[str] | None:
     return None if "__getattr__" in names else names
 
 
+def _all_of(tree: ast.Module) -> set[str]:
+    """The names a module's ``__all__`` lists."""
+    return {
+        element.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+        for element in ast.walk(node.value)
+        if isinstance(element, ast.Constant) and isinstance(element.value, str)
+    }
+
+
 def borrowed_names(sources: dict[str, tuple[str, bool]]) -> list[str]:
     """``A imports X from B`` (or reads ``B.X``) where B does not define X but only imports it
     itself: X has one home, and its importers go there. ``sources``: module → (its text, whether
@@ -308,6 +319,10 @@ def borrowed_names(sources: dict[str, tuple[str, bool]]) -> list[str]:
 
     borrowed = []
     for name, tree in sorted(trees.items()):
+        listed = _all_of(tree)
+        own = defined[name]
+        if not sources[name][1] and own is not None:
+            borrowed += [f"{name} lists {x} in __all__, which it only imports" for x in sorted(listed - own)]
         modules: dict[str, str] = {}  # local name → a module of ours it stands for
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and not node.level and node.module in defined:
@@ -337,13 +352,15 @@ def test_names_are_imported_from_the_module_that_defines_them() -> None:
 def test_a_re_export_is_found_and_named() -> None:
     sources = _sources()
     runs, _ = sources["celeryapp.execution.runs"]
-    sources["celeryapp.execution.runs"] = (runs + "\nfrom celeryapp.domain.cadence import Cadence as Cadence\n", False)
+    planted_runs = runs + "\nfrom celeryapp.domain.cadence import Cadence, cadence_of\n__all__ = ['cadence_of']\n"
+    sources["celeryapp.execution.runs"] = (planted_runs, False)
     sources["celeryapp.planted"] = ("from celeryapp.execution.runs import Cadence, start_execution\n", False)
     sources["celeryapp.planted_too"] = (
         "from celeryapp.execution import runs\nruns.Cadence\nruns.lock_schedule\n",
         False,
     )
     assert borrowed_names(sources) == [
+        "celeryapp.execution.runs lists cadence_of in __all__, which it only imports",
         "celeryapp.planted imports Cadence from celeryapp.execution.runs, which only imports it",
         "celeryapp.planted_too reads Cadence from celeryapp.execution.runs, which only imports it",
     ]

@@ -31,17 +31,13 @@ from functools import lru_cache
 from celeryapp.domain.cron_fields import (
     FIELDS,
     LONGEST_MONTH,
-    MAX_LENGTH,
     CronError,
     DayRule,
-    is_number,
     parse_days,
     parse_field,
     split,
 )
 from celeryapp.domain.dst_rules import DEFAULT, DstRules, transition_between
-
-__all__ = ["MAX_LENGTH", "CronError", "CronExpression", "is_number"]
 
 
 @dataclass(frozen=True)
@@ -197,7 +193,7 @@ def instant_of(naive: datetime, zone: tzinfo, fold: int = 0, skip: bool = False)
     return second if fold else first
 
 
-#: Distinct expressions kept parsed; each is at most ``MAX_LENGTH`` characters (an invalid one is
+#: Distinct expressions kept parsed; each is at most ``cron_fields.MAX_LENGTH`` characters (an invalid one is
 #: never kept: its error is raised again each time).
 PARSED_CACHE_SIZE = 4096
 

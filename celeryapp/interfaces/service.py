@@ -4,6 +4,8 @@ Each checks every argument before it opens its one transaction (anyone who can p
 broker can call these: a wrong argument raises :class:`InvalidArgument` naming it, and nothing is
 written), and sends what it decided (chords, cancels) only after commit. A transaction that writes
 is run again when the database aborts it to break a deadlock (:func:`models.session.retrying`).
+The backfills', alerts' and next fires' operations are in their own modules (backfill_service.py,
+alerts.py, next_fires.py, wiring_checks.py); tasks/service.py calls each where it is defined.
 """
 
 from __future__ import annotations
@@ -27,13 +29,6 @@ from celeryapp.execution.reruns import start_rerun
 from celeryapp.execution.run_rows import StartResult
 from celeryapp.execution.runs import cancel_execution as cancel_in_db
 from celeryapp.execution.runs import start_execution
-from celeryapp.interfaces.alerts import (
-    acknowledge_alert,
-    get_alert,
-    list_alerts,
-    silence_schedule,
-    unsilence_schedule,
-)
 from celeryapp.interfaces.arguments import actor_arg as _actor
 from celeryapp.interfaces.arguments import execution_id_arg as _execution_id
 from celeryapp.interfaces.arguments import flag_arg as _flag
@@ -43,10 +38,8 @@ from celeryapp.interfaces.arguments import payload_arg as _payload
 from celeryapp.interfaces.arguments import reason_arg as _reason
 from celeryapp.interfaces.arguments import status_arg as _status
 from celeryapp.interfaces.audit import MAX_AUDIT_LIMIT, audit_rows
-from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_backfill, get_backfill, list_backfills
 from celeryapp.interfaces.objects import alerting_of, execution_json, one_schedule_json, schedule_json
 from celeryapp.interfaces.summaries import execution_summaries, schedules_page
-from celeryapp.interfaces.wiring_checks import test_alert
 from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.recovery.paused_slots import record_paused_slots
 from celeryapp.scheduling.calendar_files import calendar_reader
@@ -349,30 +342,3 @@ def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[st
             }
             for r in rows
         ]
-
-
-__all__ = [
-    "acknowledge_alert",
-    "apply_schedule",
-    "backfill_schedule",
-    "cancel_backfill",
-    "cancel_execution",
-    "delete_schedule",
-    "get_alert",
-    "get_backfill",
-    "get_execution",
-    "get_schedule",
-    "list_alerts",
-    "list_audit",
-    "list_backfills",
-    "list_executions",
-    "list_schedules",
-    "list_slots",
-    "pause_schedule",
-    "rerun_execution",
-    "resume_schedule",
-    "silence_schedule",
-    "test_alert",
-    "trigger_schedule",
-    "unsilence_schedule",
-]

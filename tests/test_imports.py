@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import io
 import subprocess
 import sys
+import tokenize
 import tomllib
 from pathlib import Path
 
@@ -177,16 +179,63 @@ def test_docs_architecture_shows_the_layers_as_the_test_checks_them() -> None:
     assert [(layer, part, cell.split(": ", 1)[0]) for layer, part, cell in shown] == expected
 
 
-#: Lines a module may have: past it, a module holds more than one concept.
-MAX_MODULE_LINES = 400
+#: Code lines a module may have (docstrings, comments and blank lines not counted): past it, a
+#: module holds more than one concept. Past ``NOTE_MODULE_LINES`` lines in all, a note is printed.
+MAX_CODE_LINES = 450
+NOTE_MODULE_LINES = 600
 
 
-def test_no_module_is_over_400_lines() -> None:
-    long = {
-        name: lines
-        for name, path in module_files().items()
-        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
-    }
+def code_lines(source: str) -> int:
+    """Lines holding code: not blank, not only a comment, not part of a docstring."""
+    tree = ast.parse(source)
+    docstrings: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                docstrings |= set(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    lines: set[int] = set()
+    skipped = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skipped:
+            lines |= set(range(token.start[0], token.end[0] + 1))
+    return len(lines - docstrings)
+
+
+def test_code_lines_leave_out_docstrings_comments_and_blank_lines() -> None:
+    source = '''"""A module.
+
+Its docstring.
+"""
+
+import os  # a comment
+
+# a comment alone
+
+
+def f() -> str:
+    """Its docstring."""
+    return """a string
+that is code"""
+'''
+    assert code_lines(source) == 4
+
+
+def test_no_module_is_over_450_code_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    long, noted = {}, {}
+    for name, path in module_files().items():
+        source = path.read_text()
+        if (lines := code_lines(source)) > MAX_CODE_LINES:
+            long[name] = lines
+        if (total := len(source.splitlines())) > NOTE_MODULE_LINES:
+            noted[name] = (total, lines)
+    with capsys.disabled():
+        for name, (total, lines) in sorted(noted.items()):
+            print(f"\nnote: {name} has {total} lines ({lines} of code): is it still one concept?")
     assert long == {}
 
 

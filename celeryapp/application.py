@@ -21,6 +21,7 @@ from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.messaging.refused_bodies import AnswerRefusedBodies
 from celeryapp.recovery.signals import HealthStep
 from celeryapp.redis_urls import is_sentinel, parse_sentinels
+from celeryapp.runtime import Runtime
 from celeryapp.variables import VISIBILITY_TIMEOUT_S
 from models.clock import clock
 
@@ -75,6 +76,10 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
         follows a failover (Sentinel or ``READONLY``) and keeps one pool a process; RedBeat's
         Sentinel client would build a new pool, and ask the Sentinels, at every call."""
         return redis_client.get_redis(self.settings.redbeat_url)
+
+
+#: The layers below are handed the app as a :class:`Runtime`: mypy checks here that it is one.
+_AS_RUNTIME: type[Runtime] = ChordbeatCelery
 
 
 def _broker_ssl(url: str) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
             "celeryapp.redis_urls",
             "celeryapp.context",
             "celeryapp.outcome",
+            "celeryapp.runtime",
             "models.states",
         )
     },

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 import yaml
@@ -29,6 +29,7 @@ from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.validation import parse_definitions
 from celeryapp.errors import ChordbeatError, DefinitionError
 from celeryapp.monitoring import metric_counts, worker_registry
+from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.scheduling.calendar_files import calendar_reader
 from celeryapp.scheduling.file_audit import record_file_applied
@@ -38,9 +39,6 @@ from models import Schedule, ScheduleSource, utcnow
 from models.audit import Actor
 from models.definitions import definition_of
 from models.session import retried_transaction
-
-if TYPE_CHECKING:
-    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -299,7 +297,7 @@ def apply_definitions(
 
 
 def apply_file(
-    app: ChordbeatCelery,
+    app: Runtime,
     path: str | Path,
     *,
     dry_run: bool = False,

@@ -35,6 +35,7 @@ from celery.worker import state as worker_state
 from celeryapp.messaging import keys
 from celeryapp.messaging.expiry import ReferenceClockRequest
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.runtime import Runtime
 from models import ActivityStatus
 
 logger = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ def event_for(retval: Any) -> tuple[str, dict[str, Any]]:
     return "task-succeeded", {"result": status}
 
 
-def stop_attempt(app: Any, args: Any, reason: str) -> bool:
+def stop_attempt(app: Runtime, args: Any, reason: str) -> bool:
     """Set the stop flag of the attempt a runner message stands for; False if it could not yet (a
     thread then tries again until Redis answers)."""
     try:
@@ -199,7 +200,7 @@ def _stop_later(url: str, key: str, reason: str) -> None:
 _RUNNER_ID = re.compile(rf"{keys.PREFIX}-e(\d+)-wt\d+-a\d+(?:-r([0-9a-f]+))?")
 
 
-def _execution_cancelled(app: Any, task_id: str) -> bool:
+def _execution_cancelled(app: Runtime, task_id: str) -> bool:
     match = _RUNNER_ID.fullmatch(task_id)
     if match is None:
         return False

@@ -32,13 +32,13 @@ from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.scheduling.calendar_files import calendar_reader
-from celeryapp.scheduling.file_audit import record_file_applied
 from celeryapp.scheduling.store import Change, upsert_schedule
 from celeryapp.scheduling.yaml_errors import at, yaml_problem
 from models import Schedule, ScheduleSource, utcnow
-from models.audit import Actor
+from models.audit import REASON_CHARS, Actor
 from models.definitions import definition_of
 from models.session import retried_transaction
+from models.states import AuditAction
 
 logger = logging.getLogger(__name__)
 
@@ -294,6 +294,22 @@ def apply_definitions(
     if not dry_run:
         logger.info("schedule file (source %s) applied: %s", source, diff.summary())
     return diff
+
+
+def record_file_applied(session: Session, actor: Actor, path: str | Path, diff: FileDiff, reason: str | None) -> None:
+    """The audit row of an applied file (beat at its start, a person with ``chordbeat apply``): one
+    row for the whole file, in the apply's own transaction, so the file and its record commit
+    together. The reason is the caller's, else the diff's summary (its schedules' names, cut to a
+    reason's length); the counts in the detail are whole."""
+    detail = {
+        "file": str(path)[:REASON_CHARS],
+        "source": diff.source,
+        **{kind: len(getattr(diff, kind)) for kind in ("added", "changed", "removed", "unchanged", "kept")},
+    }
+    if reason is None:
+        summary = diff.summary()
+        reason = summary if len(summary) <= REASON_CHARS else summary[: REASON_CHARS - 1] + "…"
+    actor.record(session, AuditAction.FILE_APPLIED, None, reason=reason, detail=detail)
 
 
 def apply_file(

@@ -24,7 +24,8 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
-from celeryapp.answer_shapes import (
+from celeryapp.contract import (
+    SOURCE_HEADER,
     AlertJson,
     AuditJson,
     BackfillAnswerJson,
@@ -37,7 +38,6 @@ from celeryapp.answer_shapes import (
     SlotJson,
     TriggerJson,
 )
-from celeryapp.contract import SOURCE_HEADER
 from celeryapp.domain.clock_correction import CORRECTION_KEY, BadCorrection, Correction
 from celeryapp.domain.redaction import redact
 

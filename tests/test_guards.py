@@ -170,7 +170,8 @@ def test_two_starts_racing_make_one_execution(app: ChordbeatCelery) -> None:
     import time
 
     from celeryapp.domain.validation import parse_definition
-    from celeryapp.execution.runs import StartResult, start_execution
+    from celeryapp.execution.run_rows import StartResult
+    from celeryapp.execution.runs import start_execution
     from celeryapp.scheduling.store import upsert_schedule
     from models import Schedule, ScheduleSource, Trigger, utcnow
 

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.effects import Effects
 from celeryapp.execution.backfill_driver import drive
 from celeryapp.execution.runs import lock_schedule, start_execution
-from celeryapp.execution.slot_records import BUFFERED_SLOT
+from celeryapp.execution.slots import BUFFERED_SLOT
 from models import (
     Backfill,
     BackfillOrigin,

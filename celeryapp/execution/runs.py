@@ -1,9 +1,10 @@
-"""An execution's start and end in the database: the overlap policy applied, cancelling, and the
-schedule's bookkeeping when a run ends (counters, repeats, retries).
+"""A run's life in the database: its start (the overlap policy applied, alone or several
+schedules' runs together), its end, cancelling, and what its schedule keeps of it (counters,
+repeats, retries, a run that waited).
 
 Start and end share this module because each leads to the other: ``cancel_previous`` ends the
 active runs as a new one starts, and an ending run starts the retry or the buffered run that
-waited for it.
+waited for it. The rows a run is made of are built in run_rows.py.
 
 Every change is a compare-and-set; its effects are sent after commit (docs/architecture.md "Compare-and-set").
 """
@@ -12,14 +13,17 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, exists, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.decisions import (
+    AfterExecution,
     NextRun,
     OverlapAction,
+    OverlapDecision,
     RetryPolicy,
     ScheduleState,
     decide_after_execution,
@@ -28,12 +32,9 @@ from celeryapp.domain.decisions import (
 from celeryapp.domain.definition import retry_base_s
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.names import run_key
+from celeryapp.domain.times import iso
 from celeryapp.errors import NotFound
-from celeryapp.execution.after_run import log_after_run, pending_retry_started, write_after_run
 from celeryapp.execution.backfill_driver import drive, has_running_backfill, regular_trigger
-from celeryapp.execution.batch_starts import Start as Start
-from celeryapp.execution.batch_starts import start_executions as start_executions
-from celeryapp.execution.overlaps import active_executions, apply_overlap
 from celeryapp.execution.run_rows import (
     Rerun,
     StartResult,
@@ -43,12 +44,13 @@ from celeryapp.execution.run_rows import (
     insert_ignoring_conflicts,
     insert_worker_tasks,
 )
-from celeryapp.execution.slot_records import BUFFERED_SLOT, record_slot
+from celeryapp.execution.slots import BUFFERED_SLOT, SlotRow, record_slot, record_slots
 from celeryapp.monitoring import metric_counts
-from celeryapp.monitoring.alert_outbox import alert_run_ended
+from celeryapp.monitoring.alert_outbox import alert_run_ended, raise_alert
 from models import (
     Activity,
     ActivityStatus,
+    AlertKind,
     ExecutionStatus,
     Overlap,
     Schedule,
@@ -81,6 +83,50 @@ def lock_schedule(session: Session, schedule_id: int) -> None:
     session.execute(select(Schedule.id).where(Schedule.id == schedule_id).with_for_update())
 
 
+def _active_executions(session: Session, schedule_id: int) -> list[tuple[int, int | None]]:
+    """The schedule's runs in progress, oldest first, each with its backfill (None: not a backfill's)."""
+    return [
+        (execution_id, backfill_id)
+        for execution_id, backfill_id in session.execute(
+            select(ScheduleExecution.id, ScheduleExecution.backfill_id)
+            .where(
+                ScheduleExecution.schedule_id == schedule_id,
+                ScheduleExecution.status == ExecutionStatus.IN_PROGRESS,
+            )
+            .order_by(ScheduleExecution.id)
+        )
+    ]
+
+
+def _apply_overlap(
+    session: Session,
+    schedule: Schedule,
+    overlap: OverlapDecision,
+    *,
+    trigger: Trigger,
+    nominal_at: datetime | None,
+    now: datetime,
+) -> StartResult | None:
+    """Apply a run's overlap decision: record why it does not start; ``None`` if it was to be
+    buffered but the active run ended meanwhile: start it."""
+    if overlap.action is OverlapAction.BUFFER:
+        still_running = exists().where(
+            ScheduleExecution.schedule_id == schedule.id, ScheduleExecution.status == ExecutionStatus.IN_PROGRESS
+        )
+        if not affected(
+            session, update(Schedule).where(Schedule.id == schedule.id, still_running).values(buffered=True)
+        ):
+            return None
+    if overlap.outcome is not None:
+        record_slot(
+            session, schedule, overlap.outcome, trigger=trigger, nominal_at=nominal_at, now=now, detail=overlap.detail
+        )
+    # Skips are counted for the deployment's overload warning (one a minute), not logged one by one.
+    logger.info("schedule %r: %s", schedule.name, overlap.detail)
+    skipped = 1 if overlap.action is OverlapAction.SKIP else 0
+    return StartResult(None, skipped=overlap.skipped, effects=Effects(skipped_overlap=skipped))
+
+
 def start_execution(
     session: Session,
     schedule: Schedule,
@@ -107,7 +153,7 @@ def start_execution(
         lock_schedule(session, schedule.id)
     effects = Effects()
     # Whatever the active runs are, ``allow`` starts: no need to read them.
-    active = [] if no_active or schedule.overlap is Overlap.ALLOW else active_executions(session, schedule.id)
+    active = [] if no_active or schedule.overlap is Overlap.ALLOW else _active_executions(session, schedule.id)
     if active:
         # Before cancelling or buffering anything for it: a redelivered start is a duplicate.
         existing = execution_with_key(session, run_key)
@@ -127,7 +173,7 @@ def start_execution(
                 why, note = "cancelled: a new run started", _BY_OVERLAP
                 effects.merge(cancel_execution(session, execution_id, now=now, reason=why, note=note, backfills=False))
         elif overlap.action is not OverlapAction.START:
-            overlapped = apply_overlap(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
+            overlapped = _apply_overlap(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
             if overlapped is not None:
                 return overlapped
 
@@ -154,7 +200,7 @@ def start_execution(
         overlap = decide_overlap(
             schedule.overlap, trigger, active_id=None, current_retry=schedule.current_retry, lost_race=True
         )
-        overlapped = apply_overlap(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
+        overlapped = _apply_overlap(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
         return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
 
     groups, start = (definition.groups, 0) if rerun is None else (rerun.groups, rerun.from_group)
@@ -172,6 +218,55 @@ def start_execution(
     )
     effects.dispatch.append(first_group(schedule, groups, execution_id, row["token"], task_ids, trigger, start))
     return StartResult(execution_id, effects=effects)
+
+
+class Start(NamedTuple):
+    """A run to start by :func:`start_executions`."""
+
+    schedule: Schedule
+    trigger: Trigger
+    run_key: str
+    nominal_at: datetime
+
+
+def start_executions(session: Session, starts: list[Start], *, now: datetime) -> list[StartResult]:
+    """Start runs of several schedules in a few statements, whatever their number (a beat tick's fires).
+
+    The caller holds every schedule's row lock and found no active run of any that is not
+    ``overlap: allow`` (what :func:`start_execution` checks first), and no schedule appears twice.
+    A run key already used makes no run ("duplicate"), as in :func:`start_execution`.
+    """
+    definitions = [definition_of(start.schedule) for start in starts]
+    rows = [
+        execution_row(
+            start.schedule, definition, trigger=start.trigger, run_key=start.run_key, now=now, slot=start.nominal_at
+        )
+        for start, definition in zip(starts, definitions, strict=True)
+    ]
+    inserted = session.connection().execute(
+        insert_ignoring_conflicts(session).returning(EXECUTIONS.c.run_key, EXECUTIONS.c.id), rows
+    )
+    ids: dict[str, int] = {key: execution_id for key, execution_id in inserted}
+    made = {ids[s.run_key]: d.groups for s, d in zip(starts, definitions, strict=True) if s.run_key in ids}
+    task_ids = insert_worker_tasks(session, made, now=now) if made else {}
+    results: list[StartResult] = []
+    slots: list[SlotRow] = []
+    for start, definition, row in zip(starts, definitions, rows, strict=True):
+        execution_id = ids.get(start.run_key)
+        if execution_id is None:
+            # The row lock and the caller's check leave only one conflict: the run key's.
+            results.append(StartResult(execution_with_key(session, start.run_key), skipped="duplicate"))
+            continue
+        group = first_group(
+            start.schedule, definition.groups, execution_id, row["token"], task_ids[execution_id], start.trigger
+        )
+        results.append(StartResult(execution_id, effects=Effects(dispatch=[group])))
+        slots.append(SlotRow(start.schedule, SlotOutcome.FIRED, start.trigger, start.nominal_at, execution_id))
+    if slots:
+        started_ids = [row.owner.id for row in slots]
+        session.execute(update(Schedule).where(Schedule.id.in_(started_ids)).values(last_run_at=now))
+        record_slots(session, slots, now=now)
+    return results
 
 
 def finish_execution(
@@ -289,7 +384,7 @@ def _after_execution(
         # they are, and still starts what waited for it.
         ended=ExecutionStatus.CANCELLED if backfill_run else status,
         is_pending_retry=is_pending_retry,
-        pending_retry_started=is_pending_retry or pending_retry_started(session, state, pending_key, now),
+        pending_retry_started=is_pending_retry or _pending_retry_started(session, state, pending_key, now),
         run_count=row.run_count,
         buffered=row.buffered,
         now=now,
@@ -298,10 +393,10 @@ def _after_execution(
     # leaves the entry alone: no read of it per run. A lost race is synced anyway.
     changed = (after.status, after.current_retry, after.retry_at) != (state.status, state.current_retry, state.retry_at)
     effects = Effects(resync=[name] if changed else [])
-    if not write_after_run(session, schedule_id, state, after, now=now):
+    if not _write_after_run(session, schedule_id, state, after, now=now):
         logger.warning("schedule %r changed while execution %s ended; left as it is", name, execution.id)
         return Effects(resync=[name])
-    log_after_run(
+    _log_after_run(
         session,
         name,
         execution.id,
@@ -350,6 +445,77 @@ def _after_execution(
     if row.backfilling and backfills:
         effects.merge(drive(session, schedule_id, now=now, start=start_execution))
     return effects
+
+
+def _pending_retry_started(session: Session, state: ScheduleState, key: str | None, now: datetime) -> bool:
+    """Whether the pending retry's run exists; only asked once the retry is due."""
+    if state.retry_at is None or key is None or state.retry_at > now:
+        return False
+    return execution_with_key(session, key) is not None
+
+
+def _write_after_run(
+    session: Session, schedule_id: int, state: ScheduleState, after: AfterExecution, *, now: datetime
+) -> bool:
+    """Write the decided retry state and status, guarded on what the decision read."""
+    changes: dict[str, Any] = {}
+    if (after.current_retry, after.retry_at) != (state.current_retry, state.retry_at):
+        changes.update(current_retry=after.current_retry, retry_at=after.retry_at)
+    if after.status is not state.status:
+        changes.update(status=after.status, retry_at=None, next_run_at=None, buffered=False)
+    if not changes:
+        return True
+    changes["changed_at"] = now  # the beat entry follows: the incremental reconcile must see it
+    return bool(
+        affected(
+            session,
+            update(Schedule)
+            .where(
+                Schedule.id == schedule_id,
+                Schedule.status == state.status,
+                Schedule.current_retry == state.current_retry,
+                Schedule.retry_at.is_not_distinct_from(state.retry_at),
+            )
+            .values(**changes)
+            .execution_options(synchronize_session=False),
+        )
+    )
+
+
+def _log_after_run(
+    session: Session,
+    name: str,
+    execution_id: int,
+    state: ScheduleState,
+    after: AfterExecution,
+    *,
+    run_count: int,
+    is_pending_retry: bool,
+    ended: ExecutionStatus,
+    now: datetime,
+) -> None:
+    """Log what the end of a run did to its schedule; beat's decisions (done, dead, a retry) also
+    get their audit row, in the transaction that writes them."""
+    audit = partial(BEAT.record, session, schedule_name=name, execution_id=execution_id, at=now)
+    if after.status is ScheduleStatus.DONE:
+        logger.info("schedule %r is done after %s runs", name, run_count)
+        audit(AuditAction.DONE, reason=f"repeat limit reached after {run_count} runs")
+    elif after.status is ScheduleStatus.DEAD:
+        failures = state.current_retry + 1
+        logger.error("schedule %r is dead: %s consecutive failures", name, failures)
+        audit(AuditAction.DEAD, reason=f"{failures} consecutive failures", detail={"failures": failures})
+        message = f"{name} is dead after {failures} consecutive failures; nothing runs until it is resumed"
+        raise_alert(
+            session, schedule_name=name, kind=AlertKind.DEAD, message=message, now=now, execution_id=execution_id
+        )
+    elif after.counted and after.retry_at is not None:
+        logger.info("schedule %r: retry %s at %s", name, after.current_retry, iso(after.retry_at))
+        detail = {"retry": after.current_retry, "at": iso(after.retry_at)}
+        audit(
+            AuditAction.RETRY_SCHEDULED, reason=f"retry {after.current_retry} at {iso(after.retry_at)}", detail=detail
+        )
+    elif ended is ExecutionStatus.FAILED and state.retry_at is not None and not is_pending_retry:
+        logger.info("schedule %r: retry %s is already pending; no retry added", name, state.current_retry)
 
 
 def cancel_execution(

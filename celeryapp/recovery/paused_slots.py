@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.times import iso
-from celeryapp.execution.slot_records import SlotRow, record_slots
+from celeryapp.execution.slots import SlotRow, record_slots
 from celeryapp.scheduling.beat_entries import cadence_of
 from celeryapp.scheduling.store import find_schedule
 from models import Schedule, ScheduleStatus, SlotOutcome, SlotRecord, Trigger, transaction

@@ -27,8 +27,7 @@ from celeryapp.domain.catchup import (
 )
 from celeryapp.domain.effects import Effects
 from celeryapp.execution.backfills import create_backfill
-from celeryapp.execution.slot_records import SlotOwner, SlotRow, record_slots
-from celeryapp.worker.slot_claims import record_missed
+from celeryapp.execution.slots import SlotOwner, SlotRow, record_missed, record_slots
 from models import Backfill, BackfillOrigin, BackfillStatus, SlotOutcome, SlotRecord, Trigger
 
 #: A made-up slot's record until its catch-up has a number (the same transaction sets it), by

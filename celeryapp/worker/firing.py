@@ -23,14 +23,13 @@ from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, short_repr, 
 from celeryapp.domain.names import run_key
 from celeryapp.errors import InvalidArgument
 from celeryapp.execution.runs import Start, start_execution, start_executions
-from celeryapp.execution.slot_records import SlotOwner, record_slot
+from celeryapp.execution.slots import SlotOwner, claim_slot, claimed_slots, record_slot, recorded
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, cadence_of
 from celeryapp.scheduling.calendar_files import slot_calendar_reason
 from celeryapp.worker.catchup_fires import record_unfired, start_catchup
 from celeryapp.worker.dispatch import apply_effects
 from celeryapp.worker.moved_fires import mover, start_moved
-from celeryapp.worker.slot_claims import claim_slot, claimed_slots, recorded
 from models import (
     ExecutionStatus,
     Overlap,

@@ -24,7 +24,7 @@ from celeryapp.domain.dst_rules import DstRules
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.times import iso
 from celeryapp.execution.backfills import create_backfill
-from celeryapp.execution.slot_records import SlotOwner
+from celeryapp.execution.slots import SlotOwner
 from celeryapp.scheduling.calendar_files import moved_slot, moves_slots
 from models import BackfillOrigin
 

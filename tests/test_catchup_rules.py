@@ -20,13 +20,12 @@ from celeryapp.domain.catchup import (
     MAX_EXCLUDED_PASSED,
     CatchupPolicy,
     CatchupRules,
-    decide_late,
     made_up_detail,
     make_up_slots,
     missed_detail,
     too_late,
 )
-from celeryapp.domain.decisions import FireDecision, ScheduleState
+from celeryapp.domain.decisions import FireDecision, ScheduleState, decide_late
 from celeryapp.domain.times import span
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError

@@ -16,8 +16,8 @@ from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session, joinedload
 
 from celeryapp.domain.batching import BatchSchedule, Fire, decide_batchable
-from celeryapp.domain.catchup import CatchupPolicy, CatchupRules, decide_late, policy_of, too_late
-from celeryapp.domain.decisions import ScheduleState, decide_calendar, decide_fire, decide_overlap
+from celeryapp.domain.catchup import CatchupPolicy, CatchupRules, policy_of, too_late
+from celeryapp.domain.decisions import ScheduleState, decide_calendar, decide_fire, decide_late, decide_overlap
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, short_repr, type_name
 from celeryapp.domain.names import run_key

@@ -12,8 +12,8 @@ from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.interfaces import alerts, backfill_service, service, wiring_checks
 from celeryapp.interfaces.arguments import default_actor
 from celeryapp.messaging.expiry import ReferenceClockTask
+from celeryapp.states import AuditSource
 from models.audit import claimed_source
-from models.states import AuditSource
 
 
 class ServiceTask(ReferenceClockTask):

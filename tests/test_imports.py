@@ -26,7 +26,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
             "celeryapp.context",
             "celeryapp.outcome",
             "celeryapp.runtime",
-            "models.states",
+            "celeryapp.states",
         )
     },
     {"domain": ("celeryapp.domain",)},

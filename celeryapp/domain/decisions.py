@@ -15,7 +15,7 @@ from enum import StrEnum
 from celeryapp.domain.cadence import Cadence, retry_delay_s
 from celeryapp.domain.definition import StepSpec
 from celeryapp.domain.times import iso
-from models.states import ActivityStatus, ExecutionStatus, Overlap, ScheduleStatus, SlotOutcome, Trigger
+from celeryapp.states import ActivityStatus, ExecutionStatus, Overlap, ScheduleStatus, SlotOutcome, Trigger
 
 
 class Verdict(StrEnum):

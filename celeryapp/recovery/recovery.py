@@ -32,6 +32,7 @@ from celeryapp.recovery.paused_slots import record_all_paused
 from celeryapp.recovery.repair import requeue_attempt, resend_queued
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import reconcile
+from celeryapp.states import AuditAction
 from celeryapp.worker.dispatch import apply_effects
 from models import (
     Activity,
@@ -45,7 +46,6 @@ from models import (
 )
 from models.audit import BEAT, Note
 from models.session import retried_transaction
-from models.states import AuditAction
 
 logger = logging.getLogger(__name__)
 

@@ -34,11 +34,11 @@ from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.scheduling.calendar_files import calendar_reader
 from celeryapp.scheduling.store import Change, upsert_schedule
 from celeryapp.scheduling.yaml_errors import at, yaml_problem
+from celeryapp.states import AuditAction
 from models import Schedule, ScheduleSource, utcnow
 from models.audit import REASON_CHARS, Actor
 from models.definitions import definition_of
 from models.session import retried_transaction
-from models.states import AuditAction
 
 logger = logging.getLogger(__name__)
 

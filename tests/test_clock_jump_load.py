@@ -15,8 +15,8 @@ import redis
 from sqlalchemy import func, select
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.clock_correction import CORRECTION_KEY
 from celeryapp.config import Settings
-from celeryapp.domain.clock_correction import CORRECTION_KEY
 from celeryapp.interfaces import service
 from celeryapp.messaging import reference_time
 from celeryapp.messaging.redis_client import get_redis

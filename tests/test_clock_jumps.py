@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.client import ChordbeatClient
-from celeryapp.domain.clock_correction import (
+from celeryapp.clock_correction import (
     CORRECTION_KEY,
     JUMP_THRESHOLD_S,
     NO_CORRECTION,

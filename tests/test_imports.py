@@ -27,6 +27,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
             "celeryapp.outcome",
             "celeryapp.runtime",
             "celeryapp.states",
+            "celeryapp.clock_correction",
         )
     },
     {"domain": ("celeryapp.domain",)},

@@ -8,7 +8,7 @@ page. It does no harm to chordbeat (nothing compares its clock with another's) b
 broken NTP that the steps' own code, logs and other systems on that host still suffer from.
 
 Redis's clock itself may jump (a failover to a host with another clock, an NTP step): the
-deployment's correction (:mod:`celeryapp.domain.clock_correction`) lives in its ``CORRECTION_KEY``,
+deployment's correction (:mod:`celeryapp.clock_correction`) lives in its ``CORRECTION_KEY``,
 read in the same round trip as ``TIME`` and written by compare-and-set, so that every process
 subtracts the same one.
 """
@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 
 import redis
 
-from celeryapp.domain.clock_correction import CORRECTION_KEY, BadCorrection, Correction
+from celeryapp.clock_correction import CORRECTION_KEY, BadCorrection, Correction
 from celeryapp.messaging.keys import PREFIX
 from celeryapp.messaging.redis_client import get_redis, registered_script
 from models.clock import MEASURE_INTERVAL_S, clock

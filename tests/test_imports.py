@@ -28,6 +28,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
             "celeryapp.runtime",
             "celeryapp.states",
             "celeryapp.clock_correction",
+            "celeryapp.clock",
         )
     },
     {"domain": ("celeryapp.domain",)},

@@ -20,11 +20,11 @@ from celery import bootsteps
 from celeryapp.alerting import deadline_watch
 from celeryapp.alerting.log_masking import masked_logger
 from celeryapp.alerting.sender import Sender
+from celeryapp.clock import clock
 from celeryapp.config import Settings
 from celeryapp.domain.names import PREFIX
 from celeryapp.messaging.keys import CONTROL_QUEUE
 from celeryapp.messaging.redis_client import get_redis, registered_script
-from models.clock import clock
 
 logger = masked_logger(__name__)
 

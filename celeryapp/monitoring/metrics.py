@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from celeryapp.clock import clock
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.messaging.reference_time import offsets, shared_correction
@@ -28,7 +29,6 @@ from celeryapp.monitoring import metric_counts as mc
 from celeryapp.monitoring.overload import queued, skipped_last_minute
 from celeryapp.runtime import Runtime
 from models import AlertKind, ExecutionStatus, MetricCount, Schedule, ScheduleExecution, ScheduleStatus, transaction
-from models.clock import clock
 
 Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
 

@@ -13,9 +13,9 @@ import logging
 
 import redis
 
+from celeryapp.clock import clock
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
-from models.clock import clock
 
 logger = logging.getLogger(__name__)
 

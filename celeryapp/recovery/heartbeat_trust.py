@@ -16,11 +16,11 @@ import logging
 import redis
 from sqlalchemy import select
 
+from celeryapp.clock import clock
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.runtime import Runtime
 from models import ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction
-from models.clock import clock
 
 logger = logging.getLogger(__name__)
 

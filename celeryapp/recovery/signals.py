@@ -13,12 +13,12 @@ from celery.concurrency import get_implementation
 from celery.concurrency.prefork import TaskPool
 from celery.signals import task_received, worker_init, worker_ready, worker_shutdown
 
+from celeryapp.clock import clock
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring import worker_registry
 from celeryapp.monitoring.health import remove, touch
 from celeryapp.recovery.node_start import recover_node_in_background
 from celeryapp.worker.dispatch import RUN_STEP, take_message
-from models.clock import clock
 
 logger = logging.getLogger(__name__)
 

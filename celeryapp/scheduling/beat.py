@@ -18,6 +18,7 @@ from celery.signals import beat_init
 from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, acquire_distributed_beat_lock
 from redbeat.schedulers import get_redis as redbeat_client
 
+from celeryapp.clock import clock
 from celeryapp.errors import DefinitionError
 from celeryapp.messaging.broker import RECONNECT_INTERVAL_MAX_S
 from celeryapp.monitoring import health
@@ -29,7 +30,6 @@ from celeryapp.scheduling.redis_outage import RedisOutage
 from celeryapp.scheduling.schedule_file import apply_file
 from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, wrong_type
 from models.audit import BEAT
-from models.clock import clock
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from celeryapp.alerting.channels import channel_names
 from celeryapp.alerting.sender_thread import AlertSenderStep
 from celeryapp.clock import clock
 from celeryapp.config import Settings
+from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.domain.redaction import credentials_apart
 from celeryapp.messaging import redis_client, reference_time, serialization
 from celeryapp.messaging.broker import sentinel_transport_options, transport_for
-from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.messaging.refused_bodies import AnswerRefusedBodies
 from celeryapp.recovery.signals import HealthStep
 from celeryapp.redis_urls import is_sentinel, parse_sentinels

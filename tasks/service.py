@@ -10,6 +10,7 @@ from celeryapp.contract import SOURCE_HEADER
 from celeryapp.domain.redaction import RedactedResult
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.interfaces import alerts, backfill_service, service, wiring_checks
+from celeryapp.interfaces import next_fires as fire_preview
 from celeryapp.interfaces.arguments import default_actor
 from celeryapp.messaging.expiry import ReferenceClockTask
 from celeryapp.states import AuditSource
@@ -131,7 +132,7 @@ def list_slots(name: str, limit: int = 50) -> list[dict[str, Any]]:
 
 @app.task(base=ServiceTask, name="chordbeat.next_fires", send_events=READ_ONLY_EVENTS)
 def next_fires(name: str, count: int = 10) -> list[dict[str, Any]]:
-    return service.next_fires(app, name, count)
+    return fire_preview.next_fires(app, name, count)
 
 
 @app.task(base=ServiceTask, name="chordbeat.backfill_schedule")

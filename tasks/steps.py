@@ -11,9 +11,9 @@ from celery.signals import celeryd_init
 
 from celeryapp import app
 from celeryapp.domain.limits import check_int
+from celeryapp.domain.names import CONTROL_QUEUES, STEPS_QUEUE
 from celeryapp.domain.redaction import RedactedResult
 from celeryapp.errors import InvalidArgument
-from celeryapp.messaging import keys
 from celeryapp.worker import runner, step_events
 from models.session import get_engine
 from models.tables import RUN_TOKEN_MAX
@@ -42,7 +42,7 @@ def run_step(self: Task, worker_task_id: int, attempt: int, token: int = 0) -> R
     # 0: sent before runs had tokens (models.tables.ScheduleExecution.token).
     check_int(token, "token", InvalidArgument, low=0, high=RUN_TOKEN_MAX)
     queue = (self.request.delivery_info or {}).get("routing_key")
-    if queue in keys.CONTROL_QUEUES:
+    if queue in CONTROL_QUEUES:
         # Published there by hand or by a definition stored before such queues were refused. Run
         # here, it would make control and service calls wait; moved with the same id and chord,
         # it completes its group as usual (a duplicate is skipped by the claim).
@@ -51,9 +51,9 @@ def run_step(self: Task, worker_task_id: int, attempt: int, token: int = 0) -> R
             "argsrepr": getattr(self.request, "argsrepr", None),
             "kwargsrepr": getattr(self.request, "kwargsrepr", None),
         }
-        self.signature_from_request(queue=keys.STEPS_QUEUE, **reprs).apply_async()
+        self.signature_from_request(queue=STEPS_QUEUE, **reprs).apply_async()
         logger.warning(
-            "worker task %s attempt %s arrived on %r: moved to %r", worker_task_id, attempt, queue, keys.STEPS_QUEUE
+            "worker task %s attempt %s arrived on %r: moved to %r", worker_task_id, attempt, queue, STEPS_QUEUE
         )
         raise Ignore()
     # Monitors read the outcome back from the result's repr (step_events.event_for): Celery's own

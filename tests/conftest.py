@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, text
 from celeryapp import app as chordbeat_app
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.messaging import keys
+from celeryapp.domain.names import PREFIX
 from celeryapp.messaging.redis_client import get_redis, reset_clients
 from models.migrate import upgrade
 from models.session import dispose_all
@@ -210,7 +210,7 @@ def worker(app: ChordbeatCelery) -> Iterator[Any]:
         # Let steps still running (a cancelled one stopping, say) finish against this test's
         # database before the settings change under them.
         client = get_redis(app.settings.broker_url)
-        wait_for(lambda: not client.keys(f"{keys.PREFIX}:hb:*"), 20, what="running steps to end")
+        wait_for(lambda: not client.keys(f"{PREFIX}:hb:*"), 20, what="running steps to end")
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.context import current_step
 from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.domain.times import iso
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys
@@ -408,7 +409,7 @@ def test_a_fire_message_dropped_unread_holds_no_schedule_back(app: ChordbeatCele
     app.send_task(
         "chordbeat.fire_batch",
         kwargs={"fires": [fire]},
-        queue=keys.CONTROL_QUEUE,
+        queue=CONTROL_QUEUE,
         task_id="expired-fire",
         expires=utcnow() - timedelta(seconds=1),
     )

@@ -20,8 +20,9 @@ from sqlalchemy import select
 from celeryapp.application import ChordbeatCelery
 from celeryapp.clock import MAX_ROUND_TRIP_S, ReferenceClock, clock
 from celeryapp.config import Settings
+from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE
 from celeryapp.interfaces import service
-from celeryapp.messaging import keys, reference_time
+from celeryapp.messaging import reference_time
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery.heartbeat_trust import RECOVERY_SEEN_KEY
@@ -167,7 +168,7 @@ def test_recovery_messages_reach_a_worker_whose_clock_is_ahead(
     discarded every recovery message beat sent (their expiry is one recovery interval)."""
     redis_client = get_redis(settings.broker_url)
     with (
-        processes.control_worker(settings, tmp_path, queues=keys.CONTROL_QUEUE, env=processes.skewed(35)) as control,
+        processes.control_worker(settings, tmp_path, queues=CONTROL_QUEUE, env=processes.skewed(35)) as control,
         processes.beat(settings, tmp_path),
     ):
         wait_for(lambda: redis_client.exists(RECOVERY_SEEN_KEY), 30, what=f"a recovery pass:\n{control.output()}")
@@ -188,15 +189,15 @@ def test_hosts_whose_clocks_disagree_record_a_consistent_timeline_and_keep_deadl
         "steps": [step("a", kwargs={"seconds": 4}), step("b", kwargs={"seconds": 0.1})],
     }
     with (
-        processes.control_worker(settings, tmp_path, "service", queues=keys.PUBLIC_QUEUE),
+        processes.control_worker(settings, tmp_path, "service", queues=PUBLIC_QUEUE),
         processes.step_worker(settings, tmp_path, env=processes.skewed(-60)),
-        processes.control_worker(settings, tmp_path, queues=keys.CONTROL_QUEUE, env=processes.skewed(35)),
+        processes.control_worker(settings, tmp_path, queues=CONTROL_QUEUE, env=processes.skewed(35)),
     ):
         call(client, "chordbeat.apply_schedule", definition=definition)
         execution_id = call(client, "chordbeat.trigger_schedule", name="skewed")["execution_id"]
 
         def recovered_while_running() -> bool:
-            client.send_task("chordbeat.recover", queue=keys.CONTROL_QUEUE, ignore_result=True)
+            client.send_task("chordbeat.recover", queue=CONTROL_QUEUE, ignore_result=True)
             return call(client, "chordbeat.get_execution", execution_id=execution_id)["status"] != "in_progress"
 
         wait_for(recovered_while_running, 30, interval=0.5, what="the run to end")

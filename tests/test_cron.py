@@ -10,7 +10,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from celeryapp.domain.cron import CronError, CronExpression
+from celeryapp.domain.cron import CronExpression
+from celeryapp.domain.cron_fields import CronError
 
 LONDON = ZoneInfo("Europe/London")
 NEW_YORK = ZoneInfo("America/New_York")

@@ -22,7 +22,8 @@ from cronsim import CronSim, CronSimError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celeryapp.domain.cron import CronError, CronExpression
+from celeryapp.domain.cron import CronExpression
+from celeryapp.domain.cron_fields import CronError
 
 NOW = datetime(2020, 1, 1, tzinfo=UTC)
 RIGA = ZoneInfo("Europe/Riga")

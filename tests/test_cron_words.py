@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celeryapp.domain.cron import CronError, CronExpression
+from celeryapp.domain.cron import CronExpression
+from celeryapp.domain.cron_fields import CronError
 from celeryapp.domain.cron_words import describe, ordinal
 
 

@@ -20,8 +20,8 @@ import yaml
 
 from celeryapp.alerting.channels import load_channels
 from celeryapp.domain.calendars import parse_calendar
+from celeryapp.domain.names import CONTROL_QUEUES, STEPS_QUEUE
 from celeryapp.interfaces.cli import main as chordbeat_cli
-from celeryapp.messaging.keys import CONTROL_QUEUES, STEPS_QUEUE
 from celeryapp.scheduling.calendar_files import read_calendar
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,9 +20,8 @@ from sqlalchemy import select, update
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.domain.limits import LOG_TAIL_LINES
-from celeryapp.domain.names import runner_task_id
+from celeryapp.domain.names import PREFIX, PUBLIC_QUEUE, runner_task_id
 from celeryapp.interfaces import service
-from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.worker import step_events
 from models import ActivityStatus, AuditSource, ScheduleStep, WorkerTask, transaction
@@ -298,7 +297,7 @@ def test_a_cancel_of_queued_steps_is_not_taken_for_an_operators_revoke(
             lambda: all(f"[{t}] succeeded" in steps_worker.output() for t in task_ids), 30, what="every runner to end"
         )
         final = call(client, "chordbeat.get_execution", execution_id=execution_id)
-    assert not get_redis(app.settings.broker_url).keys(f"{keys.PREFIX}:stop:*")
+    assert not get_redis(app.settings.broker_url).keys(f"{PREFIX}:stop:*")
     assert {a["error"] for a in final["activities"]} == {final["error"]}
 
 
@@ -485,7 +484,7 @@ def test_a_step_moved_off_a_control_queue_keeps_its_name_and_arguments_in_flower
         # A definition stored before control queues were refused: its step is routed to one, and
         # the control worker moves the message to the steps queue (tasks/steps.py).
         with transaction(settings.database_url) as session:
-            session.execute(update(ScheduleStep).where(ScheduleStep.name == "a").values(queue=keys.PUBLIC_QUEUE))
+            session.execute(update(ScheduleStep).where(ScheduleStep.name == "a").values(queue=PUBLIC_QUEUE))
         execution_id = call(client, "chordbeat.trigger_schedule", name="moved")["execution_id"]
         finished(client, execution_id, timeout=60)
         seen = flower_sees(

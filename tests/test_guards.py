@@ -9,6 +9,7 @@ from celery import Celery
 from sqlalchemy import func, select
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.domain.names import PREFIX
 from models import Activity, SlotOutcome, SlotRecord, WorkerTask, WorkerTaskStatus, transaction
 from tests.support.helpers import call, execution, finished, running, step, wait_for
 
@@ -75,11 +76,10 @@ def test_cancel_mid_step_stops_the_step_and_nothing_runs_afterwards(
     assert [(a["step"], a["status"]) for a in cancelled["activities"]] == [("long", "cancelled")]
 
     # The 30 s step is interrupted: its runner ends (heartbeat key removed) well before.
-    from celeryapp.messaging import keys
     from celeryapp.messaging.redis_client import get_redis
 
     redis = get_redis(app.settings.broker_url)
-    wait_for(lambda: not redis.keys(f"{keys.PREFIX}:hb:*"), 10, what="the cancelled step to stop")
+    wait_for(lambda: not redis.keys(f"{PREFIX}:hb:*"), 10, what="the cancelled step to stop")
     # Cancelling again is a no-op that returns the same execution.
     assert call(client, "chordbeat.cancel_execution", execution_id=execution_id)["status"] == "cancelled"
     assert activity_count(app, execution_id) == 1

@@ -242,6 +242,82 @@ def test_no_module_is_over_450_code_lines(capsys: pytest.CaptureFixture[str]) ->
     assert long == {}
 
 
+def _defined_names(tree: ast.Module, package: bool) -> set[str] | None:
+    """Names ``tree``'s module defines itself (``None``: any, its ``__getattr__`` makes them). A
+    package's ``__init__`` also serves the names its ``__all__`` lists: its public face."""
+    names: set[str] = set()
+    statements: list[ast.stmt] = list(tree.body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, ast.If | ast.Try):
+            statements += [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+            statements += [s for handler in getattr(node, "handlers", []) for s in handler.body]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if package and any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and node.value:
+                names |= {
+                    e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                }
+    return None if "__getattr__" in names else names
+
+
+def borrowed_names(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """``A imports X from B`` (or reads ``B.X``) where B does not define X but only imports it
+    itself: X has one home, and its importers go there. ``sources``: module → (its text, whether
+    it is a package)."""
+    trees = {name: ast.parse(text) for name, (text, _) in sources.items()}
+    defined = {name: _defined_names(tree, sources[name][1]) for name, tree in trees.items()}
+
+    def borrowed_from(module: str, name: str) -> bool:
+        own = defined[module]
+        return own is not None and f"{module}.{name}" not in sources and name != "*" and name not in own
+
+    borrowed = []
+    for name, tree in sorted(trees.items()):
+        modules: dict[str, str] = {}  # local name → a module of ours it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module in defined:
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}" in sources:
+                        modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    elif borrowed_from(node.module, alias.name):
+                        borrowed.append(f"{name} imports {alias.name} from {node.module}, which only imports it")
+            elif isinstance(node, ast.Import):
+                modules |= {alias.asname: alias.name for alias in node.names if alias.asname and alias.name in sources}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+                module = modules[node.value.id]
+                if borrowed_from(module, node.attr):
+                    borrowed.append(f"{name} reads {node.attr} from {module}, which only imports it")
+    return sorted(set(borrowed))
+
+
+def _sources() -> dict[str, tuple[str, bool]]:
+    return {name: (path.read_text(), path.name == "__init__.py") for name, path in module_files().items()}
+
+
+def test_names_are_imported_from_the_module_that_defines_them() -> None:
+    assert borrowed_names(_sources()) == []
+
+
+def test_a_re_export_is_found_and_named() -> None:
+    sources = _sources()
+    runs, _ = sources["celeryapp.execution.runs"]
+    sources["celeryapp.execution.runs"] = (runs + "\nfrom celeryapp.domain.cadence import Cadence as Cadence\n", False)
+    sources["celeryapp.planted"] = ("from celeryapp.execution.runs import Cadence, start_execution\n", False)
+    sources["celeryapp.planted_too"] = (
+        "from celeryapp.execution import runs\nruns.Cadence\nruns.lock_schedule\n",
+        False,
+    )
+    assert borrowed_names(sources) == [
+        "celeryapp.planted imports Cadence from celeryapp.execution.runs, which only imports it",
+        "celeryapp.planted_too reads Cadence from celeryapp.execution.runs, which only imports it",
+    ]
+
+
 def test_every_package_is_installed() -> None:
     """pyproject.toml lists the packages a wheel or the image installs: one left out installs
     without it (setuptools only warns) and fails at its first import."""

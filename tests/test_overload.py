@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import event, select, update
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.interfaces import service
-from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring import overload
 from celeryapp.monitoring.metrics import ExecutionCollector
@@ -76,7 +76,7 @@ def test_sustained_skipping_is_counted_warned_about_and_exported(
     client = get_redis(app.settings.broker_url)
     # Fire messages waiting behind the ones being worked off.
     for _ in range(5):
-        app.send_task("chordbeat.fire_schedule", kwargs={"name": names[0]}, queue=keys.CONTROL_QUEUE)
+        app.send_task("chordbeat.fire_schedule", kwargs={"name": names[0]}, queue=CONTROL_QUEUE)
     for name in names:
         answer = firing.fire(app, name, nominal_at=anchor + timedelta(seconds=3600), trigger=Trigger.INTERVAL)
         assert "overlap" in str(answer["skipped"])
@@ -94,5 +94,5 @@ def test_sustained_skipping_is_counted_warned_about_and_exported(
     assert overload.skipped_last_minute(client, now=later) == 3
     families = {f.name: f for f in ExecutionCollector(app).collect()}
     depth = {s.labels["queue"]: s.value for s in families["chordbeat_queued_messages"].samples}
-    assert depth[keys.CONTROL_QUEUE] == 5
+    assert depth[CONTROL_QUEUE] == 5
     assert "chordbeat_overlap_skips_last_minute" in families

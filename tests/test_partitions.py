@@ -17,8 +17,8 @@ import redis
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.domain.names import STEPS_QUEUE
 from celeryapp.interfaces import service
-from celeryapp.messaging import keys
 from tests.support import processes
 from tests.support.fault_tasks import read_log
 from tests.support.helpers import db_execution, step, ts, wait_for
@@ -106,7 +106,7 @@ def test_a_host_cut_off_from_redis_stops_its_step_before_another_host_runs_it(
     env = processes.FAULT_TASKS_ENV
     a, b = lab.add_host("a"), lab.add_host("b")
     # Host a runs steps only, one at a time: the first attempt is its.
-    a.worker(settings, tmp_path, "wa", concurrency=1, queues=keys.STEPS_QUEUE, env=env)
+    a.worker(settings, tmp_path, "wa", concurrency=1, queues=STEPS_QUEUE, env=env)
     service.apply_schedule(app, {"name": "cut", "every": 3600, "steps": [tick(log, STEP_S), step("after")]})
     execution_id = service.trigger_schedule(app, "cut")["execution_id"]
     wait_for(lambda: any(e["event"] == "tick" for e in read_log(str(log))), 60, what="the step to run on host a")

@@ -27,7 +27,8 @@ from kombu.serialization import loads as kombu_loads
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.messaging import keys, serialization, unacked
+from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
+from celeryapp.messaging import serialization, unacked
 from celeryapp.messaging.serialization import MAX_MESSAGE_DEPTH, envelope, headers_after_body, loads, nesting_depth
 from celeryapp.messaging.unacked import UNACKED_INDEX_KEY, UNACKED_KEY
 from celeryapp.variables import DEFAULT_MAX_MESSAGE_BYTES
@@ -35,7 +36,7 @@ from tests.support import processes
 from tests.support.helpers import call, run_once, step, wait_for
 
 SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-QUEUES = (keys.STEPS_QUEUE, keys.CONTROL_QUEUE, keys.PUBLIC_QUEUE)
+QUEUES = (STEPS_QUEUE, CONTROL_QUEUE, PUBLIC_QUEUE)
 #: kombu's Redis transport: the list of a queue's priority ``n`` (0 is the queue's own name).
 PRIORITY_SEP = "\x06\x16"
 #: Decodes as JSON but is too deep for the pool's pickler in the worker's main process.
@@ -244,7 +245,7 @@ OVERSIZED_CHARS = DEFAULT_MAX_MESSAGE_BYTES + 1024
 
 def oversized(client: Celery, broker_url: str) -> AsyncResult:
     """A service call and a remote control broadcast longer than the limit: the call's result."""
-    call = client.send_task("chordbeat.get_schedule", kwargs={"name": "x" * OVERSIZED_CHARS}, queue=keys.PUBLIC_QUEUE)
+    call = client.send_task("chordbeat.get_schedule", kwargs={"name": "x" * OVERSIZED_CHARS}, queue=PUBLIC_QUEUE)
     broker = redis.Redis.from_url(broker_url)
     channel = f"/{broker.connection_pool.connection_kwargs.get('db', 0)}.celery.pidbox"
     assert broker.publish(channel, json.dumps({"body": "x" * OVERSIZED_CHARS})) == 1

@@ -12,9 +12,9 @@ from sqlalchemy import update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
-from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from models import ScheduleStep, transaction
 from tests.support import processes
 from tests.support.helpers import call, finished, running, step, wait_for

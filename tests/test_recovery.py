@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.domain.names import PREFIX, STEPS_QUEUE
 from celeryapp.execution.runs import start_execution
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
@@ -354,7 +355,7 @@ def test_an_outcome_that_cannot_be_recorded_is_not_replaced_by_a_failure_the_ste
     execution_id = call(client, "chordbeat.trigger_schedule", name="safe")["execution_id"]
     redis_client = get_redis(app.settings.broker_url)
     wait_for(
-        lambda: execution(client, execution_id)["activities"] and not redis_client.keys(f"{keys.PREFIX}:hb:*"),
+        lambda: execution(client, execution_id)["activities"] and not redis_client.keys(f"{PREFIX}:hb:*"),
         10,
         what="the runner to give up and its heartbeat to go",
     )
@@ -391,7 +392,7 @@ def test_a_step_message_taken_by_a_worker_that_died_before_noting_it_is_sent_aga
     taker = (
         "import os\nfrom kombu import Connection\n"
         f"with Connection({settings.broker_url!r}, transport_options={app.conf.broker_transport_options!r}) as c:\n"
-        f"    assert c.default_channel.basic_get({keys.STEPS_QUEUE!r}) is not None\n"
+        f"    assert c.default_channel.basic_get({STEPS_QUEUE!r}) is not None\n"
         "    os._exit(0)\n"
     )
     subprocess.run([sys.executable, "-c", taker], check=True, timeout=60)

@@ -7,8 +7,8 @@ from typing import Any
 from celery import Celery
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.domain.names import PREFIX
 from celeryapp.interfaces import service
-from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.variables import DEFAULT_HEARTBEAT_TTL_S
 from celeryapp.worker.database_patience import DATABASE_PATIENCE_S
@@ -41,7 +41,7 @@ def test_cancel_flags_live_as_long_as_the_attempts_they_stop(app: ChordbeatCeler
     for _ in range(runs):
         service.trigger_schedule(app, "churn")
     client = get_redis(app.settings.broker_url)
-    pattern = f"{keys.PREFIX}:cancel:*"
+    pattern = f"{PREFIX}:cancel:*"
     flags = list(client.scan_iter(pattern))
     assert len(flags) == runs - 1
     ttl_ms = flag_ttl_ms(app.settings.heartbeat_ttl_s)

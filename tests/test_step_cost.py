@@ -17,6 +17,7 @@ from celeryapp.config import Settings
 from celeryapp.domain.decisions import Verdict
 from celeryapp.domain.definition import StepSpec
 from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.domain.names import STEPS_QUEUE
 from celeryapp.execution.advancing import GroupState, advance_execution, advance_group, move_on, read_group
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import service
@@ -317,7 +318,7 @@ def test_a_groups_chord_is_counted_by_the_result_backend_and_subscribes_to_no_re
     before = subscribed()
     dispatch.send_group(app, group)
     assert subscribed() == before
-    queue = [key for key in client.keys(f"{keys.STEPS_QUEUE}*") if client.type(key) == "list"]
+    queue = [key for key in client.keys(f"{STEPS_QUEUE}*") if client.type(key) == "list"]
     messages = [json.loads(raw) for key in queue for raw in client.lrange(key, 0, -1)]
     parts = sorted((m["headers"]["group_index"], m["headers"]) for m in messages)
     assert [(index, headers["id"]) for index, headers in parts] == [

@@ -8,6 +8,7 @@ import pytest
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.domain.names import STEPS_QUEUE
 from celeryapp.interfaces import service
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
@@ -30,7 +31,7 @@ def test_a_step_message_popped_without_trace_is_sent_again(
     broker = get_redis(settings.broker_url)
 
     def pop() -> bytes | str | None:
-        for key in keys.queue_keys(keys.STEPS_QUEUE):
+        for key in keys.queue_keys(STEPS_QUEUE):
             popped = broker.rpop(key)
             if popped:
                 return popped  # type: ignore[no-any-return]

@@ -14,8 +14,8 @@ import redis
 from sqlalchemy import update
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.domain.names import PREFIX
 from celeryapp.interfaces import service
-from celeryapp.messaging import keys
 from celeryapp.recovery.paused_slots import record_all_paused
 from celeryapp.states import AuditAction, AuditSource
 from models import Activity, Schedule, transaction, utcnow
@@ -157,9 +157,9 @@ def test_a_viewers_session_record_made_an_admins_in_redis_is_refused_and_ends(
     client = redis.Redis.from_url(app.settings.broker_url)
 
     def new_record(user: tuple[str, str]) -> tuple[Any, str]:
-        before = set(client.keys(f"{keys.PREFIX}:web:session:*"))
+        before = set(client.keys(f"{PREFIX}:web:session:*"))
         session = web.session(user)
-        (key,) = set(client.keys(f"{keys.PREFIX}:web:session:*")) - before
+        (key,) = set(client.keys(f"{PREFIX}:web:session:*")) - before
         return session, key
 
     _, admin_key = new_record(ADMIN)

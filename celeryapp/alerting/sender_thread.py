@@ -22,8 +22,7 @@ from celeryapp.alerting.log_masking import masked_logger
 from celeryapp.alerting.sender import Sender
 from celeryapp.clock import clock
 from celeryapp.config import Settings
-from celeryapp.domain.names import PREFIX
-from celeryapp.messaging.keys import CONTROL_QUEUE
+from celeryapp.domain.names import CONTROL_QUEUE, PREFIX
 from celeryapp.messaging.redis_client import get_redis, registered_script
 
 logger = masked_logger(__name__)

@@ -24,7 +24,8 @@ from celeryapp.domain.alert_fields import (
 from celeryapp.domain.cadence import Cadence, retry_delay_s
 from celeryapp.domain.calendar_fields import CalendarReader, check_known_calendars, parse_calendar_field
 from celeryapp.domain.catchup_fields import parse_catchup_field
-from celeryapp.domain.cron import CronError, CronExpression
+from celeryapp.domain.cron import CronExpression
+from celeryapp.domain.cron_fields import CronError
 from celeryapp.domain.definition import (
     ALL_STEP_FIELDS,
     DEFAULT_RETRY_DELAY_S,

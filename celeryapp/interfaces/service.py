@@ -44,7 +44,6 @@ from celeryapp.interfaces.arguments import reason_arg as _reason
 from celeryapp.interfaces.arguments import status_arg as _status
 from celeryapp.interfaces.audit import MAX_AUDIT_LIMIT, audit_rows
 from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_backfill, get_backfill, list_backfills
-from celeryapp.interfaces.next_fires import next_fires
 from celeryapp.interfaces.summaries import execution_summaries, schedules_page
 from celeryapp.interfaces.views import alerting_of, execution_json, one_schedule_json, schedule_json
 from celeryapp.interfaces.wiring_checks import test_alert
@@ -369,7 +368,6 @@ __all__ = [
     "list_executions",
     "list_schedules",
     "list_slots",
-    "next_fires",
     "pause_schedule",
     "rerun_execution",
     "resume_schedule",

@@ -1,15 +1,9 @@
-"""Redis key names and queue names, all in one place under the ``chordbeat`` prefix."""
+"""Redis key names, all in one place under the ``chordbeat`` prefix (the queue names are the
+domain's: celeryapp/domain/names.py)."""
 
 from __future__ import annotations
 
-# The queue names are the domain's (a step may not run on a control queue); listed here too so
-# that every name chordbeat uses in Redis is in this module.
-from celeryapp.domain.names import CONTROL_QUEUE as CONTROL_QUEUE
-from celeryapp.domain.names import CONTROL_QUEUES as CONTROL_QUEUES
-from celeryapp.domain.names import PREFIX as PREFIX
-from celeryapp.domain.names import PUBLIC_QUEUE as PUBLIC_QUEUE
-from celeryapp.domain.names import STEPS_QUEUE as STEPS_QUEUE
-from celeryapp.domain.names import token_suffix
+from celeryapp.domain.names import PREFIX, token_suffix
 
 # The keys of a run and of its attempts end with the run's random token
 # (models.tables.ScheduleExecution.token): ids a database that went back hands out again meet

@@ -27,7 +27,7 @@ import redis
 
 from celeryapp.clock import MEASURE_INTERVAL_S, clock
 from celeryapp.clock_correction import CORRECTION_KEY, BadCorrection, Correction
-from celeryapp.messaging.keys import PREFIX
+from celeryapp.domain.names import PREFIX
 from celeryapp.messaging.redis_client import get_redis, registered_script
 
 logger = logging.getLogger(__name__)

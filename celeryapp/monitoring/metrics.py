@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from celeryapp.clock import clock
-from celeryapp.messaging import keys
+from celeryapp.domain.names import CONTROL_QUEUE, STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.messaging.reference_time import offsets, shared_correction
 from celeryapp.monitoring import metric_counts as mc
@@ -147,7 +147,7 @@ class ExecutionCollector(Collector):
         try:
             client = get_redis(self.app.settings.broker_url)
             skipped = skipped_last_minute(client)
-            waiting = {queue: queued(client, queue) for queue in (keys.CONTROL_QUEUE, keys.STEPS_QUEUE)}
+            waiting = {queue: queued(client, queue) for queue in (CONTROL_QUEUE, STEPS_QUEUE)}
             clocks = offsets(client, clock.timestamp())
             correction = shared_correction(client)
         except redis.RedisError:

@@ -14,6 +14,7 @@ import logging
 import redis
 
 from celeryapp.clock import clock
+from celeryapp.domain.names import CONTROL_QUEUE, PREFIX, STEPS_QUEUE
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 
@@ -24,11 +25,11 @@ COUNTER_TTL_S = 180
 
 
 def _skipped_key(minute: int) -> str:
-    return f"{keys.PREFIX}:overload:skipped:{minute}"
+    return f"{PREFIX}:overload:skipped:{minute}"
 
 
 def _warned_key(minute: int) -> str:
-    return f"{keys.PREFIX}:overload:warned:{minute}"
+    return f"{PREFIX}:overload:warned:{minute}"
 
 
 def queued(client: redis.Redis, queue: str) -> int:
@@ -57,10 +58,10 @@ def note_skipped(broker_url: str, count: int, *, now: float | None = None) -> No
             "still in progress; %s fire and control messages wait in %r and %s step messages in %r. "
             "Add step workers (or a control worker), or make schedules less frequent.",
             int(previous),
-            queued(client, keys.CONTROL_QUEUE),
-            keys.CONTROL_QUEUE,
-            queued(client, keys.STEPS_QUEUE),
-            keys.STEPS_QUEUE,
+            queued(client, CONTROL_QUEUE),
+            CONTROL_QUEUE,
+            queued(client, STEPS_QUEUE),
+            STEPS_QUEUE,
         )
     except redis.RedisError as exc:
         logger.info("overload counter not updated: %s", exc)

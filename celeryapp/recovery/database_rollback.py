@@ -27,6 +27,7 @@ import redis
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import ProgrammingError
 
+from celeryapp.domain.names import PREFIX
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, registered_script
 from celeryapp.runtime import Runtime
@@ -41,7 +42,7 @@ WATCHED_TABLES = (keys.EXECUTIONS_MARK, keys.WORKER_TASKS_MARK, "activities")
 #: after the mark's last update (at most a recovery interval of work) must not be handed out again.
 SEQUENCE_MARGIN = 100_000
 #: While present, recovery repairs nothing: the database went back less than a heartbeat TTL ago.
-ROLLBACK_PAUSE_KEY = f"{keys.PREFIX}:recovery:database-went-back"
+ROLLBACK_PAUSE_KEY = f"{PREFIX}:recovery:database-went-back"
 
 #: KEYS[1]: the marks hash; ARGV: field, value, field, value, ... Raises each mark to its value.
 _RAISE_MARKS_LUA = """

@@ -17,6 +17,7 @@ import redis
 from sqlalchemy import select
 
 from celeryapp.clock import clock
+from celeryapp.domain.names import PREFIX
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.runtime import Runtime
@@ -25,12 +26,12 @@ from models import ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction
 logger = logging.getLogger(__name__)
 
 #: Lives a little longer than two recovery intervals: missing, recovery has not run for a while.
-RECOVERY_SEEN_KEY = f"{keys.PREFIX}:recovery:seen"
+RECOVERY_SEEN_KEY = f"{PREFIX}:recovery:seen"
 #: While present, missing heartbeats are not yet taken for lost workers (see heartbeats_trusted).
-HEARTBEAT_GRACE_KEY = f"{keys.PREFIX}:recovery:heartbeat-grace"
+HEARTBEAT_GRACE_KEY = f"{PREFIX}:recovery:heartbeat-grace"
 #: The run id (``INFO server``) of the Redis server the last pass talked to. Replicated like any
 #: key, so on a promoted replica (or a server restarted from its snapshot) it names another server.
-PRIMARY_KEY = f"{keys.PREFIX}:recovery:primary"
+PRIMARY_KEY = f"{PREFIX}:recovery:primary"
 
 
 def heartbeats_trusted(app: Runtime) -> bool:

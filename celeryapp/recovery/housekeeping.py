@@ -26,7 +26,7 @@ from redis.lock import Lock
 from sqlalchemy import Select, delete, select
 from sqlalchemy.orm import Session
 
-from celeryapp.messaging import keys
+from celeryapp.domain.names import PREFIX
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metric_counts import retire_orphans
 from celeryapp.runtime import Runtime
@@ -50,7 +50,7 @@ FOLLOW_UP_DELAY_S = 5.0
 _Purged = (
     type[ScheduleExecution] | type[SlotRecord] | type[AuditEvent] | type[Alert] | type[AlertSilence] | type[Backfill]
 )
-LEASE_KEY = f"{keys.PREFIX}:housekeeping:lease"
+LEASE_KEY = f"{PREFIX}:housekeeping:lease"
 
 
 @dataclass

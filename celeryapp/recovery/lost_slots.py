@@ -13,8 +13,7 @@ from redbeat.schedulers import get_redis as redbeat_client
 from sqlalchemy import and_, or_, select
 
 from celeryapp.domain.cadence import Cadence
-from celeryapp.domain.names import run_key
-from celeryapp.messaging import keys
+from celeryapp.domain.names import CONTROL_QUEUE, run_key
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import (
     CHUNK,
@@ -130,7 +129,7 @@ def _refire(app: Runtime, item: _Overdue, last_run_at: datetime | None) -> bool:
     """Fire ``item.slot`` again if beat moved past it (the database never saw it fired)."""
     if last_run_at is None or aware(last_run_at) < item.slot:
         return False  # beat has not reached the slot yet (it is down, or behind): it will fire it
-    options: dict[str, Any] = {"queue": keys.CONTROL_QUEUE, "ignore_result": True}
+    options: dict[str, Any] = {"queue": CONTROL_QUEUE, "ignore_result": True}
     if item.retry:
         nominal, trigger = item.slot, Trigger.RETRY
     else:

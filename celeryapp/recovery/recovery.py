@@ -18,12 +18,11 @@ from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.effects import Effects
-from celeryapp.domain.names import runner_task_id
+from celeryapp.domain.names import PREFIX, STEPS_QUEUE, runner_task_id
 from celeryapp.execution.advancing import advance_execution
 from celeryapp.execution.backfills import backfilling_schedules, cancel_backfills_of, drive_backfills
 from celeryapp.execution.runs import cancel_execution, lock_schedule
 from celeryapp.messaging import keys, unacked
-from celeryapp.messaging.keys import STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.database_rollback import check_database_went_back
 from celeryapp.recovery.heartbeat_trust import PRIMARY_KEY, heartbeats_trusted
@@ -56,7 +55,7 @@ MAX_QUEUE_SCAN = 1000
 #: Executions with nothing queued or running are advanced after this long (the chord body is faster).
 STUCK_GRACE_S = 2.0
 #: Present while Redis keeps its data; its absence means Redis restarted empty or failed over.
-EPOCH_KEY = f"{keys.PREFIX}:epoch"
+EPOCH_KEY = f"{PREFIX}:epoch"
 
 
 @dataclass

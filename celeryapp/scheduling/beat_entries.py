@@ -22,7 +22,7 @@ from sqlalchemy import select
 
 from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.dst_rules import DstRules
-from celeryapp.messaging import keys
+from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.stored_entry import (
     CadenceSchedule,
@@ -115,7 +115,7 @@ def desired_entry(app: Runtime, schedule: Schedule | EntryFields, now: datetime)
         schedule=CadenceSchedule(cadence_of(schedule), schedule.retry_at),
         kwargs={"name": schedule.name},
         # Nobody reads a fire's answer: no result key kept for a day per slot.
-        options={"queue": keys.CONTROL_QUEUE, "ignore_result": True},
+        options={"queue": CONTROL_QUEUE, "ignore_result": True},
         last_run_at=last_run_at,
         app=app,
     )

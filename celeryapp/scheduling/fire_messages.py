@@ -13,7 +13,7 @@ from kombu.utils.uuid import uuid
 from redbeat.schedulers import get_redis as redbeat_client
 
 from celeryapp.domain.limits import MAX_FIRE_BATCH
-from celeryapp.messaging.keys import CONTROL_QUEUE
+from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import chunks, short_name_list

@@ -10,6 +10,7 @@ from celery.canvas import Signature
 from kombu.utils.uuid import uuid
 
 from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.domain.names import CONTROL_QUEUE, STEPS_QUEUE
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, registered_script
 from celeryapp.monitoring.overload import note_skipped
@@ -31,7 +32,7 @@ MARKER_TTL_S = VISIBILITY_TIMEOUT_S
 def _runner(app: Runtime, step: StepDispatch, group: GroupDispatch) -> Signature:
     options: dict[str, object] = {
         "task_id": step.celery_task_id,
-        "queue": step.spec.queue or keys.STEPS_QUEUE,
+        "queue": step.spec.queue or STEPS_QUEUE,
         "priority": keys.step_priority(group.step_index),
         # What Flower, `celery events` and `celery inspect` show instead of run_step(8, 1).
         "shadow": step_events.shadow_name(group.schedule_name, step.spec.name),
@@ -52,7 +53,7 @@ def _advance(app: Runtime, group: GroupDispatch) -> Signature:
         ADVANCE,
         args=(group.execution_id, group.step_index),
         immutable=True,
-        queue=keys.CONTROL_QUEUE,
+        queue=CONTROL_QUEUE,
         ignore_result=True,
     )
 

@@ -32,6 +32,7 @@ from typing import Any
 import redis
 from celery.worker import state as worker_state
 
+from celeryapp.domain.names import PREFIX
 from celeryapp.messaging import keys
 from celeryapp.messaging.expiry import ReferenceClockRequest
 from celeryapp.messaging.redis_client import get_redis
@@ -197,7 +198,7 @@ def _stop_later(url: str, key: str, reason: str) -> None:
 
 
 #: :func:`celeryapp.domain.names.runner_task_id`'s shape.
-_RUNNER_ID = re.compile(rf"{keys.PREFIX}-e(\d+)-wt\d+-a\d+(?:-r([0-9a-f]+))?")
+_RUNNER_ID = re.compile(rf"{PREFIX}-e(\d+)-wt\d+-a\d+(?:-r([0-9a-f]+))?")
 
 
 def _execution_cancelled(app: Runtime, task_id: str) -> bool:

@@ -20,10 +20,10 @@ from sqlalchemy import event, select
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.client import answer
+from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.execution.runs import start_execution
 from celeryapp.interfaces import service
 from celeryapp.interfaces.views import execution_json
-from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.scheduling import queued_fires
 from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
@@ -151,7 +151,7 @@ def start_and_hold(app: ChordbeatCelery, name: str) -> tuple[int, Any]:
 def fire_messages(app: ChordbeatCelery) -> list[tuple[list[dict[str, str]], str | None]]:
     """(slots, expiry) of each fire message waiting in the control queue."""
     messages = []
-    for raw in get_redis(app.settings.broker_url).lrange(keys.CONTROL_QUEUE, 0, -1):
+    for raw in get_redis(app.settings.broker_url).lrange(CONTROL_QUEUE, 0, -1):
         message = json.loads(raw)
         if message["headers"]["task"] == "chordbeat.fire_batch":
             _args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
@@ -164,7 +164,7 @@ def take_fires(app: ChordbeatCelery, taken: list[str]) -> list[str]:
     messages are taken as a control worker takes them, their queued markers too: with no worker
     running, beat would otherwise send no more fires of a schedule whose last one waits."""
     broker = get_redis(app.settings.broker_url)
-    for raw in broker.rpop(keys.CONTROL_QUEUE, 10_000) or []:  # oldest first
+    for raw in broker.rpop(CONTROL_QUEUE, 10_000) or []:  # oldest first
         message = json.loads(raw)
         if message["headers"]["task"] == "chordbeat.fire_batch":
             queued_fires.taken(broker, message["headers"]["id"])

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from celeryapp.config import Settings
-from celeryapp.messaging import keys
+from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 
 CELERY = str(Path(sys.executable).with_name("celery"))
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -197,7 +197,7 @@ def worker(
 
 
 #: ``-Q`` of the control worker in every deploy file.
-CONTROL_WORKER_QUEUES = f"{keys.CONTROL_QUEUE},{keys.PUBLIC_QUEUE}"
+CONTROL_WORKER_QUEUES = f"{CONTROL_QUEUE},{PUBLIC_QUEUE}"
 
 
 def step_worker(
@@ -205,7 +205,7 @@ def step_worker(
     tmp: Path,
     name: str = "steps",
     concurrency: int = 2,
-    queues: str = keys.STEPS_QUEUE,
+    queues: str = STEPS_QUEUE,
     env: dict[str, str] | None = None,
 ) -> contextlib.AbstractContextManager[Process]:
     """A step worker of the deploy files: prefork, the steps queue (``-Q``) only."""

@@ -11,8 +11,8 @@ from kombu.exceptions import OperationalError
 
 from celeryapp.application import REDBEAT_LOCK_TIMEOUT_S, ChordbeatCelery
 from celeryapp.clock import clock
+from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.messaging import keys
-from celeryapp.messaging.keys import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.messaging.reference_time import (
     OFFSET_WARNING_S,

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 from tornado.escape import xhtml_escape
 
-from celeryapp.domain.cron import CronError, is_number
+from celeryapp.domain.cron_fields import CronError, is_number
 from celeryapp.domain.cron_words import describe
 from celeryapp.domain.times import NOTHING, clock, iso, relative, span, zone_of
 from celeryapp.interfaces.display import COMPLETED_WITH_WARNINGS, label, run_state

@@ -16,15 +16,21 @@ from typing import Any, Protocol, runtime_checkable
 from celeryapp.config import Settings
 
 
-class RedBeatKeys(Protocol):
+class RedBeatConf(Protocol):
     """The part of RedBeat's configuration (``app.redbeat_conf``) chordbeat reads: where beat's
-    entries live in Redis."""
+    entries and lock live in Redis, and the entries configured in Celery (``beat_schedule``)."""
 
     @property
     def key_prefix(self) -> str: ...
 
     @property
     def schedule_key(self) -> str: ...
+
+    @property
+    def lock_key(self) -> str | None: ...
+
+    @property
+    def schedule(self) -> Mapping[str, Any]: ...
 
 
 class ChordBackend(Protocol):
@@ -65,7 +71,7 @@ class Runtime(Protocol):
         ...
 
     @property
-    def redbeat_conf(self) -> RedBeatKeys: ...
+    def redbeat_conf(self) -> RedBeatConf: ...
 
     def alert_channels(self) -> frozenset[str] | None:
         """The channel names definitions may use (``None``: no channels file)."""

@@ -24,6 +24,7 @@ from celeryapp.clock import clock
 from celeryapp.config import Settings
 from celeryapp.domain.names import CONTROL_QUEUE, PREFIX
 from celeryapp.messaging.redis_client import get_redis, registered_script
+from celeryapp.runtime import Runtime
 
 logger = masked_logger(__name__)
 
@@ -216,7 +217,8 @@ class AlertSenderStep(bootsteps.StartStopStep):  # type: ignore[misc]
         queues = {queue.name for queue in parent.task_consumer.queues}
         if CONTROL_QUEUE not in queues:
             return  # a step worker: step code runs here, channel secrets do not
-        self.sender = SenderThread(parent.app.settings, parent.hostname)
+        app: Runtime = parent.app
+        self.sender = SenderThread(app.settings, parent.hostname)
         self.sender.start()
 
     def stop(self, parent: Any) -> None:

@@ -54,8 +54,8 @@ class Runtime(Protocol):
         """Send a message for the task ``name``: beat's fires, the lost-slot re-fire."""
         ...
 
-    def signature(self, varies: str, *args: Any, **kwargs: Any) -> Any:
-        """A signature of the task named ``varies``: a step's runner, a group's advancement."""
+    def signature(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        """A signature of the task ``name``: a step's runner, a group's advancement."""
         ...
 
     def producer_or_acquire(self, producer: Any = None) -> AbstractContextManager[Any]:

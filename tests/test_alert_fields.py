@@ -26,10 +26,11 @@ from celeryapp.config import Settings
 from celeryapp.domain.alert_fields import MAX_CHANNELS, read_once
 from celeryapp.domain.definition import AlertRules, Deadlines
 from celeryapp.domain.step_policy import StepRules
+from celeryapp.domain.strict_yaml import StrictLoader
 from celeryapp.domain.validation import parse_definition, parse_definitions
 from celeryapp.errors import ConfigError, DefinitionError
 from celeryapp.interfaces.cli import main
-from celeryapp.scheduling.schedule_file import StrictLoader, apply_file, load_file
+from celeryapp.scheduling.schedule_file import apply_file, load_file
 from celeryapp.states import AlertKind
 from models import Schedule, transaction
 from models.definitions import definition_of

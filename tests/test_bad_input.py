@@ -26,10 +26,11 @@ from sqlalchemy import func, select
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.client import answer
+from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.limits import MAX_JSON_BYTES
 from celeryapp.errors import ChordbeatError, DefinitionError, FieldError, InvalidArgument
 from celeryapp.interfaces import service
-from celeryapp.scheduling.beat_entries import CadenceSchedule, cadence_of
+from celeryapp.scheduling.beat_entries import CadenceSchedule
 from celeryapp.scheduling.schedule_file import apply_file
 from models import Activity, Schedule, ScheduleExecution, ScheduleStep, SlotRecord, WorkerTask, transaction, utcnow
 from tests.support.helpers import call, finished, set_field

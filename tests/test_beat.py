@@ -23,7 +23,7 @@ from celeryapp import outcome
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.context import current_step
-from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.cadence import Cadence, cadence_of
 from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.domain.times import iso
 from celeryapp.interfaces import service
@@ -32,7 +32,7 @@ from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.health import age_s
 from celeryapp.scheduling import beat_entries
 from celeryapp.scheduling.beat import ChordbeatScheduler
-from celeryapp.scheduling.beat_entries import CadenceSchedule, ScheduleEntry, cadence_of, entry_name
+from celeryapp.scheduling.beat_entries import CadenceSchedule, ScheduleEntry, entry_name
 from celeryapp.scheduling.stored_entry import FIRE_EXPIRY_GRACE, aware
 from models import ExecutionStatus, Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from tests.support import processes

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 
 from celeryapp.config import Settings
-from celeryapp.domain.times import here
 from celeryapp.errors import ConfigError
 from celeryapp.interfaces.cli.calls import viewer_zone
+from celeryapp.interfaces.time_words import here
 
 
 def test_the_actor_comes_from_the_environment() -> None:
@@ -65,7 +65,7 @@ def test_long_lines_wrap_at_words_with_a_hanging_indent() -> None:
 def test_instants_in_an_audit_reason_read_as_people_times() -> None:
     from zoneinfo import ZoneInfo
 
-    from celeryapp.domain.times import instants_in as in_zone
+    from celeryapp.interfaces.time_words import instants_in as in_zone
 
     said = in_zone("retry 2 at 2026-11-24T14:33:00.000Z (backoff)", ZoneInfo("Asia/Kolkata"))
     assert said == "retry 2 at 2026-11-24 20:03:00 +05:30 IST (backoff)"

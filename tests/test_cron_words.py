@@ -1,4 +1,4 @@
-"""Cron expressions in words (celeryapp.domain.cron_words), pure."""
+"""Cron expressions in words (celeryapp.interfaces.cron_words), pure."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from celeryapp.domain.cron import CronExpression
 from celeryapp.domain.cron_fields import CronError
-from celeryapp.domain.cron_words import describe, ordinal
+from celeryapp.interfaces.cron_words import describe, ordinal
 
 
 @pytest.mark.parametrize(

@@ -211,7 +211,7 @@ def test_finish_by_is_a_wall_clock_time_in_the_schedules_zone(
     six = (slot + timedelta(hours=1)).astimezone(ZoneInfo("Europe/London"))
     assert (six.hour, six.minute) == (6, 0)
 
-    # Judged by the now it is given (the database's clock, in production).
+    # Judged by the now it is given (the reference clock's, in production).
     assert watch(settings.database_url, slot + timedelta(seconds=599)) == 0
     assert watch(settings.database_url, slot + timedelta(seconds=600)) == 1
     assert watch(settings.database_url, slot + timedelta(minutes=59, seconds=59)) == 0

@@ -14,13 +14,15 @@ from hypothesis import strategies as st
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.cadence import Cadence, retry_delay_s
+from celeryapp.domain.cron import CronExpression
 from celeryapp.domain.definition import ScheduleDefinition, StepKind, StepSpec
 from celeryapp.domain.problems import MAX_REPORTED_ERRORS
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.scheduling.beat_entries import CadenceSchedule
-from celeryapp.scheduling.store import next_fire_after
+from celeryapp.scheduling.store import upsert_schedule
+from models import ScheduleSource, transaction
 from tests.support.helpers import call, set_field
 
 KNOWN = {"chordbeat.examples.sleep", "chordbeat.examples.fail"}
@@ -211,7 +213,6 @@ def assert_fire_times_computable(definition: ScheduleDefinition, at: datetime) -
         upcoming.append(cadence.slot_after(upcoming[-1]))
     assert upcoming == sorted(set(upcoming)) and upcoming[0] > at
     assert cadence.latest_slot(upcoming[-1], since=at) == upcoming[-1]
-    assert next_fire_after(definition, at) > at
     entry = CadenceSchedule.decode(CadenceSchedule(cadence).encode())
     assert entry.due(at).at == upcoming[0]
     for retry in {1, max(definition.max_retries, 1)}:
@@ -248,3 +249,30 @@ def test_a_definition_that_parses_can_always_compute_its_fire_times(raw: Any, no
     stored = json.loads(json.dumps(parsed.to_json(), allow_nan=False))
     assert parse_definition(stored, rules=KNOWN_ONLY, now=later) == parsed
     assert [[StepSpec.from_json(s) for s in group] for group in parsed.plan()] == [list(g) for g in parsed.groups]
+
+
+@pytest.mark.parametrize(
+    "cadence",
+    [
+        {"every": 90},
+        {"cron": "30 2 * * *", "timezone": "Europe/Berlin", "dst": {"repeated": "both", "missing": "skip"}},
+        {"cron": "*/15 * * * 1-5", "timezone": "America/New_York"},
+    ],
+)
+def test_a_stored_definitions_next_fire_is_its_cadences_first_slot(database_url: str, cadence: dict[str, Any]) -> None:
+    """Applying a definition stores its next fire as beat and the fire compute it (cadence_of),
+    which is what the store computed on its own before: a cron's next time by its zone and DST
+    rule, an interval's one interval on."""
+
+    definition = parse_definition(
+        {"name": "n", **cadence, "steps": [{"name": "a", "task": "chordbeat.examples.sleep"}]}
+    )
+    now = datetime(2026, 3, 29, 0, 59, 30, 250000, tzinfo=UTC)
+    with transaction(database_url) as session:
+        schedule, _ = upsert_schedule(session, definition, source=ScheduleSource.API, now=now)
+        stored = schedule.next_run_at
+    if definition.cron is not None:
+        expected = CronExpression.parse(definition.cron).next_after(now, definition.zone, definition.dst)
+    else:
+        expected = now + timedelta(seconds=cadence["every"])
+    assert stored is not None and stored.replace(tzinfo=UTC) == expected

@@ -18,15 +18,14 @@ from sqlalchemy import select, update
 from celeryapp.alerting.deadline_watch import _WATCHED
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.cadence import Cadence, cadence_of, next_fire_times
 from celeryapp.domain.dst_rules import DstRules, Missing, Repeated
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.interfaces.cli.schedules import _upcoming
 from celeryapp.interfaces.views import Alerting, schedule_json
-from celeryapp.interfaces.web.queries import next_fire_times
-from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, cadence_of, entry_name, sync_schedules
+from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, entry_name, sync_schedules
 from celeryapp.scheduling.store import upsert_schedule
 from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, fire_of
 from celeryapp.worker.firing import _ENTRY_AT, _FIRE_COLUMNS

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.cron import CronExpression
-from celeryapp.domain.dst_notes import dst_notes
 from celeryapp.domain.dst_rules import DstRules, Missing, Repeated
+from celeryapp.interfaces.dst_notes import dst_notes
 
 LONDON = ZoneInfo("Europe/London")
 LORD_HOWE = ZoneInfo("Australia/Lord_Howe")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import subprocess
 import sys
 import tokenize
@@ -180,6 +181,54 @@ def test_docs_architecture_shows_the_layers_as_the_test_checks_them() -> None:
         for part, prefixes in parts.items():
             expected.append((str(index), part, ", ".join(f"`{p}`" for p in prefixes)))
     assert [(layer, part, cell.split(": ", 1)[0]) for layer, part, cell in shown] == expected
+
+
+def concept_rows(text: str) -> list[tuple[str, list[str]]]:
+    """The rows of docs/architecture.md's "Where each concept lives": (concept, the modules named)."""
+    section = text.split("## Where each concept lives", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| ")][1:]
+    return [(concept.strip(), re.findall(r"`([^`]+)`", cell)) for concept, cell in rows]
+
+
+def misplaced(rows: list[tuple[str, list[str]]], files: dict[str, Path]) -> list[str]:
+    """What is wrong with the concept table: a module it names that does not exist, a module of
+    ours in no row or in two (``package.*`` names a package's every module; a package whose
+    ``__init__`` holds no code need not be placed)."""
+    wrong = [
+        f"{concept}: {name} does not exist"
+        for concept, names in rows
+        for name in names
+        if name.removesuffix(".*") not in files
+    ]
+    rows_of: dict[str, list[str]] = {module: [] for module in files}
+    for concept, names in rows:
+        for name in names:
+            package = name.removesuffix(".*")
+            for module in files:
+                if module == name or (name.endswith(".*") and (module == package or module.startswith(package + "."))):
+                    rows_of[module].append(concept)
+    for module, concepts in sorted(rows_of.items()):
+        if not concepts and (files[module].name != "__init__.py" or code_lines(files[module].read_text())):
+            wrong.append(f"{module} is in no row")
+        elif len(concepts) > 1:
+            wrong.append(f"{module} is in {len(concepts)} rows: {', '.join(concepts)}")
+    return wrong
+
+
+def test_docs_architecture_places_every_module_in_one_concept() -> None:
+    assert misplaced(concept_rows((ROOT / "docs" / "architecture.md").read_text()), module_files()) == []
+
+
+def test_a_module_out_of_the_concept_table_is_found_and_named(tmp_path: Path) -> None:
+    rows = concept_rows((ROOT / "docs" / "architecture.md").read_text())
+    files = module_files()
+    files["celeryapp.execution.planted"] = tmp_path / "planted.py"
+    rows.append(("planted", ["celeryapp.execution.runs", "celeryapp.execution.gone"]))
+    assert misplaced(rows, files) == [
+        "planted: celeryapp.execution.gone does not exist",
+        "celeryapp.execution.planted is in no row",
+        "celeryapp.execution.runs is in 2 rows: runs: start, overlap, end, cancel, re-run, planted",
+    ]
 
 
 #: Code lines a module may have (docstrings, comments and blank lines not counted): past it, a

@@ -10,8 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from celeryapp.config import Settings
-from celeryapp.domain.times import clock, relative, span
+from celeryapp.domain.cadence import next_fire_times
+from celeryapp.domain.times import span
 from celeryapp.errors import ConfigError
+from celeryapp.interfaces.time_words import clock, relative
 from celeryapp.interfaces.web.auth import (
     Role,
     check_auth_config,
@@ -22,7 +24,6 @@ from celeryapp.interfaces.web.auth import (
 )
 from celeryapp.interfaces.web.guard import FAILED_LOGIN_FLOOR_S, failure_pad_s
 from celeryapp.interfaces.web.humanize import cadence_words, cron_words
-from celeryapp.interfaces.web.queries import next_fire_times
 from celeryapp.interfaces.web.redirects import same_site_path
 from celeryapp.interfaces.web.sessions import client_address, forwarded_https
 from celeryapp.interfaces.web.throttle import IPV6_CLIENT_PREFIX, address_scope
@@ -73,7 +74,7 @@ def test_next_ten_fire_times_cross_dst_with_their_offsets() -> None:
         next_run_at=datetime(2026, 10, 20, 1, 0, tzinfo=UTC),
         retry_at=None,
     )
-    times = next_fire_times(schedule, datetime(2026, 10, 19, tzinfo=UTC))
+    times = next_fire_times(schedule, datetime(2026, 10, 19, tzinfo=UTC), 10)
     assert len(times) == 10
     shown = [clock(t, "Europe/London") for t in times]
     assert shown[0] == "2026-10-20 02:00:00 +01:00 BST"
@@ -93,7 +94,7 @@ def test_a_paused_schedule_shows_when_it_would_fire() -> None:
         updated_at=datetime(2026, 1, 1, tzinfo=UTC),
         created_at=datetime(2026, 1, 1, tzinfo=UTC),
     )
-    times = next_fire_times(schedule, datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC))
+    times = next_fire_times(schedule, datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC), 10)
     assert [t.second for t in times[:2]] == [0, 0] and len(times) == 10
 
 

@@ -20,13 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
-
 from celeryapp.config import Settings
 from celeryapp.domain.limits import MAX_FILE_BYTES, short_repr
+from celeryapp.domain.strict_yaml import YamlMistake, read_yaml
 from celeryapp.errors import ConfigError
-from celeryapp.scheduling.schedule_file import StrictLoader, _Refused
-from celeryapp.scheduling.yaml_errors import at, yaml_problem
 
 ChannelKind = Literal["webhook", "slack", "email"]
 
@@ -136,11 +133,9 @@ def _read(path: str) -> Any:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: is not UTF-8 text (byte {exc.start})") from None
     try:
-        return yaml.load(text, Loader=StrictLoader)
-    except _Refused as exc:
-        raise ConfigError(f"{path}: {at(text, exc.mark.line, exc.mark.column, exc.reason)}") from None
-    except (yaml.YAMLError, ValueError) as exc:
-        raise ConfigError(f"{path}: {yaml_problem(exc, text)}") from None
+        return read_yaml(text)
+    except YamlMistake as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _channel(path: str, name: Any, fields: Any) -> Channel:

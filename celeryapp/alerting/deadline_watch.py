@@ -32,12 +32,12 @@ from sqlalchemy import String, cast, select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain import deadlines
+from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.calendars import Calendar, CalendarError, slot_excluded
 from celeryapp.domain.definition import CalendarRules
 from celeryapp.domain.times import iso
 from celeryapp.errors import ConfigError
 from celeryapp.monitoring.alert_outbox import alert_key, raise_alert
-from celeryapp.scheduling.beat_entries import cadence_of
 from celeryapp.scheduling.calendar_files import schedule_calendar
 from celeryapp.variables import DEFAULT_ALERT_MISSED_GRACE_S
 from models import AlertKind, ExecutionStatus, Schedule, ScheduleExecution, ScheduleStatus, Trigger, transaction

@@ -1,7 +1,9 @@
-"""When a schedule is due: nominal slots of cron and interval schedules, and retries.
+"""When a schedule is due: nominal slots of cron and interval schedules, its next fire times, and
+retries.
 
 Pure: the caller passes every instant in. Interval slots are anchored (anchor + k·every), so they
-never drift and every beat process computes the same slot.
+never drift and every beat process computes the same slot. Beat, a fire, recovery, the alerts'
+watch, the service and the dashboard all take a schedule's cadence from :func:`cadence_of`.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
 from celeryapp.domain.cron import CronExpression
 from celeryapp.domain.dst_rules import DstRules
+from celeryapp.states import ScheduleStatus
 
 #: Retry delays never grow past this many times the base delay.
 BACKOFF_CAP_FACTOR = 10
@@ -83,6 +87,77 @@ class Cadence:
             found = slot
             slot = self.slot_after(slot)
         return found
+
+
+class CadenceFields(Protocol):
+    """What a schedule's cadence is made of: a schedule row, or the few columns beat reads of it."""
+
+    @property
+    def cron(self) -> str | None: ...
+    @property
+    def every_s(self) -> float | None: ...
+    @property
+    def timezone(self) -> str: ...
+    #: When its definition last changed: interval slots count from there.
+    @property
+    def updated_at(self) -> datetime: ...
+    #: The stored ``dst`` object (None: the default DST rule).
+    @property
+    def dst(self) -> dict[str, Any] | None: ...
+
+
+def cadence_of(schedule: CadenceFields) -> Cadence:
+    return Cadence(
+        cron=schedule.cron,
+        every_s=schedule.every_s,
+        timezone=schedule.timezone,
+        anchor=schedule.updated_at,
+        dst=DstRules.from_json(schedule.dst),
+    )
+
+
+class FireFields(CadenceFields, Protocol):
+    """A schedule's cadence and where it stands: what its next fire times are computed from."""
+
+    @property
+    def status(self) -> ScheduleStatus: ...
+    @property
+    def retry_at(self) -> datetime | None: ...
+    @property
+    def next_run_at(self) -> datetime | None: ...
+
+
+def next_fire_times(schedule: FireFields, now: datetime, count: int) -> list[datetime]:
+    """The next ``count`` fire times in the schedule's zone (a paused schedule: when it would fire
+    if resumed; a done or dead one has none)."""
+    if schedule.status in {ScheduleStatus.DONE, ScheduleStatus.DEAD}:
+        return []
+    first = schedule.retry_at or schedule.next_run_at or cadence_of(schedule).slot_after(now)
+    zone = ZoneInfo(schedule.timezone)
+    dst = DstRules.from_json(schedule.dst)
+    return fire_times(first, cron=schedule.cron, every_s=schedule.every_s, zone=zone, count=count, dst=dst)
+
+
+def fire_times(
+    first: datetime | None,
+    *,
+    cron: str | None,
+    every_s: float | None,
+    zone: ZoneInfo,
+    count: int,
+    dst: DstRules | None = None,
+) -> list[datetime]:
+    """``count`` fire times of a cadence from ``first`` (its next run) on, in ``zone`` (a cron's
+    by its ``dst`` rule); none without a next run."""
+    if first is None or count < 1:
+        return []
+    if cron:
+        times = [first, *CronExpression.parse(cron).upcoming(first, zone, count - 1, dst)]
+    elif every_s is not None:
+        times = [first + timedelta(seconds=every_s * i) for i in range(count)]
+    else:
+        times = [first]  # a definition always has one of the two; without either, only what is known
+    return [t.astimezone(zone) for t in times[:count]]
 
 
 @dataclass(frozen=True)

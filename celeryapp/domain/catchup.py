@@ -4,7 +4,7 @@
 fired runs and the missed ones before it are recorded missed. ``none``: a slot fired later than
 the missed grace after its nominal time does not run either. ``all``: the newest missed slots
 within ``window`` (at most ``max_runs``) run too, oldest first, one at a time. Pure: the fire
-(celeryapp/worker/firing.py) passes every instant in, read from the database's clock.
+(celeryapp/worker/firing.py) passes every instant in, read from the reference clock (celeryapp/clock.py).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from celeryapp.domain.backfill_slots import (
     range_slots,
     request_key,
 )
+from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
@@ -38,7 +39,6 @@ from celeryapp.execution.backfills import (
 )
 from celeryapp.interfaces.arguments import actor_arg, execution_id_arg, flag_arg, limit_arg, name_arg, reason_arg
 from celeryapp.interfaces.backfill_view import backfill_view, schedule_backfills
-from celeryapp.scheduling.beat_entries import cadence_of
 from celeryapp.scheduling.calendar_files import excluded_slots
 from celeryapp.scheduling.store import find_schedule
 from celeryapp.states import AuditAction, AuditSource

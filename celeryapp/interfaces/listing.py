@@ -10,7 +10,7 @@ import shlex
 from zoneinfo import ZoneInfo
 
 from celeryapp.client import ChordbeatClient, each_schedule
-from celeryapp.domain.times import zone_of
+from celeryapp.interfaces.time_words import zone_of
 
 #: Up to this many schedules' zones are asked for one by one; for more, every schedule is read a
 #: page at a time (fewer calls than one per name).

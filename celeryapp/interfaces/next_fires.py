@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from celeryapp.domain.dst_notes import dst_notes
+from celeryapp.domain.cadence import next_fire_times
 from celeryapp.domain.dst_rules import DstRules
 from celeryapp.domain.limits import short_repr, type_name
 from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument
 from celeryapp.interfaces.arguments import name_arg
-from celeryapp.interfaces.web.queries import next_fire_times
+from celeryapp.interfaces.dst_notes import dst_notes
 from celeryapp.scheduling.calendar_files import preview_exclusions
 from celeryapp.scheduling.store import find_schedule
 from models import transaction, utcnow

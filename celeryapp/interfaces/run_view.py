@@ -10,10 +10,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from celeryapp.domain.times import stamp, took
 from celeryapp.interfaces.display import WARNED_STEP, label, step_states
 from celeryapp.interfaces.terminal import Hanging, hanging, new_table, run_text, state_text, text_of
-from celeryapp.interfaces.time_words import slot_differs
+from celeryapp.interfaces.time_words import slot_differs, stamp, took
 from models import ActivityStatus, WorkerTaskStatus
 
 #: Fixed widths of the steps table's columns but the step's name, so a live view's columns stay

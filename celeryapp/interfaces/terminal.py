@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from celeryapp.domain.deadlines import finish_by_after, wall_time
-from celeryapp.domain.times import clock, here, parse_time, relative, stamp
+from celeryapp.domain.times import parse_time
 from celeryapp.interfaces.display import (
     FAILED_STEP,
     WARNED_STEP,
@@ -24,6 +24,7 @@ from celeryapp.interfaces.display import (
     run_state,
     state_style,
 )
+from celeryapp.interfaces.time_words import clock, here, relative, stamp
 
 #: Characters that steer a terminal or reorder text (C0 and C1 controls but tab and newline, line
 #: and paragraph separators, bidi controls). Names, errors and outputs are data: shown as escapes.
@@ -49,7 +50,7 @@ def new_table(*columns: str, title: str | None = None) -> Table:
 
 
 def time_cell(value: str | datetime | None, zone: tzinfo, viewer: tzinfo | None, now: datetime) -> Text:
-    """A time in a table, as :func:`~celeryapp.domain.times.stamp` writes it, a line per piece: the
+    """A time in a table, as :func:`~celeryapp.interfaces.time_words.stamp` writes it, a line per piece: the
     zone's wall time with its offset, the viewer's time when it differs, how far from now
     (``viewer`` None: the column is already in the viewer's zone)."""
     moment = parse_time(value) if isinstance(value, str) or value is None else value

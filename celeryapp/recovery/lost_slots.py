@@ -12,7 +12,7 @@ from redbeat.schedulers import ensure_conf
 from redbeat.schedulers import get_redis as redbeat_client
 from sqlalchemy import and_, or_, select
 
-from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.cadence import Cadence, cadence_of
 from celeryapp.domain.names import CONTROL_QUEUE, run_key
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import (
@@ -20,7 +20,6 @@ from celeryapp.scheduling.beat_entries import (
     ENTRY_COLUMNS,
     FIRE_TASK,
     EntryFields,
-    cadence_of,
     entry_name,
     short_name_list,
 )

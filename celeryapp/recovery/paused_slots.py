@@ -14,10 +14,9 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from celeryapp.domain.cadence import Cadence
+from celeryapp.domain.cadence import Cadence, cadence_of
 from celeryapp.domain.times import iso
 from celeryapp.execution.slots import SlotRow, record_slots
-from celeryapp.scheduling.beat_entries import cadence_of
 from celeryapp.scheduling.store import find_schedule
 from models import Schedule, ScheduleStatus, SlotOutcome, SlotRecord, Trigger, transaction
 from models.session import affected, retried_transaction

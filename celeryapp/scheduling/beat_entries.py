@@ -20,8 +20,7 @@ from redbeat.schedulers import ensure_conf
 from redbeat.schedulers import get_redis as redbeat_client
 from sqlalchemy import select
 
-from celeryapp.domain.cadence import Cadence
-from celeryapp.domain.dst_rules import DstRules
+from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.stored_entry import (
@@ -90,16 +89,6 @@ WATERMARK_KEY = "reconciled-at"
 def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-def cadence_of(schedule: Schedule | EntryFields) -> Cadence:
-    return Cadence(
-        cron=schedule.cron,
-        every_s=schedule.every_s,
-        timezone=schedule.timezone,
-        anchor=schedule.updated_at,
-        dst=DstRules.from_json(schedule.dst),
-    )
 
 
 def desired_entry(app: Runtime, schedule: Schedule | EntryFields, now: datetime) -> ScheduleEntry | None:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import redis
-import yaml
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -26,14 +25,14 @@ from celeryapp.domain.calendar_fields import CalendarReader
 from celeryapp.domain.definition import NAME_PATTERN, ScheduleDefinition
 from celeryapp.domain.limits import MAX_FILE_BYTES, short_repr
 from celeryapp.domain.step_policy import StepRules
+from celeryapp.domain.strict_yaml import YamlMistake, read_yaml
 from celeryapp.domain.validation import parse_definitions
-from celeryapp.errors import ChordbeatError, DefinitionError
+from celeryapp.errors import DefinitionError
 from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.scheduling.calendar_files import calendar_reader
 from celeryapp.scheduling.store import Change, upsert_schedule
-from celeryapp.scheduling.yaml_errors import at, yaml_problem
 from celeryapp.states import AuditAction
 from models import Schedule, ScheduleSource, utcnow
 from models.audit import REASON_CHARS, Actor
@@ -88,77 +87,6 @@ class FileDiff:
             if names
         ]
         return "; ".join(parts) if parts else "no changes"
-
-
-#: Nesting of the file's YAML collections; a definition needs about 40.
-MAX_YAML_DEPTH = 64
-
-
-class _Refused(ChordbeatError):
-    """A construct the schedule file may not use, at a place in the file."""
-
-    def __init__(self, mark: Any, reason: str) -> None:
-        super().__init__(reason)
-        self.mark = mark
-        self.reason = reason
-
-
-_BOOL_TAG = "tag:yaml.org,2002:bool"
-_STR_TAG = "tag:yaml.org,2002:str"
-#: Booleans of YAML 1.1 only (YAML 1.2 reads them as text).
-_YAML11_BOOLS = frozenset({"on", "off", "yes", "no"})
-
-
-def _is_yaml11_bool(node: yaml.Node) -> bool:
-    plain = isinstance(node, yaml.ScalarNode) and node.style is None
-    return plain and node.tag == _BOOL_TAG and str(node.value).lower() in _YAML11_BOOLS
-
-
-class StrictLoader(yaml.SafeLoader):
-    """``safe_load`` without what makes a file say something other than what it shows.
-
-    Refused: anchors and aliases (``*name`` copies a subtree; nested, they expand a small file
-    into gigabytes), merge keys (``<<``), duplicate keys (YAML keeps the last one silently) and
-    nesting deeper than :data:`MAX_YAML_DEPTH`. A plain ``on:``, ``off:``, ``yes:`` or ``no:`` key
-    is that text, not YAML 1.1's boolean.
-    """
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
-        event = self.peek_event()  # type: ignore[no-untyped-call]
-        if isinstance(event, yaml.AliasEvent):
-            raise _Refused(event.start_mark, f"YAML aliases (*{event.anchor}) are not allowed; write the value out")
-        if getattr(event, "anchor", None) is not None:
-            raise _Refused(event.start_mark, f"YAML anchors (&{event.anchor}) are not allowed")
-        self._depth += 1
-        if self._depth > MAX_YAML_DEPTH:
-            raise _Refused(event.start_mark, f"nested more than {MAX_YAML_DEPTH} levels deep")
-        try:
-            return super().compose_node(parent, index)  # type: ignore[no-any-return,return-value]
-        finally:
-            self._depth -= 1
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, Any] = {}
-        for key_node, _value in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                raise _Refused(key_node.start_mark, "YAML merge keys (<<) are not allowed")
-            if _is_yaml11_bool(key_node):
-                # YAML 1.1 reads a plain `on:` (yes, no, off) as a boolean; a key is a name (alerts'
-                # `on:` is one), and JSON keys are strings: kept as written. (`true:` stays what
-                # every YAML reads it as.)
-                key_node.tag = _STR_TAG
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.setdefault(key, key_node.start_mark)
-            except TypeError:
-                continue  # an unhashable key: the constructor refuses it with its own message
-            if first is not key_node.start_mark:
-                raise _Refused(key_node.start_mark, f"duplicate key {short_repr(key)} (first on line {first.line + 1})")
-        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -221,11 +149,9 @@ def read_file(
     except UnicodeDecodeError as exc:
         raise DefinitionError(where, f"is not UTF-8 text (byte {exc.start})") from None
     try:
-        document: Any = yaml.load(text, Loader=StrictLoader)
-    except _Refused as exc:
-        raise DefinitionError(where, at(text, exc.mark.line, exc.mark.column, exc.reason)) from None
-    except (yaml.YAMLError, ValueError) as exc:
-        raise DefinitionError(where, yaml_problem(exc, text)) from None
+        document: Any = read_yaml(text)
+    except YamlMistake as exc:
+        raise DefinitionError(where, str(exc)) from None
     if document is None:
         document = {"schedules": []}
     if not isinstance(document, dict) or set(document) - {"schedules", "source"}:

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from celeryapp.domain.cron import CronExpression
+from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.definition import ScheduleDefinition
 from celeryapp.domain.transitions import Transition
 from celeryapp.errors import InvalidTransition, NotFound
-from celeryapp.scheduling.beat_entries import cadence_of
 from models import Schedule, ScheduleSource, ScheduleStatus, ScheduleStep
 from models.definitions import definition_of
 from models.session import affected
@@ -27,14 +26,6 @@ class Change(StrEnum):
     ADDED = "added"
     CHANGED = "changed"
     UNCHANGED = "unchanged"
-
-
-def next_fire_after(definition: ScheduleDefinition, after: datetime) -> datetime:
-    """The schedule's next nominal fire time strictly after ``after``."""
-    if definition.cron is not None:
-        return CronExpression.parse(definition.cron).next_after(after, definition.zone, definition.dst)
-    assert definition.every_s is not None
-    return after + timedelta(seconds=definition.every_s)
 
 
 def find_schedule(session: Session, name: str, *, lock: bool = False) -> Schedule:
@@ -179,7 +170,8 @@ def upsert_schedule(
     schedule.version = (schedule.version or 0) + 1
     schedule.updated_at = now
     schedule.changed_at = now
-    schedule.next_run_at = next_fire_after(definition, now) if definition.enabled else None
+    # The cadence beat and the fire compute (anchored at updated_at, which is now).
+    schedule.next_run_at = cadence_of(schedule).slot_after(now) if definition.enabled else None
     # A changed definition starts a new cadence: none of its slots was processed yet, and none
     # before now was missed.
     schedule.last_slot_at = None

@@ -16,6 +16,7 @@ from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session, joinedload
 
 from celeryapp.domain.batching import BatchSchedule, Fire, decide_batchable
+from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.catchup import CatchupPolicy, CatchupRules, policy_of, too_late
 from celeryapp.domain.decisions import ScheduleState, decide_calendar, decide_fire, decide_late, decide_overlap
 from celeryapp.domain.effects import Effects
@@ -25,7 +26,7 @@ from celeryapp.errors import InvalidArgument
 from celeryapp.execution.runs import Start, start_execution, start_executions
 from celeryapp.execution.slots import SlotOwner, claim_slot, claimed_slots, record_slot, recorded
 from celeryapp.runtime import Runtime
-from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, cadence_of
+from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields
 from celeryapp.scheduling.calendar_files import slot_calendar_reason
 from celeryapp.worker.catchup_fires import record_unfired, start_catchup
 from celeryapp.worker.dispatch import apply_effects

@@ -72,7 +72,7 @@ def alerts_cmd(ctx: click.Context, schedule: str | None, status: str, limit: int
 
 
 def _print_alert(alert: dict[str, Any], zone: tzinfo, viewer: tzinfo | None, now: datetime) -> None:
-    from celeryapp.domain.times import instants_in, stamp
+    from celeryapp.interfaces.time_words import instants_in, stamp
 
     title = text_of(alert["kind"], KIND_STYLES.get(alert["kind"], "bold"))
     if alert["detail"]:
@@ -90,7 +90,8 @@ def _print_alert(alert: dict[str, Any], zone: tzinfo, viewer: tzinfo | None, now
 
 
 def _state(alert: dict[str, Any], now: datetime) -> Text:
-    from celeryapp.domain.times import parse_time, relative
+    from celeryapp.domain.times import parse_time
+    from celeryapp.interfaces.time_words import relative
 
     if alert["acknowledged_by"]:
         ago = relative(parse_time(alert["acknowledged_at"]), now)
@@ -103,7 +104,7 @@ def _state(alert: dict[str, Any], now: datetime) -> Text:
 
 
 def _delivery(delivery: dict[str, Any], zone: tzinfo, viewer: tzinfo | None, now: datetime) -> Text:
-    from celeryapp.domain.times import stamp
+    from celeryapp.interfaces.time_words import stamp
 
     line = text_of(f"{delivery['channel']}: ", "bold")
     status, tries = delivery["status"], delivery["attempts"]
@@ -160,7 +161,7 @@ def until_of(text: str, now: datetime, zone: tzinfo) -> str:
 @json_option
 def silence_cmd(name: str, until: str, reason: str, as_name: str | None, yes: bool, as_json: bool) -> None:
     """Send no alert of a schedule until WHEN (asks first; they are still kept and listed)."""
-    from celeryapp.domain.times import stamp
+    from celeryapp.interfaces.time_words import stamp
 
     now, viewer = reference_now(), viewer_zone()
     end = until_of(until, now, viewer)
@@ -194,7 +195,7 @@ def unsilence_cmd(name: str, as_name: str | None, reason: str | None, as_json: b
 @acts
 def test_cmd(channel: str, wait_s: float, as_name: str | None, reason: str | None) -> None:
     """Send a test alert down CHANNEL and wait for its delivery: delivered, or failed and why."""
-    from celeryapp.domain.times import stamp
+    from celeryapp.interfaces.time_words import stamp
 
     with connected() as client:
         alert = client.test_alert(channel, actor=acting(as_name), reason=reason)

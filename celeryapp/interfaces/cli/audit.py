@@ -18,9 +18,9 @@ from celeryapp.interfaces.terminal import TIME_WIDTH, new_table, text_of, time_c
 @json_option
 def audit_cmd(schedule: str | None, limit: int, as_json: bool) -> None:
     """Who did what and why, newest first (times in the schedule's zone, else yours)."""
-    from celeryapp.domain.times import instants_in
     from celeryapp.interfaces.audit import source_said
     from celeryapp.interfaces.display import label
+    from celeryapp.interfaces.time_words import instants_in
 
     rows: list[dict[str, Any]] = call("list_audit", schedule=schedule, limit=limit)
     if as_json:

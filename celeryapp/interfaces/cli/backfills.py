@@ -45,7 +45,7 @@ def time_arg(text: str, zone: tzinfo) -> str:
 
 
 def _slot_lines(slots: list[str], zone: tzinfo, viewer: tzinfo, now: datetime) -> None:
-    from celeryapp.domain.times import stamp
+    from celeryapp.interfaces.time_words import stamp
 
     for slot in slots[:SLOTS_SHOWN]:
         console.print(hanging(text_of(f"  {stamp(slot, zone, viewer, now)}")))
@@ -55,7 +55,7 @@ def _slot_lines(slots: list[str], zone: tzinfo, viewer: tzinfo, now: datetime) -
 
 def _say_slots(name: str, answer: dict[str, Any], mode: str, zone: tzinfo, viewer: tzinfo, now: datetime) -> None:
     """How many slots, the first and the last, and the list (shortened when long)."""
-    from celeryapp.domain.times import stamp
+    from celeryapp.interfaces.time_words import stamp
 
     count, slots = answer["count"], answer["slots"]
     console.print(text_of(f"{name}: {count} slot{'' if count == 1 else 's'} to backfill (mode {mode})", "bold"))
@@ -108,7 +108,7 @@ def backfill_cmd(
         return
     if name is None or start is None or end is None:
         raise click.UsageError("give NAME, --from and --to (or --cancel ID)")
-    from celeryapp.domain.times import zone_of
+    from celeryapp.interfaces.time_words import zone_of
 
     viewer = viewer_zone()
     request: dict[str, Any] = {
@@ -204,8 +204,7 @@ def _cancel(backfill_id: int, yes: bool, as_name: str | None, reason: str | None
 @json_option
 def backfills_cmd(name: str, as_json: bool) -> None:
     """A schedule's backfills and catch-ups, newest first, with their progress."""
-    from celeryapp.domain.times import stamp, zone_of
-    from celeryapp.interfaces.time_words import backfill_title, origin_words, progress_words
+    from celeryapp.interfaces.time_words import backfill_title, origin_words, progress_words, stamp, zone_of
 
     backfills = call("list_backfills", name, limit=BACKFILLS_SHOWN)
     if as_json:

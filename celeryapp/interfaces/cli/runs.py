@@ -58,8 +58,8 @@ def run_cmd(name: str, payload: str | None, wait: bool, as_name: str | None, rea
 @json_option
 def execution_cmd(execution_id: int, watch: bool, full: bool, as_json: bool) -> None:
     """One execution: its steps, states, times, errors, warnings, outputs, tracebacks and logs."""
-    from celeryapp.domain.times import zone_of
     from celeryapp.interfaces.run_view import execution_view
+    from celeryapp.interfaces.time_words import zone_of
 
     execution = call("get_execution", execution_id)
     if watch:
@@ -79,8 +79,8 @@ def execution_cmd(execution_id: int, watch: bool, full: bool, as_json: bool) -> 
 @json_option
 def executions_cmd(schedule: str | None, status: str | None, limit: int, before_id: int | None, as_json: bool) -> None:
     """Recent executions, newest first, a page at a time."""
-    from celeryapp.domain.times import took
     from celeryapp.interfaces.listing import next_page_hint
+    from celeryapp.interfaces.time_words import took
 
     executions = call("list_executions", schedule=schedule, status=status, limit=limit, before_id=before_id)
     if as_json:

@@ -45,8 +45,10 @@ NOTE_WIDTH = 80
 
 def _upcoming(schedule: dict[str, Any], count: int) -> list[datetime]:
     """The schedule's next ``count`` fire times, in its own time zone."""
+    from celeryapp.domain.cadence import fire_times
     from celeryapp.domain.dst_rules import DstRules
-    from celeryapp.domain.times import fire_times, parse_time, zone_of
+    from celeryapp.domain.times import parse_time
+    from celeryapp.interfaces.time_words import zone_of
 
     first, zone = parse_time(schedule.get("next_run_at")), zone_of(schedule["timezone"])
     cron, every_s, dst = schedule.get("cron"), schedule.get("every"), DstRules.from_json(schedule.get("dst"))
@@ -77,9 +79,9 @@ def _marked(line: str, reason: str | None) -> str:
 
 def _dst_notes(schedule: dict[str, Any], times: list[datetime], now: datetime) -> list[str | None]:
     """What the schedule's DST rule does to each of ``times`` on a day the clocks change."""
-    from celeryapp.domain.dst_notes import dst_notes
     from celeryapp.domain.dst_rules import DstRules
-    from celeryapp.domain.times import zone_of
+    from celeryapp.interfaces.dst_notes import dst_notes
+    from celeryapp.interfaces.time_words import zone_of
 
     zone = zone_of(schedule["timezone"])
     return dst_notes(schedule.get("cron"), zone, DstRules.from_json(schedule.get("dst")), now, times)
@@ -122,9 +124,8 @@ def list_cmd(as_json: bool) -> None:
 @json_option
 def show_cmd(name: str, as_json: bool) -> None:
     """A schedule: definition, status, next fire times, recent executions and slots (--json: all of it)."""
-    from celeryapp.domain.cron_words import describe
-    from celeryapp.domain.times import instants_in, stamp, took, zone_of
-    from celeryapp.interfaces.time_words import time_control_words
+    from celeryapp.interfaces.cron_words import describe
+    from celeryapp.interfaces.time_words import instants_in, stamp, time_control_words, took, zone_of
 
     schedule = call("get_schedule", name)
     executions = call("list_executions", schedule=name, limit=5)
@@ -206,8 +207,9 @@ def show_cmd(name: str, as_json: bool) -> None:
 def next_cmd(name: str, count: int, as_json: bool) -> None:
     """The coming fire times, in the schedule's zone with their UTC offsets (and yours beside them);
     those its business calendar excludes say why they will not run."""
-    from celeryapp.domain.cron_words import describe
-    from celeryapp.domain.times import iso, stamp, zone_of
+    from celeryapp.domain.times import iso
+    from celeryapp.interfaces.cron_words import describe
+    from celeryapp.interfaces.time_words import stamp, zone_of
 
     schedule = call("get_schedule", name)
     times = _upcoming(schedule, count)
@@ -239,7 +241,8 @@ def next_cmd(name: str, count: int, as_json: bool) -> None:
 @json_option
 def pause_cmd(name: str, yes: bool, as_name: str | None, reason: str | None, as_json: bool) -> None:
     """Pause a schedule (asks first; runs already on their way do nothing)."""
-    from celeryapp.domain.times import parse_time, relative
+    from celeryapp.domain.times import parse_time
+    from celeryapp.interfaces.time_words import relative
 
     schedule = call("get_schedule", name)
     if schedule["status"] == "active":
@@ -255,7 +258,7 @@ def pause_cmd(name: str, yes: bool, as_name: str | None, reason: str | None, as_
 @json_option
 def resume_cmd(name: str, as_name: str | None, reason: str | None, as_json: bool) -> None:
     """Resume a paused schedule from its next slot (no make-up runs)."""
-    from celeryapp.domain.times import stamp, zone_of
+    from celeryapp.interfaces.time_words import stamp, zone_of
 
     schedule = call("resume_schedule", name, actor=acting(as_name), reason=reason)
     if as_json:

@@ -22,9 +22,9 @@ def watch(execution_id: int) -> dict[str, Any]:
     from rich.progress import BarColumn, Progress, Task, TextColumn
     from rich.progress_bar import ProgressBar
 
-    from celeryapp.domain.times import zone_of
     from celeryapp.interfaces.display import step_states
     from celeryapp.interfaces.run_view import execution_view
+    from celeryapp.interfaces.time_words import zone_of
 
     class Bar(BarColumn):  # type: ignore[misc]
         def render(self, task: Task) -> ProgressBar:

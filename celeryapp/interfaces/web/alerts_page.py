@@ -21,10 +21,11 @@ from tornado.escape import xhtml_escape
 
 from celeryapp.domain.deadlines import finish_by_after, wall_time
 from celeryapp.domain.limits import MAX_NAME_CHARS
-from celeryapp.domain.times import iso, stamp
+from celeryapp.domain.times import iso
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.interfaces import alerts
 from celeryapp.interfaces.display import alert_words, deadline_words
+from celeryapp.interfaces.time_words import stamp
 from celeryapp.interfaces.web.actions import Confirmation
 from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler
 from celeryapp.interfaces.web.humanize import here_tag

@@ -23,12 +23,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.limits import MAX_ID, MAX_NAME_CHARS
-from celeryapp.domain.times import parse_time, zone_of
+from celeryapp.domain.times import parse_time
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_backfill
 from celeryapp.interfaces.backfill_view import backfill_view
 from celeryapp.interfaces.backfill_view import schedule_backfills as backfill_summaries
-from celeryapp.interfaces.time_words import backfill_title, progress_words
+from celeryapp.interfaces.time_words import backfill_title, progress_words, zone_of
 from celeryapp.interfaces.web.actions import Confirmation
 from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler
 from celeryapp.interfaces.web.redirects import same_site_path

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 from celeryapp.application import ChordbeatCelery
-from celeryapp.domain import times
-from celeryapp.domain.times import iso
+from celeryapp.domain.times import iso, parse_time, span
+from celeryapp.interfaces import time_words
 from celeryapp.interfaces.web import humanize
 from celeryapp.interfaces.web.auth import WebUser
 from celeryapp.interfaces.web.broker_state import WorkerPings
@@ -93,7 +93,15 @@ class BaseHandler(SessionCookies):
     def get_template_namespace(self) -> dict[str, Any]:
         namespace = super().get_template_namespace()
         namespace.update(
-            flash=None, h=humanize, times=times, iso=iso_seconds, now=utcnow(), quote=quote, urlencode=urlencode
+            flash=None,
+            h=humanize,
+            times=time_words,
+            parse_time=parse_time,
+            span=span,
+            iso=iso_seconds,
+            now=utcnow(),
+            quote=quote,
+            urlencode=urlencode,
         )
         return namespace
 

@@ -1,6 +1,6 @@
 """What the dashboard writes for people: cadences in words (``02:00 every day, Europe/London``),
 states in words with their badge's colour (:mod:`celeryapp.interfaces.display`'s labels, as the
-CLI shows them), and instants as :func:`celeryapp.domain.times.stamp` writes them: the schedule's
+CLI shows them), and instants as :func:`celeryapp.interfaces.time_words.stamp` writes them: the schedule's
 zone with its offset, the viewer's zone beside it (filled in by the browser, which alone knows it,
 from the ``datetime`` attribute), and how long ago.
 """
@@ -15,9 +15,10 @@ from zoneinfo import ZoneInfo
 from tornado.escape import xhtml_escape
 
 from celeryapp.domain.cron_fields import CronError, is_number
-from celeryapp.domain.cron_words import describe
-from celeryapp.domain.times import NOTHING, clock, iso, relative, span, zone_of
+from celeryapp.domain.times import NOTHING, iso, span
+from celeryapp.interfaces.cron_words import describe
 from celeryapp.interfaces.display import COMPLETED_WITH_WARNINGS, label, run_state
+from celeryapp.interfaces.time_words import clock, relative, zone_of
 
 #: A completed run with warnings: its badge's colour (yellow; the stored status says completed).
 WARNINGS_CLASS = "warnings"
@@ -104,7 +105,7 @@ def _days(field: str) -> str | None:
 
 def cron_words(expression: str) -> str:
     """Common cron patterns in short words (``02:00 every day``); anything else in
-    :func:`celeryapp.domain.cron_words.describe`'s (``at 18:00 on the last weekday of the month``)."""
+    :func:`celeryapp.interfaces.cron_words.describe`'s (``at 18:00 on the last weekday of the month``)."""
     fields = expression.split()
     if len(fields) != 5:
         return _described(expression)

@@ -15,14 +15,14 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import func, select, union_all
 from sqlalchemy.orm import Session, raiseload
 
-from celeryapp.domain.dst_notes import dst_notes
+from celeryapp.domain.cadence import next_fire_times
 from celeryapp.domain.dst_rules import DstRules
-from celeryapp.domain.times import fire_times, parse_time
+from celeryapp.domain.times import parse_time
 from celeryapp.execution.reruns import first_failed_group
 from celeryapp.interfaces.display import step_states
+from celeryapp.interfaces.dst_notes import dst_notes
 from celeryapp.interfaces.views import execution_json
 from celeryapp.interfaces.web import trail
-from celeryapp.scheduling.beat_entries import cadence_of
 from models import (
     Activity,
     ExecutionStatus,
@@ -182,7 +182,7 @@ def schedule_view(session: Session, name: str, now: datetime, whole: bool = True
             select(SlotRecord).where(SlotRecord.schedule_name == name).order_by(SlotRecord.id.desc()).limit(SLOTS_SHOWN)
         ).all()
     )
-    upcoming = next_fire_times(schedule, now)
+    upcoming = next_fire_times(schedule, now, UPCOMING)
     return ScheduleView(
         schedule=schedule,
         groups=[groups[i] for i in sorted(groups)],
@@ -199,16 +199,6 @@ def schedule_view(session: Session, name: str, now: datetime, whole: bool = True
         audit=trail.audit_trail(session, schedule=name) if whole else [],
         warned={run_id for (run_id, _), cell in cells.items() if cell.state in trail.WARNING_STEPS},
     )
-
-
-def next_fire_times(schedule: Schedule, now: datetime, count: int = UPCOMING) -> list[datetime]:
-    """The next fire times in the schedule's zone (a paused schedule: when it would fire if resumed)."""
-    if schedule.status in {ScheduleStatus.DONE, ScheduleStatus.DEAD}:
-        return []
-    first = schedule.retry_at or schedule.next_run_at or cadence_of(schedule).slot_after(now)
-    zone = ZoneInfo(schedule.timezone)
-    dst = DstRules.from_json(schedule.dst)
-    return fire_times(first, cron=schedule.cron, every_s=schedule.every_s, zone=zone, count=count, dst=dst)
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""A schedule file's YAML mistakes in a person's words: where, what, and the line itself.
+"""Strict YAML, as chordbeat reads every file people write (schedule files, the alert channels'
+file): the loader that refuses what makes a file say something other than what it shows, and its
+mistakes in a person's words: where, what, and the line itself.
 
 PyYAML's own message names its classes and internal states ("while scanning a simple key",
 "<block end>") and points at where it gave up, often the line after the mistake. An operator
@@ -12,6 +14,9 @@ from typing import Any
 
 import yaml
 from yaml.reader import ReaderError
+
+from celeryapp.domain.limits import short_repr
+from celeryapp.errors import ChordbeatError
 
 #: Characters of the offending line shown around the caret: the excerpt stays within 80 columns.
 EXCERPT_CHARS = 60
@@ -90,3 +95,88 @@ def at(text: str, line: int, column: int, problem: str) -> str:
     number = str(line + 1)
     # Indented: a line that continues the error above it (see DefinitionError).
     return f"{head}\n  {number} | {piece}\n  {' ' * len(number)} | {' ' * caret}^"
+
+
+#: Nesting of the file's YAML collections; a definition needs about 40.
+MAX_YAML_DEPTH = 64
+
+
+class Refused(ChordbeatError):
+    """A construct a file may not use, at a place in the file."""
+
+    def __init__(self, mark: Any, reason: str) -> None:
+        super().__init__(reason)
+        self.mark = mark
+        self.reason = reason
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_STR_TAG = "tag:yaml.org,2002:str"
+#: Booleans of YAML 1.1 only (YAML 1.2 reads them as text).
+_YAML11_BOOLS = frozenset({"on", "off", "yes", "no"})
+
+
+def _is_yaml11_bool(node: yaml.Node) -> bool:
+    plain = isinstance(node, yaml.ScalarNode) and node.style is None
+    return plain and node.tag == _BOOL_TAG and str(node.value).lower() in _YAML11_BOOLS
+
+
+class StrictLoader(yaml.SafeLoader):
+    """``safe_load`` without what makes a file say something other than what it shows.
+
+    Refused: anchors and aliases (``*name`` copies a subtree; nested, they expand a small file
+    into gigabytes), merge keys (``<<``), duplicate keys (YAML keeps the last one silently) and
+    nesting deeper than :data:`MAX_YAML_DEPTH`. A plain ``on:``, ``off:``, ``yes:`` or ``no:`` key
+    is that text, not YAML 1.1's boolean.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            raise Refused(event.start_mark, f"YAML aliases (*{event.anchor}) are not allowed; write the value out")
+        if getattr(event, "anchor", None) is not None:
+            raise Refused(event.start_mark, f"YAML anchors (&{event.anchor}) are not allowed")
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            raise Refused(event.start_mark, f"nested more than {MAX_YAML_DEPTH} levels deep")
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-any-return,return-value]
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise Refused(key_node.start_mark, "YAML merge keys (<<) are not allowed")
+            if _is_yaml11_bool(key_node):
+                # YAML 1.1 reads a plain `on:` (yes, no, off) as a boolean; a key is a name (alerts'
+                # `on:` is one), and JSON keys are strings: kept as written. (`true:` stays what
+                # every YAML reads it as.)
+                key_node.tag = _STR_TAG
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:
+                continue  # an unhashable key: the constructor refuses it with its own message
+            if first is not key_node.start_mark:
+                raise Refused(key_node.start_mark, f"duplicate key {short_repr(key)} (first on line {first.line + 1})")
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+
+
+class YamlMistake(ValueError):
+    """A file's YAML that :func:`read_yaml` refuses; its message says where and what."""
+
+
+def read_yaml(text: str) -> Any:
+    """The document ``text`` holds, read by :class:`StrictLoader`."""
+    try:
+        return yaml.load(text, Loader=StrictLoader)
+    except Refused as exc:
+        raise YamlMistake(at(text, exc.mark.line, exc.mark.column, exc.reason)) from None
+    except (yaml.YAMLError, ValueError) as exc:
+        raise YamlMistake(yaml_problem(exc, text)) from None

@@ -1,4 +1,4 @@
-"""Pausing and resuming: the pure transitions (domain/transitions.py) and their compare-and-set
+"""Pausing and resuming: the pure transitions (domain/pause_resume.py) and their compare-and-set
 write (scheduling/store.change_status) when the status changes between its read and its write."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from sqlalchemy import update
 
 from celeryapp.application import ChordbeatCelery
-from celeryapp.domain.transitions import Transition, decide_pause, decide_resume
+from celeryapp.domain.pause_resume import Transition, decide_pause, decide_resume
 from celeryapp.errors import InvalidTransition
 from celeryapp.interfaces import service
 from celeryapp.scheduling.store import change_status

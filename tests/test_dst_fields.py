@@ -24,7 +24,7 @@ from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.interfaces.cli.schedules import _upcoming
-from celeryapp.interfaces.views import Alerting, schedule_json
+from celeryapp.interfaces.objects import Alerting, schedule_json
 from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields, entry_name, sync_schedules
 from celeryapp.scheduling.store import upsert_schedule
 from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, fire_of

@@ -62,7 +62,7 @@ NOT_A_CHANNEL = "channel {name!r} is not in the CHORDBEAT_ALERT_CHANNELS file"
 
 
 @dataclass(frozen=True)
-class Due:
+class DueDelivery:
     """A delivery due, with its alert."""
 
     delivery_id: int
@@ -179,7 +179,7 @@ def send_channel(settings: Settings, name: str, channel: Channel | None) -> None
         record(settings, name, claimed, error, status=DeliveryStatus.SUMMARISED)
 
 
-def due_deliveries(database_url: str, channel: str, now: datetime) -> list[Due]:
+def due_deliveries(database_url: str, channel: str, now: datetime) -> list[DueDelivery]:
     query = (
         select(AlertDelivery.id, AlertDelivery.attempts, Alert)
         .join(Alert, Alert.id == AlertDelivery.alert_id)
@@ -188,7 +188,7 @@ def due_deliveries(database_url: str, channel: str, now: datetime) -> list[Due]:
         .limit(MAX_DUE_PER_PASS)
     )
     with transaction(database_url, read_only=True) as session:
-        return [Due(int(i), int(n), _text(alert)) for i, n, alert in session.execute(query)]
+        return [DueDelivery(int(i), int(n), _text(alert)) for i, n, alert in session.execute(query)]
 
 
 def sent_in_window(database_url: str, channel: str, now: datetime) -> tuple[int, bool]:
@@ -239,7 +239,7 @@ def attempt(send: Callable[[], None]) -> str | None:
 def record(
     settings: Settings,
     channel: str,
-    done: list[Due],
+    done: list[DueDelivery],
     error: str | None,
     *,
     status: DeliveryStatus = DeliveryStatus.DELIVERED,
@@ -262,7 +262,7 @@ def record(
 
 
 def _record_one(
-    session: Session, settings: Settings, one: Due, error: str | None, status: DeliveryStatus, now: datetime
+    session: Session, settings: Settings, one: DueDelivery, error: str | None, status: DeliveryStatus, now: datetime
 ) -> None:
     # Only a pending delivery: another sender (whose claim this one's outlived) may have ended it.
     pending = update(AlertDelivery).where(

@@ -42,7 +42,7 @@ class BackfillMode(StrEnum):
     ALL = "all"
 
 
-def parse_time(field: str, value: Any) -> datetime:
+def time_arg(field: str, value: Any) -> datetime:
     """An aware time from an ISO 8601 string with its UTC offset; refused naming ``field``."""
     if not isinstance(value, str) or len(value) > MAX_TIME_CHARS:
         got = type_name(value) if not isinstance(value, str) else f"{len(value)} characters"

@@ -20,9 +20,9 @@ from celeryapp.domain.backfill_slots import (
     choose_slots,
     parse_max_concurrent,
     parse_mode,
-    parse_time,
     range_slots,
     request_key,
+    time_arg,
 )
 from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.effects import Effects
@@ -38,7 +38,7 @@ from celeryapp.execution.backfills import (
     steps_per_run,
 )
 from celeryapp.interfaces.arguments import actor_arg, execution_id_arg, flag_arg, limit_arg, name_arg, reason_arg
-from celeryapp.interfaces.backfill_view import backfill_view, schedule_backfills
+from celeryapp.interfaces.objects import backfill_json, schedule_backfills
 from celeryapp.scheduling.calendar_files import excluded_slots
 from celeryapp.scheduling.store import find_schedule
 from celeryapp.states import AuditAction, AuditSource
@@ -70,7 +70,7 @@ def backfill_schedule(
     that runs them, ``max_concurrent`` at a time. The same request while its backfill runs answers
     with that backfill and starts nothing."""
     name = name_arg(name)
-    since, until = parse_time("start", start), parse_time("end", end)
+    since, until = time_arg("start", start), time_arg("end", end)
     chosen_mode = parse_mode(mode)
     concurrent = parse_max_concurrent(max_concurrent)
     dry = flag_arg(dry_run, "dry_run")
@@ -168,9 +168,9 @@ def cancel_backfill(
         detail = {"backfill_id": wanted, "status": backfill.status.value}
         who.record(session, AuditAction.CANCEL, backfill.schedule_name, reason=why, detail=detail, at=now)
         session.flush()
-        view = backfill_view(session, wanted)
-        assert view is not None  # found under the schedule's lock a moment ago
-        return view
+        answer = backfill_json(session, wanted)
+        assert answer is not None  # found under the schedule's lock a moment ago
+        return answer
 
     return retried_transaction(app.settings.database_url, f"cancelling backfill {wanted}", cancel)
 
@@ -178,10 +178,10 @@ def cancel_backfill(
 def get_backfill(app: ChordbeatCelery, backfill_id: Any) -> dict[str, Any]:
     wanted = _backfill_id(backfill_id)
     with transaction(app.settings.database_url, read_only=True) as session:
-        view = backfill_view(session, wanted)
-        if view is None:
+        backfill = backfill_json(session, wanted)
+        if backfill is None:
             raise NotFound(f"backfill {wanted} does not exist")
-        return view
+        return backfill
 
 
 def list_backfills(app: ChordbeatCelery, name: Any, limit: Any = 20) -> list[dict[str, Any]]:
@@ -189,7 +189,7 @@ def list_backfills(app: ChordbeatCelery, name: Any, limit: Any = 20) -> list[dic
     deleted schedule's are kept."""
     name, limit = name_arg(name), limit_arg(limit, MAX_BACKFILL_LIST_LIMIT)
     with transaction(app.settings.database_url, read_only=True) as session:
-        views = schedule_backfills(session, name, limit)
-        if not views:
+        backfills = schedule_backfills(session, name, limit)
+        if not backfills:
             find_schedule(session, name)
-        return views
+        return backfills

@@ -77,7 +77,7 @@ def step_notes(execution: dict[str, Any], *, evidence: bool = False, full: bool 
     return notes
 
 
-def execution_view(
+def execution_text(
     execution: dict[str, Any],
     zone: tzinfo,
     viewer: tzinfo | None,

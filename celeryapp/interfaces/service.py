@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session
 
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.limits import MAX_EXECUTION_LIST_LIMIT, MAX_SCHEDULE_LIST_LIMIT
+from celeryapp.domain.pause_resume import decide_pause, decide_resume
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.times import iso
-from celeryapp.domain.transitions import decide_pause, decide_resume
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import NotFound
 from celeryapp.execution.backfills import cancel_backfills_of, drive_backfills
@@ -44,8 +44,8 @@ from celeryapp.interfaces.arguments import reason_arg as _reason
 from celeryapp.interfaces.arguments import status_arg as _status
 from celeryapp.interfaces.audit import MAX_AUDIT_LIMIT, audit_rows
 from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_backfill, get_backfill, list_backfills
+from celeryapp.interfaces.objects import alerting_of, execution_json, one_schedule_json, schedule_json
 from celeryapp.interfaces.summaries import execution_summaries, schedules_page
-from celeryapp.interfaces.views import alerting_of, execution_json, one_schedule_json, schedule_json
 from celeryapp.interfaces.wiring_checks import test_alert
 from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.recovery.paused_slots import record_paused_slots

@@ -105,7 +105,9 @@ class _DetachedIsLost(RefusingEnvelopes, kombu_redis.Channel):  # type: ignore[m
         return super()._connparams(asynchronous=asynchronous)  # type: ignore[no-any-return,no-untyped-call]
 
 
-class Channel(_DetachedIsLost):
+class FailoverChannel(_DetachedIsLost):
+    """kombu's Redis channel on connections that follow a failover behind a name, with our fix."""
+
     connection_class = FailoverConnection
     connection_class_ssl = FailoverSSLConnection
 
@@ -122,7 +124,7 @@ class SentinelChannel(_DetachedIsLost, kombu_redis.SentinelChannel):  # type: ig
 
 
 class Transport(kombu_redis.Transport):  # type: ignore[misc]
-    Channel = Channel
+    Channel = FailoverChannel
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):  # type: ignore[misc]

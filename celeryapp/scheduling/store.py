@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.definition import ScheduleDefinition
-from celeryapp.domain.transitions import Transition
+from celeryapp.domain.pause_resume import Transition
 from celeryapp.errors import InvalidTransition, NotFound
 from models import Schedule, ScheduleSource, ScheduleStatus, ScheduleStep
 from models.definitions import definition_of

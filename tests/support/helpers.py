@@ -23,7 +23,7 @@ from celeryapp.client import answer
 from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.execution.runs import start_execution
 from celeryapp.interfaces import service
-from celeryapp.interfaces.views import execution_json
+from celeryapp.interfaces.objects import execution_json
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.scheduling import queued_fires
 from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name

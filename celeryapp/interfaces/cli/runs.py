@@ -58,7 +58,7 @@ def run_cmd(name: str, payload: str | None, wait: bool, as_name: str | None, rea
 @json_option
 def execution_cmd(execution_id: int, watch: bool, full: bool, as_json: bool) -> None:
     """One execution: its steps, states, times, errors, warnings, outputs, tracebacks and logs."""
-    from celeryapp.interfaces.run_view import execution_view
+    from celeryapp.interfaces.run_view import execution_text
     from celeryapp.interfaces.time_words import zone_of
 
     execution = call("get_execution", execution_id)
@@ -68,7 +68,7 @@ def execution_cmd(execution_id: int, watch: bool, full: bool, as_json: bool) -> 
         echo_json(execution)
         return
     zone = zones_for([execution["schedule"]]).get(execution["schedule"], zone_of("UTC"))
-    console.print(execution_view(execution, zone, viewer_zone(), reference_now(), evidence=True, full=full))
+    console.print(execution_text(execution, zone, viewer_zone(), reference_now(), evidence=True, full=full))
 
 
 @click.command("executions")

@@ -23,7 +23,7 @@ def watch(execution_id: int) -> dict[str, Any]:
     from rich.progress_bar import ProgressBar
 
     from celeryapp.interfaces.display import step_states
-    from celeryapp.interfaces.run_view import execution_view
+    from celeryapp.interfaces.run_view import execution_text
     from celeryapp.interfaces.time_words import zone_of
 
     class Bar(BarColumn):  # type: ignore[misc]
@@ -66,7 +66,7 @@ def watch(execution_id: int) -> dict[str, Any]:
                     mine = [state for (g, _s), (state, _a) in states.items() if g == group]
                     done = sum(1 for state in mine if state in FINISHED_STEP)
                     progress.update(bar, completed=done, bar_style=bar_style(mine))
-                view = execution_view(execution, zone, viewer, reference_now(), states=states)
+                view = execution_text(execution, zone, viewer, reference_now(), states=states)
                 live.update(Group(progress, view))
                 if execution["status"] != "in_progress":
                     return execution

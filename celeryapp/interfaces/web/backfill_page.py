@@ -26,8 +26,8 @@ from celeryapp.domain.limits import MAX_ID, MAX_NAME_CHARS
 from celeryapp.domain.times import parse_time
 from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.interfaces.backfill_service import backfill_schedule, cancel_backfill
-from celeryapp.interfaces.backfill_view import backfill_view
-from celeryapp.interfaces.backfill_view import schedule_backfills as backfill_summaries
+from celeryapp.interfaces.objects import backfill_json
+from celeryapp.interfaces.objects import schedule_backfills as backfill_summaries
 from celeryapp.interfaces.time_words import backfill_title, progress_words, zone_of
 from celeryapp.interfaces.web.actions import Confirmation
 from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler
@@ -170,7 +170,7 @@ class BackfillActionHandler(BaseHandler):
     async def cancellation(self, backfill_id: str | None) -> Confirmation:
         if backfill_id is None or int(backfill_id) > MAX_ID:
             raise tornado.web.HTTPError(404, reason="no such backfill")
-        view = await self.read(lambda s: backfill_view(s, int(backfill_id)))
+        view = await self.read(lambda s: backfill_json(s, int(backfill_id)))
         if view is None:
             raise tornado.web.HTTPError(404, reason="no such backfill")
         waiting = view["total"] - view["started"]

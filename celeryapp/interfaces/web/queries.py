@@ -21,7 +21,7 @@ from celeryapp.domain.times import parse_time
 from celeryapp.execution.reruns import first_failed_group
 from celeryapp.interfaces.display import step_states
 from celeryapp.interfaces.dst_notes import dst_notes
-from celeryapp.interfaces.views import execution_json
+from celeryapp.interfaces.objects import execution_json
 from celeryapp.interfaces.web import trail
 from models import (
     Activity,

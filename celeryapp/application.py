@@ -13,6 +13,7 @@ from kombu.entity import Queue
 from celeryapp.alerting import child_environment
 from celeryapp.alerting.channels import channel_names
 from celeryapp.alerting.sender_thread import AlertSenderStep
+from celeryapp.clock import clock
 from celeryapp.config import Settings
 from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.domain.redaction import credentials_apart
@@ -21,8 +22,8 @@ from celeryapp.messaging.broker import sentinel_transport_options, transport_for
 from celeryapp.messaging.refused_bodies import AnswerRefusedBodies
 from celeryapp.recovery.signals import HealthStep
 from celeryapp.redis_urls import is_sentinel, parse_sentinels
+from celeryapp.runtime import Runtime
 from celeryapp.variables import VISIBILITY_TIMEOUT_S
-from models.clock import clock
 
 #: Modules holding chordbeat's own tasks; a worker imports them at start.
 TASK_MODULES = ("tasks.steps", "tasks.control", "tasks.service", "tasks.builtin", "tasks.examples")
@@ -57,7 +58,7 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
         reference_time.install(settings.broker_url)
 
     def now(self) -> datetime:
-        """The reference clock's time (:mod:`models.clock`): beat's due times and fire slots, and
+        """The reference clock's time (:mod:`celeryapp.clock`): beat's due times and fire slots, and
         the expiry of every message sent, are reckoned by it, never by this host's clock."""
         return clock.now()
 
@@ -75,6 +76,10 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
         follows a failover (Sentinel or ``READONLY``) and keeps one pool a process; RedBeat's
         Sentinel client would build a new pool, and ask the Sentinels, at every call."""
         return redis_client.get_redis(self.settings.redbeat_url)
+
+
+#: The layers below are handed the app as a :class:`Runtime`: mypy checks here that it is one.
+_AS_RUNTIME: type[Runtime] = ChordbeatCelery
 
 
 def _broker_ssl(url: str) -> dict[str, Any] | None:

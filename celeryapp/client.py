@@ -24,6 +24,7 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
+from celeryapp.clock_correction import CORRECTION_KEY, BadCorrection, Correction
 from celeryapp.contract import (
     SOURCE_HEADER,
     AlertJson,
@@ -38,7 +39,6 @@ from celeryapp.contract import (
     SlotJson,
     TriggerJson,
 )
-from celeryapp.domain.clock_correction import CORRECTION_KEY, BadCorrection, Correction
 from celeryapp.domain.redaction import redact
 
 #: Queue the service tasks are consumed from by every worker (Celery's default queue).

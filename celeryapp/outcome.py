@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.states import ActivityStatus
+from celeryapp.states import ActivityStatus
 
 OUTCOME_KEY = "chordbeat_outcome"
 

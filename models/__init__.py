@@ -1,10 +1,7 @@
-"""Database models: typed SQLAlchemy 2 tables, state enums and transactions."""
+"""Database models: typed SQLAlchemy 2 tables and transactions, with the state names they store
+(:mod:`celeryapp.states`, in the base layer: the domain decides in them without the database)."""
 
-from models.alert_tables import Alert, AlertDelivery, AlertSilence
-from models.backfill_tables import Backfill
-from models.base import Base, utcnow
-from models.session import get_engine, transaction
-from models.states import (
+from celeryapp.states import (
     ActivityStatus,
     AlertKind,
     AuditAction,
@@ -20,6 +17,10 @@ from models.states import (
     Trigger,
     WorkerTaskStatus,
 )
+from models.alert_tables import Alert, AlertDelivery, AlertSilence
+from models.backfill_tables import Backfill
+from models.base import Base, utcnow
+from models.session import get_engine, transaction
 from models.tables import (
     Activity,
     AuditEvent,

@@ -8,8 +8,8 @@ from typing import cast
 from sqlalchemy import ForeignKey, Index, Integer, String, Table, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
+from celeryapp.states import AlertKind, DeliveryStatus
 from models.base import Base, UTCDateTime, utcnow
-from models.states import AlertKind, DeliveryStatus
 from models.tables import NAME_LENGTH, enum_column
 
 #: Length of an alert's stable id (its de-duplication key, readable: kind, schedule, slot).

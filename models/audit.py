@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
-from models.clock import clock
-from models.states import AuditAction, AuditSource
+from celeryapp.clock import clock
+from celeryapp.states import AuditAction, AuditSource
 from models.tables import AUDIT_EVENTS
 
 #: Lengths of the stored columns; validated inputs never reach them, beat's own texts are cut.

@@ -8,8 +8,8 @@ from typing import Any
 from sqlalchemy import JSON, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
+from celeryapp.states import BackfillOrigin, BackfillStatus
 from models.base import Base, UTCDateTime, utcnow
-from models.states import BackfillOrigin, BackfillStatus
 from models.tables import NAME_LENGTH, enum_column
 
 

@@ -10,7 +10,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
 
-from models.clock import clock
+from celeryapp.clock import clock
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -22,7 +22,7 @@ NAMING_CONVENTION = {
 
 
 def utcnow() -> datetime:
-    """The reference clock's time (see :mod:`models.clock`): what every process writes and compares."""
+    """The reference clock's time (see :mod:`celeryapp.clock`): what every process writes and compares."""
     return clock.now()
 
 

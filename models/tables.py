@@ -25,8 +25,7 @@ from sqlalchemy import (
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from models.base import Base, UTCDateTime, utcnow
-from models.states import (
+from celeryapp.states import (
     ActivityStatus,
     AuditAction,
     AuditSource,
@@ -38,6 +37,7 @@ from models.states import (
     Trigger,
     WorkerTaskStatus,
 )
+from models.base import Base, UTCDateTime, utcnow
 
 NAME_LENGTH = 200
 

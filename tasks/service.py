@@ -13,8 +13,8 @@ from celeryapp.interfaces import alerts, backfill_service, service, wiring_check
 from celeryapp.interfaces import next_fires as fire_preview
 from celeryapp.interfaces.arguments import default_actor
 from celeryapp.messaging.expiry import ReferenceClockTask
+from celeryapp.states import AuditSource
 from models.audit import claimed_source
-from models.states import AuditSource
 
 
 class ServiceTask(ReferenceClockTask):

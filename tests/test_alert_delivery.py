@@ -17,11 +17,11 @@ from celeryapp.alerting import messages
 from celeryapp.alerting.log_masking import masked_logger, remember
 from celeryapp.alerting.sender import Sender
 from celeryapp.application import ChordbeatCelery
+from celeryapp.clock import clock
 from celeryapp.config import Settings
 from celeryapp.errors import InvalidArgument
 from celeryapp.interfaces import wiring_checks
 from models import Alert, AlertDelivery, DeliveryStatus, transaction
-from models.clock import clock
 from tests.support import alert_wiring
 from tests.support.alert_wiring import SECRET, alert, deliveries, failures, hanging_server, send
 from tests.support.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401  (fixtures)

@@ -31,9 +31,9 @@ from celeryapp.domain.validation import parse_definition, parse_definitions
 from celeryapp.errors import ConfigError, DefinitionError
 from celeryapp.interfaces.cli import main
 from celeryapp.scheduling.schedule_file import apply_file, load_file
+from celeryapp.states import AlertKind
 from models import Schedule, transaction
 from models.definitions import definition_of
-from models.states import AlertKind
 from tests.support.helpers import call, set_field, step
 
 KNOWN_ONLY = StepRules.without_policy({"chordbeat.examples.sleep"}.__contains__)

@@ -16,9 +16,9 @@ from sqlalchemy import select, update
 
 from celeryapp.alerting import sender_thread
 from celeryapp.application import ChordbeatCelery
+from celeryapp.clock import clock
 from celeryapp.config import Settings
 from models import Alert, DeliveryStatus, Schedule, transaction
-from models.clock import clock
 from tests.support import alert_wiring, processes
 from tests.support.alert_wiring import SECRET, alert, deliveries, hanging_server
 from tests.support.helpers import call, finished, step

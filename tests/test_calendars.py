@@ -28,7 +28,7 @@ from celeryapp.domain.calendars import (
     slot_excluded,
 )
 from celeryapp.domain.decisions import FireDecision, ScheduleState, decide_calendar
-from models.states import Overlap, ScheduleStatus, SlotOutcome, Trigger
+from celeryapp.states import Overlap, ScheduleStatus, SlotOutcome, Trigger
 
 UK_2026 = """\
 # England and Wales bank holidays, 2026

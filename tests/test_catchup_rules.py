@@ -20,18 +20,17 @@ from celeryapp.domain.catchup import (
     MAX_EXCLUDED_PASSED,
     CatchupPolicy,
     CatchupRules,
-    decide_late,
     made_up_detail,
     make_up_slots,
     missed_detail,
     too_late,
 )
-from celeryapp.domain.decisions import FireDecision, ScheduleState
+from celeryapp.domain.decisions import FireDecision, ScheduleState, decide_late
 from celeryapp.domain.times import span
 from celeryapp.domain.validation import parse_definition
 from celeryapp.errors import DefinitionError
 from celeryapp.scheduling.schedule_file import load_file
-from models.states import Overlap, ScheduleStatus, SlotOutcome, Trigger
+from celeryapp.states import Overlap, ScheduleStatus, SlotOutcome, Trigger
 
 BASE = {"name": "nightly", "cron": "0 2 * * *", "steps": [{"name": "s", "task": "tests.tasks.noop"}]}
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)

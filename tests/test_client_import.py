@@ -61,9 +61,9 @@ def test_importing_the_client_builds_no_app_sets_no_current_app_and_connects_no_
         "modules": [
             "celeryapp",
             "celeryapp.client",
+            "celeryapp.clock_correction",
             "celeryapp.contract",
             "celeryapp.domain",
-            "celeryapp.domain.clock_correction",
             "celeryapp.domain.redaction",
         ],
     }

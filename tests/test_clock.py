@@ -18,6 +18,7 @@ from celery import Celery
 from sqlalchemy import select
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.clock import MAX_ROUND_TRIP_S, ReferenceClock, clock
 from celeryapp.config import Settings
 from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE
 from celeryapp.interfaces import service
@@ -26,7 +27,6 @@ from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery.heartbeat_trust import RECOVERY_SEEN_KEY
 from models import SlotOutcome, SlotRecord, transaction
-from models.clock import MAX_ROUND_TRIP_S, ReferenceClock, clock
 from tests.support import processes
 from tests.support.helpers import call, executions, finished, running, step, ts, wait_for
 from tests.support.web_server import ADMIN, WebServer, text_of
@@ -339,7 +339,7 @@ def test_a_reference_away_is_logged_once_and_its_return_once(caplog: pytest.LogC
 
     clock = ReferenceClock()
     clock.use(reference)
-    with caplog.at_level(logging.DEBUG, logger="models.clock"):
+    with caplog.at_level(logging.DEBUG, logger="celeryapp.clock"):
         for _ in range(4):
             clock.measure()
         away = False

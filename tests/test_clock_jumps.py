@@ -16,7 +16,8 @@ from sqlalchemy import select
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.client import ChordbeatClient
-from celeryapp.domain.clock_correction import (
+from celeryapp.clock import ReferenceClock, clock
+from celeryapp.clock_correction import (
     CORRECTION_KEY,
     JUMP_THRESHOLD_S,
     NO_CORRECTION,
@@ -33,7 +34,6 @@ from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery.heartbeat_trust import RECOVERY_SEEN_KEY
 from celeryapp.recovery.recovery import recover
 from models import WorkerTask, transaction, utcnow
-from models.clock import ReferenceClock, clock
 from tests.support.helpers import start_and_hold, step
 from tests.support.servers import wait_for
 from tests.support.web_server import ADMIN, WebServer, text_of
@@ -144,7 +144,7 @@ def test_every_process_keeps_one_continuous_time_across_a_jump(jump_s: float, ca
     reference = Reference()
     beat, worker = clock_on(reference), clock_on(reference)
     reference.shift_s = jump_s
-    with caplog.at_level(logging.ERROR, logger="models.clock"):
+    with caplog.at_level(logging.ERROR, logger="celeryapp.clock"):
         beat.measure()
     assert abs(beat.timestamp() - time.time()) < 0.05, "no step"
     assert [r.levelno for r in caplog.records] == [logging.ERROR]
@@ -195,7 +195,7 @@ def test_a_lost_record_is_written_back_so_that_the_jump_does_not_reappear(caplog
     clock.measure()
     recorded = reference.stored
     reference.stored = None
-    with caplog.at_level(logging.WARNING, logger="models.clock"):
+    with caplog.at_level(logging.WARNING, logger="celeryapp.clock"):
         clock.measure()
     assert reference.stored == recorded and "written back" in caplog.text
     assert abs(clock.timestamp() - time.time()) < 0.05
@@ -210,7 +210,7 @@ def test_a_garbled_record_is_replaced_and_time_goes_on(caplog: pytest.LogCapture
     recorded = reference.stored
     reference.stored = '{"jump_s": "soon"}'
     caplog.clear()
-    with caplog.at_level(logging.ERROR, logger="models.clock"):
+    with caplog.at_level(logging.ERROR, logger="celeryapp.clock"):
         clock.measure()
         clock.measure()
     assert reference.stored == recorded, "replaced by the correction in force"

@@ -18,10 +18,10 @@ from sqlalchemy import select, update
 
 from celeryapp.alerting.deadline_watch import watch
 from celeryapp.application import ChordbeatCelery
+from celeryapp.clock import clock
 from celeryapp.config import Settings
 from celeryapp.domain.times import iso
 from models import Alert, AlertKind, Schedule, ScheduleExecution, Trigger, transaction
-from models.clock import clock
 from models.tables import SLOT_RECORDS
 from tests.support import processes
 from tests.support.helpers import call, finished, recorded_statements, step, wait_for

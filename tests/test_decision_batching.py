@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from celeryapp.domain.batching import Alone, BatchPlan, BatchSchedule, Fire, decide_batchable
 from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.decisions import ScheduleState, decide_fire
-from models.states import Overlap, ScheduleStatus, Trigger
+from celeryapp.states import Overlap, ScheduleStatus, Trigger
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 EVERY_S = 3600

@@ -24,7 +24,7 @@ from celeryapp.domain.decisions import (
     decide_fire,
 )
 from celeryapp.domain.definition import StepSpec
-from models.states import ActivityStatus, ExecutionStatus, ScheduleStatus, Trigger
+from celeryapp.states import ActivityStatus, ExecutionStatus, ScheduleStatus, Trigger
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 

@@ -26,8 +26,8 @@ from celeryapp.domain.decisions import (
     retry_delay_s,
 )
 from celeryapp.domain.definition import StepSpec
-from models.states import ActivityStatus as A
-from models.states import ExecutionStatus, Overlap, ScheduleStatus, SlotOutcome, Trigger
+from celeryapp.states import ActivityStatus as A
+from celeryapp.states import ExecutionStatus, Overlap, ScheduleStatus, SlotOutcome, Trigger
 
 STRICT = StepSpec("strict", "t")
 LENIENT = StepSpec("lenient", "t", continue_on_failure=True)

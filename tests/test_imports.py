@@ -26,7 +26,10 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
             "celeryapp.redis_urls",
             "celeryapp.context",
             "celeryapp.outcome",
-            "models.states",
+            "celeryapp.runtime",
+            "celeryapp.states",
+            "celeryapp.clock_correction",
+            "celeryapp.clock",
         )
     },
     {"domain": ("celeryapp.domain",)},
@@ -47,46 +50,61 @@ LATE_IMPORTS = {
 }
 
 
-def module_files() -> dict[str, Path]:
+def module_files(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     files = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
             if "migrations" in path.parts:
                 continue  # Alembic's scripts, run by Alembic, import nothing of ours but models
-            parts = path.relative_to(ROOT).with_suffix("").parts
+            parts = path.relative_to(root).with_suffix("").parts
             files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return files
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    hidden: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            hidden |= {id(n) for n in ast.walk(node)}
-    return hidden
-
-
-def import_graph() -> dict[str, set[str]]:
-    """Module → the modules of ours it imports at run time (``TYPE_CHECKING`` imports left out)."""
-    files = module_files()
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """Module → the modules of ours it imports, ``TYPE_CHECKING`` imports too: a circle closed by a
+    type-only import is still a circle (a reader, and mypy, must go round it)."""
+    files = module_files(root, packages)
     graph: dict[str, set[str]] = {name: set() for name in files}
     for name, path in files.items():
-        tree = ast.parse(path.read_text())
-        hidden = _type_checking_nodes(tree)
-        for node in ast.walk(tree):
-            if id(node) in hidden:
-                continue
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                # ``from package import module`` imports the module (and runs the package's
-                # ``__init__``, which imports nothing here); ``from module import name`` the module.
-                modules = [f"{node.module}.{alias.name}" for alias in node.names]
-                targets = [m for m in modules if m in files] or [node.module]
-            elif isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                continue
-            graph[name] |= {t for t in targets if t in files and t != name}
+        graph[name] = imports_of(name, ast.parse(path.read_text()), set(files))
     return graph
+
+
+def imports_of(name: str, tree: ast.AST, modules: set[str]) -> set[str]:
+    """The modules of ours (among ``modules``) that the module ``name`` with source ``tree`` imports."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # ``from package import module`` imports the module (and runs the package's
+            # ``__init__``, which imports nothing here); ``from module import name`` the module.
+            named = [f"{node.module}.{alias.name}" for alias in node.names]
+            targets = [m for m in named if m in modules] or [node.module]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in modules and t != name}
+    return found
+
+
+def package_of(module: str, root: Path = ROOT) -> str:
+    """The package ``module`` counts in: its own package (``celeryapp.domain``, ``models``, ``tasks``).
+    The top of ``celeryapp`` is no package of its own but where the layers live: each of its modules
+    (``celeryapp.errors``, ``celeryapp.application``) counts alone."""
+    if (root / Path(*module.split(".")) / "__init__.py").exists():
+        return module
+    package = module.rsplit(".", 1)[0]
+    return module if package == "celeryapp" else package
+
+
+def package_graph(graph: dict[str, set[str]], root: Path = ROOT) -> dict[str, set[str]]:
+    """Package → the packages its modules import (itself left out)."""
+    packages: dict[str, set[str]] = {package_of(module, root): set() for module in graph}
+    for module, targets in graph.items():
+        source = package_of(module, root)
+        packages[source] |= {package_of(target, root) for target in targets} - {source}
+    return packages
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -383,9 +401,53 @@ def test_the_import_graph_is_acyclic() -> None:
     assert cycle is None, " → ".join(cycle or [])
 
 
+def test_the_package_graph_is_acyclic() -> None:
+    cycle = find_cycle(package_graph(import_graph()))
+    assert cycle is None, " → ".join(cycle or [])
+
+
 def test_a_cycle_is_found_and_shown() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def plant(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_a_circle_closed_only_by_type_imports_is_found(tmp_path: Path) -> None:
+    type_only = "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from planted.{other} import Thing\n"
+    plant(
+        tmp_path,
+        {
+            "planted/__init__.py": "",
+            "planted/first.py": type_only.format(other="second"),
+            "planted/second.py": type_only.format(other="first"),
+        },
+    )
+    assert find_cycle(import_graph(tmp_path, ("planted",))) == ["planted.first", "planted.second", "planted.first"]
+
+
+def test_a_package_cycle_is_found_though_the_modules_make_no_circle(tmp_path: Path) -> None:
+    """The shape of the state enums kept in ``models`` while the domain imported them: ``models``
+    imports the domain, and the domain one of ``models``' modules that imports nothing back."""
+    plant(
+        tmp_path,
+        {
+            "planted/__init__.py": "",
+            "planted/domain/__init__.py": "",
+            "planted/domain/rules.py": "from planted.storage.states import State\n",
+            "planted/storage/__init__.py": "",
+            "planted/storage/states.py": "import enum\n",
+            "planted/storage/tables.py": "from planted.domain.rules import decide\n",
+        },
+    )
+    graph = import_graph(tmp_path, ("planted",))
+    assert find_cycle(graph) is None
+    assert find_cycle(package_graph(graph, tmp_path)) == ["planted.domain", "planted.storage", "planted.domain"]
 
 
 def test_imports_inside_functions_are_only_where_documented() -> None:

@@ -17,9 +17,9 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.names import PREFIX
 from celeryapp.interfaces import service
 from celeryapp.recovery.paused_slots import record_all_paused
+from celeryapp.states import AuditAction, AuditSource
 from models import Activity, Schedule, transaction, utcnow
 from models.audit import BEAT
-from models.states import AuditAction, AuditSource
 from tests.support.servers import wait_for
 from tests.support.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
 

@@ -23,6 +23,7 @@ from celery.signals import worker_init, worker_process_init
 
 from celeryapp.alerting.channels import DEFAULT_SMTP_URL_ENV, load_channels
 from celeryapp.errors import ConfigError
+from celeryapp.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,8 @@ def remember_channel_variables(sender: Any = None, **_: Any) -> None:
     global _named_at_start, _channels_file
     if sender is None:
         return
-    _channels_file = sender.app.settings.alert_channels_file
+    app: Runtime = sender.app
+    _channels_file = app.settings.alert_channels_file
     try:
         _named_at_start = channel_variables(_channels_file)
     except ConfigError as exc:

@@ -37,13 +37,13 @@ from celeryapp.alerting.channels import (
 from celeryapp.alerting.log_masking import masked_logger, remember
 from celeryapp.alerting.messages import AlertText
 from celeryapp.alerting.transports import SendFailed
+from celeryapp.clock import clock
 from celeryapp.config import Settings, environment_variable
 from celeryapp.domain import alert_delivery
 from celeryapp.domain.times import iso
 from celeryapp.errors import ConfigError
 from celeryapp.monitoring import metric_counts
 from models import Alert, AlertDelivery, AlertKind, DeliveryStatus, transaction
-from models.clock import clock
 
 logger = masked_logger(__name__)
 

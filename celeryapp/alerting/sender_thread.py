@@ -20,10 +20,11 @@ from celery import bootsteps
 from celeryapp.alerting import deadline_watch
 from celeryapp.alerting.log_masking import masked_logger
 from celeryapp.alerting.sender import Sender
+from celeryapp.clock import clock
 from celeryapp.config import Settings
 from celeryapp.domain.names import CONTROL_QUEUE, PREFIX
 from celeryapp.messaging.redis_client import get_redis, registered_script
-from models.clock import clock
+from celeryapp.runtime import Runtime
 
 logger = masked_logger(__name__)
 
@@ -216,7 +217,8 @@ class AlertSenderStep(bootsteps.StartStopStep):  # type: ignore[misc]
         queues = {queue.name for queue in parent.task_consumer.queues}
         if CONTROL_QUEUE not in queues:
             return  # a step worker: step code runs here, channel secrets do not
-        self.sender = SenderThread(parent.app.settings, parent.hostname)
+        app: Runtime = parent.app
+        self.sender = SenderThread(app.settings, parent.hostname)
         self.sender.start()
 
     def stop(self, parent: Any) -> None:

@@ -19,7 +19,7 @@ from celeryapp.domain.fields import distinct_names, refuse_unknown, require_mapp
 from celeryapp.domain.limits import short_repr, type_name
 from celeryapp.domain.problems import Problems
 from celeryapp.errors import ConfigError, DefinitionError
-from models.states import AlertKind
+from celeryapp.states import AlertKind
 
 #: A channel's name, as the channels file defines them (celeryapp/alerting/channels.py).
 CHANNEL_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.decisions import ScheduleState, decide_fire
-from models.states import Overlap, Trigger
+from celeryapp.states import Overlap, Trigger
 
 
 class Fire(NamedTuple):

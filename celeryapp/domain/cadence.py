@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 
 from celeryapp.domain.cron import CronExpression
 from celeryapp.domain.dst_rules import DstRules
-from models.states import ScheduleStatus
+from celeryapp.states import ScheduleStatus
 
 #: Retry delays never grow past this many times the base delay.
 BACKOFF_CAP_FACTOR = 10

@@ -4,7 +4,7 @@
 fired runs and the missed ones before it are recorded missed. ``none``: a slot fired later than
 the missed grace after its nominal time does not run either. ``all``: the newest missed slots
 within ``window`` (at most ``max_runs``) run too, oldest first, one at a time. Pure: the fire
-(celeryapp/worker/firing.py) passes every instant in, read from the reference clock (models/clock.py).
+(celeryapp/worker/firing.py) passes every instant in, read from the reference clock (celeryapp/clock.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from celeryapp.domain.cadence import Cadence
-from celeryapp.domain.decisions import FireDecision
 from celeryapp.domain.times import span
-from models.states import SlotOutcome
 
 
 class CatchupPolicy(StrEnum):
@@ -87,14 +85,6 @@ def too_late(rules: CatchupRules | None, *, nominal_at: datetime, now: datetime,
     if policy_of(rules) is not CatchupPolicy.NONE or late_s <= grace_s:
         return None
     return f"not run: fired {span(late_s)} late; catchup: none"
-
-
-def decide_late(decision: FireDecision, reason: str | None) -> FireDecision:
-    """A regular slot that would start but fired too late for its ``none`` policy (``reason``)
-    starts nothing: the slot is claimed and recorded missed. Any other decision stands."""
-    if reason is None or not (decision.start and decision.claims_slot):
-        return decision
-    return FireDecision(outcome=SlotOutcome.MISSED, reason=reason, claims_slot=True)
 
 
 def make_up_slots(

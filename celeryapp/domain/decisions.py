@@ -11,14 +11,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from celeryapp.domain.cadence import Cadence, retry_delay_s
+from celeryapp.domain.definition import StepSpec
 from celeryapp.domain.times import iso
-from models.states import ActivityStatus, ExecutionStatus, Overlap, ScheduleStatus, SlotOutcome, Trigger
-
-if TYPE_CHECKING:
-    from celeryapp.domain.definition import StepSpec
+from celeryapp.states import ActivityStatus, ExecutionStatus, Overlap, ScheduleStatus, SlotOutcome, Trigger
 
 
 class Verdict(StrEnum):
@@ -182,6 +179,15 @@ def decide_fire(
             claims_slot=True,
         )
     return FireDecision(start=True, claims_slot=True)
+
+
+def decide_late(decision: FireDecision, reason: str | None) -> FireDecision:
+    """A regular slot that would start but fired too late for its ``catchup: none`` policy
+    (``reason``, from :func:`celeryapp.domain.catchup.too_late`) starts nothing: the slot is
+    claimed and recorded missed. Any other decision stands."""
+    if reason is None or not (decision.start and decision.claims_slot):
+        return decision
+    return FireDecision(outcome=SlotOutcome.MISSED, reason=reason, claims_slot=True)
 
 
 def decide_calendar(

@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 from celeryapp.domain import limits
 from celeryapp.domain.catchup import CatchupRules
 from celeryapp.domain.dst_rules import DstRules
-from models.states import AlertKind, Overlap
+from celeryapp.states import AlertKind, Overlap
 
 #: Schedule names end up in Redis keys, CLI arguments and metric labels: keep them plain.
 #: (Matched whole: ``$`` would also match before a trailing newline.)

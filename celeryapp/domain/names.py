@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from celeryapp.domain.times import iso
-from models.states import Trigger
+from celeryapp.states import Trigger
 
 #: Prefix of every Redis key and Celery task id chordbeat makes.
 PREFIX = "chordbeat"

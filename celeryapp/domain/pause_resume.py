@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.states import ScheduleStatus
+from celeryapp.states import ScheduleStatus
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.step_validation import check_step_counts, parse_groups
 from celeryapp.domain.zones import canonical_zone_problem
 from celeryapp.errors import DefinitionError
-from models.states import Overlap
+from celeryapp.states import Overlap
 
 #: Rules for a definition checked with none given.
 _NO_POLICY = StepRules.without_policy()

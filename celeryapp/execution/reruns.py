@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session
 from celeryapp.errors import InvalidTransition, NotFound
 from celeryapp.execution.run_rows import Rerun, StartResult
 from celeryapp.execution.runs import start_execution
+from celeryapp.states import AuditAction
 from models import ExecutionStatus, Schedule, ScheduleExecution, SlotRecord, Trigger
 from models.audit import Actor
-from models.states import AuditAction
 
 #: What can be run again: a run that ended without completing.
 RERUNNABLE = (ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)

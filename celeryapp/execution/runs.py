@@ -47,6 +47,7 @@ from celeryapp.execution.run_rows import (
 from celeryapp.execution.slots import BUFFERED_SLOT, SlotRow, record_slot, record_slots
 from celeryapp.monitoring import metric_counts
 from celeryapp.monitoring.alert_outbox import alert_run_ended, raise_alert
+from celeryapp.states import AuditAction
 from models import (
     Activity,
     ActivityStatus,
@@ -63,7 +64,6 @@ from models import (
 from models.audit import BEAT, Note
 from models.definitions import definition_of
 from models.session import NO_SYNC, affected
-from models.states import AuditAction
 from models.tables import EXECUTIONS
 
 logger = logging.getLogger(__name__)

@@ -23,10 +23,10 @@ from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument, NotFound
 from celeryapp.interfaces.arguments import actor_arg, limit_arg, name_arg, reason_arg
 from celeryapp.scheduling.store import find_schedule
+from celeryapp.states import AuditAction, AuditSource
 from models import Alert, AlertDelivery, AlertKind, AlertSilence, transaction, utcnow
 from models.alert_tables import ALERT_KEY_LENGTH, ALERTS
 from models.session import affected, retried_transaction
-from models.states import AuditAction, AuditSource
 
 if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery

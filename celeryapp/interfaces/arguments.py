@@ -17,9 +17,9 @@ from celeryapp.domain.limits import (
     type_name,
 )
 from celeryapp.errors import InvalidArgument
+from celeryapp.states import AuditSource
 from models import ExecutionStatus
 from models.audit import ACTOR_CHARS, REASON_CHARS, Actor
-from models.states import AuditSource
 
 #: Unicode categories refused in an actor or a reason: control, format (bidirectional overrides
 #: make a log line read otherwise than it is), surrogate, private-use and unassigned characters.

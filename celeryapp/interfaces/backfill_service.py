@@ -41,10 +41,10 @@ from celeryapp.interfaces.arguments import actor_arg, execution_id_arg, flag_arg
 from celeryapp.interfaces.objects import backfill_json, schedule_backfills
 from celeryapp.scheduling.calendar_files import excluded_slots
 from celeryapp.scheduling.store import find_schedule
+from celeryapp.states import AuditAction, AuditSource
 from celeryapp.worker.dispatch import apply_effects
 from models import BackfillOrigin, Overlap, ScheduleStatus, transaction, utcnow
 from models.session import retried_transaction
-from models.states import AuditAction, AuditSource
 
 if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery

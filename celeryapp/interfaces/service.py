@@ -44,6 +44,7 @@ from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.recovery.paused_slots import record_paused_slots
 from celeryapp.scheduling.calendar_files import calendar_reader
 from celeryapp.scheduling.store import change_status, find_schedule, upsert_schedule
+from celeryapp.states import AuditAction, AuditSource
 from celeryapp.worker.dispatch import apply_effects
 from models import (
     ExecutionStatus,
@@ -57,7 +58,6 @@ from models import (
 )
 from models.audit import Note
 from models.session import retried_transaction
-from models.states import AuditAction, AuditSource
 
 if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery

@@ -22,10 +22,10 @@ from celeryapp.errors import InvalidArgument
 from celeryapp.interfaces.alerts import NO_SCHEDULE, alerts_json, find_alert
 from celeryapp.interfaces.arguments import actor_arg, reason_arg
 from celeryapp.monitoring.alert_outbox import write_alert
+from celeryapp.states import AuditAction, AuditSource
 from models import Alert, AlertDelivery, AlertKind, utcnow
 from models.audit import Actor
 from models.session import retried_transaction
-from models.states import AuditAction, AuditSource
 
 if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery

@@ -35,11 +35,11 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
+from celeryapp.clock import clock
 from celeryapp.messaging.failover import FailoverConnection, FailoverSSLConnection, retry_once_moved
 from celeryapp.messaging.redis_client import registered_script, sentinel_options
 from celeryapp.messaging.serialization import RefusingEnvelopes
 from celeryapp.redis_urls import is_sentinel
-from models.clock import clock
 
 #: Longest pause between two reconnection attempts of a worker's or beat's broker connection.
 RECONNECT_INTERVAL_MAX_S = 2.0

@@ -12,7 +12,7 @@ from celery import Task
 from celery.worker.request import Request
 from celery.worker.state import revoked as revoked_tasks
 
-from models.clock import clock
+from celeryapp.clock import clock
 
 
 class ReferenceClockRequest(Request):  # type: ignore[misc]

@@ -1,14 +1,14 @@
 """Redis's ``TIME`` as the deployment's reference clock, and every process's offset from it.
 
 Redis is the one server every chordbeat process talks to, on every database, and the heartbeats'
-time to live is already measured by its clock; so it is the reference (:mod:`models.clock`). Each
+time to live is already measured by its clock; so it is the reference (:mod:`celeryapp.clock`). Each
 process notes its offset in :data:`OFFSETS_KEY` at every reading: a host whose clock is more than
 :data:`OFFSET_WARNING_S` off is logged, counted in the metrics and shown on the dashboard's health
 page. It does no harm to chordbeat (nothing compares its clock with another's) but it tells of a
 broken NTP that the steps' own code, logs and other systems on that host still suffer from.
 
 Redis's clock itself may jump (a failover to a host with another clock, an NTP step): the
-deployment's correction (:mod:`celeryapp.domain.clock_correction`) lives in its ``CORRECTION_KEY``,
+deployment's correction (:mod:`celeryapp.clock_correction`) lives in its ``CORRECTION_KEY``,
 read in the same round trip as ``TIME`` and written by compare-and-set, so that every process
 subtracts the same one.
 """
@@ -25,10 +25,10 @@ from datetime import UTC, datetime
 
 import redis
 
-from celeryapp.domain.clock_correction import CORRECTION_KEY, BadCorrection, Correction
+from celeryapp.clock import MEASURE_INTERVAL_S, clock
+from celeryapp.clock_correction import CORRECTION_KEY, BadCorrection, Correction
 from celeryapp.domain.names import PREFIX
 from celeryapp.messaging.redis_client import get_redis, registered_script
-from models.clock import MEASURE_INTERVAL_S, clock
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def read_reference(url: str) -> float:
 
 
 class RedisReference:
-    """Redis's ``TIME`` with the deployment's correction beside it (:class:`models.clock.SharedReference`)."""
+    """Redis's ``TIME`` with the deployment's correction beside it (:class:`celeryapp.clock.SharedReference`)."""
 
     def __init__(self, url: str) -> None:
         self.url = url

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import redis
 from prometheus_client import CollectorRegistry, start_http_server
@@ -22,16 +21,14 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from celeryapp.clock import clock
 from celeryapp.domain.names import CONTROL_QUEUE, STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.messaging.reference_time import offsets, shared_correction
 from celeryapp.monitoring import metric_counts as mc
 from celeryapp.monitoring.overload import queued, skipped_last_minute
+from celeryapp.runtime import Runtime
 from models import AlertKind, ExecutionStatus, MetricCount, Schedule, ScheduleExecution, ScheduleStatus, transaction
-from models.clock import clock
-
-if TYPE_CHECKING:
-    from celeryapp.application import ChordbeatCelery
 
 Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
 
@@ -78,7 +75,7 @@ def histogram_samples(
 
 
 class ExecutionCollector(Collector):
-    def __init__(self, app: ChordbeatCelery) -> None:
+    def __init__(self, app: Runtime) -> None:
         self.app = app
 
     def collect(self) -> Iterator[Family]:
@@ -193,7 +190,7 @@ class ExecutionCollector(Collector):
         yield remaining
 
 
-def serve(app: ChordbeatCelery, port: int, address: str) -> None:
+def serve(app: Runtime, port: int, address: str) -> None:
     """Serve /metrics until interrupted."""
     registry = CollectorRegistry()
     registry.register(ExecutionCollector(app))

@@ -13,10 +13,10 @@ import logging
 
 import redis
 
+from celeryapp.clock import clock
 from celeryapp.domain.names import CONTROL_QUEUE, PREFIX, STEPS_QUEUE
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
-from models.clock import clock
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ SQLite has no failover, but a database file put back from a backup goes back the
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import redis
 from sqlalchemy import Connection, text
@@ -31,10 +30,8 @@ from sqlalchemy.exc import ProgrammingError
 from celeryapp.domain.names import PREFIX
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, registered_script
+from celeryapp.runtime import Runtime
 from models.session import autocommit, connection
-
-if TYPE_CHECKING:
-    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +86,7 @@ def _move_sequence(conn: Connection, table: str, past: int) -> None:
         conn.execute(text("INSERT INTO sqlite_sequence (name, seq) VALUES (:t, :v)"), {"t": table, "v": past})
 
 
-def check_database_went_back(app: ChordbeatCelery) -> bool:
+def check_database_went_back(app: Runtime) -> bool:
     """Compare the database's sequences with the ids Redis saw; on finding it went back, move the
     sequences past them and pause repairs for a TTL. Whether repairs are paused now."""
     settings = app.settings

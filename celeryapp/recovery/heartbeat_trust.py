@@ -12,19 +12,16 @@ own clock.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import redis
 from sqlalchemy import select
 
+from celeryapp.clock import clock
 from celeryapp.domain.names import PREFIX
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.runtime import Runtime
 from models import ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction
-from models.clock import clock
-
-if TYPE_CHECKING:
-    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +34,7 @@ HEARTBEAT_GRACE_KEY = f"{PREFIX}:recovery:heartbeat-grace"
 PRIMARY_KEY = f"{PREFIX}:recovery:primary"
 
 
-def heartbeats_trusted(app: ChordbeatCelery) -> bool:
+def heartbeats_trusted(app: Runtime) -> bool:
     """Whether a missing heartbeat now means a lost worker.
 
     Not for one TTL after recovery itself could not run (Redis was away, or beat was), nor after
@@ -61,7 +58,7 @@ def heartbeats_trusted(app: ChordbeatCelery) -> bool:
     return not client.exists(HEARTBEAT_GRACE_KEY)
 
 
-def primary_changed(app: ChordbeatCelery, client: redis.Redis) -> bool:
+def primary_changed(app: Runtime, client: redis.Redis) -> bool:
     """Whether the Redis server answering is another than the last pass's: a promoted replica, or a
     server restarted from its snapshot (``run_id`` is new at each start).
 
@@ -85,7 +82,7 @@ def primary_changed(app: ChordbeatCelery, client: redis.Redis) -> bool:
     return True
 
 
-def _cap_inherited_expiries(app: ChordbeatCelery, client: redis.Redis) -> None:
+def _cap_inherited_expiries(app: Runtime, client: redis.Redis) -> None:
     """Leave each live attempt's heartbeat and pickup key at most one TTL to live on the new server's
     clock (``PEXPIRE … LT``: a key written since keeps its own): a key expiring later only because
     this clock is behind the old one would hide a dead worker for as much longer."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import LockError
 from redis.lock import Lock
@@ -29,11 +29,9 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.names import PREFIX
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metric_counts import retire_orphans
+from celeryapp.runtime import Runtime
 from models import Alert, AlertSilence, AuditEvent, Backfill, ExecutionStatus, ScheduleExecution, SlotRecord, utcnow
 from models.session import affected, retried_transaction
-
-if TYPE_CHECKING:
-    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +91,7 @@ class PassReport:
 
 
 def purge(
-    app: ChordbeatCelery, *, now: datetime | None = None, budget_s: float | None = None, batch: int | None = None
+    app: Runtime, *, now: datetime | None = None, budget_s: float | None = None, batch: int | None = None
 ) -> PassReport:
     """One pass: delete finished executions and slot records older than the retention, in
     batches (``batch`` rows each, or the tables' own sizes), until none are left or ``budget_s``

@@ -8,13 +8,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import redis
-from celery import Celery
 from redbeat.schedulers import ensure_conf
 from redbeat.schedulers import get_redis as redbeat_client
 from sqlalchemy import and_, or_, select
 
 from celeryapp.domain.cadence import Cadence, cadence_of
 from celeryapp.domain.names import CONTROL_QUEUE, run_key
+from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import (
     CHUNK,
     ENTRY_COLUMNS,
@@ -50,7 +50,7 @@ class _Overdue:
     retry: bool
 
 
-def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
+def refire_lost_slots(app: Runtime, now: datetime | None = None) -> list[str]:
     """Fire again the slots and retries beat moved past whose fire message never arrived.
 
     RedBeat records a fire before publishing it, so a failed publish (or Redis losing the message,
@@ -124,7 +124,7 @@ def refire_lost_slots(app: Celery, now: datetime | None = None) -> list[str]:
     return refired
 
 
-def _refire(app: Celery, item: _Overdue, last_run_at: datetime | None) -> bool:
+def _refire(app: Runtime, item: _Overdue, last_run_at: datetime | None) -> bool:
     """Fire ``item.slot`` again if beat moved past it (the database never saw it fired)."""
     if last_run_at is None or aware(last_run_at) < item.slot:
         return False  # beat has not reached the slot yet (it is down, or behind): it will fire it

@@ -19,17 +19,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.recovery import RecoveryReport, requeue_lost
+from celeryapp.runtime import Runtime
 from models import ScheduleExecution, WorkerTask, WorkerTaskStatus, transaction, utcnow
-
-if TYPE_CHECKING:
-    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +56,7 @@ class Watched:
 class NodeStart:
     """Startup recovery of node ``node``: :meth:`check_heartbeats` once at start, then :meth:`watch` in a thread."""
 
-    app: ChordbeatCelery
+    app: Runtime
     node: str
     report: RecoveryReport = field(default_factory=RecoveryReport)
     pending: list[Watched] = field(default_factory=list)
@@ -163,7 +160,7 @@ def _refreshed(before_ms: int | None, now_ms: int, *, checked_before: bool) -> b
     return now_ms > before_ms if before_ms is not None else checked_before
 
 
-def recover_node(app: ChordbeatCelery, node: str) -> NodeStart:
+def recover_node(app: Runtime, node: str) -> NodeStart:
     """At worker start: re-queue the node's orphans whose heartbeat is gone; what remains to watch
     is in the answer's ``pending`` (see :meth:`NodeStart.watch`)."""
     start = NodeStart(app, node).load()
@@ -173,7 +170,7 @@ def recover_node(app: ChordbeatCelery, node: str) -> NodeStart:
     return start
 
 
-def recover_node_in_background(app: ChordbeatCelery, node: str) -> None:
+def recover_node_in_background(app: Runtime, node: str) -> None:
     """:func:`recover_node`, then its watch in a daemon thread (the worker starts consuming meanwhile)."""
     start = recover_node(app, node)
     if start.pending:

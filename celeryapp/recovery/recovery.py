@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING
 
 import redis
 from sqlalchemy import and_, exists, select
@@ -30,7 +29,9 @@ from celeryapp.recovery.heartbeat_trust import PRIMARY_KEY, heartbeats_trusted
 from celeryapp.recovery.lost_claims import live_attempts, note_running_unclaimed
 from celeryapp.recovery.paused_slots import record_all_paused
 from celeryapp.recovery.repair import requeue_attempt, resend_queued
+from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import reconcile
+from celeryapp.states import AuditAction
 from celeryapp.worker.dispatch import apply_effects
 from models import (
     Activity,
@@ -44,10 +45,6 @@ from models import (
 )
 from models.audit import BEAT, Note
 from models.session import retried_transaction
-from models.states import AuditAction
-
-if TYPE_CHECKING:
-    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +80,7 @@ class RecoveryReport:
         )
 
 
-def _apply(app: ChordbeatCelery, effects: Effects) -> None:
+def _apply(app: Runtime, effects: Effects) -> None:
     try:
         apply_effects(app, effects)
     except Exception:
@@ -91,7 +88,7 @@ def _apply(app: ChordbeatCelery, effects: Effects) -> None:
         logger.exception("recovery could not send its repairs; the next pass retries")
 
 
-def _repair(app: ChordbeatCelery, what: str, repair: Callable[[Session], Effects]) -> Effects:
+def _repair(app: Runtime, what: str, repair: Callable[[Session], Effects]) -> Effects:
     """One item's repair in its own transaction. A failure (a corrupt plan, an overflow) is logged
     loudly and skipped: one bad row must not stop the pass for every other run."""
     try:
@@ -103,7 +100,7 @@ def _repair(app: ChordbeatCelery, what: str, repair: Callable[[Session], Effects
     return effects
 
 
-def recover_stale_steps(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+def recover_stale_steps(app: Runtime, now: datetime, report: RecoveryReport) -> None:
     """Re-queue processing attempts whose heartbeat expired."""
     settings = app.settings
     query = (
@@ -136,7 +133,7 @@ def recover_stale_steps(app: ChordbeatCelery, now: datetime, report: RecoveryRep
 
 
 def requeue_lost(
-    app: ChordbeatCelery, task_id: int, attempt: int, token: int, reason: str, now: datetime, report: RecoveryReport
+    app: Runtime, task_id: int, attempt: int, token: int, reason: str, now: datetime, report: RecoveryReport
 ) -> None:
     """Re-queue (or fail, out of attempts) an attempt whose worker is gone; a no-op if it moved on.
     Not while a later attempt of it runs: the database lost that attempt's re-queue (lost_claims)."""
@@ -153,7 +150,7 @@ def requeue_lost(
         report.requeued.append(task_id)
 
 
-def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+def resend_lost_messages(app: Runtime, now: datetime, report: RecoveryReport) -> None:
     settings = app.settings
     with transaction(settings.database_url, read_only=True) as session:
         queued = session.execute(
@@ -224,12 +221,12 @@ def resend_lost_messages(app: ChordbeatCelery, now: datetime, report: RecoveryRe
     unacked.forget(client, taken.values())
 
 
-def _step_queues(app: ChordbeatCelery) -> set[str]:
+def _step_queues(app: Runtime) -> set[str]:
     with transaction(app.settings.database_url, read_only=True) as session:
         return {STEPS_QUEUE, *(q for q in session.scalars(select(ScheduleStep.queue).distinct()) if q)}
 
 
-def time_out_executions(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+def time_out_executions(app: Runtime, now: datetime, report: RecoveryReport) -> None:
     with transaction(app.settings.database_url, read_only=True) as session:
         overdue = session.execute(
             select(ScheduleExecution.id, ScheduleExecution.started_at, ScheduleExecution.deadline_at).where(
@@ -257,7 +254,7 @@ def time_out_executions(app: ChordbeatCelery, now: datetime, report: RecoveryRep
             logger.warning("execution %s timed out after %gs; cancelled and failed", execution_id, limit)
 
 
-def unstick_executions(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+def unstick_executions(app: Runtime, now: datetime, report: RecoveryReport) -> None:
     """In-progress executions with nothing queued or running, and no progress for a while: their
     advancement was lost.
 
@@ -292,7 +289,7 @@ def unstick_executions(app: ChordbeatCelery, now: datetime, report: RecoveryRepo
             logger.warning("execution %s was stuck after group %s; advanced by recovery", execution_id, step_index)
 
 
-def check_redis_epoch(app: ChordbeatCelery, report: RecoveryReport) -> None:
+def check_redis_epoch(app: Runtime, report: RecoveryReport) -> None:
     """Rebuild beat entries at once when Redis lost its data (instead of at the next reconcile)."""
     client = get_redis(app.settings.redbeat_url)
     if client.set(EPOCH_KEY, utcnow().isoformat(), nx=True):
@@ -300,7 +297,7 @@ def check_redis_epoch(app: ChordbeatCelery, report: RecoveryReport) -> None:
         reconcile(app, full=True)
 
 
-def top_up_backfills(app: ChordbeatCelery, now: datetime, report: RecoveryReport) -> None:
+def top_up_backfills(app: Runtime, now: datetime, report: RecoveryReport) -> None:
     """Start what running backfills may start: each run's end starts the next in its own
     transaction, so only a crash between the two (or a start that failed) leaves one waiting.
     The backfills of a deleted schedule are cancelled."""
@@ -319,7 +316,7 @@ def top_up_backfills(app: ChordbeatCelery, now: datetime, report: RecoveryReport
             report.backfills.append(schedule_id)
 
 
-def recover(app: ChordbeatCelery, *, now: datetime | None = None) -> RecoveryReport:
+def recover(app: Runtime, *, now: datetime | None = None) -> RecoveryReport:
     """One recovery pass."""
     now = now or utcnow()
     report = RecoveryReport()

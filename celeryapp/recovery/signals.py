@@ -13,12 +13,13 @@ from celery.concurrency import get_implementation
 from celery.concurrency.prefork import TaskPool
 from celery.signals import task_received, worker_init, worker_ready, worker_shutdown
 
+from celeryapp.clock import clock
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring import worker_registry
 from celeryapp.monitoring.health import remove, touch
 from celeryapp.recovery.node_start import recover_node_in_background
+from celeryapp.runtime import Runtime
 from celeryapp.worker.dispatch import RUN_STEP, take_message
-from models.clock import clock
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +49,14 @@ class HealthStep(bootsteps.StartStopStep):  # type: ignore[misc]
 def alive(consumer: Any) -> None:
     """Touch the liveness file and refresh what this worker can run in the registry, so that
     definitions are checked against it (see worker_registry)."""
-    settings = consumer.app.settings
+    app: Runtime = consumer.app
+    settings = app.settings
     touch(settings, "worker")
     try:
         queues = [queue.name for queue in consumer.task_consumer.queues]
         client = get_redis(settings.broker_url)
         worker_registry.publish(
-            client, consumer.hostname, queues, consumer.app.tasks, settings, ttl_s=worker_registry.REGISTRY_TTL_S
+            client, consumer.hostname, queues, app.tasks, settings, ttl_s=worker_registry.REGISTRY_TTL_S
         )
     except redis.RedisError as exc:
         # The broker is the same Redis: the worker is reconnecting; the next refresh publishes.
@@ -65,7 +67,7 @@ def alive(consumer: Any) -> None:
 def recover_own_steps(sender: Any = None, **_: Any) -> None:
     """A starting node runs nothing yet: steps recorded as processing on it are orphans, unless
     their heartbeat shows another live worker under the same name (see node_start)."""
-    app = sender.app
+    app: Runtime = sender.app
     node = sender.hostname
     try:
         recover_node_in_background(app, node)
@@ -91,9 +93,10 @@ def take_step_message(sender: Any = None, request: Any = None, **_: Any) -> None
 def forget_liveness(sender: Any = None, **_: Any) -> None:
     """A clean stop is not a live worker: ``chordbeat health worker`` says so at once, not 60 s later."""
     if sender is not None:
-        remove(sender.app.settings, "worker")
+        app: Runtime = sender.app
+        remove(app.settings, "worker")
         try:
-            worker_registry.forget(get_redis(sender.app.settings.broker_url), sender.hostname)
+            worker_registry.forget(get_redis(app.settings.broker_url), sender.hostname)
         except redis.RedisError as exc:
             logger.warning("this worker's registry entry was left to expire (%s)", exc)
 

@@ -18,10 +18,12 @@ from celery.signals import beat_init
 from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, RedBeatScheduler, acquire_distributed_beat_lock
 from redbeat.schedulers import get_redis as redbeat_client
 
+from celeryapp.clock import clock
 from celeryapp.errors import DefinitionError
 from celeryapp.messaging.broker import RECONNECT_INTERVAL_MAX_S
 from celeryapp.monitoring import health
 from celeryapp.monitoring.watchdog import StallWatchdog
+from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import chunks, reconcile, reconcile_fully_next
 from celeryapp.scheduling.calendar_files import unreadable_calendars
 from celeryapp.scheduling.fire_messages import FireSender
@@ -29,7 +31,6 @@ from celeryapp.scheduling.redis_outage import RedisOutage
 from celeryapp.scheduling.schedule_file import apply_file
 from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, wrong_type
 from models.audit import BEAT
-from models.clock import clock
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
     #: Armed when beat's service starts (:func:`take_lock_at_start`); a scheduler built elsewhere
     #: (tests, tools) is watched by nothing.
     watchdog: StallWatchdog | None = None
+    #: Set by Celery's scheduler from the app beat runs in.
+    app: Runtime
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._reported: set[str] = set()

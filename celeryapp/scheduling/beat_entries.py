@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from celery import Celery
 from redbeat.schedulers import ensure_conf
 from redbeat.schedulers import get_redis as redbeat_client
 from sqlalchemy import select
 
 from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.names import CONTROL_QUEUE
+from celeryapp.runtime import Runtime
 from celeryapp.scheduling.stored_entry import (
     CadenceSchedule,
     CorruptEntry,
@@ -91,7 +91,7 @@ def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
-def desired_entry(app: Celery, schedule: Schedule | EntryFields, now: datetime) -> ScheduleEntry | None:
+def desired_entry(app: Runtime, schedule: Schedule | EntryFields, now: datetime) -> ScheduleEntry | None:
     """The entry the schedule should have; its last fire time is used only for a new entry."""
     if schedule.status is not ScheduleStatus.ACTIVE:
         return None
@@ -138,13 +138,13 @@ def _kept_last_run(stored: str | None, meta: str | None, wanted: str) -> datetim
     return kept if kept is not None and _cadence_part(stored) == _cadence_part(wanted) else None
 
 
-def _entry_fields(app: Celery, names: Sequence[str]) -> dict[str, EntryFields]:
+def _entry_fields(app: Runtime, names: Sequence[str]) -> dict[str, EntryFields]:
     with transaction(app.settings.database_url, read_only=True) as session:
         rows = session.execute(select(*ENTRY_COLUMNS).where(Schedule.name.in_(names))).all()
     return {row.name: EntryFields(*row) for row in rows}
 
 
-def sync_schedules(app: Celery, names: Iterable[str]) -> EntryChanges:
+def sync_schedules(app: Runtime, names: Iterable[str]) -> EntryChanges:
     """Bring the RedBeat entries of these schedules in line with the database.
 
     Per chunk of schedules: one query (entry columns only), one pipeline reading what is stored,
@@ -158,7 +158,7 @@ def sync_schedules(app: Celery, names: Iterable[str]) -> EntryChanges:
     return changes
 
 
-def _sync_chunk(app: Celery, names: Sequence[str], now: datetime, changes: EntryChanges) -> None:
+def _sync_chunk(app: Runtime, names: Sequence[str], now: datetime, changes: EntryChanges) -> None:
     found = _entry_fields(app, names)
     desired: dict[str, ScheduleEntry | None] = {}
     for name in names:
@@ -197,7 +197,7 @@ def _sync_chunk(app: Celery, names: Sequence[str], now: datetime, changes: Entry
 
 def _queue_write(
     pipe: Any,
-    app: Celery,
+    app: Runtime,
     key: str,
     entry: ScheduleEntry | None,
     stored: str | None,
@@ -236,13 +236,13 @@ def _watermark(value: str | None) -> datetime | None:
         return None
 
 
-def reconcile_fully_next(app: Celery) -> None:
+def reconcile_fully_next(app: Runtime) -> None:
     """Make the next periodic reconcile a full pass: it writes again every entry missing from the
     index (one beat dropped, unreadable), not only those of schedules changed since the last."""
     redbeat_client(app).delete(app.redbeat_conf.key_prefix + WATERMARK_KEY)
 
 
-def reconcile(app: Celery, *, full: bool = False) -> EntryChanges:
+def reconcile(app: Runtime, *, full: bool = False) -> EntryChanges:
     """Repair drift both ways: missing or stale entries written, orphaned ones removed.
 
     Periodically it looks only at schedules changed (``changed_at``) since its previous pass; a

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kombu.utils.uuid import uuid
 from redbeat.schedulers import get_redis as redbeat_client
@@ -15,12 +15,10 @@ from redbeat.schedulers import get_redis as redbeat_client
 from celeryapp.domain.limits import MAX_FIRE_BATCH
 from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import chunks, short_name_list
 from celeryapp.scheduling.queued_fires import QueuedFires
 from celeryapp.scheduling.stored_entry import ScheduleEntry, fire_of
-
-if TYPE_CHECKING:
-    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +45,7 @@ class FireSender:
         self._looked_at = float("-inf")
 
     def send(
-        self, app: ChordbeatCelery, entries: list[ScheduleEntry], *, producer: Any, drop: Callable[[str, str], None]
+        self, app: Runtime, entries: list[ScheduleEntry], *, producer: Any, drop: Callable[[str, str], None]
     ) -> None:
         """Fire the due schedule entries, :data:`~celeryapp.domain.limits.MAX_FIRE_BATCH` slots a
         message: a message each cost beat a few round trips and the workers a transaction per
@@ -93,7 +91,7 @@ class FireSender:
             slots = [(fire, expires) for fire, expires in slots if expires is None or fire["name"] not in waiting]
         self._publish(app, slots, producer, markers)
 
-    def release(self, app: ChordbeatCelery, *, producer: Any) -> None:
+    def release(self, app: Runtime, *, producer: Any) -> None:
         """Fire the held slots whose schedule's last fire a worker has taken (looked at once a
         second at most, and only while slots are held)."""
         if not self._queued.holding or time.monotonic() - self._looked_at < RELEASE_LOOK_S:
@@ -112,7 +110,7 @@ class FireSender:
             self._publish(app, list(released), producer, markers)
 
     def _publish(
-        self, app: ChordbeatCelery, slots: list[tuple[dict[str, str], datetime | None]], producer: Any, markers: Any
+        self, app: Runtime, slots: list[tuple[dict[str, str], datetime | None]], producer: Any, markers: Any
     ) -> None:
         batches = [(uuid(), batch) for batch in chunks(slots, MAX_FIRE_BATCH)]
         self._queued.sending(markers, [marker for marker in map(_queued_marker, batches) if marker])

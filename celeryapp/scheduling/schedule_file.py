@@ -13,7 +13,7 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 from sqlalchemy import select
@@ -29,17 +29,15 @@ from celeryapp.domain.strict_yaml import YamlMistake, read_yaml
 from celeryapp.domain.validation import parse_definitions
 from celeryapp.errors import DefinitionError
 from celeryapp.monitoring import metric_counts, worker_registry
+from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.scheduling.calendar_files import calendar_reader
-from celeryapp.scheduling.file_audit import record_file_applied
 from celeryapp.scheduling.store import Change, upsert_schedule
+from celeryapp.states import AuditAction
 from models import Schedule, ScheduleSource, utcnow
-from models.audit import Actor
+from models.audit import REASON_CHARS, Actor
 from models.definitions import definition_of
 from models.session import retried_transaction
-
-if TYPE_CHECKING:
-    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -224,8 +222,24 @@ def apply_definitions(
     return diff
 
 
+def record_file_applied(session: Session, actor: Actor, path: str | Path, diff: FileDiff, reason: str | None) -> None:
+    """The audit row of an applied file (beat at its start, a person with ``chordbeat apply``): one
+    row for the whole file, in the apply's own transaction, so the file and its record commit
+    together. The reason is the caller's, else the diff's summary (its schedules' names, cut to a
+    reason's length); the counts in the detail are whole."""
+    detail = {
+        "file": str(path)[:REASON_CHARS],
+        "source": diff.source,
+        **{kind: len(getattr(diff, kind)) for kind in ("added", "changed", "removed", "unchanged", "kept")},
+    }
+    if reason is None:
+        summary = diff.summary()
+        reason = summary if len(summary) <= REASON_CHARS else summary[: REASON_CHARS - 1] + "…"
+    actor.record(session, AuditAction.FILE_APPLIED, None, reason=reason, detail=detail)
+
+
 def apply_file(
-    app: ChordbeatCelery,
+    app: Runtime,
     path: str | Path,
     *,
     dry_run: bool = False,

@@ -17,7 +17,6 @@ from typing import Any, TypeGuard
 from zoneinfo import ZoneInfo
 
 import redis
-from celery import Celery
 from celery.beat import ScheduleEntry as BaseScheduleEntry
 from celery.schedules import BaseSchedule, schedstate
 from redbeat.decoder import RedBeatJSONDecoder, RedBeatJSONEncoder
@@ -30,6 +29,7 @@ from celeryapp.domain.cron import CronExpression
 from celeryapp.domain.definition import MAX_ZONE_CHARS
 from celeryapp.domain.dst_rules import DstRules
 from celeryapp.messaging.serialization import MAX_MESSAGE_DEPTH, too_deep
+from celeryapp.runtime import Runtime
 from models import Trigger
 
 #: Tag of chordbeat's schedule type inside RedBeat's JSON.
@@ -238,7 +238,7 @@ class ScheduleEntry(RedBeatSchedulerEntry):  # type: ignore[misc]
         return fields
 
     @staticmethod
-    def decode_meta(meta: str | bytes | None, app: Celery | None = None) -> dict[str, Any]:
+    def decode_meta(meta: str | bytes | None, app: Runtime | None = None) -> dict[str, Any]:
         """When beat last fired the entry (``None``: never); :class:`CorruptEntry` if unreadable."""
         if not meta:
             return {"last_run_at": None}
@@ -257,7 +257,7 @@ class ScheduleEntry(RedBeatSchedulerEntry):  # type: ignore[misc]
 
     @classmethod
     def from_stored(
-        cls, definition: str | None, meta: str | None, app: Celery, key: str | None = None
+        cls, definition: str | None, meta: str | None, app: Runtime, key: str | None = None
     ) -> ScheduleEntry:
         """The entry from its two stored fields (RedBeat's ``from_key`` without its round trip);
         :class:`CorruptEntry` if they are not an entry (stored under ``key``, if given)."""
@@ -272,14 +272,14 @@ class ScheduleEntry(RedBeatSchedulerEntry):  # type: ignore[misc]
         return entry
 
     @classmethod
-    def from_key(cls, key: str, app: Celery | None = None) -> ScheduleEntry:
+    def from_key(cls, key: str, app: Runtime) -> ScheduleEntry:
         """RedBeat's; an unreadable entry is :class:`KeyError` as a missing one is: RedBeat's
         start-up then writes its own entries (recovery, reconcile...) anew."""
         definition, meta = redbeat_client(app).hmget(key, "definition", "meta")
         if not definition:
             raise KeyError(key)
         try:
-            return cls.from_stored(definition, meta, app=app, key=key)  # type: ignore[arg-type]
+            return cls.from_stored(definition, meta, app=app, key=key)
         except CorruptEntry as exc:
             raise KeyError(key) from exc
 

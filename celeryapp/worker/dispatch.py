@@ -6,7 +6,6 @@ import contextlib
 import logging
 
 import redis
-from celery import Celery
 from celery.canvas import Signature
 from kombu.utils.uuid import uuid
 
@@ -15,6 +14,7 @@ from celeryapp.domain.names import CONTROL_QUEUE, STEPS_QUEUE
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, registered_script
 from celeryapp.monitoring.overload import note_skipped
+from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.variables import VISIBILITY_TIMEOUT_S
 from celeryapp.worker import step_events
@@ -29,7 +29,7 @@ FLAG_TTL_HEARTBEATS = 2
 MARKER_TTL_S = VISIBILITY_TIMEOUT_S
 
 
-def _runner(app: Celery, step: StepDispatch, group: GroupDispatch) -> Signature:
+def _runner(app: Runtime, step: StepDispatch, group: GroupDispatch) -> Signature:
     options: dict[str, object] = {
         "task_id": step.celery_task_id,
         "queue": step.spec.queue or STEPS_QUEUE,
@@ -47,7 +47,7 @@ def _runner(app: Celery, step: StepDispatch, group: GroupDispatch) -> Signature:
     return app.signature(RUN_STEP, args=(step.worker_task_id, step.attempt, step.token), immutable=True, **options)
 
 
-def _advance(app: Celery, group: GroupDispatch) -> Signature:
+def _advance(app: Runtime, group: GroupDispatch) -> Signature:
     # Nobody reads an advancement's result: skip storing it (a Redis write per group).
     return app.signature(
         ADVANCE,
@@ -58,7 +58,7 @@ def _advance(app: Celery, group: GroupDispatch) -> Signature:
     )
 
 
-def send_group(app: Celery, group: GroupDispatch) -> None:
+def send_group(app: Runtime, group: GroupDispatch) -> None:
     if group.requeue:
         # The group's chord already fired or is gone: each attempt advances by itself when done.
         for step in group.steps:
@@ -69,7 +69,7 @@ def send_group(app: Celery, group: GroupDispatch) -> None:
     _mark_sent(app, group)
 
 
-def _send_chord(app: Celery, header: list[Signature], body: Signature) -> None:
+def _send_chord(app: Runtime, header: list[Signature], body: Signature) -> None:
     """``chord(header, body).apply_async()`` as Celery's Redis backend counts it (each part's
     message carries the chord's group id, its index and the body; the group's size is noted
     before any part can end), without the group result Celery builds for a caller to wait on:
@@ -100,7 +100,7 @@ end
 """
 
 
-def _mark_sent(app: Celery, group: GroupDispatch) -> None:
+def _mark_sent(app: Runtime, group: GroupDispatch) -> None:
     """Markers after publishing (a queued attempt without one is re-sent by recovery), unless a
     worker was quicker and already took the message."""
     client = get_redis(app.settings.broker_url)
@@ -123,7 +123,7 @@ def _mark_sent(app: Celery, group: GroupDispatch) -> None:
 _TAKEN_LUA = "redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) redis.call('DEL', KEYS[2])"
 
 
-def take_message(app: Celery, worker_task_id: int, attempt: int, token: int) -> None:
+def take_message(app: Runtime, worker_task_id: int, attempt: int, token: int) -> None:
     """An attempt's message reached a worker: its dispatch marker gives way to a pickup lease that
     lives only as long as a heartbeat (see :func:`keys.pickup_key`)."""
     client = get_redis(app.settings.broker_url)
@@ -134,7 +134,7 @@ def take_message(app: Celery, worker_task_id: int, attempt: int, token: int) -> 
         logger.warning("pickup of worker task %s attempt %s not recorded: %s", worker_task_id, attempt, exc)
 
 
-def drop_pickup(app: Celery, worker_task_id: int, attempt: int, token: int) -> None:
+def drop_pickup(app: Runtime, worker_task_id: int, attempt: int, token: int) -> None:
     """Nothing was claimed: without the lease, recovery sends the attempt again."""
     with contextlib.suppress(redis.RedisError):
         get_redis(app.settings.broker_url).delete(keys.pickup_key(worker_task_id, attempt, token))
@@ -153,7 +153,7 @@ def flag_ttl_ms(heartbeat_ttl_s: float) -> int:
     return int(FLAG_TTL_HEARTBEATS * heartbeat_ttl_s * 1000)
 
 
-def apply_effects(app: Celery, effects: Effects) -> None:
+def apply_effects(app: Runtime, effects: Effects) -> None:
     """Carry out, after commit, what a lifecycle function decided."""
     if effects.cancelled or effects.fenced:
         client = get_redis(app.settings.broker_url)

@@ -10,21 +10,22 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session, joinedload
 
 from celeryapp.domain.batching import BatchSchedule, Fire, decide_batchable
 from celeryapp.domain.cadence import cadence_of
-from celeryapp.domain.catchup import CatchupPolicy, CatchupRules, decide_late, policy_of, too_late
-from celeryapp.domain.decisions import ScheduleState, decide_calendar, decide_fire, decide_overlap
+from celeryapp.domain.catchup import CatchupPolicy, CatchupRules, policy_of, too_late
+from celeryapp.domain.decisions import ScheduleState, decide_calendar, decide_fire, decide_late, decide_overlap
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, short_repr, type_name
 from celeryapp.domain.names import run_key
 from celeryapp.errors import InvalidArgument
 from celeryapp.execution.runs import Start, start_execution, start_executions
 from celeryapp.execution.slots import SlotOwner, claim_slot, claimed_slots, record_slot, recorded
+from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields
 from celeryapp.scheduling.calendar_files import slot_calendar_reason
 from celeryapp.worker.catchup_fires import record_unfired, start_catchup
@@ -42,9 +43,6 @@ from models import (
     utcnow,
 )
 from models.session import retried_transaction, retrying
-
-if TYPE_CHECKING:
-    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +83,7 @@ def fire_arguments(name: Any, nominal_at: Any, trigger: Any, *, now: datetime) -
     return name, when, kind
 
 
-def fire(app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trigger) -> dict[str, Any]:
+def fire(app: Runtime, name: str, *, nominal_at: datetime, trigger: Trigger) -> dict[str, Any]:
     def attempt() -> tuple[dict[str, Any], Effects]:
         effects = Effects()  # a fresh one each time: an aborted try's decisions were rolled back
         return _fire(app, name, nominal_at=nominal_at, trigger=trigger, effects=effects), effects
@@ -119,7 +117,7 @@ def batch_arguments(fires: Any, *, now: datetime) -> list[Fire]:
     return checked
 
 
-def fire_batch(app: ChordbeatCelery, fires: list[Fire]) -> list[dict[str, Any]]:
+def fire_batch(app: Runtime, fires: list[Fire]) -> list[dict[str, Any]]:
     """Fire several slots: what simply starts a run in one transaction, the rest one by one.
 
     Each slot's outcome is what :func:`fire` would have made of it alone. A failure of one slot
@@ -240,9 +238,7 @@ def _late_after_s(catchup: dict[str, Any] | None, grace_s: float) -> float | Non
     return grace_s if policy_of(CatchupRules.from_json(catchup)) is CatchupPolicy.NONE else None
 
 
-def _fire(
-    app: ChordbeatCelery, name: str, *, nominal_at: datetime, trigger: Trigger, effects: Effects
-) -> dict[str, Any]:
+def _fire(app: Runtime, name: str, *, nominal_at: datetime, trigger: Trigger, effects: Effects) -> dict[str, Any]:
     """Decide and record the fire; what must be sent once it committed is added to ``effects``.
 
     Only a fire that starts a run loads the schedule with its steps: a skip (the previous run is

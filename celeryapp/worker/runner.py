@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from billiard.common import terminate_handler_fired
 from celery.exceptions import SoftTimeLimitExceeded
@@ -32,6 +32,7 @@ from celeryapp.execution.steps import (
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
+from celeryapp.runtime import Runtime
 from celeryapp.worker.attempt_check import asking_the_database
 from celeryapp.worker.database_patience import patiently
 from celeryapp.worker.dispatch import apply_effects
@@ -40,9 +41,6 @@ from celeryapp.worker.step_events import RunnerAnswer, step_result
 from celeryapp.worker.step_log import capturing_log, traceback_text
 from models import ActivityStatus, utcnow
 from models.session import autocommit, connection
-
-if TYPE_CHECKING:
-    from celeryapp.application import ChordbeatCelery
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +93,7 @@ def _interrupted(claim: Claim, watch: StepWatch) -> Outcome:
     return Outcome(ActivityStatus.CANCELLED, "cancelled", None)
 
 
-def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcome:
+def execute_step(app: Runtime, claim: Claim, watch: StepWatch) -> Outcome:
     """Run the step's task; return its outcome, with the last lines it logged.
 
     The task is checked against this worker's rules first: a plan stored before the policy
@@ -108,7 +106,7 @@ def execute_step(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcom
     return outcome._replace(log_tail=log.text())
 
 
-def _execute(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcome:
+def _execute(app: Runtime, claim: Claim, watch: StepWatch) -> Outcome:
     refusal = StepRules.of(app.settings, app.tasks.__contains__).spec_refusal(claim.spec.kind, claim.spec.task)
     try:
         try:
@@ -140,7 +138,7 @@ def _execute(app: ChordbeatCelery, claim: Claim, watch: StepWatch) -> Outcome:
     return Outcome(status, message if status.failed else None, None if status.failed else message)
 
 
-def _record(app: ChordbeatCelery, claim: Claim, outcome: Outcome) -> Recorded | Exception:
+def _record(app: Runtime, claim: Claim, outcome: Outcome) -> Recorded | Exception:
     url = app.settings.database_url
     status = outcome.status
     fields = {
@@ -160,9 +158,7 @@ def _record(app: ChordbeatCelery, claim: Claim, outcome: Outcome) -> Recorded | 
     return patiently(f"recording the outcome ({status.value}) of {claim.spec.name!r} attempt {claim.attempt}", once)
 
 
-def _claim(
-    app: ChordbeatCelery, worker_task_id: int, attempt: int, node: str
-) -> tuple[Claim | Exception | None, float]:
+def _claim(app: Runtime, worker_task_id: int, attempt: int, node: str) -> tuple[Claim | Exception | None, float]:
     """The claim (``None``: not ours to run; an error: the database did not let it), and when its
     successful try was sent (monotonic: recovery counts a lost attempt's time from the claim)."""
     url = app.settings.database_url
@@ -200,7 +196,7 @@ def _claim(
     return patiently(f"claiming worker task {worker_task_id} attempt {attempt}", once), sent
 
 
-def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: str, token: int = 0) -> dict[str, Any]:
+def run_step(app: Runtime, worker_task_id: int, attempt: int, *, node: str, token: int = 0) -> dict[str, Any]:
     """Run an attempt of the run whose token is ``token`` (0: a message sent before runs had one)."""
     settings = app.settings
     client = get_redis(settings.broker_url)
@@ -284,7 +280,7 @@ def run_step(app: ChordbeatCelery, worker_task_id: int, attempt: int, *, node: s
     return step_result(outcome.status, outcome.error, outcome.message, outcome.traceback)
 
 
-def _release(app: ChordbeatCelery, claim: Claim, node: str) -> None:
+def _release(app: Runtime, claim: Claim, node: str) -> None:
     """Another runner's heartbeat of this very attempt: the database lost that runner's claim (it
     went back), and this claim must not run beside it (see recovery/lost_claims.py)."""
     try:
@@ -304,7 +300,7 @@ def _release(app: ChordbeatCelery, claim: Claim, node: str) -> None:
         )
 
 
-def _superseded(app: ChordbeatCelery, claim: Claim) -> dict[str, Any]:
+def _superseded(app: Runtime, claim: Claim) -> dict[str, Any]:
     """What monitors are told when the attempt's outcome changed nothing: someone closed its
     activity first (its run was cancelled, recovery gave the attempt up), and what they recorded
     is the truth, e.g. ``cancelled`` with the cancel's reason, not the runner's view of it."""
@@ -319,7 +315,7 @@ def _superseded(app: ChordbeatCelery, claim: Claim) -> dict[str, Any]:
     return step_result(*stored, None) | {"superseded": True}
 
 
-def _advance_now(app: ChordbeatCelery, claim: Claim) -> None:
+def _advance_now(app: Runtime, claim: Claim) -> None:
     """The group's last attempt has ended: advance its run now, in this process, instead of after
     the chord's body went round (the group's count in Redis, a message, a free pool process: about
     half of a group-to-group hop, docs/performance.md). The body still runs; the run being past the group by then,

@@ -36,6 +36,7 @@ from celeryapp.domain.names import PREFIX
 from celeryapp.messaging import keys
 from celeryapp.messaging.expiry import ReferenceClockRequest
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.runtime import Runtime
 from models import ActivityStatus
 
 logger = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ def event_for(retval: Any) -> tuple[str, dict[str, Any]]:
     return "task-succeeded", {"result": status}
 
 
-def stop_attempt(app: Any, args: Any, reason: str) -> bool:
+def stop_attempt(app: Runtime, args: Any, reason: str) -> bool:
     """Set the stop flag of the attempt a runner message stands for; False if it could not yet (a
     thread then tries again until Redis answers)."""
     try:
@@ -200,7 +201,7 @@ def _stop_later(url: str, key: str, reason: str) -> None:
 _RUNNER_ID = re.compile(rf"{PREFIX}-e(\d+)-wt\d+-a\d+(?:-r([0-9a-f]+))?")
 
 
-def _execution_cancelled(app: Any, task_id: str) -> bool:
+def _execution_cancelled(app: Runtime, task_id: str) -> bool:
     match = _RUNNER_ID.fullmatch(task_id)
     if match is None:
         return False

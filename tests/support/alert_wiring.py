@@ -17,11 +17,11 @@ import pytest
 from sqlalchemy import select
 
 from celeryapp.alerting.sender import Sender, send_channel
+from celeryapp.clock import clock
 from celeryapp.config import Settings
 from celeryapp.monitoring import metric_counts
 from celeryapp.monitoring.alert_outbox import write_alert
 from models import Alert, AlertDelivery, AlertKind, MetricCount, transaction
-from models.clock import clock
 from tests.support.receivers import HttpReceiver, SmtpReceiver, http_receiver, smtp_receiver  # noqa: F401  (fixtures)
 
 SECRET = "s3cret-signing-key"

@@ -43,6 +43,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from celeryapp.clock import MAX_ROUND_TRIP_S
 from models import (
     Activity,
     ActivityStatus,
@@ -55,7 +56,6 @@ from models import (
     WorkerTask,
     transaction,
 )
-from models.clock import MAX_ROUND_TRIP_S
 from tests.support.chaos import PARTITION_KINDS, Applied, Exit, Fault
 
 #: Seconds after a fault during which missing slots are excused (see the module docstring; the

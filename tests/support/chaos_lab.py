@@ -22,7 +22,7 @@ server), and the lab's own kinds (:data:`tests.support.chaos.LAB_KINDS`):
   clock, the reference, by the shift, and back at the next: keys expire by the new primary's
   clock (a heartbeat at once, ahead), and every process reads the jump. The primary-change grace
   (:mod:`celeryapp.recovery.heartbeat_trust`) and the reference-clock correction
-  (:mod:`celeryapp.domain.clock_correction`) are what keep the windows below.
+  (:mod:`celeryapp.clock_correction`) are what keep the windows below.
 
 Windows (:mod:`tests.support.chaos_invariants`) and why, with the cluster's heartbeat TTL of 3 s and
 recovery every second:

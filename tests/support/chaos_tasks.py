@@ -26,8 +26,8 @@ import time
 from typing import Any
 
 from celeryapp import app
+from celeryapp.clock import clock
 from celeryapp.context import StepContext, current_step
-from models.clock import clock
 
 STEP_TASK = "chordbeat_chaos.step"
 

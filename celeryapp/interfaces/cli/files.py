@@ -12,7 +12,7 @@ from celeryapp.errors import ChordbeatError, DefinitionError
 from celeryapp.interfaces.arguments import actor_arg, reason_arg
 from celeryapp.interfaces.cli.calls import acting, acts, built_app, console, echo_json, json_option
 from celeryapp.interfaces.terminal import printable, text_of
-from models.states import AuditSource
+from celeryapp.states import AuditSource
 
 
 @click.group()

@@ -29,8 +29,8 @@ from celeryapp.execution.reruns import first_failed_group
 from celeryapp.interfaces import service
 from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler
 from celeryapp.interfaces.web.redirects import same_site_path
+from celeryapp.states import AuditSource
 from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleStatus, utcnow
-from models.states import AuditSource
 
 logger = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from celeryapp.interfaces.web.actions import Confirmation
 from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler
 from celeryapp.interfaces.web.humanize import here_tag
 from celeryapp.interfaces.web.redirects import same_site_path
+from celeryapp.states import AuditSource
 from models import Alert, AlertSilence, Schedule, utcnow
 from models.alert_tables import ALERT_KEY_LENGTH
-from models.states import AuditSource
 
 logger = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from celeryapp.interfaces.time_words import backfill_title, progress_words, zone
 from celeryapp.interfaces.web.actions import Confirmation
 from celeryapp.interfaces.web.base import FLASH_COOKIE, BaseHandler
 from celeryapp.interfaces.web.redirects import same_site_path
+from celeryapp.states import AuditSource
 from models import Schedule
-from models.states import AuditSource
 
 logger = logging.getLogger(__name__)
 

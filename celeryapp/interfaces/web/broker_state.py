@@ -10,6 +10,7 @@ import redis
 from kombu.exceptions import OperationalError
 
 from celeryapp.application import REDBEAT_LOCK_TIMEOUT_S, ChordbeatCelery
+from celeryapp.clock import clock
 from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
@@ -20,7 +21,6 @@ from celeryapp.messaging.reference_time import (
     offsets,
     shared_correction,
 )
-from models.clock import clock
 
 PING_TIMEOUT_S = 1.0
 #: The workers' answers are shown this long before they are asked again. A ping waits its whole

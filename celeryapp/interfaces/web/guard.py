@@ -18,9 +18,9 @@ from celeryapp.interfaces.web.auth import WebUser, check_password, dummy_passwor
 from celeryapp.interfaces.web.hashing import HashPool
 from celeryapp.interfaces.web.throttle import LoginThrottle, Refusal
 from celeryapp.messaging.redis_client import get_redis
+from celeryapp.states import AuditAction, AuditSource
 from models import transaction
 from models.audit import record_audit
-from models.states import AuditAction, AuditSource
 
 logger = logging.getLogger(__name__)
 #: Seconds every failed login takes, counted from the request's start: known and unknown names,

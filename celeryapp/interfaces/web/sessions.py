@@ -32,11 +32,11 @@ from typing import Any, overload
 import redis
 import tornado.web
 
+from celeryapp.clock import clock
 from celeryapp.config import Settings
 from celeryapp.interfaces.web.auth import WebUser
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
-from models.clock import clock
 
 logger = logging.getLogger(__name__)
 SESSION_COOKIE = "chordbeat_session"

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from celeryapp.interfaces.audit import audit_rows
 from celeryapp.interfaces.display import WARNED_STEP
+from celeryapp.states import AuditAction
 from models import ActivityStatus, ExecutionStatus, ScheduleExecution
-from models.states import AuditAction
 from models.tables import Activity
 
 #: Rows in an activity panel, newest first.

@@ -1,4 +1,5 @@
-"""State names; each value is exactly what the database stores."""
+"""State names; each value is exactly what the database stores. In the base layer: the domain
+decides in them, the tables (:mod:`models`) store them."""
 
 from __future__ import annotations
 

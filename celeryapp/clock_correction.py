@@ -1,6 +1,6 @@
 """The correction that keeps the reference clock continuous when the reference itself jumps.
 
-The reference (Redis's ``TIME``, :mod:`models.clock`) jumps when Redis fails over to a host whose
+The reference (Redis's ``TIME``, :mod:`celeryapp.clock`) jumps when Redis fails over to a host whose
 clock differs, or when NTP steps the Redis host's clock. Every process would see its time step at
 once: forward, every fast schedule's slots missed and deadlines passed early; backward, beat silent
 and recovery waiting for the size of the jump. So the first process that sees a jump records a

@@ -16,7 +16,7 @@ The reference itself may jump (a Redis failover to a host with another clock, an
 Redis host). A reading further than a second from where the last one said the reference would be
 is such a jump, unless this host's wall clock moved with the reference (then it is this process's
 monotonic clock that stood still: a suspended host). The process that sees it first records a
-correction (:mod:`celeryapp.domain.clock_correction`) beside the reference, read with every
+correction (:mod:`celeryapp.clock_correction`) beside the reference, read with every
 reading, so that every process (those started since too) subtracts the same one from the raw
 reference: time goes on without a step and slowly meets the reference again.
 """
@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
-from celeryapp.domain.clock_correction import NO_CORRECTION, BadCorrection, Correction, is_jump
+from celeryapp.clock_correction import NO_CORRECTION, BadCorrection, Correction, is_jump
 
 logger = logging.getLogger(__name__)
 

@@ -883,3 +883,47 @@ def test_each_role_connects_as_its_own_redis_acl_user_in_every_deploy_file() -> 
         used.add(user := url_user(env["CHORDBEAT_BROKER_URL"]))
         assert user == ROLE_USERS[role], name
     assert used == users - {SERVICE_USER}
+
+
+def test_every_process_that_imports_steps_gets_the_task_modules_and_the_operators_image() -> None:
+    """Your steps in production (docs/own-steps.md): the workers import CHORDBEAT_TASK_MODULES, beat
+    and the dashboard check a schedule's steps against them at apply; every deploy file passes the
+    variable to each of them, from one place the operator fills in, and runs one image for all."""
+    imports = {"worker", "beat", "web"}
+    # compose: from deploy/.env (env.example lists it), in the operator's image if IMAGE names one.
+    services: dict[str, Any] = compose()["services"]
+    given = set()
+    for name, service in services.items():
+        if service.get("build") and check_command(service["command"]) in imports:
+            assert service["environment"]["CHORDBEAT_TASK_MODULES"] == "${CHORDBEAT_TASK_MODULES:-}", name
+            assert service["image"] == "${IMAGE:-chordbeat:latest}", name
+            given.add(name)
+    assert given == {"worker", "control", "beat-a", "beat-b", "web"}
+    assert {"IMAGE", "CHORDBEAT_TASK_MODULES"} <= set(env_file(DEPLOY / "env.example"))
+    # Kubernetes: the ConfigMap every such Deployment reads, which all run the same image name (one
+    # `kustomize edit set image chordbeat=...` swaps it everywhere).
+    assert "CHORDBEAT_TASK_MODULES" in config_map("chordbeat")
+    given = set()
+    for doc in k8s_documents():
+        if doc["kind"] != "Deployment":
+            continue
+        (container,) = doc["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == "chordbeat:latest", doc["metadata"]["name"]
+        if check_command(container["command"]) in imports:
+            assert {"configMapRef": {"name": "chordbeat"}} in container["envFrom"], doc["metadata"]["name"]
+            given.add(doc["metadata"]["name"])
+    assert given == {"chordbeat-worker", "chordbeat-control", "chordbeat-beat", "chordbeat-web"}
+    # systemd: chordbeat.env, read by each such unit, which runs the venv the package goes into.
+    assert "CHORDBEAT_TASK_MODULES" in env_file(DEPLOY / "systemd" / "chordbeat.env")
+    given = set()
+    for name, unit in systemd_units().items():
+        if check_command(shlex.split(unit["ExecStart"][0])) in imports:
+            assert "/etc/chordbeat/chordbeat.env" in unit["EnvironmentFile"], name
+            assert unit["ExecStart"][0].startswith("/opt/chordbeat/.venv/bin/"), name
+            given.add(name)
+    assert given == {
+        "chordbeat-worker@.service",
+        "chordbeat-control.service",
+        "chordbeat-beat.service",
+        "chordbeat-web.service",
+    }

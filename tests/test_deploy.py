@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 #: Variables read by the settings object, the contract's and chordbeat's own.
 KNOWN_VARS = set(re.findall(r'"(CHORDBEAT_[A-Z_]+)"', (ROOT / "celeryapp" / "config.py").read_text()))
-#: Deploy-only: which liveness file the image's HEALTHCHECK reads; where `make run` keeps its state.
-DEPLOY_VARS = {"CHORDBEAT_ROLE", "CHORDBEAT_RUN_DIR"}
+#: Deploy-only: which liveness file the image's HEALTHCHECK reads; where `make run` keeps its state
+#: and the port of the Redis it starts.
+DEPLOY_VARS = {"CHORDBEAT_ROLE", "CHORDBEAT_RUN_DIR", "CHORDBEAT_LOCAL_REDIS_PORT"}
 #: The example alert channels file, and the variables holding its URLs and secrets (not settings:
 #: the deployment's own names, read by the workers that send).
 ALERT_CHANNELS = DEPLOY / "alert-channels.yaml"
@@ -231,14 +232,17 @@ def test_systemd_units_run_real_commands() -> None:
 
 def test_make_run_runs_real_commands_each_restarted_when_it_dies() -> None:
     lines = procfile()
-    assert set(lines) == {"redis", "worker", "control", "beat", "flower", "web", "ready"}
+    assert set(lines) == {"worker", "control", "beat", "flower", "web", "ready"}
     for name, argv in lines.items():
         assert argv[:2] == RESPAWN, f"{name} is not restarted when it dies"
-        if name not in ("redis", "ready"):
+        if name != "ready":
             check_command(argv[2:])
     assert lines["ready"][2:4] == ["python", "deploy/local/ready.py"] and (DEPLOY / "local" / "ready.py").is_file()
     redis = (DEPLOY / "local" / "run.sh").read_text()
     assert "requirepass $LOCAL_REDIS_PASSWORD" in redis and "--requirepass" not in redis
+    # Redis, when make run starts one, is a server supervise.py stops after the processes above.
+    assert 'servers=(--server "python deploy/local/respawn.py redis-server $run_dir/redis.conf")' in redis
+    assert 'exec python deploy/local/supervise.py "${servers[@]}" -- honcho -f deploy/local/Procfile' in redis
 
 
 def test_every_worker_runs_steps_or_control_never_both() -> None:

@@ -138,15 +138,19 @@ def test_the_readmes_own_steps_route_then_ctrl_c_stops_everything_in_order(tmp_p
         status, shown = in_pty(["bash", "-c", run], other, cwd=str(clone))
         said = " ".join(line.strip() for line in screen_lines(shown))
         assert status == 0 and "HR import" in said, shown
-        # An own file with alerts: the channels file docs/alerts.md set up is the CLI's too (cli.env).
-        (clone / "hr.yaml").write_text(
+        # "your own file", named as the README's example is: it leaves the example alone, and the
+        # channels file docs/alerts.md set up is the CLI's too (cli.env names it).
+        (clone / "schedules.yaml").write_text(
             "schedules:\n  - name: hr-import\n    every: 3600\n"
             "    alerts: {channels: [ops-webhook], on: [failed]}\n"
             f"    steps:\n      - {step.group(1)}\n"
         )
-        apply = ". .run/cli.env; chordbeat apply hr.yaml"
-        status, shown = in_pty(["bash", "-c", apply], other, cwd=str(clone))
-        assert status == 0 and "added hr-import" in " ".join(screen_lines(shown)), shown
+        apply = ". .run/cli.env; chordbeat apply schedules.yaml"
+        status, shown = in_pty(["bash", "-c", apply], other, cwd=str(clone), replies={"[y/N]": "n\n"})
+        lines = screen_lines(shown)
+        assert status == 0 and all(len(line) <= 80 for line in lines), shown
+        assert "+ hr-import" in lines and "applied (source schedules): added hr-import" in lines, shown
+        assert "nightly-hr-sync" not in shown, shown
 
         # Ctrl-C, with the output going through tee.
         before = len(terminal.output())

@@ -70,6 +70,9 @@ class Terminal:
     def ctrl_c(self) -> None:
         os.write(self._leader, b"\x03")
 
+    def ctrl_z(self) -> None:
+        os.write(self._leader, b"\x1a")
+
     def close(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -173,6 +176,8 @@ def test_the_readmes_own_steps_route_then_ctrl_c_stops_everything_in_order(tmp_p
     try:
         wait_for(lambda: "chordbeat is up" in terminal.output(), 180, 0.5, what="the second make run's banner")
         assert "Address already in use" not in terminal.output()
+        # Ctrl-Z first: nothing to suspend it to (make waits on), so it must not hang the terminal.
+        terminal.ctrl_z()
         before = len(terminal.output())
         terminal.ctrl_c()
         assert terminal.proc.wait(90) == 0, terminal.output()[before:]

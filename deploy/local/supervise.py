@@ -45,6 +45,9 @@ def terminal_foreground() -> Iterator[None]:
     # Changing the foreground group from a group that is not (or no longer) in it stops the
     # process with SIGTTOU unless that is ignored.
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    # Ctrl-Z would stop this process alone (make, waiting for it, keeps the shell waiting too):
+    # the terminal would hang with everything still running. Ignored instead.
+    signal.signal(signal.SIGTSTP, signal.SIG_IGN)
     os.setpgid(0, 0)
     os.tcsetpgrp(0, os.getpgrp())
     try:
@@ -86,7 +89,8 @@ def main(argv: list[str]) -> int:
         nonlocal asked
         asked = signum
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # Ctrl-\ too: dying of it here would leave the processes running and the terminal to no one.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, ask)
     with terminal_foreground():
         started = [start(server) for server in servers]

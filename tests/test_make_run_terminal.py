@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import started_by
 from tests.support.servers import free_port, wait_for
 from tests.support.terminals import in_pty, screen_lines
-from tests.test_ops import started_by
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

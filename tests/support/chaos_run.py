@@ -198,6 +198,7 @@ def play_and_check(
             firing_end=firing_end,
             settled=settled,
             execution_bound_s=EXECUTION_BOUND_S,
+            pool_deaths=dict(cluster.pool_deaths),
         )
     finally:
         dispose_all()
@@ -207,6 +208,7 @@ def play_and_check(
         "seconds": seconds,
         "faults": [a.as_json() for a in cluster.applied],
         "deaths": {str(pid): at for pid, at in cluster.deaths.items()},
+        "pool_deaths": {str(pid): at for pid, at in cluster.pool_deaths.items()},
         "exits": [{"name": x.name, "pid": x.pid, "code": x.code, "at": x.at} for x in cluster.exits],
         "started": started,
         "firing_end": firing_end,
@@ -256,7 +258,8 @@ def report(title: str, seed: int, results: list[dict[str, Any]], path: Path) -> 
         + f"; report: {path}"
     )
     for r in results:
-        print(json.dumps({k: v for k, v in r.items() if k not in ("violations", "faults", "deaths", "exits")}))
+        summary = {k: v for k, v in r.items() if k not in ("violations", "faults", "deaths", "pool_deaths", "exits")}
+        print(json.dumps(summary))
     violations = [f"plan {r['plan']} (seed {r['seed']}): {v}" for r in results for v in r["violations"]]
     for line in violations:
         print(line)

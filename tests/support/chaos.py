@@ -264,8 +264,9 @@ class Cluster:
     #: Main pid of each SIGKILLed or crashed process -> when it died (its steps stop then).
     deaths: dict[int, float] = field(default_factory=dict)
     #: Pid of each pool process that died while its worker lived on (Celery replaces it) -> when
-    #: the supervisor saw it gone: its step stopped then, though no main process died.
-    pool_deaths: dict[int, float] = field(default_factory=dict)
+    #: the supervisor saw it gone: its step stopped then, though no main process died. A list: pids
+    #: wrap at 32768 here, and a later pool process may have the pid of one that died.
+    pool_deaths: dict[int, list[float]] = field(default_factory=dict)
     #: Pool processes at the supervisor's last look -> their worker's main pid.
     _pools: dict[int, int] = field(default_factory=dict)
     _procs: dict[str, processes.Process] = field(default_factory=dict)
@@ -326,7 +327,7 @@ class Cluster:
         pools = pool_processes(living)
         for child, worker in self._pools.items():
             if child not in pools and worker in living:
-                self.pool_deaths.setdefault(child, now)
+                self.pool_deaths.setdefault(child, []).append(now)
         self._pools = pools
 
     def process(self, name: str) -> processes.Process:

@@ -193,8 +193,8 @@ class Context:
     firing_end: float
     settled: float
     execution_bound_s: float
-    #: Pool process pid -> when it was seen gone while its worker lived on (Celery replaced it).
-    pool_deaths: dict[int, float] = field(default_factory=dict)
+    #: Pool process pid -> when one with that pid was seen gone while its worker lived on.
+    pool_deaths: dict[int, list[float]] = field(default_factory=dict)
     activity_of: dict[tuple[int, str, int], Activity] = field(default_factory=dict)
     execution_of: dict[int, ScheduleExecution] = field(default_factory=dict)
 
@@ -221,10 +221,9 @@ class Context:
     def body_end(self, run: BodyRun) -> tuple[float, str]:
         if run.end is not None:
             return run.end, "logged"
-        # A pool process's death before the start was another's that had the pid: it ended nothing.
-        pool_died = self.pool_deaths.get(run.pid)
         died = [(self.deaths[run.ppid], "worker died")] if run.ppid in self.deaths else []
-        died += [(pool_died, "pool process died")] if pool_died is not None and pool_died >= run.start else []
+        # A death before the start was another pool process's that had the pid: it ended nothing.
+        died += [(at, "pool process died") for at in self.pool_deaths.get(run.pid, []) if at >= run.start]
         if died:
             return min(died)
         activity = self.activity_of.get((run.execution_id, run.step, run.attempt))
@@ -774,6 +773,6 @@ def measurements(ctx: Context) -> dict[str, Any]:
         "step_bodies_started": len(ctx.runs),
         "fenced_bodies_that_finished_late": fenced_late,
         "unexpected_exits": len(ctx.exits),
-        "pool_processes_died": len(ctx.pool_deaths),
+        "pool_processes_died": sum(len(times) for times in ctx.pool_deaths.values()),
         "fault_end_to_first_step_s": recovery,
     }

@@ -22,6 +22,7 @@ from tests.support.chaos_invariants import (
     check_no_concurrent_bodies,
     read_step_log,
 )
+from tests.support.chaos_run import unended_bodies
 from tests.support.servers import wait_for
 
 SLOT = datetime(2026, 11, 25, 1, 0, tzinfo=UTC)
@@ -193,5 +194,36 @@ def test_the_supervisor_notes_a_pool_process_that_died_while_its_worker_lived_on
         worker.kill()  # the process group: the second pool process with it
         cluster._watch_pools()
         assert cluster.pool_deaths.keys() == {first}
+    finally:
+        worker.kill()
+
+
+def test_a_body_left_without_an_end_is_reported_with_its_stacks_or_its_process_gone(tmp_path: Path) -> None:
+    """At the end of a plan, a start without an end says what its pool process is doing (every
+    thread's stack, from the handler the chaos task module registers) or that it is gone."""
+    standing_still = (
+        "import os, time\n"
+        "import tests.support.chaos_tasks  # as a worker loads it: it registers the handler\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(60)  # a body standing still\n"
+        "time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": processes.ROOT}
+    worker = processes.Process([sys.executable, "-c", standing_still], env, tmp_path / "w1.log")
+    cluster = Cluster(settings=Settings(), tmp=tmp_path, redis=None, database=Database("sqlite://"))
+    cluster._procs["w1"] = worker
+    try:
+        wait_for(lambda: pool_processes({worker.pid}), 30, what="the pool process")
+        (body,) = pool_processes({worker.pid})
+        gone = 2**22 + 1  # above any pid_max: no process has it
+        start = {"event": "start", "execution_id": 1, "step": "a", "ppid": worker.pid, "t": 1.0}
+        log = tmp_path / "steps.jsonl"
+        lines = [json.dumps({**start, "attempt": attempt, "pid": pid}) for attempt, pid in ((1, body), (2, gone))]
+        log.write_text("\n".join(lines) + "\n")
+        alive, dead = unended_bodies(cluster, log)
+        assert f"(pid {body}): no end line; its process is alive" in alive
+        assert "Current thread" in alive and "<string>" in alive
+        assert f"(pid {gone}): no end line; its process is gone" in dead
+        assert pool_processes({worker.pid}) == {body: worker.pid}  # the signal did not end it
     finally:
         worker.kill()

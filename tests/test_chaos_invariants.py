@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from celeryapp.config import Settings
 from models import Activity, ActivityStatus, Schedule, SlotOutcome, SlotRecord, Trigger
-from tests.support.chaos import Applied, Fault
+from tests.support import processes
+from tests.support.chaos import Applied, Cluster, Database, Fault, pool_processes
 from tests.support.chaos_invariants import (
     Context,
     Snapshot,
@@ -16,6 +22,8 @@ from tests.support.chaos_invariants import (
     check_no_concurrent_bodies,
     read_step_log,
 )
+from tests.support.chaos_run import unended_bodies
+from tests.support.servers import wait_for
 
 SLOT = datetime(2026, 11, 25, 1, 0, tzinfo=UTC)
 
@@ -68,9 +76,12 @@ def _line(event: str, attempt: int, ppid: int, t: float, **extra: object) -> str
     return json.dumps({**fields, "t": t, **extra})
 
 
-def _frozen_start_check(tmp_path: Path, attempt_1_end: float | None) -> list[Violation]:
+def _frozen_start_check(
+    tmp_path: Path, attempt_1_end: float | None, pool_deaths: dict[int, list[float]] | None = None
+) -> list[Violation]:
     """Attempt 1 starts 0.1 s before its worker's 3.4 s SIGSTOP; recovery closes it as lost and
-    attempt 2 starts on the other worker during the stop. ``attempt_1_end``: its end line's time."""
+    attempt 2 starts on the other worker during the stop. ``attempt_1_end``: its end line's time;
+    ``pool_deaths``: the pool processes the supervisor saw die, and when."""
     lines = [_line("start", 1, FROZEN_WORKER, STOPPED_AT - 0.1)]
     lines.append(_line("start", 2, OTHER_WORKER, STOPPED_AT + 3.2))
     if attempt_1_end is not None:
@@ -103,7 +114,17 @@ def _frozen_start_check(tmp_path: Path, attempt_1_end: float | None) -> list[Vio
     stop = Applied(Fault(10.0, "worker_stop", "w1", 3.4), started=STOPPED_AT, ended=WAKE, pid=FROZEN_WORKER)
     snap = Snapshot(schedules=[], executions=[], activities=activities, tasks=[], slots=[])
     ends = {"firing_end": STOPPED_AT + 20, "settled": STOPPED_AT + 30}
-    ctx = Context(snap, read_step_log(log), [stop], {}, [], started=STOPPED_AT - 10, execution_bound_s=60, **ends)
+    ctx = Context(
+        snap,
+        read_step_log(log),
+        [stop],
+        {},
+        [],
+        started=STOPPED_AT - 10,
+        execution_bound_s=60,
+        pool_deaths=pool_deaths or {},
+        **ends,
+    )
     return check_no_concurrent_bodies(ctx)
 
 
@@ -129,3 +150,80 @@ def test_an_end_line_without_its_start_is_ignored(tmp_path: Path) -> None:
     log.write_text("\n".join(lines) + "\n")
     (run,) = read_step_log(log)
     assert (run.start, run.end, run.outcome) == (2.0, 3.0, "ok")
+
+
+# --- a body whose pool process died: no end line, yet its worker lives on (sqlite, seed 620205) ---
+
+FROZEN_BODY = FROZEN_WORKER + 1  # the pool process ``_line`` gives attempt 1's body
+
+
+def test_a_body_whose_pool_process_died_as_its_worker_woke_does_not_overlap_its_replacement(tmp_path: Path) -> None:
+    assert _frozen_start_check(tmp_path, None, {FROZEN_BODY: [WAKE + 0.1]}) == []
+
+
+def test_a_body_whose_pool_process_died_long_after_the_wake_overlaps_its_replacement(tmp_path: Path) -> None:
+    (ran_on,) = _frozen_start_check(tmp_path, None, {FROZEN_BODY: [WAKE + 2.0]})
+    assert "[pool process died]" in ran_on.detail and "by 2.2s" in ran_on.detail
+
+
+def test_a_pool_process_death_before_the_start_is_another_process_with_that_pid(tmp_path: Path) -> None:
+    (unended,) = _frozen_start_check(tmp_path, None, {FROZEN_BODY: [STOPPED_AT - 5]})
+    assert "[never ended]" in unended.detail
+    assert _frozen_start_check(tmp_path, None, {FROZEN_BODY: [STOPPED_AT - 5, WAKE + 0.1]}) == []
+
+
+def test_the_supervisor_notes_a_pool_process_that_died_while_its_worker_lived_on(tmp_path: Path) -> None:
+    """A real main process with two children, as a prefork worker has: one child killed is noted
+    (and when), the other not; once the main process is killed, its children's end is not one."""
+    fork_two = (
+        "import os, signal, time\nfor _ in range(2):\n    if os.fork() == 0:\n        signal.pause()\ntime.sleep(60)\n"
+    )
+    worker = processes.Process([sys.executable, "-c", fork_two], dict(os.environ), tmp_path / "w1.log")
+    cluster = Cluster(settings=Settings(), tmp=tmp_path, redis=None, database=Database("sqlite://"))
+    cluster.worker_names = ("w1",)
+    cluster._procs["w1"] = worker
+    try:
+        wait_for(lambda: len(pool_processes({worker.pid})) == 2, 10, what="two pool processes")
+        first = min(pool_processes({worker.pid}))
+        cluster._watch_pools()
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: first not in pool_processes({worker.pid}), 10, what="the first pool process to die")
+        before = time.time()
+        cluster._watch_pools()
+        assert cluster.pool_deaths.keys() == {first} and cluster.pool_deaths[first][0] >= before
+        worker.kill()  # the process group: the second pool process with it
+        cluster._watch_pools()
+        assert cluster.pool_deaths.keys() == {first}
+    finally:
+        worker.kill()
+
+
+def test_a_body_left_without_an_end_is_reported_with_its_stacks_or_its_process_gone(tmp_path: Path) -> None:
+    """At the end of a plan, a start without an end says what its pool process is doing (every
+    thread's stack, from the handler the chaos task module registers) or that it is gone."""
+    standing_still = (
+        "import os, time\n"
+        "import tests.support.chaos_tasks  # as a worker loads it: it registers the handler\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(60)  # a body standing still\n"
+        "time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": processes.ROOT}
+    worker = processes.Process([sys.executable, "-c", standing_still], env, tmp_path / "w1.log")
+    cluster = Cluster(settings=Settings(), tmp=tmp_path, redis=None, database=Database("sqlite://"))
+    cluster._procs["w1"] = worker
+    try:
+        wait_for(lambda: pool_processes({worker.pid}), 30, what="the pool process")
+        (body,) = pool_processes({worker.pid})
+        gone = 2**22 + 1  # above any pid_max: no process has it
+        start = {"event": "start", "execution_id": 1, "step": "a", "ppid": worker.pid, "t": 1.0}
+        log = tmp_path / "steps.jsonl"
+        lines = [json.dumps({**start, "attempt": attempt, "pid": pid}) for attempt, pid in ((1, body), (2, gone))]
+        log.write_text("\n".join(lines) + "\n")
+        alive, dead = unended_bodies(cluster, log)
+        assert f"(pid {body}): no end line; its process is alive" in alive
+        assert "Current thread" in alive and "<string>" in alive
+        assert f"(pid {gone}): no end line; its process is gone" in dead
+        assert pool_processes({worker.pid}) == {body: worker.pid}  # the signal did not end it
+    finally:
+        worker.kill()

@@ -35,12 +35,15 @@ Fault kinds and what they do:
 
 Every process that exits without being told to (a worker crashing on a Redis outage, say) is
 recorded as an unexpected exit and restarted two seconds later, as systemd's ``Restart=always``
-would, so the remaining invariants are still checked.
+would, so the remaining invariants are still checked. A pool process dying while its worker lives
+on (Celery replaces it) is recorded with when the supervisor saw it gone: the step it ran stopped
+then, and a step log ``start`` it left without an ``end`` is not a body running on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import signal
 import sqlite3
@@ -260,6 +263,12 @@ class Cluster:
     exits: list[Exit] = field(default_factory=list)
     #: Main pid of each SIGKILLed or crashed process -> when it died (its steps stop then).
     deaths: dict[int, float] = field(default_factory=dict)
+    #: Pid of each pool process that died while its worker lived on (Celery replaces it) -> when
+    #: the supervisor saw it gone: its step stopped then, though no main process died. A list: pids
+    #: wrap at 32768 here, and a later pool process may have the pid of one that died.
+    pool_deaths: dict[int, list[float]] = field(default_factory=dict)
+    #: Pool processes at the supervisor's last look -> their worker's main pid.
+    _pools: dict[int, int] = field(default_factory=dict)
     _procs: dict[str, processes.Process] = field(default_factory=dict)
     #: Processes the harness took down on purpose; the supervisor leaves them alone.
     _held: set[str] = field(default_factory=set)
@@ -294,6 +303,7 @@ class Cluster:
     def _supervise(self) -> None:
         while not self._stop.wait(0.25):
             with self._lock:
+                self._watch_pools()
                 for name, proc in self._procs.items():
                     if name in self._held or proc.running:
                         continue
@@ -306,6 +316,19 @@ class Cluster:
                     elif now - self._crashed_at[name] >= RESTART_DELAY_S:
                         del self._crashed_at[name]
                         self._procs[name] = self._spawn(name, append=True)
+
+    def _watch_pools(self) -> None:
+        """Note each pool process gone since the last look, and when (at most a look late: the
+        body counts as running until then)."""
+        now = time.time()
+        workers = [self._procs[name] for name in self.worker_names if name in self._procs]
+        # A worker that died took its pool with it: its own death is on record.
+        living = {proc.pid for proc in workers if proc.running}
+        pools = pool_processes(living)
+        for child, worker in self._pools.items():
+            if child not in pools and worker in living:
+                self.pool_deaths.setdefault(child, []).append(now)
+        self._pools = pools
 
     def process(self, name: str) -> processes.Process:
         with self._lock:
@@ -401,6 +424,23 @@ class Cluster:
             if delay > 0:
                 time.sleep(delay)  # the plan's clock, not a synchronisation
             self.inject(fault)
+
+
+def pool_processes(parents: set[int]) -> dict[int, int]:
+    """The live processes whose parent is one of ``parents``: pid -> parent pid (a zombie has
+    exited, its parent frozen or not yet reaping it)."""
+    found: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            # "pid (name) S ppid ...": the name may hold spaces and parentheses.
+            state, ppid = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if int(ppid) in parents and state not in ("Z", "X"):
+            found[int(entry)] = int(ppid)
+    return found
 
 
 def harness_client(settings: Settings) -> Celery:

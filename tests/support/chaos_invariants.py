@@ -6,7 +6,8 @@ nearest in time, so a failing plan says what broke and under which fault.
 Rules that need a precise reading:
 
 - **A body's interval.** A step log ``start`` without an ``end`` ran until its worker died (the
-  harness's SIGKILL time, or the time the supervisor saw it exit), else until its activity was
+  harness's SIGKILL time, or the time the supervisor saw it exit) or its pool process did (the
+  time the supervisor saw it gone: the worker lives on and replaces it), else until its activity was
   closed (unless that close was recovery's "worker lost", which says nothing about the body),
   else until the end of the test. A body does not run while its worker is SIGSTOPped (a frozen
   process executes nothing): that time is not counted when two attempts' intervals overlap, nor
@@ -192,6 +193,8 @@ class Context:
     firing_end: float
     settled: float
     execution_bound_s: float
+    #: Pool process pid -> when one with that pid was seen gone while its worker lived on.
+    pool_deaths: dict[int, list[float]] = field(default_factory=dict)
     activity_of: dict[tuple[int, str, int], Activity] = field(default_factory=dict)
     execution_of: dict[int, ScheduleExecution] = field(default_factory=dict)
 
@@ -218,8 +221,11 @@ class Context:
     def body_end(self, run: BodyRun) -> tuple[float, str]:
         if run.end is not None:
             return run.end, "logged"
-        if run.ppid in self.deaths:
-            return self.deaths[run.ppid], "worker died"
+        died = [(self.deaths[run.ppid], "worker died")] if run.ppid in self.deaths else []
+        # A death before the start was another pool process's that had the pid: it ended nothing.
+        died += [(at, "pool process died") for at in self.pool_deaths.get(run.pid, []) if at >= run.start]
+        if died:
+            return min(died)
         activity = self.activity_of.get((run.execution_id, run.step, run.attempt))
         if activity is not None and activity.completed_at is not None and not _worker_lost(activity):
             return ts(activity.completed_at), "activity closed"
@@ -767,5 +773,6 @@ def measurements(ctx: Context) -> dict[str, Any]:
         "step_bodies_started": len(ctx.runs),
         "fenced_bodies_that_finished_late": fenced_late,
         "unexpected_exits": len(ctx.exits),
+        "pool_processes_died": sum(len(times) for times in ctx.pool_deaths.values()),
         "fault_end_to_first_step_s": recovery,
     }

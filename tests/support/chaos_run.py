@@ -28,9 +28,9 @@ from sqlalchemy import func, select
 
 from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTask, transaction
 from models.session import dispose_all
-from tests.support.chaos import Cluster, Fault, harness_client, make_plan, plan_text, running
+from tests.support.chaos import Cluster, Fault, harness_client, make_plan, plan_text, pool_processes, running
 from tests.support.chaos_invariants import Context, Violation, check_all, measurements, read_step_log, snapshot
-from tests.support.chaos_tasks import STEP_TASK
+from tests.support.chaos_tasks import DUMP_STACKS, STEP_TASK
 from tests.support.helpers import call, wait_for
 
 LONG = os.environ.get("CHORDBEAT_CHAOS_LONG") == "1"
@@ -188,6 +188,8 @@ def play_and_check(
                 time.sleep(left)  # the rest of the load after the last fault
             firing_end = time.time()
             settled = settle(cluster, [d["name"] for d in definitions])
+            for line in unended_bodies(cluster, log):
+                print(line, flush=True)
         ctx = Context(
             snapshot(cluster.database.url),
             read_step_log(log),
@@ -198,6 +200,7 @@ def play_and_check(
             firing_end=firing_end,
             settled=settled,
             execution_bound_s=EXECUTION_BOUND_S,
+            pool_deaths=dict(cluster.pool_deaths),
         )
     finally:
         dispose_all()
@@ -207,6 +210,7 @@ def play_and_check(
         "seconds": seconds,
         "faults": [a.as_json() for a in cluster.applied],
         "deaths": {str(pid): at for pid, at in cluster.deaths.items()},
+        "pool_deaths": {str(pid): at for pid, at in cluster.pool_deaths.items()},
         "exits": [{"name": x.name, "pid": x.pid, "code": x.code, "at": x.at} for x in cluster.exits],
         "started": started,
         "firing_end": firing_end,
@@ -217,6 +221,45 @@ def play_and_check(
         "violations": [str(v) for v in violations],
         "violations_by_invariant": dict(_count(violations)),
     }
+
+
+def unended_bodies(cluster: Cluster, log: Path) -> list[str]:
+    """For each body that logged a start and no end by now: whether its pool process is alive (then
+    its threads' stacks, asked for with DUMP_STACKS) or how it ended, from its worker's log."""
+    lines = []
+    logs = {pid: cluster.process(name).log for name, pid in cluster.pids().items()}
+    for run in read_step_log(log):
+        if run.end is not None or run.ppid not in logs:
+            continue
+        worker_log = logs[run.ppid]
+        what = f"body {run.step!r} of execution {run.execution_id} attempt {run.attempt} (pid {run.pid}): no end line"
+        # Only a pool process of that worker now: the pid may be another process's since (pids wrap),
+        # and the signal's default action ends a process.
+        if run.pid not in pool_processes({run.ppid}):
+            died = [line for line in worker_log.read_text(errors="replace").splitlines() if f"pid:{run.pid} " in line]
+            lines.append(f"{what}; its process is gone: {' | '.join(died[-2:]) or 'no exit in its worker log'}")
+            continue
+        dump = _stacks(run.pid, worker_log)
+        lines.append(f"{what}; its process is alive, its threads now:\n{dump or 'no stacks within 5 s'}")
+    return lines
+
+
+def _stacks(pid: int, worker_log: Path) -> str:
+    """What ``pid`` writes to its worker's log once sent DUMP_STACKS: the handler writes every
+    thread's stack at once, so the log stops growing when it is done ("": nothing in 5 s, as from
+    a process stuck in the kernel, where a signal waits)."""
+    before = size = worker_log.stat().st_size
+    os.kill(pid, DUMP_STACKS)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        grown = worker_log.stat().st_size
+        if size > before and grown == size:
+            break
+        size = grown
+    with worker_log.open("rb") as f:
+        f.seek(before)
+        return f.read(min(size - before, 6000)).decode(errors="replace")
 
 
 def _count(violations: list[Violation]) -> dict[str, int]:
@@ -256,7 +299,8 @@ def report(title: str, seed: int, results: list[dict[str, Any]], path: Path) -> 
         + f"; report: {path}"
     )
     for r in results:
-        print(json.dumps({k: v for k, v in r.items() if k not in ("violations", "faults", "deaths", "exits")}))
+        summary = {k: v for k, v in r.items() if k not in ("violations", "faults", "deaths", "pool_deaths", "exits")}
+        print(json.dumps(summary))
     violations = [f"plan {r['plan']} (seed {r['seed']}): {v}" for r in results for v in r["violations"]]
     for line in violations:
         print(line)

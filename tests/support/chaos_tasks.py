@@ -19,9 +19,12 @@ same attempt behaves the same way wherever it runs.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
+import signal
+import sys
 import time
 from typing import Any
 
@@ -30,6 +33,11 @@ from celeryapp.clock import clock
 from celeryapp.context import StepContext, current_step
 
 STEP_TASK = "chordbeat_chaos.step"
+#: Sent by the harness to a pool process that logged a start and no end by the end of a plan: every
+#: thread's stack goes to the worker's log (the original stderr: Celery replaces ``sys.stderr``),
+#: so a report says where a body that did not end stood, or that its process was gone.
+DUMP_STACKS = signal.SIGRTMIN + 1
+faulthandler.register(DUMP_STACKS, file=sys.__stderr__, all_threads=True)
 
 
 class ChaosStepFailed(Exception):

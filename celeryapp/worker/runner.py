@@ -33,6 +33,7 @@ from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.outcome import classify
 from celeryapp.runtime import Runtime
+from celeryapp.worker import soft_time_limit
 from celeryapp.worker.attempt_check import asking_the_database
 from celeryapp.worker.database_patience import patiently
 from celeryapp.worker.dispatch import apply_effects
@@ -198,6 +199,8 @@ def _claim(app: Runtime, worker_task_id: int, attempt: int, node: str) -> tuple[
 
 def run_step(app: Runtime, worker_task_id: int, attempt: int, *, node: str, token: int = 0) -> dict[str, Any]:
     """Run an attempt of the run whose token is ``token`` (0: a message sent before runs had one)."""
+    entered = time.monotonic()  # about when the main process started the soft limit's timer
+    soft_time_limit.install()
     settings = app.settings
     client = get_redis(settings.broker_url)
     # The pickup lease was taken when the worker received the message (signals.py). Kept while
@@ -250,7 +253,7 @@ def run_step(app: Runtime, worker_task_id: int, attempt: int, *, node: str, toke
         asking_the_database(watch, database_url=url, worker_task_id=worker_task_id, attempt=attempt, every_s=every_s),
     ):
         try:
-            with running_step(context):
+            with running_step(context), soft_time_limit.due(claim.spec.timeout_s, since=entered):
                 outcome = execute_step(app, claim, watch)
         except StepCancelled:
             # Landed between the step's return and the watch's disarming.

@@ -24,6 +24,8 @@ import json
 import math
 from dataclasses import dataclass
 
+from celeryapp.errors import ChordbeatError
+
 #: Where the deployment's correction lives in Redis (JSON, :class:`Correction`), beside ``TIME``.
 #: It never expires: once taken back it subtracts nothing, and it keeps the count of jumps. (The
 #: prefix of :mod:`celeryapp.domain.names` spelled out: the client imports nothing else.)
@@ -40,7 +42,7 @@ SLEW_RATE = 0.002
 MAX_JUMP_S = 10 * 365 * 86400.0
 
 
-class BadCorrection(ValueError):
+class BadCorrection(ChordbeatError, ValueError):
     """A stored correction that is not one (names the field)."""
 
 

@@ -4,18 +4,33 @@ filters refused naming the field, before anything is read."""
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
+from click.testing import CliRunner, Result
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.domain.times import iso
+from celeryapp.interfaces.cli import main
 from models import AuditAction, AuditSource, transaction, utcnow
 from models.audit import record_audit
+from tests.support import processes
 from tests.support.helpers import call
+from tests.support.terminals import in_pty, plain_lines, time_format_problems, wide_lines
+
+CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
+RICH_STYLE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
 def seed(settings: Settings) -> None:
@@ -97,3 +112,46 @@ def test_hostile_filters_are_refused_naming_the_field(
         call(client, "chordbeat.list_audit", **kwargs)
     assert str(refused.value).startswith(message), refused.value
     assert type(refused.value).__name__ == "InvalidArgument"
+
+
+def in_terminal(settings: Settings, *args: str) -> tuple[int, str]:
+    """The real ``chordbeat`` in an 80-column terminal, in Kolkata: exit status and plain lines."""
+    env = processes.settings_env(settings, TERM="xterm-256color", TZ="Asia/Kolkata")
+    status, output = in_pty([CHORDBEAT, *args], env, columns=80)
+    return status, "\n".join(plain_lines(RICH_STYLE.sub("", output)))
+
+
+def test_chordbeat_audit_filters_by_actor_action_and_since_in_80_columns(
+    app: ChordbeatCelery, worker: Any, settings: Settings
+) -> None:
+    seed(settings)
+    status, text = in_terminal(settings, "audit", "--actor", "alice", "--since", "1d")
+    assert status == 0, text
+    lines = text.splitlines()
+    assert not wide_lines(lines) and not time_format_problems(lines), text
+    assert "trigger" in text and "file applied" in text and "pause" not in text and "bob" not in text, text
+    assert "IST" in text  # rows of several schedules: in the viewer's zone
+    # A time without an offset is the viewer's wall time (Kolkata), as the other time options read it.
+    two_hours_ago = (utcnow() + timedelta(hours=5, minutes=30) - timedelta(hours=2, minutes=30)).strftime(
+        "%Y-%m-%d %H:%M"
+    )
+    rows = json.loads(cli("audit", "--action", "pause", "--json").output)
+    assert [r["actor"] for r in rows] == ["svc", "alice"]
+    with_offset = json.loads(
+        CliRunner(env={"TZ": "Asia/Kolkata"}).invoke(main, ["audit", "--since", two_hours_ago, "--json"]).output
+    )
+    assert [(r["actor"], r["action"]) for r in with_offset] == [("alice", "trigger"), ("svc", "pause")]
+    # Hostile input is refused naming the flag, before anything is asked of the service.
+    status, text = in_terminal(settings, "audit", "--since", "yesterday\x1b[2J")
+    assert status == 2 and "--since" in text and "neither a length" in text and "\x1b[2J" not in text, text
+    for args, flag in (
+        (["--actor", "eve\u202eadmin"], "--actor"),
+        (["--actor", "x" * 10**5], "--actor"),
+        (["--action", "Pause"], "--action"),
+        (["--action", "p\u0430use"], "--action"),
+        (["--execution", "0"], "--execution"),
+        (["--since", "2026-13-45"], "--since"),
+    ):
+        refused = cli("audit", *args)
+        assert refused.exit_code == 2, (args, refused.output)
+        assert re.search(f"Invalid value for '?{flag}'?:", refused.output), (args, refused.output)

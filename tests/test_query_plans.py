@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, event, text
 from bench.history_fill import HistoryShape, fill, schedule_name
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
-from celeryapp.interfaces.web import queries
+from celeryapp.interfaces.web import audit_page, queries
 from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery import housekeeping, lost_slots, recovery
 from celeryapp.scheduling import beat_entries
@@ -187,6 +187,8 @@ def _run_the_paths(app: ChordbeatCelery, client: Any) -> None:
         queries.schedule_view(session, quiet, now)
         queries.execution_view(session, started["execution_id"], now)
         queries.health_view(session, now)
+        for given in ({"actor": "nobody-at-all", "since": "24h"}, {"action": "pause", "schedule": busy}, {}):
+            audit_page.audit_view(session, audit_page.checked_filter(given, "", now), given)
     list(ExecutionCollector(app).collect())
 
 

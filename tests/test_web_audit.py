@@ -5,6 +5,7 @@ and time, newest first, paged by cursor, each filtered page an address another p
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from datetime import timedelta
@@ -120,8 +121,15 @@ def test_an_operator_finds_who_changed_what_on_the_audit_page_at_390_and_1920_px
                 row_by(browser, "beat").text
             )
             no_iso(browser)
+            if folder := os.environ.get("CHORDBEAT_WEB_SCREENSHOTS"):
+                browser.save_screenshot(os.path.join(folder, f"dashboard-audit-{width}.png"))
             # Nothing wider than the window: at 390 px the rows are stacked into cards.
-            assert browser.execute_script("return document.documentElement.scrollWidth") <= width
+            wide = browser.execute_script(
+                "const d = document.documentElement; return [d.scrollWidth, d.clientWidth,"
+                " [...document.querySelectorAll('main *')].filter(e => e.getBoundingClientRect().right > d.clientWidth)"
+                ".map(e => e.tagName + '.' + e.className + ':' + e.textContent.slice(0, 40)).slice(-5)]"
+            )
+            assert wide[0] <= wide[1], wide
             if width == 390:
                 assert service_row.find_element(By.CSS_SELECTOR, "td").value_of_css_property("display") == "block"
 

@@ -195,6 +195,13 @@ VARIABLES = (
         setting=False,
     ),
     Variable(
+        "CHORDBEAT_LOCAL_REDIS_PORT",
+        "`6379`",
+        "`make run` only: the port of the Redis it starts (with a password) when none answers there and "
+        "`CHORDBEAT_BROKER_URL` is unset",
+        setting=False,
+    ),
+    Variable(
         "CHORDBEAT_BENCH_RUNS",
         "`3`",
         "`make bench` only: how many times each scenario runs (medians need at least 3)",

@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 #: Variables read by the settings object, the contract's and chordbeat's own.
 KNOWN_VARS = set(re.findall(r'"(CHORDBEAT_[A-Z_]+)"', (ROOT / "celeryapp" / "config.py").read_text()))
-#: Deploy-only: which liveness file the image's HEALTHCHECK reads; where `make run` keeps its state.
-DEPLOY_VARS = {"CHORDBEAT_ROLE", "CHORDBEAT_RUN_DIR"}
+#: Deploy-only: which liveness file the image's HEALTHCHECK reads; where `make run` keeps its state
+#: and the port of the Redis it starts.
+DEPLOY_VARS = {"CHORDBEAT_ROLE", "CHORDBEAT_RUN_DIR", "CHORDBEAT_LOCAL_REDIS_PORT"}
 #: The example alert channels file, and the variables holding its URLs and secrets (not settings:
 #: the deployment's own names, read by the workers that send).
 ALERT_CHANNELS = DEPLOY / "alert-channels.yaml"
@@ -231,14 +232,17 @@ def test_systemd_units_run_real_commands() -> None:
 
 def test_make_run_runs_real_commands_each_restarted_when_it_dies() -> None:
     lines = procfile()
-    assert set(lines) == {"redis", "worker", "control", "beat", "flower", "web", "ready"}
+    assert set(lines) == {"worker", "control", "beat", "flower", "web", "ready"}
     for name, argv in lines.items():
         assert argv[:2] == RESPAWN, f"{name} is not restarted when it dies"
-        if name not in ("redis", "ready"):
+        if name != "ready":
             check_command(argv[2:])
     assert lines["ready"][2:4] == ["python", "deploy/local/ready.py"] and (DEPLOY / "local" / "ready.py").is_file()
     redis = (DEPLOY / "local" / "run.sh").read_text()
     assert "requirepass $LOCAL_REDIS_PASSWORD" in redis and "--requirepass" not in redis
+    # Redis, when make run starts one, is a server supervise.py stops after the processes above.
+    assert 'servers=(--server "python deploy/local/respawn.py redis-server $run_dir/redis.conf")' in redis
+    assert 'exec python deploy/local/supervise.py "${servers[@]}" -- honcho -f deploy/local/Procfile' in redis
 
 
 def test_every_worker_runs_steps_or_control_never_both() -> None:
@@ -883,3 +887,47 @@ def test_each_role_connects_as_its_own_redis_acl_user_in_every_deploy_file() -> 
         used.add(user := url_user(env["CHORDBEAT_BROKER_URL"]))
         assert user == ROLE_USERS[role], name
     assert used == users - {SERVICE_USER}
+
+
+def test_every_process_that_imports_steps_gets_the_task_modules_and_the_operators_image() -> None:
+    """Your steps in production (docs/own-steps.md): the workers import CHORDBEAT_TASK_MODULES, beat
+    and the dashboard check a schedule's steps against them at apply; every deploy file passes the
+    variable to each of them, from one place the operator fills in, and runs one image for all."""
+    imports = {"worker", "beat", "web"}
+    # compose: from deploy/.env (env.example lists it), in the operator's image if IMAGE names one.
+    services: dict[str, Any] = compose()["services"]
+    given = set()
+    for name, service in services.items():
+        if service.get("build") and check_command(service["command"]) in imports:
+            assert service["environment"]["CHORDBEAT_TASK_MODULES"] == "${CHORDBEAT_TASK_MODULES:-}", name
+            assert service["image"] == "${IMAGE:-chordbeat:latest}", name
+            given.add(name)
+    assert given == {"worker", "control", "beat-a", "beat-b", "web"}
+    assert {"IMAGE", "CHORDBEAT_TASK_MODULES"} <= set(env_file(DEPLOY / "env.example"))
+    # Kubernetes: the ConfigMap every such Deployment reads, which all run the same image name (one
+    # `kustomize edit set image chordbeat=...` swaps it everywhere).
+    assert "CHORDBEAT_TASK_MODULES" in config_map("chordbeat")
+    given = set()
+    for doc in k8s_documents():
+        if doc["kind"] != "Deployment":
+            continue
+        (container,) = doc["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == "chordbeat:latest", doc["metadata"]["name"]
+        if check_command(container["command"]) in imports:
+            assert {"configMapRef": {"name": "chordbeat"}} in container["envFrom"], doc["metadata"]["name"]
+            given.add(doc["metadata"]["name"])
+    assert given == {"chordbeat-worker", "chordbeat-control", "chordbeat-beat", "chordbeat-web"}
+    # systemd: chordbeat.env, read by each such unit, which runs the venv the package goes into.
+    assert "CHORDBEAT_TASK_MODULES" in env_file(DEPLOY / "systemd" / "chordbeat.env")
+    given = set()
+    for name, unit in systemd_units().items():
+        if check_command(shlex.split(unit["ExecStart"][0])) in imports:
+            assert "/etc/chordbeat/chordbeat.env" in unit["EnvironmentFile"], name
+            assert unit["ExecStart"][0].startswith("/opt/chordbeat/.venv/bin/"), name
+            given.add(name)
+    assert given == {
+        "chordbeat-worker@.service",
+        "chordbeat-control.service",
+        "chordbeat-beat.service",
+        "chordbeat-web.service",
+    }

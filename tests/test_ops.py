@@ -135,22 +135,6 @@ def test_a_liveness_directory_owned_by_another_user_is_refused(tmp_path: Path) -
     assert reason is not None and "owned by uid 65534" in reason
 
 
-def started_by(marker: str) -> list[int]:
-    """Pids of live processes whose environment holds ``marker`` (those a test started)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in environ and state != "Z":
-            found.append(int(proc.name))
-    return found
-
-
 @pytest.mark.slow
 def test_make_run_restarts_a_killed_worker_and_ctrl_c_stops_everything(
     redis_server: RedisServer, sqlite_template: Path, tmp_path: Path
@@ -199,13 +183,13 @@ def test_make_run_restarts_a_killed_worker_and_ctrl_c_stops_everything(
         # Ctrl-C: the terminal sends SIGINT to honcho, which stops every process.
         run.send_signal(signal.SIGINT)
         run.wait(60)
-        wait_for(lambda: not started_by(marker), 30, interval=0.2, what="every make run process to stop")
+        wait_for(lambda: not processes.started_by(marker), 30, interval=0.2, what="every make run process to stop")
     finally:
         inspector.close()
         if run.poll() is None:
             run.kill()
             run.wait(10)
-        for pid in started_by(marker):
+        for pid in processes.started_by(marker):
             os.kill(pid, signal.SIGKILL)
     local_env = run_dir / "local.env"
     assert local_env.stat().st_mode & 0o777 == 0o600

@@ -21,6 +21,7 @@ from celeryapp.scheduling.schedule_file import apply_file
 from models import Schedule, ScheduleSource, transaction
 from tests.support import processes
 from tests.support.helpers import call, entry_exists, executions, finished, step, wait_for
+from tests.support.terminals import in_pty, screen_lines
 
 
 def write(path: Path, *schedules: dict[str, Any], source: str | None = None) -> Path:
@@ -222,3 +223,30 @@ def test_cli_apply_asks_before_removing_and_removes_nothing_unconfirmed(
 def call_every(app: ChordbeatCelery, name: str) -> float | None:
     with transaction(app.settings.database_url) as session:
         return session.scalar(select(Schedule.every_s).where(Schedule.name == name))
+
+
+def test_cli_apply_says_why_it_would_remove_schedules_another_file_of_the_same_name_applied(
+    app: ChordbeatCelery, tmp_path: Path
+) -> None:
+    """Two files called schedules.yaml are one source: the second one's apply would remove the
+    first one's schedules. At a terminal, 80 columns, the removal says why and what to do."""
+    (tmp_path / "team-a").mkdir()
+    (tmp_path / "team-b").mkdir()
+    first = write(tmp_path / "team-a" / "schedules.yaml", {"name": "a-nightly", "every": 30, "steps": [step("s")]})
+    second = write(tmp_path / "team-b" / "schedules.yaml", {"name": "b-nightly", "every": 30, "steps": [step("s")]})
+    env = processes.settings_env(app.settings, TERM="xterm-256color")
+    chordbeat = str(Path(processes.CELERY).with_name("chordbeat"))
+    status, shown = in_pty([chordbeat, "apply", str(first)], env)
+    assert status == 0, shown
+    status, shown = in_pty([chordbeat, "apply", str(second)], env, replies={"[y/N]": "n\n"})
+    lines = screen_lines(shown)
+    said = " ".join(line.strip() for line in lines)
+    assert status == 1 and all(len(line) <= 80 for line in lines), shown
+    assert "- a-nightly" in lines, shown
+    assert (
+        "why '-': schedules.yaml is the source 'schedules' (its name without '.yaml'; a 'source:' in the file "
+        "would name it otherwise); schedules applied from that source that the file does not name are removed. "
+        "Another file of yours of that source? Give one of them its own 'source:'."
+    ) in said, shown
+    assert said.index("why '-'") < said.index("remove 1 schedule(s) of source schedules"), shown
+    assert set(sources(app)) == {"a-nightly"}

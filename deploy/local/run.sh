@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make run`: step worker, control worker, beat, Flower and the dashboard (and Redis if none answers) in the
 # foreground. Each process is started again when it dies (deploy/local/respawn.py); Ctrl-C stops
-# them all. State and generated local credentials live in $CHORDBEAT_RUN_DIR (default .run/).
+# them all, Redis last (deploy/local/supervise.py). State and generated local credentials live in
+# $CHORDBEAT_RUN_DIR (default .run/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -14,6 +15,11 @@ export CHORDBEAT_SCHEDULES_FILE="${CHORDBEAT_SCHEDULES_FILE:-$PWD/examples/sched
 export CHORDBEAT_CALENDARS_DIR="${CHORDBEAT_CALENDARS_DIR:-$PWD/deploy/calendars}"
 export CHORDBEAT_HEALTH_DIR="${CHORDBEAT_HEALTH_DIR:-$run_dir}"
 export FLOWER_DB="${FLOWER_DB:-$run_dir/flower.db}"
+# Alerts (docs/alerts.md): a channels file named relative to this checkout works from any directory
+# the CLI is run in (cli.env below carries the name).
+if [ -n "${CHORDBEAT_ALERT_CHANNELS:-}" ] && [ "${CHORDBEAT_ALERT_CHANNELS#/}" = "$CHORDBEAT_ALERT_CHANNELS" ]; then
+  export CHORDBEAT_ALERT_CHANNELS="$PWD/$CHORDBEAT_ALERT_CHANNELS"
+fi
 
 # Random local credentials, made once and reused so a browser login survives restarts.
 if [ ! -s "$run_dir/local.env" ]; then
@@ -57,16 +63,19 @@ masked() { sed -E 's#(://[^:/@]*):[^@/]*@#\1:**@#' <<<"$1"; }
 # The URL (with its password) goes in the environment, never in python's arguments, which ps shows.
 answers() { REDIS_URL_TRIED="$1" python -c "import os, redis; redis.Redis.from_url(os.environ['REDIS_URL_TRIED'], socket_connect_timeout=1).ping()" 2>/dev/null; }
 processes="worker control beat flower web ready"
+# Servers the processes talk to, started first and stopped last (deploy/local/supervise.py).
+servers=()
 if [ -z "${CHORDBEAT_BROKER_URL:-}" ]; then
-  ours="redis://:$LOCAL_REDIS_PASSWORD@127.0.0.1:6379/0"
+  redis_port="${CHORDBEAT_LOCAL_REDIS_PORT:-6379}"
+  ours="redis://:$LOCAL_REDIS_PASSWORD@127.0.0.1:$redis_port/0"
   if answers "$ours"; then
     export CHORDBEAT_BROKER_URL="$ours"
-  elif answers "redis://127.0.0.1:6379/0"; then
-    export CHORDBEAT_BROKER_URL="redis://127.0.0.1:6379/0"
+  elif answers "redis://127.0.0.1:$redis_port/0"; then
+    export CHORDBEAT_BROKER_URL="redis://127.0.0.1:$redis_port/0"
   else
-    echo "no Redis answers at 127.0.0.1:6379: starting one with a password (data and log in $run_dir)"
+    echo "no Redis answers at 127.0.0.1:$redis_port: starting one with a password (data and log in $run_dir)"
     cat > "$run_dir/redis.conf" <<CONF
-port 6379
+port $redis_port
 bind 127.0.0.1
 dir "$run_dir"
 logfile "$run_dir/redis.log"
@@ -75,17 +84,18 @@ maxmemory-policy noeviction
 requirepass $LOCAL_REDIS_PASSWORD
 CONF
     export CHORDBEAT_BROKER_URL="$ours"
-    processes="redis $processes"
+    servers=(--server "python deploy/local/respawn.py redis-server $run_dir/redis.conf")
   fi
 fi
 echo "broker:    $(masked "$CHORDBEAT_BROKER_URL")"
 # The CLI in another terminal needs the same settings: the broker's generated password, and the
 # task modules (and where they are found) and step policy, as the workers have them, so that
-# `chordbeat apply FILE` checks a step against the same tasks when no worker has said what it has.
+# `chordbeat apply FILE` checks a step against the same tasks when no worker has said what it has;
+# and what else apply checks a definition against: the alert channels' names and the calendars.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 for name in PATH PYTHONPATH CHORDBEAT_BROKER_URL CHORDBEAT_DATABASE_URL CHORDBEAT_HEALTH_DIR \
   CHORDBEAT_TASK_MODULES CHORDBEAT_STEP_TASKS CHORDBEAT_STEP_KINDS CHORDBEAT_EXECUTABLE_ALLOW \
-  CHORDBEAT_SQL_ENV_PREFIX; do
+  CHORDBEAT_SQL_ENV_PREFIX CHORDBEAT_ALERT_CHANNELS CHORDBEAT_CALENDARS_DIR CHORDBEAT_DASHBOARD_URL; do
   if [ -n "${!name:-}" ]; then printf 'export %s=%q\n' "$name" "${!name}"; fi
 done > "$run_dir/cli.env"
 # Printed by deploy/local/ready.py once everything answers, after the start-up logs.
@@ -106,4 +116,5 @@ chordbeat db upgrade
 # Beat applies $CHORDBEAT_SCHEDULES_FILE when it starts, once Redis answers, and prunes the
 # schedules the file dropped. (Applied here too, before Redis started, it warned "beat entries not
 # updated (Connection refused)" at every start.)
-exec honcho -f deploy/local/Procfile start $processes
+# Ctrl-C stops the processes first, then the servers, and ends with status 0 (supervise.py says why).
+exec python deploy/local/supervise.py "${servers[@]}" -- honcho -f deploy/local/Procfile start $processes

@@ -223,3 +223,19 @@ def control_worker(
     """The control worker of the deploy files: control and service calls only, in threads."""
     argv = worker_argv(name, 4, pool="threads", queues=queues)
     return running(Process(argv, settings_env(settings, **(env or {})), tmp / f"{name}.log"))
+
+
+def started_by(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``marker`` (those a test started)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in environ and state != "Z":
+            found.append(int(proc.name))
+    return found

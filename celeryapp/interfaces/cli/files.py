@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import click
@@ -49,7 +50,7 @@ def apply_cmd(path: str, dry_run: bool, yes: bool, as_name: str | None, reason: 
         if not dry_run:
             remove: bool | list[str] = True
             if diff.removed and not yes:
-                _show_diff(diff)
+                _show_diff(diff, path)
                 remove = _confirm_removal(diff.source, diff.removed)
             diff = apply_file(
                 app, path, remove=remove, actor=actor_arg(acting(as_name), AuditSource.CLI), reason=reason_arg(reason)
@@ -62,17 +63,33 @@ def apply_cmd(path: str, dry_run: bool, yes: bool, as_name: str | None, reason: 
     if as_json:
         echo_json({"dry_run": dry_run, **diff.as_json()})
         return
-    _show_diff(diff)
+    _show_diff(diff, path)
     click.echo(printable(f"{'would change' if dry_run else 'applied'} (source {diff.source}): {diff.summary()}"))
 
 
-def _show_diff(diff: Any) -> None:
+def _show_diff(diff: Any, path: str) -> None:
     for label, names, style in (("+", diff.added, "green"), ("~", diff.changed, "yellow"), ("-", diff.removed, "red")):
         for name in names:
             fields = diff.fields.get(name)
             console.print(text_of(f"{label} {name}" + (f" ({', '.join(fields)})" if fields else ""), style))
     for name, owner in diff.taken_over.items():
         console.print(text_of(f"! {name}: taken over from {owner}", "yellow"))
+    if diff.removed:
+        # A removal nobody expected is mostly two files of one name (the default source): say so.
+        click.echo("\n".join(_wrapped(_why_removed(diff.source, Path(path)), console.width, "", "  ")), err=True)
+
+
+def _why_removed(source: str, path: Path) -> str:
+    named = (
+        f"its name without {path.suffix!r}; a 'source:' in the file would name it otherwise"
+        if path.stem == source and path.suffix
+        else "its 'source:'"
+    )
+    return (
+        f"why '-': {path.name} is the source {source!r} ({named}); schedules applied from that source "
+        "that the file does not name are removed. Another file of yours of that source? Give one of them "
+        "its own 'source:'."
+    )
 
 
 def _confirm_removal(source: str, names: list[str]) -> list[str]:

@@ -62,9 +62,11 @@ def open_page(browser: WebDriver, url: str) -> None:
 def test_an_operator_finds_who_changed_what_on_the_audit_page_at_390_and_1920_px(
     app: ChordbeatCelery, worker: Any, client: Celery, browser: WebDriver, settings: Settings, tmp_path: Path
 ) -> None:
-    # Beat's own decision two days ago (outside "last 24 hours").
+    # Beat's own decision two days ago (outside "last 24 hours"): a run it timed out.
     with transaction(settings.database_url) as session:
-        BEAT.record(session, AuditAction.DEAD, "payroll", reason="gone", at=utcnow() - timedelta(days=2))
+        BEAT.record(
+            session, AuditAction.TIMED_OUT, "payroll", execution_id=7, reason="gone", at=utcnow() - timedelta(days=2)
+        )
     # The CLI applies a file: one row of source cli naming no schedule.
     path = tmp_path / "ops.yaml"
     path.write_text(yaml.safe_dump({"schedules": [{"name": "payroll", "cron": "0 2 * * *", "steps": [step("s")]}]}))
@@ -108,12 +110,14 @@ def test_an_operator_finds_who_changed_what_on_the_audit_page_at_390_and_1920_px
             assert rows(browser) == [("bulk", "trigger")] * (BULK - 49) + [
                 ("root@bastion", "pause"),
                 ("alice", "file applied"),
-                ("chordbeat", "dead"),
+                ("chordbeat", "timed out"),
             ], rows(browser)
             service_row = row_by(browser, "service")
             assert page_text(service_row, ".source") == "(service, claims cli)"
             assert "not verified" in service_row.find_element(By.CSS_SELECTOR, ".claimed").get_attribute("title")
             assert service_row.find_element(By.LINK_TEXT, "payroll").get_attribute("href").endswith("name=payroll")
+            beat_row = row_by(browser, "beat")
+            assert beat_row.find_element(By.LINK_TEXT, "#7").get_attribute("href").endswith("/execution/7")
             file_row = row_by(browser, "cli")
             assert f"file {path}" in file_row.text and "release 42" in file_row.text
             assert not file_row.find_elements(By.CSS_SELECTOR, "a.name")  # no schedule to link to

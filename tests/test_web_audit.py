@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 import yaml
@@ -24,6 +24,7 @@ from selenium.webdriver.support.ui import Select
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.contract import SOURCE_HEADER
+from celeryapp.domain.times import iso
 from celeryapp.interfaces.cli import main
 from models import AuditAction, AuditSource, transaction, utcnow
 from models.audit import BEAT, record_audit
@@ -167,6 +168,12 @@ def test_an_operator_finds_who_changed_what_on_the_audit_page_at_390_and_1920_px
             browser.find_element(By.ID, "audit-older").click()
             wait_for(lambda: "before=" in browser.current_url, 20, what="the older page")
             assert rows(browser) == [("bulk", "trigger")] * 5 and "actor=bulk" in browser.current_url
+            # A time range from the address, said in people's times.
+            window = {"since": iso(utcnow() - timedelta(days=3)), "until": iso(utcnow() - timedelta(days=1))}
+            open_page(browser, web.url + "/audit?" + urlencode(window))
+            assert rows(browser) == [("chordbeat", "timed out")]
+            assert re.search(r"from \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \+00:00 UTC", page_text(browser, "#audit-range"))
+            no_iso(browser)
             # A hostile filter is refused naming the field, not run.
             open_page(browser, web.url + "/audit?action=P%D0%B0use&since=2026-11-28T06:00:00")
             assert page_text(browser, "#audit-refused").startswith("action: must be one of apply")

@@ -47,6 +47,8 @@ class AuditView:
     given: dict[str, str] = field(default_factory=dict)
     #: The id the next page starts before, when this page is full.
     next_before: int | None = None
+    #: The filters as checked (the time range said in people's times).
+    wanted: AuditFilter = field(default_factory=AuditFilter)
 
 
 def checked_filter(given: dict[str, str], before: str, now: datetime) -> AuditFilter:
@@ -73,7 +75,7 @@ def audit_view(session: Session, wanted: AuditFilter, given: dict[str, str]) -> 
     names = {r["schedule"] for r in rows if r["schedule"]}
     zones = dict(session.execute(select(Schedule.name, Schedule.timezone).where(Schedule.name.in_(names))).all())
     full = len(rows) == PAGE_ROWS
-    return AuditView(rows, zones, given, rows[-1]["id"] if full else None)
+    return AuditView(rows, zones, given, rows[-1]["id"] if full else None, wanted)
 
 
 class AuditHandler(BaseHandler):

@@ -178,3 +178,5 @@ def test_an_operator_finds_who_changed_what_on_the_audit_page_at_390_and_1920_px
             open_page(browser, web.url + "/audit?action=P%D0%B0use&since=2026-11-28T06:00:00")
             assert page_text(browser, "#audit-refused").startswith("action: must be one of apply")
             assert not browser.find_elements(By.CSS_SELECTOR, "tr.audit-row")
+            open_page(browser, web.url + "/audit?actor=bulk&before=%D9%A1%D9%A2")  # Arabic-Indic digits
+            assert page_text(browser, "#audit-refused").startswith("before: must be an audit row id (digits)")

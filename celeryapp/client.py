@@ -215,9 +215,28 @@ class ChordbeatClient:
             "chordbeat.rerun_execution", execution_id=execution_id, from_failed=from_failed, **_who(actor, reason)
         )
 
-    def list_audit(self, schedule: str | None = None, limit: int = 50) -> list[AuditJson]:
-        """Who did what, newest first (one schedule's rows, or all)."""
-        return self.call("chordbeat.list_audit", schedule=schedule, limit=limit)  # type: ignore[no-any-return]
+    def list_audit(
+        self,
+        schedule: str | None = None,
+        limit: int = 50,
+        execution_id: int | None = None,
+        actor: str | None = None,
+        action: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        before_id: int | None = None,
+    ) -> list[AuditJson]:
+        """Who did what, newest first (one schedule's rows, or all; filters left ``None`` send nothing)."""
+        filters = {
+            "execution_id": execution_id,
+            "actor": actor,
+            "action": action,
+            "since": since,
+            "until": until,
+            "before_id": before_id,
+        }
+        given = {key: value for key, value in filters.items() if value is not None}
+        return self.call("chordbeat.list_audit", schedule=schedule, limit=limit, **given)  # type: ignore[no-any-return]
 
     def get_execution(self, execution_id: int) -> ExecutionJson:
         return self.call("chordbeat.get_execution", execution_id=execution_id)  # type: ignore[no-any-return]

@@ -159,9 +159,20 @@ SERVICE_TASKS = (
     ),
     ServiceTask(
         "chordbeat.list_audit",
-        (Param("schedule", required=False), _AUDIT_LIMIT),
+        (
+            Param("schedule", required=False),
+            _AUDIT_LIMIT,
+            Param("execution_id", required=False, note="optional: only that execution's rows"),
+            Param("actor", required=False, note="optional: only rows of exactly this actor"),
+            Param("action", required=False, note="optional: only rows of this action, spelled exactly"),
+            Param("since", required=False, note="optional: rows at or after this ISO 8601 time with its offset"),
+            Param("until", required=False, note="optional: rows before this ISO 8601 time with its offset"),
+            Param("before_id", required=False, note="optional cursor: only smaller ids"),
+        ),
         'who did what, newest first: `[{"at", "actor", "source", "action", "schedule", '
-        '"execution_id", "reason", "id", "detail"}]`; a schedule\'s rows outlive it',
+        '"execution_id", "reason", "id", "detail"}]`; a schedule\'s rows outlive it; rows of no schedule '
+        "(file applies, logins) are among all rows; a page shorter than `limit` is the last (next page: "
+        "`before_id` = its last id)",
     ),
     ServiceTask(
         "chordbeat.list_slots",
@@ -475,7 +486,8 @@ class AuditJson(TypedDict):
     #: ``service``, ``cli``, ``web`` or ``beat``.
     source: str
     #: ``apply``, ``delete``, ``pause``, ``resume``, ``trigger``, ``cancel``, ``rerun``, and beat's
-    #: ``file_applied``, ``retry_scheduled``, ``dead``, ``done``, ``timed_out``, ``cancelled_by_overlap``.
+    #: ``file_applied``, ``retry_scheduled``, ``dead``, ``done``, ``timed_out``, ``cancelled_by_overlap``
+    #: (every value: ``celeryapp.states.AuditAction``).
     action: str
     schedule: str | None
     execution_id: int | None

@@ -301,7 +301,11 @@ class AuditEvent(Base):
         Index("ix_audit_events_schedule_name_id", "schedule_name", "id"),
         # An execution's trail.
         Index("ix_audit_events_execution_id", "execution_id"),
+        # Time ranges (the Audit page, ``chordbeat audit --since``) and housekeeping.
         Index("ix_audit_events_at", "at"),
+        # The global trail filtered by who or what, newest first.
+        Index("ix_audit_events_actor_id", "actor", "id"),
+        Index("ix_audit_events_action_id", "action", "id"),
         {"sqlite_autoincrement": True},
     )
 

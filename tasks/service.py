@@ -167,8 +167,27 @@ def list_backfills(name: str, limit: int = 20) -> list[dict[str, Any]]:
 
 
 @app.task(base=ServiceTask, name="chordbeat.list_audit", send_events=READ_ONLY_EVENTS)
-def list_audit(schedule: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    return service.list_audit(app, schedule, limit)
+def list_audit(
+    schedule: str | None = None,
+    limit: int = 50,
+    execution_id: int | None = None,
+    actor: str | None = None,
+    action: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    before_id: int | None = None,
+) -> list[dict[str, Any]]:
+    return service.list_audit(
+        app,
+        schedule,
+        limit,
+        execution_id=execution_id,
+        actor=actor,
+        action=action,
+        since=since,
+        until=until,
+        before_id=before_id,
+    )
 
 
 @app.task(base=ServiceTask, name="chordbeat.list_alerts", send_events=READ_ONLY_EVENTS)

@@ -87,7 +87,7 @@ def test_every_service_call_leaves_a_row_newest_first_in_the_contracts_shape(
         ({"limit": "5"}, "limit: must be an integer between 1 and 500, got string"),
         ({"schedule": 7}, "schedule: must be a schedule name (a string), got int"),
         ({"schedule": ""}, "schedule: must be 1 to 200 characters, got 0"),
-        ({"since": 1}, "arguments: got an unexpected keyword argument 'since'"),
+        ({"since": 1}, "since: must be an ISO 8601 time with its UTC offset"),
     ],
 )
 def test_list_audit_refuses_bad_arguments_naming_them(

@@ -26,10 +26,11 @@ from sqlalchemy import create_engine, event, text
 from bench.history_fill import HistoryShape, fill, schedule_name
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
-from celeryapp.interfaces.web import queries
+from celeryapp.interfaces.web import audit_page, queries
 from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery import housekeeping, lost_slots, recovery
 from celeryapp.scheduling import beat_entries
+from celeryapp.states import AuditAction
 from celeryapp.worker import firing
 from models import Trigger, get_engine, transaction, utcnow
 from models.migrate import upgrade
@@ -54,8 +55,31 @@ def history_url(postgres_server: PostgresServer) -> str:
     engine = create_engine(url)
     with engine.connect() as conn:
         fill(conn, SHAPE, utcnow())
+        _fill_audit(conn)
     engine.dispose()
     return url
+
+
+#: Audit rows over the same 90 days: 40 actors, every action, a tenth of them naming no schedule.
+AUDIT_ROWS = 100_000
+
+
+def _fill_audit(conn: Any) -> None:
+    actions = [a.value for a in AuditAction]
+    conn.execute(
+        text(
+            """
+            INSERT INTO audit_events (at, actor, source, action, schedule_name)
+            SELECT now() - make_interval(secs => (:rows - n) * 90 * 86400.0 / :rows),
+                   'ops-' || (n % 40), 'cli', (CAST(:actions AS text[]))[1 + n % cardinality(CAST(:actions AS text[]))],
+                   CASE WHEN n % 10 = 0 THEN NULL ELSE 'hist-' || lpad((1 + n % 2000)::text, 5, '0') END
+            FROM generate_series(1, :rows) AS n
+            """
+        ),
+        {"rows": AUDIT_ROWS, "actions": actions},
+    )
+    conn.execute(text("ANALYZE audit_events"))
+    conn.commit()
 
 
 @pytest.fixture
@@ -145,6 +169,17 @@ def _run_the_paths(app: ChordbeatCelery, client: Any) -> None:
     service.get_execution(app, started["execution_id"])
     service.list_slots(app, busy, 50)
     service.list_slots(app, quiet, 50)
+    # The global audit trail, each filter alone and a time range with a cursor (a statement is
+    # explained with its first parameters: the ones that find least come first).
+    day_ago, week_ago = (now - timedelta(days=1)).isoformat(), (now - timedelta(days=7)).isoformat()
+    service.list_audit(app, actor="nobody-at-all")
+    service.list_audit(app, action="pause")
+    service.list_audit(app, action="pause", since=day_ago)
+    service.list_audit(app, since=day_ago)
+    service.list_audit(
+        app, since=week_ago, until=(now - timedelta(days=6)).isoformat(), before_id=AUDIT_ROWS - AUDIT_ROWS * 13 // 180
+    )
+    service.list_audit(app, actor="ops-7", since=week_ago, until=day_ago)
     with transaction(url, read_only=True) as session:
         queries.schedule_page(session, search="", status="", page=1)
         queries.schedule_page(session, search="hist-0100", status="", page=1)
@@ -152,6 +187,8 @@ def _run_the_paths(app: ChordbeatCelery, client: Any) -> None:
         queries.schedule_view(session, quiet, now)
         queries.execution_view(session, started["execution_id"], now)
         queries.health_view(session, now)
+        for given in ({"actor": "nobody-at-all", "since": "24h"}, {"action": "pause", "schedule": busy}, {}):
+            audit_page.audit_view(session, audit_page.checked_filter(given, "", now), given)
     list(ExecutionCollector(app).collect())
 
 
@@ -165,7 +202,7 @@ def test_paths_that_run_all_day_scan_no_large_table(
     with engine.connect() as conn:
         large = _large_tables(conn)
         conn.rollback()
-        assert {"schedule_slots", "schedule_executions", "activities"} <= large
+        assert {"schedule_slots", "schedule_executions", "activities", "audit_events"} <= large
         for statement, parameters in statements.seen.values():
             rolled_back = conn.begin()
             plan = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", parameters).scalar_one()

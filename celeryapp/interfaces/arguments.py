@@ -82,7 +82,7 @@ def flag_arg(value: Any, field: str) -> bool:
     return value
 
 
-def _text(value: Any, field: str, high: int) -> str:
+def text_arg(value: Any, field: str, high: int) -> str:
     """One line of printable text, 1 to ``high`` characters, shown to people as it is."""
     if not isinstance(value, str):
         raise InvalidArgument(field, f"must be a string, got {type_name(value)}")
@@ -99,7 +99,7 @@ def reason_arg(value: Any) -> str | None:
     """Why, in the operator's words; an empty reason (a form left blank) is no reason."""
     if value is None or value == "":
         return None
-    return _text(value, "reason", REASON_CHARS)
+    return text_arg(value, "reason", REASON_CHARS)
 
 
 def source_arg(value: Any) -> AuditSource:
@@ -113,7 +113,7 @@ def actor_arg(value: Any, source: AuditSource) -> Actor:
     source = source_arg(source)
     if value is None:
         return default_actor(source, socket.gethostname())
-    return Actor(_text(value, "actor", ACTOR_CHARS), source)
+    return Actor(text_arg(value, "actor", ACTOR_CHARS), source)
 
 
 def default_actor(source: AuditSource, origin: str | None) -> Actor:

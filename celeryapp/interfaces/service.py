@@ -37,7 +37,7 @@ from celeryapp.interfaces.arguments import name_arg as _name
 from celeryapp.interfaces.arguments import payload_arg as _payload
 from celeryapp.interfaces.arguments import reason_arg as _reason
 from celeryapp.interfaces.arguments import status_arg as _status
-from celeryapp.interfaces.audit import MAX_AUDIT_LIMIT, audit_rows
+from celeryapp.interfaces.audit import MAX_AUDIT_LIMIT, audit_filter, audit_rows
 from celeryapp.interfaces.objects import alerting_of, execution_json, one_schedule_json, schedule_json
 from celeryapp.interfaces.summaries import execution_summaries, schedules_page
 from celeryapp.monitoring import metric_counts, worker_registry
@@ -283,15 +283,32 @@ def rerun_execution(
 
 
 def list_audit(
-    app: ChordbeatCelery, schedule: str | None = None, limit: int = 50, *, execution_id: int | None = None
+    app: ChordbeatCelery,
+    schedule: str | None = None,
+    limit: int = 50,
+    execution_id: int | None = None,
+    actor: str | None = None,
+    action: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    before_id: int | None = None,
 ) -> list[dict[str, Any]]:
     """Who did what, newest first: one schedule's rows (kept after it is deleted), one
-    execution's (``execution_id``, for its page), or all."""
+    execution's (``execution_id``, for its page), an actor's, an action's, a time range's, or
+    all; ``before_id`` pages on."""
     schedule = None if schedule is None else _name(schedule, "schedule")
     limit = _limit(limit, MAX_AUDIT_LIMIT)
-    wanted = None if execution_id is None else _execution_id(execution_id)
+    wanted = audit_filter(
+        schedule=schedule,
+        execution_id=execution_id,
+        actor=actor,
+        action=action,
+        since=since,
+        until=until,
+        before_id=before_id,
+    )
     with transaction(app.settings.database_url, read_only=True) as session:
-        return audit_rows(session, schedule=schedule, execution_id=wanted, limit=limit)
+        return audit_rows(session, wanted, limit=limit)
 
 
 def get_execution(app: ChordbeatCelery, execution_id: int) -> dict[str, Any]:

@@ -4,10 +4,9 @@
 
 from __future__ import annotations
 
-import re
 import sys
 import time
-from datetime import datetime, timedelta, tzinfo
+from datetime import datetime, tzinfo
 from typing import Any
 
 import click
@@ -23,6 +22,7 @@ from celeryapp.interfaces.cli.calls import (
     echo_json,
     json_option,
     list_zone,
+    moment_of,
     reference_now,
     viewer_zone,
     yes_option,
@@ -31,9 +31,6 @@ from celeryapp.interfaces.terminal import hanging, printable, text_of
 
 #: How an alert's kind is coloured: trouble red, lateness yellow, news plain.
 KIND_STYLES = {"failed": "bold red", "dead": "bold red", "missed": "bold yellow", "late": "bold yellow"}
-#: ``--until`` as a length from now: ``90m``, ``2h``, ``1d``.
-DURATION = re.compile(r"(\d{1,6})\s*(m|min|h|d)")
-_UNIT_S = {"m": 60, "min": 60, "h": 3600, "d": 86400}
 #: How long ``alerts test`` waits for the delivery's first outcome by default.
 TEST_WAIT_S = 30.0
 #: How often it asks meanwhile.
@@ -137,17 +134,7 @@ def ack_cmd(alert_id: str, as_name: str | None, reason: str | None, as_json: boo
 def until_of(text: str, now: datetime, zone: tzinfo) -> str:
     """``--until`` as the service takes it (ISO 8601 with its offset): a length from now (``2h``),
     or a date and time, read in the viewer's zone when it names no offset of its own."""
-    if match := DURATION.fullmatch(text.strip()):
-        return (now + timedelta(seconds=int(match[1]) * _UNIT_S[match[2]])).isoformat()
-    try:
-        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(
-            printable(f"{text!r} is neither a length (90m, 2h, 1d) nor a time (2026-11-25 06:00)"), param_hint="--until"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=zone)  # the wall time where they are
-    return moment.isoformat()
+    return moment_of(text, now, zone, flag="--until", ahead=True).isoformat()
 
 
 @alerts_cmd.command("silence")

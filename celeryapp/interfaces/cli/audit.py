@@ -8,25 +8,69 @@ from typing import Any
 
 import click
 
-from celeryapp.interfaces.cli.calls import call, console, echo_json, json_option, list_zone, reference_now, zone_title
-from celeryapp.interfaces.terminal import TIME_WIDTH, new_table, text_of, time_cell
+from celeryapp.domain.limits import MAX_ID
+from celeryapp.interfaces.cli.calls import (
+    call,
+    console,
+    echo_json,
+    json_option,
+    list_zone,
+    moment_of,
+    reference_now,
+    viewer_zone,
+    zone_title,
+)
+from celeryapp.interfaces.terminal import TIME_WIDTH, new_table, printable, text_of, time_cell
+from celeryapp.states import AuditAction
+from models.audit import ACTOR_CHARS
+
+
+def _actor_of(value: str | None) -> str | None:
+    """``--actor`` checked here, so that its refusal names the flag, not the service's field."""
+    from celeryapp.errors import InvalidArgument
+    from celeryapp.interfaces.arguments import text_arg
+
+    if value is None:
+        return None
+    try:
+        return text_arg(value, "actor", ACTOR_CHARS)
+    except InvalidArgument as refused:
+        raise click.BadParameter(printable(str(refused).removeprefix("actor: ")), param_hint="--actor") from None
 
 
 @click.command("audit")
 @click.option("--schedule", default=None, help="Only this schedule's rows.")
+@click.option("--execution", "execution_id", default=None, type=click.IntRange(1, MAX_ID), help="Only this run's rows.")
+@click.option("--actor", default=None, metavar="NAME", help="Only rows of this actor (exactly as shown).")
+@click.option("--action", default=None, type=click.Choice([a.value for a in AuditAction]), help="Only this action.")
+@click.option(
+    "--since", default=None, metavar="WHEN", help="Rows since 2h, 1d ago, or a time (2026-11-25 06:00: yours)."
+)
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 500))
 @json_option
-def audit_cmd(schedule: str | None, limit: int, as_json: bool) -> None:
+def audit_cmd(
+    schedule: str | None,
+    execution_id: int | None,
+    actor: str | None,
+    action: str | None,
+    since: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
     """Who did what and why, newest first (times in the schedule's zone, else yours)."""
     from celeryapp.interfaces.audit import source_said
     from celeryapp.interfaces.display import label
     from celeryapp.interfaces.time_words import instants_in
 
-    rows: list[dict[str, Any]] = call("list_audit", schedule=schedule, limit=limit)
+    actor = _actor_of(actor)
+    now = reference_now()
+    start = None if since is None else moment_of(since, now, viewer_zone(), flag="--since", ahead=False).isoformat()
+    rows: list[dict[str, Any]] = call(
+        "list_audit", schedule=schedule, limit=limit, execution_id=execution_id, actor=actor, action=action, since=start
+    )
     if as_json:
         echo_json(rows)
         return
-    now = reference_now()
     zone, viewer = list_zone({schedule} if schedule else {r["schedule"] for r in rows if r["schedule"]})
     table = new_table()
     table.add_column(f"when ({zone_title(zone, now)})", min_width=TIME_WIDTH)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import re
 import socket
 import sys
 import time
@@ -178,6 +179,29 @@ def list_zone(schedules: set[str]) -> tuple[tzinfo, tzinfo | None]:
         if zone := zones_for([name]).get(name):
             return zone, viewer
     return viewer, None
+
+
+#: A time option as a length from now: ``90m``, ``2h``, ``1d``.
+DURATION = re.compile(r"(\d{1,6})\s*(m|min|h|d)")
+_UNIT_S = {"m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def moment_of(text: str, now: datetime, zone: tzinfo, *, flag: str, ahead: bool) -> datetime:
+    """A time option (``--until``, ``--since``): a length from now (``2h``: ahead of now or back
+    from it), or a date and time, read in the viewer's zone when it names no offset of its own.
+    Anything else is refused naming ``flag``."""
+    if match := DURATION.fullmatch(text.strip()):
+        length = timedelta(seconds=int(match[1]) * _UNIT_S[match[2]])
+        return now + length if ahead else now - length
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(
+            printable(f"{text!r} is neither a length (90m, 2h, 1d) nor a time (2026-11-25 06:00)"), param_hint=flag
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=zone)  # the wall time where they are
+    return moment
 
 
 def echo_json(value: Any) -> None:

@@ -25,6 +25,7 @@ from celeryapp.interfaces.time_words import time_control_words
 from celeryapp.interfaces.web import queries
 from celeryapp.interfaces.web.actions import ActionHandler
 from celeryapp.interfaces.web.alerts_page import AlertActionHandler, AlertsHandler, open_alerts, silence_in_force
+from celeryapp.interfaces.web.audit_page import AuditHandler
 from celeryapp.interfaces.web.auth import WebUser, check_auth_config
 from celeryapp.interfaces.web.backfill_page import MODES, BackfillActionHandler, BackfillForm, schedule_backfills
 from celeryapp.interfaces.web.base import BaseHandler, WebContext
@@ -174,6 +175,7 @@ def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> to
             (r"/act/(backfill)", BackfillActionHandler, ctx),
             (r"/act/(cancel-backfill)/([0-9]{1,12})", BackfillActionHandler, ctx),
             (r"/alerts", AlertsHandler, ctx),
+            (r"/audit", AuditHandler, ctx),
             (r"/alerts/(acknowledge|silence|unsilence)", AlertActionHandler, ctx),
         ],
         template_path=os.path.join(HERE, "templates"),

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from celeryapp.interfaces.audit import audit_rows
+from celeryapp.interfaces.audit import AuditFilter, audit_rows
 from celeryapp.interfaces.display import WARNED_STEP
 from celeryapp.states import AuditAction
 from models import ActivityStatus, ExecutionStatus, ScheduleExecution
@@ -31,7 +31,7 @@ def audit_trail(
     """A schedule's or an execution's trail as ``list_audit`` answers it, newest first."""
     if schedule is None and execution_id is None:
         return []
-    return audit_rows(session, schedule=schedule, execution_id=execution_id, limit=AUDIT_SHOWN)
+    return audit_rows(session, AuditFilter(schedule=schedule, execution_id=execution_id), limit=AUDIT_SHOWN)
 
 
 def cancel_of(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

@@ -155,14 +155,18 @@ def test_beat_raises_missed_for_slots_skipped_by_overlap_and_dead_once(
     for run in call(client, "chordbeat.list_executions", schedule="busy", status="in_progress"):
         call(client, "chordbeat.cancel_execution", execution_id=run["id"])
     missed = alerts(settings, "busy")
-    assert {a.kind for a, _ in missed} == {AlertKind.MISSED} and {a.detail for a, _ in missed} == {"skipped_overlap"}
+    # A slot beat fires late on a loaded machine, after the next one was due, is skipped as
+    # superseded: missed as well, and said so.
+    details = {a.detail for a, _ in missed}
+    assert {a.kind for a, _ in missed} == {AlertKind.MISSED} and "skipped_overlap" in details, details
+    assert details <= {"skipped_overlap", "skipped_superseded"}, details
     assert all(
         a.slot_at is not None
         and a.key == f"missed/busy/{a.slot_at.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}"
         for a, _ in missed
     )
     assert len({a.slot_at for a, _ in missed}) == len(missed)
-    assert "skipped overlap" in missed[0][0].message
+    assert any("skipped overlap" in a.message for a, _ in missed)
     [(dead, _)] = alerts(settings, "flaky")  # the failures are not asked for: only dead
     assert (
         dead.kind is AlertKind.DEAD

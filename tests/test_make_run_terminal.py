@@ -82,8 +82,7 @@ class Terminal:
 
 
 def fresh_copy(destination: Path) -> Path:
-    """The checkout as a fresh clone has it (its files, not its state), sharing this venv: make's
-    venv target stays satisfied as long as the copied files keep their times."""
+    """The checkout as a fresh clone has it (its files, not its state), sharing this venv."""
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
         cwd=ROOT,
@@ -96,7 +95,19 @@ def fresh_copy(destination: Path) -> Path:
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, destination / name)
     (destination / ".venv").symlink_to(ROOT / ".venv")
+    # The venv is the one this test runs in: make must not rebuild it (through the link) because
+    # this checkout's pyproject.toml changed since it was made.
+    stamp = (ROOT / ".venv" / ".installed-stamp").stat().st_mtime
+    for recipe_input in ("pyproject.toml", "constraints.txt"):
+        os.utime(destination / recipe_input, (stamp - 1, stamp - 1))
     return destination
+
+
+def wait_for_banner(terminal: Terminal, what: str) -> None:
+    try:
+        wait_for(lambda: "chordbeat is up" in terminal.output(), 180, 0.5, what=what)
+    except AssertionError as missing:
+        raise AssertionError(f"{missing}; the terminal showed:\n{terminal.output()[-3000:]}") from None
 
 
 def no_process_left(marker: str) -> bool:
@@ -133,7 +144,7 @@ def test_the_readmes_own_steps_route_then_ctrl_c_stops_everything_in_order(tmp_p
     log = clone / "make-run.log"
     terminal = Terminal(f"{start} 2>&1 | tee {log.name}", env, clone)
     try:
-        wait_for(lambda: "chordbeat is up" in terminal.output(), 180, 0.5, what="make run's banner")
+        wait_for_banner(terminal, "make run's banner")
 
         # Another terminal, in the checkout: the README's commands, then an own file with alerts.
         other = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
@@ -174,7 +185,7 @@ def test_the_readmes_own_steps_route_then_ctrl_c_stops_everything_in_order(tmp_p
     # The next make run starts cleanly (nothing left holds its ports), and Ctrl-C without tee.
     terminal = Terminal(start, env, clone)
     try:
-        wait_for(lambda: "chordbeat is up" in terminal.output(), 180, 0.5, what="the second make run's banner")
+        wait_for_banner(terminal, "the second make run's banner")
         assert "Address already in use" not in terminal.output()
         # Ctrl-Z first: nothing to suspend it to (make waits on), so it must not hang the terminal.
         terminal.ctrl_z()

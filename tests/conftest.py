@@ -171,6 +171,7 @@ def settings(redis_server: RedisServer, database_url: str, tmp_path: Path) -> Se
 @pytest.fixture
 def app(settings: Settings, redis_server: RedisServer) -> Iterator[ChordbeatCelery]:
     """The real chordbeat app, pointed at this test's Redis and database."""
+    freeze_what_every_test_shares()
     redis.Redis.from_url(redis_server.url).flushall()
     reset_clients()
     previous = chordbeat_app.settings
@@ -187,6 +188,22 @@ def app(settings: Settings, redis_server: RedisServer) -> Iterator[ChordbeatCele
     chordbeat_app.apply_settings(previous)
     if settings.broker_url != previous.broker_url or settings.result_backend != previous.result_backend:
         _forget_connections(chordbeat_app)
+
+
+def freeze_what_every_test_shares() -> None:
+    """Once per process, before the first app is set up: what lives then (modules, the session's
+    servers, pytest's items) moves to the permanent generation (gc.freeze), so the full
+    collection after every test (the fixtures' gc.collect) only walks what tests made since: it
+    took a quarter second per test walking some 220,000 objects of modules. What is frozen is
+    alive, and what tests make is collected as before."""
+    global _FROZEN
+    if not _FROZEN:
+        gc.collect()
+        gc.freeze()
+        _FROZEN = True
+
+
+_FROZEN = False
 
 
 def _forget_connections(app: ChordbeatCelery) -> None:

@@ -220,14 +220,30 @@ def worker(app: ChordbeatCelery) -> Iterator[Any]:
     """A real Celery worker in this process: thread pool, all of chordbeat's queues."""
     # Revoked ids live in process memory; each test starts from fresh databases.
     worker_state.revoked.clear()
-    with start_worker(
-        app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30, loglevel="WARNING"
-    ) as w:
-        yield w
-        # Let steps still running (a cancelled one stopping, say) finish against this test's
-        # database before the settings change under them.
-        client = get_redis(app.settings.broker_url)
-        wait_for(lambda: not client.keys(f"{keys.PREFIX}:hb:*"), 20, what="running steps to end")
+    stopped = threading.Event()
+    try:
+        with start_worker(
+            app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30, loglevel="WARNING"
+        ) as w:
+            yield w
+            # Let steps still running (a cancelled one stopping, say) finish against this test's
+            # database before the settings change under them.
+            client = get_redis(app.settings.broker_url)
+            wait_for(lambda: not client.keys(f"{keys.PREFIX}:hb:*"), 20, what="running steps to end")
+            # Stopping, the worker's broker channel reads the reply of the BRPOP it has waiting
+            # (kombu, so that a message popped meanwhile is not lost), which with no message comes
+            # at BRPOP's one-second timeout: a second per test. Blocked BRPOPs are unblocked while
+            # it stops (CLIENT UNBLOCK: the reply is the timeout's, nothing is popped).
+            threading.Thread(target=_unblock_reads_until, args=(client, stopped), daemon=True).start()
+    finally:
+        stopped.set()
+
+
+def _unblock_reads_until(client: redis.Redis, stopped: threading.Event) -> None:
+    while not stopped.wait(0.02):
+        for connection in client.client_list():
+            if connection.get("cmd") == "brpop" and "b" in connection.get("flags", ""):
+                client.client_unblock(connection["id"])
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import io
+import json
+import os
 import re
 import subprocess
 import sys
@@ -461,14 +463,69 @@ def test_imports_inside_functions_are_only_where_documented() -> None:
     assert late == set(LATE_IMPORTS)
 
 
-@pytest.mark.parametrize("module", sorted(module_files()))
-def test_each_module_imports_on_its_own(module: str) -> None:
-    """What the graph cannot see (the package's lazy ``app``, say) fails here: each module imported
-    first, in a fresh interpreter."""
+def imported_packages(files: dict[str, Path]) -> list[str]:
+    """The top-level packages, not ours, that ``files`` import."""
+    found = set()
+    for path in files.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module.split(".")[0])
+    return sorted(found - {"__future__", *(name.split(".")[0] for name in files)})
+
+
+def import_each_first(modules: list[str], preload: list[str], cwd: Path = ROOT) -> dict[str, str]:
+    """Each of ``modules`` imported first in a child of one interpreter that imported only
+    ``preload`` (tests/support/fresh_imports.py): module → its traceback, ``""`` when it imported."""
     done = subprocess.run(
-        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, cwd=ROOT, timeout=120, check=False
+        [sys.executable, "-m", "tests.support.fresh_imports", ",".join(preload), *modules],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
+        timeout=600,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
+    errors: dict[str, str] = json.loads(done.stdout)
+    return errors
+
+
+@pytest.fixture(scope="module")
+def fresh_import_errors() -> dict[str, str]:
+    files = module_files()
+    return import_each_first(sorted(files), imported_packages(files))
+
+
+# The fixture imports every module once (about half a minute on a loaded 2-core machine), in the
+# first of these tests.
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("module", sorted(module_files()))
+def test_each_module_imports_on_its_own(module: str, fresh_import_errors: dict[str, str]) -> None:
+    """What the graph cannot see (the package's lazy ``app``, say) fails here: each module imported
+    first, in an interpreter where no module of ours was imported before."""
+    assert fresh_import_errors[module] == ""
+
+
+def test_an_import_that_works_only_after_another_fails_on_its_own(tmp_path: Path) -> None:
+    """A planted order bug: ``planted.a`` imports ``planted.b``, which needs a name ``a`` defines
+    only after that import. Imported after ``b`` in one interpreter, ``a`` works; each imported
+    first, as the test above does, ``a`` fails and ``b`` works."""
+    package = tmp_path / "planted"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("import planted.b\n\nNAME = 1\n")
+    (package / "b.py").write_text("from planted.a import NAME\n")
+    one_interpreter = subprocess.run(
+        [sys.executable, "-c", "import planted.b, planted.a"], cwd=tmp_path, capture_output=True, check=False
+    )
+    assert one_interpreter.returncode == 0
+    errors = import_each_first(["planted.b", "planted.a"], ["celery", "sqlalchemy"], cwd=tmp_path)
+    assert errors["planted.b"] == ""
+    assert "ImportError: cannot import name 'NAME' from partially initialized module 'planted.a'" in errors["planted.a"]
+    with pytest.raises(AssertionError, match="imported modules of ours"):
+        import_each_first(["planted.a"], ["planted"], cwd=tmp_path)
 
 
 def borrowed_from_test_modules(path: Path) -> list[str]:

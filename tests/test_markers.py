@@ -111,8 +111,8 @@ def test_the_lab_sentinel_chaos_and_process_helpers_are_found_slow(helper: Any) 
 
 
 def test_the_in_process_worker_and_a_browser_are_slow_and_the_shared_servers_are_not() -> None:
-    """The session's Redis and PostgreSQL are what the fast suite runs on; Celery's worker in this
-    process takes a second to stop after each test."""
+    """The session's Redis and PostgreSQL are what the fast suite runs on; the tests of Celery's
+    worker in this process wait on real task runs."""
     assert slow_reason(_in_process_worker) is not None
     assert slow_reason(_browser) is not None
     assert slow_reason(_shared_servers) is None

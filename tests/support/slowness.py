@@ -25,8 +25,8 @@ from celery.contrib.testing.worker import start_worker
 from tests.support.servers import PostgresServer
 
 #: Objects whose use makes a test slow, besides anything from the modules in _SLOW_MODULE_PREFIXES:
-#: a process of its own, a PostgreSQL of its own (initdb), and Celery's in-process worker, which
-#: takes about a second to stop after every test (178 of them: half the fast suite's time).
+#: a process of its own, a PostgreSQL of its own (initdb), and Celery's in-process worker, whose
+#: tests wait on real task runs.
 _SLOW_OBJECTS: tuple[object, ...] = (subprocess.Popen, PostgresServer, start_worker)
 #: Modules whose objects start a browser.
 _SLOW_MODULE_PREFIXES = ("selenium",)

@@ -29,7 +29,7 @@ from models.migrate import upgrade
 from models.session import dispose_all
 from tests.support.helpers import tells_databases_apart
 from tests.support.servers import PgBouncer, PostgresServer, RedisServer, wait_for
-from tests.support.slowness import item_slow_reason, record_start, started_but_not_slow
+from tests.support.slowness import item_slow_reason, longest_first, record_start, started_but_not_slow
 
 pytest_plugins = ("celery.contrib.pytest",)
 
@@ -270,6 +270,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         reason = item_slow_reason(item)
         if reason is not None:
             item.add_marker(pytest.mark.slow(found=reason))
+    longest_first(items)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

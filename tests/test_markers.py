@@ -10,6 +10,7 @@ import signal
 import subprocess
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ from tests.support.helpers import tells_databases_apart
 from tests.support.lab import lab_servers
 from tests.support.sentinel import SentinelCluster
 from tests.support.servers import PostgresServer, RedisServer
-from tests.support.slowness import SLOW_PROGRAMS, slow_reason, started_but_not_slow
+from tests.support.slowness import LONGEST_MODULES, SLOW_PROGRAMS, longest_first, slow_reason, started_but_not_slow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -199,3 +200,12 @@ def test_a_test_that_tells_the_databases_apart_is_refused_unless_it_runs_on_both
 
     assert tells_databases_apart(branches.__code__)
     assert not tells_databases_apart(only_uses_the_url.__code__)
+
+
+def test_the_longest_modules_exist_and_come_first() -> None:
+    """A module renamed or removed would drop out of the order without a word."""
+    tests = Path(__file__).parent
+    assert [name for name in LONGEST_MODULES if not (tests / f"{name}.py").exists()] == []
+    items = [SimpleNamespace(path=tests / f"{name}.py") for name in ("test_web", "test_chaos", "test_web", "test_beat")]
+    longest_first(items)  # type: ignore[arg-type]
+    assert [item.path.stem for item in items] == ["test_chaos", "test_beat", "test_web", "test_web"]

@@ -137,3 +137,37 @@ def started_but_not_slow(item: pytest.Item | None) -> list[str]:
     started = sorted(set(_started) & SLOW_PROGRAMS)
     _started.clear()
     return started if item is not None and item.get_closest_marker("slow") is None else []
+
+
+#: The modules that take longest under `make test`, longest first (docs/testing.md, "How long it
+#: takes"). xdist's `--dist loadfile` hands out whole modules in collection order, so one of these
+#: collected late (they are spread over the alphabet) ran alone at the end, for minutes.
+LONGEST_MODULES = (
+    "test_chaos",
+    "test_outages",
+    "test_faults",
+    "test_bad_input",
+    "test_flower",
+    "test_beat",
+    "test_cli",
+    "test_partitions",
+    "test_deadline_alerts",
+    "test_imports",
+    "test_recovery",
+    "test_crashes",
+    "test_chaos_hosts",
+    "test_clock",
+    "test_backfill",
+    "test_failover_clocks",
+    "test_node_names",
+    "test_lost_signals",
+    "test_redis_failover",
+    "test_clock_jump_load",
+)
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """Put the tests of :data:`LONGEST_MODULES` first, in its order; every module's tests stay
+    together and in their order, and the other modules keep theirs."""
+    rank = {name: index for index, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import socket
 import unicodedata
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 from celeryapp.domain.limits import (
     MAX_ID,
@@ -20,6 +21,8 @@ from celeryapp.errors import InvalidArgument
 from celeryapp.states import AuditSource
 from models import ExecutionStatus
 from models.audit import ACTOR_CHARS, REASON_CHARS, Actor
+
+StateT = TypeVar("StateT", bound=StrEnum)
 
 #: Unicode categories refused in an actor or a reason: control, format (bidirectional overrides
 #: make a log line read otherwise than it is), surrogate, private-use and unassigned characters.
@@ -55,16 +58,21 @@ def limit_arg(value: Any, high: int = MAX_LIST_LIMIT) -> int:
     return value
 
 
-def status_arg(value: Any) -> ExecutionStatus | None:
+def choice_arg(value: Any, choices: type[StateT], field: str) -> StateT | None:
+    """One of ``choices``' stored names, spelled exactly (a look-alike letter is none of them)."""
     if value is None:
         return None
-    choices = ", ".join(s.value for s in ExecutionStatus)
+    names = ", ".join(c.value for c in choices)
     if not isinstance(value, str):
-        raise InvalidArgument("status", f"must be one of {choices}, got {type_name(value)}")
+        raise InvalidArgument(field, f"must be one of {names}, got {type_name(value)}")
     try:
-        return ExecutionStatus(value)
+        return choices(value)
     except ValueError:
-        raise InvalidArgument("status", f"must be one of {choices}, got {short_repr(value)}") from None
+        raise InvalidArgument(field, f"must be one of {names}, got {short_repr(value)}") from None
+
+
+def status_arg(value: Any) -> ExecutionStatus | None:
+    return choice_arg(value, ExecutionStatus, "status")
 
 
 def payload_arg(value: Any) -> dict[str, Any] | None:

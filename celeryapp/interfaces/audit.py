@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.limits import short_repr, type_name
 from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument
-from celeryapp.interfaces.arguments import execution_id_arg, text_arg
+from celeryapp.interfaces.arguments import choice_arg, execution_id_arg, text_arg
 from celeryapp.states import AuditAction
 from models import AuditEvent
 from models.audit import ACTOR_CHARS
@@ -41,15 +41,7 @@ class AuditFilter:
 
 def action_arg(value: Any) -> AuditAction | None:
     """One of the recorded actions, spelled exactly (``Pause`` or a look-alike letter is no action)."""
-    if value is None:
-        return None
-    choices = ", ".join(a.value for a in AuditAction)
-    if not isinstance(value, str):
-        raise InvalidArgument("action", f"must be one of {choices}, got {type_name(value)}")
-    try:
-        return AuditAction(value)
-    except ValueError:
-        raise InvalidArgument("action", f"must be one of {choices}, got {short_repr(value)}") from None
+    return choice_arg(value, AuditAction, "action")
 
 
 def instant_arg(value: Any, field: str) -> datetime | None:

@@ -166,6 +166,10 @@ class ScheduleExecution(Base):
         Index("ix_schedule_executions_schedule_name_id", "schedule_name", "id"),
         # Housekeeping finds the finished runs past retention without reading the kept ones.
         Index("ix_schedule_executions_completed_at", "completed_at"),
+        # The Runs page: newest first by (started_at, id), all runs or one trigger's or one name's.
+        Index("ix_schedule_executions_started_at_id", "started_at", "id"),
+        Index("ix_schedule_executions_trigger_started", "trigger", "started_at", "id"),
+        Index("ix_schedule_executions_schedule_name_started", "schedule_name", "started_at", "id"),
         {"sqlite_autoincrement": True},
     )
 

@@ -31,7 +31,10 @@ from celeryapp.interfaces.web.backfill_page import MODES, BackfillActionHandler,
 from celeryapp.interfaces.web.base import BaseHandler, WebContext
 from celeryapp.interfaces.web.bounded_bodies import BoundedBodies
 from celeryapp.interfaces.web.broker_state import broker_state
+from celeryapp.interfaces.web.duration_chart import chart, summary
+from celeryapp.interfaces.web.duration_trends import schedule_durations
 from celeryapp.interfaces.web.login import LoginHandler, LogoutHandler
+from celeryapp.interfaces.web.runs_page import RunsHandler
 from celeryapp.monitoring.health import age_s
 from celeryapp.scheduling.calendar_files import preview_exclusions
 from models import ScheduleStep, utcnow
@@ -98,6 +101,7 @@ class ScheduleHandler(BaseHandler):
             self.render("_schedule_live.html", v=view, user=self.user, backfills=backfills)
         else:
             badges = await self.read(open_alerts, [name])
+            durations = await self.read(schedule_durations, view.schedule.id)
             silence = await self.read(silence_in_force, name, utcnow())
             s, directory = view.schedule, self.ctx.app.settings.calendars_dir
             excluded = preview_exclusions(directory, s.calendar, s.timezone, s.dst, view.upcoming)
@@ -109,6 +113,8 @@ class ScheduleHandler(BaseHandler):
                 excluded=excluded,
                 backfills=backfills,
                 f=BackfillForm(name),
+                duration_chart=chart(durations),
+                duration_summary=summary(durations),
                 modes=MODES,
                 time_control=time_control_words(
                     {"catchup": s.catchup, "calendar": s.calendar, "dst": s.dst, "cron": s.cron}
@@ -176,6 +182,8 @@ def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> to
             (r"/act/(cancel-backfill)/([0-9]{1,12})", BackfillActionHandler, ctx),
             (r"/alerts", AlertsHandler, ctx),
             (r"/audit", AuditHandler, ctx),
+            (r"/runs", RunsHandler, ctx),
+            (r"/runs/(fragment)", RunsHandler, ctx),
             (r"/alerts/(acknowledge|silence|unsilence)", AlertActionHandler, ctx),
         ],
         template_path=os.path.join(HERE, "templates"),

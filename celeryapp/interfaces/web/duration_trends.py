@@ -1,0 +1,129 @@
+"""How long schedules' runs take, as the dashboard shows it: one schedule's latest completed runs
+(the schedule page's chart and its p50/p95), and across schedules the slowest ones and the ones
+getting slower (the Runs page), by :func:`celeryapp.domain.durations.duration_trend`'s rule.
+
+Across schedules the trend is not computed for every schedule (10,000 schedules' latest runs would
+be read on each view): the candidates are the ``CANDIDATES`` schedules with the longest mean
+duration among runs completed in the last ``WINDOW``, read in one aggregate over that window's
+index range; each candidate's latest runs are then read in one statement (an index range each).
+A schedule that did not complete a run in the window, or whose runs are short, is not listed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, select, union_all
+from sqlalchemy.orm import Session
+
+from celeryapp.domain.durations import TREND_RUNS, DurationTrend, duration_trend
+from models import ExecutionStatus, Schedule, ScheduleExecution
+
+#: Completed runs a schedule's trend reads: the latest window and the one before.
+TREND_READ = 2 * TREND_RUNS
+#: Runs completed this recently make a schedule a candidate for "slowest" and "getting slower".
+WINDOW = timedelta(hours=24)
+#: Schedules whose trend the Runs page computes (the longest mean duration in the window).
+CANDIDATES = 50
+#: Schedules in each of the Runs page's lists.
+LISTED = 5
+
+
+@dataclass(frozen=True)
+class RunDuration:
+    id: int
+    started_at: datetime
+    seconds: float
+
+
+@dataclass
+class ScheduleDurations:
+    """A schedule's latest completed runs, newest first, and their trend."""
+
+    runs: list[RunDuration]
+    trend: DurationTrend
+
+
+@dataclass(frozen=True)
+class ScheduleTrend:
+    name: str
+    trend: DurationTrend
+
+
+@dataclass
+class TrendsView:
+    slowest: list[ScheduleTrend] = field(default_factory=list)
+    slower: list[ScheduleTrend] = field(default_factory=list)
+    #: Schedules considered (completed a run in the window, up to CANDIDATES).
+    considered: int = 0
+
+
+def _completed(schedule_id: int) -> Any:
+    run = ScheduleExecution
+    return (
+        select(run.schedule_id, run.id, run.started_at, run.completed_at)
+        .where(run.schedule_id == schedule_id, run.status == ExecutionStatus.COMPLETED)
+        .order_by(run.id.desc())
+        .limit(TREND_READ)
+    )
+
+
+def _durations(rows: Sequence[Any]) -> list[RunDuration]:
+    return [
+        RunDuration(run_id, started, max(0.0, (completed - started).total_seconds()))
+        for _, run_id, started, completed in rows
+        if completed is not None
+    ]
+
+
+def schedule_durations(session: Session, schedule_id: int) -> ScheduleDurations:
+    """The schedule page's chart: its latest completed runs (an index range on (schedule_id, id))."""
+    runs = _durations(session.execute(_completed(schedule_id)).all())
+    return ScheduleDurations(runs, duration_trend([r.seconds for r in runs]))
+
+
+def _seconds(session: Session) -> ColumnElement[Any]:
+    """A run's duration in seconds in SQL: each database subtracts times its own way."""
+    run = ScheduleExecution
+    if session.get_bind().dialect.name == "sqlite":
+        return (func.julianday(run.completed_at) - func.julianday(run.started_at)) * 86400.0
+    return func.extract("epoch", run.completed_at - run.started_at)
+
+
+def trends_view(session: Session, now: datetime) -> TrendsView:
+    """The Runs page's "slowest schedules" and "getting slower"."""
+    run = ScheduleExecution
+    mean = func.avg(_seconds(session))
+    candidates = list(
+        session.scalars(
+            select(run.schedule_id)
+            .where(
+                run.status == ExecutionStatus.COMPLETED,
+                run.started_at >= now - WINDOW,
+                run.schedule_id.is_not(None),
+            )
+            .group_by(run.schedule_id)
+            .order_by(mean.desc(), run.schedule_id)
+            .limit(CANDIDATES)
+        ).all()
+    )
+    if not candidates:
+        return TrendsView()
+    parts = [select(_completed(sid).subquery()) for sid in candidates if sid is not None]
+    statement = parts[0] if len(parts) == 1 else union_all(*parts)
+    by_schedule: dict[int, list[Any]] = {}
+    for row in session.execute(statement).all():
+        by_schedule.setdefault(row[0], []).append(row)
+    names = dict(session.execute(select(Schedule.id, Schedule.name).where(Schedule.id.in_(candidates))).all())
+    trends = []
+    for sid, rows in by_schedule.items():
+        rows.sort(key=lambda r: r[1], reverse=True)
+        trend = duration_trend([d.seconds for d in _durations(rows)])
+        if sid in names and trend.p50 is not None:
+            trends.append(ScheduleTrend(names[sid], trend))
+    slowest = sorted(trends, key=lambda t: (-(t.trend.p50 or 0.0), t.name))[:LISTED]
+    slower = sorted((t for t in trends if t.trend.slower), key=lambda t: (-(t.trend.ratio or 0.0), t.name))
+    return TrendsView(slowest, slower[:LISTED], len(candidates))

@@ -3,8 +3,10 @@
 The history (``bench.history_fill``: 10,000 schedules, 1,000,000 runs with 2,000,000 step
 attempts, 13,000,000 slot records) is generated in SQL in a fresh database. Then:
 
-- the dashboard serves its schedules, schedule, execution and health pages from a thread of this
-  process, each requested ``PAGE_REPEAT`` times over HTTP on loopback (an admin's session);
+- the dashboard serves its schedules, schedule, execution, health and Runs pages from a thread of
+  this process, each requested ``PAGE_REPEAT`` times over HTTP on loopback (an admin's session);
+  the Runs page (filtered, deep by cursor, its live fragment) and the schedule pages with their
+  duration trends are also reported on their own;
 - ``list_executions`` is called as a control worker serves it: a first page (all runs, one
   schedule's, the failed ones) and a page deep in the history through the cursor;
 - a worker and beat start on the database (the busy schedules fire every minute, their slots
@@ -53,19 +55,37 @@ TABLES = ("schedules", "schedule_steps", "schedule_executions", "activities", "s
 
 
 def _pages(executions: int, schedules: int) -> list[str]:
-    busy, quiet = schedule_name(1), schedule_name(schedules // 2)
+    busy = schedule_name(1)
     return [
         "/",
         f"/?page={schedules // 100}",
         "/?q=hist-0999",
         "/schedules/fragment",
-        f"/schedule?name={busy}",
-        f"/schedule?name={quiet}",
         f"/schedule/fragment?name={busy}",
         f"/execution/{executions}",
         f"/execution/{executions // 3}",
         f"/execution/{executions}/step?step=step-2",
         "/health",
+        *_trend_pages(executions, schedules),
+    ]
+
+
+def _trend_pages(executions: int, schedules: int) -> list[str]:
+    """The Runs page (filters, a deep page, its live fragment) and the schedule pages with their
+    duration charts: also timed on their own (``history_runs_page_ms``)."""
+    busy, quiet = schedule_name(1), schedule_name(schedules // 2)
+    deep = executions // 2
+    return [
+        f"/schedule?name={busy}",
+        f"/schedule?name={quiet}",
+        "/runs",
+        "/runs/fragment",
+        "/runs?state=failed&since=24h",
+        "/runs?trigger=manual",
+        f"/runs?schedule={busy}",
+        f"/runs?before={deep}",
+        f"/runs?state=failed&before={deep}",
+        f"/runs?schedule={quiet}&before={deep}",
     ]
 
 
@@ -79,8 +99,10 @@ def _timed(call: Any, repeat: int) -> list[float]:
     return times[1:]
 
 
-def _page_times(shape: HistoryShape) -> tuple[list[float], dict[str, float]]:
+def _page_times(shape: HistoryShape) -> tuple[list[float], list[float], dict[str, float]]:
     every: list[float] = []
+    trend: list[float] = []
+    trend_pages = set(_trend_pages(shape.executions, shape.schedules))
     medians: dict[str, float] = {}
     with WebServer(app) as web:
         session = web.session(ADMIN)
@@ -93,8 +115,10 @@ def _page_times(shape: HistoryShape) -> tuple[list[float], dict[str, float]]:
         for path in _pages(shape.executions, shape.schedules):
             times = _timed(lambda p=path: get(p), PAGE_REPEAT)  # type: ignore[misc]
             every += times
+            if path in trend_pages:
+                trend += times
             medians[path] = round(statistics.median(times), 1)
-    return every, medians
+    return every, trend, medians
 
 
 def _list_times(shape: HistoryShape) -> tuple[list[float], list[float], dict[str, float]]:
@@ -198,7 +222,7 @@ def history(bench: Bench) -> list[dict[str, Any]]:
     print(f"bench: history of {shape.executions:,} runs filled in {filled_s:.0f} s", file=sys.stderr, flush=True)
     sizes = _sizes(bench, url)
     app.apply_settings(bench.settings(url))
-    pages, page_medians = _page_times(shape)
+    pages, trend_pages, page_medians = _page_times(shape)
     first, deep, list_medians = _list_times(shape)
     result: dict[str, Any] = {
         "history_executions": shape.executions,
@@ -209,6 +233,7 @@ def history(bench: Bench) -> list[dict[str, Any]]:
         "history_table_mib": {t: round(n / 2**20) for t, n in sizes.items()},
         "history_page_ms": percentiles(pages, "p50", "p95"),
         "history_page_median_ms": page_medians,
+        "history_runs_page_ms": percentiles(trend_pages, "p50", "p95"),
         "history_list_ms": {
             **{f"first_{k}": v for k, v in percentiles(first, "p50", "p95").items()},
             **{f"deep_{k}": v for k, v in percentiles(deep, "p50", "p95").items()},

@@ -4,6 +4,8 @@ The shape follows a deployment that keeps the default retention: every schedule 
 evenly over the days kept, each run two step attempts and one ``fired`` slot record; a few busy
 schedules (every minute, mostly skipped because their runs overlap) have half the runs and most
 slot records, the overload case where the slot table outgrows the executions ten to one. One run in fifty failed.
+Runs take 30 to 50 s, started a second after their slot; the runs of one schedule in a hundred
+take a minute longer over the last tenth of the history (getting slower, for the Runs page).
 Used by the benchmark's history scenario and, at a smaller scale, by the query-plan test.
 """
 
@@ -91,7 +93,7 @@ _STATEMENTS = (
     # Runs in time order.
     """
     INSERT INTO schedule_executions (id, schedule_id, schedule_name, status, trigger, run_key, current_step_index,
-        plan, step_count, payload, started_at, completed_at, error)
+        plan, step_count, payload, started_at, completed_at, slot, error)
     SELECT i, sid, :prefix || lpad(sid::text, 5, '0'),
         CASE WHEN i % 50 = 0 THEN 'failed' ELSE 'completed' END, 'interval', 'hist:' || i, :steps - 1,
         (SELECT json_agg(json_build_array(json_build_object('name', 'step-' || k,
@@ -99,7 +101,9 @@ _STATEMENTS = (
          FROM generate_series(1, :steps) AS k),
         :steps, '{}'::json,
         :t0 + (i - 1) * :run_gap * interval '1 second',
-        :t0 + ((i - 1) * :run_gap + 40) * interval '1 second',
+        :t0 + ((i - 1) * :run_gap + 30 + i % 21
+            + CASE WHEN sid % 100 = 7 AND i > :e * 0.9 THEN 60 ELSE 0 END) * interval '1 second',
+        :t0 + ((i - 1) * :run_gap - 1) * interval '1 second',
         CASE WHEN i % 50 = 0 THEN 'step-' || :steps || ' failed: generated' END
     FROM (SELECT i, _RUN_SCHEDULE AS sid FROM generate_series(1, :e) AS i) AS runs
     """,

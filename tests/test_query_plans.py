@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, event, text
 from bench.history_fill import HistoryShape, fill, schedule_name
 from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
-from celeryapp.interfaces.web import audit_page, queries
+from celeryapp.interfaces.web import audit_page, duration_trends, queries, run_list
 from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery import housekeeping, lost_slots, recovery
 from celeryapp.scheduling import beat_entries
@@ -189,6 +189,23 @@ def _run_the_paths(app: ChordbeatCelery, client: Any) -> None:
         queries.health_view(session, now)
         for given in ({"actor": "nobody-at-all", "since": "24h"}, {"action": "pause", "schedule": busy}, {}):
             audit_page.audit_view(session, audit_page.checked_filter(given, "", now), given)
+        # The Runs page: each filter alone, a time range, deep pages by cursor; its trends; a
+        # schedule page's durations.
+        deep = SHAPE.executions // 2
+        for given, before in (
+            ({"trigger": "manual"}, ""),
+            ({"state": "failed", "since": "24h"}, ""),
+            ({"schedule": busy}, ""),
+            ({"since": week_ago, "until": day_ago}, ""),
+            ({}, ""),
+            ({}, str(deep)),
+            ({"state": "failed"}, str(deep)),
+            ({"schedule": busy}, str(deep)),
+            ({"trigger": "interval"}, str(deep)),
+        ):
+            run_list.runs_view(session, run_list.checked_run_filter(given, before, now), given)
+        duration_trends.trends_view(session, now)
+        duration_trends.schedule_durations(session, 1)
     list(ExecutionCollector(app).collect())
 
 

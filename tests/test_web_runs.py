@@ -9,75 +9,29 @@ served by the real dashboard from the real database."""
 from __future__ import annotations
 
 import html
-import itertools
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from urllib.parse import quote, urlencode
 
 import pytest
 import requests
-from sqlalchemy import select
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.durations import TREND_RUNS
 from celeryapp.domain.times import iso
-from celeryapp.interfaces import service
 from celeryapp.interfaces.web.run_list import PAGE_ROWS, RunFilter, runs_view
-from models import ExecutionStatus, Schedule, ScheduleExecution, Trigger, transaction, utcnow
+from models import ExecutionStatus, Trigger, transaction, utcnow
+from tests.support.run_history import Run, define, hourly, write_runs
 from tests.support.web_server import ADMIN, WebServer, text_of
 
 pytestmark = pytest.mark.both_databases
-_keys = itertools.count(1)
-
-
-@dataclass
-class Run:
-    ago: timedelta
-    took_s: float | None = 30.0
-    status: ExecutionStatus = ExecutionStatus.COMPLETED
-    trigger: Trigger = Trigger.CRON
-    #: Started this long after its slot; None: no slot (a manual run).
-    late_s: float | None = 5.0
-    error: str | None = None
 
 
 @pytest.fixture
 def web(app: ChordbeatCelery) -> Iterator[WebServer]:
     with WebServer(app) as server:
         yield server
-
-
-def _define(app: ChordbeatCelery, name: str, timezone: str = "UTC") -> None:
-    step = {"name": "a", "task": "chordbeat.examples.sleep"}
-    service.apply_schedule(app, {"name": name, "cron": "0 2 * * *", "timezone": timezone, "steps": [step]})
-
-
-def _history(app: ChordbeatCelery, name: str, runs: list[Run], now: datetime) -> list[int]:
-    """The runs as rows of the schedule ``name``, in the order given (ids ascending)."""
-    ids = []
-    with transaction(app.settings.database_url) as session:
-        sid = session.scalar(select(Schedule.id).where(Schedule.name == name))
-        for r in runs:
-            started = now - r.ago
-            row = ScheduleExecution(
-                schedule_id=sid,
-                schedule_name=name,
-                status=r.status,
-                trigger=r.trigger,
-                run_key=f"history:{next(_keys)}",
-                plan=[[{"name": "a", "task": "chordbeat.examples.sleep"}]],
-                step_count=1,
-                started_at=started,
-                completed_at=None if r.took_s is None else started + timedelta(seconds=r.took_s),
-                slot=None if r.late_s is None else started - timedelta(seconds=r.late_s),
-                error=r.error,
-            )
-            session.add(row)
-            session.flush()
-            ids.append(row.id)
-    return ids
 
 
 def _shown(page: str) -> list[tuple[int, str]]:
@@ -92,11 +46,11 @@ def _get(session: requests.Session, web: WebServer, query: dict[str, str] | str 
 
 def test_every_run_newest_first_filtered_and_paged_from_the_address(app: ChordbeatCelery, web: WebServer) -> None:
     now = utcnow()
-    _define(app, "payroll", "Europe/London")
-    _define(app, "reports")
-    reports = _history(app, "reports", [Run(ago=timedelta(hours=2, minutes=-n)) for n in range(55)], now)
+    define(app, "payroll", "Europe/London")
+    define(app, "reports")
+    reports = write_runs(app, "reports", [Run(ago=timedelta(hours=2, minutes=-n)) for n in range(55)], now)
     # Written after the reports' runs but started earlier or later: the order is by start, not id.
-    failed_now, failed_old, backfill, manual = _history(
+    failed_now, failed_old, backfill, manual = write_runs(
         app,
         "payroll",
         [
@@ -160,8 +114,8 @@ def test_every_run_newest_first_filtered_and_paged_from_the_address(app: Chordbe
 
 def test_the_cursor_keeps_its_place_among_runs_started_at_the_same_instant(app: ChordbeatCelery) -> None:
     now = utcnow()
-    _define(app, "ties")
-    ids = _history(app, "ties", [Run(ago=timedelta(minutes=1)) for _ in range(PAGE_ROWS + 7)], now)
+    define(app, "ties")
+    ids = write_runs(app, "ties", [Run(ago=timedelta(minutes=1)) for _ in range(PAGE_ROWS + 7)], now)
     seen: list[int] = []
     wanted = RunFilter(schedule="ties")
     with transaction(app.settings.database_url, read_only=True) as session:
@@ -199,8 +153,8 @@ HOSTILE = [
 
 
 def test_hostile_query_strings_are_refused_naming_the_field(app: ChordbeatCelery, web: WebServer) -> None:
-    _define(app, "payroll")
-    _history(app, "payroll", [Run(ago=timedelta(minutes=5))], utcnow())
+    define(app, "payroll")
+    write_runs(app, "payroll", [Run(ago=timedelta(minutes=5))], utcnow())
     admin = web.session(ADMIN)
     for query, field in HOSTILE:
         answer = _get(admin, web, query)
@@ -227,17 +181,13 @@ def test_the_slowest_schedules_those_getting_slower_and_a_schedules_chart(app: C
     now = utcnow()
     window = 2 * TREND_RUNS
 
-    def hourly(took: list[float]) -> list[Run]:
-        """Runs an hour apart, oldest first, the last one 30 min ago."""
-        return [Run(ago=timedelta(hours=len(took) - n - 0.5), took_s=s) for n, s in enumerate(took)]
-
     for name in ("etl", "quick", "steady", "weekly"):
-        _define(app, name)
-    etl = _history(app, "etl", hourly([60.0] * TREND_RUNS + [100.0] * TREND_RUNS), now)
-    _history(app, "quick", hourly([5.0] * window), now)
-    _history(app, "steady", hourly([200.0 + n % 3 for n in range(window)]), now)
+        define(app, name)
+    etl = write_runs(app, "etl", hourly([60.0] * TREND_RUNS + [100.0] * TREND_RUNS), now)
+    write_runs(app, "quick", hourly([5.0] * window), now)
+    write_runs(app, "steady", hourly([200.0 + n % 3 for n in range(window)]), now)
     # Slow, but no run completed in the last 24 h: not among the schedules considered.
-    _history(app, "weekly", [Run(ago=timedelta(days=3 + n), took_s=900.0) for n in range(5)], now)
+    write_runs(app, "weekly", [Run(ago=timedelta(days=3 + n), took_s=900.0) for n in range(5)], now)
     admin = web.session(ADMIN)
 
     page = _get(admin, web).text
@@ -264,6 +214,6 @@ def test_the_slowest_schedules_those_getting_slower_and_a_schedules_chart(app: C
         f" the {TREND_RUNS} before: p50 1 min (getting slower)"
     )
     assert 'aria-label="Run durations: p50 1 min 40 s' in chart.group(0)
-    _define(app, "fresh")
+    define(app, "fresh")
     fresh = admin.get(f"{web.url}/schedule?name=fresh", timeout=20).text
     assert "no completed runs yet" in fresh and "<svg" not in fresh

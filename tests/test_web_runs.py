@@ -155,6 +155,9 @@ HOSTILE = [
 def test_hostile_query_strings_are_refused_naming_the_field(app: ChordbeatCelery, web: WebServer) -> None:
     define(app, "payroll")
     write_runs(app, "payroll", [Run(ago=timedelta(minutes=5))], utcnow())
+    for path in ("/runs", "/runs/fragment"):  # no session: the login form, nothing read
+        anonymous = requests.get(f"{web.url}{path}?state=failed", allow_redirects=False, timeout=20)
+        assert anonymous.status_code == 302 and anonymous.headers["Location"].startswith("/login"), path
     admin = web.session(ADMIN)
     for query, field in HOSTILE:
         answer = _get(admin, web, query)

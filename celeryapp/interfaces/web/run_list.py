@@ -65,10 +65,6 @@ class RunRow:
     slot: datetime | None
     error: str | None
 
-    def duration_s(self, now: datetime) -> float:
-        """How long it took, or has run so far (a clock that went back: 0)."""
-        return max(0.0, ((self.completed_at or now) - self.started_at).total_seconds())
-
     @property
     def lateness_s(self) -> float | None:
         """Started this long after its slot (negative: before it); None without a slot."""

@@ -105,7 +105,10 @@ def test_an_operator_reads_what_failed_and_which_schedule_is_slowest_at_390_and_
             # Live while open: a run that fails now appears without a reload.
             live = browser.find_element(By.ID, "runs-live")
             assert live.get_attribute("aria-live") == "polite"
-            new = ("quick", f"failed while the page was open at {width} px")
+            new = (
+                "quick",
+                {1920: "step 'fetch' failed: connection refused", 390: "step 'fetch' failed: HTTP 503"}[width],
+            )
             write_runs(app, "quick", [Run(timedelta(seconds=1), status=ExecutionStatus.FAILED, error=new[1])], utcnow())
             appeared.append(new)
             wait_for(lambda n=new: failures(browser)[0] == n, 20, what="the live refresh")  # type: ignore[misc]
@@ -129,5 +132,8 @@ def test_an_operator_reads_what_failed_and_which_schedule_is_slowest_at_390_and_
             wait_for(lambda: browser.find_elements(By.ID, "duration-chart"), 20, what="the duration chart")
             assert len(browser.find_elements(By.CSS_SELECTOR, "#duration-chart rect.bar")) == 2 * TREND_RUNS
             assert page_text(browser, "#duration-summary").endswith("p50 1 min (getting slower)")
+            if folder := os.environ.get("CHORDBEAT_WEB_SCREENSHOTS"):
+                browser.execute_script("document.getElementById('durations').scrollIntoView()")
+                browser.save_screenshot(os.path.join(folder, f"dashboard-durations-{width}.png"))
             chart = browser.find_element(By.ID, "duration-chart").rect
             assert 0 < chart["width"] <= width and chart["height"] > 0

@@ -211,12 +211,13 @@ def test_the_slowest_schedules_those_getting_slower_and_a_schedules_chart(app: C
     assert len(re.findall(r'<rect class="bar recent"', chart.group(0))) == TREND_RUNS
     assert len(re.findall(r'<rect class="bar earlier"', chart.group(0))) == TREND_RUNS
     assert f'<a href="/execution/{etl[-1]}">' in chart.group(0)
-    summary = re.search(r'<p id="duration-summary">([^<]+)<', schedule_page)
+    summary = re.search(r'<span id="duration-summary">([^<]+)<', schedule_page)
     assert summary and summary.group(1) == (
         f"p50 1 min 40 s, p95 1 min 40 s over the latest {TREND_RUNS} completed runs;"
         f" the {TREND_RUNS} before: p50 1 min (getting slower)"
     )
     assert 'aria-label="Run durations: p50 1 min 40 s' in chart.group(0)
+    assert f"tallest bar 1 min 40 s (#{etl[-1]})" in schedule_page
     define(app, "fresh")
     fresh = admin.get(f"{web.url}/schedule?name=fresh", timeout=20).text
     assert "no completed runs yet" in fresh and "<svg" not in fresh

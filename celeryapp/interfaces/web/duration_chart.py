@@ -30,6 +30,14 @@ def summary(durations: ScheduleDurations) -> str:
     return words
 
 
+def scale(durations: ScheduleDurations) -> str:
+    """What the chart's height means: ``tallest bar 1 min 40 s (#40)``; empty without runs."""
+    if not durations.runs:
+        return ""
+    tallest = max(durations.runs, key=lambda r: (r.seconds, r.id))
+    return f"tallest bar {span(tallest.seconds)} (#{tallest.id})"
+
+
 def chart(durations: ScheduleDurations) -> str:
     """The SVG markup (escaped here: templates insert it raw); empty without runs."""
     runs = durations.runs[::-1]  # oldest first, left to right

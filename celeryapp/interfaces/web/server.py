@@ -31,7 +31,7 @@ from celeryapp.interfaces.web.backfill_page import MODES, BackfillActionHandler,
 from celeryapp.interfaces.web.base import BaseHandler, WebContext
 from celeryapp.interfaces.web.bounded_bodies import BoundedBodies
 from celeryapp.interfaces.web.broker_state import broker_state
-from celeryapp.interfaces.web.duration_chart import chart, summary
+from celeryapp.interfaces.web.duration_chart import chart, scale, summary
 from celeryapp.interfaces.web.duration_trends import schedule_durations
 from celeryapp.interfaces.web.login import LoginHandler, LogoutHandler
 from celeryapp.interfaces.web.runs_page import RunsHandler
@@ -115,6 +115,7 @@ class ScheduleHandler(BaseHandler):
                 f=BackfillForm(name),
                 duration_chart=chart(durations),
                 duration_summary=summary(durations),
+                duration_scale=scale(durations),
                 modes=MODES,
                 time_control=time_control_words(
                     {"catchup": s.catchup, "calendar": s.calendar, "dst": s.dst, "cron": s.cron}

@@ -22,7 +22,7 @@ from tests.support.chaos_invariants import (
     check_no_concurrent_bodies,
     read_step_log,
 )
-from tests.support.chaos_run import unended_bodies
+from tests.support.chaos_run import log_excerpt, unended_bodies
 from tests.support.servers import wait_for
 
 SLOT = datetime(2026, 11, 25, 1, 0, tzinfo=UTC)
@@ -227,3 +227,33 @@ def test_a_body_left_without_an_end_is_reported_with_its_stacks_or_its_process_g
         assert pool_processes({worker.pid}) == {body: worker.pid}  # the signal did not end it
     finally:
         worker.kill()
+
+
+def test_a_vanished_slot_comes_with_the_log_lines_around_it(tmp_path: Path) -> None:
+    """CI's temporary directory is gone when its failure is read: the report carries the lines."""
+    at = datetime(2026, 11, 28, 18, 9, 42, 469000).timestamp()  # local time, as Celery logs
+
+    def line(seconds: float, text: str) -> str:
+        stamp = datetime.fromtimestamp(at + seconds).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+        return f"[{stamp}: INFO/MainProcess] {text}"
+
+    (tmp_path / "beat.log").write_text(
+        "\n".join(
+            [
+                line(-30, "beat: firing chaos-pipeline"),  # too early
+                line(-0.1, "beat: firing chaos-pipeline, chaos-cron"),
+                line(1, "beat: reserved entries"),  # names neither the schedule nor a fire
+                "a traceback line without a time",
+            ]
+        )
+    )
+    (tmp_path / "w1.log").write_text(line(0.5, "Task chordbeat.fire_batch[abc] received") + "\n")
+    (tmp_path / "steps.jsonl").write_text(line(0, "chaos-pipeline") + "\n")  # not a process log
+    violation = Violation("no due slot vanishes", "chaos-pipeline: slot ...", at=at, schedule="chaos-pipeline")
+    excerpt = log_excerpt(tmp_path, violation)
+    assert excerpt[0].startswith("--- logs around [no due slot vanishes] chaos-pipeline")
+    assert [text.split("] ", 1)[1] for text in excerpt[1:]] == [
+        "beat: firing chaos-pipeline, chaos-cron",
+        "Task chordbeat.fire_batch[abc] received",
+    ]
+    assert excerpt[2].startswith("w1: [")

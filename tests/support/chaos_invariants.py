@@ -119,6 +119,10 @@ REGULAR = {Trigger.CRON, Trigger.INTERVAL}
 class Violation:
     invariant: str
     detail: str
+    #: When it happened (epoch seconds) and to which schedule, where one time says it: the report
+    #: prints the processes' log lines around it.
+    at: float | None = None
+    schedule: str | None = None
 
     def __str__(self) -> str:
         return f"[{self.invariant}] {self.detail}"
@@ -534,6 +538,8 @@ def check_slots(ctx: Context) -> tuple[list[Violation], dict[str, Any]]:
                     "no due slot vanishes",
                     f"{schedule.name}: slot {datetime.fromtimestamp(t, UTC).isoformat(timespec='milliseconds')} "
                     f"({ctx.rel(t)}) has neither an execution nor a slot record; {ctx.near(t)}",
+                    at=t,
+                    schedule=schedule.name,
                 )
             )
     return out, stats

@@ -22,7 +22,7 @@ from celeryapp.domain.decisions import ScheduleState, decide_calendar, decide_fi
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, short_repr, type_name
 from celeryapp.domain.names import run_key
-from celeryapp.errors import InvalidArgument
+from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.execution.backfill_driver import regular_trigger
 from celeryapp.execution.runs import Start, start_execution, start_executions
 from celeryapp.execution.slots import SlotOwner, claim_slot, claimed_slots, record_missed, record_slot, recorded
@@ -215,7 +215,7 @@ def _fire_together(
 _ACTIVE_OF = select(ScheduleExecution.schedule_id).where(ScheduleExecution.status == ExecutionStatus.IN_PROGRESS)
 
 
-class _ClaimRaced(RuntimeError):
+class _ClaimRaced(ChordbeatError):
     """A claimed slot moved under the row lock: the batch is rolled back and fired slot by slot."""
 
 

@@ -23,6 +23,18 @@ function localTimes(root) {
   for (const el of root.querySelectorAll(".localzone")) {
     el.textContent = "yours (" + Intl.DateTimeFormat().resolvedOptions().timeZone + ")";
   }
+  // A form's wall times are the viewer's: the form sends the zone they are in (a shared address
+  // keeps the zone it was made in).
+  for (const field of root.querySelectorAll("input.viewer-zone")) {
+    if (field.value) continue;
+    field.value = Intl.DateTimeFormat().resolvedOptions().timeZone;
+    const said = field.form && field.form.querySelector(".zone-said");
+    if (said) said.textContent = field.value;
+    // Without a from or a to the zone says nothing: the address stays as short as the filters.
+    if (field.form) field.form.addEventListener("submit", () => {
+      field.disabled = ![...field.form.querySelectorAll("input[type=datetime-local]")].some((f) => f.value);
+    });
+  }
 }
 
 function live(el) {

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces.web.broker_state import PingAnswers, WorkerPings
-from celeryapp.interfaces.web.health_lines import HealthLine, health_lines
+from celeryapp.interfaces.web.health_lines import HealthLine, database_line, health_lines
 from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.scheduling.beat_lock import holder_token
 from tests.support.servers import RedisServer, free_port
@@ -134,6 +134,13 @@ def test_a_database_that_is_down_leaves_the_page_up(app: ChordbeatCelery, settin
     text = html.unescape(text_of(page.text))
     assert re.search(r"Database down does not answer: unable to open database file", text), text
     assert "Not known: the database does not answer." in text
+
+
+def test_a_postgresql_that_refuses_connections_is_a_line_saying_so(settings: Settings) -> None:
+    """PostgreSQL's driver says it its own way: the line gives its first line, without the URL."""
+    nobody = f"postgresql+psycopg://chordbeat:secret-word@127.0.0.1:{free_port()}/chordbeat"
+    line = database_line(dataclasses.replace(settings, database_url=nobody))
+    assert line.state == "down" and "Connection refused" in line.said and "secret-word" not in line.said, line
 
 
 def test_old_worker_answers_are_not_shown_as_current(app: ChordbeatCelery) -> None:

@@ -18,9 +18,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces.web.broker_state import PingAnswers, WorkerPings
-from celeryapp.interfaces.web.health_lines import HealthLine, database_line, health_lines
+from celeryapp.interfaces.web.health_lines import HealthLine, database_line, health_lines, redis_line
 from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.scheduling.beat_lock import holder_token
+from tests.support.sentinel import SentinelCluster
 from tests.support.servers import RedisServer, free_port
 from tests.support.web_server import ADMIN, WebServer, text_of
 
@@ -141,6 +142,20 @@ def test_a_postgresql_that_refuses_connections_is_a_line_saying_so(settings: Set
     nobody = f"postgresql+psycopg://chordbeat:secret-word@127.0.0.1:{free_port()}/chordbeat"
     line = database_line(dataclasses.replace(settings, database_url=nobody))
     assert line.state == "down" and "Connection refused" in line.said and "secret-word" not in line.said, line
+
+
+@pytest.mark.timeout(120)
+def test_with_sentinels_the_redis_line_names_the_primary_they_name() -> None:
+    cluster = SentinelCluster()
+    cluster.start()
+    try:
+        line = redis_line(cluster.url, ["broker"], cluster.master)
+        primary = cluster.primary()
+    finally:
+        cluster.close()
+    assert line.state == "up" and line.part == "Redis (broker)", line
+    assert line.said.startswith("Sentinels 127.0.0.1:") and "answers (round trip" in line.said, line
+    assert line.said.endswith(f"the Sentinels name primary '{cluster.master}' at 127.0.0.1:{primary}"), line
 
 
 def test_old_worker_answers_are_not_shown_as_current(app: ChordbeatCelery) -> None:

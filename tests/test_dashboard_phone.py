@@ -1,11 +1,13 @@
 """The dashboard on a phone (390 px) and a desktop (1920 px) in Chromium, as issue 38 found it:
 the Alerts page's Acknowledge column cut off on a phone, the runs-by-steps grid hiding the newest
 runs off-screen, states told by colour alone (and two legend states in one colour), refreshing
-regions a screen reader was not told of, and a step panel Escape did not close."""
+regions a screen reader was not told of, and a step panel Escape did not close; and the Health
+page's lines, each with its age, on both."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from celeryapp.interfaces import service
 from models import Schedule, transaction
 from tests.support.chromium import chromium, log_in
 from tests.support.helpers import step, wait_for
+from tests.support.servers import free_port
 from tests.support.web_server import ADMIN, WebServer
 
 pytestmark = pytest.mark.slow
@@ -40,7 +43,8 @@ OVERFLOW = (
 def settings(settings: Settings, tmp_path: Path) -> Settings:
     path = tmp_path / "channels.yaml"
     path.write_text("channels:\n  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL, insecure: true}\n")
-    return dataclasses.replace(settings, alert_channels_file=str(path))
+    # A Flower nobody answers at: the Health page links to it and says it is down.
+    return dataclasses.replace(settings, alert_channels_file=str(path), flower_url=f"http://127.0.0.1:{free_port()}")
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +118,24 @@ def test_alerts_grid_and_step_panel_on_a_phone_and_a_desktop(
                 browser.get(web.url + page)
                 live = browser.find_elements(By.CSS_SELECTOR, "[data-live]")
                 assert live and all(e.get_attribute("aria-live") == "polite" for e in live), page
+
+            # Health: one line per part, each with its answer's age, nothing cut off.
+            browser.get(web.url + "/health")
+            wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.line"), 20, what="the health lines")
+            lines = {e.get_attribute("data-part"): e for e in browser.find_elements(By.CSS_SELECTOR, "tr.line")}
+            assert {"Database", "Redis (broker, sessions, results, RedBeat)", "Beat lock", "Flower", "Metrics"} <= set(
+                lines
+            ), list(lines)
+            assert f"Worker {worker.hostname}" in lines and any(p.startswith("Clock of ") for p in lines)
+            for part, line in lines.items():
+                age = line.find_element(By.CSS_SELECTOR, ".age").text
+                assert re.fullmatch(r"checked now|\d+ s ago", age), (part, age)
+                assert visible_in_window(browser, line.find_element(By.CSS_SELECTOR, ".badge")), (width, part)
+            flower = lines["Flower"]
+            assert flower.find_element(By.LINK_TEXT, "Flower").get_attribute("href").rstrip("/") == settings.flower_url
+            assert "down" in flower.text and "Connection refused" in flower.text
+            wide = browser.execute_script(OVERFLOW)
+            assert wide[0] <= wide[1], (width, wide)
 
             # Escape closes the step panel and gives the focus back to the cell that opened it.
             browser.get(f"{web.url}/schedule?name=hourly")

@@ -93,14 +93,20 @@ def shape(url: str) -> str:
 
 def links_and_forms(browser: WebDriver) -> list[str]:
     """Every same-site address a person can reach from this page: links, and GET forms submitted
-    as they stand."""
+    as they stand, their required empty time fields filled in (the last days, in order)."""
     found: list[str] = browser.execute_script(
         """
         const here = location.origin;
         const out = [...document.querySelectorAll("a[href]")].map((a) => a.href);
         for (const form of document.querySelectorAll("form")) {
           if ((form.method || "get").toLowerCase() !== "get") continue;
-          const query = new URLSearchParams(new FormData(form)).toString();
+          const data = new FormData(form);
+          const times = [...form.querySelectorAll("input[type=datetime-local][required]")].filter((f) => !f.value);
+          times.forEach((field, i) => {
+            const at = new Date(Date.now() - (times.length - i) * 86400e3);
+            data.set(field.name, at.toISOString().slice(0, 19));
+          });
+          const query = new URLSearchParams(data).toString();
           out.push(new URL(form.getAttribute("action") || location.pathname, location.href).href.split("?")[0]
                    + (query ? "?" + query : ""));
         }

@@ -374,7 +374,8 @@ VARIABLES = (
         "CHORDBEAT_FLOWER_URL",
         "unset (no Flower line)",
         "Flower's address as people reach it (`http://127.0.0.1:5555`): the dashboard's Health page links "
-        "to it and asks its `/healthcheck` whether it answers",
+        "to it and asks its `/healthcheck` whether it answers (from the dashboard's host: where the two "
+        "addresses differ, as between containers, the line says Flower does not answer)",
     ),
     Variable(
         "CHORDBEAT_METRICS_URL",

@@ -27,7 +27,7 @@ from tests.support.helpers import step, wait_for
 from tests.support.servers import free_port
 from tests.support.web_server import ADMIN, WebServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 WIDTHS = ((390, 844), (1920, 1080))
 #: Runs of one schedule: more columns than a phone shows at once.
 RUNS = 12

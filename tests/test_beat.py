@@ -27,6 +27,7 @@ from celeryapp.domain.cadence import Cadence, cadence_of
 from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.domain.times import iso
 from celeryapp.interfaces import service
+from celeryapp.interfaces.web.health_lines import beat_lock_line
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.health import age_s
@@ -642,6 +643,9 @@ def test_a_standby_beat_stays_healthy_while_it_waits_for_the_lock(
             first = written_at()
             wait_for(lambda: written_at() > first, 20, interval=0.5, what="the standby's liveness file written again")
             assert "acquired lock" not in standby.output()
+            # The Health page names the holder, not the standby: the lock's token says who took it.
+            lock = beat_lock_line(app)
+            assert lock.state == "up" and f" pid {holder.pid};" in lock.said, (lock, holder.pid)
 
 
 def test_a_tick_sends_the_slots_due_together_a_hundred_a_message(app: ChordbeatCelery) -> None:

@@ -32,10 +32,20 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# axe-core from the npm registry, pinned, for the dashboard's accessibility test
+# (tests/test_accessibility.py); installed once into .run/npm, nothing fetched while tests run.
+AXE_VERSION := 4.14.1
+AXE_STAMP := .run/npm/.axe-core-$(AXE_VERSION)
+$(AXE_STAMP): | system-deps
+	@mkdir -p .run/npm
+	@npm install --prefix .run/npm --no-save --no-package-lock --no-audit --no-fund --loglevel=error \
+	  axe-core@$(AXE_VERSION) > .run/npm/install.log 2>&1 || { tail -n 20 .run/npm/install.log; exit 1; }
+	@touch $@
+
 # Everything, slow tests included (-m "" undoes pyproject's -m 'not slow'); CI's command.
 # Three processes on two cores: a slow test mostly waits on its workers (docs/testing.md).
-test: $(STAMP) system-deps lint typecheck
-	$(BIN)/pytest -n 3 --dist loadfile -m "" $(PYTEST_ARGS)
+test: $(STAMP) system-deps $(AXE_STAMP) lint typecheck
+	CHORDBEAT_AXE_REQUIRED=1 $(BIN)/pytest -n 3 --dist loadfile -m "" $(PYTEST_ARGS)
 
 # A developer's quick loop, not CI's, as plain `pytest` is: leaves out the tests marked slow
 # (subprocess workers, beat, Flower, browsers, Sentinel, network namespaces, outages;

@@ -201,7 +201,11 @@ _PLAIN_URL = re.compile(r"[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+")
 
 
 def _dashboard_url(env: Mapping[str, str]) -> str | None:
-    raw = (env.get("CHORDBEAT_DASHBOARD_URL") or "").rstrip("/")
+    return _web_url(env, "CHORDBEAT_DASHBOARD_URL", "the dashboard's", "https://chordbeat.example.com")
+
+
+def _web_url(env: Mapping[str, str], name: str, whose: str, example: str) -> str | None:
+    raw = (env.get(name) or "").rstrip("/")
     if not raw:
         return None
     try:
@@ -213,8 +217,7 @@ def _dashboard_url(env: Mapping[str, str]) -> str | None:
     # Alerts put it in links people click (and in emails' HTML): nothing but a plain web address.
     if not usable or parts.username or parts.password or not _PLAIN_URL.fullmatch(raw):
         raise ConfigError(
-            "CHORDBEAT_DASHBOARD_URL: expected the dashboard's http:// or https:// address "
-            "(no user, query or fragment), like https://chordbeat.example.com"
+            f"{name}: expected {whose} http:// or https:// address (no user, query or fragment), like {example}"
         )
     return raw
 
@@ -291,6 +294,10 @@ class Settings:
     alert_missed_grace_s: float = DEFAULT_ALERT_MISSED_GRACE_S
     #: The dashboard's address for links in alerts; unset: alerts carry no links.
     dashboard_url: str | None = None
+    #: Flower's address (the Health page links to it and asks it); unset: no Flower line.
+    flower_url: str | None = None
+    #: ``chordbeat metrics``' address (the Health page asks it); unset: no metrics line.
+    metrics_url: str | None = None
     #: The directory of the named business calendars (one file per calendar); unset: none.
     calendars_dir: str | None = None
     backfill_max_pending_per_schedule: int = DEFAULT_BACKFILL_MAX_PENDING_PER_SCHEDULE
@@ -359,6 +366,10 @@ class Settings:
                 env, "CHORDBEAT_ALERT_MISSED_GRACE", DEFAULT_ALERT_MISSED_GRACE_S, minimum=0
             ),
             dashboard_url=_dashboard_url(env),
+            flower_url=_web_url(env, "CHORDBEAT_FLOWER_URL", "Flower's", "http://127.0.0.1:5555"),
+            metrics_url=_web_url(
+                env, "CHORDBEAT_METRICS_URL", "the metrics endpoint's", "http://127.0.0.1:9808/metrics"
+            ),
             calendars_dir=env.get("CHORDBEAT_CALENDARS_DIR") or None,
             backfill_max_pending_per_schedule=_env_count(
                 env, "CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE", DEFAULT_BACKFILL_MAX_PENDING_PER_SCHEDULE

@@ -371,6 +371,19 @@ VARIABLES = (
         "the dashboard's address as people reach it (`https://chordbeat.example.com`), for links in alerts",
     ),
     Variable(
+        "CHORDBEAT_FLOWER_URL",
+        "unset (no Flower line)",
+        "Flower's address as people reach it (`http://127.0.0.1:5555`): the dashboard's Health page links "
+        "to it and asks its `/healthcheck` whether it answers (from the dashboard's host: where the two "
+        "addresses differ, as between containers, the line says Flower does not answer)",
+    ),
+    Variable(
+        "CHORDBEAT_METRICS_URL",
+        "unset (no metrics line)",
+        "the address of `chordbeat metrics`' endpoint (`http://127.0.0.1:9808/metrics`): the Health page "
+        "asks it whether it answers",
+    ),
+    Variable(
         "CHORDBEAT_RESULT_EXPIRES",
         f"`{DEFAULT_RESULT_EXPIRES_S:g}` (s)",
         "how long Redis keeps a service call's answer (the only task results stored; steps, fires and "

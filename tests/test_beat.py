@@ -27,6 +27,7 @@ from celeryapp.domain.cadence import Cadence, cadence_of
 from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.domain.times import iso
 from celeryapp.interfaces import service
+from celeryapp.interfaces.web.health_lines import beat_lock_line
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.health import age_s
@@ -34,6 +35,7 @@ from celeryapp.scheduling import beat_entries
 from celeryapp.scheduling.beat import ChordbeatScheduler
 from celeryapp.scheduling.beat_entries import CadenceSchedule, ScheduleEntry, entry_name
 from celeryapp.scheduling.stored_entry import FIRE_EXPIRY_GRACE, aware
+from celeryapp.worker import firing
 from models import ExecutionStatus, Schedule, SlotOutcome, SlotRecord, Trigger, transaction, utcnow
 from tests.support import processes
 from tests.support.helpers import call, entry_exists, executions, finished, fire_messages, step, wait_for
@@ -479,6 +481,39 @@ def test_slots_no_fire_processed_are_recorded_as_missed_by_the_next_fire(
     assert [at for at, _ in records] == [anchor + timedelta(minutes=m) for m in range(5)]
 
 
+def test_slots_a_retry_replaced_before_their_fires_came_are_recorded(app: ChordbeatCelery) -> None:
+    """A run failed after a slot was due but before its fire was processed (the control workers
+    were busy or down); its retry fired first. The retry replaces that slot's run, and says so:
+    found by the chaos test (seed 165042), where the slot had neither a run nor a record."""
+    definition = {"name": "retried", "every": 60, "max_retries": 2, "steps": [step("s")]}
+    service.apply_schedule(app, definition)
+    anchor = utcnow() - timedelta(seconds=150)  # slots at anchor + 0, 1, 2 min are due
+    retry_at = anchor + timedelta(seconds=130)
+    with transaction(app.settings.database_url) as session:
+        # The run of the slot at anchor failed at anchor + 70 s (after the next slot was due,
+        # before its fire was processed) and planned retry 1; the retry is due.
+        session.execute(
+            update(Schedule)
+            .where(Schedule.name == "retried")
+            .values(updated_at=anchor, last_slot_at=anchor, current_retry=1, retry_at=retry_at)
+        )
+    assert firing.fire(app, "retried", nominal_at=retry_at, trigger=Trigger.RETRY)["status"] == "in_progress"
+    # The late regular fires record nothing more.
+    for minutes in (1, 2):
+        late = firing.fire(app, "retried", nominal_at=anchor + timedelta(minutes=minutes), trigger=Trigger.INTERVAL)
+        assert late["execution_id"] is None, late
+    records = sorted(
+        (s.nominal_at, s.outcome, s.detail)
+        for s in slots(app)
+        if s.schedule_name == "retried" and s.trigger is not Trigger.RETRY
+    )
+    assert [(at, outcome) for at, outcome, _ in records] == [
+        (anchor + timedelta(minutes=1), SlotOutcome.RETRY),
+        (anchor + timedelta(minutes=2), SlotOutcome.RETRY),
+    ], records
+    assert all(detail and "retry 1" in detail for _, _, detail in records), records
+
+
 def test_one_corrupt_schedule_does_not_stop_the_repair_of_the_others(app: ChordbeatCelery) -> None:
     for name in ("aaa-corrupt", "good"):
         service.apply_schedule(app, {"name": name, "every": 60, "steps": [step("s")]})
@@ -608,6 +643,9 @@ def test_a_standby_beat_stays_healthy_while_it_waits_for_the_lock(
             first = written_at()
             wait_for(lambda: written_at() > first, 20, interval=0.5, what="the standby's liveness file written again")
             assert "acquired lock" not in standby.output()
+            # The Health page names the holder, not the standby: the lock's token says who took it.
+            lock = beat_lock_line(app)
+            assert lock.state == "up" and f" pid {holder.pid};" in lock.said, (lock, holder.pid)
 
 
 def test_a_tick_sends_the_slots_due_together_a_hundred_a_message(app: ChordbeatCelery) -> None:

@@ -11,7 +11,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from celeryapp.config import Settings
-from models import Activity, ActivityStatus, Schedule, SlotOutcome, SlotRecord, Trigger
+from models import (
+    Activity,
+    ActivityStatus,
+    ExecutionStatus,
+    Schedule,
+    ScheduleExecution,
+    ScheduleStatus,
+    SlotOutcome,
+    SlotRecord,
+    Trigger,
+)
 from tests.support import processes
 from tests.support.chaos import Applied, Cluster, Database, Fault, pool_processes
 from tests.support.chaos_invariants import (
@@ -20,9 +30,10 @@ from tests.support.chaos_invariants import (
     Violation,
     _decided_slots,
     check_no_concurrent_bodies,
+    check_slots,
     read_step_log,
 )
-from tests.support.chaos_run import unended_bodies
+from tests.support.chaos_run import log_excerpt, unended_bodies
 from tests.support.servers import wait_for
 
 SLOT = datetime(2026, 11, 25, 1, 0, tzinfo=UTC)
@@ -62,6 +73,45 @@ def test_a_slot_fired_twice_or_decided_twice_is_flagged() -> None:
     ):
         (violation,) = _slot_check(*twice)
         assert violation.invariant == "no slot fires twice" and "decided twice" in violation.detail
+
+
+def _vanished(status: ScheduleStatus) -> list[str]:
+    """Slots 0 and 1 of a 4 s schedule ran; the run of slot 1 failed at 5.5 s, and its retry
+    started at 9 s (or, when ``status`` is dead, failed at 7.5 s); slot 2 (8 s) has no record."""
+    every = timedelta(seconds=4)
+    schedule = Schedule(name="chaos-pipeline", every_s=4, max_retries=2, updated_at=SLOT, status=status)
+
+    def run(index: int, trigger: Trigger, key: str, started: float, ended: float, ok: bool) -> ScheduleExecution:
+        return ScheduleExecution(
+            id=index,
+            schedule_name=schedule.name,
+            run_key=key,
+            trigger=trigger,
+            status=ExecutionStatus.COMPLETED if ok else ExecutionStatus.FAILED,
+            started_at=SLOT + timedelta(seconds=started),
+            completed_at=SLOT + timedelta(seconds=ended),
+        )
+
+    runs = [
+        run(1, Trigger.INTERVAL, f"chaos-pipeline:interval:{SLOT.isoformat()}", 0, 1, True),
+        run(2, Trigger.INTERVAL, f"chaos-pipeline:interval:{(SLOT + every).isoformat()}", 4, 5.5, False),
+        # Dead: the retry started at 6 s and failed at 7.5 s, its last, before slot 2 was due.
+        run(3, Trigger.RETRY, "chaos-pipeline:retry:x", 9, 10, True)
+        if status is not ScheduleStatus.DEAD
+        else run(3, Trigger.RETRY, "chaos-pipeline:retry:x", 6, 7.5, False),
+    ]
+    snap = Snapshot(schedules=[schedule], executions=runs, activities=[], tasks=[], slots=[])
+    start = SLOT.timestamp()
+    ctx = Context(snap, [], [], {}, [], started=start, firing_end=start + 11, settled=start + 12, execution_bound_s=60)
+    violations, _ = check_slots(ctx)
+    return [v.detail for v in violations]
+
+
+def test_a_slot_due_while_a_retry_was_pending_needs_a_record_unless_the_schedule_died() -> None:
+    """Its fire, or the retry's, records it ``retry`` (CI, SQLite, seed 165042: neither did)."""
+    (detail,) = _vanished(ScheduleStatus.PAUSED)
+    assert "slot" in detail and "(+8.0s) has neither an execution nor a slot record" in detail
+    assert _vanished(ScheduleStatus.DEAD) == []
 
 
 # --- a body frozen by a SIGSTOP just after it started (CI, PostgreSQL, seed 846922) ---------------
@@ -227,3 +277,33 @@ def test_a_body_left_without_an_end_is_reported_with_its_stacks_or_its_process_g
         assert pool_processes({worker.pid}) == {body: worker.pid}  # the signal did not end it
     finally:
         worker.kill()
+
+
+def test_a_vanished_slot_comes_with_the_log_lines_around_it(tmp_path: Path) -> None:
+    """CI's temporary directory is gone when its failure is read: the report carries the lines."""
+    at = datetime(2026, 11, 28, 18, 9, 42, 469000).timestamp()  # local time, as Celery logs
+
+    def line(seconds: float, text: str) -> str:
+        stamp = datetime.fromtimestamp(at + seconds).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+        return f"[{stamp}: INFO/MainProcess] {text}"
+
+    (tmp_path / "beat.log").write_text(
+        "\n".join(
+            [
+                line(-30, "beat: firing chaos-pipeline"),  # too early
+                line(-0.1, "beat: firing chaos-pipeline, chaos-cron"),
+                line(1, "beat: reserved entries"),  # names neither the schedule nor a fire
+                "a traceback line without a time",
+            ]
+        )
+    )
+    (tmp_path / "w1.log").write_text(line(0.5, "Task chordbeat.fire_batch[abc] received") + "\n")
+    (tmp_path / "steps.jsonl").write_text(line(0, "chaos-pipeline") + "\n")  # not a process log
+    violation = Violation("no due slot vanishes", "chaos-pipeline: slot ...", at=at, schedule="chaos-pipeline")
+    excerpt = log_excerpt(tmp_path, violation)
+    assert excerpt[0].startswith("--- logs around [no due slot vanishes] chaos-pipeline")
+    assert [text.split("] ", 1)[1] for text in excerpt[1:]] == [
+        "beat: firing chaos-pipeline, chaos-cron",
+        "Task chordbeat.fire_batch[abc] received",
+    ]
+    assert excerpt[2].startswith("w1: [")

@@ -3,6 +3,7 @@ and record runs as if they agreed."""
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import subprocess
@@ -221,7 +222,7 @@ def test_a_host_whose_clock_is_off_is_warned_about_shown_and_measured(
         assert "40.0 s ahead of Redis's" in ahead.output(), ahead.output()
         wait_for(lambda: redis_client.hlen(reference_time.OFFSETS_KEY), 10, what="its offset noted")
         with WebServer(app) as web:
-            health = text_of(web.session(ADMIN).get(web.url + "/health", timeout=10).text)
+            health = html.unescape(text_of(web.session(ADMIN).get(web.url + "/health", timeout=10).text))
         assert "its host's clock is 40" in health and "ahead of Redis's" in health, health
         offsets = {
             sample.labels["process"]: sample.value

@@ -206,6 +206,22 @@ def test_the_longest_modules_exist_and_come_first() -> None:
     """A module renamed or removed would drop out of the order without a word."""
     tests = Path(__file__).parent
     assert [name for name in LONGEST_MODULES if not (tests / f"{name}.py").exists()] == []
-    items = [SimpleNamespace(path=tests / f"{name}.py") for name in ("test_web", "test_chaos", "test_web", "test_beat")]
+    modules = ("test_web", "test_chaos", "test_web", "test_few", "test_beat", "test_many", "test_many", "test_few")
+    slow = {"test_many": True, "test_few": True, "test_web": False}
+    marked = [(name, slow.get(name, True) and (name != "test_few" or index == 3)) for index, name in enumerate(modules)]
+    items = [
+        SimpleNamespace(path=tests / f"{name}.py", get_closest_marker=lambda _name, s=is_slow: True if s else None)
+        for name, is_slow in marked
+    ]
     longest_first(items)  # type: ignore[arg-type]
-    assert [item.path.stem for item in items] == ["test_chaos", "test_beat", "test_web", "test_web"]
+    # The listed ones first, then by slow tests held (two, one, none); each module's tests together.
+    assert [item.path.stem for item in items] == [
+        "test_chaos",
+        "test_beat",
+        "test_many",
+        "test_many",
+        "test_few",
+        "test_few",
+        "test_web",
+        "test_web",
+    ]

@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlparse
+from zoneinfo import ZoneInfo
 
 import pytest
 import yaml
@@ -122,9 +123,9 @@ def test_an_operator_finds_who_changed_what_on_the_audit_page_at_390_and_1920_px
             file_row = row_by(browser, "cli")
             assert f"file {path}" in file_row.text and "release 42" in file_row.text
             assert not file_row.find_elements(By.CSS_SELECTOR, "a.name")  # no schedule to link to
-            assert re.search(r"\d\d:\d\d:\d\d \+00:00 UTC, \d\d:\d\d \S+ here, 2 d", row_by(browser, "beat").text), (
-                row_by(browser, "beat").text
-            )
+            # From 18:30 UTC on it is already the next day in Kolkata: the "here" part says its date.
+            here = r"\d\d:\d\d:\d\d \+00:00 UTC, (\d{4}-\d\d-\d\d )?\d\d:\d\d \S+ here, 2 d"
+            assert re.search(here, row_by(browser, "beat").text), row_by(browser, "beat").text
             no_iso(browser)
             if folder := os.environ.get("CHORDBEAT_WEB_SCREENSHOTS"):
                 browser.save_screenshot(os.path.join(folder, f"dashboard-audit-{width}.png"))
@@ -174,6 +175,35 @@ def test_an_operator_finds_who_changed_what_on_the_audit_page_at_390_and_1920_px
             assert rows(browser) == [("chordbeat", "timed out")]
             assert re.search(r"from \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \+00:00 UTC", page_text(browser, "#audit-range"))
             no_iso(browser)
+            # The form's own from and to: wall times in the viewer's zone (Kolkata, UTC+05:30). Read
+            # as UTC, this "from" would be 5.5 h later and leave beat's row of 2 days ago out.
+            kolkata = ZoneInfo("Asia/Kolkata")
+            start = (utcnow() - timedelta(days=2, hours=1)).astimezone(kolkata).strftime("%Y-%m-%dT%H:%M:%S")
+            end = (utcnow() - timedelta(days=1)).astimezone(kolkata).strftime("%Y-%m-%dT%H:%M:%S")
+            open_page(browser, web.url + "/audit")
+            zone = browser.execute_script("return Intl.DateTimeFormat().resolvedOptions().timeZone")
+            assert zone in {"Asia/Kolkata", "Asia/Calcutta"} and page_text(browser, "#audit-filters .zone-said") == zone
+            browser.execute_script(
+                "document.getElementById('audit-from').value = arguments[0];"
+                "document.getElementById('audit-to').value = arguments[1];",
+                start,
+                end,
+            )
+            browser.find_element(By.CSS_SELECTOR, "#audit-filters button").click()
+            wait_for(lambda: "from=" in browser.current_url, 20, what="the from/to filter")
+            assert parse_qs(urlparse(browser.current_url).query)["zone"] == [zone]
+            assert rows(browser) == [("chordbeat", "timed out")]
+            assert browser.find_element(By.ID, "audit-from").get_attribute("value") == start  # kept in the form
+            assert re.search(r"from \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \+00:00 UTC", page_text(browser, "#audit-range"))
+            # Bad values are refused naming the field.
+            open_page(browser, web.url + "/audit?" + urlencode({"from": "yesterday", "zone": "Asia/Kolkata"}))
+            assert page_text(browser, "#audit-refused").startswith("from: is not a date and time"), page_text(
+                browser, "#audit-refused"
+            )
+            open_page(browser, web.url + "/audit?" + urlencode({"from": end, "to": start, "zone": "Asia/Kolkata"}))
+            assert page_text(browser, "#audit-refused") == "to: must be after from"
+            open_page(browser, web.url + "/audit?" + urlencode({"to": end, "zone": "Mars/Olympus"}))
+            assert page_text(browser, "#audit-refused").startswith("zone: is not a time zone name")
             # A hostile filter is refused naming the field, not run.
             open_page(browser, web.url + "/audit?action=P%D0%B0use&since=2026-11-28T06:00:00")
             assert page_text(browser, "#audit-refused").startswith("action: must be one of apply")

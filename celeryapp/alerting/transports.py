@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from celeryapp.domain.redaction import hide_secrets
+from celeryapp.errors import ChordbeatError
 from celeryapp.variables import DEFAULT_ALERT_SEND_TIMEOUT_S
 
 #: Seconds a connection, a write or a read may take before the attempt counts as failed.
@@ -39,7 +40,7 @@ ANSWER_CHARS = 100
 SMTP_PORTS = {"smtp": 25, "smtps": 465}
 
 
-class SendFailed(Exception):
+class SendFailed(ChordbeatError):
     """An attempt that did not deliver; the message is safe to store and show."""
 
 

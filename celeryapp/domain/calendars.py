@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
 
 from celeryapp.domain.limits import short_repr
+from celeryapp.errors import ChordbeatError
 
 #: A calendar file may hold at most this many lines (a century of holidays is a few thousand)...
 MAX_CALENDAR_LINES = 100_000
@@ -33,7 +34,7 @@ WEEKEND = frozenset({5, 6})
 INLINE_REASON = "excluded by the schedule's calendar.exclude"
 
 
-class CalendarError(ValueError):
+class CalendarError(ChordbeatError, ValueError):
     """A calendar's text or name that cannot be used; the message says where and why."""
 
 

@@ -168,7 +168,7 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
 
-class YamlMistake(ValueError):
+class YamlMistake(ChordbeatError, ValueError):
     """A file's YAML that :func:`read_yaml` refuses; its message says where and what."""
 
 

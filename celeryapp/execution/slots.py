@@ -145,11 +145,13 @@ def record_missed(
     now: datetime,
     excluded: Callable[[datetime], str | None],
     missed: Callable[[datetime], str],
+    outcome: SlotOutcome = SlotOutcome.MISSED,
 ) -> None:
     """Record the regular slots after ``since`` (the last one processed) and before ``until`` that no
     fire ever processed, so "why didn't it run at 02:00?" has an answer (one its calendar excludes
     would not have run anyway: it is recorded skipped_calendar, not missed). ``missed`` gives a
-    missed slot's detail: what its catch-up policy made of it."""
+    missed slot's detail: what its catch-up policy made of it. ``outcome``: what became of them,
+    missed unless something else took their place (a retry)."""
     since, until = between
     if since is None:
         return
@@ -160,10 +162,10 @@ def record_missed(
         detail = missed(slot)
         if count == MAX_MISSED_RECORDS:
             detail = f"{detail}; nor were the later slots until {iso(until)}"
-        outcome, reason = SlotOutcome.MISSED, excluded(slot) if count < MAX_MISSED_RECORDS else None
+        became, reason = outcome, excluded(slot) if count < MAX_MISSED_RECORDS else None
         if reason is not None:
-            outcome, detail = SlotOutcome.SKIPPED_CALENDAR, f"not run: {reason}"
-        record_slot(session, owner, outcome, trigger=trigger, nominal_at=slot, now=now, detail=detail)
+            became, detail = SlotOutcome.SKIPPED_CALENDAR, f"not run: {reason}"
+        record_slot(session, owner, became, trigger=trigger, nominal_at=slot, now=now, detail=detail)
         slot = cadence.slot_after(slot)
 
 

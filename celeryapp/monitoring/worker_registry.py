@@ -95,6 +95,18 @@ def live_workers(client: redis.Redis) -> list[WorkerEntry]:
     return entries
 
 
+def refreshed_ago_s(client: redis.Redis, nodes: Collection[str]) -> dict[str, float]:
+    """Seconds since each of ``nodes`` last refreshed its entry, by Redis's own clock: the entry's
+    time to live counts down from ``REGISTRY_TTL_S`` (no host's clock is compared with another's).
+    Nodes whose entry is gone are left out."""
+    names = sorted(nodes)
+    with client.pipeline(transaction=False) as pipe:
+        for node in names:
+            pipe.pttl(keys.registry_key(node))
+        left_ms = pipe.execute()
+    return {node: max(REGISTRY_TTL_S - int(ms) / 1000, 0.0) for node, ms in zip(names, left_ms, strict=True) if ms > 0}
+
+
 def _entry(node: str, value: Any) -> WorkerEntry | None:
     try:
         raw = json.loads(value)

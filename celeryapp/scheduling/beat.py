@@ -25,6 +25,7 @@ from celeryapp.monitoring import health
 from celeryapp.monitoring.watchdog import StallWatchdog
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import chunks, reconcile, reconcile_fully_next
+from celeryapp.scheduling.beat_lock import holder_token
 from celeryapp.scheduling.calendar_files import unreadable_calendars
 from celeryapp.scheduling.fire_messages import FireSender
 from celeryapp.scheduling.redis_outage import RedisOutage
@@ -233,7 +234,7 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
                 lock = client.lock(self.lock_key, timeout=self.lock_timeout, sleep=LOCK_RETRY_S)
                 lock.lua_extend = client.register_script(LUA_EXTEND_TO_SCRIPT)
                 # The first try does not wait: a standby says so at once.
-                acquired = lock.acquire(blocking=standing_by, blocking_timeout=STANDBY_TOUCH_S)
+                acquired = lock.acquire(blocking=standing_by, blocking_timeout=STANDBY_TOUCH_S, token=holder_token())
                 self._locking.answered()
                 if not acquired:
                     if not standing_by:

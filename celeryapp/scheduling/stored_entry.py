@@ -28,6 +28,7 @@ from celeryapp.domain.cadence import Cadence, Due, next_due
 from celeryapp.domain.cron import CronExpression
 from celeryapp.domain.definition import MAX_ZONE_CHARS
 from celeryapp.domain.dst_rules import DstRules
+from celeryapp.errors import ChordbeatError
 from celeryapp.messaging.serialization import MAX_MESSAGE_DEPTH, too_deep
 from celeryapp.runtime import Runtime
 from models import Trigger
@@ -48,7 +49,7 @@ MAX_INSTANT_S = datetime(9000, 1, 1, tzinfo=UTC).timestamp()
 WRONG_TYPE = "WRONGTYPE"
 
 
-class CorruptEntry(ValueError):
+class CorruptEntry(ChordbeatError, ValueError):
     """A stored beat entry that cannot be read as one."""
 
 

@@ -22,9 +22,10 @@ from celeryapp.domain.decisions import ScheduleState, decide_calendar, decide_fi
 from celeryapp.domain.effects import Effects
 from celeryapp.domain.limits import MAX_FIRE_BATCH, MAX_NAME_CHARS, short_repr, type_name
 from celeryapp.domain.names import run_key
-from celeryapp.errors import InvalidArgument
+from celeryapp.errors import ChordbeatError, InvalidArgument
+from celeryapp.execution.backfill_driver import regular_trigger
 from celeryapp.execution.runs import Start, start_execution, start_executions
-from celeryapp.execution.slots import SlotOwner, claim_slot, claimed_slots, record_slot, recorded
+from celeryapp.execution.slots import SlotOwner, claim_slot, claimed_slots, record_missed, record_slot, recorded
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import ENTRY_COLUMNS, EntryFields
 from celeryapp.scheduling.calendar_files import slot_calendar_reason
@@ -214,7 +215,7 @@ def _fire_together(
 _ACTIVE_OF = select(ScheduleExecution.schedule_id).where(ScheduleExecution.status == ExecutionStatus.IN_PROGRESS)
 
 
-class _ClaimRaced(RuntimeError):
+class _ClaimRaced(ChordbeatError):
     """A claimed slot moved under the row lock: the batch is rolled back and fired slot by slot."""
 
 
@@ -321,10 +322,24 @@ def _fire(app: Runtime, name: str, *, nominal_at: datetime, trigger: Trigger, ef
         if trigger is Trigger.RETRY and schedule.retry_at is not None:
             # The stored time names the retry (the message's may be a microsecond off).
             nominal_at = schedule.retry_at
-            # The retry replaced the regular slots due meanwhile: they were not missed.
-            replaced = cadence.latest_slot(now, since=state.last_slot_at or schedule.updated_at)
-            if replaced is not None:
-                claim_slot(session, row.id, cadence, replaced, now)
+            # The retry replaced the regular slots due meanwhile: they were not missed. Those no
+            # fire processed yet (it came late: the control workers were busy or down) say so
+            # here; their fires, when they come, find them decided.
+            since = state.last_slot_at or schedule.updated_at
+            replaced = cadence.latest_slot(now, since=since)
+            if replaced is not None and claim_slot(session, row.id, cadence, replaced, now):
+                detail = f"retry {schedule.current_retry} replaced this run"
+                record_missed(
+                    session,
+                    owner,
+                    cadence,
+                    (since, cadence.slot_after(replaced)),
+                    regular_trigger(row.every_s),
+                    now,
+                    excluded,
+                    lambda _slot: detail,
+                    outcome=SlotOutcome.RETRY,
+                )
         result = start_execution(
             session,
             schedule,

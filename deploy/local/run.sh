@@ -56,6 +56,8 @@ fi
 export CHORDBEAT_WEB_SECRET="${CHORDBEAT_WEB_SECRET:-$LOCAL_WEB_SECRET}"
 web_url="http://127.0.0.1:${CHORDBEAT_WEB_PORT:-8180}"
 flower_url="http://127.0.0.1:${FLOWER_PORT:-5555}"
+# The dashboard's Health page links to Flower and asks whether it answers.
+export CHORDBEAT_FLOWER_URL="${CHORDBEAT_FLOWER_URL:-$flower_url}"
 echo "Dashboard: $web_url ($web_login)"
 echo "Flower:    $flower_url ($flower_login)"
 

@@ -8,6 +8,8 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 # The dashboard's browser tests drive Debian's Chromium through its chromedriver (nothing downloaded).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+# npm installs axe-core (the Makefile's AXE_STAMP) for the dashboard's accessibility test.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 # The multi-host lab: clock skew per process, Redis Sentinel, network namespaces and partitions.
 ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || missing+=(faketime)
 command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)

@@ -19,9 +19,10 @@ Rules that need a precise reading:
   while firing was impossible: inside a *blackout* of a beat, Redis or database fault, from 0.5 s
   before the fault to an allowance after it ends (beat killed or Redis back with its data: 40 s,
   as beat may wait for RedBeat's 30 s lock to expire before it fires again; Redis back empty:
-  10 s; beat SIGSTOPped: 8 s; database: 10 s), and while a retry of a failed run is pending (from
-  the failed run's end until its retry starts: the retry replaces the cadence). Worker faults
-  excuse nothing: a fire message lost with a SIGKILLed worker is a lost slot. Whether the latest
+  10 s; beat SIGSTOPped: 8 s; database: 10 s), and after the failure that left its schedule dead
+  (nothing of it fires any more). A slot due while a retry was pending is recorded ``retry``, by
+  its own fire or by the retry's. Worker faults excuse nothing: a fire message lost with a
+  SIGKILLed worker is a lost slot. Whether the latest
   missed slot ran after a blackout is not asserted (the lost-fire re-fire only covers a slot no
   later fire superseded); the report counts excused slots and late slot records.
 - **Stalls.** An in-progress execution may run no step body for at most 15 s, not counting
@@ -51,6 +52,7 @@ from models import (
     ExecutionStatus,
     Schedule,
     ScheduleExecution,
+    ScheduleStatus,
     SlotOutcome,
     SlotRecord,
     Trigger,
@@ -119,6 +121,10 @@ REGULAR = {Trigger.CRON, Trigger.INTERVAL}
 class Violation:
     invariant: str
     detail: str
+    #: When it happened (epoch seconds) and to which schedule, where one time says it: the report
+    #: prints the processes' log lines around it.
+    at: float | None = None
+    schedule: str | None = None
 
     def __str__(self) -> str:
         return f"[{self.invariant}] {self.detail}"
@@ -439,21 +445,16 @@ def grid(schedule: Schedule) -> tuple[float, float]:
     return ts(schedule.updated_at), schedule.every_s
 
 
-def _retry_windows(ctx: Context, schedule: Schedule) -> list[tuple[float, float]]:
-    if not schedule.max_retries:
+def _after_death(ctx: Context, schedule: Schedule) -> list[tuple[float, float]]:
+    """From the end of the failed run that left ``schedule`` dead: nothing of it fires after."""
+    if schedule.status is not ScheduleStatus.DEAD:
         return []
-    runs = sorted((e for e in ctx.snapshot.executions if e.schedule_name == schedule.name), key=lambda e: e.started_at)
-    windows = []
-    for i, failed in enumerate(runs):
-        if failed.status is not ExecutionStatus.FAILED or failed.completed_at is None:
-            continue
-        end = ctx.firing_end
-        for later in runs[i + 1 :]:
-            if later.trigger is Trigger.RETRY and later.started_at >= failed.completed_at:
-                end = ts(later.started_at)
-                break
-        windows.append((ts(failed.completed_at) - 0.5, end + 0.5))
-    return windows
+    failures = [
+        ts(e.completed_at)
+        for e in ctx.snapshot.executions
+        if e.schedule_name == schedule.name and e.status is ExecutionStatus.FAILED and e.completed_at is not None
+    ]
+    return [(max(failures) - 0.5, ctx.firing_end + 0.5)] if failures else []
 
 
 def _blackouts(ctx: Context) -> list[tuple[float, float]]:
@@ -519,7 +520,7 @@ def check_slots(ctx: Context) -> tuple[list[Violation], dict[str, Any]]:
         stats["late_records"] += late
         if not seen:
             continue
-        excused = blackouts + _retry_windows(ctx, schedule)
+        excused = blackouts + _after_death(ctx, schedule)
         last = int((ctx.firing_end - 1.5 - anchor) // period)
         for k in range(min(seen), last + 1):
             stats["slots_checked"] += 1
@@ -534,6 +535,8 @@ def check_slots(ctx: Context) -> tuple[list[Violation], dict[str, Any]]:
                     "no due slot vanishes",
                     f"{schedule.name}: slot {datetime.fromtimestamp(t, UTC).isoformat(timespec='milliseconds')} "
                     f"({ctx.rel(t)}) has neither an execution nor a slot record; {ctx.near(t)}",
+                    at=t,
+                    schedule=schedule.name,
                 )
             )
     return out, stats

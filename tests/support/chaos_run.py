@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +207,7 @@ def play_and_check(
     finally:
         dispose_all()
     violations, slot_stats = check_all(ctx)
+    excerpts = [line for v in violations if v.at is not None for line in log_excerpt(log.parent, v)]
     return {
         "seed": seed,
         "seconds": seconds,
@@ -220,7 +223,36 @@ def play_and_check(
         **slot_stats,
         "violations": [str(v) for v in violations],
         "violations_by_invariant": dict(_count(violations)),
+        "log_excerpts": excerpts,
     }
+
+
+#: A Celery log line's time: ``[2026-11-28 18:16:12,723: INFO/MainProcess] ...`` (local time).
+_LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}):")
+#: Seconds of log shown before and after a violation's time, and lines at most per violation.
+EXCERPT_S, EXCERPT_LINES = (6.0, 8.0), 60
+
+
+def log_excerpt(directory: Path, violation: Violation) -> list[str]:
+    """The lines of the plan's process logs (beat's, the workers') from just before ``violation``
+    to just after it that name its schedule or a fire: what a failure in CI is diagnosed from, the
+    temporary directory being gone by then."""
+    assert violation.at is not None
+    low, high = violation.at - EXCERPT_S[0], violation.at + EXCERPT_S[1]
+    words = ("fire", "retry") + ((violation.schedule,) if violation.schedule else ())
+    found: list[tuple[float, str]] = []
+    for path in sorted(directory.glob("*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            match = _LOG_TIME.match(line)
+            if match is None or not any(word in line for word in words):
+                continue
+            at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            if low <= at <= high:
+                found.append((at, f"{path.stem}: {line[:300]}"))
+    found.sort(key=lambda item: item[0])
+    head = f"--- logs around {violation}"
+    more = [f"... and {len(found) - EXCERPT_LINES} more lines"] if len(found) > EXCERPT_LINES else []
+    return [head, *(line for _, line in found[:EXCERPT_LINES]), *more]
 
 
 def unended_bodies(cluster: Cluster, log: Path) -> list[str]:
@@ -299,10 +331,17 @@ def report(title: str, seed: int, results: list[dict[str, Any]], path: Path) -> 
         + f"; report: {path}"
     )
     for r in results:
-        summary = {k: v for k, v in r.items() if k not in ("violations", "faults", "deaths", "pool_deaths", "exits")}
+        summary = {
+            k: v
+            for k, v in r.items()
+            if k not in ("violations", "faults", "deaths", "pool_deaths", "exits", "log_excerpts")
+        }
         print(json.dumps(summary))
     violations = [f"plan {r['plan']} (seed {r['seed']}): {v}" for r in results for v in r["violations"]]
     for line in violations:
         print(line)
+    for r in results:
+        for line in r.get("log_excerpts", []):
+            print(line)
     shown = "\n".join(violations[:40]) + (f"\n... and {len(violations) - 40} more" if len(violations) > 40 else "")
     assert not violations, f"{len(violations)} invariant violations (CHORDBEAT_CHAOS_SEED={seed}):\n{shown}"

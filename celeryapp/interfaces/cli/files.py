@@ -105,7 +105,7 @@ def _confirm_removal(source: str, names: list[str]) -> list[str]:
     )
 
 
-class Refused(click.ClickException):
+class Refused(ChordbeatError, click.ClickException):
     """Every mistake at once, one per line, wrapped at words within ``width`` columns: a long
     reason that the terminal broke mid-word would be hard to read at 80 columns."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import tornado.web
 from sqlalchemy import select
@@ -18,6 +19,7 @@ from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument
 from celeryapp.interfaces.arguments import name_arg
 from celeryapp.interfaces.audit import AuditFilter, audit_filter, audit_rows
+from celeryapp.interfaces.web.backfill_page import form_time
 from celeryapp.interfaces.web.base import BaseHandler
 from celeryapp.states import AuditAction
 from models import Schedule, utcnow
@@ -34,8 +36,10 @@ _SINCE_LENGTHS = {
 }
 #: Query-string values longer than this are cut before they are checked (each check refuses far less).
 _ARGUMENT_CHARS = 300
-#: The query-string names of the filters, in the order a shared address lists them.
-FILTER_NAMES = ("actor", "action", "schedule", "since", "until")
+#: The query-string names of the filters, in the order a shared address lists them: ``from`` and
+#: ``to`` are the form's wall times in ``zone`` (the viewer's, which the browser fills in);
+#: ``since`` and ``until`` instants (ISO 8601) or, for ``since``, one of the form's lengths.
+FILTER_NAMES = ("actor", "action", "schedule", "since", "until", "from", "to", "zone")
 ACTIONS = tuple(a.value for a in AuditAction)
 
 
@@ -52,12 +56,36 @@ class AuditView:
     wanted: AuditFilter = field(default_factory=AuditFilter)
 
 
+def _zone(given: dict[str, str]) -> str:
+    """The viewer's zone the form's times are in (UTC when the browser did not say)."""
+    name = given.get("zone") or "UTC"
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidArgument("zone", f"is not a time zone name (like Europe/London), got {short_repr(name)}") from None
+    return name
+
+
+def _wall_time(given: dict[str, str], name: str, instead_of: str) -> str | None:
+    """The form's ``from``/``to`` as an instant: a wall time in the viewer's zone."""
+    text = given.get(name)
+    if text is None:
+        return None
+    if given.get(instead_of):
+        raise InvalidArgument(name, f"give either {name} or {instead_of}, not both")
+    return form_time(name, text, _zone(given))
+
+
 def checked_filter(given: dict[str, str], before: str, now: datetime) -> AuditFilter:
     """The query string's filters as ``list_audit`` takes them; ``since`` may also be one of the
-    form's lengths (``24h``: back from now)."""
+    form's lengths (``24h``: back from now), and ``from``/``to`` stand for ``since``/``until`` as
+    wall times in the viewer's ``zone``."""
     since = given.get("since")
     if since in _SINCE_LENGTHS:
         since = iso(now - _SINCE_LENGTHS[since])
+    start, end = _wall_time(given, "from", "since"), _wall_time(given, "to", "until")
+    if start is not None and end is not None and datetime.fromisoformat(end) <= datetime.fromisoformat(start):
+        raise InvalidArgument("to", "must be after from")
     cursor = None
     if before:
         # The address's name for list_audit's before_id: refused under the name the address uses.
@@ -68,8 +96,8 @@ def checked_filter(given: dict[str, str], before: str, now: datetime) -> AuditFi
         schedule=None if "schedule" not in given else name_arg(given["schedule"], "schedule"),
         actor=given.get("actor"),
         action=given.get("action"),
-        since=since,
-        until=given.get("until"),
+        since=start or since,
+        until=end or given.get("until"),
         before_id=cursor,
     )
 

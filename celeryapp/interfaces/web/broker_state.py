@@ -4,29 +4,25 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis
 from kombu.exceptions import OperationalError
 
-from celeryapp.application import REDBEAT_LOCK_TIMEOUT_S, ChordbeatCelery
-from celeryapp.clock import clock
+from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis
-from celeryapp.messaging.reference_time import (
-    OFFSET_WARNING_S,
-    ClockCorrection,
-    ProcessOffset,
-    offsets,
-    shared_correction,
-)
+from celeryapp.messaging.reference_time import ClockCorrection, shared_correction
 
 PING_TIMEOUT_S = 1.0
 #: The workers' answers are shown this long before they are asked again. A ping waits its whole
 #: timeout whoever answers, so the page never waits for one once it has answers: it shows the last
 #: ones (saying how old they are) and asks again in the background.
 PING_MAX_AGE_S = 5.0
+#: Answers older than this are not shown as current (a page first opened long after the last one
+#: showed 84 s old answers as alive): the page waits for a fresh ping instead.
+PING_STALE_S = 15.0
 #: What a broadcast raises when Redis is away or dropped a pooled connection.
 BROKER_ERRORS = (redis.RedisError, OperationalError, OSError)
 
@@ -35,17 +31,13 @@ BROKER_ERRORS = (redis.RedisError, OperationalError, OSError)
 class BrokerState:
     workers: list[str]
     queues: dict[str, int]
-    #: Seconds the beat lock has left; None when nobody holds it.
-    lock_ttl_s: float | None
-    #: Seconds since the lock holder last extended it (each tick does).
-    last_tick_s: float | None
     error: str | None = None
-    #: Processes whose host clock is more than OFFSET_WARNING_S off the reference (Redis's).
-    clocks_off: list[ProcessOffset] = field(default_factory=list)
     #: Seconds since the workers answered the ping the list comes from.
     workers_age_s: float = 0.0
     #: The correction after a jump of Redis's clock, while it is being taken back.
     clock_correction: ClockCorrection | None = None
+    #: The workers' answers the list comes from (health_lines.py's worker lines read them).
+    pings: PingAnswers | None = None
 
 
 @dataclass(frozen=True)
@@ -59,10 +51,12 @@ class PingAnswers:
 class WorkerPings:
     """The workers' last answers to a ping, for every page of one dashboard server. Only the
     first call waits for a ping; later ones get the last answers at once and, when those are
-    older than ``max_age_s``, start one ping in the background (never two at a time)."""
+    older than ``max_age_s``, start one ping in the background (never two at a time). Answers
+    older than ``stale_after_s`` are not shown: that call waits for a fresh ping."""
 
-    def __init__(self, max_age_s: float = PING_MAX_AGE_S) -> None:
+    def __init__(self, max_age_s: float = PING_MAX_AGE_S, stale_after_s: float = PING_STALE_S) -> None:
         self.max_age_s = max_age_s
+        self.stale_after_s = stale_after_s
         self._lock = threading.Lock()
         self._last: PingAnswers | None = None
         self._asking = False
@@ -70,6 +64,8 @@ class WorkerPings:
     def answers(self, app: ChordbeatCelery) -> PingAnswers:
         with self._lock:
             last = self._last
+            if last is not None and time.monotonic() - last.asked_at > self.stale_after_s:
+                last = None
             stale = last is None or time.monotonic() - last.asked_at > self.max_age_s
             ask_in_background = last is not None and stale and not self._asking
             self._asking = self._asking or ask_in_background
@@ -110,18 +106,13 @@ def broker_state(app: ChordbeatCelery, extra_queues: list[str], pings: WorkerPin
     try:
         client = get_redis(app.settings.broker_url)
         depths = {q: queue_depth(client, q, priorities) for q in queues}
-        beat = get_redis(app.settings.redbeat_url)
-        ttl_ms = int(beat.pttl(f"{app.conf.redbeat_key_prefix}:lock"))
-        clocks_off = [o for o in offsets(client, clock.timestamp()) if abs(o.offset_s) > OFFSET_WARNING_S]
         correction = shared_correction(client)
     except redis.RedisError as exc:
-        return BrokerState([], {}, None, None, error=f"Redis: {exc}")
-    lock_ttl = ttl_ms / 1000 if ttl_ms > 0 else None
-    last_tick = None if lock_ttl is None else max(REDBEAT_LOCK_TIMEOUT_S - lock_ttl, 0.0)
+        return BrokerState([], {}, error=f"Redis: {exc}")
     answers = pings.answers(app)
     age = time.monotonic() - answers.asked_at
     correcting = correction if correction is not None and correction.remaining_s != 0 else None
-    return BrokerState(answers.workers, depths, lock_ttl, last_tick, answers.error, clocks_off, age, correcting)
+    return BrokerState(answers.workers, depths, answers.error, age, correcting, answers)
 
 
 def _ping(app: ChordbeatCelery) -> list[dict[str, object]]:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from celeryapp.errors import ChordbeatError
+
 #: Threads checking passwords at once (pbkdf2_hmac releases the GIL: each takes a core).
 HASH_THREADS = 2
 #: Checks that may wait for a thread; one more is refused.
@@ -20,7 +22,7 @@ HASH_WAITING = 8
 T = TypeVar("T")
 
 
-class PoolFull(Exception):
+class PoolFull(ChordbeatError):
     """Every hashing thread is busy and the waiting line is full."""
 
 

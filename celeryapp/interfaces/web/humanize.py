@@ -36,6 +36,28 @@ LEGEND = (
 )
 
 
+#: A grid cell's mark beside its colour: a state is never told by colour alone (WCAG 1.4.1).
+SYMBOLS = {
+    "completed": "✓",
+    "complete": "✓",
+    WARNINGS_CLASS: "!",
+    "complete_with_warning": "!",
+    "failed": "✗",
+    "failed_with_error": "✗",
+    "complete_with_error": "✗",
+    "cancelled": "\u2013",
+    "in_progress": "▸",
+    "processing": "▸",
+    "queued": "·",
+    "waiting_for_previous_step": "…",
+}
+
+
+def symbol(state: str) -> str:
+    """The mark a grid cell of ``state`` shows (``?`` for a state without one)."""
+    return SYMBOLS.get(state, "?")
+
+
 def run_badge(status: str, warned: bool) -> tuple[str, str]:
     """A run's badge: its colour class and its words ("completed with warnings" in yellow)."""
     words = run_state({"status": status, "steps": {"complete_with_warning": 1} if warned else {}})

@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import tornado.httpserver
 import tornado.ioloop
 import tornado.web
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.limits import MAX_ID, MAX_NAME_CHARS
@@ -30,9 +33,10 @@ from celeryapp.interfaces.web.auth import WebUser, check_auth_config
 from celeryapp.interfaces.web.backfill_page import MODES, BackfillActionHandler, BackfillForm, schedule_backfills
 from celeryapp.interfaces.web.base import BaseHandler, WebContext
 from celeryapp.interfaces.web.bounded_bodies import BoundedBodies
-from celeryapp.interfaces.web.broker_state import broker_state
+from celeryapp.interfaces.web.broker_state import PingAnswers, broker_state
 from celeryapp.interfaces.web.duration_chart import chart, scale, summary
 from celeryapp.interfaces.web.duration_trends import schedule_durations
+from celeryapp.interfaces.web.health_lines import health_lines
 from celeryapp.interfaces.web.login import LoginHandler, LogoutHandler
 from celeryapp.interfaces.web.runs_page import RunsHandler
 from celeryapp.monitoring.health import age_s
@@ -40,6 +44,7 @@ from celeryapp.scheduling.calendar_files import preview_exclusions
 from models import ScheduleStep, utcnow
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 HERE = os.path.dirname(__file__)
 
 
@@ -144,18 +149,31 @@ class ExecutionHandler(BaseHandler):
 
 
 class HealthHandler(BaseHandler):
+    async def read_or_none(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """A read whose database may be down: the page shows the rest (the database's line says why)."""
+        try:
+            return await self.read(fn, *args)
+        except SQLAlchemyError as exc:
+            logger.warning("health page: the database does not answer: %s", exc)
+            return None
+
     @tornado.web.authenticated
     async def get(self, fragment: str | None = None) -> None:
         now = utcnow()
         app = self.ctx.app
-        queues = await self.read(lambda s: [q for q in s.scalars(select(ScheduleStep.queue).distinct()).all() if q])
+        loop = asyncio.get_running_loop()
+        queues = await self.read_or_none(
+            lambda s: [q for q in s.scalars(select(ScheduleStep.queue).distinct()).all() if q]
+        )
         # The workers' ping takes its whole timeout: the database is read meanwhile.
         view, state = await asyncio.gather(
-            self.read(queries.health_view, now),
-            asyncio.get_running_loop().run_in_executor(None, broker_state, app, queues, self.ctx.pings),
+            self.read_or_none(queries.health_view, now),
+            loop.run_in_executor(None, broker_state, app, queues or [], self.ctx.pings),
         )
+        pings = state.pings or PingAnswers([], state.error, time.monotonic())
+        lines = await loop.run_in_executor(None, health_lines, app, pings)
         beat_file = age_s(app.settings, "beat")
-        args = {"v": view, "b": state, "beat_file_age": beat_file}
+        args = {"v": view, "b": state, "beat_file_age": beat_file, "lines": lines, "monotonic": time.monotonic()}
         if fragment:
             self.render("_health_live.html", user=self.user, **args)
         else:

@@ -23,6 +23,18 @@ function localTimes(root) {
   for (const el of root.querySelectorAll(".localzone")) {
     el.textContent = "yours (" + Intl.DateTimeFormat().resolvedOptions().timeZone + ")";
   }
+  // A form's wall times are the viewer's: the form sends the zone they are in (a shared address
+  // keeps the zone it was made in).
+  for (const field of root.querySelectorAll("input.viewer-zone")) {
+    if (field.value) continue;
+    field.value = Intl.DateTimeFormat().resolvedOptions().timeZone;
+    const said = field.form && field.form.querySelector(".zone-said");
+    if (said) said.textContent = field.value;
+    // Without a from or a to the zone says nothing: the address stays as short as the filters.
+    if (field.form) field.form.addEventListener("submit", () => {
+      field.disabled = ![...field.form.querySelectorAll("input[type=datetime-local]")].some((f) => f.value);
+    });
+  }
 }
 
 function live(el) {
@@ -37,8 +49,14 @@ function live(el) {
         return;
       }
       if (response.ok) {
-        el.innerHTML = await response.text();
-        localTimes(el);
+        // The region is aria-live: replaced only when it changed, so that a screen reader
+        // announces news, not the same page every few seconds.
+        const html = await response.text();
+        if (html !== el.dataset.shown) {
+          el.innerHTML = html;
+          el.dataset.shown = html;
+          localTimes(el);
+        }
         el.dataset.refreshed = String(Date.now());
       }
     } catch (err) {
@@ -52,9 +70,18 @@ function live(el) {
 function details() {
   const panel = document.getElementById("detail");
   if (!panel) return;
+  let opener = null;
+  function hide() {
+    panel.hidden = true;
+    if (opener && document.contains(opener)) opener.focus();
+    opener = null;
+  }
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && !panel.hidden) hide();
+  });
   document.addEventListener("click", async (event) => {
     const close = event.target.closest(".stepdetail .close");
-    if (close) { panel.hidden = true; return; }
+    if (close) { event.preventDefault(); hide(); return; }
     const cell = event.target.closest("a[data-detail]");
     if (!cell) return;
     event.preventDefault();
@@ -62,8 +89,10 @@ function details() {
     if (!response.ok) { window.location = cell.href; return; }
     panel.innerHTML = await response.text();
     panel.hidden = false;
+    opener = cell;
     localTimes(panel);
     panel.scrollIntoView({ block: "nearest" });
+    panel.focus();
   });
 }
 

@@ -210,7 +210,7 @@ def test_the_slowest_schedules_those_getting_slower_and_a_schedules_chart(app: C
     assert chart
     assert len(re.findall(r'<rect class="bar recent"', chart.group(0))) == TREND_RUNS
     assert len(re.findall(r'<rect class="bar earlier"', chart.group(0))) == TREND_RUNS
-    assert f'<a href="/execution/{etl[-1]}">' in chart.group(0)
+    assert f'data-run="{etl[-1]}"' in chart.group(0) and f"<title>#{etl[-1]}: 1 min 40 s</title>" in chart.group(0)
     summary = re.search(r'<span id="duration-summary">([^<]+)<', schedule_page)
     assert summary and summary.group(1) == (
         f"p50 1 min 40 s, p95 1 min 40 s over the latest {TREND_RUNS} completed runs;"

@@ -38,7 +38,7 @@ def failures(browser: WebDriver) -> list[tuple[str, str]]:
     under the reader every few seconds)."""
     rows = browser.execute_script(
         "return [...document.querySelectorAll('tr.run-row')].map(r =>"
-        " [r.querySelector('a.name').textContent, r.querySelector('.error-text').textContent])"
+        " [r.querySelector('.name').textContent, r.querySelector('.error-text').textContent])"
     )
     return [(name, error) for name, error in rows]
 
@@ -101,7 +101,7 @@ def test_an_operator_reads_what_failed_and_which_schedule_is_slowest_at_390_and_
             ]
             payroll = browser.execute_script(
                 "return [...document.querySelectorAll('tr.run-row')]"
-                ".find(r => r.querySelector('a.name').textContent === 'payroll').innerText"
+                ".find(r => r.querySelector('.name').textContent === 'payroll').innerText"
             )
             # In payroll's zone, with the viewer's (Kolkata) beside it.
             assert re.search(r"\d\d:\d\d:\d\d \+00:00 GMT, \d\d:\d\d \S+ here, 5 h", payroll), payroll

@@ -20,6 +20,7 @@ import requests
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.durations import TREND_RUNS
 from celeryapp.domain.times import iso
+from celeryapp.interfaces import service
 from celeryapp.interfaces.web.run_list import PAGE_ROWS, RunFilter, runs_view
 from models import ExecutionStatus, Trigger, transaction, utcnow
 from tests.support.run_history import Run, define, hourly, write_runs
@@ -107,6 +108,14 @@ def test_every_run_newest_first_filtered_and_paged_from_the_address(app: Chordbe
     window = {"since": iso(now - timedelta(days=3)), "until": iso(now - timedelta(days=1))}
     ranged = _get(admin, web, window)
     assert [i for i, _ in _shown(ranged.text)] == [failed_old] and 'id="runs-range"' in ranged.text
+    # A deleted schedule's runs are kept and listed, its name no longer a link.
+    define(app, "gone")
+    (gone,) = write_runs(app, "gone", [Run(timedelta(hours=1, minutes=30), status=ExecutionStatus.FAILED)], now)
+    service.delete_schedule(app, "gone")
+    listed = _get(admin, web, {"schedule": "gone"}).text
+    assert _shown(listed) == [(gone, "failed")]
+    assert '<span class="name deleted">gone</span> <span class="muted">(deleted)</span>' in listed
+    assert "/schedule?name=gone" not in listed
     # A look-alike name (a Cyrillic a, U+0430) is another name: nothing matches, said so.
     alike = _get(admin, web, {"schedule": "p\u0430yroll"})
     assert alike.status_code == 200 and _shown(alike.text) == [] and "No runs that match these filters" in alike.text

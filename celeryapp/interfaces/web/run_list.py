@@ -56,6 +56,8 @@ class RunRow:
     schedule: str
     #: The schedule's zone (the run's times are shown in it); UTC once the schedule is deleted.
     zone: str
+    #: No schedule of that name any more (its runs are kept): nothing to link to.
+    deleted: bool
     status: str
     warned: bool
     trigger: str
@@ -158,6 +160,7 @@ def runs_view(session: Session, wanted: RunFilter, given: dict[str, str]) -> Run
             id=run_id,
             schedule=name,
             zone=zones.get(name, "UTC"),
+            deleted=name not in zones,
             status=ExecutionStatus(status).value,
             warned=run_id in warned,
             trigger=Trigger(trigger).value,

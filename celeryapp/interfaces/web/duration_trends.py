@@ -5,7 +5,7 @@ getting slower (the Runs page), by :func:`celeryapp.domain.durations.duration_tr
 Across schedules the trend is not computed for every schedule (10,000 schedules' latest runs would
 be read on each view). The candidates are the ``CANDIDATES`` schedules with the longest mean
 duration among runs completed in the last ``WINDOW``, and the ``CANDIDATES`` whose mean there grew
-most against the ``WINDOW`` before (two aggregates over those days' index range); each
+most against the ``WINDOW`` before (one aggregate over those two windows' index range); each
 candidate's latest runs are then read in one statement (an index range each), and the rule is
 applied to them. A schedule that completed no run in the last two windows is not listed.
 """
@@ -106,7 +106,7 @@ def schedule_durations(session: Session, schedule_id: int) -> ScheduleDurations:
 def _candidates(session: Session, now: datetime, limit: int) -> list[int]:
     """The longest mean durations of the last ``WINDOW``, then the means that grew most against
     the ``WINDOW`` before (a schedule still fast but getting slower), each up to ``limit``: one
-    aggregate over the two windows' range of the (status, started_at) index."""
+    aggregate over the two windows' index range (PostgreSQL walks (started_at, id))."""
     run = ScheduleExecution
     recent = run.started_at >= now - WINDOW
     means = (

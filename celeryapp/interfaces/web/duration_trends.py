@@ -7,7 +7,7 @@ be read on each view). The candidates are the ``CANDIDATES`` schedules with the 
 duration among runs completed in the last ``WINDOW``, and the ``CANDIDATES`` whose mean there grew
 most against the ``WINDOW`` before (one aggregate over those two windows' index range); each
 candidate's latest runs are then read in one statement (an index range each), and the rule is
-applied to them. A schedule that completed no run in the last two windows is not listed.
+applied to them. A schedule that completed no run in the last ``WINDOW`` is not listed.
 """
 
 from __future__ import annotations

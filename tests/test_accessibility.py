@@ -29,16 +29,14 @@ from celeryapp.interfaces import service
 from celeryapp.interfaces.web.auth import parse_users
 from celeryapp.interfaces.web.server import AliveHandler, make_app
 from models import Schedule, transaction
+from tests.support.axe import AXE, said, violations
 from tests.support.chromium import chromium, log_in
 from tests.support.helpers import wait_for
 from tests.support.web_server import ADMIN, SECRET, USERS, WebServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-AXE = Path(__file__).resolve().parent.parent / ".run" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
 WIDTHS = ((390, 844), (1920, 1080))
-#: axe-core's impacts that fail the test.
-FAILING = {"serious", "critical"}
 #: Pages reached only when something is in a passing state (a step or a backfill still running):
 #: their routes serve confirmation pages, the same template the crawl checks for run, pause and re-run.
 ONLY_WHILE_RUNNING = {r"/act/(cancel|rerun)/([0-9]{1,12})", r"/act/(cancel-backfill)/([0-9]{1,12})"}
@@ -131,28 +129,6 @@ def crawl(browser: WebDriver, web: WebServer, limit: int = 60) -> list[str]:
         seen[key] = url
         queue.extend(links_and_forms(browser))
     return list(seen.values())
-
-
-def violations(browser: WebDriver, axe_source: str) -> list[dict[str, Any]]:
-    browser.execute_script(axe_source)
-    result: dict[str, Any] = browser.execute_async_script(
-        "const done = arguments[arguments.length - 1];"
-        "axe.run(document, {resultTypes: ['violations']}).then((r) => done(r), (e) => done({error: String(e)}));"
-    )
-    assert "error" not in result, result
-    return [v for v in result["violations"] if v["impact"] in FAILING]
-
-
-def said(page: str, width: int, found: list[dict[str, Any]]) -> str:
-    lines = []
-    for v in found:
-        lines.append(f"{page} at {width} px: {v['id']} [{v['impact']}] {v['help']} ({v['helpUrl']})")
-        for node in v["nodes"][:5]:
-            summary = " ".join(node.get("failureSummary", "").split())
-            lines.append(f"    {' '.join(node['target'])}: {summary[:300]}")
-        if len(v["nodes"]) > 5:
-            lines.append(f"    ... and {len(v['nodes']) - 5} more")
-    return "\n".join(lines)
 
 
 def test_every_page_has_no_serious_or_critical_axe_violation_at_390_and_1920_px(

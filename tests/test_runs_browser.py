@@ -18,11 +18,11 @@ from selenium.webdriver.support.ui import Select
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.durations import TREND_RUNS
 from models import ExecutionStatus, utcnow
+from tests.support.axe import AXE, said, violations
 from tests.support.chromium import chromium, log_in, no_iso, page_text
 from tests.support.helpers import wait_for
 from tests.support.run_history import Run, define, hourly, write_runs
 from tests.support.web_server import ADMIN, WebServer
-from tests.test_accessibility import AXE, said, violations
 
 pytestmark = pytest.mark.slow
 

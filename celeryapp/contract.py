@@ -309,6 +309,10 @@ class ScheduleJson(TypedDict):
     silenced: SilencedJson | None
     #: Its alerts nobody acknowledged (not silenced, not a ``resolved`` notice or a test).
     open_alerts: int
+    #: Its kept runs of every trigger by how they ended, ``{"total", "completed", "failed",
+    #: "cancelled", "running"}``: the count the dashboard and ``chordbeat show`` print. Only in a
+    #: single schedule's object (``get_schedule``, ``apply_schedule``), not in a list's.
+    runs: NotRequired[dict[str, int]]
 
 
 class SilencedJson(TypedDict):

@@ -317,8 +317,8 @@ def test_every_view_fits_80_columns_with_one_time_format_and_no_microseconds(
     assert "warning: 3 records skipped" in shown[f"execution {views['warned']}"]
     assert "LDAP said no" in shown["executions"]
     # One failed run is one run, not "runs 0, failed 1".
-    assert "runs 1: 0 successful, 1 failed" in shown["show nightly-hr-sync"], shown["show nightly-hr-sync"]
-    assert re.search(r"nightly-hr-sync\s.*\sactive\s+1\s", shown["list"]), shown["list"]
+    assert "runs 1 (1 failed) · successful 0" in shown["show nightly-hr-sync"], shown["show nightly-hr-sync"]
+    assert re.search(r"nightly-hr-sync\s.*\sactive\s", shown["list"]), shown["list"]
     for text in shown.values():  # people's words, not stored names
         assert not re.search(r"failed_with_error|complete_with|waiting_for|in_progress|skipped_", text), text
     assert "\x1b[" in in_terminal(settings, "executions")[1], "states are coloured in a terminal"

@@ -19,6 +19,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, defer
 from celeryapp.domain.redaction import hide_env_values
 from celeryapp.domain.times import iso
 from celeryapp.interfaces.alerts import open_counts, silences_of
+from celeryapp.interfaces.run_counts import run_counts
 from models import Activity, AlertSilence, Backfill, ExecutionStatus, Schedule, ScheduleExecution, WorkerTask
 from models.definitions import definition_of
 
@@ -39,7 +40,11 @@ def alerting_of(session: Session, names: Iterable[str], now: datetime) -> dict[s
 
 
 def one_schedule_json(session: Session, schedule: Schedule, now: datetime) -> dict[str, Any]:
-    return schedule_json(schedule, alerting_of(session, [schedule.name], now)[schedule.name])
+    """One schedule's object, with ``runs``: its kept runs counted as the dashboard counts them
+    (a count over its executions, so only for one schedule, never a list's page)."""
+    out = schedule_json(schedule, alerting_of(session, [schedule.name], now)[schedule.name])
+    out["runs"] = run_counts(session, schedule.id).to_json()
+    return out
 
 
 def schedule_json(schedule: Schedule, alerting: Alerting) -> dict[str, Any]:

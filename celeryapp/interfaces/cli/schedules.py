@@ -87,12 +87,6 @@ def _dst_notes(schedule: dict[str, Any], times: list[datetime], now: datetime) -
     return dst_notes(schedule.get("cron"), zone, DstRules.from_json(schedule.get("dst")), now, times)
 
 
-def runs(schedule: dict[str, Any]) -> int:
-    """Every counted run: ``run_count`` is only the successful ones (what ``total_repeats`` counts),
-    so a schedule whose one run failed has 1 run, not 0."""
-    return int(schedule["run_count"]) + int(schedule["error_count"])
-
-
 @click.command("list")
 @json_option
 def list_cmd(as_json: bool) -> None:
@@ -107,15 +101,13 @@ def list_cmd(as_json: bool) -> None:
         return
     now, viewer = reference_now(), viewer_zone()
     # Rows of many schedules: every next run in the viewer's zone, named in the title (each
-    # schedule's own zone is in its cadence).
-    table = new_table("name", "cadence", "status", "runs")
+    # schedule's own zone is in its cadence). No run count: "runs" is counted over a schedule's
+    # executions (interfaces/run_counts.py), which `show` does for one schedule, not a list for all.
+    table = new_table("name", "cadence", "status")
     table.add_column(f"next run ({zone_title(viewer, now)})", min_width=TIME_WIDTH)
     for s in schedules:
-        state = state_text(s["status"])
-        if s["error_count"]:
-            state.append(f"\n{s['error_count']} failed", style="red")
         next_run = time_cell(s["next_run_at"], viewer, None, now)
-        table.add_row(text_of(s["name"]), text_of(cadence_text(s)), state, text_of(runs(s)), next_run)
+        table.add_row(text_of(s["name"]), text_of(cadence_text(s)), state_text(s["status"]), next_run)
     console.print(table)
 
 
@@ -125,6 +117,7 @@ def list_cmd(as_json: bool) -> None:
 def show_cmd(name: str, as_json: bool) -> None:
     """A schedule: definition, status, next fire times, recent executions and slots (--json: all of it)."""
     from celeryapp.interfaces.cron_words import describe
+    from celeryapp.interfaces.run_counts import RunCounts
     from celeryapp.interfaces.time_words import instants_in, stamp, time_control_words, took, zone_of
 
     schedule = call("get_schedule", name)
@@ -153,8 +146,9 @@ def show_cmd(name: str, as_json: bool) -> None:
         console.print(hanging(text_of(f"  {describe(schedule['cron'])}, {schedule['timezone']} time")))
     for words in time_control_words(schedule):  # catch-up, calendar and DST, the defaults said too
         console.print(hanging(text_of(f"  {words}")))
-    counts = f"{schedule['run_count']} successful, {schedule['error_count']} failed"
-    console.print(text_of(f"  runs {runs(schedule)}: {counts}; retry {schedule['current_retry']}"))
+    # The dashboard's words for the same count (one definition: interfaces/run_counts.py).
+    counts = RunCounts.from_json(schedule.get("runs") or {}).words()
+    console.print(hanging(text_of(f"  {counts} · retry {schedule['current_retry']}")))
     for line in alerting_lines(schedule, zone, viewer, now):
         console.print(line)
     if schedule["last_error"]:

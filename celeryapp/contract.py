@@ -137,10 +137,16 @@ SERVICE_TASKS = (
     ),
     ServiceTask(
         "chordbeat.rerun_execution",
-        (_EXECUTION_ID, Param("from_failed", required=False, default=True), _ACTOR, _REASON),
-        "execution object of a new run (trigger `manual`, the source's steps, payload and slot, `rerun_of` set) "
-        "starting at the first failed group (`from_failed`: false, at group 0); only a failed or cancelled run; "
-        "follows the overlap policy",
+        (
+            _EXECUTION_ID,
+            Param("from_failed", required=False, default=True),
+            _ACTOR,
+            _REASON,
+            Param("payload", required=False, note="a JSON object replacing the source run's payload"),
+        ),
+        "execution object of a new run (trigger `manual`, the source's steps, payload (or the `payload` given, checked "
+        "as `trigger_schedule`'s and kept in the audit row) and slot, `rerun_of` set) starting at the first failed "
+        "group (`from_failed`: false, at group 0); only a failed or cancelled run; follows the overlap policy",
         ("NotFound", "InvalidTransition"),
     ),
     ServiceTask("chordbeat.get_execution", (_EXECUTION_ID,), _EXECUTION_OBJECT, ("NotFound",)),
@@ -377,11 +383,14 @@ class ExecutionJson(_ExecutionFields):
     payload: dict[str, Any] | None
     activities: list[ActivityJson]
     tasks: list[WorkerTaskJson]
+    #: The run's step names by group, in the definition's order (a re-run's: its source's plan);
+    #: a re-run's groups before ``rerun_from_group`` are taken from ``rerun_of``, not run again.
+    groups: NotRequired[list[list[str]]]
 
 
 class ExecutionSummaryJson(_ExecutionFields):
-    """An execution as lists show it: the execution object without ``activities``, ``tasks`` and
-    ``payload``, plus ``steps``."""
+    """An execution as lists show it: the execution object without ``activities``, ``tasks``,
+    ``payload`` and ``groups``, plus ``steps``."""
 
     #: ``{"total": <steps in the plan>, "<activity status>": <steps whose latest attempt has it>}``;
     #: steps not started yet count in ``total`` only; a re-run's total counts the groups it runs.

@@ -95,6 +95,8 @@ def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, 
         "rerun_from_group": execution.rerun_from_group,
         "slot": iso(execution.slot),
         "payload": execution.payload,
+        # Its steps' names by group, in the definition's order (the plan it runs).
+        "groups": [[step["name"] for step in group] for group in execution.plan],
         "activities": [
             {
                 "step_index": a.step_index,

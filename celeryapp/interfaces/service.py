@@ -261,19 +261,22 @@ def rerun_execution(
     from_failed: bool = True,
     actor: str | None = None,
     reason: str | None = None,
+    payload: dict[str, Any] | None = None,
     *,
     source: AuditSource = AuditSource.SERVICE,
 ) -> dict[str, Any]:
-    """A new run of a failed or cancelled execution: its plan and payload, for its slot, from its
+    """A new run of a failed or cancelled execution: its plan and payload (``payload``, when given,
+    instead: a run that failed because of its payload would fail again), for its slot, from its
     first failed group (``from_failed``) or from the start; the new execution object, or
     ``{"execution_id": null, "skipped": ...}`` when the overlap policy started nothing."""
     execution_id, who, why = _execution_id(execution_id), _actor(actor, source), _reason(reason)
     from_failed = _flag(from_failed, "from_failed")
+    payload = _payload(payload)
     result = retried_transaction(
         app.settings.database_url,
         f"re-running execution {execution_id}",
         lambda session: start_rerun(
-            session, execution_id, from_failed=from_failed, actor=who, reason=why, now=utcnow()
+            session, execution_id, from_failed=from_failed, actor=who, reason=why, now=utcnow(), payload=payload
         ),
     )
     apply_effects(app, result.effects)

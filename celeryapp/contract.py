@@ -206,8 +206,10 @@ SERVICE_TASKS = (
             _ACTOR,
             _REASON,
         ),
-        '`{"backfill_id": id or null, "slots": [ISO, ...], "count": n}`: the slots, oldest first (at most '
-        '10,000; calendar-excluded ones left out), run with `trigger: "backfill"` and their `slot`; the same '
+        '`{"backfill_id": id or null, "slots": [ISO, ...], "count": n, "none_because": text or null}`: the slots, '
+        "oldest first (at most 10,000; calendar-excluded ones left out); with none, `none_because` says why (no "
+        "slot in the range, shown in the schedule's zone; all taken by the mode; the calendar); run with "
+        '`trigger: "backfill"` and their `slot`; the same '
         "request while its backfill runs answers with it and starts nothing; refused naming `end` (a dry run too) "
         "past the pending slots of the schedule's or the deployment's running backfills or their step executions "
         "(`CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE`, `CHORDBEAT_BACKFILL_MAX_PENDING`, "
@@ -403,6 +405,8 @@ class BackfillAnswerJson(TypedDict):
     backfill_id: int | None
     slots: list[str]
     count: int
+    #: Why no slot is to run (with the range in the schedule's zone); null when there are slots.
+    none_because: NotRequired[str | None]
 
 
 class BackfillJson(TypedDict):

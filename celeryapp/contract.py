@@ -117,10 +117,16 @@ SERVICE_TASKS = (
         "last name)",
     ),
     ServiceTask(
-        "chordbeat.pause_schedule", (_NAME, _ACTOR, _REASON), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")
+        "chordbeat.pause_schedule",
+        (_NAME, _ACTOR, _REASON),
+        "schedule object with `changed`: false when it was already paused (then no audit row is written)",
+        ("NotFound", "InvalidTransition"),
     ),
     ServiceTask(
-        "chordbeat.resume_schedule", (_NAME, _ACTOR, _REASON), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")
+        "chordbeat.resume_schedule",
+        (_NAME, _ACTOR, _REASON),
+        "schedule object with `changed`: false when it was already active (then no audit row is written)",
+        ("NotFound", "InvalidTransition"),
     ),
     ServiceTask(
         "chordbeat.trigger_schedule",
@@ -183,7 +189,8 @@ SERVICE_TASKS = (
     ServiceTask(
         "chordbeat.list_slots",
         (_NAME, _LIMIT),
-        "what became of the schedule's recent due times, newest first",
+        "what became of the schedule's recent due times, newest first (`before_schedule`: true for a due time "
+        "before the schedule was created, e.g. a backfill of history)",
         ("NotFound",),
     ),
     ServiceTask(
@@ -450,6 +457,8 @@ class SlotJson(TypedDict):
     execution_id: int | None
     detail: str | None
     recorded_at: str | None
+    #: The due time is before the schedule was created (a backfill of history).
+    before_schedule: NotRequired[bool]
 
 
 class DeliveryJson(TypedDict):

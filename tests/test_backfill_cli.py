@@ -226,3 +226,9 @@ def test_times_without_an_offset_are_the_schedules_and_no_slots_says_why(
     )
     shown = " ".join(" ".join(lines).split())
     assert "0 slots" in shown and "already have a run" in shown and "mode all runs them again" in shown, shown
+    # The slot record says the backfilled slot came before the schedule existed.
+    status, lines = _terminal(settings, "show", "nightly")
+    shown = "\n".join(lines)
+    assert status == 0 and "before it existed" in shown, shown  # (the schedule, in its slot table)
+    (slot,) = [s for s in call(client, "chordbeat.list_slots", name="nightly") if s["trigger"] == "backfill"]
+    assert slot["before_schedule"] is True, slot

@@ -213,3 +213,8 @@ def test_the_form_asks_24_hour_text_in_the_schedules_zone_and_says_why_nothing(
     shown = text_of(admin.get(web.url + "/act/backfill?" + urlencode(request), timeout=10).text)
     assert "nothing to start" in shown and "Why: no slot from " in shown, shown
     assert "an interval schedule&#x27;s slots begin when its definition was last applied" in shown, shown
+    # A slot of 5 days ago, backfilled: its record says it came before the schedule existed.
+    start = datetime.combine(day, datetime.min.time(), LONDON)
+    backfill_service.backfill_schedule(app, "nightly", start.isoformat(), (start + timedelta(days=1)).isoformat())
+    page = text_of(admin.get(web.url + "/schedule?name=nightly", timeout=10).text)
+    assert "before the schedule existed: created " in page, page

@@ -427,8 +427,10 @@ def test_pause_asks_and_shows_who_paused_it_since_when_and_why(
     app: ChordbeatCelery, worker: Any, client: Any, settings: Settings
 ) -> None:
     call(client, "chordbeat.apply_schedule", definition={"name": "nightly", "every": 3600, "steps": [step("s")]})
-    status, output = in_terminal(settings, "pause", "nightly", replies={"[y/N]": "\n"})  # Enter: the default, no
-    assert status == 1 and "pause nightly (active, next run in " in output, output
+    # Asked why (the dashboard requires a reason), then whether; Enter at the question: the default, no.
+    replies = {"why pause nightly?": "maintenance\n", "[y/N]": "\n"}
+    status, output = in_terminal(settings, "pause", "nightly", replies=replies)
+    assert status == 1 and "pause nightly (active, next run in " in output and "because: maintenance?" in output, output
     assert call(client, "chordbeat.get_schedule", name="nightly")["status"] == "active"
     # Hostile names and reasons are refused by the service, naming the field; nothing changes.
     for flag, value, field in (("--as", "eve\x1b[2J", "actor"), ("--reason", "r" * 501, "reason")):
@@ -503,7 +505,7 @@ def test_execution_shows_output_and_the_last_lines_of_traceback_and_log(
     lines = plain_lines(RICH_STYLE.sub("", output))
     text = "\n".join(lines)
     assert not wide_lines(lines), text
-    assert "group 1 fetch (try 1): output: {'slept': 0.05}" in text, text
+    assert 'group 1 fetch (try 1): output: {"slept": 0.05}' in text, text
     assert re.search(r"traceback, last 20 of \d+ lines \(--full\)", text), text
     assert "StepFailed: no file" in text and "raise StepFailed(message)" in text, text
     assert "log, last 20 of 30 lines (--full)" in text and "log line 30 of 30" in text, text

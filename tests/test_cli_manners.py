@@ -58,6 +58,11 @@ def test_every_output_ends_with_a_newline(
         status, output = _terminal(settings, *command, replies={"assword": "x\n", "[y/N]": "n\n"})
         shown = ESCAPES.sub("", output).replace("\r", "")
         assert shown.endswith("\n"), (command, status, repr(output[-200:]))
+    # Ctrl-C at a question: "nothing changed" on a line of its own, not after the prompt.
+    environment = processes.settings_env(settings, TERM="xterm-256color", TZ="UTC")
+    status, output = in_pty([CHORDBEAT, "delete", "nightly"], environment, columns=80, interrupt_on="[y/N]")
+    shown = ESCAPES.sub("", output).replace("\r", "")
+    assert status == 1 and shown.endswith("[y/N]: \nnothing changed\n"), repr(shown[-200:])
 
 
 def test_a_mistyped_schedule_name_gets_a_did_you_mean(

@@ -102,7 +102,8 @@ def confirm(question: str, yes: bool) -> None:
         )
     try:
         agreed = click.confirm(printable(question), default=False, err=True)  # stdout stays the answer
-    except click.Abort:  # Ctrl-C or end of input at the question
+    except click.Abort:  # Ctrl-C or end of input at the question: the cursor is still on its line
+        click.echo("", err=True)
         agreed = False
     if not agreed:
         click.echo("nothing changed", err=True)

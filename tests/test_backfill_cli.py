@@ -113,7 +113,7 @@ def test_refusals_show_the_field_and_why(app: ChordbeatCelery, worker: Any, clie
         assert result.exit_code == 1 and f"Error: {said}" in result.output and why in result.output, result.output
     # The range's refusals name the flags typed, not the service's start/end.
     for extra, said, why in (
-        (["--from", _z(today), "--to", _z(today - timedelta(days=1))], "--to: ", "is before start"),
+        (["--from", _z(today), "--to", _z(today - timedelta(days=1))], "--to: ", "is before --from"),
         (["--to", "2026-02-30T00:00:00Z"], "--to: not a date or time: '2026-02-30T00:00:00Z'", ""),
         (["--to", _z(today + timedelta(days=2))], "--to: ", "is in the future"),
         (["--from", "x" * 10_000], "--from: not a date or time: 'xxxx", "(2026-11-20, 2026-11-20 02:00"),

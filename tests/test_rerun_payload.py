@@ -81,7 +81,7 @@ def test_a_rerun_takes_another_payload_and_shows_the_groups_it_reuses(
     status, output = _terminal(
         settings, "rerun", str(source["id"]), "--from-failed", "--payload", '{"region": "earth"}', "--reason", "moved"
     )
-    assert status == 0, output
+    assert status == 0 and 'from group 2 with payload {"region": "earth"}' in output, output
     rerun_id = int(re.search(r"execution (\d+) started: re-run of", output)[1])  # type: ignore[index]
     rerun = finished(client, rerun_id)
     assert rerun["status"] == "completed" and rerun["payload"] == {"region": "earth"}, rerun

@@ -60,6 +60,8 @@ def _flagged(method: str, *args: Any, **kwargs: Any) -> Any:
     except click.ClickException as exc:
         field, _, said = exc.message.partition(": ")
         if field in FLAGS and said:
+            # The service's words for the range's ends, as they were typed here.
+            said = said.replace("start ≤ slot < end", "--from ≤ slot < --to").replace(" start ", " --from ")
             raise click.BadParameter(said, param_hint=FLAGS[field]) from None
         raise
 

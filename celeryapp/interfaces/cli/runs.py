@@ -175,6 +175,8 @@ def rerun_cmd(
             echo_json(started)
             return
         said = f"execution {started['id']} started: re-run of {execution_id} from group {rerun_group(started)}"
+        if data is not None:
+            said += f" with payload {json.dumps(started['payload'])}"
         click.echo(printable(said))
         return
     follow(started["id"], as_json)

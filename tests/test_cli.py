@@ -581,6 +581,7 @@ def test_rerun_from_the_failed_group_waits_and_says_what_it_reran(
     # Group 1 is taken from the failed run: shown as completed there, not run again.
     assert re.search(r"^\s+2\s+load\s+failed", text, re.M), text
     assert re.search(r"^\s+1\s+fetch\s+completed earlier\s", text, re.M), text
+    assert re.search(r"group 1 \S+ 1/1", text), text  # its bar counts it done
     rows = json.loads(cli("audit", "--schedule", "bank", "--json").output)
     assert any(
         (r["action"], r["actor"], r["source"], r["execution_id"]) == ("rerun", "dave", "service", rerun["id"])

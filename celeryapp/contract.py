@@ -325,8 +325,8 @@ class ScheduleJson(TypedDict):
     #: Its alerts nobody acknowledged (not silenced, not a ``resolved`` notice or a test).
     open_alerts: int
     #: Its kept runs of every trigger by how they ended, ``{"total", "completed", "failed",
-    #: "cancelled", "running"}``: the count the dashboard and ``chordbeat show`` print. Only in a
-    #: single schedule's object (``get_schedule``, ``apply_schedule``), not in a list's.
+    #: "cancelled", "running"}``: the count the dashboard and ``chordbeat show`` print. Only in
+    #: ``get_schedule``'s answer (a count over the schedule's runs), not in a list's or a change's.
     runs: NotRequired[dict[str, int]]
 
 

@@ -39,11 +39,13 @@ def alerting_of(session: Session, names: Iterable[str], now: datetime) -> dict[s
     return {name: Alerting(silences.get(name), counts.get(name, 0)) for name in wanted}
 
 
-def one_schedule_json(session: Session, schedule: Schedule, now: datetime) -> dict[str, Any]:
-    """One schedule's object, with ``runs``: its kept runs counted as the dashboard counts them
-    (a count over its executions, so only for one schedule, never a list's page)."""
+def one_schedule_json(session: Session, schedule: Schedule, now: datetime, *, runs: bool = False) -> dict[str, Any]:
+    """One schedule's object; with ``runs`` (``get_schedule``'s), its kept runs counted as the
+    dashboard counts them: a count over its executions, read for one schedule asked for, not for
+    every apply, pause or resume, nor a list's page."""
     out = schedule_json(schedule, alerting_of(session, [schedule.name], now)[schedule.name])
-    out["runs"] = run_counts(session, schedule.id).to_json()
+    if runs:
+        out["runs"] = run_counts(session, schedule.id).to_json()
     return out
 
 

@@ -128,7 +128,7 @@ def delete_schedule(
 def get_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
     name = _name(name)
     with transaction(app.settings.database_url, read_only=True) as session:
-        return one_schedule_json(session, find_schedule(session, name), utcnow())
+        return one_schedule_json(session, find_schedule(session, name), utcnow(), runs=True)
 
 
 def list_schedules(app: ChordbeatCelery, limit: int = 500, after_name: str | None = None) -> list[dict[str, Any]]:

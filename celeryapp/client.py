@@ -208,11 +208,22 @@ class ChordbeatClient:
         )
 
     def rerun_execution(
-        self, execution_id: int, from_failed: bool = True, actor: str | None = None, reason: str | None = None
+        self,
+        execution_id: int,
+        from_failed: bool = True,
+        actor: str | None = None,
+        reason: str | None = None,
+        payload: dict[str, Any] | None = None,
     ) -> ExecutionJson:
-        """A new run of a failed or cancelled one, from its first failed group (or all of it)."""
+        """A new run of a failed or cancelled one, from its first failed group (or all of it), with
+        its payload or ``payload`` instead."""
+        extra = {} if payload is None else {"payload": payload}
         return self.call(  # type: ignore[no-any-return]
-            "chordbeat.rerun_execution", execution_id=execution_id, from_failed=from_failed, **_who(actor, reason)
+            "chordbeat.rerun_execution",
+            execution_id=execution_id,
+            from_failed=from_failed,
+            **_who(actor, reason),
+            **extra,
         )
 
     def list_audit(

@@ -117,10 +117,16 @@ SERVICE_TASKS = (
         "last name)",
     ),
     ServiceTask(
-        "chordbeat.pause_schedule", (_NAME, _ACTOR, _REASON), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")
+        "chordbeat.pause_schedule",
+        (_NAME, _ACTOR, _REASON),
+        "schedule object with `changed`: false when it was already paused (then no audit row is written)",
+        ("NotFound", "InvalidTransition"),
     ),
     ServiceTask(
-        "chordbeat.resume_schedule", (_NAME, _ACTOR, _REASON), _SCHEDULE_OBJECT, ("NotFound", "InvalidTransition")
+        "chordbeat.resume_schedule",
+        (_NAME, _ACTOR, _REASON),
+        "schedule object with `changed`: false when it was already active (then no audit row is written)",
+        ("NotFound", "InvalidTransition"),
     ),
     ServiceTask(
         "chordbeat.trigger_schedule",
@@ -137,10 +143,16 @@ SERVICE_TASKS = (
     ),
     ServiceTask(
         "chordbeat.rerun_execution",
-        (_EXECUTION_ID, Param("from_failed", required=False, default=True), _ACTOR, _REASON),
-        "execution object of a new run (trigger `manual`, the source's steps, payload and slot, `rerun_of` set) "
-        "starting at the first failed group (`from_failed`: false, at group 0); only a failed or cancelled run; "
-        "follows the overlap policy",
+        (
+            _EXECUTION_ID,
+            Param("from_failed", required=False, default=True),
+            _ACTOR,
+            _REASON,
+            Param("payload", required=False, note="a JSON object replacing the source run's payload"),
+        ),
+        "execution object of a new run (trigger `manual`, the source's steps, payload (or the `payload` given, checked "
+        "as `trigger_schedule`'s and kept in the audit row) and slot, `rerun_of` set) starting at the first failed "
+        "group (`from_failed`: false, at group 0); only a failed or cancelled run; follows the overlap policy",
         ("NotFound", "InvalidTransition"),
     ),
     ServiceTask("chordbeat.get_execution", (_EXECUTION_ID,), _EXECUTION_OBJECT, ("NotFound",)),
@@ -177,7 +189,8 @@ SERVICE_TASKS = (
     ServiceTask(
         "chordbeat.list_slots",
         (_NAME, _LIMIT),
-        "what became of the schedule's recent due times, newest first",
+        "what became of the schedule's recent due times, newest first (`before_schedule`: true for a due time "
+        "before the schedule was created, e.g. a backfill of history)",
         ("NotFound",),
     ),
     ServiceTask(
@@ -200,8 +213,10 @@ SERVICE_TASKS = (
             _ACTOR,
             _REASON,
         ),
-        '`{"backfill_id": id or null, "slots": [ISO, ...], "count": n}`: the slots, oldest first (at most '
-        '10,000; calendar-excluded ones left out), run with `trigger: "backfill"` and their `slot`; the same '
+        '`{"backfill_id": id or null, "slots": [ISO, ...], "count": n, "none_because": text or null}`: the slots, '
+        "oldest first (at most 10,000; calendar-excluded ones left out); with none, `none_because` says why (no "
+        "slot in the range, shown in the schedule's zone; all taken by the mode; the calendar); run with "
+        '`trigger: "backfill"` and their `slot`; the same '
         "request while its backfill runs answers with it and starts nothing; refused naming `end` (a dry run too) "
         "past the pending slots of the schedule's or the deployment's running backfills or their step executions "
         "(`CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE`, `CHORDBEAT_BACKFILL_MAX_PENDING`, "
@@ -309,6 +324,10 @@ class ScheduleJson(TypedDict):
     silenced: SilencedJson | None
     #: Its alerts nobody acknowledged (not silenced, not a ``resolved`` notice or a test).
     open_alerts: int
+    #: Its kept runs of every trigger by how they ended, ``{"total", "completed", "failed",
+    #: "cancelled", "running"}``: the count the dashboard and ``chordbeat show`` print. Only in
+    #: ``get_schedule``'s answer (a count over the schedule's runs), not in a list's or a change's.
+    runs: NotRequired[dict[str, int]]
 
 
 class SilencedJson(TypedDict):
@@ -373,11 +392,14 @@ class ExecutionJson(_ExecutionFields):
     payload: dict[str, Any] | None
     activities: list[ActivityJson]
     tasks: list[WorkerTaskJson]
+    #: The run's step names by group, in the definition's order (a re-run's: its source's plan);
+    #: a re-run's groups before ``rerun_from_group`` are taken from ``rerun_of``, not run again.
+    groups: NotRequired[list[list[str]]]
 
 
 class ExecutionSummaryJson(_ExecutionFields):
-    """An execution as lists show it: the execution object without ``activities``, ``tasks`` and
-    ``payload``, plus ``steps``."""
+    """An execution as lists show it: the execution object without ``activities``, ``tasks``,
+    ``payload`` and ``groups``, plus ``steps``."""
 
     #: ``{"total": <steps in the plan>, "<activity status>": <steps whose latest attempt has it>}``;
     #: steps not started yet count in ``total`` only; a re-run's total counts the groups it runs.
@@ -390,6 +412,8 @@ class BackfillAnswerJson(TypedDict):
     backfill_id: int | None
     slots: list[str]
     count: int
+    #: Why no slot is to run (with the range in the schedule's zone); null when there are slots.
+    none_because: NotRequired[str | None]
 
 
 class BackfillJson(TypedDict):
@@ -433,6 +457,8 @@ class SlotJson(TypedDict):
     execution_id: int | None
     detail: str | None
     recorded_at: str | None
+    #: The due time is before the schedule was created (a backfill of history).
+    before_schedule: NotRequired[bool]
 
 
 class DeliveryJson(TypedDict):

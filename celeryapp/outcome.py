@@ -5,6 +5,7 @@ A step task fails by raising. To complete with a warning or an error, it returns
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from celeryapp.states import ActivityStatus
@@ -44,7 +45,12 @@ SUMMARY_CHARS = 500
 
 
 def summarize(result: Any) -> str | None:
+    """A step's return value as people read it: JSON (``{"slept": 0.05}``, as the payload and the
+    API show values), or Python's repr for a value JSON cannot say; cut to ``SUMMARY_CHARS``."""
     if result is None:
         return None
-    text = repr(result)
+    try:
+        text = json.dumps(result, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(result)
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 3] + "..."

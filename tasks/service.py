@@ -108,9 +108,13 @@ def cancel_execution(execution_id: int, actor: str | None = None, reason: str | 
 
 @app.task(base=ServiceTask, name="chordbeat.rerun_execution")
 def rerun_execution(
-    execution_id: int, from_failed: bool = True, actor: str | None = None, reason: str | None = None
+    execution_id: int,
+    from_failed: bool = True,
+    actor: str | None = None,
+    reason: str | None = None,
+    payload: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return service.rerun_execution(app, execution_id, from_failed, reason=reason, **_caller(actor))
+    return service.rerun_execution(app, execution_id, from_failed, reason=reason, payload=payload, **_caller(actor))
 
 
 @app.task(base=ServiceTask, name="chordbeat.get_execution", send_events=READ_ONLY_EVENTS)

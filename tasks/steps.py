@@ -14,7 +14,7 @@ from celeryapp.domain.limits import check_int
 from celeryapp.domain.names import CONTROL_QUEUES, STEPS_QUEUE
 from celeryapp.domain.redaction import RedactedResult
 from celeryapp.errors import InvalidArgument
-from celeryapp.worker import runner, step_events
+from celeryapp.worker import runner, step_events, trace_log
 from models.session import get_engine
 from models.tables import RUN_TOKEN_MAX
 
@@ -61,6 +61,11 @@ def run_step(self: Task, worker_task_id: int, attempt: int, token: int = 0) -> R
     # program's output), and could not be read back; this one is Python's.
     node = self.request.hostname or "unknown"
     return RedactedResult(runner.run_step(app, worker_task_id, attempt, node=node, token=token))
+
+
+# Celery's "succeeded" line for a runner whose step failed says it failed (trace_log.py). Before the
+# pool forks, so its processes, where the line is written, have it.
+celeryd_init.connect(trace_log.install, weak=False)
 
 
 @celeryd_init.connect

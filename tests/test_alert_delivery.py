@@ -147,6 +147,8 @@ def test_test_alerts_are_counted_by_the_rate_limit_and_carry_the_callers_text_as
     assert [r.json()["id"] for r in got] == [key, calls[0]["id"], calls[1]["id"]]
     send(settings, "hook")
     assert len(http.answered()) == settings.alert_rate_limit  # the third test waits for room
+    # A test alert has no schedule: its link is the Alerts page, not "/schedule?name=" (no such page).
+    assert got[1].json()["url"].endswith("/alerts?status=all"), got[1].json()
     message = got[1].json()["message"]
     assert message.startswith("TEST, not an alert: chordbeat test of channel hook, asked by dave (service)")
     assert len(message) <= 200 and message.count("URGENT") == 1 and message.endswith('…"')

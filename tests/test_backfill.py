@@ -93,7 +93,7 @@ def test_a_backfill_runs_its_slots_oldest_first_at_most_max_concurrent_each_told
     wanted = [_z(start + HOUR * k) for k in range(6)]
     request = {"name": "hourly", "start": _z(start), "end": _z(end), "max_concurrent": 2}
     dry = call(client, "chordbeat.backfill_schedule", dry_run=True, **request)
-    assert dry == {"backfill_id": None, "slots": wanted, "count": 6}
+    assert dry == {"backfill_id": None, "slots": wanted, "count": 6, "none_because": None}
     assert _backfill_runs(app, "hourly") == []  # a dry run starts nothing
     answer = call(client, "chordbeat.backfill_schedule", actor="ops", reason="outage", **request)
     assert answer["slots"] == wanted and answer["backfill_id"] is not None
@@ -131,7 +131,9 @@ def test_a_backfill_runs_its_slots_oldest_first_at_most_max_concurrent_each_told
     assert (view["actor"], view["reason"], view["mode"], view["origin"]) == ("ops", "outage", "missing", "request")
     assert call(client, "chordbeat.list_backfills", name="hourly") == [view]
     # Asked again once done: every slot has its run now, nothing starts.
-    assert call(client, "chordbeat.backfill_schedule", **request) == {"backfill_id": None, "slots": [], "count": 0}
+    again = call(client, "chordbeat.backfill_schedule", **request)
+    assert (again["backfill_id"], again["slots"], again["count"]) == (None, [], 0)
+    assert again["none_because"].startswith("the 6 slots from ") and "already have a run" in again["none_because"]
     # Mode all runs every slot again (mode missing ran them under their regular keys); the same
     # request made again once that is done starts nothing: each slot's backfill key made its run.
     for runs_then, skipped in ((12, 0), (12, 6)):

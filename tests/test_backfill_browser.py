@@ -61,7 +61,7 @@ def test_an_operator_backfills_from_the_schedule_page_and_watches_it_complete(
             "catch-up: latest (one run for missed slots) · calendar: none (every day runs) · DST: default rule "
             "(a skipped time runs at the change; a repeated one once, hourly ones twice)"
         ), said
-        # The form's times are London's wall time (datetime-local fields).
+        # The form's times are London's wall time (24-hour text fields).
         for field, day in (("backfill-from", today - timedelta(days=22)), ("backfill-to", today)):
             element = browser.find_element(By.ID, field)
             browser.execute_script("arguments[0].value = arguments[1]", element, f"{day:%Y-%m-%d}T00:00")

@@ -68,7 +68,7 @@ def test_backfill_from_the_schedule_page_lists_asks_starts_and_shows_progress(
         ({"mode": "some"}, "mode: must be one of missing, failed, all"),
         (
             {"from": "<b>" + "9" * 5000},
-            "start: is not a date and time (2026-11-20T02:00, or ISO 8601), got &#x27;&lt;b&gt;99",
+            "start: is not a date and time (2026-11-20 02:00, 24-hour, or ISO 8601), got &#x27;&lt;b&gt;99",
         ),
         ({"from": "2026-02-30T02:00"}, "start: is not a date and time"),
     ):
@@ -186,3 +186,35 @@ def test_a_backfill_past_the_schedules_bound_is_refused_on_the_form(app: Chordbe
         assert backfill_service.list_backfills(app, "nightly") == []
     finally:
         app.apply_settings(previous)
+
+
+def test_the_form_asks_24_hour_text_in_the_schedules_zone_and_says_why_nothing(
+    app: ChordbeatCelery, web: WebServer
+) -> None:
+    """Not a ``datetime-local`` field (the browser showed it in its 12-hour locale, in no stated
+    zone): text in a stated format and zone, read as the CLI reads --from/--to."""
+    _nightly(app, "nightly")
+    service.apply_schedule(
+        app, {"name": "hourly", "every": 3600, "steps": [{"name": "s", "task": "chordbeat.examples.sleep"}]}
+    )
+    admin = web.session(ADMIN)
+    page = admin.get(web.url + "/schedule?name=nightly", timeout=10).text
+    fields = re.findall(r'<input type="(\w+)" name="(from|to)"', page)
+    assert fields == [("text", "from"), ("text", "to")], fields
+    assert "datetime-local" not in page
+    note = text_of(re.search(r'<p class="muted" id="backfill-times">.*?</p>', page, re.S)[0])  # type: ignore[index]
+    assert "YYYY-MM-DD HH:MM, 24-hour, in Europe/London time" in note and "--from/--to" in note, note
+    day = (datetime.now(LONDON) - timedelta(days=5)).date()
+    request = {"name": "nightly", "from": f"{day} 03:00", "to": f"{day + timedelta(days=1)} 03:00"}
+    shown = text_of(admin.get(web.url + "/act/backfill?" + urlencode(request), timeout=10).text)
+    assert "This will start 1 run of nightly" in shown, shown
+    assert f"{day + timedelta(days=1)} 02:00:00" in shown, shown  # London's 02:00 of the next day
+    request = {"name": "hourly", "from": f"{day}", "to": f"{day + timedelta(days=1)}"}
+    shown = text_of(admin.get(web.url + "/act/backfill?" + urlencode(request), timeout=10).text)
+    assert "nothing to start" in shown and "Why: no slot from " in shown, shown
+    assert "an interval schedule&#x27;s slots begin when its definition was last applied" in shown, shown
+    # A slot of 5 days ago, backfilled: its record says it came before the schedule existed.
+    start = datetime.combine(day, datetime.min.time(), LONDON)
+    backfill_service.backfill_schedule(app, "nightly", start.isoformat(), (start + timedelta(days=1)).isoformat())
+    page = text_of(admin.get(web.url + "/schedule?name=nightly", timeout=10).text)
+    assert "before the schedule existed: created " in page, page

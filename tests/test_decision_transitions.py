@@ -98,7 +98,8 @@ def test_a_status_changed_between_read_and_write_is_not_overwritten(
     with transaction(app.settings.database_url) as session:
         if error is None:
             # Someone else did the same meanwhile: decided again, nothing left to write.
-            assert change_status(session, "raced", racing, now=utcnow()).status is meanwhile
+            schedule, changed = change_status(session, "raced", racing, now=utcnow())
+            assert schedule.status is meanwhile and not changed
         else:
             with pytest.raises(InvalidTransition) as raised:
                 change_status(session, "raced", racing, now=utcnow())

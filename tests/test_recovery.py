@@ -328,12 +328,30 @@ def test_housekeeping_deletes_old_finished_runs_in_batches(app: ChordbeatCelery,
         assert {a.execution_id for a in session.scalars(select(Activity))} == {ids[1]}
 
 
-def test_redis_epoch_loss_rebuilds_beat_entries(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+def test_redis_epoch_loss_rebuilds_beat_entries(
+    app: ChordbeatCelery, worker: Any, client: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A fresh start (nothing stored, a new Redis): a first pass with nothing to report, not a WARNING.
+    with caplog.at_level(logging.INFO, logger="celeryapp.recovery.recovery"):
+        first = recovery.recover(app)
+    assert first.redis_reset and first.empty, first
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "celeryapp.recovery.recovery"]
+    assert said == [
+        (logging.INFO, "recovery: first pass on this Redis (no epoch mark yet); beat entries checked, none missing")
+    ], said
     call(client, "chordbeat.apply_schedule", definition={"name": "kept", "every": 60, "steps": [step("a")]})
     recovery.recover(app)
     get_redis(app.settings.redbeat_url).flushall()
     assert not entry_exists(app, "kept")
-    assert recovery.recover(app).redis_reset
+    caplog.clear()
+    lost = recovery.recover(app)
+    assert lost.redis_reset and lost.entries_rebuilt == ["kept"], lost
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name == "celeryapp.recovery.recovery"
+    ]
+    assert warned and "kept" in warned[0], warned
     assert entry_exists(app, "kept")
     assert not recovery.recover(app).redis_reset
 

@@ -50,6 +50,9 @@ def test_schedule_crud_pause_and_resume(app: ChordbeatCelery, worker: Any, clien
     assert created["status"] == "active" and created["next_run_at"].endswith("06:00:00.000Z")
     call(client, "chordbeat.apply_schedule", definition={"name": "a-often", "every": 30, "steps": [step("s")]})
     assert [s["name"] for s in call(client, "chordbeat.list_schedules")] == ["a-often", "b-daily"]
+    assert set(call(client, "chordbeat.list_schedules")[1]) == SCHEDULE_KEYS  # b-daily, a cron one
+    # Only get_schedule counts the runs (a count over its executions).
+    assert set(call(client, "chordbeat.get_schedule", name="b-daily")) == SCHEDULE_KEYS | {"runs"}
 
     paused = call(client, "chordbeat.pause_schedule", name="b-daily")
     assert paused["status"] == "paused" and paused["next_run_at"] is None

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+import requests
 from sqlalchemy import update
 
 from celeryapp.application import ChordbeatCelery
@@ -234,6 +235,8 @@ def test_pages_show_runs_steps_and_health(app: ChordbeatCelery, web: WebServer, 
     assert "0 schedules" in text_of(admin.get(web.url + "/?q=nothing-like-it", timeout=10).text)
     schedule = admin.get(web.url + "/schedule?name=nightly", timeout=10).text
     assert "cell s-failed_with_error" in schedule and "cell s-complete_with_warning" in schedule
+    # No alerts in its definition: nothing to silence, and the page says why there is no button.
+    assert "act-silence" not in schedule and 'id="no-alerts"' in schedule
     # Next ten fire times across the end of British Summer Time would show both offsets; here
     # (November) they are all GMT.
     assert text_of(schedule).count("02:00:00 +00:00 GMT") == 10
@@ -266,6 +269,14 @@ def test_missing_pages_are_404(web: WebServer) -> None:
     assert admin.get(web.url + "/execution/999999999999/fragment", timeout=10).status_code == 404
     assert admin.get(web.url + "/schedule", params={"name": "n" * 5000}, timeout=10).status_code == 404
     assert admin.get(web.url + "/schedule", params={"name": "a\x00b"}, timeout=10).status_code == 404
+
+
+def test_the_favicon_is_served_without_a_login(web: WebServer) -> None:
+    """Browsers ask /favicon.ico whatever the page says: a 404 line in the log each time, before."""
+    r = requests.get(web.url + "/favicon.ico", timeout=10)
+    assert r.status_code == 200 and r.content.startswith(b"\x00\x00\x01\x00"), (r.status_code, r.headers)
+    page = requests.get(web.url + "/login", timeout=10).text
+    assert re.search(r'<link rel="icon" href="/static/favicon\.svg\?v=\w+" type="image/svg\+xml">', page), page
 
 
 def test_the_health_page_survives_redis_closing_its_connections(app: ChordbeatCelery, web: WebServer) -> None:

@@ -66,11 +66,14 @@ def cut(text: str, limit: int) -> str:
 
 
 def link(alert: AlertText, dashboard_url: str | None) -> str | None:
-    """The dashboard page about the alert (its run, else its schedule); None without a dashboard."""
+    """The dashboard page about the alert (its run, else its schedule, else, for a channel's test
+    alert, which has neither, the Alerts page); None without a dashboard."""
     if dashboard_url is None:
         return None
     if alert.execution_id is not None:
         return f"{dashboard_url}/execution/{alert.execution_id}"
+    if not alert.schedule_name:  # "/schedule?name=" led to a "no such schedule" page
+        return f"{dashboard_url}/alerts?status=all"
     return f"{dashboard_url}/schedule?name={quote(alert.schedule_name, safe='')}"
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from celeryapp.domain.cadence import Cadence
 from celeryapp.domain.limits import short_repr, type_name
@@ -168,6 +169,30 @@ def choose_slots(
             continue
         chosen.append(slot)
     return chosen
+
+
+def why_no_slots(
+    cadence: Cadence, mode: BackfillMode, start: datetime, end: datetime, *, in_range: int, chosen: int
+) -> str:
+    """Why a backfill request found nothing to run, with the range as it was understood (in the
+    schedule's zone): no slot in it, every one taken away by the mode, or by the calendar."""
+    zone = ZoneInfo(cadence.timezone)
+    shown = f"{start.astimezone(zone).isoformat()} to {end.astimezone(zone).isoformat()} ({cadence.timezone} time)"
+    if not in_range:
+        if cadence.every_s is not None and end <= cadence.anchor:
+            return (
+                f"no slot from {shown}: an interval schedule's slots begin when its definition was last "
+                f"applied, {cadence.anchor.astimezone(zone).isoformat()}, after that range"
+            )
+        return f"no slot of the schedule falls from {shown}"
+    slots = f"{in_range} slot{'' if in_range == 1 else 's'} from {shown}"
+    if not chosen:
+        if mode is BackfillMode.MISSING:
+            return f"the {slots} already have a run or one in progress (mode missing; mode all runs them again)"
+        if mode is BackfillMode.FAILED:
+            return f"no last run of the {slots} failed or was cancelled (mode failed)"
+        return f"the {slots} each have a run in progress or waiting in a backfill"
+    return f"the schedule's calendar excludes the {slots}"
 
 
 def backfill_run_key(name: str, slot: datetime, *, earlier_backfill_runs: int, mode: str) -> str:

@@ -29,10 +29,18 @@ def first_failed_group(execution: ScheduleExecution) -> int:
 
 
 def start_rerun(
-    session: Session, source_id: int, *, from_failed: bool, actor: Actor, reason: str | None, now: datetime
+    session: Session,
+    source_id: int,
+    *,
+    from_failed: bool,
+    actor: Actor,
+    reason: str | None,
+    now: datetime,
+    payload: dict[str, Any] | None = None,
 ) -> StartResult:
-    """Start the re-run of execution ``source_id`` and write its audit row (also when the overlap
-    policy skipped it: the operator asked)."""
+    """Start the re-run of execution ``source_id`` (with ``payload`` instead of its own, when
+    given) and write its audit row (also when the overlap policy skipped it: the operator asked);
+    a changed payload is in the row, as the run's own is on the run."""
     source = session.get(ScheduleExecution, source_id)
     if source is None:
         raise NotFound(f"execution {source_id} does not exist")
@@ -60,9 +68,11 @@ def start_rerun(
         now=now,
         nominal_at=slot,
         locked=True,
-        rerun=Rerun(source_id, from_group, source.plan, dict(source.payload or {})),
+        rerun=Rerun(source_id, from_group, source.plan, dict(source.payload or {}) if payload is None else payload),
     )
     detail: dict[str, Any] = {"rerun_of": source_id, "from_group": from_group}
+    if payload is not None and payload != (source.payload or {}):
+        detail["payload"] = payload
     if result.skipped is not None:
         detail["skipped"] = result.skipped
     actor.record(

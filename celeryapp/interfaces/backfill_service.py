@@ -23,6 +23,7 @@ from celeryapp.domain.backfill_slots import (
     range_slots,
     request_key,
     time_arg,
+    why_no_slots,
 )
 from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.effects import Effects
@@ -98,20 +99,23 @@ def backfill_schedule(
             same = running_request(session, key)
             if same is not None:
                 return _answer(same.id, [datetime.fromisoformat(s) for s in same.slots]), Effects()
-        slots = range_slots(cadence_of(schedule), since, until)
+        cadence = cadence_of(schedule)
+        in_range = range_slots(cadence, since, until)
         facts = slot_facts(session, schedule.id, since, until)
-        slots = choose_slots(slots, chosen_mode, ran=facts.ran, latest_failed=facts.latest_failed, busy=facts.busy)
-        reasons = excluded_slots(app.settings.calendars_dir, schedule.calendar, schedule.timezone, slots)
-        slots = [slot for slot, excluded in zip(slots, reasons, strict=True) if excluded is None]
-        if slots:
-            # A dry run is refused as the request would be: the CLI asks with one before starting.
-            if not dry:
-                lock_backfill_totals(session)
-            backlog = Backlog(
-                pending_slots(session, schedule.id), pending_slots(session), steps_per_run(session, schedule.id)
-            )
-            check_bounds(name, len(slots), backlog, bounds)
-        if dry or not slots:
+        chosen = choose_slots(in_range, chosen_mode, ran=facts.ran, latest_failed=facts.latest_failed, busy=facts.busy)
+        reasons = excluded_slots(app.settings.calendars_dir, schedule.calendar, schedule.timezone, chosen)
+        slots = [slot for slot, excluded in zip(chosen, reasons, strict=True) if excluded is None]
+        if not slots:
+            none_because = why_no_slots(cadence, chosen_mode, since, until, in_range=len(in_range), chosen=len(chosen))
+            return _answer(None, [], none_because), Effects()
+        # A dry run is refused as the request would be: the CLI asks with one before starting.
+        if not dry:
+            lock_backfill_totals(session)
+        backlog = Backlog(
+            pending_slots(session, schedule.id), pending_slots(session), steps_per_run(session, schedule.id)
+        )
+        check_bounds(name, len(slots), backlog, bounds)
+        if dry:
             return _answer(None, slots), Effects()
         made = create_backfill(
             session,
@@ -140,8 +144,14 @@ def backfill_schedule(
     return answer
 
 
-def _answer(backfill_id: int | None, slots: list[datetime]) -> dict[str, Any]:
-    return {"backfill_id": backfill_id, "slots": [iso(slot) for slot in slots], "count": len(slots)}
+def _answer(backfill_id: int | None, slots: list[datetime], none_because: str | None = None) -> dict[str, Any]:
+    """The contract's answer, with ``none_because``: why there is no slot to run (null when some)."""
+    return {
+        "backfill_id": backfill_id,
+        "slots": [iso(slot) for slot in slots],
+        "count": len(slots),
+        "none_because": none_because,
+    }
 
 
 def _backfill_id(value: Any) -> int:

@@ -13,6 +13,8 @@ from typing import Any
 #: A completed run one of whose steps warned or failed with ``continue_on_failure``: not stored
 #: (the contract fixes a run's states), derived from its steps.
 COMPLETED_WITH_WARNINGS = "completed with warnings"
+#: A step of a re-run's group taken from the run it re-runs (not run again): completed there.
+EARLIER_RUN = "completed_in_earlier_run"
 #: People's words for stored state names (schedule, execution, worker task, activity and slot
 #: outcome); a name not here is shown with its underscores as spaces.
 LABELS = {
@@ -27,6 +29,7 @@ LABELS = {
     "skipped_paused": "skipped: paused",
     "skipped_superseded": "skipped: superseded",
     "skipped_calendar": "skipped: calendar",
+    EARLIER_RUN: "completed earlier",
 }
 
 #: Colour of each stored state (schedule, execution, worker task and activity states).
@@ -41,6 +44,7 @@ STATE_STYLES = {
     "waiting_for_previous_step": "bright_black",
     "completed": "green",
     "complete": "green",
+    EARLIER_RUN: "green",
     "complete_with_warning": "yellow",
     "complete_with_error": "dark_orange",
     "failed": "bold red",
@@ -81,14 +85,20 @@ def run_state(execution_or_summary: dict[str, Any]) -> str:
 
 
 def step_states(execution: dict[str, Any]) -> dict[tuple[int, str], tuple[str, int]]:
-    """Each step's current state and attempt, in run order: its open task or its latest activity.
+    """Each step's current state and attempt, in run order: its open task or its latest activity;
+    a re-run's step taken from the run it re-runs is :data:`EARLIER_RUN` (attempt 0).
 
-    Within a group, steps keep the plan's order (their tasks are created in it) rather than the
-    order they happened to start in, so a live view's rows do not swap places."""
+    Within a group, steps keep the definition's order (the execution's ``groups``), not the order
+    they happened to start or end in, so a live view's rows do not swap places."""
+    groups = execution.get("groups") or []
+    position = {(index, name): n for index, group in enumerate(groups) for n, name in enumerate(group)}
     order: dict[tuple[int, str], int] = {}
     for row in (*execution["tasks"], *execution["activities"]):
         order.setdefault((row["step_index"], row["step"]), len(order))
     states: dict[tuple[int, str], tuple[str, int]] = {}
+    if execution.get("rerun_of"):
+        reused = int(execution.get("rerun_from_group") or 0)
+        states.update({key: (EARLIER_RUN, 0) for key in position if key[0] < reused})
     for a in execution["activities"]:  # ordered by attempt within a step
         states[(a["step_index"], a["step"])] = (a["status"], a["attempt"])
     for t in execution["tasks"]:
@@ -97,7 +107,11 @@ def step_states(execution: dict[str, Any]) -> dict[tuple[int, str], tuple[str, i
         # A processing task's running attempt already shows as its in-progress activity.
         if not (running[0] == "in_progress" and running[1] == t["attempt"]):
             states[key] = (t["status"], t["attempt"])
-    return dict(sorted(states.items(), key=lambda item: (item[0][0], order[item[0]])))
+
+    def place(key: tuple[int, str]) -> tuple[int, int, int]:
+        return key[0], position.get(key, len(position)), order.get(key, 0)
+
+    return dict(sorted(states.items(), key=lambda item: place(item[0])))
 
 
 def length_words(seconds: float) -> str:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, defer
 from celeryapp.domain.redaction import hide_env_values
 from celeryapp.domain.times import iso
 from celeryapp.interfaces.alerts import open_counts, silences_of
+from celeryapp.interfaces.run_counts import run_counts
 from models import Activity, AlertSilence, Backfill, ExecutionStatus, Schedule, ScheduleExecution, WorkerTask
 from models.definitions import definition_of
 
@@ -38,8 +39,14 @@ def alerting_of(session: Session, names: Iterable[str], now: datetime) -> dict[s
     return {name: Alerting(silences.get(name), counts.get(name, 0)) for name in wanted}
 
 
-def one_schedule_json(session: Session, schedule: Schedule, now: datetime) -> dict[str, Any]:
-    return schedule_json(schedule, alerting_of(session, [schedule.name], now)[schedule.name])
+def one_schedule_json(session: Session, schedule: Schedule, now: datetime, *, runs: bool = False) -> dict[str, Any]:
+    """One schedule's object; with ``runs`` (``get_schedule``'s), its kept runs counted as the
+    dashboard counts them: a count over its executions, read for one schedule asked for, not for
+    every apply, pause or resume, nor a list's page."""
+    out = schedule_json(schedule, alerting_of(session, [schedule.name], now)[schedule.name])
+    if runs:
+        out["runs"] = run_counts(session, schedule.id).to_json()
+    return out
 
 
 def schedule_json(schedule: Schedule, alerting: Alerting) -> dict[str, Any]:
@@ -90,6 +97,8 @@ def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, 
         "rerun_from_group": execution.rerun_from_group,
         "slot": iso(execution.slot),
         "payload": execution.payload,
+        # Its steps' names by group, in the definition's order (the plan it runs).
+        "groups": [[step["name"] for step in group] for group in execution.plan],
         "activities": [
             {
                 "step_index": a.step_index,

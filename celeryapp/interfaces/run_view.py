@@ -10,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from celeryapp.interfaces.display import WARNED_STEP, label, step_states
+from celeryapp.interfaces.display import EARLIER_RUN, WARNED_STEP, label, step_states
 from celeryapp.interfaces.terminal import Hanging, hanging, new_table, run_text, state_text, text_of
 from celeryapp.interfaces.time_words import slot_differs, stamp, took
 from models import ActivityStatus, WorkerTaskStatus
@@ -18,7 +18,7 @@ from models import ActivityStatus, WorkerTaskStatus
 #: Fixed widths of the steps table's columns but the step's name, so a live view's columns stay
 #: put while states and durations change (the names do not).
 GROUP_WIDTH = len("group")
-STATE_WIDTH = max(len(label(s)) for s in (*WorkerTaskStatus, *ActivityStatus))
+STATE_WIDTH = max(len(label(s)) for s in (*WorkerTaskStatus, *ActivityStatus, EARLIER_RUN))
 TRY_WIDTH = len("try")
 TOOK_WIDTH = len("59 min 59 s so far")
 #: Lines of a step's traceback and of its log shown unless ``--full``: the last ones, where the
@@ -44,7 +44,8 @@ def steps_table(execution: dict[str, Any], now: datetime, states: States | None 
         activity = latest.get((group, step))
         same = activity is not None and activity["attempt"] == attempt
         duration = took(activity["started_at"], activity["completed_at"], now) if same and activity else ""
-        table.add_row(text_of(group + 1), text_of(step), state_text(state), text_of(attempt), text_of(duration))
+        tries = text_of(attempt) if attempt else Text("")  # a step taken from an earlier run ran not here
+        table.add_row(text_of(group + 1), text_of(step), state_text(state), tries, text_of(duration))
     return table
 
 

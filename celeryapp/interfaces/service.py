@@ -128,7 +128,7 @@ def delete_schedule(
 def get_schedule(app: ChordbeatCelery, name: str) -> dict[str, Any]:
     name = _name(name)
     with transaction(app.settings.database_url, read_only=True) as session:
-        return one_schedule_json(session, find_schedule(session, name), utcnow())
+        return one_schedule_json(session, find_schedule(session, name), utcnow(), runs=True)
 
 
 def list_schedules(app: ChordbeatCelery, limit: int = 500, after_name: str | None = None) -> list[dict[str, Any]]:
@@ -184,20 +184,22 @@ def _change_status(
 
     def change(session: Session) -> tuple[dict[str, Any], Effects]:
         now = utcnow()
-        before = find_schedule(session, name).status
         effects = Effects()
         if pause:
             also = {"paused_by": who.name, "paused_reason": why, "paused_at": now}
-            schedule = change_status(session, name, decide_pause, now=now, also=also)
+            schedule, changed = change_status(session, name, decide_pause, now=now, also=also)
         else:
             # The paused slots not recorded yet (since the last recovery pass), before they are forgotten.
             record_paused_slots(session, find_schedule(session, name, lock=True), now=now)
-            schedule = change_status(session, name, decide_resume, now=now)
+            schedule, changed = change_status(session, name, decide_resume, now=now)
             # Backfills waited while it was paused: they go on now.
             effects = drive_backfills(session, schedule.id, now=now)
-        action = AuditAction.PAUSE if pause else AuditAction.RESUME
-        who.record(session, action, name, reason=why, detail={"changed": schedule.status is not before}, at=now)
-        return one_schedule_json(session, schedule, now), effects
+        if changed:
+            # A pause of a paused schedule (a resume of an active one) changed nothing: no row
+            # says it did. Whether it did is the compare-and-set's answer, not a second read.
+            action = AuditAction.PAUSE if pause else AuditAction.RESUME
+            who.record(session, action, name, reason=why, detail={"changed": True}, at=now)
+        return {**one_schedule_json(session, schedule, now), "changed": changed}, effects
 
     what = f"{'pausing' if pause else 'resuming'} schedule {name!r}"
     result, effects = retried_transaction(app.settings.database_url, what, change)
@@ -261,19 +263,22 @@ def rerun_execution(
     from_failed: bool = True,
     actor: str | None = None,
     reason: str | None = None,
+    payload: dict[str, Any] | None = None,
     *,
     source: AuditSource = AuditSource.SERVICE,
 ) -> dict[str, Any]:
-    """A new run of a failed or cancelled execution: its plan and payload, for its slot, from its
+    """A new run of a failed or cancelled execution: its plan and payload (``payload``, when given,
+    instead: a run that failed because of its payload would fail again), for its slot, from its
     first failed group (``from_failed``) or from the start; the new execution object, or
     ``{"execution_id": null, "skipped": ...}`` when the overlap policy started nothing."""
     execution_id, who, why = _execution_id(execution_id), _actor(actor, source), _reason(reason)
     from_failed = _flag(from_failed, "from_failed")
+    payload = _payload(payload)
     result = retried_transaction(
         app.settings.database_url,
         f"re-running execution {execution_id}",
         lambda session: start_rerun(
-            session, execution_id, from_failed=from_failed, actor=who, reason=why, now=utcnow()
+            session, execution_id, from_failed=from_failed, actor=who, reason=why, now=utcnow(), payload=payload
         ),
     )
     apply_effects(app, result.effects)
@@ -345,8 +350,7 @@ def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[st
         rows = session.scalars(
             select(SlotRecord).where(SlotRecord.schedule_name == name).order_by(SlotRecord.id.desc()).limit(limit)
         ).all()
-        if not rows:
-            find_schedule(session, name)
+        created = find_schedule(session, name).created_at
         return [
             {
                 "schedule": r.schedule_name,
@@ -356,6 +360,8 @@ def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[st
                 "execution_id": r.execution_id,
                 "detail": r.detail,
                 "recorded_at": iso(r.recorded_at),
+                # A backfilled (or moved) slot from before the schedule was created: said, not a mistake.
+                "before_schedule": r.nominal_at is not None and r.nominal_at < created,
             }
             for r in rows
         ]

@@ -16,6 +16,7 @@ from rich.text import Text
 from celeryapp.domain.deadlines import finish_by_after, wall_time
 from celeryapp.domain.times import parse_time
 from celeryapp.interfaces.display import (
+    EARLIER_RUN,
     FAILED_STEP,
     WARNED_STEP,
     alert_words,
@@ -165,4 +166,12 @@ def bar_style(states: list[str]) -> str:
     return "green"
 
 
-FINISHED_STEP = {"complete", "complete_with_warning", "complete_with_error", "failed_with_error", "cancelled"}
+#: A live view's bar counts these as done (a re-run's reused step was done in the earlier run).
+FINISHED_STEP = {
+    "complete",
+    "complete_with_warning",
+    "complete_with_error",
+    "failed_with_error",
+    "cancelled",
+    EARLIER_RUN,
+}

@@ -65,6 +65,9 @@ class RecoveryReport:
     unstuck: list[int] = field(default_factory=list)
     timed_out: list[int] = field(default_factory=list)
     redis_reset: bool = False
+    #: Beat entries the rebuild after a reset wrote or removed: none on a fresh start (a Redis that
+    #: never held any, or an empty database), which is then no repair to warn of.
+    entries_rebuilt: list[str] = field(default_factory=list)
     #: The database went back less than a heartbeat TTL ago: nothing was repaired (database_rollback).
     repairs_paused: bool = False
     #: Paused schedules whose passed slots were recorded (routine: not a repair, not logged).
@@ -76,7 +79,12 @@ class RecoveryReport:
     @property
     def empty(self) -> bool:
         return not (
-            self.requeued or self.resent or self.unstuck or self.timed_out or self.redis_reset or self.repairs_paused
+            self.requeued
+            or self.resent
+            or self.unstuck
+            or self.timed_out
+            or self.entries_rebuilt
+            or self.repairs_paused
         )
 
 
@@ -294,7 +302,8 @@ def check_redis_epoch(app: Runtime, report: RecoveryReport) -> None:
     client = get_redis(app.settings.redbeat_url)
     if client.set(EPOCH_KEY, utcnow().isoformat(), nx=True):
         report.redis_reset = True
-        reconcile(app, full=True)
+        changes = reconcile(app, full=True)
+        report.entries_rebuilt = changes.written + changes.removed
 
 
 def top_up_backfills(app: Runtime, now: datetime, report: RecoveryReport) -> None:
@@ -343,4 +352,7 @@ def recover(app: Runtime, *, now: datetime | None = None) -> RecoveryReport:
     top_up_backfills(app, now, report)
     if not report.empty:
         logger.warning("recovery: %s", report)
+    elif report.redis_reset:
+        # Every fresh start (a new Redis, `make run`) meets no epoch mark: nothing lost, nothing to warn of.
+        logger.info("recovery: first pass on this Redis (no epoch mark yet); beat entries checked, none missing")
     return report

@@ -45,11 +45,12 @@ def change_status(
     *,
     now: datetime,
     also: dict[str, Any] | None = None,
-) -> Schedule:
+) -> tuple[Schedule, bool]:
     """Pause or resume (``decide``) the schedule called ``name``: the status it decides on is
     written only where it is still the one read (compare-and-set), so a run that ends it ``done``
     or ``dead`` meanwhile is not overwritten; then it decides again on the new one. ``also``:
-    columns written with the new status only (who paused it), not when nothing changes."""
+    columns written with the new status only (who paused it), not when nothing changes. Answers
+    the schedule and whether this call wrote its status (False: it already had it)."""
     schedule = find_schedule(session, name)
     for _ in range(STATUS_RACE_TRIES):
         read = schedule.status
@@ -57,12 +58,12 @@ def change_status(
         if transition.refusal is not None:
             raise InvalidTransition(transition.refusal)
         if transition.to is None:
-            return schedule
+            return schedule, False
         changed = update(Schedule).where(Schedule.id == schedule.id, Schedule.status == read)
         values = {**_entering(schedule, transition.to, now), **(also or {})}
         if affected(session, changed.values(status=transition.to, changed_at=now, **values)):
             session.refresh(schedule)
-            return schedule
+            return schedule, True
         # Read again (an expired object is loaded afresh from the row); gone meanwhile: NotFound.
         session.expire(schedule)
         schedule = find_schedule(session, name)

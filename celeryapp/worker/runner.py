@@ -102,8 +102,19 @@ def execute_step(app: Runtime, claim: Claim, watch: StepWatch) -> Outcome:
     """
     with capturing_log() as log:
         outcome = _execute(app, claim, watch)
-    if outcome.traceback is not None:
-        logger.info("step %r of execution %s failed: %s", claim.spec.name, claim.execution_id, outcome.error)
+    if outcome.status in (ActivityStatus.FAILED_WITH_ERROR, ActivityStatus.COMPLETE_WITH_ERROR):
+        # The worker log's own line for the step: Celery's line for the runner says "succeeded"
+        # whatever the step did (the runner never fails, see step_events.py; trace_log.py
+        # rewrites that line too).
+        logger.warning(
+            "step %r of execution %s (group %s, attempt %s) failed%s: %s",
+            claim.spec.name,
+            claim.execution_id,
+            claim.step_index + 1,
+            claim.attempt,
+            " (continue_on_failure: the run goes on)" if claim.spec.continue_on_failure else "",
+            outcome.error,
+        )
     return outcome._replace(log_tail=log.text())
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from celeryapp.domain.limits import short_repr
 from celeryapp.interfaces.cli.calls import (
     acting,
     acts,
@@ -33,15 +34,36 @@ BACKFILLS_SHOWN = 20
 WAIT_POLL_S = 0.5
 
 
-def time_arg(text: str, zone: tzinfo) -> str:
+#: The service's names of the range's ends, and the flags a person typed them with.
+FLAGS = {"start": "--from", "end": "--to"}
+
+
+def time_arg(text: str, zone: tzinfo, flag: str) -> str:
     """``--from``/``--to`` as the service takes them: ISO 8601 with its offset; a date or time that
-    names no offset is the viewer's wall time (as ``alerts silence --until``). Text that is no time
-    goes as typed: the service's refusal names the argument and why."""
+    names no offset is the schedule's wall time (``zone``), as on the dashboard's form: a backfill
+    runs the schedule's slots, which are its zone's times (docs/schedules.md, Backfill)."""
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        return text
+        raise click.BadParameter(
+            f"not a date or time: {short_repr(text)} (2026-11-20, 2026-11-20 02:00 (24-hour), or ISO 8601 "
+            "with an offset)",
+            param_hint=flag,
+        ) from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=zone)).isoformat()
+
+
+def _flagged(method: str, *args: Any, **kwargs: Any) -> Any:
+    """A backfill call whose refusal of ``start`` or ``end`` names the flag they came from."""
+    try:
+        return call(method, *args, **kwargs)
+    except click.ClickException as exc:
+        field, _, said = exc.message.partition(": ")
+        if field in FLAGS and said:
+            # The service's words for the range's ends, as they were typed here.
+            said = said.replace("start ≤ slot < end", "--from ≤ slot < --to").replace(" start ", " --from ")
+            raise click.BadParameter(said, param_hint=FLAGS[field]) from None
+        raise
 
 
 def _slot_lines(slots: list[str], zone: tzinfo, viewer: tzinfo, now: datetime) -> None:
@@ -53,13 +75,16 @@ def _slot_lines(slots: list[str], zone: tzinfo, viewer: tzinfo, now: datetime) -
         console.print(text_of(f"  … and {len(slots) - SLOTS_SHOWN} more (--json lists them all)", "dim"))
 
 
-def _say_slots(name: str, answer: dict[str, Any], mode: str, zone: tzinfo, viewer: tzinfo, now: datetime) -> None:
-    """How many slots, the first and the last, and the list (shortened when long)."""
+def _say_slots(
+    name: str, answer: dict[str, Any], mode: str, zone: tzinfo, viewer: tzinfo, now: datetime, request: dict[str, Any]
+) -> None:
+    """How many slots, the first and the last, and the list (shortened when long); with none, why."""
     from celeryapp.interfaces.time_words import stamp
 
     count, slots = answer["count"], answer["slots"]
     console.print(text_of(f"{name}: {count} slot{'' if count == 1 else 's'} to backfill (mode {mode})", "bold"))
     if not slots:
+        _say_none(request, answer, zone, viewer, now)
         return
     console.print(hanging(text_of(f"  first {stamp(slots[0], zone, viewer, now)}")))
     console.print(hanging(text_of(f"  last  {stamp(slots[-1], zone, viewer, now)}")))
@@ -67,10 +92,22 @@ def _say_slots(name: str, answer: dict[str, Any], mode: str, zone: tzinfo, viewe
     _slot_lines(slots, zone, viewer, now)
 
 
+def _say_none(request: dict[str, Any], answer: dict[str, Any], zone: tzinfo, viewer: tzinfo, now: datetime) -> None:
+    """Why nothing is to run, and the range as it was understood (the schedule's zone, yours beside)."""
+    from celeryapp.interfaces.time_words import stamp
+
+    console.print(hanging(text_of(f"  --from {stamp(request['start'], zone, viewer, now)}")))
+    console.print(hanging(text_of(f"  --to   {stamp(request['end'], zone, viewer, now)}")))
+    if answer.get("none_because"):
+        console.print(hanging(text_of(f"  why: {answer['none_because']}", "yellow")))
+
+
 @click.command("backfill")
 @click.argument("name", required=False)
-@click.option("--from", "start", metavar="WHEN", help="First slot's earliest time (ISO 8601; no offset: yours).")
-@click.option("--to", "end", metavar="WHEN", help="Slots before this time (ISO 8601; no offset: yours).")
+@click.option(
+    "--from", "start", metavar="WHEN", help="First slot's earliest time (ISO 8601; no offset: the schedule's zone)."
+)
+@click.option("--to", "end", metavar="WHEN", help="Slots before this time (ISO 8601; no offset: the schedule's zone).")
 @click.option(
     "--mode",
     type=click.Choice(["missing", "failed", "all"]),
@@ -100,7 +137,9 @@ def backfill_cmd(
     as_json: bool,
 ) -> None:
     """Run a schedule's past slots from --from to --to, oldest first (asks first; --dry-run lists
-    them); or --cancel ID: stop a backfill's slots not started (asks first)."""
+    them); or --cancel ID: stop a backfill's slots not started (asks first).
+
+    Times without an offset are the schedule's wall time (its time zone), as on the dashboard."""
     if cancel_id is not None:
         if name is not None or start is not None or end is not None:
             raise click.UsageError("--cancel ID takes no NAME, --from or --to")
@@ -110,21 +149,21 @@ def backfill_cmd(
         raise click.UsageError("give NAME, --from and --to (or --cancel ID)")
     from celeryapp.interfaces.time_words import zone_of
 
-    viewer = viewer_zone()
+    viewer, schedule = viewer_zone(), call("get_schedule", name)
+    zone = zone_of(schedule["timezone"])
     request: dict[str, Any] = {
-        "start": time_arg(start, viewer),
-        "end": time_arg(end, viewer),
+        "start": time_arg(start, zone, "--from"),
+        "end": time_arg(end, zone, "--to"),
         "mode": mode,
         "max_concurrent": max_concurrent,
     }
-    listed = call("backfill_schedule", name, dry_run=True, **request)
+    listed = _flagged("backfill_schedule", name, dry_run=True, **request)
     if as_json and dry_run:
         echo_json(listed)
         return
-    now, schedule = reference_now(), call("get_schedule", name)
-    zone = zone_of(schedule["timezone"])
+    now = reference_now()
     if not as_json:  # stdout is the JSON answer alone
-        _say_slots(name, listed, mode, zone, viewer, now)
+        _say_slots(name, listed, mode, zone, viewer, now, request)
         if schedule["status"] == "paused" and listed["count"]:
             console.print(hanging(text_of(f"{name} is paused: the runs start when it is resumed", "yellow")))
     if dry_run or not listed["count"]:
@@ -136,7 +175,7 @@ def backfill_cmd(
     at_a_time = f"at most {max_concurrent} at a time" if max_concurrent > 1 else "one at a time"
     count = listed["count"]
     confirm(f"start {count} run{'' if count == 1 else 's'} of {name} ({at_a_time}, oldest first)?", yes)
-    started = call("backfill_schedule", name, actor=acting(as_name), reason=reason, **request)
+    started = _flagged("backfill_schedule", name, actor=acting(as_name), reason=reason, **request)
     backfill_id = started["backfill_id"]
     if as_json and not (wait and backfill_id):
         echo_json(started)

@@ -102,11 +102,29 @@ def confirm(question: str, yes: bool) -> None:
         )
     try:
         agreed = click.confirm(printable(question), default=False, err=True)  # stdout stays the answer
-    except click.Abort:  # Ctrl-C or end of input at the question
+    except click.Abort:  # Ctrl-C or end of input at the question: the cursor is still on its line
+        click.echo("", err=True)
         agreed = False
     if not agreed:
         click.echo("nothing changed", err=True)
         sys.exit(1)
+
+
+def ask_reason(question: str) -> str | None:
+    """A reason typed at the terminal (asked again while blank); None without a terminal to ask
+    in (a script, which may give --reason). Ctrl-C or end of input: nothing changed, exit 1."""
+    if not sys.stdin.isatty():
+        return None
+    while True:
+        try:
+            typed = click.prompt(
+                printable(f"{question} (kept in the audit trail)"), default="", show_default=False, err=True
+            )
+        except click.Abort:
+            click.echo("\nnothing changed", err=True)
+            sys.exit(1)
+        if str(typed).strip():
+            return str(typed).strip()
 
 
 #: Said when no worker answers: the service tasks behind every command but ``apply``, ``db`` and
@@ -125,6 +143,38 @@ def forget_worker() -> None:
     _worker_seen = False
 
 
+#: Said when the broker refuses the CLI's login (no settings, or another deployment's).
+BROKER_REFUSED = (
+    "Authentication required: the broker ({url}) {error}. The CLI needs the deployment's settings, "
+    "its Redis password among them: set CHORDBEAT_BROKER_URL (redis://:PASSWORD@host:port/0) and the "
+    "other CHORDBEAT_* variables as the workers have them; with `make run`, load the file it writes: "
+    "`. .run/cli.env` (docs/operations.md)"
+)
+
+
+def require_broker() -> None:
+    """Fail at once when the broker refuses the login: kombu retries a refused connection as if it
+    were down, for seconds, before anyone is told "Authentication required." with no hint."""
+    import redis
+
+    from celeryapp.domain.redaction import hide_secrets
+    from celeryapp.messaging.redis_client import get_redis
+
+    url = built_app().settings.broker_url
+    try:
+        get_redis(url).ping()
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        # NOAUTH, WRONGPASS, or (RESP3) HELLO before AUTH: each as either, by the server's version.
+        words = str(exc).lower()
+        if not any(sign in words for sign in ("auth", "password", "hello")):
+            return
+        given = hide_secrets(url) != url  # a password in the URL shows as hidden
+        error = "refused its password" if given else "asks for a password and CHORDBEAT_BROKER_URL gives none"
+        raise click.ClickException(BROKER_REFUSED.format(url=hide_secrets(url), error=error)) from None
+    except (redis.RedisError, OSError, ValueError):
+        pass  # unreachable and the like: the worker probe below says so as it always did
+
+
 def require_worker(client: Any) -> None:
     """Fail in seconds, saying what to start, instead of waiting out the call's timeout."""
     global _worker_seen
@@ -132,6 +182,7 @@ def require_worker(client: Any) -> None:
 
     if _worker_seen:
         return
+    require_broker()
     if not client.worker_listening(DEFAULT_PROBE_S):
         raise click.ClickException(NO_WORKER.format(queue=SERVICE_QUEUE, seconds=DEFAULT_PROBE_S))
     _worker_seen = True
@@ -157,9 +208,37 @@ def connected() -> Iterator[Any]:
             "expires and does nothing"
         ) from None
     except Exception as exc:  # the worker's message names what is wrong
-        raise click.ClickException(printable(exc)) from None
+        raise click.ClickException(printable(f"{exc}{did_you_mean(client, str(exc))}")) from None
     finally:
         client.close()
+
+
+#: The service's refusal of a schedule name it does not know (scheduling/store.py).
+_UNKNOWN_SCHEDULE = re.compile(r"schedule ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\") does not exist")
+#: Names a "did you mean" is chosen from: the first page of schedules, by name.
+SUGGESTION_POOL = 5000
+
+
+def did_you_mean(client: Any, error: str) -> str:
+    """``; did you mean 'nightly'?`` for a schedule name the service does not know, when one it
+    knows is close (difflib); else nothing. Asked only once the command already failed."""
+    import ast
+    import difflib
+
+    found = _UNKNOWN_SCHEDULE.search(error)
+    if found is None:
+        return ""
+    try:
+        typed = ast.literal_eval(found[1])
+        names = [s["name"] for s in client.list_schedules(limit=SUGGESTION_POOL)]
+    except Exception:
+        return ""  # a hint, never a second error
+    close = difflib.get_close_matches(typed, names, n=3, cutoff=0.6)
+    if not close:
+        close = [n for n in names if n.lower() == str(typed).lower()]
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(name) for name in close) + "?"
 
 
 def zones_for(names: Iterable[str]) -> dict[str, ZoneInfo]:

@@ -28,6 +28,14 @@ from celeryapp.interfaces.cli.watch import follow
 from celeryapp.interfaces.terminal import TIME_WIDTH, new_table, printable, run_text, text_of, time_cell
 
 
+def _payload_option(payload: str | None) -> Any:
+    """``--payload``'s JSON (the service checks it is an object, and its size and depth)."""
+    try:
+        return json.loads(payload) if payload else None
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
+
+
 @click.command("run")
 @click.argument("name")
 @click.option("--payload", default=None, help="JSON object merged into the schedule's payload.")
@@ -36,10 +44,7 @@ from celeryapp.interfaces.terminal import TIME_WIDTH, new_table, printable, run_
 @json_option
 def run_cmd(name: str, payload: str | None, wait: bool, as_name: str | None, reason: str | None, as_json: bool) -> None:
     """Start a run now."""
-    try:
-        data = json.loads(payload) if payload else None
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
+    data = _payload_option(payload)
     started = call("trigger_schedule", name, payload=data, actor=acting(as_name), reason=reason)
     if started.get("execution_id") is None:
         if as_json:
@@ -137,17 +142,29 @@ def cancel_cmd(execution_id: int, yes: bool, as_name: str | None, reason: str | 
 @click.command("rerun")
 @click.argument("execution_id", type=int)
 @click.option("--from-failed", is_flag=True, help="Start at the group that failed (earlier groups are taken as done).")
+@click.option(
+    "--payload", default=None, help="JSON object run instead of the execution's own payload (whole, not merged)."
+)
 @click.option("--wait", is_flag=True, help="Show live progress; exit 0 only if the run completes.")
 @acts
 @json_option
 def rerun_cmd(
-    execution_id: int, from_failed: bool, wait: bool, as_name: str | None, reason: str | None, as_json: bool
+    execution_id: int,
+    from_failed: bool,
+    payload: str | None,
+    wait: bool,
+    as_name: str | None,
+    reason: str | None,
+    as_json: bool,
 ) -> None:
-    """Run a failed or cancelled execution again: a new manual run with its slot and payload."""
+    """Run a failed or cancelled execution again: a new manual run with its slot and payload
+    (or --payload)."""
     from celeryapp.interfaces.run_view import rerun_group
 
+    data = _payload_option(payload)
+    changed = {} if data is None else {"payload": data}
     started: dict[str, Any] = call(
-        "rerun_execution", execution_id, from_failed=from_failed, actor=acting(as_name), reason=reason
+        "rerun_execution", execution_id, from_failed=from_failed, actor=acting(as_name), reason=reason, **changed
     )
     if started.get("id") is None:  # the overlap policy started nothing
         if as_json:
@@ -158,6 +175,8 @@ def rerun_cmd(
             echo_json(started)
             return
         said = f"execution {started['id']} started: re-run of {execution_id} from group {rerun_group(started)}"
+        if data is not None:
+            said += f" with payload {json.dumps(started['payload'])}"
         click.echo(printable(said))
         return
     follow(started["id"], as_json)

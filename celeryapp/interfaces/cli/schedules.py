@@ -4,15 +4,17 @@ and ``delete`` (after asking)."""
 from __future__ import annotations
 
 import textwrap
-from datetime import datetime
+from datetime import datetime, tzinfo
 from typing import Any
 
 import click
+from rich.table import Table
 from rich.text import Text
 
 from celeryapp.interfaces.cli.calls import (
     acting,
     acts,
+    ask_reason,
     call,
     confirm,
     connected,
@@ -77,6 +79,11 @@ def _marked(line: str, reason: str | None) -> str:
     return f"{line}  not run: {reason}" if reason else line
 
 
+#: A slot record's note for a due time before the schedule was created (a backfill of history);
+#: short, as it wraps within the outcome column of `show`'s 80-column table.
+BEFORE_SCHEDULE = "before it existed"
+
+
 def _dst_notes(schedule: dict[str, Any], times: list[datetime], now: datetime) -> list[str | None]:
     """What the schedule's DST rule does to each of ``times`` on a day the clocks change."""
     from celeryapp.domain.dst_rules import DstRules
@@ -85,12 +92,6 @@ def _dst_notes(schedule: dict[str, Any], times: list[datetime], now: datetime) -
 
     zone = zone_of(schedule["timezone"])
     return dst_notes(schedule.get("cron"), zone, DstRules.from_json(schedule.get("dst")), now, times)
-
-
-def runs(schedule: dict[str, Any]) -> int:
-    """Every counted run: ``run_count`` is only the successful ones (what ``total_repeats`` counts),
-    so a schedule whose one run failed has 1 run, not 0."""
-    return int(schedule["run_count"]) + int(schedule["error_count"])
 
 
 @click.command("list")
@@ -107,15 +108,13 @@ def list_cmd(as_json: bool) -> None:
         return
     now, viewer = reference_now(), viewer_zone()
     # Rows of many schedules: every next run in the viewer's zone, named in the title (each
-    # schedule's own zone is in its cadence).
-    table = new_table("name", "cadence", "status", "runs")
+    # schedule's own zone is in its cadence). No run count: "runs" is counted over a schedule's
+    # executions (interfaces/run_counts.py), which `show` does for one schedule, not a list for all.
+    table = new_table("name", "cadence", "status")
     table.add_column(f"next run ({zone_title(viewer, now)})", min_width=TIME_WIDTH)
     for s in schedules:
-        state = state_text(s["status"])
-        if s["error_count"]:
-            state.append(f"\n{s['error_count']} failed", style="red")
         next_run = time_cell(s["next_run_at"], viewer, None, now)
-        table.add_row(text_of(s["name"]), text_of(cadence_text(s)), state, text_of(runs(s)), next_run)
+        table.add_row(text_of(s["name"]), text_of(cadence_text(s)), state_text(s["status"]), next_run)
     console.print(table)
 
 
@@ -125,7 +124,8 @@ def list_cmd(as_json: bool) -> None:
 def show_cmd(name: str, as_json: bool) -> None:
     """A schedule: definition, status, next fire times, recent executions and slots (--json: all of it)."""
     from celeryapp.interfaces.cron_words import describe
-    from celeryapp.interfaces.time_words import instants_in, stamp, time_control_words, took, zone_of
+    from celeryapp.interfaces.run_counts import RunCounts
+    from celeryapp.interfaces.time_words import stamp, time_control_words, took, zone_of
 
     schedule = call("get_schedule", name)
     executions = call("list_executions", schedule=name, limit=5)
@@ -153,8 +153,9 @@ def show_cmd(name: str, as_json: bool) -> None:
         console.print(hanging(text_of(f"  {describe(schedule['cron'])}, {schedule['timezone']} time")))
     for words in time_control_words(schedule):  # catch-up, calendar and DST, the defaults said too
         console.print(hanging(text_of(f"  {words}")))
-    counts = f"{schedule['run_count']} successful, {schedule['error_count']} failed"
-    console.print(text_of(f"  runs {runs(schedule)}: {counts}; retry {schedule['current_retry']}"))
+    # The dashboard's words for the same count (one definition: interfaces/run_counts.py).
+    counts = RunCounts.from_json(schedule.get("runs") or {}).words()
+    console.print(hanging(text_of(f"  {counts} · retry {schedule['current_retry']}")))
     for line in alerting_lines(schedule, zone, viewer, now):
         console.print(line)
     if schedule["last_error"]:
@@ -184,19 +185,7 @@ def show_cmd(name: str, as_json: bool) -> None:
         )
     console.print(table)
     print_errors(executions)
-    table = new_table("slot", "trigger", "outcome", "execution", title="recent slots")
-    for slot in slots:
-        outcome = state_text(slot["outcome"])
-        if slot["detail"]:
-            outcome.append_text(text_of(f"\n{instants_in(slot['detail'], zone)}", "dim"))
-        row = (
-            time_cell(slot["nominal_at"], zone, viewer, now),
-            text_of(slot["trigger"]),
-            outcome,
-            text_of(slot["execution_id"] or "-"),
-        )
-        table.add_row(*row)
-    console.print(table)
+    console.print(_slots_table(slots, zone, viewer, now))
     console.print(Text("full definition and records: --json", style="dim"))
 
 
@@ -240,16 +229,27 @@ def next_cmd(name: str, count: int, as_json: bool) -> None:
 @acts
 @json_option
 def pause_cmd(name: str, yes: bool, as_name: str | None, reason: str | None, as_json: bool) -> None:
-    """Pause a schedule (asks first; runs already on their way do nothing)."""
+    """Pause a schedule (asks why, unless --reason, then asks first; runs already on their way do
+    nothing)."""
     from celeryapp.domain.times import parse_time
     from celeryapp.interfaces.time_words import relative
 
     schedule = call("get_schedule", name)
     if schedule["status"] == "active":
         next_at = relative(parse_time(schedule["next_run_at"]), reference_now())
-        confirm(f"pause {name} (active, next run {next_at})?", yes)
+        if reason is None and not yes:
+            # The dashboard requires a reason; a person at a terminal is asked for one here too.
+            reason = ask_reason(f"why pause {name}?")
+        because = f", because: {reason}" if reason else ""
+        confirm(f"pause {name} (active, next run {next_at}){because}?", yes)
     schedule = call("pause_schedule", name, actor=acting(as_name), reason=reason)
-    echo_json(schedule) if as_json else click.echo(printable(f"{name}: {schedule['status']}"))
+    if as_json:
+        echo_json(schedule)
+    elif schedule.get("changed") is False:
+        said = f" by {schedule['paused_by']}" if schedule.get("paused_by") else ""
+        click.echo(printable(f"{name}: already paused{said}; nothing changed"))
+    else:
+        click.echo(printable(f"{name}: {schedule['status']}"))
 
 
 @click.command("resume")
@@ -265,6 +265,9 @@ def resume_cmd(name: str, as_name: str | None, reason: str | None, as_json: bool
         echo_json(schedule)
         return
     next_at = stamp(schedule["next_run_at"], zone_of(schedule["timezone"]), viewer_zone(), reference_now())
+    if schedule.get("changed") is False:
+        click.echo(printable(f"{name}: already {schedule['status']}, next {next_at}; nothing changed"))
+        return
     click.echo(printable(f"{name}: {schedule['status']}, next {next_at}"))
 
 
@@ -280,3 +283,24 @@ def delete_cmd(name: str, yes: bool, as_name: str | None, reason: str | None, as
     confirm(f"delete schedule {name} ({schedule['status']}, {steps} steps; its runs' history is kept)?", yes)
     deleted = call("delete_schedule", name, actor=acting(as_name), reason=reason)
     echo_json(deleted) if as_json else click.echo(printable(f"{name}: deleted"))
+
+
+def _slots_table(slots: list[dict[str, Any]], zone: tzinfo, viewer: tzinfo, now: datetime) -> Table:
+    """``show``'s slot record: each due time, what became of it, and why."""
+    from celeryapp.interfaces.time_words import instants_in
+
+    table = new_table("slot", "trigger", "outcome", "execution", title="recent slots")
+    for slot in slots:
+        outcome = state_text(slot["outcome"])
+        if slot["detail"]:
+            outcome.append_text(text_of(f"\n{instants_in(slot['detail'], zone)}", "dim"))
+        if slot.get("before_schedule"):
+            outcome.append_text(text_of(f"\n{BEFORE_SCHEDULE}", "dim"))
+        row = (
+            time_cell(slot["nominal_at"], zone, viewer, now),
+            text_of(slot["trigger"]),
+            outcome,
+            text_of(slot["execution_id"] or "-"),
+        )
+        table.add_row(*row)
+    return table

@@ -56,8 +56,10 @@ class Confirmation:
     target: str
     name: str | None = None
     execution_id: int | None = None
-    #: Run now only: the payload as JSON text.
+    #: Run now and re-run: the payload as JSON text.
     payload: str | None = None
+    #: Whose payload is filled in: "the schedule's" or "the run's".
+    payload_of: str = "the schedule's"
     back: str = "/"
     error: str | None = None
     reason: str = ""
@@ -148,18 +150,20 @@ def _for_execution(session: Session, action: str, execution_id: int, now: dateti
         action,
         f"Re-run execution {execution_id}",
         f"re-run execution {execution_id} of {name} from group {group + 1}",
-        f"A new manual run with the same steps and payload starts at group {group + 1}; "
+        f"A new manual run with the same steps and the payload below starts at group {group + 1}; "
         f"the groups before it are taken from #{execution_id}." + refusal,
         f"Re-run from group {group + 1}",
         f"/act/rerun/{execution_id}",
         name=name,
         execution_id=execution_id,
         back=f"/execution/{execution_id}",
+        payload=json.dumps(execution.payload or {}, indent=2, ensure_ascii=False),
+        payload_of=f"run #{execution_id}'s",
     )
 
 
 def parse_payload(text: str) -> dict[str, Any] | None:
-    """The payload typed in the form: None for an empty field (the schedule's own payload).
+    """The payload typed in the form: None for an empty field (the schedule's, or the re-run run's, own).
 
     Raises InvalidArgument with the line and column of the first mistake."""
     if not text.strip():
@@ -221,7 +225,7 @@ class ActionHandler(BaseHandler):
             await self.again(action, execution_id, name, f"Say why: a reason is required to {action}.")
             return
         try:
-            typed = self.get_body_argument("payload", "") if action == "run" else ""
+            typed = self.get_body_argument("payload", "") if action in ("run", "rerun") else ""
             message, target = await asyncio.get_running_loop().run_in_executor(
                 None, functools.partial(self.act, action, execution_id, name, reason, typed)
             )
@@ -249,7 +253,8 @@ class ActionHandler(BaseHandler):
             if action == "cancel":
                 result = service.cancel_execution(app, run, **who)
                 return f"execution {run}: {result['status']}", f"/execution/{run}"
-            rerun = service.rerun_execution(app, run, True, **who)
+            # The run's own payload is filled in: sent unchanged, the run row records no change.
+            rerun = service.rerun_execution(app, run, True, payload=parse_payload(typed), **who)
             if rerun.get("id") is None:
                 return f"re-run of #{run} not started: {rerun['skipped']}", None
             return f"execution {rerun['id']} started: re-run of #{run}", f"/execution/{rerun['id']}"

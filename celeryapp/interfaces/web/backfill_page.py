@@ -4,8 +4,9 @@ now's page) starts them as the logged-in user with the source ``web``; the sched
 part shows each backfill's and catch-up's progress, with a Cancel button that asks first (a
 confirmation page, reason required as for cancelling a run). Admins only, as the other actions.
 
-The form's times are the schedule's wall time (a ``datetime-local`` field) unless they carry an
-offset of their own (ISO 8601 typed or pasted).
+The form's times are the schedule's wall time, typed as ``2026-11-20 02:00`` (24-hour text fields,
+not ``datetime-local``, which browsers show in their own 12-hour locale), unless they carry an
+offset of their own (ISO 8601 typed or pasted); the CLI's ``--from``/``--to`` read the same.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class DryRun:
     back: str = "/"
     #: The schedule's status: a paused one's backfill starts when it is resumed.
     status: str = "active"
+    #: Why the range holds no slot to run (the service's words, the range in the schedule's zone).
+    none_because: str | None = None
 
     @property
     def more(self) -> int:
@@ -83,12 +86,12 @@ def schedule_backfills(session: Session, name: str) -> list[dict[str, Any]]:
 
 def form_time(field_name: str, text: str, zone: str) -> str:
     """A form's time as the service takes it: with its own offset as typed, else the schedule's
-    wall time (``2026-11-20T02:00``, what a ``datetime-local`` field sends)."""
+    wall time (``2026-11-20 02:00``, 24-hour)."""
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise InvalidArgument(
-            field_name, f"is not a date and time (2026-11-20T02:00, or ISO 8601), got {text!r}"
+            field_name, f"is not a date and time (2026-11-20 02:00, 24-hour, or ISO 8601), got {text!r}"
         ) from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=zone_of(zone))).isoformat()
 
@@ -151,6 +154,7 @@ class BackfillActionHandler(BaseHandler):
             page.error = str(exc)
             return page
         page.count = answer["count"]
+        page.none_because = answer.get("none_because")
         page.slots = [t for t in (parse_time(s) for s in answer["slots"][:SLOTS_LISTED]) if t is not None]
         return page
 

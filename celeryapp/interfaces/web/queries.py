@@ -22,6 +22,7 @@ from celeryapp.execution.reruns import first_failed_group
 from celeryapp.interfaces.display import step_states
 from celeryapp.interfaces.dst_notes import dst_notes
 from celeryapp.interfaces.objects import execution_json
+from celeryapp.interfaces.run_counts import RunCounts, run_counts
 from celeryapp.interfaces.web import trail
 from models import (
     Activity,
@@ -132,7 +133,7 @@ class ScheduleView:
     upcoming: list[datetime]
     #: Per upcoming time, what the schedule's DST rule did to it on a day the clocks change.
     upcoming_dst: list[str | None]
-    counts: trail.RunCounts
+    counts: RunCounts
     audit: list[dict[str, Any]]
     #: Runs of the grid with a step that warned.
     warned: set[int]
@@ -195,7 +196,7 @@ def schedule_view(session: Session, name: str, now: datetime, whole: bool = True
             schedule.cron, ZoneInfo(schedule.timezone), DstRules.from_json(schedule.dst), now, upcoming
         ),
         # The header and the trail are outside the live part: the refresh does not count again.
-        counts=trail.run_counts(session, schedule.id) if whole else trail.RunCounts(),
+        counts=run_counts(session, schedule.id) if whole else RunCounts(),
         audit=trail.audit_trail(session, schedule=name) if whole else [],
         warned={run_id for (run_id, _), cell in cells.items() if cell.state in trail.WARNING_STEPS},
     )

@@ -206,6 +206,8 @@ def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> to
             (r"/alerts/(acknowledge|silence|unsilence)", AlertActionHandler, ctx),
         ],
         template_path=os.path.join(HERE, "templates"),
+        # With a static_path, Tornado serves /favicon.ico (which browsers ask for, whatever the page
+        # links: a 404 in the log each time, before) and /robots.txt from it, without a login.
         static_path=os.path.join(HERE, "static"),
         cookie_secret=secret,
         xsrf_cookies=True,

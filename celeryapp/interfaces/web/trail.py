@@ -1,20 +1,19 @@
-"""Who did what, and how a schedule's runs ended, as the dashboard shows them: the activity panels
-(audit rows by schedule or by execution), honest run counts, which runs completed with warnings,
-and the links between a run and its re-runs. Reads only, each a bounded query."""
+"""Who did what, as the dashboard shows it: the activity panels (audit rows by schedule or by
+execution), which runs completed with warnings, and the links between a run and its re-runs.
+Reads only, each a bounded query. (How many runs a schedule has: interfaces/run_counts.py.)"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celeryapp.interfaces.audit import AuditFilter, audit_rows
 from celeryapp.interfaces.display import WARNED_STEP
 from celeryapp.states import AuditAction
-from models import ActivityStatus, ExecutionStatus, ScheduleExecution
+from models import ActivityStatus, ScheduleExecution
 from models.tables import Activity
 
 #: Rows in an activity panel, newest first.
@@ -37,46 +36,6 @@ def audit_trail(
 def cancel_of(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The row of who cancelled the run, among its trail."""
     return next((r for r in rows if r["action"] == AuditAction.CANCEL.value), None)
-
-
-@dataclass(frozen=True)
-class RunCounts:
-    """A schedule's kept runs by how they ended (the stored run_count counts successes only,
-    for total_repeats, so it alone read "runs 0, errors 1" after one failed run)."""
-
-    completed: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    running: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.completed + self.failed + self.cancelled + self.running
-
-    def words(self) -> str:
-        """``runs 3 (1 failed) · successful 2``."""
-        others = [
-            f"{n} {what}"
-            for n, what in ((self.failed, "failed"), (self.cancelled, "cancelled"), (self.running, "running"))
-            if n
-        ]
-        extra = f" ({', '.join(others)})" if others else ""
-        return f"runs {self.total}{extra} · successful {self.completed}"
-
-
-def run_counts(session: Session, schedule_id: int) -> RunCounts:
-    rows = session.execute(
-        select(ScheduleExecution.status, func.count())
-        .where(ScheduleExecution.schedule_id == schedule_id)
-        .group_by(ScheduleExecution.status)
-    ).all()
-    by_status = {ExecutionStatus(status): n for status, n in rows}
-    return RunCounts(
-        completed=by_status.get(ExecutionStatus.COMPLETED, 0),
-        failed=by_status.get(ExecutionStatus.FAILED, 0),
-        cancelled=by_status.get(ExecutionStatus.CANCELLED, 0),
-        running=by_status.get(ExecutionStatus.IN_PROGRESS, 0),
-    )
 
 
 def warned_runs(session: Session, execution_ids: Sequence[int]) -> set[int]:

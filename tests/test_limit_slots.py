@@ -1,0 +1,257 @@
+"""Slots of shared limits taken and released in transactions, on SQLite and PostgreSQL: never more
+held than a limit's slots (checked by a query while threads hammer it), all needs at once or none,
+a fenced attempt releasing nothing of its successor's, a release admitting the next waiters first
+come first served within a key and round-robin across keys, and no waiter left behind."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from celeryapp.domain.shared_limits import parse_limit
+from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
+from celeryapp.execution.limit_slots import Admitted, Demand, Holder, acquire_or_wait, release, settle
+from celeryapp.execution.limit_store import delete_limit, limit_detail, limit_summaries, put_limit
+from models import transaction
+from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
+
+pytestmark = pytest.mark.both_databases
+
+_ids = itertools.count(1)
+
+
+def holder(attempt: int = 1, worker_task_id: int | None = None) -> Holder:
+    number = worker_task_id if worker_task_id is not None else next(_ids)
+    return Holder(number, attempt, execution_id=1000 + number, step_name=f"step-{number}")
+
+
+def define(url: str, **raw: Any) -> int:
+    with transaction(url) as session:
+        return put_limit(session, parse_limit(raw)).id
+
+
+def acquire(url: str, who: Holder, *demands: Demand) -> tuple[bool, Admitted]:
+    with transaction(url) as session:
+        return acquire_or_wait(session, list(demands), who)
+
+
+def give_back(url: str, who: Holder) -> tuple[int, tuple[Holder, ...]]:
+    with transaction(url) as session:
+        released = release(session, who.worker_task_id, who.attempt)
+    return released.slots, released.admitted.started
+
+
+def held(url: str) -> dict[str, int]:
+    """Slots held per limit, counted from the holds, checked against each limit's ``in_use``."""
+    with transaction(url, read_only=True) as session:
+        counted = {
+            name: int(slots)
+            for name, slots in session.execute(
+                select(LIMITS.c.name, func.coalesce(func.sum(LIMIT_HOLDS.c.slots), 0))
+                .outerjoin(LIMIT_HOLDS, LIMIT_HOLDS.c.limit_id == LIMITS.c.id)
+                .group_by(LIMITS.c.name)
+            )
+        }
+        in_use = {name: n for name, n in session.execute(select(LIMITS.c.name, LIMITS.c.in_use))}
+    assert counted == in_use
+    return in_use
+
+
+def waiting(url: str) -> int:
+    with transaction(url, read_only=True) as session:
+        return int(session.scalar(select(func.count()).select_from(LIMIT_WAITERS)) or 0)
+
+
+def test_slots_are_taken_up_to_the_limit_then_waiters_wait_and_a_release_admits_the_oldest(database_url: str) -> None:
+    define(database_url, name="warehouse", slots=2)
+    first, second, third, fourth = (holder() for _ in range(4))
+    assert acquire(database_url, first, Demand("warehouse"))[0]
+    assert acquire(database_url, second, Demand("warehouse"))[0]
+    assert not acquire(database_url, third, Demand("warehouse"))[0]
+    assert not acquire(database_url, fourth, Demand("warehouse"))[0]
+    # A redelivered message: the same answer, nothing taken twice.
+    assert acquire(database_url, first, Demand("warehouse"))[0]
+    assert not acquire(database_url, third, Demand("warehouse"))[0]
+    assert (held(database_url), waiting(database_url)) == ({"warehouse": 2}, 2)
+    assert give_back(database_url, second) == (1, (third,))
+    assert give_back(database_url, second) == (0, ())
+    assert give_back(database_url, first) == (1, (fourth,))
+    assert (held(database_url), waiting(database_url)) == ({"warehouse": 2}, 0)
+    with transaction(database_url, read_only=True) as session:
+        detail = limit_detail(session, "warehouse")
+        assert [h["step"] for h in detail["holders"]] == [third.step_name, fourth.step_name]
+        assert detail["keys"] == {"": 2} and detail["waiters"] == []
+        assert limit_summaries(session) == [
+            {**parse_limit({"name": "warehouse", "slots": 2}).to_json(), "in_use": 2, "waiting": 0}
+        ]
+
+
+def test_all_needs_are_taken_at_once_or_none(database_url: str) -> None:
+    define(database_url, name="warehouse", slots=3)
+    define(database_url, name="erp", slots=1)
+    erp_user, both = holder(), holder()
+    assert acquire(database_url, erp_user, Demand("erp"))[0]
+    assert not acquire(database_url, both, Demand("warehouse", slots=2), Demand("erp"))[0]
+    # No partial hold: the warehouse's slots stay free while the waiter waits for the ERP.
+    assert held(database_url) == {"warehouse": 0, "erp": 1}
+    assert give_back(database_url, erp_user) == (1, (both,))
+    assert held(database_url) == {"warehouse": 2, "erp": 1}
+
+
+def test_a_fenced_attempt_releases_nothing_of_its_successors(database_url: str) -> None:
+    define(database_url, name="warehouse", slots=1)
+    lost, retry = holder(attempt=1, worker_task_id=7), holder(attempt=2, worker_task_id=7)
+    waiter = holder()
+    assert acquire(database_url, lost, Demand("warehouse"))[0]
+    # Recovery found attempt 1 lost and released its slot; attempt 2 took it.
+    assert give_back(database_url, lost) == (1, ())
+    assert acquire(database_url, retry, Demand("warehouse"))[0]
+    assert not acquire(database_url, waiter, Demand("warehouse"))[0]
+    # Attempt 1's late finish releases what it holds: nothing any more.
+    assert give_back(database_url, lost) == (0, ())
+    assert (held(database_url), waiting(database_url)) == ({"warehouse": 1}, 1)
+    assert give_back(database_url, retry) == (1, (waiter,))
+
+
+def test_a_release_serves_keys_round_robin_and_each_key_first_come_first_served(database_url: str) -> None:
+    define(database_url, name="warehouse", slots=1, key="{payload.customer}")
+    running = holder()
+    assert acquire(database_url, running, Demand("warehouse", "acme"))[0]
+    acme = [holder() for _ in range(4)]
+    for who in acme:
+        assert not acquire(database_url, who, Demand("warehouse", "acme"))[0]
+    globex = [holder() for _ in range(2)]
+    for who in globex:
+        assert not acquire(database_url, who, Demand("warehouse", "globex"))[0]
+    served = []
+    current = running
+    while True:
+        _slots, started = give_back(database_url, current)
+        if not started:
+            break
+        (current,) = started
+        served.append(current)
+    assert served == [acme[0], globex[0], acme[1], globex[1], acme[2], acme[3]]
+
+
+def test_per_key_slots_bound_each_key_and_a_full_key_does_not_block_the_others(database_url: str) -> None:
+    define(database_url, name="warehouse", slots=3, key="{payload.customer}", per_key_slots=1)
+    a1, a2, b1 = holder(), holder(), holder()
+    assert acquire(database_url, a1, Demand("warehouse", "acme"))[0]
+    assert not acquire(database_url, a2, Demand("warehouse", "acme"))[0]
+    assert acquire(database_url, b1, Demand("warehouse", "globex"))[0]
+    assert give_back(database_url, b1) == (1, ())
+    assert give_back(database_url, a1) == (1, (a2,))
+
+
+def test_unknown_limits_and_needs_that_can_never_fit_are_refused_and_store_nothing(database_url: str) -> None:
+    define(database_url, name="warehouse", slots=2)
+    with pytest.raises(NotFound, match="'nope'"):
+        acquire(database_url, holder(), Demand("nope"))
+    with pytest.raises(InvalidArgument, match="uses"):
+        acquire(database_url, holder(), Demand("warehouse", slots=3))
+    with pytest.raises(InvalidArgument, match="twice"):
+        acquire(database_url, holder(), Demand("warehouse"), Demand("warehouse"))
+    assert (held(database_url), waiting(database_url)) == ({"warehouse": 0}, 0)
+
+
+def test_a_resize_never_preempts_and_a_larger_limit_admits_on_settle(database_url: str) -> None:
+    limit_id = define(database_url, name="warehouse", slots=2)
+    a, b, c = holder(), holder(), holder()
+    assert acquire(database_url, a, Demand("warehouse"))[0] and acquire(database_url, b, Demand("warehouse"))[0]
+    assert not acquire(database_url, c, Demand("warehouse"))[0]
+    define(database_url, name="warehouse", slots=1)
+    assert held(database_url) == {"warehouse": 2}
+    assert give_back(database_url, a) == (1, ())  # still one held of one
+    define(database_url, name="warehouse", slots=3)
+    with transaction(database_url) as session:
+        assert settle(session, [limit_id]).started == (c,)
+
+
+def test_a_held_limit_is_deleted_only_with_force(database_url: str) -> None:
+    define(database_url, name="warehouse", slots=1)
+    a, b = holder(), holder()
+    assert acquire(database_url, a, Demand("warehouse"))[0]
+    assert not acquire(database_url, b, Demand("warehouse"))[0]
+    with pytest.raises(InvalidTransition, match="held"), transaction(database_url) as session:
+        delete_limit(session, "warehouse", force=False)
+    with transaction(database_url) as session:
+        assert delete_limit(session, "warehouse", force=True) == 1
+    assert (held(database_url), waiting(database_url)) == ({}, 0)
+    assert give_back(database_url, a) == (0, ())
+
+
+@pytest.fixture
+def stop() -> Iterator[threading.Event]:
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_threads_hammering_a_limit_never_hold_more_than_its_slots_and_leave_nothing_behind(
+    database_url: str, stop: threading.Event
+) -> None:
+    define(database_url, name="warehouse", slots=3, key="{payload.customer}", per_key_slots=2)
+    threads, cycles = 5, 200
+    woken: dict[Holder, threading.Event] = {}
+    woken_lock = threading.Lock()
+    errors: list[BaseException] = []
+    seen_max = [0]
+
+    def wake(started: tuple[Holder, ...]) -> None:
+        with woken_lock:
+            for who in started:
+                woken.setdefault(who, threading.Event()).set()
+
+    def watch() -> None:
+        while not stop.is_set():
+            with transaction(database_url, read_only=True) as session:
+                total = session.scalar(select(func.coalesce(func.sum(LIMIT_HOLDS.c.slots), 0)))
+                per_key = (
+                    session.execute(select(func.sum(LIMIT_HOLDS.c.slots)).group_by(LIMIT_HOLDS.c.key)).scalars().all()
+                )
+                in_use = session.scalar(select(LIMITS.c.in_use))
+            assert total is not None and in_use is not None
+            seen_max[0] = max(seen_max[0], total)
+            if total > 3 or in_use > 3 or any(n > 2 for n in per_key):
+                errors.append(AssertionError(f"over the limit: {total} held, in_use {in_use}, per key {per_key}"))
+                return
+            stop.wait(0.002)  # a query every few milliseconds leaves the workers the processor
+
+    def work(seed: int) -> None:
+        chooser = random.Random(seed)
+        try:
+            for _ in range(cycles):
+                who = holder()
+                key = chooser.choice(["acme", "globex", "initech"])
+                with woken_lock:
+                    woken[who] = threading.Event()
+                is_held, admitted = acquire(database_url, who, Demand("warehouse", key))
+                wake(admitted.started)
+                if not is_held and not woken[who].wait(60):
+                    raise AssertionError(f"{who} was never admitted")
+                _slots, started = give_back(database_url, who)
+                wake(started)
+        except BaseException as exc:
+            errors.append(exc)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    workers = [threading.Thread(target=work, args=(seed,)) for seed in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    stop.set()
+    watcher.join()
+    assert errors == []
+    assert seen_max[0] >= 2  # the limit was contended, not run one at a time
+    assert (held(database_url), waiting(database_url)) == ({"warehouse": 0}, 0)

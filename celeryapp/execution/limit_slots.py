@@ -91,14 +91,15 @@ def acquire_or_wait(
     """
     now = now or utcnow()
     _check_demands(demands)
-    if session.scalar(select(func.count()).select_from(LIMIT_HOLDS).where(*_of(LIMIT_HOLDS, holder))):
-        return True, Admitted()
-    if session.scalar(select(func.count()).select_from(LIMIT_WAITERS).where(*_of(LIMIT_WAITERS, holder))):
-        return False, Admitted()
     ids = _limit_ids(session, [demand.limit for demand in demands])
     locked = _lock(session, set(ids.values()) | _co_needed(session, ids.values()))
     if not set(ids.values()) <= locked:
         raise NotFound(f"limit {next(n for n, i in ids.items() if i not in locked)!r} was deleted meanwhile")
+    # Under the locks: two deliveries of one message at once get one answer, not two waits.
+    if session.scalar(select(func.count()).select_from(LIMIT_HOLDS).where(*_of(LIMIT_HOLDS, holder))):
+        return True, Admitted()
+    if session.scalar(select(func.count()).select_from(LIMIT_WAITERS).where(*_of(LIMIT_WAITERS, holder))):
+        return False, Admitted()
     pairs = [(ids[demand.limit], demand.key) for demand in demands]
     queue = queue_digest(pairs)
     oldest = session.scalar(select(func.min(LIMIT_WAITERS.c.turn)).where(LIMIT_WAITERS.c.limit_id.in_(ids.values())))

@@ -92,6 +92,12 @@ _BACKFILL_OBJECT = (
     '"cancelled", "skipped", "actor", "reason", "created_at", "finished_at"}`'
 )
 
+_LIMIT_OBJECT = (
+    'limit object: the definition `{"name", "slots", "rate", "key", "per_key_slots", "on_full", "max_wait"}` plus '
+    '`"in_use"`, `"waiting"`, `"holders"` and `"waiters"` (`[{"execution_id", "step", "key", "slots", "since"}]`, '
+    'waiters oldest first, at most 100) and `"keys"` (`{key: in_use}`, at most 1,000)'
+)
+
 #: Every service task, in the order the README lists them.
 SERVICE_TASKS = (
     ServiceTask(
@@ -261,6 +267,24 @@ SERVICE_TASKS = (
         "`CHORDBEAT_ALERT_RATE_LIMIT` tests in the last 60 s; alert object of kind `test` (message `TEST, not an "
         "alert: …`, the actor and reason quoted and cut) with one pending delivery to the channel (`get_alert` "
         "follows it)",
+    ),
+    ServiceTask(
+        "chordbeat.apply_limit",
+        (Param("definition"), _ACTOR, _REASON),
+        _LIMIT_OBJECT + " (invalid: error naming every bad field; nothing stored); a resize never pre-empts holders",
+        ("DefinitionError",),
+    ),
+    ServiceTask(
+        "chordbeat.list_limits",
+        (),
+        'every limit by name: its definition plus `{"in_use": n, "waiting": n}`',
+    ),
+    ServiceTask("chordbeat.get_limit", (_NAME,), _LIMIT_OBJECT, ("NotFound",)),
+    ServiceTask(
+        "chordbeat.delete_limit",
+        (_NAME, Param("force", required=False, default=False, note="true: delete it while held"), _ACTOR, _REASON),
+        '`{"name": ..., "deleted": true}`; refused while the limit is held unless `force`',
+        ("NotFound", "InvalidTransition"),
     ),
 )
 

@@ -37,19 +37,20 @@ CALLER_ERRORS = (
     CallerError(
         "DefinitionError",
         "ValueError",
-        "`apply_schedule`'s definition is invalid; nothing is stored",
+        "`apply_schedule`'s (or `apply_limit`'s) definition is invalid; nothing is stored",
         "`<field>: <reason>`, the field as a path, e.g. `steps[1].timeout: must be a number of seconds, got string`",
     ),
     CallerError(
         "NotFound",
         "LookupError",
-        "the schedule or execution named does not exist",
+        "the schedule, execution (or limit) named does not exist",
         "`schedule 'nightly' does not exist`, `execution 17 does not exist`",
     ),
     CallerError(
         "InvalidTransition",
         None,
-        "the state does not allow the change: pausing a schedule that is not active, resuming one that is not paused",
+        "the state does not allow the change: pausing a schedule that is not active, resuming one that is not paused, "
+        "deleting a held limit without `force`",
         "`schedule 'nightly' is done; only an active schedule can be paused`",
     ),
 )

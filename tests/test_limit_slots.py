@@ -9,6 +9,7 @@ import itertools
 import random
 import threading
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from celeryapp.domain.shared_limits import parse_limit
 from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
 from celeryapp.execution.limit_slots import Admitted, Demand, Holder, acquire_or_wait, release, settle
 from celeryapp.execution.limit_store import delete_limit, limit_detail, limit_summaries, put_limit
-from models import transaction
+from models import transaction, utcnow
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
 
 pytestmark = pytest.mark.both_databases
@@ -186,6 +187,48 @@ def test_a_held_limit_is_deleted_only_with_force(database_url: str) -> None:
         assert delete_limit(session, "warehouse", force=True) == 1
     assert (held(database_url), waiting(database_url)) == ({}, 0)
     assert give_back(database_url, a) == (0, ())
+
+
+def test_a_rate_admits_its_burst_then_the_next_start_when_its_token_comes(database_url: str) -> None:
+    limit_id = define(database_url, name="api", slots=10, rate="2/min")
+    start = utcnow()
+    first, second, third = holder(), holder(), holder()
+    with transaction(database_url) as session:
+        assert acquire_or_wait(session, [Demand("api")], first, now=start)[0]
+        assert acquire_or_wait(session, [Demand("api")], second, now=start)[0]
+    with transaction(database_url) as session:
+        is_held, admitted = acquire_or_wait(session, [Demand("api")], third, now=start)
+    # The bucket was stored: the third start waits for the token due 30 s after the burst.
+    assert not is_held and admitted.wake_at == start + timedelta(seconds=30)
+    with transaction(database_url) as session:
+        assert settle(session, [limit_id], now=start + timedelta(seconds=29)).started == ()
+    with transaction(database_url) as session:
+        assert settle(session, [limit_id], now=start + timedelta(seconds=30)).started == (third,)
+
+
+def test_releasing_a_waiter_removes_its_wait_and_gives_back_nothing(database_url: str) -> None:
+    define(database_url, name="warehouse", slots=1)
+    running, cancelled, next_one = holder(), holder(), holder()
+    assert acquire(database_url, running, Demand("warehouse"))[0]
+    assert not acquire(database_url, cancelled, Demand("warehouse"))[0]
+    assert not acquire(database_url, next_one, Demand("warehouse"))[0]
+    assert give_back(database_url, cancelled) == (0, ())
+    assert waiting(database_url) == 1
+    assert give_back(database_url, running) == (1, (next_one,))
+
+
+def test_a_waiter_a_smaller_limit_can_never_admit_is_reported_and_removed(database_url: str) -> None:
+    limit_id = define(database_url, name="warehouse", slots=3)
+    running, big, small = holder(), holder(), holder()
+    assert acquire(database_url, running, Demand("warehouse", slots=2))[0]
+    assert not acquire(database_url, big, Demand("warehouse", slots=3))[0]
+    assert not acquire(database_url, small, Demand("warehouse"))[0]
+    define(database_url, name="warehouse", slots=2)
+    with transaction(database_url) as session:
+        admitted = settle(session, [limit_id])
+    assert (admitted.started, admitted.impossible) == ((), (big,))
+    assert waiting(database_url) == 1
+    assert give_back(database_url, running) == (2, (small,))
 
 
 @pytest.fixture

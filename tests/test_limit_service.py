@@ -83,7 +83,12 @@ def test_a_held_limit_is_deleted_only_with_force_and_the_delete_is_audited(app: 
         "name": "warehouse",
         "deleted": True,
     }
-    assert audit(app)[-1] == ("limit_deleted", "ops", "moved", {"limit": "warehouse", "force": True, "held_slots": 1})
+    assert audit(app)[-1] == (
+        "limit_deleted",
+        "ops",
+        "moved",
+        {"limit": "warehouse", "force": True, "held_slots": 1, "dropped_waiters": 0},
+    )
     with pytest.raises(NotFound):
         limit_service.delete_limit(app, "warehouse", True)
 

@@ -184,7 +184,8 @@ def test_a_held_limit_is_deleted_only_with_force(database_url: str) -> None:
     with pytest.raises(InvalidTransition, match="held"), transaction(database_url) as session:
         delete_limit(session, "warehouse", force=False)
     with transaction(database_url) as session:
-        assert delete_limit(session, "warehouse", force=True) == 1
+        deleted = delete_limit(session, "warehouse", force=True)
+    assert (deleted.held_slots, deleted.dropped_waiters) == (1, ((b.worker_task_id, b.attempt),))
     assert (held(database_url), waiting(database_url)) == ({}, 0)
     assert give_back(database_url, a) == (0, ())
 
@@ -229,6 +230,20 @@ def test_a_waiter_a_smaller_limit_can_never_admit_is_reported_and_removed(databa
     assert (admitted.started, admitted.impossible) == ((), (big,))
     assert waiting(database_url) == 1
     assert give_back(database_url, running) == (2, (small,))
+
+
+def test_deleting_a_limit_drops_every_wait_of_its_waiters_so_none_starts_with_a_part(database_url: str) -> None:
+    define(database_url, name="warehouse", slots=1)
+    erp = define(database_url, name="erp", slots=1)
+    running, both = holder(), holder()
+    assert acquire(database_url, running, Demand("warehouse"))[0]
+    assert not acquire(database_url, both, Demand("warehouse"), Demand("erp"))[0]
+    with transaction(database_url) as session:
+        assert delete_limit(session, "warehouse", force=True).dropped_waiters == ((both.worker_task_id, 1),)
+    # Its ERP wait went too: a pass on the free ERP does not start it with the ERP alone.
+    with transaction(database_url) as session:
+        assert settle(session, [erp]).started == ()
+    assert (held(database_url), waiting(database_url)) == ({"erp": 0}, 0)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.shared_limits import LimitDefinition
@@ -77,19 +77,35 @@ def put_limit(session: Session, definition: LimitDefinition, *, now: datetime | 
     return StoredLimit(row.id, created=False, changed=True)
 
 
-def delete_limit(session: Session, name: str, *, force: bool) -> int:
-    """Delete the limit; refused while it is held unless ``force`` (its holds and waits go with it:
-    the holders run on, the waiters are the caller's to fail). The slots it held, for the audit."""
+@dataclass(frozen=True)
+class DeletedLimit:
+    #: Slots that were held (the holders run on).
+    held_slots: int
+    #: ``(worker task id, attempt)`` of the attempts that waited for it, oldest first. Every wait of
+    #: theirs is removed (one needing this limit and another must not start with the other alone);
+    #: the caller fails them.
+    dropped_waiters: tuple[tuple[int, int], ...]
+
+
+def delete_limit(session: Session, name: str, *, force: bool) -> DeletedLimit:
+    """Delete the limit; refused while it is held unless ``force``."""
     row = session.execute(select(LIMITS.c.id, LIMITS.c.in_use).where(LIMITS.c.name == name).with_for_update()).first()
     if row is None:
         raise NotFound(f"limit {name!r} does not exist")
     if row.in_use and not force:
         raise InvalidTransition(f"limit {name!r} is held ({row.in_use} slots in use); delete it with force")
+    waiting = select(LIMIT_WAITERS.c.worker_task_id, LIMIT_WAITERS.c.attempt).where(LIMIT_WAITERS.c.limit_id == row.id)
+    waiters = tuple(
+        (worker_task_id, attempt)
+        for worker_task_id, attempt in session.execute(waiting.order_by(LIMIT_WAITERS.c.turn, LIMIT_WAITERS.c.id))
+    )
+    if waiters:
+        holder = tuple_(LIMIT_WAITERS.c.worker_task_id, LIMIT_WAITERS.c.attempt)
+        session.execute(delete(LIMIT_WAITERS).where(holder.in_(waiting.subquery().select())))
     session.execute(delete(LIMIT_HOLDS).where(LIMIT_HOLDS.c.limit_id == row.id))
-    session.execute(delete(LIMIT_WAITERS).where(LIMIT_WAITERS.c.limit_id == row.id))
     if affected(session, delete(LIMITS).where(LIMITS.c.id == row.id, LIMITS.c.in_use == row.in_use)) != 1:
         raise InvalidTransition(f"limit {name!r} changed meanwhile; delete it again")
-    return int(row.in_use)
+    return DeletedLimit(int(row.in_use), waiters)
 
 
 def limit_summaries(session: Session) -> list[dict[str, Any]]:

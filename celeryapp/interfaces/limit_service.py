@@ -76,8 +76,13 @@ def delete_limit(
     who, why = actor_arg(actor, source), reason_arg(reason)
 
     def remove(session: Session) -> dict[str, Any]:
-        held = delete_stored(session, name, force=forced)
-        detail = {"limit": name, "force": forced, "held_slots": held}
+        deleted = delete_stored(session, name, force=forced)
+        detail = {
+            "limit": name,
+            "force": forced,
+            "held_slots": deleted.held_slots,
+            "dropped_waiters": len(deleted.dropped_waiters),
+        }
         who.record(session, AuditAction.LIMIT_DELETED, None, reason=why, detail=detail)
         return {"name": name, "deleted": True}
 

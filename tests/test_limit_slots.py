@@ -18,7 +18,15 @@ from sqlalchemy.orm import Session
 
 from celeryapp.domain.shared_limits import parse_limit
 from celeryapp.errors import InvalidArgument, InvalidTransition, NotFound
-from celeryapp.execution.limit_slots import Admitted, Demand, Holder, acquire_or_wait, release, settle
+from celeryapp.execution.limit_slots import (
+    Admitted,
+    Demand,
+    Holder,
+    _decide,  # the pass alone, given what it locked
+    acquire_or_wait,
+    release,
+    settle,
+)
 from celeryapp.execution.limit_store import delete_limit, limit_detail, limit_summaries, put_limit
 from models import transaction, utcnow
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
@@ -244,6 +252,20 @@ def test_deleting_a_limit_drops_every_wait_of_its_waiters_so_none_starts_with_a_
     with transaction(database_url) as session:
         assert settle(session, [erp]).started == ()
     assert (held(database_url), waiting(database_url)) == ({"erp": 0}, 0)
+
+
+def test_a_pass_that_did_not_lock_a_waiters_other_limit_leaves_it_waiting(database_url: str) -> None:
+    """A waiter that arrived needing a limit a pass has not locked (between the pass's look and its
+    locks) is left to a later pass: neither started nor judged impossible, whatever it asks of it."""
+    warehouse = define(database_url, name="warehouse", slots=1)
+    erp = define(database_url, name="erp", slots=3)
+    running, both = holder(), holder()
+    assert acquire(database_url, running, Demand("warehouse"))[0]
+    assert not acquire(database_url, both, Demand("warehouse"), Demand("erp", slots=2))[0]
+    with transaction(database_url) as session:
+        decided = _decide(session, {warehouse}, utcnow())  # the ERP left unlocked
+    assert (decided.started, decided.impossible, decided.recheck) == ((), (), frozenset({erp}))
+    assert waiting(database_url) == 2
 
 
 @pytest.fixture

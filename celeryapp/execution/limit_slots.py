@@ -24,7 +24,7 @@ from sqlalchemy import Row, Table, delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.limit_admission import Bucket, LimitState, Need, Waiter, admit, turn_of
-from celeryapp.domain.shared_limits import MAX_USES, parse_rate
+from celeryapp.domain.shared_limits import MAX_SLOTS, MAX_USES, parse_rate
 from celeryapp.errors import ChordbeatError, InvalidArgument, NotFound
 from models.base import utcnow
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
@@ -33,8 +33,9 @@ from models.session import affected
 #: Waiters one pass reads, oldest turn first: the decision's work is bounded, whatever the backlog.
 #: One further back waits for a pass with fewer ahead of it.
 PASS_WAITERS = 1000
-#: A limit not locked by a pass, as that pass sees it: full, so its waiters wait for another pass.
-_UNLOCKED = LimitState(slots=1, in_use=1)
+#: A limit not locked by a pass, as that pass sees it: full, so its waiters wait for another pass,
+#: and as large as a limit can be, so none of them is judged unable ever to fit.
+_UNLOCKED = LimitState(slots=MAX_SLOTS, in_use=MAX_SLOTS)
 
 
 class SlotAccountingError(ChordbeatError):

@@ -96,7 +96,8 @@ _BACKFILL_OBJECT = (
 _LIMIT_OBJECT = (
     'limit object: the definition `{"name", "slots", "rate", "key", "per_key_slots", "on_full", "max_wait"}` plus '
     '`"in_use"`, `"waiting"`, `"holders"` and `"waiters"` (`[{"execution_id", "step", "key", "slots", "since"}]`, '
-    'waiters oldest first, at most 100) and `"keys"` (`{key: in_use}`, at most 1,000)'
+    'holders longest-held first, at most 1,000; waiters oldest first, at most 100) and `"keys"` (`{key: in_use}`, '
+    "at most 1,000)"
 )
 
 #: Every service task, in the order the README lists them.

@@ -48,8 +48,9 @@ class LimitHold(Base):
     __table_args__ = (
         # A holder's holds (its release), and one hold per limit per attempt.
         UniqueConstraint("worker_task_id", "attempt", "limit_id"),
-        # A limit's holders and the slots each key holds.
+        # The slots each key of a limit holds; a limit's holders, longest-held first.
         Index("ix_limit_holds_limit_id_key", "limit_id", "key"),
+        Index("ix_limit_holds_limit_id_since", "limit_id", "since"),
         {"sqlite_autoincrement": True},
     )
 
@@ -88,6 +89,9 @@ class LimitWaiter(Base):
     step_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     key: Mapped[str] = mapped_column(String(KEY_LENGTH), default="")
     slots: Mapped[int] = mapped_column(Integer, default=1)
+    #: How many limits the waiter needs (its rows): only a waiter needing more than one has rows
+    #: outside the limit a pass reads, looked up by its worker task and attempt.
+    needs: Mapped[int] = mapped_column(Integer, default=1)
     queue: Mapped[str] = mapped_column(String(QUEUE_LENGTH))
     turn: Mapped[int] = mapped_column(Integer)
     enqueued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -117,6 +117,7 @@ def acquire_or_wait(
                 "step_name": holder.step_name,
                 "key": demand.key,
                 "slots": demand.slots,
+                "needs": len(demands),
                 "queue": queue,
                 "turn": turn,
                 "enqueued_at": now,
@@ -210,21 +211,27 @@ def _limit_ids(session: Session, names: Sequence[str]) -> dict[str, int]:
 
 def _co_needed(session: Session, limit_ids: Collection[int]) -> set[int]:
     """The limits the first waiters of ``limit_ids`` also need: a pass locks them too, to admit them."""
-    first = _first_waiters(limit_ids)
-    return set(session.scalars(select(LIMIT_WAITERS.c.limit_id).where(_holder_in(first)).distinct()))
+    first = session.execute(_first_waiters(limit_ids, LIMIT_WAITERS.c.limit_id, LIMIT_WAITERS.c.needs)).all()
+    others = [(row.worker_task_id, row.attempt) for row in first if row.needs > 1]
+    found = {row.limit_id for row in first}
+    if others:
+        found |= set(session.scalars(select(LIMIT_WAITERS.c.limit_id).where(_holder_in(others)).distinct()))
+    return found
 
 
-def _first_waiters(limit_ids: Collection[int]) -> Any:
+def _first_waiters(limit_ids: Collection[int], *columns: Any) -> Any:
+    """The first waiter rows of these limits in the order they are served (one index range each)."""
     return (
-        select(LIMIT_WAITERS.c.worker_task_id, LIMIT_WAITERS.c.attempt)
+        select(LIMIT_WAITERS.c.worker_task_id, LIMIT_WAITERS.c.attempt, *columns)
         .where(LIMIT_WAITERS.c.limit_id.in_(limit_ids))
         .order_by(LIMIT_WAITERS.c.turn, LIMIT_WAITERS.c.id)
         .limit(PASS_WAITERS)
     )
 
 
-def _holder_in(first: Any) -> Any:
-    return tuple_(LIMIT_WAITERS.c.worker_task_id, LIMIT_WAITERS.c.attempt).in_(first.subquery().select())
+def _holder_in(holders: Sequence[tuple[int, int]]) -> Any:
+    """Rows of these (worker task, attempt) pairs, given as values: probes of the unique index."""
+    return tuple_(LIMIT_WAITERS.c.worker_task_id, LIMIT_WAITERS.c.attempt).in_(holders)
 
 
 def _lock(session: Session, limit_ids: set[int]) -> set[int]:
@@ -234,9 +241,12 @@ def _lock(session: Session, limit_ids: set[int]) -> set[int]:
 
 
 def _decide(session: Session, locked: set[int], now: datetime) -> Admitted:
-    rows = session.execute(select(LIMIT_WAITERS).where(_holder_in(_first_waiters(locked)))).all()
-    if not rows:
+    first = session.execute(_first_waiters(locked, *LIMIT_WAITERS.c)).all()
+    if not first:
         return Admitted()
+    others = sorted({(row.worker_task_id, row.attempt) for row in first if row.needs > 1})
+    more = session.execute(select(LIMIT_WAITERS).where(_holder_in(others))).all() if others else []
+    rows = list({row.id: row for row in [*first, *more]}.values())
     limits = {row.id: row for row in session.execute(select(LIMITS).where(LIMITS.c.id.in_(locked))).all()}
     by_holder: dict[tuple[int, int], list[Row[Any]]] = defaultdict(list)
     for row in rows:

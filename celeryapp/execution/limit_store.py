@@ -21,9 +21,11 @@ from models.base import utcnow
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
 from models.session import affected
 
-#: Most waiters and keys :func:`limit_detail` lists (the contract's bounds).
+#: Most waiters and keys :func:`limit_detail` lists (the contract's bounds), and most holders, the
+#: longest-held first (``in_use`` counts them all): a limit of 10,000 slots is not read whole.
 DETAIL_WAITERS = 100
 DETAIL_KEYS = 1000
+DETAIL_HOLDERS = 1000
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,10 @@ def limit_detail(session: Session, name: str) -> dict[str, Any]:
     if row is None:
         raise NotFound(f"limit {name!r} does not exist")
     holds = session.execute(
-        select(LIMIT_HOLDS).where(LIMIT_HOLDS.c.limit_id == row.id).order_by(LIMIT_HOLDS.c.since, LIMIT_HOLDS.c.id)
+        select(LIMIT_HOLDS)
+        .where(LIMIT_HOLDS.c.limit_id == row.id)
+        .order_by(LIMIT_HOLDS.c.since, LIMIT_HOLDS.c.id)
+        .limit(DETAIL_HOLDERS)
     ).all()
     waits = session.execute(
         select(LIMIT_WAITERS)

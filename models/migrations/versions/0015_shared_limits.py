@@ -49,6 +49,7 @@ def upgrade() -> None:
             sa.Column("slots", sa.Integer(), nullable=False),
             *(
                 [
+                    sa.Column("needs", sa.Integer(), nullable=False),
                     sa.Column("queue", sa.String(40), nullable=False),
                     sa.Column("turn", sa.Integer(), nullable=False),
                     sa.Column("enqueued_at", sa.DateTime(timezone=True), nullable=False),
@@ -60,6 +61,7 @@ def upgrade() -> None:
             sqlite_autoincrement=True,
         )
     op.create_index("ix_limit_holds_limit_id_key", "limit_holds", ["limit_id", "key"])
+    op.create_index("ix_limit_holds_limit_id_since", "limit_holds", ["limit_id", "since"])
     op.create_index("ix_limit_waiters_limit_id_turn_id", "limit_waiters", ["limit_id", "turn", "id"])
     op.create_index("ix_limit_waiters_queue_turn", "limit_waiters", ["queue", "turn"])
 
@@ -67,6 +69,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_limit_waiters_queue_turn", table_name="limit_waiters")
     op.drop_index("ix_limit_waiters_limit_id_turn_id", table_name="limit_waiters")
+    op.drop_index("ix_limit_holds_limit_id_since", table_name="limit_holds")
     op.drop_index("ix_limit_holds_limit_id_key", table_name="limit_holds")
     op.drop_table("limit_waiters")
     op.drop_table("limit_holds")

@@ -168,6 +168,8 @@ def test_unknown_limits_and_needs_that_can_never_fit_are_refused_and_store_nothi
         acquire(database_url, holder(), Demand("warehouse", slots=3))
     with pytest.raises(InvalidArgument, match="twice"):
         acquire(database_url, holder(), Demand("warehouse"), Demand("warehouse"))
+    with pytest.raises(InvalidArgument, match="key"):
+        acquire(database_url, holder(), Demand("warehouse", "k" * 201))
     assert (held(database_url), waiting(database_url)) == ({"warehouse": 0}, 0)
 
 

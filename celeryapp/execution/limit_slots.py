@@ -24,7 +24,7 @@ from sqlalchemy import Row, Table, delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.limit_admission import Bucket, LimitState, Need, Waiter, admit, turn_of
-from celeryapp.domain.shared_limits import MAX_SLOTS, MAX_USES, parse_rate
+from celeryapp.domain.shared_limits import MAX_KEY_CHARS, MAX_SLOTS, MAX_USES, parse_rate
 from celeryapp.errors import ChordbeatError, InvalidArgument, NotFound
 from models.base import utcnow
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
@@ -190,8 +190,11 @@ def _check_demands(demands: Sequence[Demand]) -> None:
         raise InvalidArgument("uses", f"must name at most {MAX_USES} limits, got {len(demands)}")
     if len({demand.limit for demand in demands}) != len(demands):
         raise InvalidArgument("uses", "names a limit twice")
-    if any(demand.slots < 1 for demand in demands):
-        raise InvalidArgument("uses", "asks for fewer than one slot of a limit")
+    if any(not 1 <= demand.slots <= MAX_SLOTS for demand in demands):
+        raise InvalidArgument("uses", f"asks for fewer than one slot of a limit, or more than {MAX_SLOTS}")
+    if any(len(demand.key) > MAX_KEY_CHARS for demand in demands):
+        # Rendered keys are checked where they are made (KeyTemplate.render); this is the column's length.
+        raise InvalidArgument("key", f"must be at most {MAX_KEY_CHARS} characters")
 
 
 def _of(table: Table, holder: Holder) -> tuple[Any, ...]:

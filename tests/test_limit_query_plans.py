@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, event, text
 from celeryapp.execution.limit_slots import Demand, Holder, acquire_or_wait, release, settle
 from celeryapp.execution.limit_store import limit_detail
 from models import get_engine, transaction
-from tests.test_query_plans import Statements, _large_tables, _waste
+from tests.support.query_plans import Statements, large_tables, plan_waste
 
 KEYS = 10_000
 WAITERS_PER_KEY = 2
@@ -91,7 +91,7 @@ def test_taking_giving_back_and_reading_slots_of_a_busy_limit_read_through_index
     offenders: list[str] = []
     explain = create_engine(database_url)
     with explain.connect() as conn:
-        large = _large_tables(conn)
+        large = large_tables(conn)
         conn.rollback()
         assert {"limit_holds", "limit_waiters"} <= large
         for statement, parameters in seen.seen.values():
@@ -99,7 +99,7 @@ def test_taking_giving_back_and_reading_slots_of_a_busy_limit_read_through_index
             plan: Any = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", parameters).scalar_one()
             rolled_back.rollback()
             plan = plan if isinstance(plan, list) else json.loads(plan)
-            waste = _waste(plan[0]["Plan"], large)
+            waste = plan_waste(plan[0]["Plan"], large)
             if waste and not " ".join(statement.split()).startswith(COUNTS_EVERY_WAITER):
                 offenders.append(f"{waste}: {' '.join(statement.split())[:300]}")
     explain.dispose()

@@ -331,6 +331,30 @@ class ChordbeatClient:
         """A ``test`` alert down one channel; :meth:`get_alert` follows its delivery."""
         return self.call("chordbeat.test_alert", channel=channel, **_who(actor, reason))  # type: ignore[no-any-return]
 
+    def apply_limit(
+        self, definition: dict[str, Any], actor: str | None = None, reason: str | None = None
+    ) -> dict[str, Any]:
+        """Create or change a shared limit (docs/limits.md); a resize never pre-empts holders."""
+        return self.call(  # type: ignore[no-any-return]
+            "chordbeat.apply_limit", definition=definition, **_who(actor, reason)
+        )
+
+    def list_limits(self) -> list[dict[str, Any]]:
+        """Every limit with ``in_use`` and ``waiting``."""
+        return self.call("chordbeat.list_limits")  # type: ignore[no-any-return]
+
+    def get_limit(self, name: str) -> dict[str, Any]:
+        """The limit with its holders, first waiters and the slots each key holds."""
+        return self.call("chordbeat.get_limit", name=name)  # type: ignore[no-any-return]
+
+    def delete_limit(
+        self, name: str, force: bool = False, actor: str | None = None, reason: str | None = None
+    ) -> dict[str, Any]:
+        """Delete a limit; refused while held unless ``force``."""
+        return self.call(  # type: ignore[no-any-return]
+            "chordbeat.delete_limit", name=name, force=force, **_who(actor, reason)
+        )
+
     def close(self) -> None:
         # Finalize finished results now, while the backend connection still works; left to
         # interpreter shutdown their finalizers fail noisily.

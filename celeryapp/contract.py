@@ -37,19 +37,20 @@ CALLER_ERRORS = (
     CallerError(
         "DefinitionError",
         "ValueError",
-        "`apply_schedule`'s definition is invalid; nothing is stored",
+        "`apply_schedule`'s (or `apply_limit`'s) definition is invalid; nothing is stored",
         "`<field>: <reason>`, the field as a path, e.g. `steps[1].timeout: must be a number of seconds, got string`",
     ),
     CallerError(
         "NotFound",
         "LookupError",
-        "the schedule or execution named does not exist",
+        "the schedule, execution (or limit) named does not exist",
         "`schedule 'nightly' does not exist`, `execution 17 does not exist`",
     ),
     CallerError(
         "InvalidTransition",
         None,
-        "the state does not allow the change: pausing a schedule that is not active, resuming one that is not paused",
+        "the state does not allow the change: pausing a schedule that is not active, resuming one that is not paused, "
+        "deleting a held limit without `force`",
         "`schedule 'nightly' is done; only an active schedule can be paused`",
     ),
 )
@@ -90,6 +91,13 @@ _BACKFILL_OBJECT = (
     'backfill object: `{"id", "schedule", "origin", "mode", "status", "start", "end", "first_slot", '
     '"last_slot", "next_slot", "max_concurrent", "total", "started", "running", "completed", "failed", '
     '"cancelled", "skipped", "actor", "reason", "created_at", "finished_at"}`'
+)
+
+_LIMIT_OBJECT = (
+    'limit object: the definition `{"name", "slots", "rate", "key", "per_key_slots", "on_full", "max_wait"}` plus '
+    '`"in_use"`, `"waiting"`, `"holders"` and `"waiters"` (`[{"execution_id", "step", "key", "slots", "since"}]`, '
+    'holders longest-held first, at most 1,000; waiters oldest first, at most 100) and `"keys"` (`{key: in_use}`, '
+    "at most 1,000)"
 )
 
 #: Every service task, in the order the README lists them.
@@ -276,6 +284,24 @@ SERVICE_TASKS = (
         "`CHORDBEAT_ALERT_RATE_LIMIT` tests in the last 60 s; alert object of kind `test` (message `TEST, not an "
         "alert: …`, the actor and reason quoted and cut) with one pending delivery to the channel (`get_alert` "
         "follows it)",
+    ),
+    ServiceTask(
+        "chordbeat.apply_limit",
+        (Param("definition"), _ACTOR, _REASON),
+        _LIMIT_OBJECT + " (invalid: error naming every bad field; nothing stored); a resize never pre-empts holders",
+        ("DefinitionError",),
+    ),
+    ServiceTask(
+        "chordbeat.list_limits",
+        (),
+        'every limit by name: its definition plus `{"in_use": n, "waiting": n}`',
+    ),
+    ServiceTask("chordbeat.get_limit", (_NAME,), _LIMIT_OBJECT, ("NotFound",)),
+    ServiceTask(
+        "chordbeat.delete_limit",
+        (_NAME, Param("force", required=False, default=False, note="true: delete it while held"), _ACTOR, _REASON),
+        '`{"name": ..., "deleted": true}`; refused while the limit is held unless `force`',
+        ("NotFound", "InvalidTransition"),
     ),
 )
 

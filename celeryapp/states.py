@@ -123,6 +123,8 @@ class AuditAction(StrEnum):
     SILENCED = "silenced"
     UNSILENCED = "unsilenced"
     ALERT_TEST = "alert_test"
+    LIMIT_APPLIED = "limit_applied"
+    LIMIT_DELETED = "limit_deleted"
 
 
 class AlertKind(StrEnum):

@@ -20,6 +20,7 @@ from celeryapp.states import (
 from models.alert_tables import Alert, AlertDelivery, AlertSilence
 from models.backfill_tables import Backfill
 from models.base import Base, utcnow
+from models.limit_tables import Limit, LimitHold, LimitWaiter
 from models.session import get_engine, transaction
 from models.tables import (
     Activity,
@@ -48,6 +49,9 @@ __all__ = [
     "Base",
     "DeliveryStatus",
     "ExecutionStatus",
+    "Limit",
+    "LimitHold",
+    "LimitWaiter",
     "MetricCount",
     "Overlap",
     "Schedule",

@@ -9,7 +9,7 @@ from celeryapp import app
 from celeryapp.contract import SOURCE_HEADER
 from celeryapp.domain.redaction import RedactedResult
 from celeryapp.errors import ChordbeatError, InvalidArgument
-from celeryapp.interfaces import alerts, backfill_service, service, wiring_checks
+from celeryapp.interfaces import alerts, backfill_service, limit_service, service, wiring_checks
 from celeryapp.interfaces import next_fires as fire_preview
 from celeryapp.interfaces.arguments import default_actor
 from celeryapp.messaging.expiry import ReferenceClockTask
@@ -222,3 +222,23 @@ def unsilence_schedule(name: str, actor: str | None = None, reason: str | None =
 @app.task(base=ServiceTask, name="chordbeat.test_alert")
 def test_alert(channel: str, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
     return wiring_checks.test_alert(app, channel, reason=reason, **_caller(actor))
+
+
+@app.task(base=ServiceTask, name="chordbeat.apply_limit")
+def apply_limit(definition: dict[str, Any], actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    return limit_service.apply_limit(app, definition, reason=reason, **_caller(actor))
+
+
+@app.task(base=ServiceTask, name="chordbeat.list_limits", send_events=READ_ONLY_EVENTS)
+def list_limits() -> list[dict[str, Any]]:
+    return limit_service.list_limits(app)
+
+
+@app.task(base=ServiceTask, name="chordbeat.get_limit", send_events=READ_ONLY_EVENTS)
+def get_limit(name: str) -> dict[str, Any]:
+    return limit_service.get_limit(app, name)
+
+
+@app.task(base=ServiceTask, name="chordbeat.delete_limit")
+def delete_limit(name: str, force: bool = False, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    return limit_service.delete_limit(app, name, force, reason=reason, **_caller(actor))

@@ -16,7 +16,15 @@ import tasks.service
 from celeryapp import app, variables
 from celeryapp.client import ChordbeatClient
 from celeryapp.contract import SERVICE_TASKS, Param, ServiceTask
-from celeryapp.interfaces import alerts, backfill_service, docs_tables, next_fires, service, wiring_checks
+from celeryapp.interfaces import (
+    alerts,
+    backfill_service,
+    docs_tables,
+    limit_service,
+    next_fires,
+    service,
+    wiring_checks,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = inspect.Parameter.empty
@@ -44,7 +52,7 @@ def test_the_registered_service_tasks_are_those_of_the_contract_with_its_argumen
 
 
 #: The modules whose functions the service tasks call, each defining its own.
-SERVICE_MODULES = (service, backfill_service, alerts, next_fires, wiring_checks)
+SERVICE_MODULES = (service, backfill_service, alerts, next_fires, wiring_checks, limit_service)
 
 
 def test_the_service_functions_take_the_contracts_arguments_after_the_app() -> None:

@@ -110,6 +110,10 @@ REFUSALS = [
     ("cancel_backfill", {"backfill_id": 999}, "NotFound", "backfill 999 does not exist"),
     ("get_backfill", {"backfill_id": True}, "InvalidArgument", "backfill_id: must be an integer"),
     ("list_backfills", {"name": "missing"}, "NotFound", "schedule 'missing' does not exist"),
+    ("apply_limit", {"definition": {"name": "x", "slots": 0}}, "DefinitionError", "slots: must be between 1 and"),
+    ("list_limits", {"limit": 5}, "InvalidArgument", "arguments: got an unexpected keyword argument 'limit'"),
+    ("get_limit", {"name": "missing"}, "NotFound", "limit 'missing' does not exist"),
+    ("delete_limit", {"name": "missing", "force": True}, "NotFound", "limit 'missing' does not exist"),
 ]
 
 PLAIN_CALLER = """

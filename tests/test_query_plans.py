@@ -35,16 +35,10 @@ from celeryapp.worker import firing
 from models import Trigger, get_engine, transaction, utcnow
 from models.migrate import upgrade
 from tests.support.helpers import finished
+from tests.support.query_plans import Statements, large_tables, plan_waste
 from tests.support.servers import PostgresServer
 
 SHAPE = HistoryShape(schedules=2_000, executions=100_000, slots=400_000, busy_schedules=20)
-#: A sequential scan of a table this big is a defect on a path that runs all day.
-LARGE_ROWS = 5_000
-#: Rows one statement may read (kept, or read and filtered out) on such a table: a page of answers and
-#: a housekeeping batch need far fewer.
-ROW_BUDGET = 10_000
-#: Tables read whole by design: the metrics scrape reads every counter row.
-READ_WHOLE = {"metric_counts"}
 
 
 @pytest.fixture(scope="module")
@@ -87,21 +81,6 @@ def database_url(history_url: str) -> str:
     return history_url
 
 
-class Statements:
-    """What the app's engine sends, with parameters, from every thread of this process."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, tuple[str, Any]] = {}
-
-    def record(self, _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, many: bool) -> None:
-        words = statement.split(None, 1)
-        if not words or words[0].upper() not in {"SELECT", "UPDATE", "DELETE", "WITH"}:
-            return
-        if many:
-            parameters = parameters[0] if parameters else None
-        self.seen.setdefault(statement, (statement, parameters))
-
-
 @pytest.fixture
 def statements(app: ChordbeatCelery) -> Iterator[Statements]:
     seen = Statements()
@@ -111,35 +90,6 @@ def statements(app: ChordbeatCelery) -> Iterator[Statements]:
         yield seen
     finally:
         event.remove(engine, "before_cursor_execute", seen.record)
-
-
-def _large_tables(conn: Any) -> set[str]:
-    rows = conn.execute(
-        text("SELECT relname, reltuples FROM pg_class WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace")
-    )
-    return {name for name, tuples in rows if tuples > LARGE_ROWS} - READ_WHOLE
-
-
-def _scans(plan: dict[str, Any], large: set[str]) -> Iterator[tuple[str, str, int]]:
-    """(node type, table, rows read) of each scan of a large table in the plan."""
-    table = plan.get("Relation Name")
-    if table in large:
-        read = plan.get("Actual Rows", 0) * plan.get("Actual Loops", 1)
-        read += plan.get("Rows Removed by Filter", 0) + plan.get("Rows Removed by Index Recheck", 0)
-        yield plan["Node Type"], table, read
-    for child in plan.get("Plans", ()):
-        yield from _scans(child, large)
-
-
-def _waste(plan: dict[str, Any], large: set[str]) -> str | None:
-    scans = list(_scans(plan, large))
-    sequential = sorted({table for kind, table, _ in scans if kind == "Seq Scan"})
-    if sequential:
-        return f"seq scan of {', '.join(sequential)}"
-    read = sum(rows for _, _, rows in scans)
-    if read > ROW_BUDGET:
-        return f"read {read:,} rows of {', '.join(sorted({table for _, table, _ in scans}))}"
-    return None
 
 
 def _run_the_paths(app: ChordbeatCelery, client: Any) -> None:
@@ -217,7 +167,7 @@ def test_paths_that_run_all_day_scan_no_large_table(
     offenders: list[str] = []
     engine = create_engine(app.settings.database_url)
     with engine.connect() as conn:
-        large = _large_tables(conn)
+        large = large_tables(conn)
         conn.rollback()
         assert {"schedule_slots", "schedule_executions", "activities", "audit_events"} <= large
         for statement, parameters in statements.seen.values():
@@ -225,7 +175,7 @@ def test_paths_that_run_all_day_scan_no_large_table(
             plan = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", parameters).scalar_one()
             rolled_back.rollback()
             plan = plan if isinstance(plan, list) else json.loads(plan)
-            waste = _waste(plan[0]["Plan"], large)
+            waste = plan_waste(plan[0]["Plan"], large)
             if waste:
                 offenders.append(f"{waste}: {' '.join(statement.split())[:300]}")
     engine.dispose()

@@ -1,11 +1,10 @@
 """Shared limits: the limits, their holds and their waiters
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 Create Date: 2026-11-28
 
-Three new tables, empty: their indexes build at once. (Written beside another branch's 0014: the
-chain is set right when both are merged.)
+Three new tables, empty: their indexes build at once.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0015"
-down_revision = "0013"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 

@@ -172,10 +172,10 @@ def hostile_output(fail: bool) -> dict[str, Any]:
 
 
 def test_a_step_writing_nul_surrogates_or_megabytes_is_recorded_all_the_same(
-    app: ChordbeatCelery, worker: Any, client: Celery
+    app: ChordbeatCelery, worker: Any, client: Celery, caplog: pytest.LogCaptureFixture
 ) -> None:
     """PostgreSQL refuses NUL in text and no driver encodes a lone surrogate: the outcome is kept,
-    cut to size, with those characters made visible."""
+    cut to size, with those characters made visible; so are the worker's log lines about it."""
     steps = [
         {"name": "warns", "task": "tests.hostile_output", "kwargs": {"fail": False}},
         {"name": "fails", "task": "tests.hostile_output", "kwargs": {"fail": True}},
@@ -186,3 +186,7 @@ def test_a_step_writing_nul_surrogates_or_megabytes_is_recorded_all_the_same(
     assert warns["status"] == "complete_with_warning" and warns["message"].startswith("a\\x00b\\ud800c")
     assert fails["status"] == "failed_with_error" and fails["error"].startswith("RuntimeError: a\\x00b\\ud800c")
     assert len(warns["message"]) <= 2000 and len(fails["error"]) <= 2000
+    lines = [record.getMessage() for record in caplog.records]
+    assert any("step 'fails' of execution" in line for line in lines), lines
+    for line in lines:
+        line.encode("utf-8")  # a lone surrogate raises: a log file's encoder would fail on it

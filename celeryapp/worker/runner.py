@@ -113,7 +113,9 @@ def execute_step(app: Runtime, claim: Claim, watch: StepWatch) -> Outcome:
             claim.step_index + 1,
             claim.attempt,
             " (continue_on_failure: the run goes on)" if claim.spec.continue_on_failure else "",
-            outcome.error,
+            # As stored: step code's NUL or lone surrogate in a log line breaks a log file's
+            # encoder (and pytest-xdist's report of the test that logged it).
+            _storable(outcome.error),
         )
     return outcome._replace(log_tail=log.text())
 

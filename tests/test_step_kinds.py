@@ -3,7 +3,7 @@ cannot make them do."""
 
 from __future__ import annotations
 
-import ast
+import json
 import os
 import signal
 import subprocess
@@ -94,7 +94,7 @@ def test_executable_steps_keep_their_output_and_fail_on_a_nonzero_exit(
     }
     done = run(client, ok)
     assert done["status"] == "completed"
-    assert "'output': 'hi ops\\n'" in done["activities"][0]["message"]
+    assert '"output": "hi ops\\n"' in done["activities"][0]["message"]  # as JSON
     # env values stay on the workers: the schedule object shows their names only.
     assert call(client, "chordbeat.get_schedule", name="kinds")["steps"] == [{**ok, "env": {"WHO": "<hidden>"}}]
 
@@ -107,7 +107,7 @@ def test_executable_steps_keep_their_output_and_fail_on_a_nonzero_exit(
     raw = "import sys; sys.stdout.buffer.write(bytes([104, 255, 10]))"
     binary = run(client, {"name": "bytes", "kind": "executable", "argv": [PY, "-c", raw]})
     assert binary["status"] == "completed", "output that is not UTF-8 is kept, not a crash"
-    assert "'output': 'h\ufffd\\n'" in binary["activities"][0]["message"]
+    assert '"output": "h\ufffd\\n"' in binary["activities"][0]["message"]
 
 
 def test_executable_steps_time_out_and_leave_nothing_running(
@@ -188,7 +188,7 @@ def test_the_program_gets_none_of_the_workers_environment(
     done = run(client, {"name": "env", "kind": "executable", "argv": [ENV], "env": {"MODE": "nightly"}})
     assert done["status"] == "completed", done["error"]
     output = done["activities"][0]["message"]
-    names = {line.split("=", 1)[0] for line in ast.literal_eval(output)["output"].splitlines()}
+    names = {line.split("=", 1)[0] for line in json.loads(output)["output"].splitlines()}
     assert names == {"PATH", "LANG", "MODE"}
     for secret in ("db-secret", "flower-secret", os.environ.get("HOME", "/root")):
         assert secret not in output

@@ -67,7 +67,7 @@ def test_the_schedule_page_says_its_time_rules_and_offers_admins_a_backfill(app:
             "catch-up: latest (one run for missed slots) · calendar: none (every day runs) · DST: default rule" in page
         )
         assert "Backfill (run past slots again or for the first time)" in page
-        assert "Times are Europe/London wall time (the schedule's zone)" in page
+        assert "in Europe/London time (the schedule's zone, as the CLI's --from/--to)" in page
         page = text_of(viewer.get(web.url + "/schedule?name=tuned", timeout=10).text)
         assert "Backfill (run" not in page  # viewers may not act
         assert (

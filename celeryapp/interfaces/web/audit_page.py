@@ -6,7 +6,7 @@ they are checked as ``list_audit`` checks them, and a refusal names the field on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -15,25 +15,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.limits import short_repr
-from celeryapp.domain.times import iso
 from celeryapp.errors import InvalidArgument
 from celeryapp.interfaces.arguments import name_arg
 from celeryapp.interfaces.audit import AuditFilter, audit_filter, audit_rows
 from celeryapp.interfaces.web.backfill_page import form_time
 from celeryapp.interfaces.web.base import BaseHandler
+from celeryapp.interfaces.web.since_choices import SINCE_CHOICES, since_time
 from celeryapp.states import AuditAction
 from models import Schedule, utcnow
 
 #: Rows one page shows; a full page links to the next.
 PAGE_ROWS = 50
-#: ``since`` as the form offers it: a length back from now, (value, words).
-SINCE_CHOICES = (("1h", "last hour"), ("24h", "last 24 hours"), ("7d", "last 7 days"), ("30d", "last 30 days"))
-_SINCE_LENGTHS = {
-    "1h": timedelta(hours=1),
-    "24h": timedelta(hours=24),
-    "7d": timedelta(days=7),
-    "30d": timedelta(days=30),
-}
 #: Query-string values longer than this are cut before they are checked (each check refuses far less).
 _ARGUMENT_CHARS = 300
 #: The query-string names of the filters, in the order a shared address lists them: ``from`` and
@@ -80,9 +72,7 @@ def checked_filter(given: dict[str, str], before: str, now: datetime) -> AuditFi
     """The query string's filters as ``list_audit`` takes them; ``since`` may also be one of the
     form's lengths (``24h``: back from now), and ``from``/``to`` stand for ``since``/``until`` as
     wall times in the viewer's ``zone``."""
-    since = given.get("since")
-    if since in _SINCE_LENGTHS:
-        since = iso(now - _SINCE_LENGTHS[since])
+    since = since_time(given.get("since"), now)
     start, end = _wall_time(given, "from", "since"), _wall_time(given, "to", "until")
     if start is not None and end is not None and datetime.fromisoformat(end) <= datetime.fromisoformat(start):
         raise InvalidArgument("to", "must be after from")

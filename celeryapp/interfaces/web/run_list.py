@@ -5,7 +5,7 @@ history reads a page of rows (each filter walks its own index: models/tables.py)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
@@ -16,20 +16,13 @@ from celeryapp.errors import InvalidArgument
 from celeryapp.interfaces.arguments import choice_arg, name_arg
 from celeryapp.interfaces.audit import instant_arg
 from celeryapp.interfaces.web import trail
+from celeryapp.interfaces.web.since_choices import since_time
 from models import ExecutionStatus, Schedule, ScheduleExecution, Trigger
 
 #: Runs one page shows; a full page links to the next.
 PAGE_ROWS = 50
 #: A failed run's error as the list shows it (the run's page has all of it).
 ERROR_CHARS = 160
-#: ``since`` as the form offers it: a length back from now.
-SINCE_CHOICES = (("1h", "last hour"), ("24h", "last 24 hours"), ("7d", "last 7 days"), ("30d", "last 30 days"))
-_SINCE_LENGTHS = {
-    "1h": timedelta(hours=1),
-    "24h": timedelta(hours=24),
-    "7d": timedelta(days=7),
-    "30d": timedelta(days=30),
-}
 #: The query-string names of the filters, in the order a shared address lists them.
 FILTER_NAMES = ("state", "schedule", "trigger", "since", "until")
 STATES = tuple(s.value for s in ExecutionStatus)
@@ -85,10 +78,6 @@ class RunsView:
     refused: str | None = None
 
 
-def _since(value: str | None, now: datetime) -> str | None:
-    return iso(now - _SINCE_LENGTHS[value]) if value in _SINCE_LENGTHS else value
-
-
 def checked_run_filter(given: dict[str, str], before: str, now: datetime) -> RunFilter:
     """The query string's filters, checked; a refusal names the field as the address spells it.
     ``since`` may also be one of the form's lengths (``24h``: back from now)."""
@@ -103,7 +92,7 @@ def checked_run_filter(given: dict[str, str], before: str, now: datetime) -> Run
         state=choice_arg(given.get("state"), ExecutionStatus, "state"),
         schedule=None if "schedule" not in given else name_arg(given["schedule"], "schedule"),
         trigger=choice_arg(given.get("trigger"), Trigger, "trigger"),
-        since=instant_arg(_since(given.get("since"), now), "since"),
+        since=instant_arg(since_time(given.get("since"), now), "since"),
         until=instant_arg(given.get("until"), "until"),
         before_id=cursor,
     )

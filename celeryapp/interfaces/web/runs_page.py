@@ -13,13 +13,13 @@ from celeryapp.interfaces.web.base import BaseHandler
 from celeryapp.interfaces.web.duration_trends import CANDIDATES, LISTED, WINDOW, TrendsView, trends_view
 from celeryapp.interfaces.web.run_list import (
     FILTER_NAMES,
-    SINCE_CHOICES,
     STATES,
     TRIGGERS,
     RunsView,
     checked_run_filter,
     runs_view,
 )
+from celeryapp.interfaces.web.since_choices import SINCE_CHOICES
 from models import utcnow
 
 #: Query-string values longer than this are cut before they are checked (each check refuses far less).

@@ -10,7 +10,6 @@ rather than silently skipped. ``make test`` installs axe-core (the Makefile's ``
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from celeryapp.interfaces import service
 from celeryapp.interfaces.web.auth import parse_users
 from celeryapp.interfaces.web.server import AliveHandler, make_app
 from models import Schedule, transaction
+from tests.support.alert_wiring import with_ops_webhook
 from tests.support.axe import AXE, said, violations
 from tests.support.chromium import chromium, log_in
 from tests.support.helpers import wait_for
@@ -43,9 +43,7 @@ ONLY_WHILE_RUNNING = {r"/act/(cancel|rerun)/([0-9]{1,12})", r"/act/(cancel-backf
 
 @pytest.fixture
 def settings(settings: Settings, tmp_path: Path) -> Settings:
-    path = tmp_path / "channels.yaml"
-    path.write_text("channels:\n  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL, insecure: true}\n")
-    return dataclasses.replace(settings, alert_channels_file=str(path))
+    return with_ops_webhook(settings, tmp_path)
 
 
 @pytest.fixture(scope="module")

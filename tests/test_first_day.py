@@ -6,7 +6,6 @@ and if not why; who changed what today; is any alert unacknowledged."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -25,6 +24,7 @@ from celeryapp.domain.durations import TREND_RUNS
 from celeryapp.interfaces import service
 from celeryapp.worker import firing
 from models import Schedule, Trigger, transaction, utcnow
+from tests.support.alert_wiring import with_ops_webhook
 from tests.support.chromium import chromium, log_in, no_iso, page_text
 from tests.support.helpers import wait_for
 from tests.support.run_history import hourly, write_runs
@@ -36,9 +36,7 @@ LONDON, NEW_YORK, KOLKATA = ZoneInfo("Europe/London"), ZoneInfo("America/New_Yor
 
 @pytest.fixture
 def settings(settings: Settings, tmp_path: Path) -> Settings:
-    path = tmp_path / "channels.yaml"
-    path.write_text("channels:\n  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL, insecure: true}\n")
-    return dataclasses.replace(settings, alert_channels_file=str(path))
+    return with_ops_webhook(settings, tmp_path)
 
 
 @pytest.fixture(scope="module")

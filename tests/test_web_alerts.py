@@ -4,7 +4,6 @@ schedule's alerts after a confirmation that asks why, and sending them again."""
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import re
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.interfaces import alerts, service
 from models import AlertSilence, AuditEvent, Schedule, transaction, utcnow
+from tests.support.alert_wiring import with_ops_webhook
 from tests.support.chromium import chromium, confirm, log_in, no_iso, page_text, row_of
 from tests.support.helpers import wait_for
 from tests.support.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
@@ -33,9 +33,7 @@ HOSTILE = "<img src=x onerror=\"document.title='owned'\"> disk full: /data"
 
 @pytest.fixture
 def settings(settings: Settings, tmp_path: Path) -> Settings:
-    path = tmp_path / "channels.yaml"
-    path.write_text("channels:\n  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL, insecure: true}\n")
-    return dataclasses.replace(settings, alert_channels_file=str(path))
+    return with_ops_webhook(settings, tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -116,3 +116,11 @@ def send(settings: Settings, *channels: str) -> None:
     assert loaded is not None
     for name in channels:
         send_channel(settings, name, loaded.get(name))
+
+
+def with_ops_webhook(settings: Settings, tmp_path: Path) -> Settings:
+    """``settings`` with a channels file naming one webhook channel, ``ops-webhook``, whose address
+    variable is unset: the dashboard's tests need a schedule's alerts to name a channel, not to send."""
+    path = tmp_path / "channels.yaml"
+    path.write_text("channels:\n  ops-webhook: {kind: webhook, url_env: OPS_WEBHOOK_URL, insecure: true}\n")
+    return dataclasses.replace(settings, alert_channels_file=str(path))

@@ -281,6 +281,7 @@ def test_a_body_left_without_an_end_is_reported_with_its_stacks_or_its_process_g
 
 def test_a_vanished_slot_comes_with_the_log_lines_around_it(tmp_path: Path) -> None:
     """CI's temporary directory is gone when its failure is read: the report carries the lines."""
+    time.tzset()  # the zone of this environment, as a process started now logs in (not one a test left)
     at = datetime(2026, 11, 28, 18, 9, 42, 469000).timestamp()  # local time, as Celery logs
 
     def line(seconds: float, text: str) -> str:

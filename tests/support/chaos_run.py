@@ -238,6 +238,10 @@ def log_excerpt(directory: Path, violation: Violation) -> list[str]:
     to just after it that name its schedule or a fire: what a failure in CI is diagnosed from, the
     temporary directory being gone by then."""
     assert violation.at is not None
+    # The processes logged in the local time of the environment they were started with; this
+    # process's C library may still hold a zone a test's TZ left behind (strptime re-reads it
+    # halfway otherwise, and the window would be hours off).
+    time.tzset()
     low, high = violation.at - EXCERPT_S[0], violation.at + EXCERPT_S[1]
     words = ("fire", "retry") + ((violation.schedule,) if violation.schedule else ())
     found: list[tuple[float, str]] = []

@@ -62,6 +62,7 @@ def in_pty(
                 break
             output += chunk
             if interrupt_on is not None and interrupt_on.encode() in output:
+                _wait_until_blocked(proc)
                 proc.send_signal(signal.SIGINT)
                 interrupt_on = None
             for question in [q for q in replies if q.encode() in output]:
@@ -72,6 +73,23 @@ def in_pty(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def _wait_until_blocked(proc: subprocess.Popen[bytes], within_s: float = 10) -> None:
+    """Wait until ``proc`` sleeps in a system call, as it does when a person presses Ctrl-C.
+
+    A SIGINT that lands between a prompt's write and the read of the answer is only noted, and
+    Python runs its handler once the read returns, which it never does: the program would wait
+    for input a person would not see it waiting for (CI met this for ``delete``'s question)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/stat") as stat:
+                if stat.read().rpartition(")")[2].split()[0] == "S":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
 
 
 def screen_lines(output: str) -> list[str]:

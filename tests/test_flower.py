@@ -116,12 +116,16 @@ def test_flower_shows_steps_by_name_with_their_real_outcome_and_no_housekeeping(
         names = [f"flower-truth/{n}" for n in ("ok", "bad", HOSTILE_STEP, "after")]
         seen = flower_sees(
             monitor,
-            lambda tasks: all(by_name(tasks).get(n, {}).get("state") in {"SUCCESS", "FAILURE"} for n in names),
-            "the four steps' final states in Flower",
+            lambda tasks: (
+                all(by_name(tasks).get(n, {}).get("state") in {"SUCCESS", "FAILURE"} for n in names)
+                and by_name(tasks)[names[3]].get("parent_id") in tasks
+            ),
+            "the four steps' final states in Flower, and the last one's parent",
         )
         # Recovery ran every second meanwhile, and get_execution was polled: none of it is listed.
         listed = by_name(seen)
         task_page = monitor.get(f"/task/{listed[names[2]]['uuid']}").text
+        after_page = monitor.get(f"/task/{listed[names[3]]['uuid']}").text
         # Flower's search (its UI's search box) lists one execution's steps, or one step's runs.
         of_execution = by_name(monitor.tasks(search=f"args:execution={execution_id}"))
         one_step = by_name(monitor.tasks(search="name:flower-truth/bad"))
@@ -141,6 +145,15 @@ def test_flower_shows_steps_by_name_with_their_real_outcome_and_no_housekeeping(
         assert task["uuid"].startswith(f"chordbeat-e{execution_id}-")
     assert after["args"] == f"(execution={execution_id}, group=2, attempt=1)"
     assert "chordbeat.advance_execution" in listed  # what changes state is still shown
+    # Each step's Parent: group 1's the task that started the run; group 2's the advancement of
+    # group 1, not whichever step of group 1 finished last (it sends group 2).
+    started = listed["chordbeat.trigger_schedule"]["uuid"]
+    assert [t["parent_id"] for t in (ok, bad, warned)] == [started] * 3
+    parent = seen[after["parent_id"]]
+    assert (parent["name"], parent["args"]) == ("chordbeat.advance_execution", f"[{execution_id}, 0]")
+    assert {t["root_id"] for t in (ok, bad, warned, after)} == {started}
+    shown_parent = re.search(r"<dt>Parent[^<]*</dt>\s*<dd>\s*<a href=\"/task/([^\"]+)\"", after_page)
+    assert shown_parent and shown_parent.group(1) == after["parent_id"], after_page
     for quiet in ("chordbeat.recover", "chordbeat.reconcile_beat", "chordbeat.get_execution"):
         assert quiet not in listed, quiet
     # Flower's own page escapes the user-chosen step name.

@@ -26,6 +26,8 @@ class ExecutionStatus(StrEnum):
 
 class WorkerTaskStatus(StrEnum):
     WAITING = "waiting_for_previous_step"
+    #: Its group is under way, but a shared limit it uses has no room: a row, holding no message.
+    WAITING_FOR_LIMIT = "waiting_for_limit"
     QUEUED = "queued"
     PROCESSING = "processing"
 

@@ -326,10 +326,18 @@ class ScheduleDefinition:
         )
         return out
 
+    @property
+    def run_groups(self) -> tuple[tuple[StepSpec, ...], ...]:
+        """The step groups as a run has them: each step with what it uses in all (its schedule's
+        ``uses`` and its own)."""
+        if not self.uses:
+            return self.groups
+        return tuple(tuple(replace(s, uses=combined_uses(self.uses, s.uses)) for s in group) for group in self.groups)
+
     def plan(self) -> list[list[dict[str, Any]]]:
-        """The step groups as stored on an execution, each step with what it uses in all (its
-        schedule's ``uses`` and its own): a run keeps to what it started with."""
-        return [[replace(s, uses=combined_uses(self.uses, s.uses)).to_json() for s in group] for group in self.groups]
+        """The step groups as stored on an execution (:attr:`run_groups`): a run keeps to what it
+        started with."""
+        return [[s.to_json() for s in group] for group in self.run_groups]
 
 
 def retry_base_s(every_s: float | None, retry_delay_s: float) -> float:

@@ -1,0 +1,123 @@
+"""Steps wait for the shared limits they use, with a real worker: a limit of 1 used by two
+schedules' steps never runs them together and both complete; the waiting one shows why; a step
+of an unrelated schedule runs while the limit is full; cancelling runs that hold or wait leaves
+nothing held and no waiter; a fenced attempt's late outcome releases nothing of its successor's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from celeryapp.application import ChordbeatCelery
+from celeryapp.execution.limit_steps import release_attempt
+from celeryapp.execution.steps import claim_step, finish_step
+from celeryapp.interfaces import limit_service, service
+from celeryapp.recovery.repair import requeue_attempt
+from models import ActivityStatus, WorkerTask, transaction, utcnow
+from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
+from models.session import connection
+from tests.support.helpers import step, ts
+from tests.support.servers import wait_for
+
+pytestmark = pytest.mark.both_databases
+
+
+def schedule(name: str, seconds: float, uses: list[Any] | None = None) -> dict[str, Any]:
+    load = step("load", kwargs={"seconds": seconds}, **({"uses": uses} if uses else {}))
+    return {"name": name, "every": 3600, "steps": [load]}
+
+
+def task_of(app: ChordbeatCelery, execution_id: int) -> dict[str, Any] | None:
+    tasks = service.get_execution(app, execution_id)["tasks"]
+    return tasks[0] if tasks else None
+
+
+def status_of(app: ChordbeatCelery, execution_id: int) -> str | None:
+    task = task_of(app, execution_id)
+    return None if task is None else str(task["status"])
+
+
+def finished(app: ChordbeatCelery, execution_id: int, timeout: float = 30) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        run = service.get_execution(app, execution_id)
+        return run if run["status"] != "in_progress" else None
+
+    found = wait_for(done, timeout, interval=0.05, what=f"execution {execution_id} to finish")
+    assert isinstance(found, dict)
+    return found
+
+
+def held(app: ChordbeatCelery) -> tuple[int, int, int]:
+    """Slots held (counted from the holds, and as the limits' ``in_use``) and waiter rows."""
+    with transaction(app.settings.database_url, read_only=True) as session:
+        holds = session.scalar(select(func.coalesce(func.sum(LIMIT_HOLDS.c.slots), 0)))
+        in_use = session.scalar(select(func.coalesce(func.sum(LIMITS.c.in_use), 0)))
+        waiters = session.scalar(select(func.count()).select_from(LIMIT_WAITERS))
+    return int(holds or 0), int(in_use or 0), int(waiters or 0)
+
+
+@pytest.mark.timeout(90)
+def test_a_limit_of_one_runs_two_schedules_steps_one_at_a_time_and_leaves_others_alone(
+    app: ChordbeatCelery, worker: Any
+) -> None:
+    limit_service.apply_limit(app, {"name": "warehouse", "slots": 1}, actor="ops")
+    service.apply_schedule(app, schedule("finance", 1.5, ["warehouse"]))
+    service.apply_schedule(app, schedule("sales", 0.2, ["warehouse"]))
+    service.apply_schedule(app, schedule("unrelated", 0.05))
+    first = service.trigger_schedule(app, "finance")["execution_id"]
+    wait_for(lambda: status_of(app, first) == "processing", 20, what="finance's load to run")
+    second = service.trigger_schedule(app, "sales")["execution_id"]
+    waiting = task_of(app, second)
+    assert waiting is not None and waiting["status"] == "waiting_for_limit"
+    assert waiting["waiting_for"] == "warehouse 1/1"
+    assert held(app) == (1, 1, 1)
+
+    # The limit is full: a step of a schedule that does not use it starts all the same.
+    other = finished(app, service.trigger_schedule(app, "unrelated")["execution_id"])
+    assert other["status"] == "completed"
+    assert status_of(app, first) == "processing" and status_of(app, second) == "waiting_for_limit"
+
+    done = [finished(app, first), finished(app, second)]
+    assert [run["status"] for run in done] == ["completed", "completed"]
+    (a,), (b,) = (run["activities"] for run in done)
+    assert ts(a["completed_at"]) <= ts(b["started_at"]), (a, b)
+    assert held(app) == (0, 0, 0)
+
+    # Cancelling runs that hold and wait leaves nothing held and no waiter behind.
+    service.apply_schedule(app, schedule("finance", 30, ["warehouse"]))
+    holder = service.trigger_schedule(app, "finance")["execution_id"]
+    wait_for(lambda: status_of(app, holder) == "processing", 20, what="finance's load to run")
+    waiter = service.trigger_schedule(app, "sales")["execution_id"]
+    assert status_of(app, waiter) == "waiting_for_limit"
+    assert service.cancel_execution(app, waiter)["status"] == "cancelled"
+    assert held(app) == (1, 1, 0)
+    assert service.cancel_execution(app, holder)["status"] == "cancelled"
+    assert held(app) == (0, 0, 0)
+
+
+def test_a_fenced_attempts_late_outcome_does_not_release_its_successors_slot(app: ChordbeatCelery) -> None:
+    url = app.settings.database_url
+    limit_service.apply_limit(app, {"name": "warehouse", "slots": 1}, actor="ops")
+    service.apply_schedule(app, schedule("finance", 1, ["warehouse"]))
+    execution_id = service.trigger_schedule(app, "finance")["execution_id"]  # no worker: stays queued
+    with transaction(url, read_only=True) as session:
+        task_id = session.scalars(select(WorkerTask.id).where(WorkerTask.execution_id == execution_id)).one()
+    with connection(url) as conn:
+        claim = claim_step(conn, task_id, 1, node="frozen@host", now=utcnow())
+    assert claim is not None and held(app) == (1, 1, 0)
+    # Recovery declares attempt 1 lost: its slot goes back, and attempt 2 takes it again.
+    with transaction(url) as session:
+        effects = requeue_attempt(session, task_id, 1, reason="worker lost", now=utcnow())
+    assert [(s.worker_task_id, s.attempt) for group in effects.dispatch for s in group.steps] == [(task_id, 2)]
+    assert held(app) == (1, 1, 0)
+    # Attempt 1 wakes and records its outcome late, as the runner does: nothing of attempt 2's goes.
+    with connection(url) as conn:
+        now = utcnow()
+        recorded = finish_step(conn, claim, ActivityStatus.COMPLETE, now=now)
+        admitted = release_attempt(conn, task_id, 1, now=now)
+    assert not recorded.closed and admitted == []
+    assert held(app) == (1, 1, 0)
+    with transaction(url, read_only=True) as session:
+        assert session.execute(select(LIMIT_HOLDS.c.worker_task_id, LIMIT_HOLDS.c.attempt)).all() == [(task_id, 2)]

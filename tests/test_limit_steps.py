@@ -1,23 +1,28 @@
 """Steps wait for the shared limits they use, with a real worker: a limit of 1 used by two
 schedules' steps never runs them together and both complete; the waiting one shows why; a step
 of an unrelated schedule runs while the limit is full; cancelling runs that hold or wait leaves
-nothing held and no waiter; a fenced attempt's late outcome releases nothing of its successor's."""
+nothing held and no waiter; a fenced attempt's late outcome releases nothing of its successor's;
+a SIGKILLed holder's slot is given back by recovery and the waiter runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.config import Settings
 from celeryapp.execution.limit_steps import release_attempt
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import limit_service, service
+from celeryapp.recovery.recovery import recover
 from celeryapp.recovery.repair import requeue_attempt
 from models import ActivityStatus, WorkerTask, transaction, utcnow
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
 from models.session import connection
+from tests.support import processes
 from tests.support.helpers import step, ts
 from tests.support.servers import wait_for
 
@@ -121,3 +126,28 @@ def test_a_fenced_attempts_late_outcome_does_not_release_its_successors_slot(app
     assert held(app) == (1, 1, 0)
     with transaction(url, read_only=True) as session:
         assert session.execute(select(LIMIT_HOLDS.c.worker_task_id, LIMIT_HOLDS.c.attempt)).all() == [(task_id, 2)]
+
+
+@pytest.mark.timeout(120)
+def test_a_sigkilled_holder_is_released_by_recovery_and_the_waiter_runs(
+    app: ChordbeatCelery, settings: Settings, tmp_path: Path
+) -> None:
+    limit_service.apply_limit(app, {"name": "warehouse", "slots": 1}, actor="ops")
+    service.apply_schedule(app, schedule("finance", 4, ["warehouse"]))
+    service.apply_schedule(app, schedule("sales", 0.2, ["warehouse"]))
+    with processes.worker(settings, tmp_path, "w1", 1) as w1, processes.worker(settings, tmp_path, "w2", 1) as w2:
+        first = service.trigger_schedule(app, "finance")["execution_id"]
+        wait_for(lambda: status_of(app, first) == "processing", 30, what="finance's load to run")
+        second = service.trigger_schedule(app, "sales")["execution_id"]
+        assert status_of(app, second) == "waiting_for_limit"
+        node = service.get_execution(app, first)["activities"][0]["worker"]
+        (w1 if node.startswith("w1@") else w2).kill()
+        # Recovery's pass, as beat runs it: the lost attempt's slot goes back, the waiter runs.
+        wait_for(lambda: recover(app) and status_of(app, second) is None, 60, interval=0.5, what="sales to run")
+        done = [finished(app, second, 60), finished(app, first, 60)]
+    assert [run["status"] for run in done] == ["completed", "completed"]
+    (sales,), (lost, again) = (run["activities"] for run in done)
+    assert (lost["attempt"], lost["error"]) == (1, f"worker lost: no heartbeat from {node}")
+    # Never two at once: the waiter ran after the lost attempt's end, the re-run after the waiter.
+    assert ts(lost["completed_at"]) <= ts(sales["started_at"]) <= ts(sales["completed_at"]) <= ts(again["started_at"])
+    assert held(app) == (0, 0, 0)

@@ -6,6 +6,7 @@ a SIGKILLed holder's slot is given back by recovery and the waiter runs."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from celeryapp.config import Settings
 from celeryapp.execution.limit_steps import release_attempt
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import limit_service, service
-from celeryapp.recovery.recovery import recover
+from celeryapp.recovery.recovery import RESEND_GRACE_S, recover
 from celeryapp.recovery.repair import requeue_attempt
 from models import ActivityStatus, WorkerTask, transaction, utcnow
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
@@ -102,7 +103,7 @@ def test_a_limit_of_one_runs_two_schedules_steps_one_at_a_time_and_leaves_others
     assert held(app) == (0, 0, 0)
 
 
-def test_a_fenced_attempts_late_outcome_does_not_release_its_successors_slot(app: ChordbeatCelery) -> None:
+def test_a_fenced_late_outcome_keeps_the_successors_slot_and_unsent_admissions_are_resent(app: ChordbeatCelery) -> None:
     url = app.settings.database_url
     limit_service.apply_limit(app, {"name": "warehouse", "slots": 1}, actor="ops")
     service.apply_schedule(app, schedule("finance", 1, ["warehouse"]))
@@ -126,6 +127,22 @@ def test_a_fenced_attempts_late_outcome_does_not_release_its_successors_slot(app
     assert held(app) == (1, 1, 0)
     with transaction(url, read_only=True) as session:
         assert session.execute(select(LIMIT_HOLDS.c.worker_task_id, LIMIT_HOLDS.c.attempt)).all() == [(task_id, 2)]
+
+    # Attempt 2 ends and its release admits a waiter; the process dies before sending it.
+    service.apply_schedule(app, schedule("sales", 1, ["warehouse"]))
+    waiter = service.trigger_schedule(app, "sales")["execution_id"]
+    assert status_of(app, waiter) == "waiting_for_limit"
+    with connection(url) as conn:
+        claim = claim_step(conn, task_id, 2, node="w2@host", now=utcnow())
+        assert claim is not None
+        now = utcnow()
+        finish_step(conn, claim, ActivityStatus.COMPLETE, now=now)
+        admitted = release_attempt(conn, task_id, 2, now=now)
+    assert [step.spec.name for group in admitted for step in group.steps] == ["load"]
+    assert status_of(app, waiter) == "queued" and held(app) == (1, 1, 0)
+    # Queued without a dispatch marker: recovery's pass sends it (its task id makes a second harmless).
+    report = recover(app, now=utcnow() + timedelta(seconds=RESEND_GRACE_S + 1))
+    assert report.resent == [admitted[0].steps[0].worker_task_id]
 
 
 @pytest.mark.timeout(120)

@@ -140,6 +140,9 @@ class AlertKind(StrEnum):
     RESOLVED = "resolved"
     #: ``chordbeat alerts test CHANNEL``: checks a deployment's wiring.
     TEST = "test"
+    #: A shared limit's oldest waiter has waited longer than its ``max_wait``; delivered where
+    #: the waiting run's schedule sends its ``late`` alerts (docs/limits.md).
+    STARVED = "starved"
 
 
 class DeliveryStatus(StrEnum):

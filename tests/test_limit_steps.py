@@ -21,6 +21,7 @@ from celeryapp.interfaces import limit_service, service
 from celeryapp.recovery.recovery import RESEND_GRACE_S, recover
 from celeryapp.recovery.repair import requeue_attempt
 from models import ActivityStatus, WorkerTask, transaction, utcnow
+from models.alert_tables import ALERTS
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
 from models.session import connection
 from tests.support import processes
@@ -102,6 +103,24 @@ def test_a_limit_of_one_runs_two_schedules_steps_one_at_a_time_and_leaves_others
     assert service.cancel_execution(app, holder)["status"] == "cancelled"
     assert held(app) == (0, 0, 0)
 
+    # on_full: skip: the step is not run, recorded with a warning, and its run goes on.
+    limit_service.apply_limit(app, {"name": "erp", "slots": 1, "on_full": "skip"}, actor="ops")
+    service.apply_schedule(app, schedule("export", 30, ["erp"]))
+    service.apply_schedule(
+        app, {**schedule("export-again", 0.05, ["erp"]), "steps": [step("load", uses=["erp"]), step("after")]}
+    )
+    holder = service.trigger_schedule(app, "export")["execution_id"]
+    wait_for(lambda: status_of(app, holder) == "processing", 20, what="export's load to run")
+    skipped = finished(app, service.trigger_schedule(app, "export-again")["execution_id"])
+    assert skipped["status"] == "completed"
+    service.cancel_execution(app, holder)
+    assert [(a["step"], a["status"]) for a in skipped["activities"]] == [
+        ("load", "complete_with_warning"),
+        ("after", "complete"),
+    ]
+    assert skipped["activities"][0]["message"] == "skipped: erp 1/1 full (on_full: skip)"
+    assert held(app) == (0, 0, 0)
+
 
 def test_a_fenced_late_outcome_keeps_the_successors_slot_and_unsent_admissions_are_resent(app: ChordbeatCelery) -> None:
     url = app.settings.database_url
@@ -168,3 +187,32 @@ def test_a_sigkilled_holder_is_released_by_recovery_and_the_waiter_runs(
     # Never two at once: the waiter ran after the lost attempt's end, the re-run after the waiter.
     assert ts(lost["completed_at"]) <= ts(sales["started_at"]) <= ts(sales["completed_at"]) <= ts(again["started_at"])
     assert held(app) == (0, 0, 0)
+
+
+def test_rate_held_waiters_are_woken_by_recoverys_pass_and_a_starved_wait_alerts(app: ChordbeatCelery) -> None:
+    url = app.settings.database_url
+    limit_service.apply_limit(app, {"name": "erp", "slots": 5, "rate": "1/s"}, actor="ops")
+    limit_service.apply_limit(app, {"name": "warehouse", "slots": 1, "max_wait": 1}, actor="ops")
+    service.apply_schedule(app, schedule("first", 1, ["erp"]))
+    service.apply_schedule(app, schedule("second", 1, ["erp"]))
+    service.apply_schedule(app, schedule("holder", 1, ["warehouse"]))
+    service.apply_schedule(app, schedule("starving", 1, ["warehouse"]))
+    # No worker: admitted steps stay queued, holding their slots.
+    first = service.trigger_schedule(app, "first")["execution_id"]
+    second = service.trigger_schedule(app, "second")["execution_id"]
+    assert (status_of(app, first), status_of(app, second)) == ("queued", "waiting_for_limit")
+    service.trigger_schedule(app, "holder")
+    starving = service.trigger_schedule(app, "starving")["execution_id"]
+    assert recover(app).limits_settled == []  # no token yet, and no alert: not waited long enough
+    with transaction(url, read_only=True) as session:
+        assert session.scalar(select(func.count()).select_from(ALERTS)) == 0
+    # Seconds later (a token back, max_wait passed): no release happened, recovery's pass admits.
+    later = utcnow() + timedelta(seconds=3)
+    assert recover(app, now=later).limits_settled == ["erp"]
+    assert status_of(app, second) == "queued"
+    with transaction(url, read_only=True) as session:
+        alerts = session.execute(select(ALERTS.c.kind, ALERTS.c.execution_id, ALERTS.c.detail)).all()
+    assert alerts == [("starved", starving, "warehouse")]
+    recover(app, now=later)  # once per run
+    with transaction(url, read_only=True) as session:
+        assert session.scalar(select(func.count()).select_from(ALERTS)) == 1

@@ -189,7 +189,7 @@ def test_a_sigkilled_holder_is_released_by_recovery_and_the_waiter_runs(
     assert held(app) == (0, 0, 0)
 
 
-def test_rate_held_waiters_are_woken_by_recoverys_pass_and_a_starved_wait_alerts(app: ChordbeatCelery) -> None:
+def test_rate_waiters_woken_by_recovery_starved_alerts_and_a_deleted_limits_waiters_fail(app: ChordbeatCelery) -> None:
     url = app.settings.database_url
     limit_service.apply_limit(app, {"name": "erp", "slots": 5, "rate": "1/s"}, actor="ops")
     limit_service.apply_limit(app, {"name": "warehouse", "slots": 1, "max_wait": 1}, actor="ops")
@@ -216,3 +216,11 @@ def test_rate_held_waiters_are_woken_by_recoverys_pass_and_a_starved_wait_alerts
     recover(app, now=later)  # once per run
     with transaction(url, read_only=True) as session:
         assert session.scalar(select(func.count()).select_from(ALERTS)) == 1
+
+    # A limit deleted with force: the step that waited for it fails, it does not wait for ever.
+    limit_service.delete_limit(app, "warehouse", force=True, actor="ops")
+    run = service.get_execution(app, starving)
+    assert run["tasks"] == []
+    assert [(a["status"], a["error"]) for a in run["activities"]] == [
+        ("failed_with_error", "its limit 'warehouse' was deleted while it waited")
+    ]

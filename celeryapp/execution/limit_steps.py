@@ -243,3 +243,21 @@ def waiting_for(session: Session, worker_task_ids: Sequence[int]) -> dict[int, s
     for task_id, name, in_use, slots in rows:
         why.setdefault(task_id, []).append(f"{name} {in_use}/{slots}")
     return {task_id: ", ".join(parts) for task_id, parts in why.items()}
+
+
+def fail_waiters(
+    session: Session, attempts: Iterable[tuple[int, int]], error: str, *, now: datetime
+) -> list[GroupDispatch]:
+    """Fail the steps whose waits were dropped (their limit deleted with force): they would
+    otherwise wait for ever. What to send after commit (their groups' advancement)."""
+    after: list[GroupDispatch] = []
+    for task_id, attempt in attempts:
+        row = session.execute(
+            select(_task.execution_id, _task.step_index, _task.step_name).where(
+                _task.id == task_id, _task.attempt == attempt, _task.status == WorkerTaskStatus.WAITING_FOR_LIMIT
+            )
+        ).first()
+        if row is not None:
+            holder = Holder(task_id, attempt, row.execution_id, row.step_name)
+            after += _end_unstarted(session, holder, row.step_index, ActivityStatus.FAILED_WITH_ERROR, error, now)
+    return after

@@ -11,9 +11,11 @@ import pytest
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.definition import LimitUse
-from celeryapp.domain.validation import parse_definition
+from celeryapp.domain.validation import parse_definition, parse_definitions
 from celeryapp.errors import DefinitionError, NotFound
 from celeryapp.interfaces import limit_service, service
+from celeryapp.scheduling.schedule_file import apply_definitions
+from models import transaction
 
 
 def schedule(**fields: Any) -> dict[str, Any]:
@@ -86,3 +88,17 @@ def test_unknown_limits_are_refused_when_applied_and_known_ones_stored(app: Chor
     assert stored["steps"][0]["uses"] == ["warehouse"]
     again = service.get_schedule(app, "finance-nightly")
     assert (again["uses"], again["steps"][0]["uses"]) == (["warehouse"], ["warehouse"])
+
+
+def test_a_schedule_files_unknown_limits_are_refused_naming_the_schedule(app: ChordbeatCelery) -> None:
+    limit_service.apply_limit(app, {"name": "warehouse", "slots": 3}, actor="ops")
+    definitions = parse_definitions(
+        [
+            schedule(),
+            schedule(name="sales", steps=[{"name": "load", "task": "chordbeat.examples.sleep", "uses": ["erp"]}]),
+        ]
+    )
+    for dry_run in (True, False):
+        with transaction(app.settings.database_url) as session, pytest.raises(DefinitionError) as refused:
+            apply_definitions(session, definitions, source="teams.yaml", dry_run=dry_run)
+        assert [error.field for error in refused.value.errors] == ["schedules[1] (sales).steps[0].uses[0]"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.definition import ScheduleDefinition
 from celeryapp.domain.pause_resume import Transition
+from celeryapp.domain.problems import Problems
 from celeryapp.domain.shared_limits import check_definition_uses, parse_limit
 from celeryapp.errors import InvalidTransition, NotFound
 from models import Schedule, ScheduleSource, ScheduleStatus, ScheduleStep
@@ -126,7 +127,7 @@ def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> Non
     ]
 
 
-def _check_limits_known(session: Session, definition: ScheduleDefinition) -> None:
+def check_limits_known(session: Session, definition: ScheduleDefinition) -> None:
     """The limits the definition uses exist now, each with the slots asked for (a use that could
     never be admitted would wait for ever); checked as it is stored, each mistake naming its field."""
     names = {use.limit for use in definition.uses} | {
@@ -137,6 +138,16 @@ def _check_limits_known(session: Session, definition: ScheduleDefinition) -> Non
     rows = session.scalars(select(LIMITS.c.definition).where(LIMITS.c.name.in_(names)))
     known = {limit.name: limit for limit in map(parse_limit, rows)}
     check_definition_uses(definition, known)
+
+
+def check_file_limits_known(session: Session, definitions: Sequence[ScheduleDefinition]) -> None:
+    """:func:`check_limits_known` for a schedule file's definitions: every mistake of the file at
+    once, each naming its schedule (``schedules[1] (sales).steps[0].uses[0]``)."""
+    problems = Problems()
+    for index, definition in enumerate(definitions):
+        problems.prefix = f"schedules[{index}] ({definition.name})."
+        problems.check(check_limits_known, session, definition)
+    problems.raise_any()
 
 
 def upsert_schedule(
@@ -164,7 +175,7 @@ def upsert_schedule(
             schedule.source = source
             schedule.source_name = source_name
         return schedule, Change.UNCHANGED
-    _check_limits_known(session, definition)
+    check_limits_known(session, definition)
     change = Change.CHANGED
     if schedule is None:
         schedule = Schedule(

@@ -6,6 +6,7 @@ a SIGKILLed holder's slot is given back by recovery and the waiter runs."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,16 @@ def test_a_limit_of_one_runs_two_schedules_steps_one_at_a_time_and_leaves_others
     assert [run["status"] for run in done] == ["completed", "completed"]
     (a,), (b,) = (run["activities"] for run in done)
     assert ts(a["completed_at"]) <= ts(b["started_at"]), (a, b)
+    assert held(app) == (0, 0, 0)
+
+    # Six runs of two schedules at once on 4 worker threads: each release admits the next, one at a time.
+    for name in ("burst-a", "burst-b"):
+        service.apply_schedule(app, {**schedule(name, 0.1, ["warehouse"]), "overlap": "allow"})
+    burst = [service.trigger_schedule(app, name)["execution_id"] for name in ("burst-a", "burst-b") * 3]
+    loads = sorted(
+        (ts(a["started_at"]), ts(a["completed_at"])) for run in burst for a in finished(app, run)["activities"]
+    )
+    assert len(loads) == 6 and all(end <= start for (_, end), (start, _) in itertools.pairwise(loads))
     assert held(app) == (0, 0, 0)
 
     # Cancelling runs that hold and wait leaves nothing held and no waiter behind.

@@ -26,7 +26,7 @@ from models.alert_tables import ALERTS
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
 from models.session import connection
 from tests.support import processes
-from tests.support.helpers import step, ts
+from tests.support.helpers import recorded_statements, step, ts
 from tests.support.servers import wait_for
 
 pytestmark = pytest.mark.both_databases
@@ -202,7 +202,7 @@ def test_a_sigkilled_holder_is_released_by_recovery_and_the_waiter_runs(
 
 def test_rate_waiters_woken_by_recovery_starved_alerts_and_a_deleted_limits_waiters_fail(app: ChordbeatCelery) -> None:
     url = app.settings.database_url
-    limit_service.apply_limit(app, {"name": "erp", "slots": 5, "rate": "1/s"}, actor="ops")
+    limit_service.apply_limit(app, {"name": "erp", "slots": 5, "rate": "1/min"}, actor="ops")
     limit_service.apply_limit(app, {"name": "warehouse", "slots": 1, "max_wait": 1}, actor="ops")
     service.apply_schedule(app, schedule("first", 1, ["erp"]))
     service.apply_schedule(app, schedule("second", 1, ["erp"]))
@@ -214,11 +214,14 @@ def test_rate_waiters_woken_by_recovery_starved_alerts_and_a_deleted_limits_wait
     assert (status_of(app, first), status_of(app, second)) == ("queued", "waiting_for_limit")
     service.trigger_schedule(app, "holder")
     starving = service.trigger_schedule(app, "starving")["execution_id"]
-    assert recover(app).limits_settled == []  # no token yet, and no alert: not waited long enough
+    with recorded_statements(app, words=None) as statements:
+        assert recover(app).limits_settled == []  # no token yet, and no alert: not waited long enough
+    # Neither limit could admit anyone (no token; no slot): the pass locked neither.
+    assert not [sql for sql in statements if "limits.id IN" in sql]
     with transaction(url, read_only=True) as session:
         assert session.scalar(select(func.count()).select_from(ALERTS)) == 0
-    # Seconds later (a token back, max_wait passed): no release happened, recovery's pass admits.
-    later = utcnow() + timedelta(seconds=3)
+    # A minute later (a token back, max_wait passed): no release happened, recovery's pass admits.
+    later = utcnow() + timedelta(seconds=61)
     assert recover(app, now=later).limits_settled == ["erp"]
     assert status_of(app, second) == "queued"
     with transaction(url, read_only=True) as session:

@@ -4,14 +4,16 @@
 A release admits the next waiters in its own transaction, so most waiters never need this. Two
 kinds do: a waiter held back only by a rate's tokens, which time brings back, not a release; and
 one whose admission was lost with a transaction that failed after a limit changed. Each recovery
-pass (``CHORDBEAT_RECOVERY_INTERVAL``) settles every limit that has waiters, in its own
-transaction, and sends what it admitted after commit. At idle (no waiter anywhere) the pass is one
-query on the limits, answered by an index.
+pass (``CHORDBEAT_RECOVERY_INTERVAL``) settles each limit that has waiters and could admit one now
+(a slot free and, with a rate, a token there: read off its row, unlocked), in its own transaction,
+and sends what it admitted after commit. A full limit is left to its releases. At idle (no waiter
+anywhere) the pass is one query on the limits.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 
@@ -19,6 +21,8 @@ from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.effects import Effects
+from celeryapp.domain.limit_admission import Bucket
+from celeryapp.domain.shared_limits import parse_rate
 from celeryapp.execution.limit_slots import settle
 from celeryapp.execution.limit_steps import admitted_steps
 from celeryapp.monitoring.alert_outbox import alert_key, is_silenced, write_alert
@@ -35,11 +39,32 @@ logger = logging.getLogger(__name__)
 STARVED_ENABLED_BY = AlertKind.LATE
 
 
-def waiting_limits(session: Session) -> list[tuple[int, str, float | None]]:
-    """The limits with waiters: id, name and ``max_wait`` (seconds, or None)."""
+@dataclass(frozen=True)
+class WaitedLimit:
+    id: int
+    name: str
+    max_wait_s: float | None
+    #: Whether a pass could admit anyone now: a slot is free and, with a rate, a token is there
+    #: (read off the row, without its lock). A full limit is left to its releases.
+    may_admit: bool
+
+
+def waiting_limits(session: Session, now: datetime) -> list[WaitedLimit]:
+    """The limits with waiters."""
     waited = exists().where(LIMIT_WAITERS.c.limit_id == LIMITS.c.id)
-    rows = session.execute(select(LIMITS.c.id, LIMITS.c.name, LIMITS.c.definition).where(waited).order_by(LIMITS.c.id))
-    return [(limit_id, name, definition.get("max_wait")) for limit_id, name, definition in rows]
+    rows = session.execute(select(LIMITS).where(waited).order_by(LIMITS.c.id))
+    found = []
+    for row in rows:
+        rate = parse_rate(row.definition.get("rate"))
+        token = (
+            rate is None
+            or row.tokens is None
+            or row.tokens_at is None
+            or Bucket(rate.count, rate.per_s, row.tokens, row.tokens_at).level_at(now) >= 1.0
+        )
+        max_wait = row.definition.get("max_wait")
+        found.append(WaitedLimit(row.id, row.name, max_wait, row.in_use < row.slots and token))
+    return found
 
 
 def settle_limit(session: Session, limit_id: int, *, now: datetime) -> Effects:
@@ -89,18 +114,19 @@ def settle_waiting_limits(app: Runtime, *, now: datetime) -> list[str]:
     admitted someone. One limit's failure is logged and the others go on."""
     url = app.settings.database_url
     with transaction(url, read_only=True) as session:
-        limits = waiting_limits(session)
+        limits = waiting_limits(session, now)
     admitted: list[str] = []
-    for limit_id, name, max_wait_s in limits:
+    for limit in limits:
+        name = limit.name
         try:
-            effects = retried_transaction(
-                url, f"settling limit {name!r}", partial(settle_limit, limit_id=limit_id, now=now)
-            )
-            apply_effects(app, effects)
-            if effects.dispatch:
-                admitted.append(name)
-            if max_wait_s is not None:
-                starving = partial(alert_starved, limit_id=limit_id, name=name, max_wait_s=float(max_wait_s), now=now)
+            if limit.may_admit:
+                settling = partial(settle_limit, limit_id=limit.id, now=now)
+                effects = retried_transaction(url, f"settling limit {name!r}", settling)
+                apply_effects(app, effects)
+                if effects.dispatch:
+                    admitted.append(name)
+            if limit.max_wait_s is not None:
+                starving = partial(alert_starved, limit_id=limit.id, name=name, max_wait_s=limit.max_wait_s, now=now)
                 retried_transaction(url, f"checking limit {name!r} for starving waiters", starving)
         except Exception:
             logger.exception("recovery: settling limit %r failed; the other limits go on", name)

@@ -82,6 +82,10 @@ def _advance(app: Runtime, group: GroupDispatch) -> Signature:
 
 
 def send_group(app: Runtime, group: GroupDispatch) -> None:
+    if not group.steps:
+        # A step that ended unstarted (skipped or failed by its limits): the group may be done.
+        _advance(app, group).apply_async()
+        return
     lineage = _lineage(app)
     if group.requeue:
         # The group's chord already fired or is gone: each attempt advances by itself when done.

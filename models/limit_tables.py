@@ -36,6 +36,9 @@ class Limit(Base):
     tokens: Mapped[float | None] = mapped_column(Float, default=None)
     tokens_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     version: Mapped[int] = mapped_column(Integer, default=1)
+    #: The schedule file source that declared the limit (applying that file again may delete it);
+    #: ``None``: defined through the service tasks or the CLI, no file removes it.
+    source_name: Mapped[str | None] = mapped_column(String(NAME_LENGTH), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

@@ -81,6 +81,8 @@ class LimitWaiter(Base):
         Index("ix_limit_waiters_limit_id_turn_id", "limit_id", "turn", "id"),
         # The last turn of a queue (a new waiter's turn follows it).
         Index("ix_limit_waiters_queue_turn", "queue", "turn"),
+        # A limit's oldest waiter (its age on the Limits page and in the metrics): the index's first entry.
+        Index("ix_limit_waiters_limit_id_enqueued_at", "limit_id", "enqueued_at"),
         {"sqlite_autoincrement": True},
     )
 

@@ -150,9 +150,9 @@ def limit_detail(session: Session, name: str) -> dict[str, Any]:
         .order_by(LIMIT_WAITERS.c.turn, LIMIT_WAITERS.c.id)
         .limit(DETAIL_WAITERS)
     ).all()
-    waiting, oldest = session.execute(
-        select(func.count(), func.min(LIMIT_WAITERS.c.enqueued_at)).where(LIMIT_WAITERS.c.limit_id == row.id)
-    ).one()
+    waiting = session.scalar(select(func.count()).where(LIMIT_WAITERS.c.limit_id == row.id))
+    # The first entry of an index of its own (limit, enqueued_at): not a read of the whole queue.
+    oldest = session.scalar(select(func.min(LIMIT_WAITERS.c.enqueued_at)).where(LIMIT_WAITERS.c.limit_id == row.id))
     keys = session.execute(
         select(LIMIT_HOLDS.c.key, func.sum(LIMIT_HOLDS.c.slots))
         .where(LIMIT_HOLDS.c.limit_id == row.id)

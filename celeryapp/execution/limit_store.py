@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.shared_limits import LimitDefinition
 from celeryapp.domain.times import iso, parse_time
 from celeryapp.errors import InvalidTransition, NotFound
+from celeryapp.monitoring.metric_counts import retire_limit
 from models.base import utcnow
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
 from models.session import affected
@@ -107,6 +108,7 @@ def delete_limit(session: Session, name: str, *, force: bool) -> DeletedLimit:
     session.execute(delete(LIMIT_HOLDS).where(LIMIT_HOLDS.c.limit_id == row.id))
     if affected(session, delete(LIMITS).where(LIMITS.c.id == row.id, LIMITS.c.in_use == row.in_use)) != 1:
         raise InvalidTransition(f"limit {name!r} changed meanwhile; delete it again")
+    retire_limit(session, name)
     return DeletedLimit(int(row.in_use), waiters)
 
 

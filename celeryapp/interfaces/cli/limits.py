@@ -197,8 +197,11 @@ def set_cmd(
         definition[field] = _value(option, value)
     if current is None and definition.get("slots") is None:
         raise click.UsageError("a new limit needs --slots", click.get_current_context())
+    # A new limit's fields as given; a change's as "before -> after".
     changes = [
-        f"{field} {_shown(current.get(field) if current else None)} -> {_shown(definition.get(field))}"
+        f"{field} {_shown(definition.get(field))}"
+        if current is None
+        else f"{field} {_shown(current.get(field))} -> {_shown(definition.get(field))}"
         for field in SETTABLE.values()
         if (current or {}).get(field) != definition.get(field)
     ]

@@ -170,7 +170,7 @@ def read_file(
     if document is None:
         document = {"schedules": []}
     if not isinstance(document, dict) or set(document) - {"schedules", "source", "limits"}:
-        raise DefinitionError(where, "must be a mapping with the keys 'schedules' and (optional) 'limits' and 'source'")
+        raise DefinitionError(where, "must be a mapping with the keys 'schedules' and (optional) 'source' and 'limits'")
     source = source_name(path, document.get("source"))
     items = document.get("schedules") or []
     if not isinstance(items, list):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ssl
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 from kombu.entity import Queue
+from sqlalchemy.orm import Session
 
 from celeryapp.alerting import child_environment
 from celeryapp.alerting.channels import channel_names
@@ -17,6 +19,7 @@ from celeryapp.clock import clock
 from celeryapp.config import Settings
 from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.domain.redaction import credentials_apart
+from celeryapp.execution.limit_files import apply_file_limits
 from celeryapp.messaging import redis_client, reference_time, serialization
 from celeryapp.messaging.broker import sentinel_transport_options, transport_for
 from celeryapp.messaging.refused_bodies import AnswerRefusedBodies
@@ -69,6 +72,19 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
         if self.settings.alert_channels_file is None:
             return None
         return channel_names(self.settings)
+
+    def apply_file_limits(
+        self,
+        session: Session,
+        limits: Sequence[Mapping[str, Any]],
+        *,
+        source: str,
+        dry_run: bool,
+        remove: bool | Collection[str],
+    ) -> dict[str, list[str]]:
+        """A schedule file's limits, stored by the execution layer for the scheduling layer's apply
+        (which may not import it: the two are parts of one layer)."""
+        return apply_file_limits(session, limits, source=source, dry_run=dry_run, remove=remove)
 
     @property
     def redbeat_redis(self) -> Any:

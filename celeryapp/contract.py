@@ -95,7 +95,8 @@ _BACKFILL_OBJECT = (
 
 _LIMIT_OBJECT = (
     'limit object: the definition `{"name", "slots", "rate", "key", "per_key_slots", "on_full", "max_wait"}` plus '
-    '`"in_use"`, `"waiting"`, `"holders"` and `"waiters"` (`[{"execution_id", "step", "key", "slots", "since"}]`, '
+    '`"in_use"`, `"waiting"`, `"oldest_waiting_since"` (the oldest waiter\'s arrival, null when none waits), '
+    '`"holders"` and `"waiters"` (`[{"execution_id", "step", "key", "slots", "since"}]`, '
     'holders longest-held first, at most 1,000; waiters oldest first, at most 100) and `"keys"` (`{key: in_use}`, '
     "at most 1,000)"
 )
@@ -294,7 +295,7 @@ SERVICE_TASKS = (
     ServiceTask(
         "chordbeat.list_limits",
         (),
-        'every limit by name: its definition plus `{"in_use": n, "waiting": n}`',
+        'every limit by name: its definition plus `{"in_use": n, "waiting": n, "oldest_waiting_since": time | null}`',
     ),
     ServiceTask("chordbeat.get_limit", (_NAME,), _LIMIT_OBJECT, ("NotFound",)),
     ServiceTask(

@@ -8,10 +8,12 @@ any attribute through). ``ChordbeatCelery`` matches it structurally: nothing inh
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
+
+from sqlalchemy.orm import Session
 
 from celeryapp.config import Settings
 
@@ -80,4 +82,18 @@ class Runtime(Protocol):
 
     def alert_channels(self) -> frozenset[str] | None:
         """The channel names definitions may use (``None``: no channels file)."""
+        ...
+
+    def apply_file_limits(
+        self,
+        session: Session,
+        limits: Sequence[Mapping[str, Any]],
+        *,
+        source: str,
+        dry_run: bool,
+        remove: bool | Collection[str],
+    ) -> dict[str, list[str]]:
+        """Make a schedule file's ``limits:`` (validated definitions) the limits of its ``source``,
+        in the file's transaction: the names added, changed, removed, unchanged, kept and taken
+        over. Limits are stored by the execution layer, beside the schedule file's."""
         ...

@@ -36,6 +36,9 @@ class Limit(Base):
     tokens: Mapped[float | None] = mapped_column(Float, default=None)
     tokens_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     version: Mapped[int] = mapped_column(Integer, default=1)
+    #: The schedule file source that declared the limit (applying that file again may delete it);
+    #: ``None``: defined through the service tasks or the CLI, no file removes it.
+    source_name: Mapped[str | None] = mapped_column(String(NAME_LENGTH), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
@@ -78,6 +81,8 @@ class LimitWaiter(Base):
         Index("ix_limit_waiters_limit_id_turn_id", "limit_id", "turn", "id"),
         # The last turn of a queue (a new waiter's turn follows it).
         Index("ix_limit_waiters_queue_turn", "queue", "turn"),
+        # A limit's oldest waiter (its age on the Limits page and in the metrics): the index's first entry.
+        Index("ix_limit_waiters_limit_id_enqueued_at", "limit_id", "enqueued_at"),
         {"sqlite_autoincrement": True},
     )
 

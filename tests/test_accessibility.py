@@ -23,7 +23,7 @@ from sqlalchemy import update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
-from celeryapp.interfaces import service
+from celeryapp.interfaces import limit_service, service
 from celeryapp.interfaces.web.auth import parse_users
 from celeryapp.interfaces.web.server import AliveHandler, make_app
 from models import Schedule, transaction
@@ -137,6 +137,7 @@ def test_every_page_has_no_serious_or_critical_axe_violation_at_390_and_1920_px(
     service.apply_schedule(
         app, {"name": "report", "every": 3600, "steps": [{"name": "s", "task": "chordbeat.examples.sleep"}]}
     )
+    limit_service.apply_limit(app, {"name": "warehouse", "slots": 3, "key": "{payload.customer}"})  # /limit
     with transaction(settings.database_url) as session:
         alerts_on = {"channels": ["ops-webhook"], "on": ["failed"]}
         session.execute(update(Schedule).where(Schedule.name == "payroll").values(alerts=alerts_on))

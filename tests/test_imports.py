@@ -48,7 +48,18 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
 #: Modules that import inside functions, and why.
 LATE_IMPORTS = {
     f"celeryapp.interfaces.cli.{module}": "each command imports what it needs: `chordbeat health` stays small and quick"
-    for module in ("calls", "files", "schedules", "runs", "backfills", "watch", "processes", "audit", "alerts")
+    for module in (
+        "calls",
+        "files",
+        "schedules",
+        "runs",
+        "backfills",
+        "watch",
+        "processes",
+        "audit",
+        "alerts",
+        "limits",
+    )
 }
 
 

@@ -41,6 +41,7 @@ def test_a_limit_is_applied_once_per_change_and_read_back_with_who_holds_and_wai
         "on_full": "queue",
         "in_use": 0,
         "waiting": 0,
+        "oldest_waiting_since": None,
         "holders": [],
         "waiters": [],
         "keys": {},
@@ -56,8 +57,10 @@ def test_a_limit_is_applied_once_per_change_and_read_back_with_who_holds_and_wai
     ]
     assert [(w["step"], w["key"], w["slots"]) for w in detail["waiters"]] == [("load-3", "acme", 1)]
     assert detail["waiters"][0]["since"].endswith("Z")
+    since = detail["waiters"][0]["since"]  # the only waiter is the oldest
+    assert detail["oldest_waiting_since"] == since
     assert limit_service.list_limits(app) == [
-        {**WAREHOUSE, "rate": None, "on_full": "queue", "in_use": 2, "waiting": 1}
+        {**WAREHOUSE, "rate": None, "on_full": "queue", "in_use": 2, "waiting": 1, "oldest_waiting_since": since}
     ]
 
 

@@ -98,7 +98,10 @@ def test_slots_are_taken_up_to_the_limit_then_waiters_wait_and_a_release_admits_
         assert [h["step"] for h in detail["holders"]] == [third.step_name, fourth.step_name]
         assert detail["keys"] == {"": 2} and detail["waiters"] == []
         assert limit_summaries(session) == [
-            {**parse_limit({"name": "warehouse", "slots": 2}).to_json(), "in_use": 2, "waiting": 0}
+            {
+                **parse_limit({"name": "warehouse", "slots": 2}).to_json(),
+                **{"in_use": 2, "waiting": 0, "oldest_waiting_since": None},
+            }
         ]
 
 

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.limit_admission import Bucket, LimitState, Need, Waiter, admit, turn_of
 from celeryapp.domain.shared_limits import MAX_KEY_CHARS, MAX_SLOTS, MAX_USES, parse_rate
 from celeryapp.errors import ChordbeatError, InvalidArgument, NotFound
+from celeryapp.monitoring.metric_counts import observe_admissions
 from models.base import utcnow
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
 from models.session import affected
@@ -269,6 +270,15 @@ def _decide(session: Session, locked: set[int], now: datetime) -> Admitted:
     states.update({str(limit_id): _UNLOCKED for limit_id in unlocked})
     admission = admit(states, waiters, now)
     started = [_start(session, by_holder[holders[index]], now) for index in admission.admitted]
+    names = {limit_id: row.name for limit_id, row in limits.items()}
+    observe_admissions(
+        session,
+        [
+            (names[row.limit_id], (now - row.enqueued_at).total_seconds())
+            for index in admission.admitted
+            for row in by_holder[holders[index]]
+        ],
+    )
     impossible = [_holder(by_holder[holders[index]][0]) for index in admission.impossible]
     for index in admission.impossible:
         worker_task_id, attempt = holders[index]

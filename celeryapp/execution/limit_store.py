@@ -15,8 +15,9 @@ from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.shared_limits import LimitDefinition
-from celeryapp.domain.times import iso
+from celeryapp.domain.times import iso, parse_time
 from celeryapp.errors import InvalidTransition, NotFound
+from celeryapp.monitoring.metric_counts import retire_limit
 from models.base import utcnow
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
 from models.session import affected
@@ -107,20 +108,31 @@ def delete_limit(session: Session, name: str, *, force: bool) -> DeletedLimit:
     session.execute(delete(LIMIT_HOLDS).where(LIMIT_HOLDS.c.limit_id == row.id))
     if affected(session, delete(LIMITS).where(LIMITS.c.id == row.id, LIMITS.c.in_use == row.in_use)) != 1:
         raise InvalidTransition(f"limit {name!r} changed meanwhile; delete it again")
+    retire_limit(session, name)
     return DeletedLimit(int(row.in_use), waiters)
 
 
 def limit_summaries(session: Session) -> list[dict[str, Any]]:
-    """Every limit, by name: its definition plus ``in_use`` and how many wait for it."""
+    """Every limit, by name: its definition plus ``in_use``, how many wait for it and since when
+    the oldest has waited (``oldest_waiting_since``, ``None`` when none waits)."""
     waiting = (
-        select(LIMIT_WAITERS.c.limit_id, func.count().label("waiting")).group_by(LIMIT_WAITERS.c.limit_id).subquery()
+        select(
+            LIMIT_WAITERS.c.limit_id,
+            func.count().label("waiting"),
+            func.min(LIMIT_WAITERS.c.enqueued_at).label("oldest"),
+        )
+        .group_by(LIMIT_WAITERS.c.limit_id)
+        .subquery()
     )
     rows = session.execute(
-        select(LIMITS.c.definition, LIMITS.c.in_use, func.coalesce(waiting.c.waiting, 0))
+        select(LIMITS.c.definition, LIMITS.c.in_use, func.coalesce(waiting.c.waiting, 0), waiting.c.oldest)
         .outerjoin(waiting, waiting.c.limit_id == LIMITS.c.id)
         .order_by(LIMITS.c.name)
     ).all()
-    return [{**definition, "in_use": in_use, "waiting": count} for definition, in_use, count in rows]
+    return [
+        {**definition, "in_use": in_use, "waiting": count, "oldest_waiting_since": _since(oldest)}
+        for definition, in_use, count, oldest in rows
+    ]
 
 
 def limit_detail(session: Session, name: str) -> dict[str, Any]:
@@ -141,6 +153,8 @@ def limit_detail(session: Session, name: str) -> dict[str, Any]:
         .limit(DETAIL_WAITERS)
     ).all()
     waiting = session.scalar(select(func.count()).where(LIMIT_WAITERS.c.limit_id == row.id))
+    # The first entry of an index of its own (limit, enqueued_at): not a read of the whole queue.
+    oldest = session.scalar(select(func.min(LIMIT_WAITERS.c.enqueued_at)).where(LIMIT_WAITERS.c.limit_id == row.id))
     keys = session.execute(
         select(LIMIT_HOLDS.c.key, func.sum(LIMIT_HOLDS.c.slots))
         .where(LIMIT_HOLDS.c.limit_id == row.id)
@@ -152,10 +166,18 @@ def limit_detail(session: Session, name: str) -> dict[str, Any]:
         **row.definition,
         "in_use": row.in_use,
         "waiting": waiting,
+        "oldest_waiting_since": _since(oldest),
         "holders": [_entry(hold, hold.since) for hold in holds],
         "waiters": [_entry(wait, wait.enqueued_at) for wait in waits],
         "keys": {key: int(slots) for key, slots in keys},
     }
+
+
+def _since(moment: datetime | str | None) -> str | None:
+    # An aggregate's time comes back from SQLite as its stored text, not through the column's type.
+    if isinstance(moment, str):
+        moment = parse_time(moment)
+    return None if moment is None else iso(moment)
 
 
 def _entry(row: Any, since: datetime) -> dict[str, Any]:

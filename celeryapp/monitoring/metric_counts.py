@@ -54,6 +54,12 @@ HISTOGRAMS = {
     STEP_DURATION: DURATION_BUCKETS,
     ADVANCE_LATENCY: ADVANCE_BUCKETS,
 }
+#: Shared limits' admissions (a counter) and how long each admitted step waited (a histogram), by
+#: limit: the limit's name is the row's ``label``, its ``schedule_name`` empty (docs/limits.md).
+LIMIT_ADMITTED = "limit_admitted"
+LIMIT_WAIT = "limit_wait_seconds"
+#: Upper bounds (seconds) of the wait: most admissions are at once, a starved one waits minutes.
+LIMIT_WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 #: Metrics kept per schedule (the others have an empty ``schedule_name``, for the whole deployment).
 PER_SCHEDULE = (EXECUTIONS, STEP_ATTEMPTS, SLOTS, EXECUTION_DURATION, STEP_DURATION, ADVANCE_LATENCY)
 INF = "+Inf"
@@ -84,6 +90,13 @@ class Counts:
     def observe(self, metric: str, schedule: str, value: float) -> None:
         value = max(value, 0.0)
         row = self.rows[(metric, schedule, "", bucket_of(value, HISTOGRAMS[metric]))]
+        row[0] += 1
+        row[1] += value
+
+    def observe_labelled(self, metric: str, label: str, value: float, buckets: tuple[float, ...]) -> None:
+        """A histogram kept for the deployment by ``label`` (a limit's name), not by schedule."""
+        value = max(value, 0.0)
+        row = self.rows[(metric, "", label, bucket_of(value, buckets))]
         row[0] += 1
         row[1] += value
 
@@ -170,6 +183,28 @@ def count_requeue(session: Session) -> None:
     counts = Counts()
     counts.count(RECOVERY_REQUEUES, "", "")
     counts.add_to(session)
+
+
+def observe_admissions(session: Session, admitted: Iterable[tuple[str, float]]) -> None:
+    """Count admissions to shared limits, each ``(limit name, seconds waited)``, in the transaction
+    that admits them: rows every worker's transactions add to, as the others."""
+    counts = Counts()
+    for limit, waited_s in admitted:
+        counts.count(LIMIT_ADMITTED, "", limit)
+        counts.observe_labelled(LIMIT_WAIT, limit, waited_s, LIMIT_WAIT_BUCKETS)
+    counts.add_to(session)
+
+
+def retire_limit(session: Session, name: str) -> None:
+    """Delete a limit's rows, in the transaction deleting it: its series end with it."""
+    session.execute(
+        delete(MetricCount).where(
+            MetricCount.metric.in_((LIMIT_ADMITTED, LIMIT_WAIT)),
+            MetricCount.schedule_name == "",
+            MetricCount.label == name,
+        ),
+        execution_options=NO_SYNC,
+    )
 
 
 def retire_schedule(session: Session, name: str) -> None:

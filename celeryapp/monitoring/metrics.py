@@ -25,6 +25,7 @@ from celeryapp.clock import clock
 from celeryapp.domain.names import CONTROL_QUEUE, STEPS_QUEUE
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.messaging.reference_time import offsets, shared_correction
+from celeryapp.monitoring import limit_metrics
 from celeryapp.monitoring import metric_counts as mc
 from celeryapp.monitoring.overload import queued, skipped_last_minute
 from celeryapp.runtime import Runtime
@@ -81,6 +82,7 @@ class ExecutionCollector(Collector):
     def collect(self) -> Iterator[Family]:
         with transaction(self.app.settings.database_url, read_only=True) as session:
             yield from self._gauges(session)
+            yield from limit_metrics.gauge_families(session, clock.now())
             yield from self._monotonic(session)
         yield from self._overload()
 
@@ -114,8 +116,11 @@ class ExecutionCollector(Collector):
                 MetricCount.total,
             )
         )
+        limit_waits: dict[str, dict[str, tuple[int, float]]] = defaultdict(dict)
         for metric, schedule, label, bucket, count, value_sum in rows:
-            if metric in mc.HISTOGRAMS:
+            if metric == mc.LIMIT_WAIT:
+                limit_waits[label][bucket] = (count, value_sum)
+            elif metric in mc.HISTOGRAMS:
                 histograms[metric][schedule][bucket] = (count, value_sum)
             else:
                 counters[metric][(schedule, label)] = count
@@ -141,6 +146,21 @@ class ExecutionCollector(Collector):
                 samples, total = histogram_samples(per_bucket, buckets)
                 histogram.add_metric([schedule], samples, sum_value=total)
             yield histogram
+        admitted = CounterMetricFamily(
+            "chordbeat_limit_admitted", "Step attempts admitted to each shared limit (slots taken)", labels=["limit"]
+        )
+        for (_, limit), count in sorted(counters[mc.LIMIT_ADMITTED].items()):
+            admitted.add_metric([limit], count)
+        yield admitted
+        waited = HistogramMetricFamily(
+            "chordbeat_limit_wait_seconds",
+            "How long each step attempt admitted to a shared limit waited for it, observed at admission",
+            labels=["limit"],
+        )
+        for limit, per_bucket in sorted(limit_waits.items()):
+            samples, total = histogram_samples(per_bucket, mc.LIMIT_WAIT_BUCKETS)
+            waited.add_metric([limit], samples, sum_value=total)
+        yield waited
 
     def _overload(self) -> Iterator[Family]:
         """From Redis: skips for lack of capacity, what waits in the queues, and the clocks."""

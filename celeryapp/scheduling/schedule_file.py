@@ -1,7 +1,9 @@
 """The declarative schedule file: its schedules override stored ones, with a logged diff.
 
 A file is one *source* (its top-level ``source:``, by default its name without the extension):
-applying it prunes only the schedules that source declared before, never another file's.
+applying it prunes only the schedules that source declared before, never another file's. Its
+``limits:`` (shared limits, docs/limits.md) are applied first, in the same transaction, so its
+schedules may use them; a limit it no longer names goes with the same rule, unless still held.
 
 The file is YAML written by operators, read strictly: at most ``MAX_FILE_BYTES``, no anchors,
 aliases, merge keys or duplicate keys; errors name the file and the line.
@@ -23,7 +25,9 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.alert_fields import KnownChannels
 from celeryapp.domain.calendar_fields import CalendarReader
 from celeryapp.domain.definition import NAME_PATTERN, ScheduleDefinition
-from celeryapp.domain.limits import MAX_FILE_BYTES, short_repr
+from celeryapp.domain.limits import MAX_FILE_BYTES, short_repr, type_name
+from celeryapp.domain.problems import Problems
+from celeryapp.domain.shared_limits import LimitDefinition, parse_limit
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.strict_yaml import YamlMistake, read_yaml
 from celeryapp.domain.validation import parse_definitions
@@ -55,13 +59,18 @@ class FileDiff:
     taken_over: dict[str, str] = field(default_factory=dict)
     #: Changed schedules: name -> the definition fields that differ.
     fields: dict[str, list[str]] = field(default_factory=dict)
+    #: The file's limits: ``added``, ``changed``, ``removed``, ``unchanged``, ``kept`` and
+    #: ``taken_over`` (from the service tasks or another file), each a list of names.
+    limits: dict[str, list[str]] = field(default_factory=dict)
     #: Why the steps were checked against this process's tasks instead of the workers' (none had
     #: published theirs); ``None`` when the workers' were used.
     checked_here: str | None = None
 
     @property
     def empty(self) -> bool:
-        return not (self.added or self.changed or self.removed)
+        return not (self.added or self.changed or self.removed) and not any(
+            self.limits.get(kind) for kind in ("added", "changed", "removed")
+        )
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -73,6 +82,7 @@ class FileDiff:
             "kept": self.kept,
             "taken_over": self.taken_over,
             "fields": self.fields,
+            "limits": self.limits,
         }
 
     def summary(self) -> str:
@@ -85,16 +95,21 @@ class FileDiff:
                 ("kept (not removed)", self.kept),
             )
             if names
+        ] + [
+            f"limits {label} {', '.join(self.limits[kind])}"
+            for kind, label in (("added", "added"), ("changed", "changed"), ("removed", "removed"), ("kept", "kept"))
+            if self.limits.get(kind)
         ]
         return "; ".join(parts) if parts else "no changes"
 
 
 @dataclass(frozen=True)
 class ScheduleFile:
-    """A validated schedule file: its source name and its schedules."""
+    """A validated schedule file: its source name, its schedules and its limits."""
 
     source: str
     definitions: list[ScheduleDefinition]
+    limits: list[LimitDefinition] = field(default_factory=list)
 
 
 def source_name(path: str | Path, declared: Any) -> str:
@@ -154,13 +169,48 @@ def read_file(
         raise DefinitionError(where, str(exc)) from None
     if document is None:
         document = {"schedules": []}
-    if not isinstance(document, dict) or set(document) - {"schedules", "source"}:
-        raise DefinitionError(where, "must be a mapping with the keys 'schedules' and (optional) 'source'")
+    if not isinstance(document, dict) or set(document) - {"schedules", "source", "limits"}:
+        raise DefinitionError(where, "must be a mapping with the keys 'schedules' and (optional) 'source' and 'limits'")
     source = source_name(path, document.get("source"))
     items = document.get("schedules") or []
     if not isinstance(items, list):
         raise DefinitionError("schedules", "must be a list of schedule definitions")
-    return ScheduleFile(source, parse_definitions(items, rules=rules, channels=channels, calendars=calendars))
+    # Both lists checked before either is refused: every mistake of the file at once.
+    problems = Problems()
+    limit_list = problems.check(parse_limit_list, document.get("limits"))
+    definitions = problems.check(parse_definitions, items, rules=rules, channels=channels, calendars=calendars)
+    problems.raise_any()
+    assert limit_list is not None and definitions is not None
+    return ScheduleFile(source, definitions, limit_list)
+
+
+def parse_limit_list(items: Any) -> list[LimitDefinition]:
+    """A file's ``limits:``: every mistake of every limit at once, each named ``limits[0] (name).field``.
+    Two limits of one name, or of names that differ only in case (``Warehouse``, ``warehouse``:
+    one would be taken for the other on a page), are refused."""
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise DefinitionError("limits", f"must be a list of limit definitions, got {type_name(items)}")
+    problems = Problems()
+    parsed: list[LimitDefinition] = []
+    seen: dict[str, tuple[int, str]] = {}
+    for index, raw in enumerate(items):
+        label = raw.get("name") if isinstance(raw, dict) else None
+        shown = isinstance(label, str) and NAME_PATTERN.fullmatch(label)
+        problems.prefix = f"limits[{index}]" + (f" ({label})" if shown else "") + "."
+        definition = problems.check(parse_limit, raw)
+        if definition is None:
+            continue
+        folded = definition.name.casefold()
+        if folded in seen:
+            other, name = seen[folded]
+            what = "appears twice" if name == definition.name else f"differs from {name!r} only in case"
+            problems.add(DefinitionError("name", f"limit {definition.name!r} {what} (limits[{other}])"))
+        seen.setdefault(folded, (index, definition.name))
+        parsed.append(definition)
+    problems.raise_any()
+    return parsed
 
 
 def apply_definitions(
@@ -233,10 +283,28 @@ def record_file_applied(session: Session, actor: Actor, path: str | Path, diff: 
         "source": diff.source,
         **{kind: len(getattr(diff, kind)) for kind in ("added", "changed", "removed", "unchanged", "kept")},
     }
+    if any(diff.limits.values()):
+        detail["limits"] = {kind: len(names) for kind, names in diff.limits.items()}
     if reason is None:
         summary = diff.summary()
         reason = summary if len(summary) <= REASON_CHARS else summary[: REASON_CHARS - 1] + "…"
     actor.record(session, AuditAction.FILE_APPLIED, None, reason=reason, detail=detail)
+
+
+def record_limit_changes(
+    session: Session, actor: Actor, path: str | Path, schedule_file: ScheduleFile, diff: FileDiff, reason: str | None
+) -> None:
+    """A limit changed by a file is audited as one changed through the service is (its own
+    ``limit_applied`` or ``limit_deleted`` row, found by the limit's name), with the file named."""
+    place = {"file": str(path)[:REASON_CHARS], "source": diff.source}
+    definitions = {limit.name: limit for limit in schedule_file.limits}
+    for kind in ("added", "changed"):
+        for name in diff.limits.get(kind, []):
+            detail = {"limit": name, "created": kind == "added", "definition": definitions[name].to_json(), **place}
+            actor.record(session, AuditAction.LIMIT_APPLIED, None, reason=reason, detail=detail)
+    for name in diff.limits.get("removed", []):
+        detail = {"limit": name, "force": False, "held_slots": 0, **place}
+        actor.record(session, AuditAction.LIMIT_DELETED, None, reason=reason, detail=detail)
 
 
 def apply_file(
@@ -247,11 +315,15 @@ def apply_file(
     remove: bool | Collection[str] = True,
     actor: Actor | None = None,
     reason: str | None = None,
+    remove_limits: bool | Collection[str] = True,
 ) -> FileDiff:
     """Validate and apply a schedule file in one transaction: all of it or nothing, with the
-    ``file_applied`` audit row of ``actor`` when one is given (not for a dry run).
+    ``file_applied`` audit row of ``actor`` when one is given (not for a dry run), and a
+    ``limit_applied`` or ``limit_deleted`` row for each limit it changes.
 
-    Only schedules of the file's own source are pruned (see :func:`apply_definitions`).
+    Its limits are applied first (its schedules may use them). Only schedules and limits of the
+    file's own source are pruned (see :func:`apply_definitions`); ``remove_limits`` says which
+    limits, as ``remove`` says which schedules. A held limit is never pruned: the file is refused.
     """
     checked = worker_registry.checked_rules(app.settings, app.tasks.__contains__)
     # The channels file is read by the app (the alerting layer, above this one).
@@ -260,10 +332,19 @@ def apply_file(
     )
 
     def apply(session: Session) -> FileDiff:
+        limit_changes = app.apply_file_limits(
+            session,
+            [limit.to_json() for limit in schedule_file.limits],
+            source=schedule_file.source,
+            dry_run=dry_run,
+            remove=remove_limits,
+        )
         diff = apply_definitions(
             session, schedule_file.definitions, source=schedule_file.source, dry_run=dry_run, remove=remove
         )
+        diff.limits = limit_changes
         if actor is not None and not dry_run:
+            record_limit_changes(session, actor, path, schedule_file, diff, reason)
             record_file_applied(session, actor, path, diff, reason)
         return diff
 

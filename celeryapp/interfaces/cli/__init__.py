@@ -3,7 +3,7 @@
 One module per command group: ``files`` (``db upgrade``, ``apply``: on the database directly,
 before any worker exists), ``schedules``, ``runs`` (with ``watch``, following one live),
 ``backfills``, ``audit``,
-``alerts``, ``processes`` (``health`` reads local liveness files; ``metrics``, ``web``); ``calls``
+``alerts``, ``limits``, ``processes`` (``health`` reads local liveness files; ``metrics``, ``web``); ``calls``
 holds what they share.
 
 Each command imports what it needs when it runs, not at module import (the one place that imports
@@ -18,7 +18,7 @@ import logging
 
 import click
 
-from celeryapp.interfaces.cli import alerts, audit, backfills, files, processes, runs, schedules
+from celeryapp.interfaces.cli import alerts, audit, backfills, files, limits, processes, runs, schedules
 from celeryapp.interfaces.cli.calls import forget_worker
 
 
@@ -50,6 +50,7 @@ for _command in (
     schedules.delete_cmd,
     audit.audit_cmd,
     alerts.alerts_cmd,
+    limits.limits_cmd,
     processes.health_cmd,
     processes.metrics_cmd,
     processes.web_cmd,

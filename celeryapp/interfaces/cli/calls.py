@@ -213,14 +213,15 @@ def connected() -> Iterator[Any]:
         client.close()
 
 
-#: The service's refusal of a schedule name it does not know (scheduling/store.py).
-_UNKNOWN_SCHEDULE = re.compile(r"schedule ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\") does not exist")
+#: The service's refusal of a schedule's or a limit's name it does not know (scheduling/store.py,
+#: execution/limit_store.py).
+_UNKNOWN_SCHEDULE = re.compile(r"(schedule|limit) ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\") does not exist")
 #: Names a "did you mean" is chosen from: the first page of schedules, by name.
 SUGGESTION_POOL = 5000
 
 
 def did_you_mean(client: Any, error: str) -> str:
-    """``; did you mean 'nightly'?`` for a schedule name the service does not know, when one it
+    """``; did you mean 'nightly'?`` for a schedule's (or a limit's) name the service does not know, when one it
     knows is close (difflib); else nothing. Asked only once the command already failed."""
     import ast
     import difflib
@@ -229,8 +230,9 @@ def did_you_mean(client: Any, error: str) -> str:
     if found is None:
         return ""
     try:
-        typed = ast.literal_eval(found[1])
-        names = [s["name"] for s in client.list_schedules(limit=SUGGESTION_POOL)]
+        typed = ast.literal_eval(found[2])
+        listed = client.list_limits() if found[1] == "limit" else client.list_schedules(limit=SUGGESTION_POOL)
+        names = [s["name"] for s in listed]
     except Exception:
         return ""  # a hint, never a second error
     close = difflib.get_close_matches(typed, names, n=3, cutoff=0.6)

@@ -49,11 +49,19 @@ def apply_cmd(path: str, dry_run: bool, yes: bool, as_name: str | None, reason: 
         diff = apply_file(app, path, dry_run=True)
         if not dry_run:
             remove: bool | list[str] = True
-            if diff.removed and not yes:
+            remove_limits: bool | list[str] = True
+            dropped_limits = diff.limits.get("removed", [])
+            if (diff.removed or dropped_limits) and not yes:
                 _show_diff(diff, path)
-                remove = _confirm_removal(diff.source, diff.removed)
+                _confirm_removal(diff.source, diff.removed, dropped_limits)
+                remove, remove_limits = diff.removed, dropped_limits
             diff = apply_file(
-                app, path, remove=remove, actor=actor_arg(acting(as_name), AuditSource.CLI), reason=reason_arg(reason)
+                app,
+                path,
+                remove=remove,
+                remove_limits=remove_limits,
+                actor=actor_arg(acting(as_name), AuditSource.CLI),
+                reason=reason_arg(reason),
             )
     except ChordbeatError as exc:
         raise Refused(exc, console.width) from None
@@ -68,13 +76,19 @@ def apply_cmd(path: str, dry_run: bool, yes: bool, as_name: str | None, reason: 
 
 
 def _show_diff(diff: Any, path: str) -> None:
+    # Limits first: they are applied first, and the schedules below may use them.
+    for label, kind, style in (("+", "added", "green"), ("~", "changed", "yellow"), ("-", "removed", "red")):
+        for name in diff.limits.get(kind, []):
+            console.print(text_of(f"{label} limit {name}", style))
+    for name in diff.limits.get("taken_over", []):
+        console.print(text_of(f"! limit {name}: taken over (from the API or another file)", "yellow"))
     for label, names, style in (("+", diff.added, "green"), ("~", diff.changed, "yellow"), ("-", diff.removed, "red")):
         for name in names:
             fields = diff.fields.get(name)
             console.print(text_of(f"{label} {name}" + (f" ({', '.join(fields)})" if fields else ""), style))
     for name, owner in diff.taken_over.items():
         console.print(text_of(f"! {name}: taken over from {owner}", "yellow"))
-    if diff.removed:
+    if diff.removed or diff.limits.get("removed"):
         # A removal nobody expected is mostly two files of one name (the default source): say so.
         click.echo("\n".join(_wrapped(_why_removed(diff.source, Path(path)), console.width, "", "  ")), err=True)
 
@@ -92,17 +106,18 @@ def _why_removed(source: str, path: Path) -> str:
     )
 
 
-def _confirm_removal(source: str, names: list[str]) -> list[str]:
-    """The names the operator agreed to remove; refuses (nothing changed) otherwise."""
-    question = f"remove {len(names)} schedule(s) of source {source} that the file no longer names?"
+def _confirm_removal(source: str, names: list[str], limits: list[str]) -> None:
+    """Returns when the operator agreed to remove these schedules and limits; refuses (nothing
+    changed) otherwise."""
+    what = " and ".join([f"{len(names)} schedule(s)"] * bool(names) + [f"{len(limits)} limit(s)"] * bool(limits))
+    question = f"remove {what} of source {source} that the file no longer names?"
     try:
         if click.confirm(printable(question), default=False, err=True):
-            return names
+            return
     except click.Abort:  # no terminal to ask in (end of input)
         pass
-    raise click.ClickException(
-        printable(f"nothing applied: removing {', '.join(names)} needs confirmation (or --prune)")
-    )
+    listed = ", ".join([*names, *(f"limit {name}" for name in limits)])
+    raise click.ClickException(printable(f"nothing applied: removing {listed} needs confirmation (or --prune)"))
 
 
 class Refused(ChordbeatError, click.ClickException):

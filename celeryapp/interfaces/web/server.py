@@ -37,6 +37,7 @@ from celeryapp.interfaces.web.broker_state import PingAnswers, broker_state
 from celeryapp.interfaces.web.duration_chart import chart, scale, summary
 from celeryapp.interfaces.web.duration_trends import schedule_durations
 from celeryapp.interfaces.web.health_lines import health_lines
+from celeryapp.interfaces.web.limits_page import LimitHandler, LimitsHandler
 from celeryapp.interfaces.web.login import LoginHandler, LogoutHandler
 from celeryapp.interfaces.web.runs_page import RunsHandler
 from celeryapp.monitoring.health import age_s
@@ -204,6 +205,8 @@ def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> to
             (r"/runs", RunsHandler, ctx),
             (r"/runs/(fragment|trends)", RunsHandler, ctx),
             (r"/alerts/(acknowledge|silence|unsilence)", AlertActionHandler, ctx),
+            (r"/limits", LimitsHandler, ctx),
+            (r"/limit", LimitHandler, ctx),
         ],
         template_path=os.path.join(HERE, "templates"),
         # With a static_path, Tornado serves /favicon.ico (which browsers ask for, whatever the page

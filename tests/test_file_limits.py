@@ -165,3 +165,18 @@ def test_cli_apply_shows_limit_changes_and_asks_before_removing_one(app: Chordbe
     assert "needs confirmation" in refused.output and "erp" in stored(app)
     agreed = runner.invoke(main, ["apply", str(path)], input="y\n")
     assert agreed.exit_code == 0 and "- limit erp" in agreed.output and "erp" not in stored(app)
+
+
+def test_a_file_may_use_the_limits_it_defines_dry_run_too(app: ChordbeatCelery, tmp_path: Path) -> None:
+    """A schedule's ``uses`` is checked against the limits the same file defines, as well as those
+    stored: the file's own limits are written first in its transaction, and a dry run counts them
+    without writing them. A use of a limit neither defines still refuses the whole file."""
+    uses = {"name": "load", "every": 60, "uses": ["warehouse"], "steps": [{**step("s"), "uses": [{"limit": "erp"}]}]}
+    path = write(tmp_path / "ops.yaml", [{"name": "warehouse", "slots": 3}, {"name": "erp", "slots": 1}], uses)
+    dry = apply_file(app, path, dry_run=True)
+    assert dry.added == ["load"] and stored(app) == {}
+    assert apply_file(app, path).added == ["load"]
+    assert stored(app) == {"erp": (1, "ops"), "warehouse": (3, "ops")}
+    path = write(tmp_path / "ops.yaml", [{"name": "warehouse", "slots": 3}], {**uses, "name": "other"})
+    with pytest.raises(DefinitionError, match=r"uses"):
+        apply_file(app, path, dry_run=True)

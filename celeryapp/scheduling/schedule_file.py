@@ -12,7 +12,7 @@ aliases, merge keys or duplicate keys; errors name the file and the line.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,8 +220,11 @@ def apply_definitions(
     source: str,
     dry_run: bool = False,
     remove: bool | Collection[str] = True,
+    file_limits: Sequence[LimitDefinition] = (),
+    removed_limits: Collection[str] = (),
 ) -> FileDiff:
-    """Make the stored schedules of the file source ``source`` match ``definitions``.
+    """Make the stored schedules of the file source ``source`` match ``definitions``, whose uses
+    may name the ``file_limits`` the same file defines, and not the ``removed_limits`` it removes.
 
     Schedules created through the API, or declared by another file, are left alone unless this
     file names them, in which case the file wins and they become this source's. Removed schedules
@@ -231,7 +234,7 @@ def apply_definitions(
     """
     now = utcnow()
     diff = FileDiff(source=source)
-    check_file_limits_known(session, definitions)  # a dry run too
+    check_file_limits_known(session, definitions, file_limits, removed_limits)  # a dry run too
     stored = {s.name: s for s in session.scalars(select(Schedule))}
     wanted = {d.name for d in definitions}
     for definition in definitions:
@@ -340,7 +343,13 @@ def apply_file(
             remove=remove_limits,
         )
         diff = apply_definitions(
-            session, schedule_file.definitions, source=schedule_file.source, dry_run=dry_run, remove=remove
+            session,
+            schedule_file.definitions,
+            source=schedule_file.source,
+            dry_run=dry_run,
+            remove=remove,
+            file_limits=schedule_file.limits,
+            removed_limits=limit_changes.get("removed", ()),
         )
         diff.limits = limit_changes
         if actor is not None and not dry_run:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -14,7 +14,7 @@ from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.definition import ScheduleDefinition
 from celeryapp.domain.pause_resume import Transition
 from celeryapp.domain.problems import Problems
-from celeryapp.domain.shared_limits import check_definition_uses, parse_limit
+from celeryapp.domain.shared_limits import LimitDefinition, check_definition_uses, parse_limit
 from celeryapp.errors import InvalidTransition, NotFound
 from models import Schedule, ScheduleSource, ScheduleStatus, ScheduleStep
 from models.definitions import definition_of
@@ -127,26 +127,40 @@ def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> Non
     ]
 
 
-def check_limits_known(session: Session, definition: ScheduleDefinition) -> None:
+def check_limits_known(
+    session: Session,
+    definition: ScheduleDefinition,
+    defined_beside: Sequence[LimitDefinition] = (),
+    removed_beside: Collection[str] = (),
+) -> None:
     """The limits the definition uses exist now, each with the slots asked for (a use that could
-    never be admitted would wait for ever); checked as it is stored, each mistake naming its field."""
+    never be admitted would wait for ever); checked as it is stored, each mistake naming its field.
+    ``defined_beside`` and ``removed_beside``: the limits its schedule file defines (which win over
+    the stored ones) and removes, which a dry run has not written."""
     names = {use.limit for use in definition.uses} | {
         use.limit for group in definition.groups for s in group for use in s.uses
     }
     if not names:
         return
     rows = session.scalars(select(LIMITS.c.definition).where(LIMITS.c.name.in_(names)))
-    known = {limit.name: limit for limit in map(parse_limit, rows)}
+    known = {limit.name: limit for limit in map(parse_limit, rows) if limit.name not in removed_beside}
+    known.update((limit.name, limit) for limit in defined_beside)
     check_definition_uses(definition, known)
 
 
-def check_file_limits_known(session: Session, definitions: Sequence[ScheduleDefinition]) -> None:
-    """:func:`check_limits_known` for a schedule file's definitions: every mistake of the file at
-    once, each naming its schedule (``schedules[1] (sales).steps[0].uses[0]``)."""
+def check_file_limits_known(
+    session: Session,
+    definitions: Sequence[ScheduleDefinition],
+    file_limits: Sequence[LimitDefinition],
+    removed_limits: Collection[str],
+) -> None:
+    """:func:`check_limits_known` for a schedule file's definitions, with the limits the file
+    defines and removes: every mistake of the file at once, each naming its schedule
+    (``schedules[1] (sales).steps[0].uses[0]``)."""
     problems = Problems()
     for index, definition in enumerate(definitions):
         problems.prefix = f"schedules[{index}] ({definition.name})."
-        problems.check(check_limits_known, session, definition)
+        problems.check(check_limits_known, session, definition, file_limits, removed_limits)
     problems.raise_any()
 
 

@@ -10,6 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 from kombu.entity import Queue
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from celeryapp.alerting import child_environment
@@ -17,6 +18,7 @@ from celeryapp.alerting.channels import channel_names
 from celeryapp.alerting.sender_thread import AlertSenderStep
 from celeryapp.clock import clock
 from celeryapp.config import Settings
+from celeryapp.domain.effects import Effects
 from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.domain.redaction import credentials_apart
 from celeryapp.execution.limit_files import apply_file_limits
@@ -27,6 +29,7 @@ from celeryapp.recovery.signals import HealthStep
 from celeryapp.redis_urls import is_sentinel, parse_sentinels
 from celeryapp.runtime import Runtime
 from celeryapp.variables import VISIBILITY_TIMEOUT_S
+from celeryapp.worker.dispatch import apply_effects
 
 #: Modules holding chordbeat's own tasks; a worker imports them at start.
 TASK_MODULES = ("tasks.steps", "tasks.control", "tasks.service", "tasks.builtin", "tasks.examples")
@@ -83,8 +86,12 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
         remove: bool | Collection[str],
     ) -> dict[str, list[str]]:
         """A schedule file's limits, stored by the execution layer for the scheduling layer's apply
-        (which may not import it: the two are parts of one layer)."""
-        return apply_file_limits(session, limits, source=source, dry_run=dry_run, remove=remove)
+        (which may not import it: the two are parts of one layer). The steps a limit made larger
+        admits are sent once the file's transaction commits (each attempt has a session of its own)."""
+        changes, admitted = apply_file_limits(session, limits, source=source, dry_run=dry_run, remove=remove)
+        if admitted:
+            event.listen(session, "after_commit", lambda _: apply_effects(self, Effects(dispatch=admitted)), once=True)
+        return changes
 
     @property
     def redbeat_redis(self) -> Any:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from sqlalchemy import func, select
 
 from celeryapp.application import ChordbeatCelery
@@ -21,6 +22,7 @@ from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import limit_service, service
 from celeryapp.recovery.recovery import RESEND_GRACE_S, recover
 from celeryapp.recovery.repair import requeue_attempt
+from celeryapp.scheduling.schedule_file import apply_file
 from models import ActivityStatus, WorkerTask, transaction, utcnow
 from models.alert_tables import ALERTS
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
@@ -68,7 +70,7 @@ def held(app: ChordbeatCelery) -> tuple[int, int, int]:
 
 @pytest.mark.timeout(90)
 def test_a_limit_of_one_runs_two_schedules_steps_one_at_a_time_and_leaves_others_alone(
-    app: ChordbeatCelery, worker: Any
+    app: ChordbeatCelery, worker: Any, tmp_path: Path
 ) -> None:
     limit_service.apply_limit(app, {"name": "warehouse", "slots": 1}, actor="ops")
     service.apply_schedule(app, schedule("finance", 1.5, ["warehouse"]))
@@ -111,6 +113,17 @@ def test_a_limit_of_one_runs_two_schedules_steps_one_at_a_time_and_leaves_others
     assert status_of(app, waiter) == "waiting_for_limit"
     assert service.cancel_execution(app, waiter)["status"] == "cancelled"
     assert held(app) == (1, 1, 0)
+    assert service.cancel_execution(app, holder)["status"] == "cancelled"
+    assert held(app) == (0, 0, 0)
+
+    # A schedule file that makes the limit larger admits the waiter at once, as a resize does.
+    holder = service.trigger_schedule(app, "finance")["execution_id"]
+    wait_for(lambda: status_of(app, holder) == "processing", 20, what="finance's load to run")
+    waiter = service.trigger_schedule(app, "sales")["execution_id"]
+    assert status_of(app, waiter) == "waiting_for_limit"
+    (tmp_path / "ops.yaml").write_text(yaml.safe_dump({"limits": [{"name": "warehouse", "slots": 2}], "schedules": []}))
+    assert apply_file(app, tmp_path / "ops.yaml").limits["changed"] == ["warehouse"]
+    assert finished(app, waiter)["status"] == "completed"
     assert service.cancel_execution(app, holder)["status"] == "cancelled"
     assert held(app) == (0, 0, 0)
 

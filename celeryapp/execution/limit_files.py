@@ -16,10 +16,13 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from celeryapp.domain.effects import GroupDispatch
 from celeryapp.domain.shared_limits import parse_limit
 from celeryapp.errors import DefinitionError
 from celeryapp.execution.limit_slots import settle
+from celeryapp.execution.limit_steps import admitted_steps
 from celeryapp.execution.limit_store import delete_limit, put_limit
+from models import utcnow
 from models.limit_tables import LIMITS
 
 #: The kinds of change a file makes to limits, as :func:`apply_file_limits` reports them.
@@ -33,10 +36,13 @@ def apply_file_limits(
     source: str,
     dry_run: bool = False,
     remove: bool | Collection[str] = True,
-) -> dict[str, list[str]]:
+) -> tuple[dict[str, list[str]], list[GroupDispatch]]:
     """Make the limits of ``source`` those of ``raw_limits`` (validated definitions); a dry run
     changes nothing but refuses what the apply would refuse. ``remove``: which of the source's
-    limits the file no longer names may go (all, none, or those named: the confirmed ones)."""
+    limits the file no longer names may go (all, none, or those named: the confirmed ones).
+
+    Returns the changes, and the waiting steps a limit made larger admitted: queued, their slots
+    held, to be sent once the file's transaction commits."""
     definitions = [parse_limit(raw) for raw in raw_limits]
     changes: dict[str, list[str]] = {kind: [] for kind in CHANGE_KINDS}
     # Every limit locked in id order (the order every slot transaction takes them in): what is
@@ -79,7 +85,7 @@ def apply_file_limits(
             changes["removed" if name in going else "kept"].append(name)
             if name in going and not dry_run:
                 delete_limit(session, name, force=False)
-    if grown:
-        # A limit made larger admits its waiters now, as applying it through the service does.
-        settle(session, grown)
-    return changes
+    if not grown:
+        return changes, []
+    # A limit made larger admits its waiters now, as applying it through the service does.
+    return changes, admitted_steps(session, settle(session, grown), now=utcnow())

@@ -208,9 +208,10 @@ SERVICE_TASKS = (
     ServiceTask(
         "chordbeat.next_fires",
         (_NAME, Param("count", required=False, default=10, note="at most 100")),
-        '`[{"at": ISO, "local": ISO with offset, "excluded": null or "<reason>", "dst": null or "<note>"}]`: '
-        "the coming slots, those the schedule's calendar excludes with why (and where the run moves with "
-        "`on_excluded: next_business_day`), and on a day the clocks change what the schedule's DST rule did",
+        '`[{"at": ISO, "local": ISO with offset, "excluded": null or "<reason>", "dst": null or "<note>", "version": '
+        "n}]`: the coming slots (`version`: the definition version its run would run), those the schedule's calendar "
+        "excludes with why (and where the run moves with `on_excluded: next_business_day`), and on a day the clocks "
+        "change what the schedule's DST rule did",
         ("NotFound",),
     ),
     ServiceTask(

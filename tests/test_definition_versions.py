@@ -17,6 +17,7 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.definition_versions import canonical_json, definition_hash
 from celeryapp.errors import InvalidArgument, NotFound
 from celeryapp.interfaces import service, version_service
+from celeryapp.interfaces.next_fires import next_fires
 from celeryapp.scheduling.schedule_file import apply_file
 from celeryapp.states import AuditSource
 from models import Schedule, ScheduleVersion, transaction, utcnow
@@ -24,7 +25,7 @@ from models.audit import BEAT, Actor
 from models.definitions import definition_of
 from models.migrate import upgrade
 from models.versions import VersionOrigin, record_version
-from tests.support.helpers import call, execution, finished, running, start_and_hold, step
+from tests.support.helpers import call, execution, finished, recorded_statements, running, start_and_hold, step
 
 
 def stored_versions(app: ChordbeatCelery, name: str) -> list[ScheduleVersion]:
@@ -134,6 +135,7 @@ def test_the_schedules_stored_before_versions_get_their_definition_as_version_1(
         assert stored == canonical_json(expected[name]) and digest == definition_hash(stored)
 
 
+@pytest.mark.both_databases
 @pytest.mark.timeout(90)
 def test_a_change_applied_mid_run_leaves_the_runs_later_groups_on_its_version(
     app: ChordbeatCelery, worker: Any, client: Celery
@@ -212,6 +214,8 @@ def test_versions_are_listed_compared_and_rolled_back_to(app: ChordbeatCelery) -
     assert (diff[0]["old"], diff[0]["new"]) == (False, True)
     assert version_service.diff_versions(app, "payroll", 2, 2) == []
 
+    # Each coming slot's run would run the current version.
+    assert {fire["version"] for fire in next_fires(app, "payroll", 3)} == {2}
     rolled = version_service.rollback_schedule(app, "payroll", 1, actor="carol", reason="the import broke")
     assert rolled["version"] == 3 and rolled["steps"] == version_service.get_version(app, "payroll", 1)["steps"]
     assert version_service.diff_versions(app, "payroll", 1, 3) == []
@@ -266,3 +270,17 @@ def test_a_versions_env_values_are_hidden_as_the_schedule_object_hides_them(app:
         {"path": "steps[export].env.TOKEN", "op": "changed", "old": "<hidden>", "new": "<hidden>"},
         {"path": "steps[export].env.MODE", "op": "added", "old": None, "new": "<hidden>"},
     ]
+
+
+@pytest.mark.both_databases
+def test_a_version_costs_a_changing_apply_one_statement_and_an_unchanged_one_none(app: ChordbeatCelery) -> None:
+    definition = {"name": "counted", "every": 60, "steps": [step("a"), step("b")]}
+    service.apply_schedule(app, definition)
+
+    def apply(changed: dict[str, Any]) -> list[str]:
+        with recorded_statements(app, words=3) as statements:
+            service.apply_schedule(app, changed)
+        return [s for s in statements if "schedule_versions" in s]
+
+    assert apply({**definition, "every": 120}) == ["INSERT INTO schedule_versions"]
+    assert apply({**definition, "every": 120}) == []

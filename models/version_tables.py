@@ -23,14 +23,15 @@ FILE_LENGTH = 500
 class ScheduleVersion(Base):
     """Version ``version`` of a schedule's definition: its canonical JSON text and that text's hash,
     and who made it, from where and why. Written in the transaction that changes the definition;
-    never changed. Deleted with its schedule (the audit trail keeps the delete)."""
+    never changed. Kept when its schedule is deleted (``schedule_id`` then null), as its runs are,
+    until housekeeping finds it past retention with no kept run of it."""
 
     __tablename__ = "schedule_versions"
     # A schedule's versions, newest first, and one version: the unique constraint's index.
     __table_args__ = (UniqueConstraint("schedule_id", "version"), {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    schedule_id: Mapped[int] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"))
+    schedule_id: Mapped[int | None] = mapped_column(ForeignKey("schedules.id", ondelete="SET NULL"))
     schedule_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     version: Mapped[int] = mapped_column(Integer)
     definition: Mapped[str] = mapped_column(Text)

@@ -5,25 +5,28 @@ from __future__ import annotations
 
 import json
 import subprocess
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from celery import Celery
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, insert, select, text, update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.definition_versions import canonical_json, definition_hash
 from celeryapp.errors import InvalidArgument, NotFound
 from celeryapp.interfaces import service, version_service
 from celeryapp.interfaces.next_fires import next_fires
+from celeryapp.recovery import housekeeping
 from celeryapp.scheduling.schedule_file import apply_file
 from celeryapp.states import AuditSource
-from models import Schedule, ScheduleVersion, transaction, utcnow
+from models import Schedule, ScheduleExecution, ScheduleVersion, transaction, utcnow
 from models.audit import BEAT, Actor
 from models.definitions import definition_of
 from models.migrate import upgrade
+from models.version_tables import SCHEDULE_VERSIONS
 from models.versions import VersionOrigin, record_version
 from tests.support.helpers import call, execution, finished, recorded_statements, running, start_and_hold, step
 
@@ -284,3 +287,78 @@ def test_a_version_costs_a_changing_apply_one_statement_and_an_unchanged_one_non
 
     assert apply({**definition, "every": 120}) == ["INSERT INTO schedule_versions"]
     assert apply({**definition, "every": 120}) == []
+
+
+@pytest.mark.both_databases
+def test_housekeeping_keeps_the_newest_versions_and_those_kept_runs_ran(app: ChordbeatCelery) -> None:
+    service.apply_schedule(app, {"name": "busy", "every": 60, "steps": [step("s")]})
+    kept_newest = housekeeping.KEPT_VERSIONS
+    current = kept_newest + 5
+    now = utcnow()
+    old = now - timedelta(days=app.settings.audit_retention_days + 1)
+    with transaction(app.settings.database_url) as session:
+        schedule = session.scalars(select(Schedule).where(Schedule.name == "busy")).one()
+        schedule.version = current
+        rows = [
+            # 1 to 10 past the trail's retention (6 to 10 among the newest kept_newest), the rest recent.
+            {**_version_row(schedule.id, n), "at": old if n <= 10 else now}
+            for n in range(2, current + 1)
+        ]
+        session.execute(insert(SCHEDULE_VERSIONS), rows)
+        session.execute(update(ScheduleVersion).where(ScheduleVersion.version == 1).values(at=old))
+    # A kept run of version 2: its version stays.
+    ran = runs_of(app, "busy", 1)[0]
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(ScheduleExecution).where(ScheduleExecution.id == ran).values(version=2))
+
+    report = housekeeping.purge(app, now=now, batch=2)
+    assert report.versions == 4 and report.as_json()["versions"] == 4
+    left = [v.version for v in stored_versions(app, "busy")]
+    assert left == [2, *range(6, current + 1)]
+    assert housekeeping.purge(app, now=now).versions == 0
+
+
+def _version_row(schedule_id: int, version: int) -> dict[str, Any]:
+    text = canonical_json({"name": "busy", "every": version})
+    return {
+        "schedule_id": schedule_id,
+        "schedule_name": "busy",
+        "version": version,
+        "definition": text,
+        "hash": definition_hash(text),
+        "actor": "t",
+        "source": "service",
+    }
+
+
+def runs_of(app: ChordbeatCelery, name: str, count: int) -> list[int]:
+    ids = []
+    for _ in range(count):
+        started, _effects = start_and_hold(app, name)
+        service.cancel_execution(app, started)
+        ids.append(started)
+    return ids
+
+
+@pytest.mark.both_databases
+def test_a_deleted_schedules_versions_stay_while_its_kept_runs_ran_them(app: ChordbeatCelery) -> None:
+    service.apply_schedule(app, {"name": "gone", "every": 60, "steps": [step("s")]})
+    service.apply_schedule(app, {"name": "gone", "every": 120, "steps": [step("s")]})
+    ran = runs_of(app, "gone", 1)[0]  # of version 2
+    service.delete_schedule(app, "gone")
+    with transaction(app.settings.database_url) as session:
+        old = utcnow() - timedelta(days=app.settings.audit_retention_days + 1)
+        session.execute(update(ScheduleVersion).values(at=old))
+
+    def left() -> list[tuple[int | None, int]]:
+        with transaction(app.settings.database_url, read_only=True) as session:
+            rows = session.execute(select(ScheduleVersion.schedule_id, ScheduleVersion.version)).all()
+        return sorted((schedule_id, version) for schedule_id, version in rows)
+
+    assert left() == [(None, 1), (None, 2)]
+    # Past the trail's retention: version 1 goes, version 2 stays while its run is kept.
+    assert housekeeping.purge(app).versions == 1
+    assert left() == [(None, 2)]
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(ScheduleExecution).where(ScheduleExecution.id == ran).values(version=None))
+    assert housekeeping.purge(app).versions == 1 and left() == []

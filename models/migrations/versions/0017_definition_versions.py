@@ -30,7 +30,7 @@ def upgrade() -> None:
     op.create_table(
         "schedule_versions",
         sa.Column("id", sa.Integer(), primary_key=True),
-        sa.Column("schedule_id", sa.Integer(), sa.ForeignKey("schedules.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("schedule_id", sa.Integer(), sa.ForeignKey("schedules.id", ondelete="SET NULL"), nullable=True),
         sa.Column("schedule_name", sa.String(200), nullable=False),
         sa.Column("version", sa.Integer(), nullable=False),
         sa.Column("definition", sa.Text(), nullable=False),

@@ -80,3 +80,22 @@ def test_versions_diff_and_rollback_at_a_terminal(
     assert (newest["version"], newest["actor"], newest["commit"], newest["file"]) == (4, "dave", "4f2c9e1", str(path))
     status, lines = _terminal(settings, "versions", "payroll", "--limit", "1")
     assert status == 0 and "@ 4f2c9e1" in _text(lines), lines
+
+
+@pytest.mark.timeout(120)
+def test_runs_of_one_version_and_a_rerun_of_the_current_definition(
+    app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings
+) -> None:
+    call(client, "chordbeat.apply_schedule", definition={**payroll(False), "overlap": "allow"})
+    first = call(client, "chordbeat.trigger_schedule", name="payroll")["execution_id"]
+    call(client, "chordbeat.cancel_execution", execution_id=first)
+    call(client, "chordbeat.apply_schedule", definition={**payroll(True), "overlap": "allow"})
+    status, lines = _terminal(settings, "executions", "--schedule", "payroll", "--version", "1", "--limit", "1")
+    assert status == 0 and re.search(rf"\b{first}\b.*payroll", _text(lines)), lines
+    assert "--version 1 --limit 1 --before" in _text(lines), lines  # the next page keeps the filter
+    status, lines = _terminal(settings, "executions", "--schedule", "payroll", "--version", "2")
+    assert status == 0 and "payroll" not in _text(lines), lines
+    status, lines = _terminal(settings, "executions", "--version", "2")
+    assert status == 1 and "version: needs schedule" in _text(lines), lines
+    status, lines = _terminal(settings, "rerun", str(first), "--latest")
+    assert status == 0 and "from group 1 (latest: version 2)" in _text(lines), lines

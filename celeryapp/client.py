@@ -307,9 +307,12 @@ class ChordbeatClient:
         dry_run: bool = False,
         actor: str | None = None,
         reason: str | None = None,
+        version: int | None = None,
     ) -> BackfillAnswerJson:
         """Run the slots ``start ≤ slot < end`` (ISO 8601 with offsets) that ``mode`` picks, oldest
-        first, ``max_concurrent`` at a time; ``dry_run``: only list them."""
+        first, ``max_concurrent`` at a time, with definition ``version`` (the current one when not
+        given); ``dry_run``: only list them."""
+        extra = {} if version is None else {"version": version}
         return self.call(  # type: ignore[no-any-return]
             "chordbeat.backfill_schedule",
             name=name,
@@ -319,6 +322,7 @@ class ChordbeatClient:
             max_concurrent=max_concurrent,
             dry_run=dry_run,
             **_who(actor, reason),
+            **extra,
         )
 
     def cancel_backfill(self, backfill_id: int, actor: str | None = None, reason: str | None = None) -> BackfillJson:

@@ -217,16 +217,14 @@ SERVICE_TASKS = (
     ServiceTask(
         "chordbeat.list_versions",
         (_NAME, _LIMIT, Param("before", required=False, note="optional cursor: only older versions")),
-        'the schedule\'s definition versions, newest first: `[{"version", "at", "actor", "source", "reason", "file", '
-        '"commit", "hash"}]` (`hash`: SHA-256 of the canonical JSON); a page shorter than `limit` is the last',
+        'newest first: `[{"version", "at", "actor", "source", "reason", "file", "commit", "hash"}]` (SHA-256)',
         ("NotFound",),
     ),
     ServiceTask("chordbeat.get_version", (_NAME, _VERSION), "its definition (`env` values hidden)", ("NotFound",)),
     ServiceTask(
         "chordbeat.diff_versions",
         (_NAME, Param("a"), Param("b")),
-        'from version `a` to `b`: `[{"path", "op", "old", "new"}]`, `op` `added`, `removed` or `changed`; steps by '
-        "name (`steps[HR import].kwargs.full`), their layout by group as `groups`",
+        '`[{"path", "op", "old", "new"}]` from `a` to `b`; steps by name (`steps[HR import].kwargs.full`)',
         ("NotFound",),
     ),
     ServiceTask(
@@ -246,11 +244,12 @@ SERVICE_TASKS = (
             Param("dry_run", required=False, default=False, note="true: list the slots, start nothing"),
             _ACTOR,
             _REASON,
+            Param("version", required=False, note="optional: the version its runs run (default: the current)"),
         ),
         '`{"backfill_id": id or null, "slots": [ISO, ...], "count": n, "none_because": text or null}`: the slots, '
         "oldest first (at most 10,000; calendar-excluded ones left out); with none, `none_because` says why (no "
         "slot in the range, shown in the schedule's zone; all taken by the mode; the calendar); run with "
-        '`trigger: "backfill"` and their `slot`; the same '
+        '`trigger: "backfill"`, their `slot` and `version`; the same '
         "request while its backfill runs answers with it and starts nothing; refused naming `end` (a dry run too) "
         "past the pending slots of the schedule's or the deployment's running backfills or their step executions "
         "(`CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE`, `CHORDBEAT_BACKFILL_MAX_PENDING`, "

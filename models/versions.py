@@ -3,14 +3,17 @@ definition change that makes it, so a definition and its version commit or roll 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from celeryapp.domain.definition import ScheduleDefinition
 from celeryapp.domain.definition_versions import canonical_json, definition_hash
+from celeryapp.domain.validation import parse_definition
 from celeryapp.states import AuditSource
 from models.audit import ACTOR_CHARS, REASON_CHARS, Actor
 from models.tables import Schedule
@@ -31,6 +34,13 @@ class VersionOrigin:
     @classmethod
     def of(cls, actor: Actor, reason: str | None = None, **where: str | None) -> VersionOrigin:
         return cls(actor.name, actor.source, reason, **where)
+
+
+class PinnedVersion(NamedTuple):
+    """A definition version that runs start with instead of the schedule's current definition."""
+
+    version: int
+    definition: ScheduleDefinition
 
 
 def record_version(
@@ -61,6 +71,16 @@ def versions_of(session: Session, schedule_id: int, *, limit: int, before: int |
     if before is not None:
         query = query.where(ScheduleVersion.version < before)
     return list(session.scalars(query.order_by(ScheduleVersion.version.desc()).limit(limit)))
+
+
+def definition_at(session: Session, schedule_id: int, version: int) -> PinnedVersion | None:
+    """Version ``version``'s definition, to run it again (a backfill naming it); None when the
+    schedule has no such version. Checked as any stored definition was (not against the workers'
+    rules: the runs' steps are checked when they run)."""
+    row = version_of(session, schedule_id, version)
+    if row is None:
+        return None
+    return PinnedVersion(version, parse_definition(json.loads(row.definition)))
 
 
 def version_of(session: Session, schedule_id: int, version: int) -> ScheduleVersion | None:

@@ -176,9 +176,10 @@ def backfill_schedule(
     dry_run: bool = False,
     actor: str | None = None,
     reason: str | None = None,
+    version: int | None = None,
 ) -> dict[str, Any]:
     return backfill_service.backfill_schedule(
-        app, name, start, end, mode, max_concurrent, dry_run, reason=reason, **_caller(actor)
+        app, name, start, end, mode, max_concurrent, dry_run, reason=reason, version=version, **_caller(actor)
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,17 @@ def test_runs_of_one_version_and_a_rerun_of_the_current_definition(
     assert status == 1 and "version: needs schedule" in _text(lines), lines
     status, lines = _terminal(settings, "rerun", str(first), "--latest")
     assert status == 0 and "from group 1 (latest: version 2)" in _text(lines), lines
+    # A backfill of version 1's steps, though version 2 is current.
+    for last in ("a", "b"):
+        call(
+            client,
+            "chordbeat.apply_schedule",
+            definition={"name": "hourly", "cron": "0 * * * *", "steps": [step(last)]},
+        )
+    since, until = ((datetime.now(UTC) - timedelta(hours=h)).strftime("%Y-%m-%d %H:%M") for h in (3, 0.02))
+    backfill = ("backfill", "hourly", "--from", since, "--to", until, "--version", "1", "--yes")
+    status, lines = _terminal(settings, *backfill)
+    assert status == 0, lines
+    runs = call(client, "chordbeat.list_executions", schedule="hourly", version=1)
+    assert runs and {r["trigger"] for r in runs} == {"backfill"}, runs
+    assert call(client, "chordbeat.get_execution", execution_id=runs[0]["id"])["groups"] == [["a"]]

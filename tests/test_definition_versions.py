@@ -18,6 +18,7 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.definition_versions import canonical_json, definition_hash
 from celeryapp.errors import InvalidArgument, NotFound
 from celeryapp.interfaces import service, version_service
+from celeryapp.interfaces.backfill_service import backfill_schedule
 from celeryapp.interfaces.next_fires import next_fires
 from celeryapp.recovery import housekeeping
 from celeryapp.scheduling.schedule_file import apply_file
@@ -362,3 +363,27 @@ def test_a_deleted_schedules_versions_stay_while_its_kept_runs_ran_them(app: Cho
     with transaction(app.settings.database_url) as session:
         session.execute(update(ScheduleExecution).where(ScheduleExecution.id == ran).values(version=None))
     assert housekeeping.purge(app).versions == 1 and left() == []
+
+
+@pytest.mark.both_databases
+def test_a_backfill_runs_the_version_it_names_else_the_current_one(app: ChordbeatCelery) -> None:
+    def definition(last: str) -> dict[str, Any]:
+        return {"name": "filled", "cron": "0 * * * *", "overlap": "allow", "steps": [step("first"), step(last)]}
+
+    service.apply_schedule(app, definition("old-last"))
+    service.apply_schedule(app, definition("new-last"))
+    now = utcnow()
+    earlier, since, until = ((now - timedelta(hours=h)).isoformat() for h in (6, 3, 0))
+    assert backfill_schedule(app, "filled", earlier, since, mode="all", max_concurrent=2, version=1)["backfill_id"]
+    assert backfill_schedule(app, "filled", since, until, mode="all", max_concurrent=2)["backfill_id"]
+    for version, last in ((1, "old-last"), (2, "new-last")):
+        runs = [e for e in service.list_executions(app, "filled", version=version) if e["trigger"] == "backfill"]
+        assert runs, version
+        assert {tuple(map(tuple, service.get_execution(app, e["id"])["groups"])) for e in runs} == {
+            (("first",), (last,))
+        }
+    with pytest.raises(NotFound, match="schedule 'filled' has no version 7"):
+        backfill_schedule(app, "filled", since, until, mode="all", version=7)
+    for bad in (0, True, "1", 1.5):
+        with pytest.raises(InvalidArgument, match=r"^version: "):
+            backfill_schedule(app, "filled", since, until, mode="all", dry_run=True, version=bad)

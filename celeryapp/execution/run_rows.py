@@ -85,9 +85,11 @@ def execution_row(
     rerun: Rerun | None = None,
     slot: datetime | None = None,
     backfill_id: int | None = None,
+    version: int | None = None,
 ) -> dict[str, Any]:
     """``slot``: the nominal time the run is for (None for a manual run); ``backfill_id``: the
-    backfill (or catch-up) that starts it."""
+    backfill (or catch-up) that starts it; ``version``: ``definition``'s, when it is not the
+    schedule's current one."""
     plan = definition.plan()
     row = {
         "schedule_id": schedule.id,
@@ -105,7 +107,7 @@ def execution_row(
         "backfill_id": backfill_id,
         "token": run_token(),
         # Pinned: the plan above is this version's, whatever the schedule becomes meanwhile.
-        "version": schedule.version,
+        "version": schedule.version if version is None else version,
         "deadline_at": now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
     }
     return row if rerun is None else {**row, **rerun.row()}

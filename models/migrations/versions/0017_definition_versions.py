@@ -7,8 +7,9 @@ Create Date: 2026-11-28
 Every existing schedule gets version 1, its definition as stored now (its earlier definitions
 were never kept), so no schedule is ever without a version; ``schedules.version`` (bumped by
 every change before, read by nothing) restarts at 1 with it. Runs started before this revision
-have no version. The index on schedule_executions is built ``CONCURRENTLY`` on PostgreSQL, so an
-upgrade of a populated database does not block the runs writing to it.
+have no version, and backfills name none (they run the current one). The index on
+schedule_executions is built ``CONCURRENTLY`` on PostgreSQL, so an upgrade of a populated
+database does not block the runs writing to it.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def upgrade() -> None:
         sa.UniqueConstraint("schedule_id", "version"),
         sqlite_autoincrement=True,
     )
-    with op.batch_alter_table("schedule_executions", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("version", sa.Integer(), nullable=True))
+    for table in ("schedule_executions", "backfills"):
+        with op.batch_alter_table(table, schema=None) as batch_op:
+            batch_op.add_column(sa.Column("version", sa.Integer(), nullable=True))
     _first_versions()
     online: dict[str, Any] = {"postgresql_concurrently": True} if op.get_bind().dialect.name == "postgresql" else {}
     # CONCURRENTLY cannot run inside a transaction block.
@@ -99,6 +101,7 @@ def _first_versions() -> None:
 
 def downgrade() -> None:
     op.drop_index(EXECUTIONS_INDEX, table_name="schedule_executions")
-    with op.batch_alter_table("schedule_executions", schema=None) as batch_op:
-        batch_op.drop_column("version")
+    for table in ("backfills", "schedule_executions"):
+        with op.batch_alter_table(table, schema=None) as batch_op:
+            batch_op.drop_column("version")
     op.drop_table("schedule_versions")

@@ -71,7 +71,7 @@ def _pages(executions: int, schedules: int) -> list[str]:
 
 
 def _trend_pages(executions: int, schedules: int) -> list[str]:
-    """The Runs page (filters, a deep page, its live fragment) and the schedule pages with their
+    """The Runs page (filters, a deep page, its live fragments) and the schedule pages with their
     duration charts: also timed on their own (``history_runs_page_ms``)."""
     busy, quiet = schedule_name(1), schedule_name(schedules // 2)
     deep = executions // 2
@@ -80,6 +80,8 @@ def _trend_pages(executions: int, schedules: int) -> list[str]:
         f"/schedule?name={quiet}",
         "/runs",
         "/runs/fragment",
+        "/runs/trends",
+        f"/runs/trends?schedule={busy}&since=24h",
         "/runs?state=failed&since=24h",
         "/runs?trigger=manual",
         f"/runs?schedule={busy}",

@@ -66,6 +66,11 @@ class Runtime(Protocol):
     def backend(self) -> ChordBackend: ...
 
     @property
+    def current_worker_task(self) -> Any:
+        """The task this worker process is running (Celery's), ``None`` outside one."""
+        ...
+
+    @property
     def tasks(self) -> Mapping[str, Callable[..., Any]]:
         """The tasks this process registered, by name: what a step may run here."""
         ...

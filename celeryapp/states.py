@@ -26,6 +26,8 @@ class ExecutionStatus(StrEnum):
 
 class WorkerTaskStatus(StrEnum):
     WAITING = "waiting_for_previous_step"
+    #: Its group is under way, but a shared limit it uses has no room: a row, holding no message.
+    WAITING_FOR_LIMIT = "waiting_for_limit"
     QUEUED = "queued"
     PROCESSING = "processing"
 
@@ -139,6 +141,9 @@ class AlertKind(StrEnum):
     RESOLVED = "resolved"
     #: ``chordbeat alerts test CHANNEL``: checks a deployment's wiring.
     TEST = "test"
+    #: A shared limit's oldest waiter has waited longer than its ``max_wait``; delivered where
+    #: the waiting run's schedule sends its ``late`` alerts (docs/limits.md).
+    STARVED = "starved"
 
 
 class DeliveryStatus(StrEnum):

@@ -11,6 +11,7 @@ from celeryapp.domain.definition import (
     ScheduleDefinition,
     StepKind,
     StepSpec,
+    uses_of,
 )
 from celeryapp.domain.dst_rules import DstRules
 from models.tables import Schedule, ScheduleStep
@@ -35,6 +36,7 @@ def definition_of(schedule: Schedule) -> ScheduleDefinition:
                     timeout_s=s.timeout_s,
                     queue=s.queue,
                     max_attempts=s.max_attempts,
+                    uses=uses_of(s.uses),
                 )
                 for s in group
             )
@@ -56,4 +58,5 @@ def definition_of(schedule: Schedule) -> ScheduleDefinition:
         calendar=CalendarRules.from_json(schedule.calendar),
         catchup=CatchupRules.from_json(schedule.catchup),
         dst=DstRules.from_json(schedule.dst),
+        uses=uses_of(schedule.uses),
     )

@@ -89,6 +89,8 @@ class Schedule(Base):
     #: (``latest``; the DST rule docs/schedules.md states).
     catchup: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     dst: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    #: Shared limits every step of its runs uses, as the definition writes them (None: none).
+    uses: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
 
     run_count: Mapped[int] = mapped_column(Integer, default=0)
     error_count: Mapped[int] = mapped_column(Integer, default=0)
@@ -144,6 +146,8 @@ class ScheduleStep(Base):
     timeout_s: Mapped[float | None] = mapped_column(Float, default=None)
     queue: Mapped[str | None] = mapped_column(String(NAME_LENGTH), default=None)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    #: Shared limits the step uses, as the definition writes them (None: none).
+    uses: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
 
     schedule: Mapped[Schedule] = relationship(back_populates="steps")
 

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, insert, select, text, update
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.definition_versions import canonical_json, definition_hash
 from celeryapp.errors import InvalidArgument, NotFound
-from celeryapp.interfaces import service, version_service
+from celeryapp.interfaces import limit_service, service, version_service
 from celeryapp.interfaces.backfill_service import backfill_schedule
 from celeryapp.interfaces.next_fires import next_fires
 from celeryapp.recovery import housekeeping
@@ -121,7 +121,7 @@ def test_the_schedules_stored_before_versions_get_their_definition_as_version_1(
     service.apply_schedule(app, {**definitions[1], "every": 45})
     with transaction(database_url, read_only=True) as session:
         expected = {s.name: definition_of(s).to_json() for s in session.scalars(select(Schedule))}
-    command.downgrade(alembic_config(database_url), "0015")
+    command.downgrade(alembic_config(database_url), "0016")
     upgrade(database_url)
     engine = create_engine(database_url)
     try:
@@ -387,3 +387,15 @@ def test_a_backfill_runs_the_version_it_names_else_the_current_one(app: Chordbea
     for bad in (0, True, "1", 1.5):
         with pytest.raises(InvalidArgument, match=r"^version: "):
             backfill_schedule(app, "filled", since, until, mode="all", dry_run=True, version=bad)
+
+
+def test_the_limits_a_definition_uses_are_versioned_with_it(app: ChordbeatCelery) -> None:
+    limit_service.apply_limit(app, {"name": "erp", "slots": 2})
+    plain = {"name": "limited", "every": 60, "steps": [step("load")]}
+    service.apply_schedule(app, plain)
+    service.apply_schedule(app, {**plain, "steps": [{**step("load"), "uses": [{"limit": "erp", "slots": 2}]}]})
+    assert version_service.diff_versions(app, "limited", 1, 2) == [
+        {"path": "steps[load].uses", "op": "added", "old": None, "new": [{"limit": "erp", "slots": 2}]}
+    ]
+    rolled = version_service.rollback_schedule(app, "limited", 1)
+    assert rolled["version"] == 3 and "uses" not in rolled["steps"][0]

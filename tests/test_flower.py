@@ -90,6 +90,11 @@ def flower_sees(monitor: Flower, predicate: Any, what: str, timeout: float = 60)
     return found
 
 
+def steps_of(tasks: dict[str, dict[str, Any]], execution_id: int) -> dict[str, dict[str, Any]]:
+    """The steps of one execution Flower lists (the ones it knows by name and arguments)."""
+    return {u: t for u, t in tasks.items() if u.startswith(f"chordbeat-e{execution_id}-") and t.get("args")}
+
+
 def by_name(tasks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {t["name"]: {**t, "uuid": uuid} for uuid, t in tasks.items() if t.get("name")}
 
@@ -116,12 +121,29 @@ def test_flower_shows_steps_by_name_with_their_real_outcome_and_no_housekeeping(
         names = [f"flower-truth/{n}" for n in ("ok", "bad", HOSTILE_STEP, "after")]
         seen = flower_sees(
             monitor,
-            lambda tasks: all(by_name(tasks).get(n, {}).get("state") in {"SUCCESS", "FAILURE"} for n in names),
-            "the four steps' final states in Flower",
+            lambda tasks: (
+                all(by_name(tasks).get(n, {}).get("state") in {"SUCCESS", "FAILURE"} for n in names)
+                and by_name(tasks)[names[3]].get("parent_id") in tasks
+            ),
+            "the four steps' final states in Flower, and the last one's parent",
         )
         # Recovery ran every second meanwhile, and get_execution was polled: none of it is listed.
         listed = by_name(seen)
         task_page = monitor.get(f"/task/{listed[names[2]]['uuid']}").text
+        after_page = monitor.get(f"/task/{listed[names[3]]['uuid']}").text
+        # Run now from the dashboard: the service in the web's process, no task starts the run.
+        web_run = service.trigger_schedule(app, "flower-truth", actor="admin", source=AuditSource.WEB)["execution_id"]
+        finished(client, web_run, timeout=60)
+        of_web_run = flower_sees(
+            monitor,
+            lambda tasks: (
+                len(steps_of(tasks, web_run)) == 4
+                and all(
+                    t.get("parent_id") in tasks for t in steps_of(tasks, web_run).values() if "group=2" in t["args"]
+                )
+            ),
+            "the dashboard's run's steps in Flower, and group 2's parent",
+        )
         # Flower's search (its UI's search box) lists one execution's steps, or one step's runs.
         of_execution = by_name(monitor.tasks(search=f"args:execution={execution_id}"))
         one_step = by_name(monitor.tasks(search="name:flower-truth/bad"))
@@ -141,6 +163,22 @@ def test_flower_shows_steps_by_name_with_their_real_outcome_and_no_housekeeping(
         assert task["uuid"].startswith(f"chordbeat-e{execution_id}-")
     assert after["args"] == f"(execution={execution_id}, group=2, attempt=1)"
     assert "chordbeat.advance_execution" in listed  # what changes state is still shown
+    # Each step's Parent: group 1's the task that started the run; group 2's the advancement of
+    # group 1, not whichever step of group 1 finished last (it sends group 2).
+    started = listed["chordbeat.trigger_schedule"]["uuid"]
+    assert [t["parent_id"] for t in (ok, bad, warned)] == [started] * 3
+    parent = seen[after["parent_id"]]
+    assert (parent["name"], parent["args"]) == ("chordbeat.advance_execution", f"[{execution_id}, 0]")
+    assert {t["root_id"] for t in (ok, bad, warned, after)} == {started}
+    # A run with no starting task: group 1 has no parent (Flower shows none), group 2's is again
+    # the advancement of group 1, which stands in as its root.
+    web_steps = steps_of(of_web_run, web_run)
+    assert [t.get("parent_id") for t in web_steps.values() if "group=1" in t["args"]] == [None] * 3
+    (web_after,) = (t for t in web_steps.values() if "group=2" in t["args"])
+    assert of_web_run[web_after["parent_id"]]["name"] == "chordbeat.advance_execution"
+    assert web_after["root_id"] == web_after["parent_id"]
+    shown_parent = re.search(r"<dt>Parent[^<]*</dt>\s*<dd>\s*<a href=\"/task/([^\"]+)\"", after_page)
+    assert shown_parent and shown_parent.group(1) == after["parent_id"], after_page
     for quiet in ("chordbeat.recover", "chordbeat.reconcile_beat", "chordbeat.get_execution"):
         assert quiet not in listed, quiet
     # Flower's own page escapes the user-chosen step name.

@@ -13,7 +13,7 @@ import tasks.service
 from celeryapp.application import ChordbeatCelery
 from celeryapp.errors import DefinitionError, InvalidArgument, InvalidTransition, NotFound
 from celeryapp.execution.limit_slots import Demand, Holder, acquire_or_wait
-from celeryapp.interfaces import limit_service
+from celeryapp.interfaces import limit_service, service
 from celeryapp.states import AuditAction
 from models import AuditEvent, transaction
 
@@ -95,8 +95,13 @@ def test_a_held_limit_is_deleted_only_with_force_and_the_delete_is_audited(app: 
 
 def test_a_larger_limit_admits_its_waiters_at_once(app: ChordbeatCelery) -> None:
     limit_service.apply_limit(app, {"name": "warehouse", "slots": 1})
-    assert hold(app, 1, "") and not hold(app, 2, "")
+    load = {"name": "load", "task": "chordbeat.examples.sleep", "uses": ["warehouse"]}
+    service.apply_schedule(app, {"name": "loads", "every": 3600, "overlap": "allow", "steps": [load]})
+    runs = [service.trigger_schedule(app, "loads")["execution_id"] for _ in range(2)]
+    # No worker: the admitted step stays queued, holding its slot.
+    assert [service.get_execution(app, run)["tasks"][0]["status"] for run in runs] == ["queued", "waiting_for_limit"]
     assert limit_service.apply_limit(app, {"name": "warehouse", "slots": 2})["in_use"] == 2
+    assert service.get_execution(app, runs[1])["tasks"][0]["status"] == "queued"
 
 
 def answer(task: Any, **kwargs: Any) -> Any:

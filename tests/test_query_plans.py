@@ -155,6 +155,14 @@ def _run_the_paths(app: ChordbeatCelery, client: Any) -> None:
         ):
             run_list.runs_view(session, run_list.checked_run_filter(given, before, now), given)
         duration_trends.trends_view(session, now)
+        # The trends as the Runs page's filters narrow them (the state does not apply).
+        for given in (
+            {"schedule": busy},
+            {"trigger": "manual"},
+            {"since": "24h"},
+            {"since": week_ago, "until": day_ago},
+        ):
+            duration_trends.trends_view(session, now, run_list.checked_run_filter(given, "", now))
         duration_trends.schedule_durations(session, 1)
     list(ExecutionCollector(app).collect())
 

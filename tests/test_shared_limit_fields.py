@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from celeryapp.domain.definition import LimitUse
 from celeryapp.domain.shared_limits import (
     MAX_KEY_CHARS,
     MAX_SLOTS,
     KeyTemplate,
     LimitDefinition,
-    LimitUse,
     OnFull,
     Rate,
     check_uses_known,

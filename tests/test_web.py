@@ -256,6 +256,9 @@ def test_pages_show_runs_steps_and_health(app: ChordbeatCelery, web: WebServer, 
     execution = text_of(admin.get(web.url + f"/execution/{run}", timeout=10).text)
     assert "3 rows skipped" in execution and "mail server down" in execution
     assert "Cancel this run" not in execution
+    # A step's output as JSON, as the payload is shown (issue 38: it was Python's {'slept': 0.1}).
+    imported = html.unescape(text_of(admin.get(web.url + f"/execution/{run}/step?step=import", timeout=10).text))
+    assert '{"slept": 0.1}' in imported, imported
     health = text_of(admin.get(web.url + "/health", timeout=10).text)
     assert "alive" in health and "chordbeat.control" in health
 

@@ -165,7 +165,7 @@ HOSTILE = [
 def test_hostile_query_strings_are_refused_naming_the_field(app: ChordbeatCelery, web: WebServer) -> None:
     define(app, "payroll")
     write_runs(app, "payroll", [Run(ago=timedelta(minutes=5))], utcnow())
-    for path in ("/runs", "/runs/fragment"):  # no session: the login form, nothing read
+    for path in ("/runs", "/runs/fragment", "/runs/trends"):  # no session: the login form, nothing read
         anonymous = requests.get(f"{web.url}{path}?state=failed", allow_redirects=False, timeout=20)
         assert anonymous.status_code == 302 and anonymous.headers["Location"].startswith("/login"), path
     admin = web.session(ADMIN)
@@ -175,8 +175,9 @@ def test_hostile_query_strings_are_refused_naming_the_field(app: ChordbeatCelery
         refusal = re.search(r'id="runs-refused" role="alert">([^<]*)<', answer.text)
         assert refusal and refusal.group(1).startswith(f"{field}: "), (query, refusal and refusal.group(1))
         assert _shown(answer.text) == [], query
-        live = admin.get(f"{web.url}/runs/fragment?{query}", timeout=20)
-        assert live.status_code == 400, (query, live.status_code)
+        for live in ("fragment", "trends"):
+            answer = admin.get(f"{web.url}/runs/{live}?{query}", timeout=20)
+            assert answer.status_code == 400, (live, query, answer.status_code)
     # Bytes that are not UTF-8 (a lone surrogate's) are refused before the page, naming the field.
     for query in ("schedule=%ED%A0%80", "state=%FF"):
         answer = _get(admin, web, query)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from enum import StrEnum
 from typing import Any
@@ -52,12 +52,13 @@ SCHEDULE_FIELDS = frozenset(
         "calendar",
         "catchup",
         "dst",
+        "uses",
         "steps",
     }
 )
 #: What a definition's ``alerts.on`` may name; ``resolved`` follows ``late``, ``test`` is an operator's.
 ALERT_ON_KINDS = (AlertKind.FAILED, AlertKind.DEAD, AlertKind.MISSED, AlertKind.LATE)
-COMMON_STEP_FIELDS = frozenset({"name", "kind", "continue_on_failure", "timeout", "queue", "max_attempts"})
+COMMON_STEP_FIELDS = frozenset({"name", "kind", "continue_on_failure", "timeout", "queue", "max_attempts", "uses"})
 
 
 class StepKind(StrEnum):
@@ -80,6 +81,35 @@ KIND_OF_TASK = {task: kind for kind, task in KIND_TASKS.items()}
 
 
 @dataclass(frozen=True)
+class LimitUse:
+    """One shared limit a step uses, and how many of its slots (``"warehouse"`` is one slot).
+    The limits themselves are :mod:`celeryapp.domain.shared_limits`'s."""
+
+    limit: str
+    slots: int = 1
+
+    def to_json(self) -> str | dict[str, Any]:
+        return self.limit if self.slots == 1 else {"limit": self.limit, "slots": self.slots}
+
+    @classmethod
+    def from_json(cls, raw: str | Mapping[str, Any]) -> LimitUse:
+        """Rebuild from :meth:`to_json` output (already validated)."""
+        return cls(raw) if isinstance(raw, str) else cls(raw["limit"], int(raw.get("slots", 1)))
+
+
+def uses_of(raw: Any) -> tuple[LimitUse, ...]:
+    """``uses`` as stored (a list, or None when not given) read back."""
+    return tuple(LimitUse.from_json(use) for use in raw or ())
+
+
+def combined_uses(schedule_uses: tuple[LimitUse, ...], step_uses: tuple[LimitUse, ...]) -> tuple[LimitUse, ...]:
+    """What a step of a run uses: its schedule's ``uses``, then its own; a limit both name is
+    taken as the step names it (its slot count)."""
+    own = {use.limit for use in step_uses}
+    return tuple(use for use in schedule_uses if use.limit not in own) + step_uses
+
+
+@dataclass(frozen=True)
 class StepSpec:
     """One step. ``executable`` and ``sql`` steps run a built-in task whose kwargs are their fields."""
 
@@ -92,6 +122,8 @@ class StepSpec:
     queue: str | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     kind: StepKind = StepKind.TASK
+    #: Shared limits the step takes slots of before it runs (docs/limits.md).
+    uses: tuple[LimitUse, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -112,6 +144,8 @@ class StepSpec:
             out["queue"] = self.queue
         if self.max_attempts != DEFAULT_MAX_ATTEMPTS:
             out["max_attempts"] = self.max_attempts
+        if self.uses:
+            out["uses"] = [use.to_json() for use in self.uses]
         return out
 
     @classmethod
@@ -132,6 +166,7 @@ class StepSpec:
             timeout_s=raw.get("timeout"),
             queue=raw.get("queue"),
             max_attempts=int(raw.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
+            uses=uses_of(raw.get("uses")),
         )
 
 
@@ -248,6 +283,8 @@ class ScheduleDefinition:
     catchup: CatchupRules | None = None
     #: ``None``: the default DST rule (cron.py's docstring); cron schedules only.
     dst: DstRules | None = None
+    #: Shared limits every step of its runs uses (besides each step's own).
+    uses: tuple[LimitUse, ...] = ()
 
     @property
     def zone(self) -> ZoneInfo:
@@ -278,6 +315,10 @@ class ScheduleDefinition:
             calendar=self.calendar.to_json() if self.calendar is not None else None,
             catchup=self.catchup.to_json() if self.catchup is not None else None,
             dst=self.dst.to_json() if self.dst is not None else None,
+        )
+        if self.uses:
+            out["uses"] = [use.to_json() for use in self.uses]
+        out.update(
             steps=[
                 [s.to_json() for s in group] if is_list else group[0].to_json()
                 for group, is_list in zip(self.groups, self.group_is_list, strict=True)
@@ -285,9 +326,18 @@ class ScheduleDefinition:
         )
         return out
 
+    @property
+    def run_groups(self) -> tuple[tuple[StepSpec, ...], ...]:
+        """The step groups as a run has them: each step with what it uses in all (its schedule's
+        ``uses`` and its own)."""
+        if not self.uses:
+            return self.groups
+        return tuple(tuple(replace(s, uses=combined_uses(self.uses, s.uses)) for s in group) for group in self.groups)
+
     def plan(self) -> list[list[dict[str, Any]]]:
-        """The step groups as stored on an execution."""
-        return [[s.to_json() for s in group] for group in self.groups]
+        """The step groups as stored on an execution (:attr:`run_groups`): a run keeps to what it
+        started with."""
+        return [[s.to_json() for s in group] for group in self.run_groups]
 
 
 def retry_base_s(every_s: float | None, retry_delay_s: float) -> float:

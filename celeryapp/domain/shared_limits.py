@@ -17,7 +17,14 @@ from enum import StrEnum
 from typing import Any
 
 from celeryapp.domain import limits
-from celeryapp.domain.definition import INVISIBLE_CATEGORIES, NAME_PATTERN
+from celeryapp.domain.definition import (
+    INVISIBLE_CATEGORIES,
+    NAME_PATTERN,
+    LimitUse,
+    ScheduleDefinition,
+    StepSpec,
+    combined_uses,
+)
 from celeryapp.domain.fields import refuse_unknown, require_mapping, seconds_field, string_field
 from celeryapp.domain.limits import short_repr, type_name
 from celeryapp.domain.problems import Problems
@@ -143,17 +150,6 @@ class LimitDefinition:
             "on_full": self.on_full.value,
             "max_wait": None if self.max_wait_s is None else _number_out(self.max_wait_s),
         }
-
-
-@dataclass(frozen=True)
-class LimitUse:
-    """One limit a step uses, and how many of its slots (``"warehouse"`` is one slot)."""
-
-    limit: str
-    slots: int = 1
-
-    def to_json(self) -> str | dict[str, Any]:
-        return self.limit if self.slots == 1 else {"limit": self.limit, "slots": self.slots}
 
 
 def parse_limit(raw: Any) -> LimitDefinition:
@@ -339,3 +335,37 @@ def check_uses_known(uses: tuple[LimitUse, ...], known: Mapping[str, LimitDefini
 
 def _number_out(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
+
+
+def check_definition_uses(definition: ScheduleDefinition, known: Mapping[str, LimitDefinition]) -> None:
+    """Every limit a schedule's definition uses (its own ``uses`` and each step's) is defined and
+    has the slots asked for; every problem at once, each naming its place (``steps[0].uses[1]``)."""
+    problems = Problems()
+    problems.check(check_uses_known, definition.uses, known, "uses")
+    for path, step in step_paths(definition):
+        problems.check(check_uses_known, step.uses, known, f"{path}.uses")
+    problems.raise_any()
+
+
+def check_combined_uses(definition: ScheduleDefinition) -> None:
+    """A step's own ``uses`` with its schedule's name at most :data:`MAX_USES` limits together."""
+    problems = Problems()
+    for path, step in step_paths(definition):
+        combined = combined_uses(definition.uses, step.uses)
+        if len(combined) > MAX_USES:
+            problems.add(
+                DefinitionError(
+                    f"{path}.uses",
+                    f"names {len(combined)} limits with the schedule's uses, more than {MAX_USES} for one step",
+                )
+            )
+    problems.raise_any()
+
+
+def step_paths(definition: ScheduleDefinition) -> list[tuple[str, StepSpec]]:
+    """Each step with its place as written (``steps[1]``, or ``steps[1][0]`` in a parallel group)."""
+    return [
+        (f"steps[{index}][{position}]" if is_list else f"steps[{index}]", step)
+        for index, (group, is_list) in enumerate(zip(definition.groups, definition.group_is_list, strict=True))
+        for position, step in enumerate(group)
+    ]

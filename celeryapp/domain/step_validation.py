@@ -38,6 +38,7 @@ from celeryapp.domain.fields import (
 from celeryapp.domain.limits import short_repr, type_name
 from celeryapp.domain.names import CONTROL_QUEUES
 from celeryapp.domain.problems import Problems
+from celeryapp.domain.shared_limits import parse_uses
 from celeryapp.domain.step_policy import StepRules, env_name_refusal
 from celeryapp.errors import DefinitionError
 
@@ -96,8 +97,10 @@ def _parse_step(raw: Any, path: str, rules: StepRules) -> StepSpec:
     max_attempts = problems.check(
         int_field, raw, "max_attempts", f"{path}.max_attempts", DEFAULT_MAX_ATTEMPTS, low=1, high=MAX_ATTEMPTS_LIMIT
     )
+    uses = problems.check(parse_uses, raw.get("uses"), f"{path}.uses")
     problems.raise_any()
     assert name is not None and runs is not None and continue_on_failure is not None and max_attempts is not None
+    assert uses is not None
     task, args, kwargs = runs
     return StepSpec(
         name=name,
@@ -109,6 +112,7 @@ def _parse_step(raw: Any, path: str, rules: StepRules) -> StepSpec:
         timeout_s=timeout_s,
         queue=queue,
         max_attempts=max_attempts,
+        uses=uses,
     )
 
 

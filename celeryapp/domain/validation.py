@@ -46,6 +46,7 @@ from celeryapp.domain.fields import (
 )
 from celeryapp.domain.limits import MAX_JSON_BYTES, short_repr, type_name
 from celeryapp.domain.problems import Problems
+from celeryapp.domain.shared_limits import check_combined_uses, parse_uses
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.step_validation import check_step_counts, parse_groups
 from celeryapp.domain.zones import canonical_zone_problem
@@ -223,10 +224,11 @@ def parse_definition(
         problems.check(check_known_calendars, calendar, calendars)
     catchup = problems.check(parse_catchup_field, raw)
     dst = problems.check(parse_dst_field, raw)
+    uses = problems.check(parse_uses, raw.get("uses"), "uses")
     problems.raise_any()
     # Every check passed: none of these is None (timeout_s may be: no timeout).
     assert name and zone and cadence and overlap and payload is not None and steps and enabled is not None
-    assert max_retries is not None and total_repeats is not None
+    assert max_retries is not None and total_repeats is not None and uses is not None
     definition = ScheduleDefinition(
         name=name,
         groups=steps[0],
@@ -246,7 +248,9 @@ def parse_definition(
         calendar=calendar,
         catchup=catchup,
         dst=dst,
+        uses=uses,
     )
+    check_combined_uses(definition)
     size = limits.json_size(definition.to_json())
     if size > limits.MAX_DEFINITION_BYTES:
         raise DefinitionError("definition", f"is {size} bytes of JSON, more than {limits.MAX_DEFINITION_BYTES}")

@@ -16,9 +16,10 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.decisions import GroupOutcome, StepResult, Verdict, decide_after_group
 from celeryapp.domain.definition import StepSpec
 from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.execution.limit_steps import gate_group, plan_uses_limits
 from celeryapp.execution.runs import finish_execution
 from models import ExecutionStatus, ScheduleExecution, WorkerTaskStatus
-from models.session import autocommit, retrying, transaction
+from models.session import autocommit, connection, retrying, transaction
 from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS
 
 # Every group of every run is advanced: like the step path, the statements are Core statements
@@ -137,7 +138,9 @@ def move_on(conn: Connection, execution_id: int, step_index: int, state: GroupSt
     assert state.next_group is not None  # only a group with a next one moves on
     specs = {s["name"]: StepSpec.from_json(s) for s in state.next_group}
     steps = tuple(StepDispatch(execution_id, i, a, specs[n], state.token) for i, a, n in queued)
-    return Effects(dispatch=[GroupDispatch(execution_id, step_index + 1, steps, schedule_name=state.schedule_name)])
+    group = GroupDispatch(execution_id, step_index + 1, steps, schedule_name=state.schedule_name)
+    # Steps that use shared limits take their slots here (``conn`` is then in a transaction).
+    return Effects(dispatch=gate_group(conn, group, now=now))
 
 
 def advance_execution(session: Session, execution_id: int, step_index: int, *, now: datetime) -> Effects:
@@ -189,7 +192,9 @@ def _advance_group(url: str, execution_id: int, step_index: int, *, now: datetim
     if verdict is Verdict.WAIT:
         return Effects()
     if verdict is Verdict.ADVANCE:
-        with autocommit(url) as conn:
+        # A next group that uses shared limits locks them: a transaction, not a statement alone.
+        uses_limits = state.next_group is not None and plan_uses_limits([state.next_group])
+        with connection(url) if uses_limits else autocommit(url) as conn:
             return move_on(conn, execution_id, step_index, state, now=now)
     with transaction(url) as session:
         return advance_execution(session, execution_id, step_index, now=now)

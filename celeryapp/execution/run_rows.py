@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from celeryapp.domain.definition import ScheduleDefinition, StepSpec
 from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.execution.limit_steps import gate_group
 from models import ExecutionStatus, Overlap, Schedule, ScheduleExecution, Trigger, WorkerTaskStatus
 from models.tables import EXECUTIONS, WORKER_TASKS, run_token
 
@@ -150,14 +151,20 @@ _INSERT_WORKER_TASKS = insert(WORKER_TASKS).returning(
 
 
 def first_group(
+    session: Session,
     schedule: Schedule,
     groups: Groups,
     execution_id: int,
-    token: int,
+    row: Mapping[str, Any],
     task_ids: dict[str, int],
     trigger: Trigger,
     start_group: int = 0,
-) -> GroupDispatch:
+) -> list[GroupDispatch]:
+    """What to send of the run (``row``: its execution row as inserted) once committed: its
+    first group's steps that may run (those that use shared limits take their slots here, or
+    wait: limit_steps.py)."""
     logger.info("execution %s of schedule %r started (%s)", execution_id, schedule.name, trigger.value)
+    token = row["token"]
     first = [StepDispatch(execution_id, task_ids[step.name], 1, step, token) for step in groups[start_group]]
-    return GroupDispatch(execution_id, start_group, tuple(first), schedule_name=schedule.name)
+    group = GroupDispatch(execution_id, start_group, tuple(first), schedule_name=schedule.name)
+    return gate_group(session, group, now=row["started_at"])

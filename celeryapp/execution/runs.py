@@ -35,6 +35,7 @@ from celeryapp.domain.names import run_key
 from celeryapp.domain.times import iso
 from celeryapp.errors import NotFound
 from celeryapp.execution.backfill_driver import drive, has_running_backfill, regular_trigger
+from celeryapp.execution.limit_steps import release_attempts, run_attempts
 from celeryapp.execution.run_rows import (
     Rerun,
     StartResult,
@@ -207,7 +208,7 @@ def start_execution(
         overlapped = _apply_overlap(session, schedule, overlap, trigger=trigger, nominal_at=nominal_at, now=now)
         return overlapped or StartResult(None, skipped="overlap: another execution is in progress")
 
-    groups, start = (definition.groups, 0) if rerun is None else (rerun.groups, rerun.from_group)
+    groups, start = (definition.run_groups, 0) if rerun is None else (rerun.groups, rerun.from_group)
     task_ids = insert_worker_tasks(session, {execution_id: groups}, now=now, start_group=start)[execution_id]
     session.execute(update(Schedule).where(Schedule.id == schedule.id).values(last_run_at=now))
     record_slot(
@@ -220,7 +221,7 @@ def start_execution(
         execution_id=execution_id,
         detail=detail,
     )
-    effects.dispatch.append(first_group(schedule, groups, execution_id, row["token"], task_ids, trigger, start))
+    effects.dispatch += first_group(session, schedule, groups, execution_id, row, task_ids, trigger, start)
     return StartResult(execution_id, effects=effects)
 
 
@@ -262,9 +263,9 @@ def start_executions(session: Session, starts: list[Start], *, now: datetime) ->
             results.append(StartResult(execution_with_key(session, start.run_key), skipped="duplicate"))
             continue
         group = first_group(
-            start.schedule, definition.groups, execution_id, row["token"], task_ids[execution_id], start.trigger
+            session, start.schedule, definition.run_groups, execution_id, row, task_ids[execution_id], start.trigger
         )
-        results.append(StartResult(execution_id, effects=Effects(dispatch=[group])))
+        results.append(StartResult(execution_id, effects=Effects(dispatch=group)))
         slots.append(SlotRow(start.schedule, SlotOutcome.FIRED, start.trigger, start.nominal_at, execution_id))
     if slots:
         started_ids = [row.owner.id for row in slots]
@@ -302,6 +303,7 @@ def finish_execution(
     if not done:
         return None
     # Under the execution's lock: a queued step's claim then finds neither its task nor the run.
+    attempts = run_attempts(session, execution.id, execution.plan)
     session.execute(
         delete(WorkerTask).where(WorkerTask.execution_id == execution.id),
         execution_options=NO_SYNC,
@@ -312,6 +314,8 @@ def finish_execution(
             .where(Activity.execution_id == execution.id, Activity.status == ActivityStatus.IN_PROGRESS)
             .values(status=ActivityStatus.CANCELLED, completed_at=now, error=error)
         )
+    # Its slots given back and its waits dropped with it: a running step's goes with its run.
+    admitted = release_attempts(session, attempts, now=now)
     metric_counts.observe_execution(session, execution, status, now)
     if status is ExecutionStatus.FAILED:
         logger.warning("execution %s of %r failed: %s", execution.id, execution.schedule_name, error)
@@ -319,6 +323,7 @@ def finish_execution(
         logger.info("execution %s of %r %s", execution.id, execution.schedule_name, status.value)
     effects = _after_execution(session, execution, status, error=error, now=now, backfills=backfills)
     effects.ended.append(execution.id)
+    effects.dispatch += admitted
     if cancel:
         # Running steps stop through the cancel flag (not a revoke: chordbeat sends no remote
         # control command); queued ones run, and their claim finds the run over.

@@ -1,9 +1,8 @@
 """The shared limits' service tasks: define, list, read and delete limits, each change audited.
 
 Every argument is checked before the transaction opens (anyone who can publish can call these);
-each refusal names its argument. Applying a limit made larger admits its waiters at once; the
-steps they start are not sent yet: steps do not use limits before the step path is wired to them
-(docs/limits.md, "Not yet wired").
+each refusal names its argument. Applying a limit made larger admits its waiters at once, and
+their steps are sent after commit; a forced delete fails the steps that waited for the limit.
 """
 
 from __future__ import annotations
@@ -12,13 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
+from celeryapp.domain.effects import Effects, GroupDispatch
 from celeryapp.domain.shared_limits import parse_limit
 from celeryapp.execution.limit_slots import settle
+from celeryapp.execution.limit_steps import admitted_steps, fail_waiters
 from celeryapp.execution.limit_store import delete_limit as delete_stored
 from celeryapp.execution.limit_store import limit_detail, limit_summaries, put_limit
 from celeryapp.interfaces.arguments import actor_arg, flag_arg, name_arg, reason_arg
 from celeryapp.states import AuditAction, AuditSource
-from models import transaction
+from celeryapp.worker.dispatch import apply_effects
+from models import transaction, utcnow
 from models.session import retried_transaction
 
 if TYPE_CHECKING:
@@ -38,16 +40,19 @@ def apply_limit(
     limit = parse_limit(definition)
     who, why = actor_arg(actor, source), reason_arg(reason)
 
-    def store(session: Session) -> dict[str, Any]:
+    def store(session: Session) -> tuple[dict[str, Any], list[GroupDispatch]]:
         stored = put_limit(session, limit)
+        admitted: list[GroupDispatch] = []
         if stored.changed:
-            settle(session, [stored.id])
+            admitted = admitted_steps(session, settle(session, [stored.id]), now=utcnow())
             action = AuditAction.LIMIT_APPLIED
             detail = {"limit": limit.name, "created": stored.created, "definition": limit.to_json()}
             who.record(session, action, None, reason=why, detail=detail)
-        return limit_detail(session, limit.name)
+        return limit_detail(session, limit.name), admitted
 
-    return retried_transaction(app.settings.database_url, f"applying limit {limit.name!r}", store)
+    answer, admitted = retried_transaction(app.settings.database_url, f"applying limit {limit.name!r}", store)
+    apply_effects(app, Effects(dispatch=admitted))
+    return answer
 
 
 def list_limits(app: ChordbeatCelery) -> list[dict[str, Any]]:
@@ -75,8 +80,10 @@ def delete_limit(
     forced = flag_arg(force, "force")
     who, why = actor_arg(actor, source), reason_arg(reason)
 
-    def remove(session: Session) -> dict[str, Any]:
+    def remove(session: Session) -> list[GroupDispatch]:
         deleted = delete_stored(session, name, force=forced)
+        error = f"its limit {name!r} was deleted while it waited"
+        failed = fail_waiters(session, deleted.dropped_waiters, error, now=utcnow())
         detail = {
             "limit": name,
             "force": forced,
@@ -84,6 +91,8 @@ def delete_limit(
             "dropped_waiters": len(deleted.dropped_waiters),
         }
         who.record(session, AuditAction.LIMIT_DELETED, None, reason=why, detail=detail)
-        return {"name": name, "deleted": True}
+        return failed
 
-    return retried_transaction(app.settings.database_url, f"deleting limit {name!r}", remove)
+    failed = retried_transaction(app.settings.database_url, f"deleting limit {name!r}", remove)
+    apply_effects(app, Effects(dispatch=failed))
+    return {"name": name, "deleted": True}

@@ -18,9 +18,19 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, defer
 
 from celeryapp.domain.redaction import hide_env_values
 from celeryapp.domain.times import iso
+from celeryapp.execution.limit_steps import waiting_for
 from celeryapp.interfaces.alerts import open_counts, silences_of
 from celeryapp.interfaces.run_counts import run_counts
-from models import Activity, AlertSilence, Backfill, ExecutionStatus, Schedule, ScheduleExecution, WorkerTask
+from models import (
+    Activity,
+    AlertSilence,
+    Backfill,
+    ExecutionStatus,
+    Schedule,
+    ScheduleExecution,
+    WorkerTask,
+    WorkerTaskStatus,
+)
 from models.definitions import definition_of
 
 
@@ -84,6 +94,8 @@ def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, 
     tasks = session.scalars(
         select(WorkerTask).where(WorkerTask.execution_id == execution.id).order_by(WorkerTask.step_index, WorkerTask.id)
     ).all()
+    waiting = [t.id for t in tasks if t.status is WorkerTaskStatus.WAITING_FOR_LIMIT]
+    why = waiting_for(session, waiting)
     return {
         "id": execution.id,
         "schedule": execution.schedule_name,
@@ -119,6 +131,8 @@ def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, 
         ],
         "tasks": [
             {"step_index": t.step_index, "step": t.step_name, "status": t.status.value, "attempt": t.attempt}
+            # A step waiting for shared limits says which: "warehouse 3/3".
+            | ({"waiting_for": why.get(t.id, "")} if t.status is WorkerTaskStatus.WAITING_FOR_LIMIT else {})
             for t in tasks
         ],
     }

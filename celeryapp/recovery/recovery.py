@@ -26,6 +26,7 @@ from celeryapp.messaging import keys, unacked
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery.database_rollback import check_database_went_back
 from celeryapp.recovery.heartbeat_trust import PRIMARY_KEY, heartbeats_trusted
+from celeryapp.recovery.limit_waits import settle_waiting_limits
 from celeryapp.recovery.lost_claims import live_attempts, note_running_unclaimed
 from celeryapp.recovery.paused_slots import record_all_paused
 from celeryapp.recovery.repair import requeue_attempt, resend_queued
@@ -75,6 +76,8 @@ class RecoveryReport:
     #: Schedules one of whose running backfills started a run here (a crash or a resume between
     #: two of its runs; routine, not logged).
     backfills: list[int] = field(default_factory=list)
+    #: Shared limits whose waiters this pass admitted (a rate's token came back; routine, not logged).
+    limits_settled: list[str] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -348,6 +351,7 @@ def recover(app: Runtime, *, now: datetime | None = None) -> RecoveryReport:
     except redis.RedisError:
         logger.exception("recovery: Redis unreachable; lost workers and messages are looked for next time")
     unstick_executions(app, now, report)
+    report.limits_settled = settle_waiting_limits(app, now=now)
     report.paused_slots = record_all_paused(app.settings.database_url, now=now)
     top_up_backfills(app, now, report)
     if not report.empty:

@@ -13,8 +13,10 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.decisions import decide_lost_attempt
+from celeryapp.domain.definition import StepSpec
 from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
 from celeryapp.execution.advancing import advance_execution
+from celeryapp.execution.limit_steps import gate_group, release_attempt
 from celeryapp.execution.runs import lock_schedule
 from celeryapp.execution.steps import spec_of
 from celeryapp.monitoring import metric_counts
@@ -63,8 +65,10 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
         step = StepDispatch(execution.id, worker_task_id, attempt + 1, spec, execution.token)
         name = execution.schedule_name
         group = GroupDispatch(execution.id, task.step_index, (step,), requeue=True, schedule_name=name)
+        # The lost attempt's slots go back (admitting the next waiters); the new one takes its own.
+        sends = _released(session, spec, worker_task_id, attempt, now) + gate_group(session, group, now=now)
         metric_counts.count_requeue(session)  # last: after every lock this transaction takes
-        return Effects(dispatch=[group], fenced=[(worker_task_id, attempt, execution.token)])
+        return Effects(dispatch=sends, fenced=[(worker_task_id, attempt, execution.token)])
     if execution.schedule_id is not None:
         lock_schedule(session, execution.schedule_id)
     session.execute(select(ScheduleExecution.id).where(ScheduleExecution.id == execution.id).with_for_update())
@@ -72,10 +76,19 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
         return Effects()
     _fail_activity(session, task, attempt, verdict.error, now=now)
     logger.error("step %r of execution %s: %s; not run again", task.step_name, execution.id, verdict.error)
+    sends = _released(session, spec, worker_task_id, attempt, now)
     effects = advance_execution(session, execution.id, task.step_index, now=now)
+    effects.dispatch += sends
     metric_counts.count_requeue(session)  # last: after every lock this transaction takes
     effects.fenced.append((worker_task_id, attempt, execution.token))
     return effects
+
+
+def _released(
+    session: Session, spec: StepSpec, worker_task_id: int, attempt: int, now: datetime
+) -> list[GroupDispatch]:
+    """A lost attempt's slots given back as recovery declares it lost (none read for a step using no limit)."""
+    return release_attempt(session, worker_task_id, attempt, now=now) if spec.uses else []
 
 
 def _fail_activity(session: Session, task: WorkerTask, attempt: int, error: str, *, now: datetime) -> None:

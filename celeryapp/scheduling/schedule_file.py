@@ -34,7 +34,7 @@ from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.scheduling.calendar_files import calendar_reader
 from celeryapp.scheduling.file_commit import file_commit
-from celeryapp.scheduling.store import Change, upsert_schedule
+from celeryapp.scheduling.store import Change, check_file_limits_known, upsert_schedule
 from celeryapp.states import AuditAction
 from models import Schedule, ScheduleSource, utcnow
 from models.audit import BEAT, REASON_CHARS, Actor
@@ -189,6 +189,7 @@ def apply_definitions(
     """
     now = utcnow()
     diff = FileDiff(source=source)
+    check_file_limits_known(session, definitions)  # a dry run too
     stored = {s.name: s for s in session.scalars(select(Schedule))}
     wanted = {d.name for d in definitions}
     for definition in definitions:

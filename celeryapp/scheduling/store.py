@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -13,9 +13,12 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.cadence import cadence_of
 from celeryapp.domain.definition import ScheduleDefinition
 from celeryapp.domain.pause_resume import Transition
+from celeryapp.domain.problems import Problems
+from celeryapp.domain.shared_limits import check_definition_uses, parse_limit
 from celeryapp.errors import InvalidTransition, NotFound
 from models import Schedule, ScheduleSource, ScheduleStatus, ScheduleStep
 from models.definitions import definition_of
+from models.limit_tables import LIMITS
 from models.session import affected
 from models.versions import VersionOrigin, record_version
 
@@ -104,6 +107,7 @@ def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> Non
     schedule.calendar = definition.calendar.to_json() if definition.calendar is not None else None
     schedule.catchup = definition.catchup.to_json() if definition.catchup is not None else None
     schedule.dst = definition.dst.to_json() if definition.dst is not None else None
+    schedule.uses = [use.to_json() for use in definition.uses] or None
     schedule.steps = [
         ScheduleStep(
             step_index=index,
@@ -117,10 +121,34 @@ def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> Non
             timeout_s=step.timeout_s,
             queue=step.queue,
             max_attempts=step.max_attempts,
+            uses=[use.to_json() for use in step.uses] or None,
         )
         for index, (group, is_list) in enumerate(zip(definition.groups, definition.group_is_list, strict=True))
         for position, step in enumerate(group)
     ]
+
+
+def check_limits_known(session: Session, definition: ScheduleDefinition) -> None:
+    """The limits the definition uses exist now, each with the slots asked for (a use that could
+    never be admitted would wait for ever); checked as it is stored, each mistake naming its field."""
+    names = {use.limit for use in definition.uses} | {
+        use.limit for group in definition.groups for s in group for use in s.uses
+    }
+    if not names:
+        return
+    rows = session.scalars(select(LIMITS.c.definition).where(LIMITS.c.name.in_(names)))
+    known = {limit.name: limit for limit in map(parse_limit, rows)}
+    check_definition_uses(definition, known)
+
+
+def check_file_limits_known(session: Session, definitions: Sequence[ScheduleDefinition]) -> None:
+    """:func:`check_limits_known` for a schedule file's definitions: every mistake of the file at
+    once, each naming its schedule (``schedules[1] (sales).steps[0].uses[0]``)."""
+    problems = Problems()
+    for index, definition in enumerate(definitions):
+        problems.prefix = f"schedules[{index}] ({definition.name})."
+        problems.check(check_limits_known, session, definition)
+    problems.raise_any()
 
 
 def upsert_schedule(
@@ -150,6 +178,7 @@ def upsert_schedule(
             schedule.source = source
             schedule.source_name = source_name
         return schedule, Change.UNCHANGED
+    check_limits_known(session, definition)
     change = Change.CHANGED
     if schedule is None:
         schedule = Schedule(

@@ -29,8 +29,31 @@ FLAG_TTL_HEARTBEATS = 2
 MARKER_TTL_S = VISIBILITY_TIMEOUT_S
 
 
-def _runner(app: Runtime, step: StepDispatch, group: GroupDispatch) -> Signature:
+def _lineage(app: Runtime) -> dict[str, str]:
+    """The ``parent_id`` (Flower's "Parent") and ``root_id`` of the steps about to be sent.
+
+    Celery makes the task sending a message its parent. A later group is sent by the step of the
+    group before that finished last (each runner advances its run itself when its group is done):
+    a sibling chosen by timing, which Flower showed as the step's parent. Such a group's parent
+    is instead the group before's advancement (its chord body, ``chordbeat.advance_execution``,
+    whose id the runner's message carries), as when that advancement sends the group itself.
+    Sent by anything else (a run's starting task, recovery), Celery's own choice stands."""
+    current = app.current_worker_task
+    if current is None or current.name != RUN_STEP:
+        return {}
+    request = current.request
+    advancement = ((request.chord or {}).get("options") or {}).get("task_id")
+    if not advancement:
+        return {}  # a runner recovery sent again, linked to an advancement of its own (send_group)
+    # A run started outside any task (the dashboard's Run now) has no root but its first steps,
+    # each its own: the advancement stands in for it.
+    root = request.root_id if request.root_id and request.root_id != request.id else advancement
+    return {"parent_id": advancement, "root_id": root}
+
+
+def _runner(app: Runtime, step: StepDispatch, group: GroupDispatch, lineage: dict[str, str]) -> Signature:
     options: dict[str, object] = {
+        **lineage,
         "task_id": step.celery_task_id,
         "queue": step.spec.queue or STEPS_QUEUE,
         "priority": keys.step_priority(group.step_index),
@@ -59,13 +82,18 @@ def _advance(app: Runtime, group: GroupDispatch) -> Signature:
 
 
 def send_group(app: Runtime, group: GroupDispatch) -> None:
+    if not group.steps:
+        # A step that ended unstarted (skipped or failed by its limits): the group may be done.
+        _advance(app, group).apply_async()
+        return
+    lineage = _lineage(app)
     if group.requeue:
         # The group's chord already fired or is gone: each attempt advances by itself when done.
         for step in group.steps:
-            _runner(app, step, group).apply_async(link=_advance(app, group))
+            _runner(app, step, group, lineage).apply_async(link=_advance(app, group))
     else:
         # The chord body is the advancement check; runners never fail, so it always runs.
-        _send_chord(app, [_runner(app, step, group) for step in group.steps], _advance(app, group))
+        _send_chord(app, [_runner(app, step, group, lineage) for step in group.steps], _advance(app, group))
     _mark_sent(app, group)
 
 

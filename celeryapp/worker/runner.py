@@ -15,11 +15,13 @@ from billiard.common import terminate_handler_fired
 from celery.exceptions import SoftTimeLimitExceeded
 
 from celeryapp.context import StepContext, running_step
+from celeryapp.domain.effects import Effects, GroupDispatch
 from celeryapp.domain.limits import ERROR_CHARS, LOG_TAIL_CHARS, TRACEBACK_CHARS
 from celeryapp.domain.redaction import hide_secrets
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.errors import StepCancelled
 from celeryapp.execution.advancing import advance_group
+from celeryapp.execution.limit_steps import release_attempt
 from celeryapp.execution.steps import (
     Claim,
     Recorded,
@@ -162,14 +164,33 @@ def _record(app: Runtime, claim: Claim, outcome: Outcome) -> Recorded | Exceptio
         "log_tail": _storable(outcome.log_tail, LOG_TAIL_CHARS, keep_end=True),
     }
 
+    admitted: list[GroupDispatch] = []
+
     def once() -> Recorded:
-        with autocommit(url) as conn:
-            return finish_step(conn, claim, status, now=utcnow(), **fields)
+        nonlocal admitted
+        if not claim.spec.uses:
+            with autocommit(url) as conn:
+                return finish_step(conn, claim, status, now=utcnow(), **fields)
+        # Its slots are the attempt's lease: given back in the transaction that records its outcome.
+        with connection(url) as conn:
+            now = utcnow()
+            recorded = finish_step(conn, claim, status, now=now, **fields)
+            admitted = release_attempt(conn, claim.worker_task_id, claim.attempt, now=now)
+        return recorded
 
     # Not a failure the step did not have in its place, ever: the outcome is true or nothing is
     # written. Given up, the activity stays in progress and, its heartbeat gone, recovery runs the
     # attempt again as after a lost worker.
-    return patiently(f"recording the outcome ({status.value}) of {claim.spec.name!r} attempt {claim.attempt}", once)
+    recorded = patiently(f"recording the outcome ({status.value}) of {claim.spec.name!r} attempt {claim.attempt}", once)
+    if admitted:
+        try:
+            apply_effects(app, Effects(dispatch=admitted))
+        except Exception:
+            # Committed queued: recovery sends them (no dispatch marker), as any message lost before publish.
+            logger.warning(
+                "steps admitted by %r's release not sent; recovery sends them", claim.spec.name, exc_info=True
+            )
+    return recorded
 
 
 def _claim(app: Runtime, worker_task_id: int, attempt: int, node: str) -> tuple[Claim | Exception | None, float]:

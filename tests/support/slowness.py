@@ -164,6 +164,13 @@ LONGEST_MODULES = (
     "test_lost_signals",
     "test_redis_failover",
     "test_clock_jump_load",
+    "test_standby_failover",
+    "test_limit_slots",
+    "test_cli_manners",
+    "test_alerts_cli",
+    "test_backfill_cli",
+    "test_dst_rules",
+    "test_login",
 )
 
 

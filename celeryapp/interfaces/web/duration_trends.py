@@ -8,6 +8,10 @@ duration among runs completed in the last ``WINDOW``, and the ``CANDIDATES`` who
 most against the ``WINDOW`` before (one aggregate over those two windows' index range); each
 candidate's latest runs are then read in one statement (an index range each), and the rule is
 applied to them. A schedule that completed no run in the last ``WINDOW`` is not listed.
+
+The Runs page's filters narrow what is read: one schedule, one trigger, runs started in a time
+range (the windows then end where the range does, and no run started before it is read). A
+filter by state does not apply: durations are those of completed runs.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from sqlalchemy import ColumnElement, case, func, select, union_all
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.durations import TREND_RUNS, DurationTrend, duration_trend
+from celeryapp.interfaces.web.run_list import RunFilter
 from models import ExecutionStatus, Schedule, ScheduleExecution
 
 #: Completed runs a schedule's trend reads: the latest window and the one before.
@@ -72,7 +77,22 @@ def _seconds(session: Session) -> ColumnElement[Any]:
     return func.extract("epoch", run.completed_at - run.started_at)
 
 
-def _completed(session: Session, schedule_id: int) -> Any:
+def _narrowed(wanted: RunFilter) -> list[ColumnElement[bool]]:
+    """The Runs page's filters that apply to durations (all but the state and the cursor)."""
+    run = ScheduleExecution
+    found: list[ColumnElement[bool]] = []
+    if wanted.schedule is not None:
+        found.append(run.schedule_name == wanted.schedule)
+    if wanted.trigger is not None:
+        found.append(run.trigger == wanted.trigger)
+    if wanted.since is not None:
+        found.append(run.started_at >= wanted.since)
+    if wanted.until is not None:
+        found.append(run.started_at < wanted.until)
+    return found
+
+
+def _completed(session: Session, schedule_id: int, narrowed: Sequence[ColumnElement[bool]] = ()) -> Any:
     """The schedule's latest ``TREND_READ`` completed runs, walking the (schedule_id, id) index back.
 
     The schedule is said as a range of one and the order names it: with ``schedule_id = :id``
@@ -87,6 +107,7 @@ def _completed(session: Session, schedule_id: int) -> Any:
             run.schedule_id <= schedule_id,
             run.status == ExecutionStatus.COMPLETED,
             run.completed_at.is_not(None),
+            *narrowed,
         )
         .order_by(run.schedule_id.desc(), run.id.desc())
         .limit(TREND_READ)
@@ -103,12 +124,12 @@ def schedule_durations(session: Session, schedule_id: int) -> ScheduleDurations:
     return ScheduleDurations(runs, duration_trend([r.seconds for r in runs]))
 
 
-def _candidates(session: Session, now: datetime, limit: int) -> list[int]:
-    """The longest mean durations of the last ``WINDOW``, then the means that grew most against
-    the ``WINDOW`` before (a schedule still fast but getting slower), each up to ``limit``: one
-    aggregate over the two windows' index range (PostgreSQL walks (started_at, id))."""
+def _candidates(session: Session, end: datetime, narrowed: Sequence[ColumnElement[bool]], limit: int) -> list[int]:
+    """The longest mean durations of the ``WINDOW`` before ``end``, then the means that grew most
+    against the ``WINDOW`` before that (a schedule still fast but getting slower), each up to
+    ``limit``: one aggregate over the two windows' index range (PostgreSQL walks (started_at, id))."""
     run = ScheduleExecution
-    recent = run.started_at >= now - WINDOW
+    recent = run.started_at >= end - WINDOW
     means = (
         select(
             run.schedule_id.label("schedule_id"),
@@ -117,8 +138,9 @@ def _candidates(session: Session, now: datetime, limit: int) -> list[int]:
         )
         .where(
             run.status == ExecutionStatus.COMPLETED,
-            run.started_at >= now - 2 * WINDOW,
+            run.started_at >= end - 2 * WINDOW,
             run.schedule_id.is_not(None),
+            *narrowed,
         )
         .group_by(run.schedule_id)
         .cte("means")
@@ -139,12 +161,18 @@ def _candidates(session: Session, now: datetime, limit: int) -> list[int]:
     return list(dict.fromkeys(found))
 
 
-def trends_view(session: Session, now: datetime, limit: int = CANDIDATES) -> TrendsView:
-    """The Runs page's "slowest schedules" and "getting slower"."""
-    candidates = _candidates(session, now, limit)
+def trends_view(
+    session: Session, now: datetime, wanted: RunFilter | None = None, limit: int = CANDIDATES
+) -> TrendsView:
+    """The Runs page's "slowest schedules" and "getting slower", of the runs ``wanted`` picks
+    (its state and cursor aside)."""
+    wanted = wanted or RunFilter()
+    narrowed = _narrowed(wanted)
+    end = min(now, wanted.until) if wanted.until is not None else now
+    candidates = _candidates(session, end, narrowed, limit)
     if not candidates:
         return TrendsView()
-    parts = [select(_completed(session, sid).subquery()) for sid in candidates]
+    parts = [select(_completed(session, sid, narrowed).subquery()) for sid in candidates]
     statement = parts[0] if len(parts) == 1 else union_all(*parts)
     by_schedule: dict[int, list[Any]] = {}
     for row in session.execute(statement).all():

@@ -50,6 +50,7 @@ SYMBOLS = {
     "processing": "▸",
     "queued": "·",
     "waiting_for_previous_step": "…",
+    "waiting_for_limit": "…",
 }
 
 

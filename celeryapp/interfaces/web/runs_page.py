@@ -1,6 +1,7 @@
 """The dashboard's ``/runs`` page: every run across schedules, newest first, filtered by state,
 schedule, trigger and time, paged by cursor, its table refreshed while the page is open; and the
-slowest schedules and those getting slower. The filters live in the query string, so a filtered
+slowest schedules and those getting slower, of the runs the filters pick (state aside: durations
+are those of completed runs), refreshed while the page is open too. The filters live in the query string, so a filtered
 page's address can be sent to someone else; a refusal names the field on the page."""
 
 from __future__ import annotations
@@ -49,22 +50,24 @@ class RunsHandler(BaseHandler):
         except InvalidArgument as refused:
             view = RunsView([], given, refused=str(refused))
         else:
-            view = await self.read(runs_view, wanted, given)
+            if fragment == "trends":
+                view = RunsView([], given, wanted)  # it shows no runs: only the checked filters
+            else:
+                view = await self.read(runs_view, wanted, given)
         if view.refused:
             self.set_status(400)
-        if fragment:
+        if fragment == "fragment":
             self.render("_runs_live.html", v=view, user=self.user)
             return
-        trends = TrendsView() if view.refused else await self.read(trends_view, now)
-        self.page(
-            "runs.html",
-            v=view,
-            trends=trends,
-            states=STATES,
-            triggers=TRIGGERS,
-            since=SINCE_CHOICES,
-            window_h=int(WINDOW.total_seconds() // 3600),
-            candidates=CANDIDATES,
-            listed=LISTED,
-            rule={"runs": TREND_RUNS, "ratio": SLOWER_RATIO, "min_s": SLOWER_MIN_S},
-        )
+        trends = TrendsView() if view.refused else await self.read(trends_view, now, view.wanted)
+        described = {
+            "trends": trends,
+            "window_h": int(WINDOW.total_seconds() // 3600),
+            "candidates": CANDIDATES,
+            "listed": LISTED,
+            "rule": {"runs": TREND_RUNS, "ratio": SLOWER_RATIO, "min_s": SLOWER_MIN_S},
+        }
+        if fragment == "trends":
+            self.render("_runs_trends.html", v=view, user=self.user, **described)
+            return
+        self.page("runs.html", v=view, states=STATES, triggers=TRIGGERS, since=SINCE_CHOICES, **described)

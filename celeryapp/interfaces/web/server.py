@@ -206,7 +206,7 @@ def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> to
             (r"/alerts", AlertsHandler, ctx),
             (r"/audit", AuditHandler, ctx),
             (r"/runs", RunsHandler, ctx),
-            (r"/runs/(fragment)", RunsHandler, ctx),
+            (r"/runs/(fragment|trends)", RunsHandler, ctx),
             (r"/alerts/(acknowledge|silence|unsilence)", AlertActionHandler, ctx),
         ],
         template_path=os.path.join(HERE, "templates"),

@@ -1,7 +1,7 @@
 """Definition versions: every definition a schedule had, and the version each run runs
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 Create Date: 2026-11-28
 
 Every existing schedule gets version 1, its definition as stored now (its earlier definitions
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0017"
-down_revision = "0015"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 

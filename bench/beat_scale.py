@@ -29,6 +29,8 @@ from celeryapp.domain.validation import parse_definitions
 from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.scheduling.store import upsert_schedule
 from models import Schedule, ScheduleExecution, ScheduleSource, SlotRecord, transaction, utcnow
+from models.audit import BEAT
+from models.versions import VersionOrigin
 
 NOOP = {"name": "noop", "task": "chordbeat.examples.sleep", "kwargs": {"seconds": 0}}
 #: Staggered schedules' first slots spread over one period.
@@ -63,7 +65,7 @@ def _create_schedules(bench: Bench, url: str, count: int, offsets_ms: list[float
     with transaction(url) as session:
         now = utcnow()
         for definition in definitions:
-            upsert_schedule(session, definition, source=ScheduleSource.API, now=now)
+            upsert_schedule(session, definition, source=ScheduleSource.API, now=now, origin=VersionOrigin.of(BEAT))
     seconds = SETUP_MARGIN_S + SETUP_PER_SCHEDULE_S * count
     first = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=round(seconds))
     with bench.engine(url).begin() as conn:

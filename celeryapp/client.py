@@ -214,10 +214,14 @@ class ChordbeatClient:
         actor: str | None = None,
         reason: str | None = None,
         payload: dict[str, Any] | None = None,
+        latest: bool = False,
     ) -> ExecutionJson:
         """A new run of a failed or cancelled one, from its first failed group (or all of it), with
-        its payload or ``payload`` instead."""
-        extra = {} if payload is None else {"payload": payload}
+        its payload or ``payload`` instead; its own definition version's steps, or with ``latest``
+        the current definition's."""
+        extra: dict[str, Any] = {} if payload is None else {"payload": payload}
+        if latest:
+            extra["latest"] = True
         return self.call(  # type: ignore[no-any-return]
             "chordbeat.rerun_execution",
             execution_id=execution_id,
@@ -253,11 +257,17 @@ class ChordbeatClient:
         return self.call("chordbeat.get_execution", execution_id=execution_id)  # type: ignore[no-any-return]
 
     def list_executions(
-        self, schedule: str | None = None, status: str | None = None, limit: int = 50, before_id: int | None = None
+        self,
+        schedule: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+        version: int | None = None,
     ) -> list[ExecutionSummaryJson]:
         """One page of summaries, newest first; :func:`each_execution` follows the cursor."""
+        extra = {} if version is None else {"version": version}
         return self.call(  # type: ignore[no-any-return]
-            "chordbeat.list_executions", schedule=schedule, status=status, limit=limit, before_id=before_id
+            "chordbeat.list_executions", schedule=schedule, status=status, limit=limit, before_id=before_id, **extra
         )
 
     def list_slots(self, name: str, limit: int = 50) -> list[SlotJson]:
@@ -266,6 +276,26 @@ class ChordbeatClient:
     def next_fires(self, name: str, count: int = 10) -> list[dict[str, Any]]:
         """The coming slots: ``[{"at", "local", "excluded"}]`` (``excluded``: why it will not run, or None)."""
         return self.call("chordbeat.next_fires", name=name, count=count)  # type: ignore[no-any-return]
+
+    def list_versions(self, name: str, limit: int = 50, before: int | None = None) -> list[dict[str, Any]]:
+        """The schedule's definition versions, newest first; ``before``: only older ones."""
+        extra = {} if before is None else {"before": before}
+        return self.call("chordbeat.list_versions", name=name, limit=limit, **extra)  # type: ignore[no-any-return]
+
+    def get_version(self, name: str, version: int) -> dict[str, Any]:
+        return self.call("chordbeat.get_version", name=name, version=version)  # type: ignore[no-any-return]
+
+    def diff_versions(self, name: str, a: int, b: int) -> list[dict[str, Any]]:
+        """``[{"path", "op", "old", "new"}]`` from version ``a`` to ``b``."""
+        return self.call("chordbeat.diff_versions", name=name, a=a, b=b)  # type: ignore[no-any-return]
+
+    def rollback_schedule(
+        self, name: str, version: int, actor: str | None = None, reason: str | None = None
+    ) -> ScheduleJson:
+        """The schedule at a new version equal in content to ``version``."""
+        return self.call(  # type: ignore[no-any-return]
+            "chordbeat.rollback_schedule", name=name, version=version, **_who(actor, reason)
+        )
 
     def backfill_schedule(
         self,
@@ -277,9 +307,12 @@ class ChordbeatClient:
         dry_run: bool = False,
         actor: str | None = None,
         reason: str | None = None,
+        version: int | None = None,
     ) -> BackfillAnswerJson:
         """Run the slots ``start ≤ slot < end`` (ISO 8601 with offsets) that ``mode`` picks, oldest
-        first, ``max_concurrent`` at a time; ``dry_run``: only list them."""
+        first, ``max_concurrent`` at a time, with definition ``version`` (the current one when not
+        given); ``dry_run``: only list them."""
+        extra = {} if version is None else {"version": version}
         return self.call(  # type: ignore[no-any-return]
             "chordbeat.backfill_schedule",
             name=name,
@@ -289,6 +322,7 @@ class ChordbeatClient:
             max_concurrent=max_concurrent,
             dry_run=dry_run,
             **_who(actor, reason),
+            **extra,
         )
 
     def cancel_backfill(self, backfill_id: int, actor: str | None = None, reason: str | None = None) -> BackfillJson:

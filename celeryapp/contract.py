@@ -82,6 +82,7 @@ _NAME = Param("name")
 _ACTOR = Param("actor", required=False, note="who, at most 100 characters; default: the caller's host")
 _REASON = Param("reason", required=False, note="why, at most 500 characters")
 _EXECUTION_ID = Param("execution_id")
+_VERSION = Param("version")
 _LIMIT = Param("limit", required=False, default=50, note="at most 1000")
 _AUDIT_LIMIT = Param("limit", required=False, default=50, note="at most 500")
 _EXECUTIONS_LIMIT = Param("limit", required=False, default=50, note="at most 500")
@@ -158,9 +159,11 @@ SERVICE_TASKS = (
             _ACTOR,
             _REASON,
             Param("payload", required=False, note="a JSON object replacing the source run's payload"),
+            Param("latest", required=False, default=False, note="true: the current definition's steps"),
         ),
-        "execution object of a new run (trigger `manual`, the source's steps, payload (or the `payload` given, checked "
-        "as `trigger_schedule`'s and kept in the audit row) and slot, `rerun_of` set) starting at the first failed "
+        "execution object of a new run (trigger `manual`, the source's steps (its `version`'s; `latest`: the current "
+        "definition's), payload (or the `payload` given, checked as `trigger_schedule`'s and kept in the audit row) "
+        "and slot, `rerun_of` set) starting at the first failed "
         "group (`from_failed`: false, at group 0); only a failed or cancelled run; follows the overlap policy",
         ("NotFound", "InvalidTransition"),
     ),
@@ -172,6 +175,7 @@ SERVICE_TASKS = (
             Param("status", required=False),
             _EXECUTIONS_LIMIT,
             Param("before_id", required=False, note="optional cursor: only smaller ids"),
+            Param("version", required=False, note="optional: only the runs of this definition version (with schedule)"),
         ),
         "execution summaries, newest first: the execution object without `activities`, `tasks` and `payload` "
         "(`error` cut to 1,000 characters; `get_execution` has it all), plus `steps` = "
@@ -205,10 +209,30 @@ SERVICE_TASKS = (
     ServiceTask(
         "chordbeat.next_fires",
         (_NAME, Param("count", required=False, default=10, note="at most 100")),
-        '`[{"at": ISO, "local": ISO with offset, "excluded": null or "<reason>", "dst": null or "<note>"}]`: '
-        "the coming slots, those the schedule's calendar excludes with why (and where the run moves with "
-        "`on_excluded: next_business_day`), and on a day the clocks change what the schedule's DST rule did",
+        '`[{"at": ISO, "local": ISO with offset, "excluded": null or "<reason>", "dst": null or "<note>", "version": '
+        "n}]`: the coming slots (`version`: the definition version its run would run), those the schedule's calendar "
+        "excludes with why (and where the run moves with `on_excluded: next_business_day`), and on a day the clocks "
+        "change what the schedule's DST rule did",
         ("NotFound",),
+    ),
+    ServiceTask(
+        "chordbeat.list_versions",
+        (_NAME, _LIMIT, Param("before", required=False, note="optional cursor: only older versions")),
+        'newest first: `[{"version", "at", "actor", "source", "reason", "file", "commit", "hash"}]` (SHA-256)',
+        ("NotFound",),
+    ),
+    ServiceTask("chordbeat.get_version", (_NAME, _VERSION), "its definition (`env` values hidden)", ("NotFound",)),
+    ServiceTask(
+        "chordbeat.diff_versions",
+        (_NAME, Param("a"), Param("b")),
+        '`[{"path", "op", "old", "new"}]` from `a` to `b`; steps by name (`steps[HR import].kwargs.full`)',
+        ("NotFound",),
+    ),
+    ServiceTask(
+        "chordbeat.rollback_schedule",
+        (_NAME, _VERSION, _ACTOR, _REASON),
+        "schedule object at a new version equal to `version` (none if it is the current one), checked as an apply",
+        ("NotFound", "DefinitionError"),
     ),
     ServiceTask(
         "chordbeat.backfill_schedule",
@@ -221,11 +245,12 @@ SERVICE_TASKS = (
             Param("dry_run", required=False, default=False, note="true: list the slots, start nothing"),
             _ACTOR,
             _REASON,
+            Param("version", required=False, note="optional: the version its runs run (default: the current)"),
         ),
         '`{"backfill_id": id or null, "slots": [ISO, ...], "count": n, "none_because": text or null}`: the slots, '
         "oldest first (at most 10,000; calendar-excluded ones left out); with none, `none_because` says why (no "
         "slot in the range, shown in the schedule's zone; all taken by the mode; the calendar); run with "
-        '`trigger: "backfill"` and their `slot`; the same '
+        '`trigger: "backfill"`, their `slot` and `version`; the same '
         "request while its backfill runs answers with it and starts nothing; refused naming `end` (a dry run too) "
         "past the pending slots of the schedule's or the deployment's running backfills or their step executions "
         "(`CHORDBEAT_BACKFILL_MAX_PENDING_PER_SCHEDULE`, `CHORDBEAT_BACKFILL_MAX_PENDING`, "
@@ -351,6 +376,8 @@ class ScheduleJson(TypedDict):
     silenced: SilencedJson | None
     #: Its alerts nobody acknowledged (not silenced, not a ``resolved`` notice or a test).
     open_alerts: int
+    #: The definition's version (docs/versions.md): 1 for its first, one more for each change.
+    version: int
     #: Its kept runs of every trigger by how they ended, ``{"total", "completed", "failed",
     #: "cancelled", "running"}``: the count the dashboard and ``chordbeat show`` print. Only in
     #: ``get_schedule``'s answer (a count over the schedule's runs), not in a list's or a change's.
@@ -411,6 +438,9 @@ class _ExecutionFields(TypedDict):
     #: The nominal time the run is for (a backfill's or catch-up's slot, a retry's due time); null
     #: for a manual run and for runs started before the field existed.
     slot: str | None
+    #: The definition version the run runs, pinned at its start; null for runs started before
+    #: versions existed.
+    version: int | None
 
 
 class ExecutionJson(_ExecutionFields):

@@ -107,6 +107,7 @@ class AuditAction(StrEnum):
     """What an audit row records; operators' actions and beat's own decisions alike."""
 
     APPLY = "apply"
+    ROLLBACK = "rollback"
     DELETE = "delete"
     PAUSE = "pause"
     RESUME = "resume"

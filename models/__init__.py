@@ -32,6 +32,7 @@ from models.tables import (
     SlotRecord,
     WorkerTask,
 )
+from models.version_tables import ScheduleVersion
 
 __all__ = [
     "Activity",
@@ -59,6 +60,7 @@ __all__ = [
     "ScheduleSource",
     "ScheduleStatus",
     "ScheduleStep",
+    "ScheduleVersion",
     "SlotOutcome",
     "SlotRecord",
     "Trigger",

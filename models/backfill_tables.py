@@ -50,6 +50,8 @@ class Backfill(Base):
     status: Mapped[BackfillStatus] = enum_column(BackfillStatus, default=BackfillStatus.RUNNING)
     #: Identifies the request (schedule, range, mode): asked again, it starts nothing.
     request_key: Mapped[str | None] = mapped_column(String(400), unique=True, default=None)
+    #: The definition version its runs run (named by the request); None: the current one at each start.
+    version: Mapped[int | None] = mapped_column(Integer, default=None)
     actor: Mapped[str | None] = mapped_column(String(100), default=None)
     reason: Mapped[str | None] = mapped_column(String(500), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -110,7 +110,7 @@ class Schedule(Base):
     paused_by: Mapped[str | None] = mapped_column(String(100), default=None)
     paused_reason: Mapped[str | None] = mapped_column(String(500), default=None)
     paused_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
-    #: Bumped on every definition change; beat entries carry it to detect drift.
+    #: The definition's version (its row in schedule_versions): bumped by every definition change.
     version: Mapped[int] = mapped_column(Integer, default=1)
     #: When something beat's entry depends on last changed (definition, status, pending retry).
     #: The periodic reconcile looks only at schedules changed since its previous pass.
@@ -174,6 +174,8 @@ class ScheduleExecution(Base):
         Index("ix_schedule_executions_started_at_id", "started_at", "id"),
         Index("ix_schedule_executions_trigger_started", "trigger", "started_at", "id"),
         Index("ix_schedule_executions_schedule_name_started", "schedule_name", "started_at", "id"),
+        # One version's runs of a schedule, newest first (``list_executions(version=…)``).
+        Index("ix_schedule_executions_schedule_name_version_id", "schedule_name", "version", "id"),
         {"sqlite_autoincrement": True},
     )
 
@@ -213,6 +215,9 @@ class ScheduleExecution(Base):
     #: Celery task ids with its id, which a database that went back hands out again. 0 for runs
     #: started before revision 0012 (their keys are named as before).
     token: Mapped[int] = mapped_column(Integer, default=lambda: run_token())
+    #: The definition version the run runs (its ``plan`` is that version's steps), pinned at its
+    #: start; None for runs started before revision 0017.
+    version: Mapped[int | None] = mapped_column(Integer, default=None)
 
 
 class WorkerTask(Base):

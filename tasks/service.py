@@ -9,7 +9,7 @@ from celeryapp import app
 from celeryapp.contract import SOURCE_HEADER
 from celeryapp.domain.redaction import RedactedResult
 from celeryapp.errors import ChordbeatError, InvalidArgument
-from celeryapp.interfaces import alerts, backfill_service, limit_service, service, wiring_checks
+from celeryapp.interfaces import alerts, backfill_service, limit_service, service, version_service, wiring_checks
 from celeryapp.interfaces import next_fires as fire_preview
 from celeryapp.interfaces.arguments import default_actor
 from celeryapp.messaging.expiry import ReferenceClockTask
@@ -113,8 +113,11 @@ def rerun_execution(
     actor: str | None = None,
     reason: str | None = None,
     payload: dict[str, Any] | None = None,
+    latest: bool = False,
 ) -> dict[str, Any]:
-    return service.rerun_execution(app, execution_id, from_failed, reason=reason, payload=payload, **_caller(actor))
+    return service.rerun_execution(
+        app, execution_id, from_failed, reason=reason, payload=payload, latest=latest, **_caller(actor)
+    )
 
 
 @app.task(base=ServiceTask, name="chordbeat.get_execution", send_events=READ_ONLY_EVENTS)
@@ -124,9 +127,13 @@ def get_execution(execution_id: int) -> dict[str, Any]:
 
 @app.task(base=ServiceTask, name="chordbeat.list_executions", send_events=READ_ONLY_EVENTS)
 def list_executions(
-    schedule: str | None = None, status: str | None = None, limit: int = 50, before_id: int | None = None
+    schedule: str | None = None,
+    status: str | None = None,
+    limit: int = 50,
+    before_id: int | None = None,
+    version: int | None = None,
 ) -> list[dict[str, Any]]:
-    return service.list_executions(app, schedule, status, limit, before_id)
+    return service.list_executions(app, schedule, status, limit, before_id, version)
 
 
 @app.task(base=ServiceTask, name="chordbeat.list_slots", send_events=READ_ONLY_EVENTS)
@@ -139,6 +146,26 @@ def next_fires(name: str, count: int = 10) -> list[dict[str, Any]]:
     return fire_preview.next_fires(app, name, count)
 
 
+@app.task(base=ServiceTask, name="chordbeat.list_versions", send_events=READ_ONLY_EVENTS)
+def list_versions(name: str, limit: int = 50, before: int | None = None) -> list[dict[str, Any]]:
+    return version_service.list_versions(app, name, limit, before)
+
+
+@app.task(base=ServiceTask, name="chordbeat.get_version", send_events=READ_ONLY_EVENTS)
+def get_version(name: str, version: int) -> dict[str, Any]:
+    return version_service.get_version(app, name, version)
+
+
+@app.task(base=ServiceTask, name="chordbeat.diff_versions", send_events=READ_ONLY_EVENTS)
+def diff_versions(name: str, a: int, b: int) -> list[dict[str, Any]]:
+    return version_service.diff_versions(app, name, a, b)
+
+
+@app.task(base=ServiceTask, name="chordbeat.rollback_schedule")
+def rollback_schedule(name: str, version: int, actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    return version_service.rollback_schedule(app, name, version, reason=reason, **_caller(actor))
+
+
 @app.task(base=ServiceTask, name="chordbeat.backfill_schedule")
 def backfill_schedule(
     name: str,
@@ -149,9 +176,10 @@ def backfill_schedule(
     dry_run: bool = False,
     actor: str | None = None,
     reason: str | None = None,
+    version: int | None = None,
 ) -> dict[str, Any]:
     return backfill_service.backfill_schedule(
-        app, name, start, end, mode, max_concurrent, dry_run, reason=reason, **_caller(actor)
+        app, name, start, end, mode, max_concurrent, dry_run, reason=reason, version=version, **_caller(actor)
     )
 
 

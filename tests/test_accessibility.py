@@ -138,6 +138,11 @@ def test_every_page_has_no_serious_or_critical_axe_violation_at_390_and_1920_px(
         app, {"name": "report", "every": 3600, "steps": [{"name": "s", "task": "chordbeat.examples.sleep"}]}
     )
     limit_service.apply_limit(app, {"name": "warehouse", "slots": 3, "key": "{payload.customer}"})  # /limit
+    # Each changed once: a versions page links the change (/schedule/diff) and a rollback to the first.
+    service.apply_schedule(
+        app, {"name": "report", "every": 1800, "steps": [{"name": "s", "task": "chordbeat.examples.sleep"}]}
+    )
+    service.apply_schedule(app, {"name": "payroll", "cron": "0 3 * * *", "timezone": "Europe/London", "steps": steps})
     with transaction(settings.database_url) as session:
         alerts_on = {"channels": ["ops-webhook"], "on": ["failed"]}
         session.execute(update(Schedule).where(Schedule.name == "payroll").values(alerts=alerts_on))

@@ -23,6 +23,7 @@ from celeryapp.interfaces import (
     limit_service,
     next_fires,
     service,
+    version_service,
     wiring_checks,
 )
 
@@ -52,7 +53,7 @@ def test_the_registered_service_tasks_are_those_of_the_contract_with_its_argumen
 
 
 #: The modules whose functions the service tasks call, each defining its own.
-SERVICE_MODULES = (service, backfill_service, alerts, next_fires, wiring_checks, limit_service)
+SERVICE_MODULES = (service, backfill_service, alerts, next_fires, wiring_checks, limit_service, version_service)
 
 
 def test_the_service_functions_take_the_contracts_arguments_after_the_app() -> None:

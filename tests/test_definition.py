@@ -23,6 +23,8 @@ from celeryapp.errors import DefinitionError
 from celeryapp.scheduling.beat_entries import CadenceSchedule
 from celeryapp.scheduling.store import upsert_schedule
 from models import ScheduleSource, transaction
+from models.audit import BEAT
+from models.versions import VersionOrigin
 from tests.support.helpers import call, set_field
 
 KNOWN = {"chordbeat.examples.sleep", "chordbeat.examples.fail"}
@@ -269,7 +271,9 @@ def test_a_stored_definitions_next_fire_is_its_cadences_first_slot(database_url:
     )
     now = datetime(2026, 3, 29, 0, 59, 30, 250000, tzinfo=UTC)
     with transaction(database_url) as session:
-        schedule, _ = upsert_schedule(session, definition, source=ScheduleSource.API, now=now)
+        schedule, _ = upsert_schedule(
+            session, definition, source=ScheduleSource.API, now=now, origin=VersionOrigin.of(BEAT)
+        )
         stored = schedule.next_run_at
     if definition.cron is not None:
         expected = CronExpression.parse(definition.cron).next_after(now, definition.zone, definition.dst)

@@ -30,7 +30,9 @@ from celeryapp.scheduling.store import upsert_schedule
 from celeryapp.scheduling.stored_entry import CadenceSchedule, CorruptEntry, ScheduleEntry, fire_of
 from celeryapp.worker.firing import _ENTRY_AT, _FIRE_COLUMNS
 from models import Schedule, ScheduleSource, transaction
+from models.audit import BEAT
 from models.definitions import definition_of
+from models.versions import VersionOrigin
 from tests.support import processes
 from tests.support.helpers import call, set_field, step
 from tests.support.terminals import in_pty, plain_lines
@@ -152,7 +154,7 @@ def test_every_reader_of_the_stored_schedule_reckons_the_same_slots(app: Chordbe
     definition = parse_definition(valid(), rules=KNOWN_ONLY)
     url = app.settings.database_url
     with transaction(url) as session:
-        upsert_schedule(session, definition, source=ScheduleSource.API, now=T0)
+        upsert_schedule(session, definition, source=ScheduleSource.API, now=T0, origin=VersionOrigin.of(BEAT))
     sync_schedules(app, ["nightly"])
     with transaction(url, read_only=True) as session:
         schedule = session.scalars(select(Schedule).where(Schedule.name == "nightly")).one()
@@ -192,7 +194,13 @@ def test_a_schedule_without_dst_keeps_the_default_rule(app: ChordbeatCelery) -> 
     raw = copy.deepcopy(valid())
     del raw["dst"]
     with transaction(app.settings.database_url) as session:
-        upsert_schedule(session, parse_definition(raw, rules=KNOWN_ONLY), source=ScheduleSource.API, now=T0)
+        upsert_schedule(
+            session,
+            parse_definition(raw, rules=KNOWN_ONLY),
+            source=ScheduleSource.API,
+            now=T0,
+            origin=VersionOrigin.of(BEAT),
+        )
     with transaction(app.settings.database_url, read_only=True) as session:
         schedule = session.scalars(select(Schedule).where(Schedule.name == "nightly")).one()
         cadence = cadence_of(schedule)

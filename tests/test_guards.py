@@ -174,11 +174,13 @@ def test_two_starts_racing_make_one_execution(app: ChordbeatCelery) -> None:
     from celeryapp.execution.runs import start_execution
     from celeryapp.scheduling.store import upsert_schedule
     from models import Schedule, ScheduleSource, Trigger, utcnow
+    from models.audit import BEAT
+    from models.versions import VersionOrigin
 
     url = app.settings.database_url
     with transaction(url) as session:
         definition = parse_definition({"name": "race", "every": 60, "steps": [step("a")]})
-        upsert_schedule(session, definition, source=ScheduleSource.API, now=utcnow())
+        upsert_schedule(session, definition, source=ScheduleSource.API, now=utcnow(), origin=VersionOrigin.of(BEAT))
     results: dict[str, StartResult] = {}
     first_inserted = threading.Event()
 
@@ -221,6 +223,8 @@ def test_a_fire_reading_the_active_run_while_it_ends_still_runs_the_buffered_slo
     from celeryapp.scheduling.store import upsert_schedule
     from celeryapp.worker import firing
     from models import ExecutionStatus, Schedule, ScheduleExecution, ScheduleSource, Trigger, utcnow
+    from models.audit import BEAT
+    from models.versions import VersionOrigin
 
     if not database_url.startswith("postgresql"):
         pytest.skip("SQLite runs one writing transaction at a time: nothing to interleave")
@@ -229,7 +233,9 @@ def test_a_fire_reading_the_active_run_while_it_ends_still_runs_the_buffered_slo
         definition = parse_definition(
             {"name": "buf-race", "every": 60, "overlap": "buffer_one", "steps": [slow("wait")]}
         )
-        schedule, _ = upsert_schedule(session, definition, source=ScheduleSource.API, now=utcnow())
+        schedule, _ = upsert_schedule(
+            session, definition, source=ScheduleSource.API, now=utcnow(), origin=VersionOrigin.of(BEAT)
+        )
         active = start_execution(session, schedule, trigger=Trigger.MANUAL, run_key="buf-race:a", now=utcnow())
         # The anchor of the interval is a slot, the latest one for a minute.
         slot = schedule.updated_at

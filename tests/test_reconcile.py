@@ -19,6 +19,8 @@ from celeryapp.scheduling.beat_entries import ScheduleEntry, entry_name
 from celeryapp.scheduling.store import upsert_schedule
 from celeryapp.worker import firing
 from models import Schedule, ScheduleSource, ScheduleStatus, Trigger, get_engine, transaction, utcnow
+from models.audit import BEAT
+from models.versions import VersionOrigin
 from tasks.control import reconcile_beat
 from tests.support.helpers import step
 
@@ -123,7 +125,7 @@ def test_a_change_whose_entry_sync_was_lost_is_picked_up_by_the_periodic_reconci
     # Changes committed whose entry sync never happened (Redis away, a crash after commit).
     with transaction(app.settings.database_url) as session:
         definition = parse_definition({"name": "edited", "cron": "*/5 * * * *", "steps": [step("s")]})
-        upsert_schedule(session, definition, source=ScheduleSource.API, now=utcnow())
+        upsert_schedule(session, definition, source=ScheduleSource.API, now=utcnow(), origin=VersionOrigin.of(BEAT))
         session.execute(
             update(Schedule).where(Schedule.name == "paused").values(status=ScheduleStatus.PAUSED, changed_at=utcnow())
         )

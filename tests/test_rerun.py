@@ -71,7 +71,7 @@ def test_a_failed_run_is_run_again_from_its_failed_group_with_its_payload_and_sl
         "bank is back",
         rerun["id"],
     )
-    assert row["detail"] == {"rerun_of": source["id"], "from_group": 1}
+    assert row["detail"] == {"rerun_of": source["id"], "from_group": 1, "version": 1}
 
     # Not from the failed group: the whole plan again.
     whole = call(client, "chordbeat.rerun_execution", execution_id=source["id"], from_failed=False)

@@ -89,6 +89,7 @@ def test_a_rerun_takes_another_payload_and_shows_the_groups_it_reuses(
     assert _last_rerun_row(client)["detail"] == {
         "rerun_of": source["id"],
         "from_group": 1,
+        "version": 1,
         "payload": {"region": "earth"},
         "claimed_source": "cli",
     }

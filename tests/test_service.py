@@ -39,6 +39,7 @@ SCHEDULE_KEYS = {
     "paused_at",
     "silenced",
     "open_alerts",
+    "version",
 }
 
 

@@ -37,6 +37,7 @@ from models import (
     Trigger,
 )
 from models.session import affected
+from models.versions import PinnedVersion, definition_at
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class Starter(Protocol):
         locked: bool = False,
         backfill_id: int | None = None,
         detail: str | None = None,
+        pinned: PinnedVersion | None = None,
     ) -> StartResult: ...
 
 
@@ -196,6 +198,9 @@ def _start_slot(
         locked=True,
         backfill_id=backfill.id,
         detail=detail,
+        # Checked when the backfill was asked for; a version gone since (its schedule deleted and
+        # made again) runs the current definition.
+        pinned=None if backfill.version is None else definition_at(session, schedule.id, backfill.version),
     )
     if result.skipped is not None:
         logger.info(

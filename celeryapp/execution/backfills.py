@@ -67,6 +67,7 @@ def create_backfill(
     request_key: str | None = None,
     span: tuple[datetime, datetime] | None = None,
     not_before: datetime | None = None,
+    version: int | None = None,
 ) -> BackfillStart:
     """Make a backfill of ``slots`` (aware, oldest first, at least one) and start its first runs.
 
@@ -76,7 +77,8 @@ def create_backfill(
     checked that no running backfill has it. ``span``: the requested range (start, end); a
     catch-up's is its first slot and its last. ``not_before``: no slot starts before then (origin
     MOVED: the run waits for the next business day's wall time; recovery's pass starts it within
-    its interval after, or any run end or fire of the schedule before that).
+    its interval after, or any run end or fire of the schedule before that). ``version``: the
+    definition version its runs run (None: the current one when each starts).
     """
     if not slots:
         raise ValueError("a backfill needs at least one slot")
@@ -90,6 +92,7 @@ def create_backfill(
         schedule_name=name,
         origin=origin,
         mode=mode,
+        version=version,
         range_start=span[0] if span else slots[0],
         range_end=span[1] if span else slots[-1],
         slots=[stored_slot(slot) for slot in slots],

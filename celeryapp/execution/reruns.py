@@ -17,6 +17,7 @@ from celeryapp.execution.runs import start_execution
 from celeryapp.states import AuditAction
 from models import ExecutionStatus, Schedule, ScheduleExecution, SlotRecord, Trigger
 from models.audit import Actor
+from models.definitions import definition_of
 
 #: What can be run again: a run that ended without completing.
 RERUNNABLE = (ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
@@ -37,10 +38,12 @@ def start_rerun(
     reason: str | None,
     now: datetime,
     payload: dict[str, Any] | None = None,
+    latest: bool = False,
 ) -> StartResult:
     """Start the re-run of execution ``source_id`` (with ``payload`` instead of its own, when
     given) and write its audit row (also when the overlap policy skipped it: the operator asked);
-    a changed payload is in the row, as the run's own is on the run."""
+    a changed payload is in the row, as the run's own is on the run. The steps are the source's
+    (its pinned version's), or with ``latest`` the schedule's current definition's."""
     source = session.get(ScheduleExecution, source_id)
     if source is None:
         raise NotFound(f"execution {source_id} does not exist")
@@ -56,7 +59,9 @@ def start_rerun(
     )
     if schedule is None:
         raise NotFound(f"schedule {source.schedule_name!r} of execution {source_id} does not exist")
-    from_group = first_failed_group(source) if from_failed else 0
+    plan, version = (definition_of(schedule).plan(), schedule.version) if latest else (source.plan, source.version)
+    # The current definition may have fewer groups than the source: from its last at most.
+    from_group = min(first_failed_group(source), len(plan) - 1) if from_failed else 0
     slot = session.scalar(
         select(SlotRecord.nominal_at).where(SlotRecord.execution_id == source_id).order_by(SlotRecord.id).limit(1)
     )
@@ -68,9 +73,9 @@ def start_rerun(
         now=now,
         nominal_at=slot,
         locked=True,
-        rerun=Rerun(source_id, from_group, source.plan, dict(source.payload or {}) if payload is None else payload),
+        rerun=Rerun(source_id, from_group, plan, dict(source.payload or {}) if payload is None else payload, version),
     )
-    detail: dict[str, Any] = {"rerun_of": source_id, "from_group": from_group}
+    detail: dict[str, Any] = {"rerun_of": source_id, "from_group": from_group, "version": version}
     if payload is not None and payload != (source.payload or {}):
         detail["payload"] = payload
     if result.skipped is not None:

@@ -38,12 +38,14 @@ Groups = Sequence[Sequence[StepSpec]]
 
 @dataclass(frozen=True)
 class Rerun:
-    """A run again of an ended one: its stored plan and payload, from group ``from_group`` on."""
+    """A run again of an ended one: its stored plan and payload, from group ``from_group`` on;
+    ``plan`` is that of definition ``version`` (the source's own, or the current one)."""
 
     of: int
     from_group: int
     plan: list[list[dict[str, Any]]]
     payload: dict[str, Any]
+    version: int | None
 
     @property
     def groups(self) -> Groups:
@@ -59,6 +61,7 @@ class Rerun:
             "current_step_index": self.from_group,
             "rerun_of": self.of,
             "rerun_from_group": self.from_group,
+            "version": self.version,
         }
 
 
@@ -83,9 +86,11 @@ def execution_row(
     rerun: Rerun | None = None,
     slot: datetime | None = None,
     backfill_id: int | None = None,
+    version: int | None = None,
 ) -> dict[str, Any]:
     """``slot``: the nominal time the run is for (None for a manual run); ``backfill_id``: the
-    backfill (or catch-up) that starts it."""
+    backfill (or catch-up) that starts it; ``version``: ``definition``'s, when it is not the
+    schedule's current one."""
     plan = definition.plan()
     row = {
         "schedule_id": schedule.id,
@@ -102,6 +107,8 @@ def execution_row(
         "slot": slot,
         "backfill_id": backfill_id,
         "token": run_token(),
+        # Pinned: the plan above is this version's, whatever the schedule becomes meanwhile.
+        "version": schedule.version if version is None else version,
         "deadline_at": now + timedelta(seconds=definition.timeout_s) if definition.timeout_s else None,
     }
     return row if rerun is None else {**row, **rerun.row()}

@@ -66,6 +66,7 @@ from models.audit import BEAT, Note
 from models.definitions import definition_of
 from models.session import NO_SYNC, affected
 from models.tables import EXECUTIONS
+from models.versions import PinnedVersion
 
 logger = logging.getLogger(__name__)
 
@@ -142,13 +143,15 @@ def start_execution(
     rerun: Rerun | None = None,
     backfill_id: int | None = None,
     detail: str | None = None,
+    pinned: PinnedVersion | None = None,
 ) -> StartResult:
     """Create an execution with all its worker tasks, honouring the schedule's overlap policy.
 
     ``locked``: the caller holds the schedule's row lock; ``no_active``: and found no active run.
     ``rerun``: the run is that of an ended execution's plan, not of the current definition.
     ``nominal_at`` is stored as the run's slot; ``backfill_id``: the backfill starting it (whose
-    driver checked the overlap first); ``detail``: its slot record's.
+    driver checked the overlap first); ``detail``: its slot record's; ``pinned``: the definition
+    version it runs instead of the current one (a backfill's named version).
     """
     if not locked:
         lock_schedule(session, schedule.id)
@@ -178,7 +181,7 @@ def start_execution(
             if overlapped is not None:
                 return overlapped
 
-    definition = definition_of(schedule)
+    definition = definition_of(schedule) if pinned is None else pinned.definition
     # One statement: a unique conflict (the same run key, or another active run of an exclusive
     # schedule) inserts nothing instead of failing, and is sorted out below.
     row = execution_row(
@@ -191,6 +194,7 @@ def start_execution(
         rerun=rerun,
         slot=nominal_at,
         backfill_id=backfill_id,
+        version=None if pinned is None else pinned.version,
     )
     execution_id = session.scalar(insert_ignoring_conflicts(session).values(row).returning(EXECUTIONS.c.id))
     if execution_id is None:

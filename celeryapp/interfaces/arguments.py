@@ -51,6 +51,11 @@ def execution_id_arg(value: Any, field: str = "execution_id", what: str = "an ex
     return value
 
 
+def version_arg(value: Any, field: str = "version") -> int:
+    """A schedule's definition version: numbered from 1."""
+    return execution_id_arg(value, field, "a definition version")
+
+
 def limit_arg(value: Any, high: int = MAX_LIST_LIMIT) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
         got = short_repr(value) if isinstance(value, int) and not isinstance(value, bool) else type_name(value)

@@ -38,7 +38,15 @@ from celeryapp.execution.backfills import (
     slot_facts,
     steps_per_run,
 )
-from celeryapp.interfaces.arguments import actor_arg, execution_id_arg, flag_arg, limit_arg, name_arg, reason_arg
+from celeryapp.interfaces.arguments import (
+    actor_arg,
+    execution_id_arg,
+    flag_arg,
+    limit_arg,
+    name_arg,
+    reason_arg,
+    version_arg,
+)
 from celeryapp.interfaces.objects import backfill_json, schedule_backfills
 from celeryapp.scheduling.calendar_files import excluded_slots
 from celeryapp.scheduling.store import find_schedule
@@ -46,6 +54,7 @@ from celeryapp.states import AuditAction, AuditSource
 from celeryapp.worker.dispatch import apply_effects
 from models import BackfillOrigin, Overlap, ScheduleStatus, transaction, utcnow
 from models.session import retried_transaction
+from models.versions import definition_at
 
 if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery
@@ -64,19 +73,23 @@ def backfill_schedule(
     dry_run: Any = False,
     actor: Any = None,
     reason: Any = None,
+    version: Any = None,
     *,
     source: AuditSource = AuditSource.SERVICE,
 ) -> dict[str, Any]:
     """The slots ``start ≤ slot < end`` the mode picks, oldest first; unless ``dry_run``, a backfill
-    that runs them, ``max_concurrent`` at a time. The same request while its backfill runs answers
-    with that backfill and starts nothing."""
+    that runs them, ``max_concurrent`` at a time, with definition ``version`` (None: the current
+    one when each run starts). The same request while its backfill runs answers with that backfill
+    and starts nothing."""
     name = name_arg(name)
     since, until = time_arg("start", start), time_arg("end", end)
     chosen_mode = parse_mode(mode)
     concurrent = parse_max_concurrent(max_concurrent)
     dry = flag_arg(dry_run, "dry_run")
     who, why = actor_arg(actor, source), reason_arg(reason)
-    key = request_key(name, since, until, chosen_mode)
+    pinned = None if version is None else version_arg(version)
+    # Another version's backfill of the same range is another request.
+    key = request_key(name, since, until, chosen_mode) + ("" if pinned is None else f":v{pinned}")
     settings = app.settings
     bounds = BackfillBounds(
         settings.backfill_max_pending_per_schedule, settings.backfill_max_pending, settings.backfill_max_step_runs
@@ -86,6 +99,8 @@ def backfill_schedule(
         now = utcnow()
         check_range(since, until, now=now)
         schedule = find_schedule(session, name, lock=not dry)
+        if pinned is not None and definition_at(session, schedule.id, pinned) is None:
+            raise NotFound(f"schedule {name!r} has no version {pinned}")
         if concurrent > 1 and schedule.overlap is not Overlap.ALLOW:
             raise InvalidArgument(
                 "max_concurrent",
@@ -129,8 +144,11 @@ def backfill_schedule(
             mode=chosen_mode.value,
             request_key=key,
             span=(since, until),
+            version=pinned,
         )
-        detail = {"backfill_id": made.backfill_id, "count": len(slots), "mode": chosen_mode.value}
+        detail: dict[str, Any] = {"backfill_id": made.backfill_id, "count": len(slots), "mode": chosen_mode.value}
+        if pinned is not None:
+            detail["version"] = pinned
         who.record(session, AuditAction.TRIGGER, name, reason=why, detail=detail, at=now)
         return _answer(made.backfill_id, slots), made.effects
 

@@ -32,10 +32,12 @@ def zones_of(client: ChordbeatClient, names: set[str]) -> dict[str, ZoneInfo]:
     return zones
 
 
-def next_page_hint(shown: int, limit: int, last_id: int, schedule: str | None, status: str | None) -> str | None:
+def next_page_hint(
+    shown: int, limit: int, last_id: int, schedule: str | None, status: str | None, version: int | None = None
+) -> str | None:
     """The command for the next (older) page, when this one was full."""
     if shown < limit:
         return None
-    given = (("schedule", schedule), ("status", status))
+    given = (("schedule", schedule), ("status", status), ("version", None if version is None else str(version)))
     filters = "".join(f" --{key} {shlex.quote(value)}" for key, value in given if value)
     return f"more: chordbeat executions{filters} --limit {limit} --before {last_id}"

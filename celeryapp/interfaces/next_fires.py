@@ -33,19 +33,22 @@ def count_arg(value: Any) -> int:
 
 
 def next_fires(app: ChordbeatCelery, name: str, count: int = 10) -> list[dict[str, Any]]:
-    """``[{"at", "local", "excluded", "dst"}]``: the next ``count`` slots (a paused schedule's: those
-    it would fire if resumed; a done or dead one has none), in UTC and on the schedule's wall clock;
-    ``dst`` says what the schedule's DST rule did to a slot on a day the clocks change."""
+    """``[{"at", "local", "excluded", "dst", "version"}]``: the next ``count`` slots (a paused
+    schedule's: those it would fire if resumed; a done or dead one has none), in UTC and on the
+    schedule's wall clock; ``dst`` says what the schedule's DST rule did to a slot on a day the
+    clocks change; ``version``: the definition version its run would run (the current one: a run
+    pins the version current when it starts)."""
     name, count = name_arg(name), count_arg(count)
     now = utcnow()
     with transaction(app.settings.database_url, read_only=True) as session:
         schedule = find_schedule(session, name)
         times = next_fire_times(schedule, now, count)
         stored, timezone, cron, dst = schedule.calendar, schedule.timezone, schedule.cron, schedule.dst
+        version = schedule.version
     zone = ZoneInfo(timezone)
     reasons = preview_exclusions(app.settings.calendars_dir, stored, timezone, dst, times)
     notes = dst_notes(cron, zone, DstRules.from_json(dst), now, times)
     return [
-        {"at": iso(at), "local": at.astimezone(zone).isoformat(), "excluded": reason, "dst": note}
+        {"at": iso(at), "local": at.astimezone(zone).isoformat(), "excluded": reason, "dst": note, "version": version}
         for at, reason, note in zip(times, reasons, notes, strict=True)
     ]

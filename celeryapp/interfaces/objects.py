@@ -76,6 +76,7 @@ def schedule_json(schedule: Schedule, alerting: Alerting) -> dict[str, Any]:
         paused_at=iso(schedule.paused_at),
         silenced=_silenced(alerting.silence),
         open_alerts=alerting.open,
+        version=schedule.version,
     )
     return out
 
@@ -108,6 +109,7 @@ def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, 
         "rerun_of": execution.rerun_of,
         "rerun_from_group": execution.rerun_from_group,
         "slot": iso(execution.slot),
+        "version": execution.version,
         "payload": execution.payload,
         # Its steps' names by group, in the definition's order (the plan it runs).
         "groups": [[step["name"] for step in group] for group in execution.plan],

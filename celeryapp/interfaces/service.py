@@ -23,7 +23,7 @@ from celeryapp.domain.pause_resume import decide_pause, decide_resume
 from celeryapp.domain.step_policy import StepRules
 from celeryapp.domain.times import iso
 from celeryapp.domain.validation import parse_definition
-from celeryapp.errors import NotFound
+from celeryapp.errors import InvalidArgument, NotFound
 from celeryapp.execution.backfills import cancel_backfills_of, drive_backfills
 from celeryapp.execution.reruns import start_rerun
 from celeryapp.execution.run_rows import StartResult
@@ -37,6 +37,7 @@ from celeryapp.interfaces.arguments import name_arg as _name
 from celeryapp.interfaces.arguments import payload_arg as _payload
 from celeryapp.interfaces.arguments import reason_arg as _reason
 from celeryapp.interfaces.arguments import status_arg as _status
+from celeryapp.interfaces.arguments import version_arg
 from celeryapp.interfaces.audit import MAX_AUDIT_LIMIT, audit_filter, audit_rows
 from celeryapp.interfaces.objects import alerting_of, execution_json, one_schedule_json, schedule_json
 from celeryapp.interfaces.summaries import execution_summaries, schedules_page
@@ -58,6 +59,7 @@ from models import (
 )
 from models.audit import Note
 from models.session import retried_transaction
+from models.versions import VersionOrigin
 
 if TYPE_CHECKING:
     from celeryapp.application import ChordbeatCelery
@@ -88,7 +90,10 @@ def apply_schedule(
     )
 
     def store(session: Session) -> dict[str, Any]:
-        schedule, change = upsert_schedule(session, parsed, source=schedule_source, now=utcnow(), paused_by=who.name)
+        origin = VersionOrigin.of(who, why)
+        schedule, change = upsert_schedule(
+            session, parsed, source=schedule_source, now=utcnow(), origin=origin, paused_by=who.name
+        )
         who.record(session, AuditAction.APPLY, parsed.name, reason=why, detail={"change": change.value})
         return one_schedule_json(session, schedule, utcnow())
 
@@ -264,21 +269,30 @@ def rerun_execution(
     actor: str | None = None,
     reason: str | None = None,
     payload: dict[str, Any] | None = None,
+    latest: bool = False,
     *,
     source: AuditSource = AuditSource.SERVICE,
 ) -> dict[str, Any]:
     """A new run of a failed or cancelled execution: its plan and payload (``payload``, when given,
     instead: a run that failed because of its payload would fail again), for its slot, from its
     first failed group (``from_failed``) or from the start; the new execution object, or
-    ``{"execution_id": null, "skipped": ...}`` when the overlap policy started nothing."""
+    ``{"execution_id": null, "skipped": ...}`` when the overlap policy started nothing. Its steps
+    are those of the source's version, or with ``latest`` the current definition's."""
     execution_id, who, why = _execution_id(execution_id), _actor(actor, source), _reason(reason)
-    from_failed = _flag(from_failed, "from_failed")
+    from_failed, latest = _flag(from_failed, "from_failed"), _flag(latest, "latest")
     payload = _payload(payload)
     result = retried_transaction(
         app.settings.database_url,
         f"re-running execution {execution_id}",
         lambda session: start_rerun(
-            session, execution_id, from_failed=from_failed, actor=who, reason=why, now=utcnow(), payload=payload
+            session,
+            execution_id,
+            from_failed=from_failed,
+            actor=who,
+            reason=why,
+            now=utcnow(),
+            payload=payload,
+            latest=latest,
         ),
     )
     apply_effects(app, result.effects)
@@ -331,15 +345,22 @@ def list_executions(
     status: str | None = None,
     limit: int = 50,
     before_id: int | None = None,
+    version: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Summaries, newest first; ``before_id``: only older runs (the cursor: the last id of a page).
-    An answer is at most ``limit`` times ``summaries.MAX_SUMMARY_BYTES``."""
+    """Summaries, newest first; ``before_id``: only older runs (the cursor: the last id of a page);
+    ``version``: only the runs of that definition version (needs ``schedule``). An answer is at
+    most ``limit`` times ``summaries.MAX_SUMMARY_BYTES``."""
     schedule = None if schedule is None else _name(schedule, "schedule")
     wanted = _status(status)
     limit = _limit(limit, MAX_EXECUTION_LIST_LIMIT)
     before = None if before_id is None else _execution_id(before_id, "before_id")
+    pinned = None if version is None else version_arg(version)
+    if pinned is not None and schedule is None:
+        raise InvalidArgument("version", "needs schedule (versions are numbered per schedule)")
     with transaction(app.settings.database_url, read_only=True) as session:
-        return execution_summaries(session, schedule=schedule, status=wanted, limit=limit, before_id=before)
+        return execution_summaries(
+            session, schedule=schedule, status=wanted, limit=limit, before_id=before, version=pinned
+        )
 
 
 def list_slots(app: ChordbeatCelery, name: str, limit: int = 50) -> list[dict[str, Any]]:

@@ -54,6 +54,7 @@ def _widest_fixed_part() -> int:
         "rerun_of": MAX_ID,
         "rerun_from_group": MAX_STEPS,
         "slot": widest_time,
+        "version": MAX_ID,
         "steps": {"total": MAX_ID, **{s.value: MAX_ID for s in ActivityStatus}},
     }
     return len(json.dumps(summary))
@@ -101,10 +102,17 @@ def step_total(dialect: str) -> ColumnElement[Any]:
 
 
 def summaries_query(
-    dialect: str, *, schedule: str | None, status: ExecutionStatus | None, limit: int, before_id: int | None
+    dialect: str,
+    *,
+    schedule: str | None,
+    status: ExecutionStatus | None,
+    limit: int,
+    before_id: int | None,
+    version: int | None = None,
 ) -> Select[Any]:
     """Newest first; ``before_id``: only older runs (ids are never reused, so the pages of a
-    cursor neither repeat nor skip a run, however many start meanwhile)."""
+    cursor neither repeat nor skip a run, however many start meanwhile); ``version``: only the
+    runs of that definition version (of ``schedule``)."""
     # One character more than shown, to know whether the error was cut.
     error = func.substr(_run.error, 1, LIST_TEXT_CHARS + 1)
     query = select(
@@ -120,12 +128,15 @@ def summaries_query(
         _run.rerun_of,
         _run.rerun_from_group,
         _run.slot,
+        _run.version,
         step_total(dialect).label("total"),
     )
     if schedule is not None:
         query = query.where(_run.schedule_name == schedule)
     if status is not None:
         query = query.where(_run.status == status)
+    if version is not None:
+        query = query.where(_run.version == version)
     if before_id is not None:
         query = query.where(_run.id < before_id)
     return query.order_by(_run.id.desc()).limit(limit)
@@ -155,11 +166,13 @@ def execution_summaries(
     status: ExecutionStatus | None,
     limit: int,
     before_id: int | None,
+    version: int | None = None,
 ) -> list[dict[str, Any]]:
     dialect = session.get_bind().dialect.name
-    rows = session.execute(
-        summaries_query(dialect, schedule=schedule, status=status, limit=limit, before_id=before_id)
-    ).all()
+    query = summaries_query(
+        dialect, schedule=schedule, status=status, limit=limit, before_id=before_id, version=version
+    )
+    rows = session.execute(query).all()
     steps: dict[int, dict[str, int]] = {row.id: {"total": int(row.total or 0)} for row in rows}
     if rows:
         for execution_id, activity_status, count in session.execute(_latest_attempts(list(steps))):
@@ -178,6 +191,7 @@ def execution_summaries(
             "rerun_of": row.rerun_of,
             "rerun_from_group": row.rerun_from_group,
             "slot": iso(row.slot),
+            "version": row.version,
             "steps": steps[row.id],
         }
         for row in rows

@@ -1,6 +1,8 @@
 """Housekeeping: finished executions (with their activities) and slot records past retention go,
 and audit rows, alerts (with their deliveries) and ended silences past the trail's own, longer
-retention (``CHORDBEAT_AUDIT_RETENTION_DAYS``): an alert is part of who-knew-what-when.
+retention (``CHORDBEAT_AUDIT_RETENTION_DAYS``): an alert is part of who-knew-what-when. A
+definition version goes once it is past the trail's retention, no kept run ran it, and it is not
+among its schedule's newest ``KEPT_VERSIONS`` (or its schedule was deleted).
 
 One pass at a time across the deployment (a lease in Redis, renewed after every batch), in small
 batches that each commit by themselves, oldest first through the indexes on ``completed_at`` and
@@ -23,14 +25,25 @@ from typing import Any
 
 from redis.exceptions import LockError
 from redis.lock import Lock
-from sqlalchemy import Select, delete, select
+from sqlalchemy import Select, and_, delete, exists, or_, select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.names import PREFIX
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring.metric_counts import retire_orphans
 from celeryapp.runtime import Runtime
-from models import Alert, AlertSilence, AuditEvent, Backfill, ExecutionStatus, ScheduleExecution, SlotRecord, utcnow
+from models import (
+    Alert,
+    AlertSilence,
+    AuditEvent,
+    Backfill,
+    ExecutionStatus,
+    Schedule,
+    ScheduleExecution,
+    ScheduleVersion,
+    SlotRecord,
+    utcnow,
+)
 from models.session import affected, retried_transaction
 
 logger = logging.getLogger(__name__)
@@ -48,9 +61,17 @@ LEASE_S = 120.0
 FOLLOW_UP_DELAY_S = 5.0
 #: The tables housekeeping deletes from.
 _Purged = (
-    type[ScheduleExecution] | type[SlotRecord] | type[AuditEvent] | type[Alert] | type[AlertSilence] | type[Backfill]
+    type[ScheduleExecution]
+    | type[SlotRecord]
+    | type[AuditEvent]
+    | type[Alert]
+    | type[AlertSilence]
+    | type[Backfill]
+    | type[ScheduleVersion]
 )
 LEASE_KEY = f"{PREFIX}:housekeeping:lease"
+#: A schedule's newest versions, kept whatever their age (docs/versions.md).
+KEPT_VERSIONS = 1_000
 
 
 @dataclass
@@ -65,6 +86,8 @@ class PassReport:
     backfills: int = 0
     #: Metric rows of schedules deleted before versions that retire them with their schedule.
     metric_rows: int = 0
+    #: Definition versions past the trail's retention, beyond their schedule's newest KEPT_VERSIONS.
+    versions: int = 0
     #: Another pass held the lease: this one did nothing.
     skipped: bool = False
     #: The budget ran out (or the lease was lost) with rows still due.
@@ -82,6 +105,7 @@ class PassReport:
             "silences": self.silences,
             "backfills": self.backfills,
             "metric_rows": self.metric_rows,
+            "versions": self.versions,
             "skipped": self.skipped,
             "unfinished": self.unfinished,
             "cutoff": self.cutoff,
@@ -170,6 +194,10 @@ def _delete_due(
         report.backfills, done = _delete_oldest(
             url, Backfill, ended_backfills, batch or EXECUTION_BATCH, spent, lease, report
         )
+    if done:
+        report.versions, done = _delete_oldest(
+            url, ScheduleVersion, _old_versions(audit_cutoff), batch or SLOT_BATCH, spent, lease, report
+        )
     report.unfinished = not done
 
 
@@ -210,11 +238,31 @@ def _oldest_runs(cutoff: datetime) -> Select[Any]:
     )
 
 
+def _old_versions(cutoff: datetime) -> Select[Any]:
+    """Versions older than ``cutoff`` that no kept run ran, and either of a deleted schedule or not
+    among their schedule's newest :data:`KEPT_VERSIONS`. Of the live schedules, only those with
+    more versions than that are looked at, each through the ``(schedule_id, version)`` index; the
+    runs through ``(schedule_name, version, id)``."""
+    ran = exists().where(
+        ScheduleExecution.schedule_name == ScheduleVersion.schedule_name,
+        ScheduleExecution.version == ScheduleVersion.version,
+    )
+    beyond_kept = and_(Schedule.version > KEPT_VERSIONS, ScheduleVersion.version <= Schedule.version - KEPT_VERSIONS)
+    return (
+        select(ScheduleVersion.id)
+        .outerjoin(Schedule, Schedule.id == ScheduleVersion.schedule_id)
+        .where(ScheduleVersion.at < cutoff, or_(ScheduleVersion.schedule_id.is_(None), beyond_kept), ~ran)
+        .order_by(ScheduleVersion.id)
+    )
+
+
 def _oldest_slots(cutoff: datetime) -> Select[Any]:
     return select(SlotRecord.id).where(SlotRecord.recorded_at < cutoff).order_by(SlotRecord.recorded_at, SlotRecord.id)
 
 
 def _delete_batch(table: _Purged, oldest: Select[Any], batch: int, session: Session) -> int:
     """Delete up to ``batch`` of the rows ``oldest`` selects, locked in that order; how many."""
-    ids = list(session.scalars(oldest.limit(batch).with_for_update()))
+    # Only the rows to delete are locked (not a joined schedule's, which PostgreSQL also refuses on
+    # the nullable side of an outer join).
+    ids = list(session.scalars(oldest.limit(batch).with_for_update(of=table)))
     return affected(session, delete(table).where(table.id.in_(ids))) if ids else 0

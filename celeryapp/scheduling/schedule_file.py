@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.alert_fields import KnownChannels
 from celeryapp.domain.calendar_fields import CalendarReader
 from celeryapp.domain.definition import NAME_PATTERN, ScheduleDefinition
+from celeryapp.domain.definition_versions import diff_definitions
 from celeryapp.domain.limits import MAX_FILE_BYTES, short_repr, type_name
 from celeryapp.domain.problems import Problems
 from celeryapp.domain.shared_limits import LimitDefinition, parse_limit
@@ -36,12 +37,14 @@ from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.scheduling.calendar_files import calendar_reader
+from celeryapp.scheduling.file_commit import file_commit
 from celeryapp.scheduling.store import Change, check_file_limits_known, upsert_schedule
 from celeryapp.states import AuditAction
 from models import Schedule, ScheduleSource, utcnow
-from models.audit import REASON_CHARS, Actor
+from models.audit import BEAT, REASON_CHARS, Actor
 from models.definitions import definition_of
 from models.session import retried_transaction
+from models.versions import VersionOrigin
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +65,9 @@ class FileDiff:
     #: The file's limits: ``added``, ``changed``, ``removed``, ``unchanged``, ``kept`` and
     #: ``taken_over`` (from the service tasks or another file), each a list of names.
     limits: dict[str, list[str]] = field(default_factory=dict)
+    #: Changed schedules: name -> what differs, field by field (``diff_versions``' objects, ``env``
+    #: values hidden): what the change's new version will differ in from the current one.
+    differences: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     #: Why the steps were checked against this process's tasks instead of the workers' (none had
     #: published theirs); ``None`` when the workers' were used.
     checked_here: str | None = None
@@ -83,6 +89,7 @@ class FileDiff:
             "taken_over": self.taken_over,
             "fields": self.fields,
             "limits": self.limits,
+            "differences": self.differences,
         }
 
     def summary(self) -> str:
@@ -218,6 +225,7 @@ def apply_definitions(
     definitions: list[ScheduleDefinition],
     *,
     source: str,
+    origin: VersionOrigin,
     dry_run: bool = False,
     remove: bool | Collection[str] = True,
     file_limits: Sequence[LimitDefinition] = (),
@@ -247,6 +255,8 @@ def apply_definitions(
             fields = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
             if fields:
                 diff.fields[definition.name] = fields
+                found = diff_definitions(before, after)
+                diff.differences[definition.name] = [difference.env_hidden().to_json() for difference in found]
         if dry_run:
             if current is None:
                 diff.added.append(definition.name)
@@ -256,7 +266,7 @@ def apply_definitions(
                 diff.unchanged.append(definition.name)
         else:
             _schedule, change = upsert_schedule(
-                session, definition, source=ScheduleSource.FILE, source_name=source, now=now
+                session, definition, source=ScheduleSource.FILE, source_name=source, now=now, origin=origin
             )
             {Change.ADDED: diff.added, Change.CHANGED: diff.changed, Change.UNCHANGED: diff.unchanged}[change].append(
                 definition.name
@@ -319,10 +329,12 @@ def apply_file(
     actor: Actor | None = None,
     reason: str | None = None,
     remove_limits: bool | Collection[str] = True,
+    commit: str | None = None,
 ) -> FileDiff:
     """Validate and apply a schedule file in one transaction: all of it or nothing, with the
     ``file_applied`` audit row of ``actor`` when one is given (not for a dry run), and a
-    ``limit_applied`` or ``limit_deleted`` row for each limit it changes.
+    ``limit_applied`` or ``limit_deleted`` row for each limit it changes. The versions it makes
+    name the file and ``commit`` (by default the file's repository's, when it is in one).
 
     Its limits are applied first (its schedules may use them). Only schedules and limits of the
     file's own source are pruned (see :func:`apply_definitions`); ``remove_limits`` says which
@@ -332,6 +344,10 @@ def apply_file(
     # The channels file is read by the app (the alerting layer, above this one).
     schedule_file = read_file(
         path, rules=checked.rules, channels=app.alert_channels, calendars=calendar_reader(app.settings.calendars_dir)
+    )
+
+    origin = VersionOrigin.of(
+        actor or BEAT, reason, file=str(path), commit=None if dry_run else commit or file_commit(path)
     )
 
     def apply(session: Session) -> FileDiff:
@@ -346,6 +362,7 @@ def apply_file(
             session,
             schedule_file.definitions,
             source=schedule_file.source,
+            origin=origin,
             dry_run=dry_run,
             remove=remove,
             file_limits=schedule_file.limits,

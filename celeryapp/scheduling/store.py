@@ -20,6 +20,7 @@ from models import Schedule, ScheduleSource, ScheduleStatus, ScheduleStep
 from models.definitions import definition_of
 from models.limit_tables import LIMITS
 from models.session import affected
+from models.versions import VersionOrigin, record_version
 
 #: Times a pause or resume decides again when the status changed between its read and its write.
 STATUS_RACE_TRIES = 3
@@ -170,10 +171,12 @@ def upsert_schedule(
     *,
     source: ScheduleSource,
     now: datetime,
+    origin: VersionOrigin,
     source_name: str | None = None,
     paused_by: str | None = None,
 ) -> tuple[Schedule, Change]:
-    """Store a validated definition, replacing the stored one of the same name.
+    """Store a validated definition, replacing the stored one of the same name, as the schedule's
+    next version (made by ``origin``; docs/versions.md).
 
     Status after a change: ``paused`` when the definition says ``enabled: false``, else ``active``
     (a changed definition revives a ``done`` or ``dead`` schedule and resets its retries). An
@@ -220,4 +223,5 @@ def upsert_schedule(
     # before now was missed.
     schedule.last_slot_at = None
     session.flush()
+    record_version(session, schedule, definition.to_json(), origin, now=now)
     return schedule, change

@@ -2,7 +2,7 @@
 
 One module per command group: ``files`` (``db upgrade``, ``apply``: on the database directly,
 before any worker exists), ``schedules``, ``runs`` (with ``watch``, following one live),
-``backfills``, ``audit``,
+``backfills``, ``audit``, ``versions``,
 ``alerts``, ``limits``, ``processes`` (``health`` reads local liveness files; ``metrics``, ``web``); ``calls``
 holds what they share.
 
@@ -18,7 +18,7 @@ import logging
 
 import click
 
-from celeryapp.interfaces.cli import alerts, audit, backfills, files, limits, processes, runs, schedules
+from celeryapp.interfaces.cli import alerts, audit, backfills, files, limits, processes, runs, schedules, versions
 from celeryapp.interfaces.cli.calls import forget_worker
 
 
@@ -48,6 +48,9 @@ for _command in (
     schedules.pause_cmd,
     schedules.resume_cmd,
     schedules.delete_cmd,
+    versions.versions_cmd,
+    versions.diff_cmd,
+    versions.rollback_cmd,
     audit.audit_cmd,
     alerts.alerts_cmd,
     limits.limits_cmd,

@@ -119,6 +119,7 @@ def _say_none(request: dict[str, Any], answer: dict[str, Any], zone: tzinfo, vie
 @click.option("--dry-run", is_flag=True, help="Only list the slots; start nothing.")
 @click.option("--wait", is_flag=True, help="Follow it to its end; exit 0 only if every run completed.")
 @click.option("--cancel", "cancel_id", type=int, default=None, metavar="ID", help="Cancel backfill ID instead.")
+@click.option("--version", type=click.IntRange(1), default=None, help="Run this definition version (default: current).")
 @yes_option
 @acts
 @json_option
@@ -131,6 +132,7 @@ def backfill_cmd(
     dry_run: bool,
     wait: bool,
     cancel_id: int | None,
+    version: int | None,
     yes: bool,
     as_name: str | None,
     reason: str | None,
@@ -156,6 +158,7 @@ def backfill_cmd(
         "end": time_arg(end, zone, "--to"),
         "mode": mode,
         "max_concurrent": max_concurrent,
+        **({} if version is None else {"version": version}),
     }
     listed = _flagged("backfill_schedule", name, dry_run=True, **request)
     if as_json and dry_run:

@@ -34,13 +34,23 @@ def db_upgrade() -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
 @click.option("--yes", "--prune", "yes", is_flag=True, help="Remove the file's dropped schedules without asking.")
+@click.option(
+    "--commit",
+    default=None,
+    metavar="ID",
+    callback=lambda _ctx, _param, value: _commit_of(value),
+    help="The commit the file is at, kept with the versions it makes (default: git's, in a repository).",
+)
 @acts
 @json_option
-def apply_cmd(path: str, dry_run: bool, yes: bool, as_name: str | None, reason: str | None, as_json: bool) -> None:
+def apply_cmd(
+    path: str, dry_run: bool, yes: bool, commit: str | None, as_name: str | None, reason: str | None, as_json: bool
+) -> None:
     """Apply a declarative schedule file (file schedules override stored ones).
 
     Only schedules of the file's own source (its 'source:', by default its name without the
-    extension) that it no longer names are removed, after confirmation.
+    extension) that it no longer names are removed, after confirmation. Each changed schedule
+    gets a new definition version; --dry-run shows what would differ, field by field.
     """
     from celeryapp.scheduling.schedule_file import apply_file
 
@@ -62,6 +72,7 @@ def apply_cmd(path: str, dry_run: bool, yes: bool, as_name: str | None, reason: 
                 remove_limits=remove_limits,
                 actor=actor_arg(acting(as_name), AuditSource.CLI),
                 reason=reason_arg(reason),
+                commit=commit,
             )
     except ChordbeatError as exc:
         raise Refused(exc, console.width) from None
@@ -71,11 +82,27 @@ def apply_cmd(path: str, dry_run: bool, yes: bool, as_name: str | None, reason: 
     if as_json:
         echo_json({"dry_run": dry_run, **diff.as_json()})
         return
-    _show_diff(diff, path)
+    _show_diff(diff, path, field_by_field=dry_run)
     click.echo(printable(f"{'would change' if dry_run else 'applied'} (source {diff.source}): {diff.summary()}"))
 
 
-def _show_diff(diff: Any, path: str) -> None:
+def _commit_of(value: str | None) -> str | None:
+    """``--commit`` checked here, so that its refusal names the flag."""
+    from celeryapp.errors import InvalidArgument
+    from celeryapp.interfaces.arguments import text_arg
+    from models.version_tables import COMMIT_LENGTH
+
+    if value is None:
+        return None
+    try:
+        return text_arg(value, "commit", COMMIT_LENGTH)
+    except InvalidArgument as refused:
+        raise click.BadParameter(printable(str(refused).removeprefix("commit: ")), param_hint="--commit") from None
+
+
+def _show_diff(diff: Any, path: str, *, field_by_field: bool = False) -> None:
+    from celeryapp.interfaces.cli.versions import print_differences
+
     # Limits first: they are applied first, and the schedules below may use them.
     for label, kind, style in (("+", "added", "green"), ("~", "changed", "yellow"), ("-", "removed", "red")):
         for name in diff.limits.get(kind, []):
@@ -86,6 +113,8 @@ def _show_diff(diff: Any, path: str) -> None:
         for name in names:
             fields = diff.fields.get(name)
             console.print(text_of(f"{label} {name}" + (f" ({', '.join(fields)})" if fields else ""), style))
+            if field_by_field and name in diff.differences:
+                print_differences(diff.differences[name], indent="    ")
     for name, owner in diff.taken_over.items():
         console.print(text_of(f"! {name}: taken over from {owner}", "yellow"))
     if diff.removed or diff.limits.get("removed"):

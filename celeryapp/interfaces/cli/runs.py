@@ -81,13 +81,20 @@ def execution_cmd(execution_id: int, watch: bool, full: bool, as_json: bool) -> 
 @click.option("--status", default=None)
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 500))
 @click.option("--before", "before_id", default=None, type=click.IntRange(1), help="Only executions older than this id.")
+@click.option(
+    "--version", default=None, type=click.IntRange(1), help="Only runs of this definition version (--schedule)."
+)
 @json_option
-def executions_cmd(schedule: str | None, status: str | None, limit: int, before_id: int | None, as_json: bool) -> None:
+def executions_cmd(
+    schedule: str | None, status: str | None, limit: int, before_id: int | None, version: int | None, as_json: bool
+) -> None:
     """Recent executions, newest first, a page at a time."""
     from celeryapp.interfaces.listing import next_page_hint
     from celeryapp.interfaces.time_words import took
 
-    executions = call("list_executions", schedule=schedule, status=status, limit=limit, before_id=before_id)
+    executions = call(
+        "list_executions", schedule=schedule, status=status, limit=limit, before_id=before_id, version=version
+    )
     if as_json:
         echo_json(executions)
         return
@@ -109,7 +116,8 @@ def executions_cmd(schedule: str | None, status: str | None, limit: int, before_
         )
     console.print(table)
     print_errors(executions)
-    if hint := next_page_hint(len(executions), limit, executions[-1]["id"] if executions else 0, schedule, status):
+    last = executions[-1]["id"] if executions else 0
+    if hint := next_page_hint(len(executions), limit, last, schedule, status, version):
         console.print(text_of(hint, "dim"))
 
 
@@ -146,6 +154,7 @@ def cancel_cmd(execution_id: int, yes: bool, as_name: str | None, reason: str | 
     "--payload", default=None, help="JSON object run instead of the execution's own payload (whole, not merged)."
 )
 @click.option("--wait", is_flag=True, help="Show live progress; exit 0 only if the run completes.")
+@click.option("--latest", is_flag=True, help="Run the current definition, not the run's own version.")
 @acts
 @json_option
 def rerun_cmd(
@@ -153,16 +162,19 @@ def rerun_cmd(
     from_failed: bool,
     payload: str | None,
     wait: bool,
+    latest: bool,
     as_name: str | None,
     reason: str | None,
     as_json: bool,
 ) -> None:
     """Run a failed or cancelled execution again: a new manual run with its slot and payload
-    (or --payload)."""
+    (or --payload) and its definition version's steps (or --latest: the current definition's)."""
     from celeryapp.interfaces.run_view import rerun_group
 
     data = _payload_option(payload)
-    changed = {} if data is None else {"payload": data}
+    changed: dict[str, Any] = {} if data is None else {"payload": data}
+    if latest:
+        changed["latest"] = True
     started: dict[str, Any] = call(
         "rerun_execution", execution_id, from_failed=from_failed, actor=acting(as_name), reason=reason, **changed
     )
@@ -177,6 +189,8 @@ def rerun_cmd(
         said = f"execution {started['id']} started: re-run of {execution_id} from group {rerun_group(started)}"
         if data is not None:
             said += f" with payload {json.dumps(started['payload'])}"
+        if latest:
+            said += f" (latest: version {started['version']})"
         click.echo(printable(said))
         return
     follow(started["id"], as_json)

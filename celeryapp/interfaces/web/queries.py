@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -137,6 +138,8 @@ class ScheduleView:
     audit: list[dict[str, Any]]
     #: Runs of the grid with a step that warned.
     warned: set[int]
+    #: Runs of the grid whose definition version differs from the run before them (the grid marks them).
+    version_starts: set[int] = field(default_factory=set)
 
 
 def schedule_view(session: Session, name: str, now: datetime, whole: bool = True) -> ScheduleView | None:
@@ -199,6 +202,7 @@ def schedule_view(session: Session, name: str, now: datetime, whole: bool = True
         counts=run_counts(session, schedule.id) if whole else RunCounts(),
         audit=trail.audit_trail(session, schedule=name) if whole else [],
         warned={run_id for (run_id, _), cell in cells.items() if cell.state in trail.WARNING_STEPS},
+        version_starts={later.id for earlier, later in pairwise(runs) if later.version != earlier.version},
     )
 
 

@@ -40,6 +40,7 @@ from celeryapp.interfaces.web.health_lines import health_lines
 from celeryapp.interfaces.web.limits_page import LimitHandler, LimitsHandler
 from celeryapp.interfaces.web.login import LoginHandler, LogoutHandler
 from celeryapp.interfaces.web.runs_page import RunsHandler
+from celeryapp.interfaces.web.versions_page import RollbackHandler, VersionDiffHandler, VersionsHandler
 from celeryapp.monitoring.health import age_s
 from celeryapp.scheduling.calendar_files import preview_exclusions
 from models import ScheduleStep, utcnow
@@ -192,6 +193,9 @@ def make_app(app: ChordbeatCelery, users: dict[str, WebUser], secret: str) -> to
             (r"/schedules/(fragment)", SchedulesHandler, ctx),
             (r"/schedule", ScheduleHandler, ctx),
             (r"/schedule/(fragment)", ScheduleHandler, ctx),
+            (r"/schedule/versions", VersionsHandler, ctx),
+            (r"/schedule/diff", VersionDiffHandler, ctx),
+            (r"/schedule/rollback", RollbackHandler, ctx),
             (r"/execution/([0-9]{1,12})", ExecutionHandler, ctx),
             (r"/execution/([0-9]{1,12})/(fragment|step)", ExecutionHandler, ctx),
             (r"/health", HealthHandler, ctx),

@@ -114,6 +114,10 @@ REFUSALS = [
     ("list_limits", {"limit": 5}, "InvalidArgument", "arguments: got an unexpected keyword argument 'limit'"),
     ("get_limit", {"name": "missing"}, "NotFound", "limit 'missing' does not exist"),
     ("delete_limit", {"name": "missing", "force": True}, "NotFound", "limit 'missing' does not exist"),
+    ("list_versions", {"name": "missing"}, "NotFound", "schedule 'missing' does not exist"),
+    ("get_version", {"name": "missing", "version": 0}, "InvalidArgument", "version: must be"),
+    ("diff_versions", {"name": "missing", "a": 1, "b": True}, "InvalidArgument", "b: must be"),
+    ("rollback_schedule", {"name": "missing", "version": 1}, "NotFound", "schedule 'missing' does not exist"),
 ]
 
 PLAIN_CALLER = """

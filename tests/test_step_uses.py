@@ -16,6 +16,11 @@ from celeryapp.errors import DefinitionError, NotFound
 from celeryapp.interfaces import limit_service, service
 from celeryapp.scheduling.schedule_file import apply_definitions
 from models import transaction
+from models.audit import BEAT
+from models.versions import VersionOrigin
+
+#: Who a direct apply of definitions is recorded as, in their versions.
+ORIGIN = VersionOrigin.of(BEAT, None, file="teams.yaml")
 
 
 def schedule(**fields: Any) -> dict[str, Any]:
@@ -100,5 +105,5 @@ def test_a_schedule_files_unknown_limits_are_refused_naming_the_schedule(app: Ch
     )
     for dry_run in (True, False):
         with transaction(app.settings.database_url) as session, pytest.raises(DefinitionError) as refused:
-            apply_definitions(session, definitions, source="teams.yaml", dry_run=dry_run)
+            apply_definitions(session, definitions, source="teams.yaml", origin=ORIGIN, dry_run=dry_run)
         assert [error.field for error in refused.value.errors] == ["schedules[1] (sales).steps[0].uses[0]"]

@@ -86,9 +86,9 @@ def test_the_trail_filters_by_actor_action_and_time_and_pages_by_cursor(
         ({"actor": True}, "actor: must be a string, got boolean"),
         ({"actor": "x" * 10**6}, "actor: must be 1 to 100 characters, got 1000000"),
         ({"actor": "eve\u202eadmin"}, "actor: must not hold control, format or unassigned characters"),
-        ({"action": "Pause"}, "action: must be one of apply, delete, pause"),
-        ({"action": "p\u0430use"}, "action: must be one of apply, delete, pause"),  # a Cyrillic a
-        ({"action": 3}, "action: must be one of apply, delete, pause"),
+        ({"action": "Pause"}, "action: must be one of apply, rollback, delete, pause"),
+        ({"action": "p\u0430use"}, "action: must be one of apply, rollback, delete, pause"),  # a Cyrillic a
+        ({"action": 3}, "action: must be one of apply, rollback, delete, pause"),
         ({"since": float("nan")}, "since: must be an ISO 8601 time with its UTC offset"),
         ({"since": True}, "since: must be an ISO 8601 time with its UTC offset"),
         ({"since": "2026-11-28T06:00:00"}, "since: must say its UTC offset"),

@@ -121,14 +121,16 @@ def test_limits_pages_at_390_and_1920_px_and_an_admin_resizes_with_a_reason(
         assert browser.find_element(By.ID, "reason").get_attribute("value") == "more exports"
         assert [r for r in service.list_audit(app) if r["source"] == "web"] == [], "nothing changed"
 
-        # Made larger, the waiter is admitted in the same transaction.
+        # Made larger, the waiter is admitted in the same transaction. These rows stand for steps
+        # and have no task to send, so the admitted one gives its slot straight back as a waiter
+        # whose run ended does (a real waiting step runs: test_limit_steps); the holder stays.
         slots = browser.find_element(By.ID, "slots")
         slots.clear()
         slots.send_keys("2")
         browser.find_element(By.ID, "resize-button").click()
-        wait_for(lambda: "erp: 1 → 2 slots, 2 in use" in page_text(browser, "body"), 20, what="the flash")
-        assert "2 of 2 slots in use · 0 waiting" in page_text(browser, "#limit-use")
-        assert "export orders" in page_text(browser, "#holders")
+        wait_for(lambda: "erp: 1 → 2 slots, 1 in use" in page_text(browser, "body"), 20, what="the flash")
+        assert "1 of 2 slots in use · 0 waiting" in page_text(browser, "#limit-use")
+        assert "export stock" in page_text(browser, "#holders")
         resized = [r for r in service.list_audit(app) if r["action"] == "limit_applied" and r["source"] == "web"]
         assert [(r["actor"], r["reason"], r["detail"]["definition"]["slots"]) for r in resized] == [
             ("ops", "more exports", 2)

@@ -48,6 +48,7 @@ SUMMARY_KEYS = {
     "rerun_of",
     "rerun_from_group",
     "slot",
+    "version",
     "steps",
 }
 

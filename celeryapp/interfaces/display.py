@@ -21,7 +21,7 @@ LABELS = {
     "in_progress": "running",
     "processing": "running",
     "waiting_for_previous_step": "waiting",
-    "waiting_for_limit": "waiting for a limit",
+    "waiting_for_limit": "waiting for limit",
     "complete": "completed",
     "complete_with_warning": "warning",
     "complete_with_error": "error, went on",

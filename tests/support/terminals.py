@@ -10,6 +10,7 @@ import select
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import time
 
@@ -43,7 +44,8 @@ def in_pty(
     attrs = termios.tcgetattr(follower)
     attrs[1] &= ~termios.OPOST  # bytes as written: a carriage return in the output came from the program
     termios.tcsetattr(follower, termios.TCSANOW, attrs)
-    proc = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, env=env, cwd=cwd)
+    as_from_a_shell = [sys.executable, "-c", _AS_FROM_A_SHELL, *argv]
+    proc = subprocess.Popen(as_from_a_shell, stdin=follower, stdout=follower, stderr=follower, env=env, cwd=cwd)
     os.close(follower)
     output = b""
     deadline = time.monotonic() + timeout
@@ -67,12 +69,36 @@ def in_pty(
                 interrupt_on = None
             for question in [q for q in replies if q.encode() in output]:
                 os.write(leader, replies.pop(question).encode())
-        return proc.wait(10), output.decode("utf-8", "replace")
+        try:
+            return proc.wait(10), output.decode("utf-8", "replace")
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{argv} did not end: {_stuck(proc)}; its output ended {output[-300:]!r}") from None
     finally:
         os.close(leader)
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+#: Run first in the child: the signal dispositions and mask a program started from a person's
+#: shell has, whatever the test process inherited or set (a SIGINT ignored or blocked there would
+#: be ignored by the program too, and Ctrl-C would do nothing); then the program itself, same pid.
+_AS_FROM_A_SHELL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "signal.pthread_sigmask(signal.SIG_SETMASK, ()); os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
+def _stuck(proc: subprocess.Popen[bytes]) -> str:
+    """Where a program that should have ended is: its signal masks and the system call it waits in."""
+    try:
+        with open(f"/proc/{proc.pid}/status") as status:
+            signals = [line.replace("\t", " ") for line in status.read().splitlines() if line.startswith("Sig")]
+        with open(f"/proc/{proc.pid}/syscall") as syscall:
+            waiting_in = syscall.read().split()[:3]
+    except FileNotFoundError:
+        return "gone"
+    return f"{', '.join(signals)}; system call {' '.join(waiting_in)}"
 
 
 def _wait_until_blocked(proc: subprocess.Popen[bytes], within_s: float = 10) -> None:

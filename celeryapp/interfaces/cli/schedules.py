@@ -207,9 +207,12 @@ def next_cmd(name: str, count: int, as_json: bool) -> None:
     notes = _dst_notes(schedule, times, now)
     if as_json:
         # chordbeat.next_fires' objects: the slot in UTC, on the schedule's wall clock, why not run,
-        # and what the DST rule did to it.
+        # what the DST rule did to it, and the definition version its run would run.
         fires = zip(times, reasons, notes, strict=True)
-        echo_json([{"at": iso(t), "local": t.isoformat(), "excluded": r, "dst": n} for t, r, n in fires])
+        version = schedule.get("version")
+        echo_json(
+            [{"at": iso(t), "local": t.isoformat(), "excluded": r, "dst": n, "version": version} for t, r, n in fires]
+        )
         return
     viewer = viewer_zone()
     if schedule.get("cron"):

@@ -77,8 +77,11 @@ def _first_versions() -> None:
         steps_of.setdefault(row["schedule_id"], []).append(
             ScheduleStep(**{k: v for k, v in row.items() if k in step_fields and k != "schedule_id"})
         )
+    rows = bind.execute(sa.select(schedules)).mappings().all()
+    if not rows:
+        return  # nothing to version, and no reference clock to read (make run upgrades before Redis starts)
     now = utcnow()
-    for row in bind.execute(sa.select(schedules)).mappings():
+    for row in rows:
         values = {k: v for k, v in row.items() if k in schedule_fields and k not in ("status", "source", "overlap")}
         schedule = Schedule(**values, overlap=Overlap(row["overlap"]))
         schedule.steps = steps_of.get(row["id"], [])
@@ -93,7 +96,7 @@ def _first_versions() -> None:
                 at=now,
                 actor="chordbeat",
                 source="beat",
-                reason="the definition stored when versions began (revision 0017)",
+                reason="the definition stored when versions began (revision 0018)",
             )
         )
     bind.execute(sa.update(schedules).values(version=1))

@@ -45,7 +45,7 @@ $(AXE_STAMP): | system-deps
 # Everything, slow tests included (-m "" undoes pyproject's -m 'not slow'); CI's command.
 # Three processes on two cores: a slow test mostly waits on its workers (docs/testing.md).
 test: $(STAMP) system-deps $(AXE_STAMP) lint typecheck
-	$(BIN)/pytest -n 3 --dist loadfile -m "" $(PYTEST_ARGS)
+	$(BIN)/pytest -n 4 --dist loadfile -m "" $(PYTEST_ARGS)
 
 # A developer's quick loop, not CI's, as plain `pytest` is: leaves out the tests marked slow
 # (subprocess workers, beat, Flower, browsers, Sentinel, network namespaces, outages;

@@ -61,6 +61,7 @@ def open_page(browser: WebDriver, url: str) -> None:
     wait_for(lambda: browser.find_elements(By.ID, "audit-filters"), 20, what="the audit page")
 
 
+@pytest.mark.timeout(120)  # two widths in Chromium beside a worker: past 30 s on a loaded run
 def test_an_operator_finds_who_changed_what_on_the_audit_page_at_390_and_1920_px(
     app: ChordbeatCelery, worker: Any, client: Celery, browser: WebDriver, settings: Settings, tmp_path: Path
 ) -> None:

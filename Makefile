@@ -43,7 +43,7 @@ $(AXE_STAMP): | system-deps
 	@touch $@
 
 # Everything, slow tests included (-m "" undoes pyproject's -m 'not slow'); CI's command.
-# Three processes on two cores: a slow test mostly waits on its workers (docs/testing.md).
+# Four processes on two cores: a slow test mostly waits on its workers (docs/testing.md).
 test: $(STAMP) system-deps $(AXE_STAMP) lint typecheck
 	$(BIN)/pytest -n 4 --dist loadfile -m "" $(PYTEST_ARGS)
 

@@ -81,6 +81,12 @@ ROWS = (
     Row("backfill statements/slot, PostgreSQL", "backfill_postgresql_statements_per_slot"),
     Row("backfill 1,000 slots, SQLite", "backfill_sqlite_s", None, "s"),
     Row("backfill statements/slot, SQLite", "backfill_sqlite_statements_per_slot"),
+    Row("limit: release → next start p50", "limit_admit_ms", "p50", "ms"),
+    Row("limit: release → next start p99", "limit_admit_ms", "p99", "ms"),
+    Row("limit: cycles/s, 10,000 keys held", "limit_cycles_per_s"),
+    Row("limit: unrelated start, idle", "limit_unrelated_start_ms", "idle", "ms"),
+    Row("limit: unrelated start, saturated", "limit_unrelated_start_ms", "saturated", "ms"),
+    Row("limit: saturated / idle start", "limit_unrelated_start_ratio", None, "x"),
 )
 
 
@@ -134,6 +140,9 @@ TARGETS = (
     Target("history deep page", "≤ 200 ms", _get("history_list_ms", "deep_p95"), lambda _: 200.0),
     Target("housekeeping pass", "≤ 60 s", _get("housekeeping_pass_s"), lambda _: 60.0),
     Target("lateness in a pass", "p99 ≤ 1 s", _get("housekeeping_fire_lateness_ms", "p99"), lambda _: 1000.0),
+    Target("limit admit p99", "≤ 50 ms (issue 39)", _get("limit_admit_ms", "p99"), lambda _: 50.0),
+    Target("limit cycles/s", "≥ 1,000 (issue 39)", _get("limit_cycles_per_s"), lambda _: 1000.0, at_most=False),
+    Target("start, limit full", "≤ 1.1x idle (issue 39)", _get("limit_unrelated_start_ratio"), lambda _: 1.1),
 )
 
 

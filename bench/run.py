@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench import alert_delays, backfill_cost, beat_scale, faults, history, pipelines, raw_app
+from bench import alert_delays, backfill_cost, beat_scale, faults, history, limits, pipelines, raw_app
 from bench.harness import Bench, bench
 from bench.report import LATEST_JSON, LATEST_MD, evaluate, markdown, rewrite_readme, text_table
 from bench.stats import combine
@@ -43,6 +43,7 @@ FAMILIES: dict[str, Callable[[Bench], list[dict[str, Any]]]] = {
     "history": history.history,
     "alerts": alert_delays.runs,
     "backfill": backfill_cost.runs,
+    "limits": limits.runs,
 }
 
 NOTES = [
@@ -83,6 +84,14 @@ NOTES = [
     "max_concurrent 10, on PostgreSQL and on SQLite: request → the backfill completed; statements are those "
     "chordbeat's engine sent meanwhile (an SQLAlchemy listener; the worker is Celery's test worker, 12 threads, in "
     "the benchmark's process), per slot.",
+    "Limits: one worker and beat on PostgreSQL, a limit of 1. Admit: 200 runs of one no-op step that uses it "
+    "wait while a long step holds it; that step's run is cancelled and the waiters run one after another: one's "
+    "completed_at → the next one's started_at (activity rows). Unrelated start: a run's trigger (its started_at) "
+    "→ its first step started, of a schedule using no limit, 20 times while the limit is held with the 200 "
+    "waiting and 20 times before with no limit busy (a long step using no limit then occupies the same pool "
+    "process), the ratio of the medians. Cycles: no worker; a limit of 10,000 slots keyed by customer, one per "
+    "key, 9,998 keys held; 2 processes each acquire a new key and release it (a transaction each, "
+    "limit_slots called directly) for 10 s: cycles per second, both together.",
     "Worker memory after the loaded run, the worker and its pool processes summed: RSS (VmRSS, which counts "
     "a page the pool shares with its parent once in each process) and PSS (smaps_rollup's Pss, each shared page "
     "divided among the processes mapping it: what the worker costs the machine).",

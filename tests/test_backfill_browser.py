@@ -58,8 +58,8 @@ def test_an_operator_backfills_from_the_schedule_page_and_watches_it_complete(
         _open(browser, web, "nightly")
         said = browser.find_element(By.ID, "time-control").text
         assert said == (
-            "version 1 · catch-up: latest (one run for missed slots) · calendar: none (every day runs) · DST: default rule "
-            "(a skipped time runs at the change; a repeated one once, hourly ones twice)"
+            "version 1 · catch-up: latest (one run for missed slots) · calendar: none (every day runs) · "
+            "DST: default rule (a skipped time runs at the change; a repeated one once, hourly ones twice)"
         ), said
         # The form's times are London's wall time (24-hour text fields).
         for field, day in (("backfill-from", today - timedelta(days=22)), ("backfill-to", today)):

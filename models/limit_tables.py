@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Table, UniqueConstraint
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Subquery, Table, UniqueConstraint, func, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, UTCDateTime, utcnow
@@ -105,3 +105,18 @@ class LimitWaiter(Base):
 LIMITS = cast(Table, Limit.__table__)
 LIMIT_HOLDS = cast(Table, LimitHold.__table__)
 LIMIT_WAITERS = cast(Table, LimitWaiter.__table__)
+
+
+def waiting_by_limit() -> Subquery:
+    """Per limit with waiters: ``limit_id``, how many wait (``waiting``) and the oldest arrival
+    (``oldest``; SQLite gives an aggregate's time back as its stored text). One grouped read of
+    the waiters, the first entries of the (limit_id, enqueued_at) index."""
+    return (
+        select(
+            LIMIT_WAITERS.c.limit_id,
+            func.count().label("waiting"),
+            func.min(LIMIT_WAITERS.c.enqueued_at).label("oldest"),
+        )
+        .group_by(LIMIT_WAITERS.c.limit_id)
+        .subquery()
+    )

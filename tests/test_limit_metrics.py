@@ -7,29 +7,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.execution.limit_slots import Demand, Holder, acquire_or_wait, release
 from celeryapp.interfaces import limit_service
-from celeryapp.monitoring.metrics import ExecutionCollector
 from models import transaction, utcnow
+from tests.support.scrapes import Samples, scrape
 
 pytestmark = pytest.mark.both_databases
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(app: ChordbeatCelery) -> Samples:
-    registry = CollectorRegistry()
-    registry.register(ExecutionCollector(app))
-    text = generate_latest(registry).decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def of_limit(samples: Samples, name: str, limit: str, **labels: str) -> float | None:

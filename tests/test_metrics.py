@@ -13,8 +13,6 @@ from typing import Any
 import pytest
 import yaml
 from celery import Celery
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, select
 
 from celeryapp.application import ChordbeatCelery
@@ -25,24 +23,12 @@ from celeryapp.scheduling.schedule_file import apply_file
 from models import MetricCount, transaction, utcnow
 from models.session import get_engine
 from tests.support.helpers import call, execution, finished, running, step
+from tests.support.scrapes import Samples, scrape
 
 pytestmark = pytest.mark.both_databases
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "chordbeat.json"
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(app: ChordbeatCelery) -> Samples:
-    registry = CollectorRegistry()
-    registry.register(ExecutionCollector(app))
-    text = generate_latest(registry).decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:

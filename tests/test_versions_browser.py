@@ -18,7 +18,7 @@ from celeryapp.application import ChordbeatCelery
 from celeryapp.interfaces import service
 from models import ExecutionStatus, ScheduleExecution, transaction, utcnow
 from tests.support.axe import AXE, said, violations
-from tests.support.chromium import chromium, confirm, log_in, no_iso, page_text
+from tests.support.chromium import chromium, confirm, log_in, no_iso, nothing_wider_than_the_window, page_text
 from tests.support.helpers import step, wait_for
 from tests.support.run_history import Run, write_runs
 from tests.support.web_server import ADMIN, WebServer
@@ -46,15 +46,6 @@ def runs_of_version(app: ChordbeatCelery, version: int, runs: list[Run]) -> list
     with transaction(app.settings.database_url) as session:
         session.execute(update(ScheduleExecution).where(ScheduleExecution.id.in_(ids)).values(version=version))
     return ids
-
-
-def nothing_wider_than_the_window(browser: WebDriver) -> None:
-    wide = browser.execute_script(
-        "const d = document.documentElement; return [d.scrollWidth, d.clientWidth,"
-        " [...document.querySelectorAll('main *')].filter(e => e.getBoundingClientRect().right > d.clientWidth)"
-        ".map(e => e.tagName + '.' + e.className + ':' + e.textContent.slice(0, 40)).slice(-5)]"
-    )
-    assert wide[0] <= wide[1], wide
 
 
 @pytest.mark.timeout(180)

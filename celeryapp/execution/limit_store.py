@@ -19,7 +19,7 @@ from celeryapp.domain.times import iso, parse_time
 from celeryapp.errors import InvalidTransition, NotFound
 from celeryapp.monitoring.metric_counts import retire_limit
 from models.base import utcnow
-from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
+from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS, waiting_by_limit
 from models.session import affected
 
 #: Most waiters and keys :func:`limit_detail` lists (the contract's bounds), and most holders, the
@@ -115,15 +115,7 @@ def delete_limit(session: Session, name: str, *, force: bool) -> DeletedLimit:
 def limit_summaries(session: Session) -> list[dict[str, Any]]:
     """Every limit, by name: its definition plus ``in_use``, how many wait for it and since when
     the oldest has waited (``oldest_waiting_since``, ``None`` when none waits)."""
-    waiting = (
-        select(
-            LIMIT_WAITERS.c.limit_id,
-            func.count().label("waiting"),
-            func.min(LIMIT_WAITERS.c.enqueued_at).label("oldest"),
-        )
-        .group_by(LIMIT_WAITERS.c.limit_id)
-        .subquery()
-    )
+    waiting = waiting_by_limit()
     rows = session.execute(
         select(LIMITS.c.definition, LIMITS.c.in_use, func.coalesce(waiting.c.waiting, 0), waiting.c.oldest)
         .outerjoin(waiting, waiting.c.limit_id == LIMITS.c.id)

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.times import parse_time
-from models.limit_tables import LIMIT_WAITERS, LIMITS
+from models.limit_tables import LIMITS, waiting_by_limit
 
 Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
 #: (exported name, help, column of the row below)
@@ -35,15 +35,7 @@ GAUGES = (
 
 def gauge_families(session: Session, now: datetime) -> Iterator[Family]:
     """The limits as they are: one grouped read of the waiters, one of the limits."""
-    waiting = (
-        select(
-            LIMIT_WAITERS.c.limit_id,
-            func.count().label("waiting"),
-            func.min(LIMIT_WAITERS.c.enqueued_at).label("oldest"),
-        )
-        .group_by(LIMIT_WAITERS.c.limit_id)
-        .subquery()
-    )
+    waiting = waiting_by_limit()
     rows = session.execute(
         select(LIMITS.c.name, LIMITS.c.slots, LIMITS.c.in_use, waiting.c.waiting, waiting.c.oldest)
         .outerjoin(waiting, waiting.c.limit_id == LIMITS.c.id)

@@ -96,3 +96,14 @@ def confirm(driver: WebDriver, reason: str | None = None, payload: str | None = 
     if reason is not None:
         driver.find_element(By.ID, "reason").send_keys(reason)
     driver.find_element(By.ID, "confirm").click()
+
+
+def nothing_wider_than_the_window(driver: WebDriver) -> None:
+    """The page scrolls no sideways: no element of ``main`` reaches past the window (the last five
+    that do are named)."""
+    wide = driver.execute_script(
+        "const d = document.documentElement; return [d.scrollWidth, d.clientWidth,"
+        " [...document.querySelectorAll('main *')].filter(e => e.getBoundingClientRect().right > d.clientWidth)"
+        ".map(e => e.tagName + '.' + e.className + ':' + e.textContent.slice(0, 40)).slice(-5)]"
+    )
+    assert wide[0] <= wide[1], wide

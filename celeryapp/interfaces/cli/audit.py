@@ -13,6 +13,7 @@ from celeryapp.interfaces.cli.calls import (
     call,
     console,
     echo_json,
+    flag_text,
     json_option,
     list_zone,
     moment_of,
@@ -20,22 +21,9 @@ from celeryapp.interfaces.cli.calls import (
     viewer_zone,
     zone_title,
 )
-from celeryapp.interfaces.terminal import TIME_WIDTH, new_table, printable, text_of, time_cell
+from celeryapp.interfaces.terminal import TIME_WIDTH, new_table, text_of, time_cell
 from celeryapp.states import AuditAction
 from models.audit import ACTOR_CHARS
-
-
-def _actor_of(value: str | None) -> str | None:
-    """``--actor`` checked here, so that its refusal names the flag, not the service's field."""
-    from celeryapp.errors import InvalidArgument
-    from celeryapp.interfaces.arguments import text_arg
-
-    if value is None:
-        return None
-    try:
-        return text_arg(value, "actor", ACTOR_CHARS)
-    except InvalidArgument as refused:
-        raise click.BadParameter(printable(str(refused).removeprefix("actor: ")), param_hint="--actor") from None
 
 
 @click.command("audit")
@@ -62,7 +50,7 @@ def audit_cmd(
     from celeryapp.interfaces.display import label
     from celeryapp.interfaces.time_words import instants_in
 
-    actor = _actor_of(actor)
+    actor = flag_text(actor, "--actor", ACTOR_CHARS)
     now = reference_now()
     start = None if since is None else moment_of(since, now, viewer_zone(), flag="--since", ahead=False).isoformat()
     rows: list[dict[str, Any]] = call(

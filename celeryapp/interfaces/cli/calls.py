@@ -311,3 +311,18 @@ reason_option = click.option("--reason", default=None, help="Why, for the audit 
 def acts(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options of a command that changes something: ``--as`` and ``--reason``."""
     return as_option(reason_option(command))
+
+
+def flag_text(value: str | None, flag: str, max_chars: int) -> str | None:
+    """A free-text option (``--actor``, ``--commit``) checked here as the service checks its field,
+    so that a refusal names the flag the operator typed, not the service's field."""
+    from celeryapp.errors import InvalidArgument
+    from celeryapp.interfaces.arguments import text_arg
+
+    if value is None:
+        return None
+    field = flag.removeprefix("--")
+    try:
+        return text_arg(value, field, max_chars)
+    except InvalidArgument as refused:
+        raise click.BadParameter(printable(str(refused).removeprefix(f"{field}: ")), param_hint=flag) from None

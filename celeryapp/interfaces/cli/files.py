@@ -11,7 +11,7 @@ import click
 
 from celeryapp.errors import ChordbeatError, DefinitionError
 from celeryapp.interfaces.arguments import actor_arg, reason_arg
-from celeryapp.interfaces.cli.calls import acting, acts, built_app, console, echo_json, json_option
+from celeryapp.interfaces.cli.calls import acting, acts, built_app, console, echo_json, flag_text, json_option
 from celeryapp.interfaces.terminal import printable, text_of
 from celeryapp.states import AuditSource
 
@@ -87,17 +87,9 @@ def apply_cmd(
 
 
 def _commit_of(value: str | None) -> str | None:
-    """``--commit`` checked here, so that its refusal names the flag."""
-    from celeryapp.errors import InvalidArgument
-    from celeryapp.interfaces.arguments import text_arg
     from models.version_tables import COMMIT_LENGTH
 
-    if value is None:
-        return None
-    try:
-        return text_arg(value, "commit", COMMIT_LENGTH)
-    except InvalidArgument as refused:
-        raise click.BadParameter(printable(str(refused).removeprefix("commit: ")), param_hint="--commit") from None
+    return flag_text(value, "--commit", COMMIT_LENGTH)
 
 
 def _show_diff(diff: Any, path: str, *, field_by_field: bool = False) -> None:

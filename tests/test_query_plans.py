@@ -1,14 +1,15 @@
 """Every query on a hot or periodic path uses an index once history has grown (PostgreSQL).
 
 A database holding a scaled-down 90 days of history (``bench.history_fill``: 400,000 slot records,
-100,000 executions, 200,000 step attempts) runs the paths a deployment runs all day: a run from
-trigger to its last step on a real worker, beat's fires (a superseded one among them), recovery,
-beat-entry repair and re-firing, housekeeping, the service's reads, the dashboard's pages and a
-metrics scrape. Every statement they send is then explained with its own parameters; a sequential
-scan of a table that holds more than a few thousand rows fails the test, naming the statement, and
-so does any scan that reads more rows than a page of answers needs (an index walked backwards past
-other schedules' rows, a count of the whole history): each statement runs under ``EXPLAIN ANALYZE``
-in a transaction that is rolled back, so the figures are what it really read.
+100,000 executions, 200,000 step attempts, 50 definition versions a schedule) runs the paths a
+deployment runs all day: a run from trigger to its last step on a real worker, beat's fires (a
+superseded one among them), recovery, beat-entry repair and re-firing, housekeeping, the service's
+reads (definition versions too), the dashboard's pages and a metrics scrape. Every statement they
+send is then explained with its own parameters; a sequential scan of a table that holds more than a
+few thousand rows fails the test, naming the statement, and so does any scan that reads more rows
+than a page of answers needs (an index walked backwards past other schedules' rows, a count of the
+whole history): each statement runs under ``EXPLAIN ANALYZE`` in a transaction that is rolled back,
+so the figures are what it really read.
 A foreign key whose parent rows get deleted needs an index on its referencing side too, or each
 delete scans the child table in a trigger that no ``EXPLAIN`` shows.
 """
@@ -25,8 +26,8 @@ from sqlalchemy import create_engine, event, text
 
 from bench.history_fill import HistoryShape, fill, schedule_name
 from celeryapp.application import ChordbeatCelery
-from celeryapp.interfaces import service
-from celeryapp.interfaces.web import audit_page, duration_trends, queries, run_list
+from celeryapp.interfaces import service, version_service
+from celeryapp.interfaces.web import audit_page, duration_trends, queries, run_list, versions_page
 from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery import housekeeping, lost_slots, recovery
 from celeryapp.scheduling import beat_entries
@@ -119,6 +120,14 @@ def _run_the_paths(app: ChordbeatCelery, client: Any) -> None:
     service.get_execution(app, started["execution_id"])
     service.list_slots(app, busy, 50)
     service.list_slots(app, quiet, 50)
+    # Definition versions (every schedule has SHAPE.versions): a schedule's list, one, a diff of
+    # its first and last, its runs of one version (migration 0018's index).
+    version_service.list_versions(app, busy)
+    version_service.list_versions(app, quiet, 10, before=SHAPE.versions // 2)
+    version_service.get_version(app, quiet, 1)
+    version_service.diff_versions(app, busy, 1, SHAPE.versions)
+    service.list_executions(app, busy, None, 50, None, SHAPE.versions // 2)
+    service.list_executions(app, quiet, None, 50, None, SHAPE.versions)
     # The global audit trail, each filter alone and a time range with a cursor (a statement is
     # explained with its first parameters: the ones that find least come first).
     day_ago, week_ago = (now - timedelta(days=1)).isoformat(), (now - timedelta(days=7)).isoformat()
@@ -164,6 +173,7 @@ def _run_the_paths(app: ChordbeatCelery, client: Any) -> None:
         ):
             duration_trends.trends_view(session, now, run_list.checked_run_filter(given, "", now))
         duration_trends.schedule_durations(session, 1)
+        versions_page.runs_by_version(session, quiet)
     list(ExecutionCollector(app).collect())
 
 

@@ -22,10 +22,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, event, select, text
 
 from bench.history_fill import HistoryShape, fill, schedule_name
 from celeryapp.application import ChordbeatCelery
+from celeryapp.domain.definition_versions import canonical_json, definition_hash, diff_definitions
 from celeryapp.interfaces import service, version_service
 from celeryapp.interfaces.web import audit_page, duration_trends, queries, run_list, versions_page
 from celeryapp.monitoring.metrics import ExecutionCollector
@@ -33,8 +34,10 @@ from celeryapp.recovery import housekeeping, lost_slots, recovery
 from celeryapp.scheduling import beat_entries
 from celeryapp.states import AuditAction
 from celeryapp.worker import firing
-from models import Trigger, get_engine, transaction, utcnow
+from models import Schedule, Trigger, get_engine, transaction, utcnow
+from models.definitions import definition_of
 from models.migrate import upgrade
+from models.versions import versions_of
 from tests.support.helpers import finished
 from tests.support.query_plans import Statements, large_tables, plan_waste
 from tests.support.servers import PostgresServer
@@ -222,3 +225,17 @@ def test_every_foreign_key_has_an_index_on_its_referencing_columns(database_url:
         )
     engine.dispose()
     assert not unindexed, f"deleting a parent row scans the child table for: {unindexed}"
+
+
+def test_the_generated_versions_are_what_changes_store(database_url: str) -> None:
+    # The plans above are only worth what the history is: its versions must be real ones.
+    with transaction(database_url, read_only=True) as session:
+        for name in (schedule_name(1), schedule_name(SHAPE.schedules)):
+            schedule = session.scalars(select(Schedule).where(Schedule.name == name)).one()
+            rows = versions_of(session, schedule.id, limit=SHAPE.versions + 1)
+            assert [row.version for row in rows] == list(range(SHAPE.versions, 0, -1))
+            assert all(row.hash == definition_hash(row.definition) for row in rows)
+            # The schedule's rows read back as its last version: what an apply stores.
+            assert rows[0].definition == canonical_json(definition_of(schedule).to_json())
+            differences = diff_definitions(json.loads(rows[-1].definition), json.loads(rows[0].definition))
+            assert {d.path for d in differences} >= {"retry_delay"}

@@ -9,6 +9,11 @@ attempts, 13,000,000 slot records) is generated in SQL in a fresh database. Then
   duration trends are also reported on their own;
 - ``list_executions`` is called as a control worker serves it: a first page (all runs, one
   schedule's, the failed ones) and a page deep in the history through the cursor;
+- with every schedule's 50 definition versions (500,000, and those of 100 deleted schedules) in
+  place: an apply that changes a schedule (its statements and time), ``list_versions``,
+  ``get_version``, ``diff_versions`` of the first and the last, ``list_executions(version=N)``,
+  the dashboard's version list and diff pages (``versions_*``), and a housekeeping pass whose
+  trail retention has passed every version (``versions_housekeeping_s``);
 - a worker and beat start on the database (the busy schedules fire every minute, their slots
   spread over it, the nightly ones at their minutes); once beat fires, a housekeeping pass is sent
   to the worker with a retention one day shorter than the history, so it deletes one day of it
@@ -32,9 +37,11 @@ from bench.harness import Bench, poll, running
 from bench.history_fill import HistoryShape, fill, schedule_name
 from bench.stats import percentiles
 from celeryapp import app
-from celeryapp.interfaces import service
+from celeryapp.interfaces import service, version_service
 from celeryapp.recovery.housekeeping import purge
-from models import ScheduleExecution, SlotRecord
+from models import ScheduleExecution, ScheduleVersion, SlotRecord
+from tasks import examples  # noqa: F401  (the steps' task: an apply checks it is registered)
+from tests.support.helpers import recorded_statements
 from tests.support.web_server import ADMIN, WebServer
 
 FULL = HistoryShape()
@@ -51,10 +58,20 @@ PASS_LIMIT_S = 900.0
 STRESS_S = 60.0
 #: Fires after the passes ended are waited for this long.
 DRAIN_S = 30.0
-TABLES = ("schedules", "schedule_steps", "schedule_executions", "activities", "schedule_slots", "metric_counts")
+TABLES = (
+    "schedules",
+    "schedule_steps",
+    "schedule_executions",
+    "activities",
+    "schedule_slots",
+    "metric_counts",
+    "schedule_versions",
+)
+#: Changing applies timed (the first warms caches and is not counted).
+APPLY_REPEAT = 21
 
 
-def _pages(executions: int, schedules: int) -> list[str]:
+def _pages(executions: int, schedules: int, versions: int) -> list[str]:
     busy = schedule_name(1)
     return [
         "/",
@@ -67,6 +84,19 @@ def _pages(executions: int, schedules: int) -> list[str]:
         f"/execution/{executions}/step?step=step-2",
         "/health",
         *_trend_pages(executions, schedules),
+        *_version_pages(schedules, versions),
+    ]
+
+
+def _version_pages(schedules: int, versions: int) -> list[str]:
+    """A schedule's version list (its newest 100 with their runs' failure rates) and the diff of
+    its first and last versions, for a busy and a quiet schedule (``versions_page_ms``)."""
+    busy, quiet = schedule_name(1), schedule_name(schedules // 2)
+    return [
+        f"/schedule/versions?name={busy}",
+        f"/schedule/versions?name={quiet}",
+        f"/schedule/diff?name={busy}&a=1&b={versions}",
+        f"/schedule/diff?name={quiet}&a=1&b={versions}",
     ]
 
 
@@ -101,10 +131,12 @@ def _timed(call: Any, repeat: int) -> list[float]:
     return times[1:]
 
 
-def _page_times(shape: HistoryShape) -> tuple[list[float], list[float], dict[str, float]]:
+def _page_times(shape: HistoryShape) -> tuple[list[float], list[float], list[float], dict[str, float]]:
     every: list[float] = []
     trend: list[float] = []
+    versions: list[float] = []
     trend_pages = set(_trend_pages(shape.executions, shape.schedules))
+    version_pages = set(_version_pages(shape.schedules, shape.versions))
     medians: dict[str, float] = {}
     with WebServer(app) as web:
         session = web.session(ADMIN)
@@ -114,13 +146,15 @@ def _page_times(shape: HistoryShape) -> tuple[list[float], list[float], dict[str
             if answer.status_code != 200:
                 raise RuntimeError(f"{path}: HTTP {answer.status_code}")
 
-        for path in _pages(shape.executions, shape.schedules):
+        for path in _pages(shape.executions, shape.schedules, shape.versions):
             times = _timed(lambda p=path: get(p), PAGE_REPEAT)  # type: ignore[misc]
             every += times
             if path in trend_pages:
                 trend += times
+            if path in version_pages:
+                versions += times
             medians[path] = round(statistics.median(times), 1)
-    return every, trend, medians
+    return every, trend, versions, medians
 
 
 def _list_times(shape: HistoryShape) -> tuple[list[float], list[float], dict[str, float]]:
@@ -145,6 +179,59 @@ def _list_times(shape: HistoryShape) -> tuple[list[float], list[float], dict[str
             into += times
             medians[name] = round(statistics.median(times), 1)
     return first, deep, medians
+
+
+def _version_times(shape: HistoryShape) -> dict[str, Any]:
+    """The version operations on a schedule with ``shape.versions`` versions among 500,000."""
+    name = schedule_name(shape.schedules // 2)
+    middle = shape.versions // 2
+    calls = {
+        "list_versions": lambda: version_service.list_versions(app, name),
+        "get_version": lambda: version_service.get_version(app, name, middle),
+        "diff_versions": lambda: version_service.diff_versions(app, name, 1, shape.versions),
+        "list_executions_version": lambda: service.list_executions(app, name, None, 50, None, middle),
+    }
+    result: dict[str, Any] = {
+        f"versions_{call}_ms": percentiles(_timed(fn, LIST_REPEAT), "p50", "p95") for call, fn in calls.items()
+    }
+    if not version_service.diff_versions(app, name, 1, shape.versions):
+        raise RuntimeError("the first and last versions do not differ: the history's versions are not as built")
+    if not service.list_executions(app, name, None, 50, None, middle):
+        raise RuntimeError(f"no run of version {middle}: the history's runs name no version")
+    # Changing applies: each a new retry delay, so each makes a version.
+    definition = version_service.get_version(app, name, shape.versions)
+    times: list[float] = []
+    statements: list[int] = []
+    for n in range(APPLY_REPEAT):
+        with recorded_statements(app) as sent:
+            started = time.perf_counter()
+            service.apply_schedule(app, {**definition, "retry_delay": 1000 + n}, reason="the history bench")
+            times.append((time.perf_counter() - started) * 1000)
+        statements.append(len(sent))
+    result["versions_apply_ms"] = percentiles(times[1:], "p50", "p95")
+    result["versions_apply_statements"] = max(statements[1:])
+    return result
+
+
+def _version_housekeeping(bench: Bench, url: str) -> dict[str, Any]:
+    """A pass from this process whose trail retention (a day) has passed every version, with a
+    retention of runs longer than the history so nothing else is due: it looks at all of them and
+    deletes the deleted schedules' (no kept run ran them)."""
+    with bench.observe(url).connect() as conn:
+        count = select(func.count()).select_from(ScheduleVersion)
+        before = int(conn.scalar(count) or 0)
+    app.apply_settings(dataclasses.replace(bench.settings(url), retention_days=3650, audit_retention_days=1))
+    try:
+        report = purge(app)
+    finally:
+        app.apply_settings(bench.settings(url))
+    if report.unfinished or report.executions or report.slots:
+        raise RuntimeError(f"the versions' pass did other work or did not finish: {report.as_json()}")
+    return {
+        "versions_rows": before,
+        "versions_housekeeping_s": round(report.seconds, 2),
+        "versions_housekeeping_deleted": report.versions,
+    }
 
 
 def _sizes(bench: Bench, url: str) -> dict[str, int]:
@@ -224,8 +311,9 @@ def history(bench: Bench) -> list[dict[str, Any]]:
     print(f"bench: history of {shape.executions:,} runs filled in {filled_s:.0f} s", file=sys.stderr, flush=True)
     sizes = _sizes(bench, url)
     app.apply_settings(bench.settings(url))
-    pages, trend_pages, page_medians = _page_times(shape)
+    pages, trend_pages, version_pages, page_medians = _page_times(shape)
     first, deep, list_medians = _list_times(shape)
+    versions = _version_times(shape)
     result: dict[str, Any] = {
         "history_executions": shape.executions,
         "history_slots": shape.slots,
@@ -241,6 +329,10 @@ def history(bench: Bench) -> list[dict[str, Any]]:
             **{f"deep_{k}": v for k, v in percentiles(deep, "p50", "p95").items()},
         },
         "history_list_median_ms": list_medians,
+        "versions_per_schedule": shape.versions,
+        "versions_page_ms": percentiles(version_pages, "p50", "p95"),
+        **versions,
     }
+    result.update(_version_housekeeping(bench, url))
     result.update(_housekeeping(bench, url, shape))
     return [result]

@@ -2,7 +2,7 @@
 
 It needs only ``celery``, and importing it touches nothing global: it builds no app from the
 environment, leaves Celery's current app alone and connects no signal receivers (it imports only
-:mod:`celeryapp.contract`, the answers' shapes)::
+:mod:`celeryapp.contract` and :mod:`celeryapp.answer_shapes`)::
 
     from celeryapp.client import ChordbeatClient
 
@@ -24,9 +24,7 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
-from celeryapp.clock_correction import CORRECTION_KEY, BadCorrection, Correction
-from celeryapp.contract import (
-    SOURCE_HEADER,
+from celeryapp.answer_shapes import (
     AlertJson,
     AuditJson,
     BackfillAnswerJson,
@@ -39,6 +37,8 @@ from celeryapp.contract import (
     SlotJson,
     TriggerJson,
 )
+from celeryapp.clock_correction import CORRECTION_KEY, BadCorrection, Correction
+from celeryapp.contract import SOURCE_HEADER
 from celeryapp.domain.redaction import redact
 
 #: Queue the service tasks are consumed from by every worker (Celery's default queue).

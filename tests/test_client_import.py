@@ -52,7 +52,7 @@ def test_importing_the_client_builds_no_app_sets_no_current_app_and_connects_no_
         CHORDBEAT_STEP_KINDS="not-a-kind",
     )
     # I expect nothing built, nothing made current, nothing connected, nothing else imported but
-    # the contract (calls and answers), the pure redaction the client's task reprs share with the workers, the
+    # the contract (calls and answers' shapes), the pure redaction the client's task reprs share with the workers, the
     # reference clock's correction its calls' expiry is reckoned by, and the errors its refusal is one of
     # (standard library only)
     assert seen == {
@@ -61,6 +61,7 @@ def test_importing_the_client_builds_no_app_sets_no_current_app_and_connects_no_
         "receivers": 0,
         "modules": [
             "celeryapp",
+            "celeryapp.answer_shapes",
             "celeryapp.client",
             "celeryapp.clock_correction",
             "celeryapp.contract",

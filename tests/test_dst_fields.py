@@ -170,7 +170,7 @@ def test_every_reader_of_the_stored_schedule_reckons_the_same_slots(app: Chordbe
             "entry columns": cadence_of(EntryFields(*entry_row)),
         }
         dashboard = [t.astimezone(UTC) for t in next_fire_times(schedule, AUTUMN[0], 26)]
-        shown = schedule_json(schedule, Alerting())
+        shown = schedule_json(schedule, schedule.steps, Alerting())
     stored = ScheduleEntry.from_key(ScheduleEntry.generate_key(app, entry_name("nightly")), app=app)
     assert isinstance(stored.schedule, CadenceSchedule)
     cadences["beat entry"] = stored.schedule.cadence

@@ -42,7 +42,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"worker": ("celeryapp.worker",)},
     {"recovery": ("celeryapp.recovery",), "alerting": ("celeryapp.alerting",)},
     {"application": ("celeryapp.application", "celeryapp")},
-    {"interfaces": ("celeryapp.interfaces", "celeryapp.client", "celeryapp.contract")},
+    {"interfaces": ("celeryapp.interfaces", "celeryapp.client", "celeryapp.contract", "celeryapp.answer_shapes")},
     {"tasks": ("tasks",)},
 )
 #: Modules that import inside functions, and why.

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
 from kombu.utils.json import dumps
-from sqlalchemy import update
+from sqlalchemy import event, update
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.client import ChordbeatClient, each_execution, each_schedule
@@ -26,8 +27,19 @@ from celeryapp.domain.limits import (
     MAX_SCHEDULE_LIST_LIMIT,
 )
 from celeryapp.interfaces import service, summaries
+from celeryapp.interfaces.alerts import silence_schedule
 from celeryapp.interfaces.summaries import MAX_SCHEDULE_BYTES, MAX_SUMMARY_BYTES
-from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution, Trigger, transaction
+from models import (
+    Activity,
+    ActivityStatus,
+    ExecutionStatus,
+    Schedule,
+    ScheduleExecution,
+    ScheduleStep,
+    Trigger,
+    transaction,
+    utcnow,
+)
 from tests.support.helpers import call, finished, step
 
 pytestmark = pytest.mark.both_databases
@@ -295,3 +307,51 @@ def test_hostile_cursors_and_limits_are_refused_naming_the_field(
         with pytest.raises(Exception, match=f"^{field}: .*{re.escape(reason)}") as caught:
             call(client, f"chordbeat.{task}", **kwargs)
         assert type(caught.value).__name__ == "InvalidArgument", (task, kwargs)
+
+
+def test_a_schedules_page_reads_rows_not_orm_objects_and_answers_as_get_schedule(app: ChordbeatCelery) -> None:
+    # Building a page's 500 schedule objects with their steps (tied to each other, so only the
+    # garbage collector frees them) was most of its time (docs/scaling.md); its rows say the same.
+    definitions: list[dict[str, Any]] = [
+        {"name": "a-plain", "every": 60, "steps": [step("x")]},
+        {
+            "name": "b-wide",
+            "cron": "30 2 * * 1-5",
+            "timezone": "Europe/Paris",
+            "overlap": "allow",
+            "max_retries": 2,
+            "timeout": 600,
+            "payload": {"k": [1, "two"]},
+            "deadlines": {"finish_within": 300},
+            "catchup": {"policy": "all", "window": 3600, "max_runs": 3},
+            "steps": [
+                step("first", timeout=30, max_attempts=5, queue="reports"),
+                [step("left", args=[1, 2]), step("right", continue_on_failure=True)],
+                step("last", kwargs={"seconds": 0}),
+            ],
+        },
+        {"name": "c-paused", "every": 3600, "enabled": False, "steps": [step("y")]},
+    ]
+    for definition in definitions:
+        service.apply_schedule(app, definition)
+    service.pause_schedule(app, "a-plain", actor="ops", reason="checking")
+    silence_schedule(app, "b-wide", (utcnow() + timedelta(days=1)).isoformat(), reason="maintenance")
+    loaded: list[object] = []
+
+    def count(target: object, _context: object) -> None:
+        loaded.append(target)
+
+    for model in (Schedule, ScheduleStep):
+        event.listen(model, "load", count)
+    try:
+        listed = service.list_schedules(app)
+    finally:
+        for model in (Schedule, ScheduleStep):
+            event.remove(model, "load", count)
+    assert loaded == []
+    expected = []
+    for definition in definitions:
+        one = service.get_schedule(app, definition["name"])
+        del one["runs"]  # only get_schedule counts the runs
+        expected.append(one)
+    assert listed == expected

@@ -1,14 +1,15 @@
 """Every query on a hot or periodic path uses an index once history has grown (PostgreSQL).
 
 A database holding a scaled-down 90 days of history (``bench.history_fill``: 400,000 slot records,
-100,000 executions, 200,000 step attempts) runs the paths a deployment runs all day: a run from
-trigger to its last step on a real worker, beat's fires (a superseded one among them), recovery,
-beat-entry repair and re-firing, housekeeping, the service's reads, the dashboard's pages and a
-metrics scrape. Every statement they send is then explained with its own parameters; a sequential
-scan of a table that holds more than a few thousand rows fails the test, naming the statement, and
-so does any scan that reads more rows than a page of answers needs (an index walked backwards past
-other schedules' rows, a count of the whole history): each statement runs under ``EXPLAIN ANALYZE``
-in a transaction that is rolled back, so the figures are what it really read.
+100,000 executions, 200,000 step attempts, 50 definition versions a schedule) runs the paths a
+deployment runs all day: a run from trigger to its last step on a real worker, beat's fires (a
+superseded one among them), recovery, beat-entry repair and re-firing, housekeeping, the service's
+reads (definition versions too), the dashboard's pages and a metrics scrape. Every statement they
+send is then explained with its own parameters; a sequential scan of a table that holds more than a
+few thousand rows fails the test, naming the statement, and so does any scan that reads more rows
+than a page of answers needs (an index walked backwards past other schedules' rows, a count of the
+whole history): each statement runs under ``EXPLAIN ANALYZE`` in a transaction that is rolled back,
+so the figures are what it really read.
 A foreign key whose parent rows get deleted needs an index on its referencing side too, or each
 delete scans the child table in a trigger that no ``EXPLAIN`` shows.
 """
@@ -21,19 +22,22 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, event, select, text
 
 from bench.history_fill import HistoryShape, fill, schedule_name
 from celeryapp.application import ChordbeatCelery
-from celeryapp.interfaces import service
-from celeryapp.interfaces.web import audit_page, duration_trends, queries, run_list
+from celeryapp.domain.definition_versions import canonical_json, definition_hash, diff_definitions
+from celeryapp.interfaces import service, version_service
+from celeryapp.interfaces.web import audit_page, duration_trends, queries, run_list, versions_page
 from celeryapp.monitoring.metrics import ExecutionCollector
 from celeryapp.recovery import housekeeping, lost_slots, recovery
 from celeryapp.scheduling import beat_entries
 from celeryapp.states import AuditAction
 from celeryapp.worker import firing
-from models import Trigger, get_engine, transaction, utcnow
+from models import Schedule, Trigger, get_engine, transaction, utcnow
+from models.definitions import definition_of
 from models.migrate import upgrade
+from models.versions import versions_of
 from tests.support.helpers import finished
 from tests.support.query_plans import Statements, large_tables, plan_waste
 from tests.support.servers import PostgresServer
@@ -119,6 +123,14 @@ def _run_the_paths(app: ChordbeatCelery, client: Any) -> None:
     service.get_execution(app, started["execution_id"])
     service.list_slots(app, busy, 50)
     service.list_slots(app, quiet, 50)
+    # Definition versions (every schedule has SHAPE.versions): a schedule's list, one, a diff of
+    # its first and last, its runs of one version (migration 0018's index).
+    version_service.list_versions(app, busy)
+    version_service.list_versions(app, quiet, 10, before=SHAPE.versions // 2)
+    version_service.get_version(app, quiet, 1)
+    version_service.diff_versions(app, busy, 1, SHAPE.versions)
+    service.list_executions(app, busy, None, 50, None, SHAPE.versions // 2)
+    service.list_executions(app, quiet, None, 50, None, SHAPE.versions)
     # The global audit trail, each filter alone and a time range with a cursor (a statement is
     # explained with its first parameters: the ones that find least come first).
     day_ago, week_ago = (now - timedelta(days=1)).isoformat(), (now - timedelta(days=7)).isoformat()
@@ -164,6 +176,7 @@ def _run_the_paths(app: ChordbeatCelery, client: Any) -> None:
         ):
             duration_trends.trends_view(session, now, run_list.checked_run_filter(given, "", now))
         duration_trends.schedule_durations(session, 1)
+        versions_page.runs_by_version(session, quiet)
     list(ExecutionCollector(app).collect())
 
 
@@ -212,3 +225,17 @@ def test_every_foreign_key_has_an_index_on_its_referencing_columns(database_url:
         )
     engine.dispose()
     assert not unindexed, f"deleting a parent row scans the child table for: {unindexed}"
+
+
+def test_the_generated_versions_are_what_changes_store(database_url: str) -> None:
+    # The plans above are only worth what the history is: its versions must be real ones.
+    with transaction(database_url, read_only=True) as session:
+        for name in (schedule_name(1), schedule_name(SHAPE.schedules)):
+            schedule = session.scalars(select(Schedule).where(Schedule.name == name)).one()
+            rows = versions_of(session, schedule.id, limit=SHAPE.versions + 1)
+            assert [row.version for row in rows] == list(range(SHAPE.versions, 0, -1))
+            assert all(row.hash == definition_hash(row.definition) for row in rows)
+            # The schedule's rows read back as its last version: what an apply stores.
+            assert rows[0].definition == canonical_json(definition_of(schedule).to_json())
+            differences = diff_definitions(json.loads(rows[-1].definition), json.loads(rows[0].definition))
+            assert {d.path for d in differences} >= {"retry_delay"}

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, Integer, Select, String, cast, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, defer
@@ -28,10 +28,11 @@ from models import (
     ExecutionStatus,
     Schedule,
     ScheduleExecution,
+    ScheduleStatus,
     WorkerTask,
     WorkerTaskStatus,
 )
-from models.definitions import definition_of
+from models.definitions import DefinitionFields, StepFields, definition_from
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,44 @@ def one_schedule_json(session: Session, schedule: Schedule, now: datetime, *, ru
     """One schedule's object; with ``runs`` (``get_schedule``'s), its kept runs counted as the
     dashboard counts them: a count over its executions, read for one schedule asked for, not for
     every apply, pause or resume, nor a list's page."""
-    out = schedule_json(schedule, alerting_of(session, [schedule.name], now)[schedule.name])
+    out = schedule_json(schedule, schedule.steps, alerting_of(session, [schedule.name], now)[schedule.name])
     if runs:
         out["runs"] = run_counts(session, schedule.id).to_json()
     return out
 
 
-def schedule_json(schedule: Schedule, alerting: Alerting) -> dict[str, Any]:
-    out = definition_of(schedule).to_json()
+class ScheduleFields(DefinitionFields, Protocol):
+    """A schedule's stored definition and state: a ``Schedule``, or a row of ``schedules``."""
+
+    @property
+    def status(self) -> ScheduleStatus: ...
+    @property
+    def run_count(self) -> int: ...
+    @property
+    def error_count(self) -> int: ...
+    @property
+    def current_retry(self) -> int: ...
+    @property
+    def last_error(self) -> str | None: ...
+    @property
+    def last_run_at(self) -> datetime | None: ...
+    @property
+    def retry_at(self) -> datetime | None: ...
+    @property
+    def next_run_at(self) -> datetime | None: ...
+    @property
+    def paused_by(self) -> str | None: ...
+    @property
+    def paused_reason(self) -> str | None: ...
+    @property
+    def paused_at(self) -> datetime | None: ...
+    @property
+    def version(self) -> int: ...
+
+
+def schedule_json(schedule: ScheduleFields, steps: Iterable[StepFields], alerting: Alerting) -> dict[str, Any]:
+    """A schedule object: from a ``Schedule`` and its ``steps``, or from their rows (a list's)."""
+    out = definition_from(schedule, steps).to_json()
     # Executables' env values may be credentials: they stay on the workers, only names are shown.
     out["steps"] = hide_env_values(out["steps"])
     out.update(

@@ -25,7 +25,7 @@ from typing import Any
 
 from redis.exceptions import LockError
 from redis.lock import Lock
-from sqlalchemy import Select, and_, delete, exists, or_, select
+from sqlalchemy import Select, delete, exists, select, union_all
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.names import PREFIX
@@ -240,18 +240,27 @@ def _oldest_runs(cutoff: datetime) -> Select[Any]:
 
 def _old_versions(cutoff: datetime) -> Select[Any]:
     """Versions older than ``cutoff`` that no kept run ran, and either of a deleted schedule or not
-    among their schedule's newest :data:`KEPT_VERSIONS`. Of the live schedules, only those with
-    more versions than that are looked at, each through the ``(schedule_id, version)`` index; the
-    runs through ``(schedule_name, version, id)``."""
+    among their schedule's newest :data:`KEPT_VERSIONS`. Each kind is found through the
+    ``(schedule_id, version)`` index (a deleted schedule's under a null ``schedule_id``; of the
+    live schedules only those with more versions than that are looked at), never by reading every
+    version; the runs through ``(schedule_name, version, id)``."""
     ran = exists().where(
         ScheduleExecution.schedule_name == ScheduleVersion.schedule_name,
         ScheduleExecution.version == ScheduleVersion.version,
     )
-    beyond_kept = and_(Schedule.version > KEPT_VERSIONS, ScheduleVersion.version <= Schedule.version - KEPT_VERSIONS)
+    gone = select(ScheduleVersion.id).where(ScheduleVersion.schedule_id.is_(None), ScheduleVersion.at < cutoff)
+    beyond_kept = (
+        select(ScheduleVersion.id)
+        .join(Schedule, Schedule.id == ScheduleVersion.schedule_id)
+        .where(
+            Schedule.version > KEPT_VERSIONS,
+            ScheduleVersion.version <= Schedule.version - KEPT_VERSIONS,
+            ScheduleVersion.at < cutoff,
+        )
+    )
     return (
         select(ScheduleVersion.id)
-        .outerjoin(Schedule, Schedule.id == ScheduleVersion.schedule_id)
-        .where(ScheduleVersion.at < cutoff, or_(ScheduleVersion.schedule_id.is_(None), beyond_kept), ~ran)
+        .where(ScheduleVersion.id.in_(union_all(gone, beyond_kept)), ~ran)
         .order_by(ScheduleVersion.id)
     )
 

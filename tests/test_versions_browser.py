@@ -118,6 +118,12 @@ def test_from_a_failed_run_to_what_changed_and_back_at_1920_and_390_px(
             wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "table.grid"), 20, what="the grid")
             marks = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "table.grid th.vchange .gver")]
             assert f"v{changed['version']}" in marks, marks
+            # And the schedule page itself says which version fails, linked to what it changed.
+            rates = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#failures-by-version li")]
+            assert rates[0] == f"version {changed['version']}: 1 run, 1 failed (100 %)", rates
+            assert rates[-1] == "version 1: 2 runs, 0 failed", rates
+            link = browser.find_element(By.CSS_SELECTOR, "#failures-by-version li a")
+            assert link.get_attribute("href").endswith(f"a={changed['version'] - 1}&b={changed['version']}")
             assert page_text(browser, "#versions-link") == f"version {rolled}"
             nothing_wider_than_the_window(browser)
             if folder := os.environ.get("CHORDBEAT_WEB_SCREENSHOTS"):

@@ -40,7 +40,13 @@ from celeryapp.interfaces.web.health_lines import health_lines
 from celeryapp.interfaces.web.limits_page import LimitHandler, LimitsHandler
 from celeryapp.interfaces.web.login import LoginHandler, LogoutHandler
 from celeryapp.interfaces.web.runs_page import RunsHandler
-from celeryapp.interfaces.web.versions_page import RollbackHandler, VersionDiffHandler, VersionsHandler
+from celeryapp.interfaces.web.versions_page import (
+    RECENT_VERSIONS,
+    RollbackHandler,
+    VersionDiffHandler,
+    VersionsHandler,
+    runs_by_version,
+)
 from celeryapp.monitoring.health import age_s
 from celeryapp.scheduling.calendar_files import preview_exclusions
 from models import ScheduleStep, utcnow
@@ -111,6 +117,7 @@ class ScheduleHandler(BaseHandler):
             durations = await self.read(schedule_durations, view.schedule.id)
             silence = await self.read(silence_in_force, name, utcnow())
             s, directory = view.schedule, self.ctx.app.settings.calendars_dir
+            by_version = await self.read(runs_by_version, name, s.version - RECENT_VERSIONS + 1)
             excluded = preview_exclusions(directory, s.calendar, s.timezone, s.dst, view.upcoming)
             self.page(
                 "schedule.html",
@@ -123,6 +130,7 @@ class ScheduleHandler(BaseHandler):
                 duration_chart=chart(durations),
                 duration_summary=summary(durations),
                 duration_scale=scale(durations),
+                by_version=sorted(by_version.items(), reverse=True),
                 modes=MODES,
                 time_control=time_control_words(
                     {"catchup": s.catchup, "calendar": s.calendar, "dst": s.dst, "cron": s.cron}

@@ -50,6 +50,10 @@ def sides(differences: list[dict[str, Any]]) -> list[Side]:
     ]
 
 
+#: Versions the schedule page counts failures of (the newest ones; the versions page has them all).
+RECENT_VERSIONS = 5
+
+
 @dataclass
 class VersionRuns:
     """A version's kept runs, and how many of them failed (a failure rate by version)."""
@@ -64,13 +68,13 @@ class VersionRuns:
         return f"{self.total} run{'s' if self.total != 1 else ''}, {self.failed} failed{share}"
 
 
-def runs_by_version(session: Session, name: str) -> dict[int, VersionRuns]:
-    """The schedule's kept runs counted by version and outcome in one statement (its index on
-    ``(schedule_name, version, id)``)."""
+def runs_by_version(session: Session, name: str, since_version: int = 1) -> dict[int, VersionRuns]:
+    """The schedule's kept runs of ``since_version`` and later, counted by version and outcome in
+    one statement (its index on ``(schedule_name, version, id)``)."""
     counted: dict[int, VersionRuns] = {}
     query = (
         select(ScheduleExecution.version, ScheduleExecution.status, func.count())
-        .where(ScheduleExecution.schedule_name == name, ScheduleExecution.version.is_not(None))
+        .where(ScheduleExecution.schedule_name == name, ScheduleExecution.version >= since_version)
         .group_by(ScheduleExecution.version, ScheduleExecution.status)
     )
     for version, status, count in session.execute(query):

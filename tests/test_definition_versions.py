@@ -144,31 +144,30 @@ def test_the_schedules_stored_before_versions_get_their_definition_as_version_1(
 def test_a_change_applied_mid_run_leaves_the_runs_later_groups_on_its_version(
     app: ChordbeatCelery, worker: Any, client: Celery
 ) -> None:
-    def definition(said: str) -> dict[str, Any]:
+    def definition(said: str, groups: list[str]) -> dict[str, Any]:
+        later = [step(name, task="chordbeat.examples.warn", kwargs={"message": said}) for name in groups]
         return {
-            "name": "three-groups",
+            "name": "five-groups",
             "every": 3600,
-            "steps": [
-                step("one", kwargs={"seconds": 0.01}),
-                step("two", kwargs={"seconds": 3}),
-                step("three", task="chordbeat.examples.warn", kwargs={"message": said}),
-            ],
+            "steps": [step("one", kwargs={"seconds": 0.01}), step("two", kwargs={"seconds": 3}), *later],
         }
 
-    call(client, "chordbeat.apply_schedule", definition=definition("old"))
-    started = call(client, "chordbeat.trigger_schedule", name="three-groups")
+    call(client, "chordbeat.apply_schedule", definition=definition("old", ["three", "four", "five"]))
+    started = call(client, "chordbeat.trigger_schedule", name="five-groups")
     running(client, started["execution_id"], "two")
-    changed = call(client, "chordbeat.apply_schedule", definition=definition("new"))
+    # The new definition says something else in every later group, and has a sixth.
+    changed = call(client, "chordbeat.apply_schedule", definition=definition("new", ["three", "four", "five", "six"]))
     assert changed["version"] == 2
     # Applied while the run is in its second group: the case under test, not one that missed it.
     assert execution(client, started["execution_id"])["current_step_index"] == 1
 
     done = finished(client, started["execution_id"])
     assert done["status"] == "completed" and done["version"] == 1
-    assert [(a["step"], a["message"]) for a in done["activities"] if a["step"] == "three"] == [("three", "old")]
-    summary = call(client, "chordbeat.list_executions", schedule="three-groups", version=1)
+    said = [(a["step"], a["message"]) for a in done["activities"] if a["step"] not in ("one", "two")]
+    assert said == [("three", "old"), ("four", "old"), ("five", "old")], said
+    summary = call(client, "chordbeat.list_executions", schedule="five-groups", version=1)
     assert [(s["id"], s["version"]) for s in summary] == [(started["execution_id"], 1)]
-    assert call(client, "chordbeat.list_executions", schedule="three-groups", version=2) == []
+    assert call(client, "chordbeat.list_executions", schedule="five-groups", version=2) == []
 
 
 def test_a_rerun_runs_its_sources_version_unless_asked_for_the_latest(app: ChordbeatCelery) -> None:

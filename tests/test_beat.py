@@ -87,15 +87,25 @@ def test_beat_fires_interval_schedules_with_one_execution_per_slot(
         wait_for(lambda: len(executions(app)) >= 3, 30, interval=0.2, what="three fired executions")
         beat_age = age_s(settings, "beat")
         assert beat_age is not None and beat_age < 10, "beat keeps its liveness file fresh"
+        # A changed definition: the fires after it pin version 2, those before stay on version 1.
+        changed = {"name": "tick", "every": 1, "steps": [step("s"), step("t")]}
+        assert call(client, "chordbeat.apply_schedule", definition=changed)["version"] == 2
+        wait_for(lambda: executions(app)[-1].version == 2, 30, interval=0.2, what="a fire of version 2")
     runs = executions(app)
+    versions = [e.version for e in runs]
+    assert versions[:3] == [1, 1, 1] and versions == sorted(versions) and set(versions) == {1, 2}, versions
     assert {e.trigger.value for e in runs} == {"interval"}
     assert len({e.run_key for e in runs}) == len(runs)
     fired = [s for s in slots(app) if s.outcome is SlotOutcome.FIRED]
     nominal = [s.nominal_at for s in fired]
     assert len(nominal) == len(set(nominal)) and all(n is not None for n in nominal)
-    # Anchored slots: consecutive fires are whole intervals apart.
-    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(nominal) if a and b]
-    assert gaps and all(g >= 1 and g == round(g) for g in gaps), gaps
+    # Anchored slots: consecutive fires are whole intervals apart, on each side of the change
+    # (an interval is anchored at its definition's last change: docs/architecture.md).
+    anchor = aware(stored_schedule(app, "tick").changed_at)
+    for side in ([n for n in nominal if n and aware(n) < anchor], [n for n in nominal if n and aware(n) >= anchor]):
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(side)]
+        assert all(g >= 1 and g == round(g) for g in gaps), gaps
+    assert len(nominal) >= 4
 
 
 def test_pause_removes_the_entry_and_a_fire_already_sent_does_nothing(

@@ -87,13 +87,15 @@ class Demand:
 class Admitted:
     """What a pass decided. ``started`` now hold their slots: send their step messages after
     commit. ``impossible`` can never fit the limits as sized now: their waits were removed, fail
-    them. ``wake_at``: run :func:`settle` then (a rate's next token). ``recheck``: limits to
-    :func:`settle` because a waiter needing them arrived while this pass held others' locks."""
+    them. ``wake_at``: run :func:`settle` on ``decided`` then (a rate's next token). ``recheck``:
+    limits to :func:`settle` because a waiter needing them arrived while this pass held others' locks."""
 
     started: tuple[Holder, ...] = ()
     impossible: tuple[Holder, ...] = ()
     wake_at: datetime | None = None
     recheck: frozenset[int] = frozenset()
+    #: The limits the pass decided on (those it locked).
+    decided: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -264,7 +266,7 @@ def _acquire_in_turn(
     if holder in admitted.impossible:
         raise InvalidArgument("uses", f"asks for more slots than {', '.join(sorted(ids))} can ever give")
     others = tuple(h for h in admitted.started if h != holder)
-    return held_now, Admitted(others, admitted.impossible, admitted.wake_at, admitted.recheck)
+    return held_now, Admitted(others, admitted.impossible, admitted.wake_at, admitted.recheck, admitted.decided)
 
 
 def release(session: Session, worker_task_id: int, attempt: int, *, now: datetime | None = None) -> Released:
@@ -455,7 +457,7 @@ def _decide(session: Session, locked: set[int], now: datetime) -> Admitted:
         )
     for name, state in admission.limits.items():
         _store(session, limits[int(name)], state)
-    return Admitted(tuple(started), tuple(impossible), admission.wake_at, frozenset(unlocked))
+    return Admitted(tuple(started), tuple(impossible), admission.wake_at, frozenset(unlocked), frozenset(locked))
 
 
 def _state(session: Session, limit: Row[Any], rows: Sequence[Row[Any]], now: datetime) -> LimitState:

@@ -40,9 +40,9 @@ def apply_limit(
     limit = parse_limit(definition)
     who, why = actor_arg(actor, source), reason_arg(reason)
 
-    def store(session: Session) -> tuple[dict[str, Any], list[GroupDispatch]]:
+    def store(session: Session) -> tuple[dict[str, Any], Effects]:
         stored = put_limit(session, limit)
-        admitted: list[GroupDispatch] = []
+        admitted = Effects()
         if stored.changed:
             admitted = admitted_steps(session, settle(session, [stored.id]), now=utcnow())
             action = AuditAction.LIMIT_APPLIED
@@ -51,7 +51,7 @@ def apply_limit(
         return limit_detail(session, limit.name), admitted
 
     answer, admitted = retried_transaction(app.settings.database_url, f"applying limit {limit.name!r}", store)
-    apply_effects(app, Effects(dispatch=admitted))
+    apply_effects(app, admitted)
     return answer
 
 

@@ -101,7 +101,7 @@ def test_slots_are_taken_up_to_the_limit_then_waiters_wait_and_a_release_admits_
         assert limit_summaries(session) == [
             {
                 **parse_limit({"name": "warehouse", "slots": 2}).to_json(),
-                **{"in_use": 2, "waiting": 0, "oldest_waiting_since": None},
+                **{"version": 1, "in_use": 2, "waiting": 0, "oldest_waiting_since": None},
             }
         ]
 

@@ -23,9 +23,10 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
+    CursorResult,
     Integer,
     Row,
     String,
@@ -117,12 +118,7 @@ def acquire_or_wait(
     _check_demands(demands)
     # The demanded limits locked first, by id, in one statement (the one order): what they hold
     # is read under the lock, so the path taken below is decided on what no one else can change.
-    rows = session.execute(
-        select(*_LIMIT_COLUMNS)
-        .where(LIMITS.c.name.in_([demand.limit for demand in demands]))
-        .order_by(LIMITS.c.id)
-        .with_for_update()
-    ).all()
+    rows = session.execute(_LOCK_NAMED, {"p_names": [demand.limit for demand in demands]}).all()
     limits: dict[str, Any] = {row.name: row for row in rows}
     missing = [demand.limit for demand in demands if demand.limit not in limits]
     if missing:
@@ -408,8 +404,22 @@ _HOLD_COLUMNS = ["limit_id", "worker_task_id", "attempt", "execution_id", "step_
 
 def _lock(session: Session, limit_ids: set[int]) -> set[int]:
     """Lock the limits, by id, in one statement: the one order every transaction takes them in."""
-    locked = select(LIMITS.c.id).where(LIMITS.c.id.in_(limit_ids)).order_by(LIMITS.c.id).with_for_update()
-    return set(session.scalars(locked))
+    return set(session.scalars(_LOCK_IDS, {"p_ids": sorted(limit_ids)}))
+
+
+# Built once, with parameters: building a statement and its cache key costs more than running it.
+_LOCK_IDS = (
+    select(LIMITS.c.id)
+    .where(LIMITS.c.id.in_(bindparam("p_ids", expanding=True)))
+    .order_by(LIMITS.c.id)
+    .with_for_update()
+)
+_LOCK_NAMED = (
+    select(*_LIMIT_COLUMNS)
+    .where(LIMITS.c.name.in_(bindparam("p_names", expanding=True)))
+    .order_by(LIMITS.c.id)
+    .with_for_update()
+)
 
 
 def _decide(session: Session, locked: set[int], now: datetime) -> Admitted:
@@ -513,16 +523,32 @@ def _start(session: Session, rows: list[Row[Any]], now: datetime) -> Holder:
 
 
 def _store(session: Session, limit: Row[Any], state: LimitState) -> None:
-    values: dict[str, Any] = {"in_use": state.in_use}
+    params: dict[str, Any] = {"p_id": limit.id, "p_was": limit.in_use, "p_in_use": state.in_use}
     if state.bucket is not None:
-        values.update(tokens=state.bucket.level, tokens_at=state.bucket.at)
-    guarded = (
+        params.update(p_tokens=state.bucket.level, p_tokens_at=state.bucket.at)
+    guarded = _STORED[state.bucket is not None]
+    if int(cast(CursorResult[Any], session.execute(guarded, params)).rowcount) != 1:
+        raise SlotAccountingError(f"limit {limit.name!r} changed under its lock, or would hold over its slots")
+
+
+def _stored(bucket: bool) -> Any:
+    """A limit's count (and its bucket) changed, guarded: the count it was read with, never over its slots."""
+    values: dict[str, Any] = {"in_use": bindparam("p_in_use")}
+    if bucket:
+        values.update(tokens=bindparam("p_tokens"), tokens_at=bindparam("p_tokens_at"))
+    return (
         update(LIMITS)
-        .where(LIMITS.c.id == limit.id, LIMITS.c.in_use == limit.in_use, LIMITS.c.slots >= state.in_use)
+        .where(
+            LIMITS.c.id == bindparam("p_id"),
+            LIMITS.c.in_use == bindparam("p_was"),
+            LIMITS.c.slots >= bindparam("p_in_use"),
+        )
         .values(**values)
     )
-    if affected(session, guarded) != 1:
-        raise SlotAccountingError(f"limit {limit.name!r} changed under its lock, or would hold over its slots")
+
+
+#: By whether the limit has a rate.
+_STORED = {False: _stored(False), True: _stored(True)}
 
 
 def _holder(row: Row[Any]) -> Holder:

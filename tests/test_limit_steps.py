@@ -82,7 +82,7 @@ def test_a_limit_of_one_runs_two_schedules_steps_one_at_a_time_and_leaves_others
     second = service.trigger_schedule(app, "sales")["execution_id"]
     waiting = task_of(app, second)
     assert waiting is not None and waiting["status"] == "waiting_for_limit"
-    assert waiting["waiting_for"] == "warehouse 1/1"
+    assert waiting["waiting_for"] == f"warehouse 1/1 (held by #{first} load)"
     assert held(app) == (1, 1, 1)
 
     # The limit is full: a step of a schedule that does not use it starts all the same.

@@ -32,7 +32,7 @@ from celeryapp.domain.shared_limits import LimitDefinition, OnFull, parse_limit
 from celeryapp.errors import ChordbeatError, InvalidArgument, NotFound
 from celeryapp.execution.limit_slots import Admitted, Demand, Holder, acquire_or_wait, release
 from models import ActivityStatus, WorkerTaskStatus
-from models.limit_tables import LIMIT_WAITERS, LIMITS
+from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
 from models.session import affected
 from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS
 
@@ -246,20 +246,40 @@ def release_attempts(session: Session, attempts: Iterable[tuple[int, int]], *, n
 
 
 def waiting_for(session: Session, worker_task_ids: Sequence[int]) -> dict[int, str]:
-    """Why each of these tasks waits: the limits it waits for with what they hold,
-    ``"warehouse 3/3"`` (the contract's ``waiting_for``)."""
+    """Why each of these tasks waits: the limits it waits for with what they hold and who holds
+    them, ``"warehouse 3/3 (held by #17 load, #19 export)"`` (the contract's ``waiting_for``)."""
     if not worker_task_ids:
         return {}
     rows = session.execute(
-        select(LIMIT_WAITERS.c.worker_task_id, LIMITS.c.name, LIMITS.c.in_use, LIMITS.c.slots)
+        select(LIMIT_WAITERS.c.worker_task_id, LIMITS.c.id, LIMITS.c.name, LIMITS.c.in_use, LIMITS.c.slots)
         .join(LIMITS, LIMITS.c.id == LIMIT_WAITERS.c.limit_id)
         .where(LIMIT_WAITERS.c.worker_task_id.in_(worker_task_ids))
         .order_by(LIMIT_WAITERS.c.worker_task_id, LIMITS.c.name)
     ).all()
+    held_by = {limit_id: _held_by(session, limit_id) for limit_id in sorted({row.id for row in rows})}
     why: dict[int, list[str]] = {}
-    for task_id, name, in_use, slots in rows:
-        why.setdefault(task_id, []).append(f"{name} {in_use}/{slots}")
+    for task_id, limit_id, name, in_use, slots in rows:
+        holders = f" (held by {held_by[limit_id]})" if held_by[limit_id] else ""
+        why.setdefault(task_id, []).append(f"{name} {in_use}/{slots}{holders}")
     return {task_id: ", ".join(parts) for task_id, parts in why.items()}
+
+
+#: Holders named beside a waiting step, the longest-held first; a limit of 10,000 slots is not
+#: listed whole (its Limits page lists them).
+NAMED_HOLDERS = 3
+
+
+def _held_by(session: Session, limit_id: int) -> str:
+    """``"#17 load, #19 export"``: the runs and steps holding the limit, ``and more`` past a few
+    (the first entries of the holds' (limit, since) index)."""
+    holds = session.execute(
+        select(LIMIT_HOLDS.c.execution_id, LIMIT_HOLDS.c.step_name)
+        .where(LIMIT_HOLDS.c.limit_id == limit_id)
+        .order_by(LIMIT_HOLDS.c.since, LIMIT_HOLDS.c.id)
+        .limit(NAMED_HOLDERS + 1)
+    ).all()
+    named = ", ".join(f"#{execution_id} {step}" for execution_id, step in holds[:NAMED_HOLDERS])
+    return named + (" and more" if len(holds) > NAMED_HOLDERS else "")
 
 
 def fail_waiters(

@@ -85,12 +85,16 @@ def recover() -> dict[str, Any]:
     }
 
 
+#: Limits one wake-up message may name (a pass names those it locked: a few).
+MAX_WOKEN_LIMITS = 1000
+
+
 @app.task(name="chordbeat.settle_limits", send_events=False)  # a timer's pass: kept out of Flower
 def settle_limits(limit_ids: list[int]) -> int:
     """Sent with a countdown when a waiter of these limits gets its rate token back (or a pass
     could not lock them): whoever fits now is admitted. How many steps it admitted."""
-    if not isinstance(limit_ids, list) or not limit_ids:
-        raise InvalidArgument("limit_ids", "must be a non-empty list of limit ids")
+    if not isinstance(limit_ids, list) or not 1 <= len(limit_ids) <= MAX_WOKEN_LIMITS:
+        raise InvalidArgument("limit_ids", f"must be a list of 1 to {MAX_WOKEN_LIMITS} limit ids")
     for limit_id in limit_ids:
         check_int(limit_id, "limit_ids", InvalidArgument, low=1)
     return limit_waits.settle_due(app, limit_ids, now=utcnow())

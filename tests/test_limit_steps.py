@@ -15,9 +15,11 @@ import pytest
 import yaml
 from sqlalchemy import func, select
 
+import tasks.control
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
 from celeryapp.domain.effects import Effects
+from celeryapp.errors import InvalidArgument
 from celeryapp.execution.limit_steps import release_attempt
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import limit_service, service
@@ -204,6 +206,12 @@ def test_rate_waiters_are_woken_when_their_token_is_due_not_by_recovery(app: Cho
     # The rate is kept: a token a second (on the reference clock; the workers' own time may lag).
     assert all(later - earlier >= timedelta(seconds=0.9) for earlier, later in itertools.pairwise(starts))
     assert held(app) == (0, 0, 0)
+
+
+def test_a_wake_up_message_with_no_limits_or_not_ids_is_refused_naming_the_field() -> None:
+    for hostile in ([], [0], [True], ["1"], [1.5], [1] * 1001, "1", None):
+        with pytest.raises(InvalidArgument, match="limit_ids"):
+            tasks.control.settle_limits(hostile)
 
 
 @pytest.mark.timeout(120)

@@ -50,7 +50,6 @@ from celeryapp.errors import ChordbeatError, InvalidArgument, NotFound
 from celeryapp.monitoring.metric_counts import observe_admissions
 from models.base import UTCDateTime, utcnow
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
-from models.session import affected
 
 #: Waiters one pass reads, oldest turn first: the decision's work is bounded, whatever the backlog.
 #: One further back waits for a pass with fewer ahead of it.
@@ -365,7 +364,7 @@ def _of(table: Table, holder: Holder) -> tuple[Any, ...]:
 
 def _co_needed(session: Session, limit_ids: Collection[int]) -> set[int]:
     """The limits the first waiters of ``limit_ids`` also need: a pass locks them too, to admit them."""
-    first = session.execute(_first_waiters(limit_ids, LIMIT_WAITERS.c.limit_id, LIMIT_WAITERS.c.needs)).all()
+    first = session.execute(_FIRST_NEEDS, {"p_ids": sorted(limit_ids)}).all()
     others = [(row.worker_task_id, row.attempt) for row in first if row.needs > 1]
     found = {row.limit_id for row in first}
     if others:
@@ -373,14 +372,26 @@ def _co_needed(session: Session, limit_ids: Collection[int]) -> set[int]:
     return found
 
 
-def _first_waiters(limit_ids: Collection[int], *columns: Any) -> Any:
-    """The first waiter rows of these limits in the order they are served (one index range each)."""
+def _first_waiters(*columns: Any) -> Any:
+    """The first waiter rows of the limits ``p_ids`` in the order they are served (one index range each)."""
     return (
         select(LIMIT_WAITERS.c.worker_task_id, LIMIT_WAITERS.c.attempt, *columns)
-        .where(LIMIT_WAITERS.c.limit_id.in_(limit_ids))
+        .where(LIMIT_WAITERS.c.limit_id.in_(bindparam("p_ids", expanding=True)))
         .order_by(LIMIT_WAITERS.c.turn, LIMIT_WAITERS.c.id)
         .limit(PASS_WAITERS)
     )
+
+
+# A pass's reads and writes, built once (as the locks): every admission runs them.
+_FIRST_NEEDS = _first_waiters(LIMIT_WAITERS.c.limit_id, LIMIT_WAITERS.c.needs)
+_FIRST_ROWS = _first_waiters(*LIMIT_WAITERS.c)
+_LIMIT_ROWS = select(LIMITS).where(LIMITS.c.id.in_(bindparam("p_ids", expanding=True)))
+_KEYS_HELD = (
+    select(LIMIT_HOLDS.c.key, func.sum(LIMIT_HOLDS.c.slots))
+    .where(LIMIT_HOLDS.c.limit_id == bindparam("p_id"), LIMIT_HOLDS.c.key.in_(bindparam("p_keys", expanding=True)))
+    .group_by(LIMIT_HOLDS.c.key)
+)
+_WAITS_ENDED = delete(LIMIT_WAITERS).where(*_of_attempt(LIMIT_WAITERS))
 
 
 def _holder_in(holders: Sequence[tuple[int, int]]) -> Any:
@@ -423,13 +434,13 @@ _LOCK_NAMED = (
 
 
 def _decide(session: Session, locked: set[int], now: datetime) -> Admitted:
-    first = session.execute(_first_waiters(locked, *LIMIT_WAITERS.c)).all()
+    first = session.execute(_FIRST_ROWS, {"p_ids": sorted(locked)}).all()
     if not first:
         return Admitted()
     others = sorted({(row.worker_task_id, row.attempt) for row in first if row.needs > 1})
     more = session.execute(select(LIMIT_WAITERS).where(_holder_in(others))).all() if others else []
     rows = list({row.id: row for row in [*first, *more]}.values())
-    limits = {row.id: row for row in session.execute(select(LIMITS).where(LIMITS.c.id.in_(locked))).all()}
+    limits = {row.id: row for row in session.execute(_LIMIT_ROWS, {"p_ids": sorted(locked)}).all()}
     by_holder: dict[tuple[int, int], list[Row[Any]]] = defaultdict(list)
     for row in rows:
         by_holder[(row.worker_task_id, row.attempt)].append(row)
@@ -475,12 +486,7 @@ def _state(session: Session, limit: Row[Any], rows: Sequence[Row[Any]], now: dat
     if limit.per_key_slots is not None:
         wanted = {row.key for row in rows if row.limit_id == limit.id}
         keys = {
-            key: int(slots)
-            for key, slots in session.execute(
-                select(LIMIT_HOLDS.c.key, func.sum(LIMIT_HOLDS.c.slots))
-                .where(LIMIT_HOLDS.c.limit_id == limit.id, LIMIT_HOLDS.c.key.in_(wanted))
-                .group_by(LIMIT_HOLDS.c.key)
-            )
+            key: int(slots) for key, slots in session.execute(_KEYS_HELD, {"p_id": limit.id, "p_keys": sorted(wanted)})
         }
     return LimitState(limit.slots, limit.in_use, limit.per_key_slots, keys, _bucket(limit, now))
 
@@ -498,10 +504,8 @@ def _bucket(limit: Row[Any], now: datetime) -> Bucket | None:
 def _start(session: Session, rows: list[Row[Any]], now: datetime) -> Holder:
     """A waiter's rows become holds: the waits removed (all of them, or the pass is wrong), the holds made."""
     first = rows[0]
-    waits = delete(LIMIT_WAITERS).where(
-        LIMIT_WAITERS.c.worker_task_id == first.worker_task_id, LIMIT_WAITERS.c.attempt == first.attempt
-    )
-    if affected(session, waits) != len(rows):
+    attempt_of = {"p_worker_task_id": first.worker_task_id, "p_attempt": first.attempt}
+    if int(cast(CursorResult[Any], session.execute(_WAITS_ENDED, attempt_of)).rowcount) != len(rows):
         raise SlotAccountingError(f"worker task {first.worker_task_id}'s waits changed under their locks")
     session.execute(
         insert(LIMIT_HOLDS),

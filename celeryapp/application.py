@@ -18,7 +18,6 @@ from celeryapp.alerting.channels import channel_names
 from celeryapp.alerting.sender_thread import AlertSenderStep
 from celeryapp.clock import clock
 from celeryapp.config import Settings
-from celeryapp.domain.effects import Effects
 from celeryapp.domain.names import CONTROL_QUEUE, PUBLIC_QUEUE, STEPS_QUEUE
 from celeryapp.domain.redaction import credentials_apart
 from celeryapp.execution.limit_files import apply_file_limits
@@ -89,8 +88,8 @@ class ChordbeatCelery(Celery):  # type: ignore[misc]
         (which may not import it: the two are parts of one layer). The steps a limit made larger
         admits are sent once the file's transaction commits (each attempt has a session of its own)."""
         changes, admitted = apply_file_limits(session, limits, source=source, dry_run=dry_run, remove=remove)
-        if admitted:
-            event.listen(session, "after_commit", lambda _: apply_effects(self, Effects(dispatch=admitted)), once=True)
+        if admitted.dispatch or admitted.limit_wakes:
+            event.listen(session, "after_commit", lambda _: apply_effects(self, admitted), once=True)
         return changes
 
     @property

@@ -366,11 +366,17 @@ class ChordbeatClient:
         return self.call("chordbeat.test_alert", channel=channel, **_who(actor, reason))  # type: ignore[no-any-return]
 
     def apply_limit(
-        self, definition: dict[str, Any], actor: str | None = None, reason: str | None = None
+        self,
+        definition: dict[str, Any],
+        actor: str | None = None,
+        reason: str | None = None,
+        expected_version: int | None = None,
     ) -> dict[str, Any]:
-        """Create or change a shared limit (docs/limits.md); a resize never pre-empts holders."""
+        """Create or change a shared limit (docs/limits.md); a resize never pre-empts holders.
+        ``expected_version``: the ``version`` read (0: none existed); refused if it changed since."""
+        versioned = {} if expected_version is None else {"expected_version": expected_version}
         return self.call(  # type: ignore[no-any-return]
-            "chordbeat.apply_limit", definition=definition, **_who(actor, reason)
+            "chordbeat.apply_limit", definition=definition, **_who(actor, reason), **versioned
         )
 
     def list_limits(self) -> list[dict[str, Any]]:

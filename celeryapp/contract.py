@@ -94,12 +94,13 @@ _BACKFILL_OBJECT = (
     '"cancelled", "skipped", "actor", "reason", "created_at", "finished_at"}`'
 )
 
+_EXPECTED_VERSION = Param("expected_version", False, note="the `version` read (0: none); refused if it changed since")
 _LIMIT_OBJECT = (
     'limit object: the definition `{"name", "slots", "rate", "key", "per_key_slots", "on_full", "max_wait"}` plus '
-    '`"in_use"`, `"waiting"`, `"oldest_waiting_since"` (the oldest waiter\'s arrival, null when none waits), '
-    '`"holders"` and `"waiters"` (`[{"execution_id", "step", "key", "slots", "since"}]`, '
-    'holders longest-held first, at most 1,000; waiters oldest first, at most 100) and `"keys"` (`{key: in_use}`, '
-    "at most 1,000)"
+    '`"version"` (1, then one more a change), `"in_use"`, `"waiting"`, `"oldest_waiting_since"` (the oldest '
+    'waiter\'s arrival, null when none waits), `"holders"` and `"waiters"` (`[{"execution_id", "step", "key", "slots", '
+    '"since"}]`, holders longest-held first, at most 1,000; waiters oldest first, at most 100) and `"keys"` '
+    "(`{key: in_use}`, at most 1,000)"
 )
 
 #: Every service task, in the order the README lists them.
@@ -313,14 +314,14 @@ SERVICE_TASKS = (
     ),
     ServiceTask(
         "chordbeat.apply_limit",
-        (Param("definition"), _ACTOR, _REASON),
+        (Param("definition"), _ACTOR, _REASON, _EXPECTED_VERSION),
         _LIMIT_OBJECT + " (invalid: error naming every bad field; nothing stored); a resize never pre-empts holders",
-        ("DefinitionError",),
+        ("DefinitionError", "InvalidTransition"),
     ),
     ServiceTask(
         "chordbeat.list_limits",
         (),
-        'every limit by name: its definition plus `{"in_use": n, "waiting": n, "oldest_waiting_since": time | null}`',
+        'every limit by name: its definition plus `{"version", "in_use", "waiting", "oldest_waiting_since"}`',
     ),
     ServiceTask("chordbeat.get_limit", (_NAME,), _LIMIT_OBJECT, ("NotFound",)),
     ServiceTask(

@@ -15,7 +15,7 @@ from celeryapp.errors import ChordbeatError, InvalidArgument
 from celeryapp.execution.advancing import advance_group
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.recovery import housekeeping as history_purge
-from celeryapp.recovery import lost_slots, recovery
+from celeryapp.recovery import limit_waits, lost_slots, recovery
 from celeryapp.scheduling import beat_entries, queued_fires
 from celeryapp.worker import firing
 from celeryapp.worker.dispatch import apply_effects
@@ -83,6 +83,21 @@ def recover() -> dict[str, Any]:
         "redis_reset": report.redis_reset,
         "paused_slots": report.paused_slots,
     }
+
+
+#: Limits one wake-up message may name (a pass names those it locked: a few).
+MAX_WOKEN_LIMITS = 1000
+
+
+@app.task(name="chordbeat.settle_limits", send_events=False)  # a timer's pass: kept out of Flower
+def settle_limits(limit_ids: list[int]) -> int:
+    """Sent with a countdown when a waiter of these limits gets its rate token back (or a pass
+    could not lock them): whoever fits now is admitted. How many steps it admitted."""
+    if not isinstance(limit_ids, list) or not 1 <= len(limit_ids) <= MAX_WOKEN_LIMITS:
+        raise InvalidArgument("limit_ids", f"must be a list of 1 to {MAX_WOKEN_LIMITS} limit ids")
+    for limit_id in limit_ids:
+        check_int(limit_id, "limit_ids", InvalidArgument, low=1)
+    return limit_waits.settle_due(app, limit_ids, now=utcnow())
 
 
 @app.task(name="chordbeat.housekeeping", send_events=False)  # periodic: kept out of Flower

@@ -253,8 +253,12 @@ def test_alert(channel: str, actor: str | None = None, reason: str | None = None
 
 
 @app.task(base=ServiceTask, name="chordbeat.apply_limit")
-def apply_limit(definition: dict[str, Any], actor: str | None = None, reason: str | None = None) -> dict[str, Any]:
-    return limit_service.apply_limit(app, definition, reason=reason, **_caller(actor))
+def apply_limit(
+    definition: dict[str, Any], actor: str | None = None, reason: str | None = None, expected_version: int | None = None
+) -> dict[str, Any]:
+    return limit_service.apply_limit(
+        app, definition, reason=reason, expected_version=expected_version, **_caller(actor)
+    )
 
 
 @app.task(base=ServiceTask, name="chordbeat.list_limits", send_events=READ_ONLY_EVENTS)

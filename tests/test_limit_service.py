@@ -4,18 +4,22 @@ unless forced; through the registered task as a caller sends it."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 import tasks.service
 from celeryapp.application import ChordbeatCelery
+from celeryapp.domain.shared_limits import parse_limit
 from celeryapp.errors import DefinitionError, InvalidArgument, InvalidTransition, NotFound
 from celeryapp.execution.limit_slots import Demand, Holder, acquire_or_wait
+from celeryapp.execution.limit_store import put_limit
 from celeryapp.interfaces import limit_service, service
 from celeryapp.states import AuditAction
 from models import AuditEvent, transaction
+from tests.support.servers import wait_for
 
 WAREHOUSE = {"name": "warehouse", "slots": 2, "key": "{payload.customer}", "per_key_slots": 1, "max_wait": 600}
 
@@ -39,6 +43,7 @@ def test_a_limit_is_applied_once_per_change_and_read_back_with_who_holds_and_wai
         **WAREHOUSE,
         "rate": None,
         "on_full": "queue",
+        "version": 1,
         "in_use": 0,
         "waiting": 0,
         "oldest_waiting_since": None,
@@ -60,7 +65,11 @@ def test_a_limit_is_applied_once_per_change_and_read_back_with_who_holds_and_wai
     since = detail["waiters"][0]["since"]  # the only waiter is the oldest
     assert detail["oldest_waiting_since"] == since
     assert limit_service.list_limits(app) == [
-        {**WAREHOUSE, "rate": None, "on_full": "queue", "in_use": 2, "waiting": 1, "oldest_waiting_since": since}
+        {
+            **WAREHOUSE,
+            **{"rate": None, "on_full": "queue", "version": 1, "in_use": 2, "waiting": 1},
+            "oldest_waiting_since": since,
+        }
     ]
 
 
@@ -119,3 +128,59 @@ def test_the_registered_tasks_answer_as_the_contract_says(app: ChordbeatCelery) 
     assert answer(tasks.service.get_limit, name="erp")["in_use"] == 0
     assert answer(tasks.service.delete_limit, name="erp") == {"name": "erp", "deleted": True}
     assert [row[0] for row in audit(app)] == [AuditAction.LIMIT_APPLIED.value, AuditAction.LIMIT_DELETED.value]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_two_changes_of_one_limit_at_once_never_lose_one(app: ChordbeatCelery) -> None:
+    """PostgreSQL, two real transactions: both callers read version 1, one makes the limit larger,
+    the other gives it a rate, each sending the whole definition back with the version it read.
+    The second waits for the first's lock, then finds version 2 and is refused: it does not write
+    the slots back as it read them. Read again, its change goes in beside the first."""
+    url = app.settings.database_url
+    read = limit_service.apply_limit(app, {"name": "warehouse", "slots": 2}, actor="ops")
+    assert read["version"] == 1
+    definition = {field: read[field] for field in ("name", "slots", "rate", "key", "per_key_slots", "on_full")}
+    locked, commit = threading.Event(), threading.Event()
+
+    def larger() -> None:
+        with transaction(url) as session:
+            put_limit(session, parse_limit({**definition, "slots": 5}), expected_version=1)
+            locked.set()
+            commit.wait(30)  # the change stays uncommitted until the other waits for its lock
+
+    outcome: dict[str, Any] = {}
+
+    def rated() -> None:
+        try:
+            outcome["stored"] = limit_service.apply_limit(
+                app, {**definition, "rate": "10/min"}, actor="ops", expected_version=1
+            )
+        except InvalidTransition as exc:
+            outcome["refused"] = str(exc)
+
+    first = threading.Thread(target=larger)
+    first.start()
+    assert locked.wait(20)
+    second = threading.Thread(target=rated)
+    second.start()
+    wait_for(lambda: waits_for_a_lock(url), 20, what="the second change to wait for the first's lock")
+    commit.set()
+    first.join(30)
+    second.join(30)
+    assert outcome == {"refused": "limit 'warehouse' changed meanwhile (version 2, not the 1 read); read it again"}
+    now = limit_service.get_limit(app, "warehouse")
+    assert (now["slots"], now["rate"], now["version"]) == (5, None, 2)
+    again = limit_service.apply_limit(app, {**definition, "slots": 5, "rate": "10/min"}, expected_version=2)
+    assert (again["slots"], again["rate"], again["version"]) == (5, "10/min", 3)
+    with pytest.raises(InvalidArgument, match="expected_version"):
+        limit_service.apply_limit(app, definition, expected_version=True)
+
+
+def waits_for_a_lock(url: str) -> bool:
+    with transaction(url, read_only=True) as session:
+        waiting = session.scalar(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+        )
+    return bool(waiting)

@@ -9,11 +9,12 @@ import itertools
 import random
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.shared_limits import parse_limit
@@ -28,7 +29,7 @@ from celeryapp.execution.limit_slots import (
     settle,
 )
 from celeryapp.execution.limit_store import delete_limit, limit_detail, limit_summaries, put_limit
-from models import transaction, utcnow
+from models import get_engine, transaction, utcnow
 from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
 
 pytestmark = pytest.mark.both_databases
@@ -100,7 +101,7 @@ def test_slots_are_taken_up_to_the_limit_then_waiters_wait_and_a_release_admits_
         assert limit_summaries(session) == [
             {
                 **parse_limit({"name": "warehouse", "slots": 2}).to_json(),
-                **{"in_use": 2, "waiting": 0, "oldest_waiting_since": None},
+                **{"version": 1, "in_use": 2, "waiting": 0, "oldest_waiting_since": None},
             }
         ]
 
@@ -271,6 +272,39 @@ def test_a_pass_that_did_not_lock_a_waiters_other_limit_leaves_it_waiting(databa
         decided = _decide(session, {warehouse}, utcnow())  # the ERP left unlocked
     assert (decided.started, decided.impossible, decided.recheck) == ((), (), frozenset({erp}))
     assert waiting(database_url) == 2
+
+
+@contextmanager
+def statements_of(url: str) -> Iterator[list[str]]:
+    """The first word of each statement sent to ``url``'s engine inside the block (BEGIN left out)."""
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if not statement.startswith("BEGIN"):
+            sent.append(statement.split()[0])
+
+    engine = get_engine(url)
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+
+
+def test_a_slot_with_room_is_taken_in_four_statements_and_given_back_in_four(database_url: str) -> None:
+    """The uncontended path (nobody waits, the limit and the key have room), the cost of
+    bench/limits.py's cycles: the limit locked and read, the hold made under its conditions, the
+    count guarded, the admission counted; given back: what the attempt holds, the lock, the hold
+    deleted, the count guarded (with whether anyone waits, so no pass runs). Fails if it grows."""
+    define(database_url, name="customers", slots=10, key="{payload.customer}", per_key_slots=1)
+    who = holder()
+    with statements_of(database_url) as acquiring:
+        assert acquire(database_url, who, Demand("customers", "acme")) == (True, Admitted())
+    with statements_of(database_url) as releasing:
+        assert give_back(database_url, who) == (1, ())
+    assert acquiring == ["SELECT", "INSERT", "UPDATE", "INSERT"]
+    assert releasing == ["SELECT", "SELECT", "DELETE", "UPDATE"]
+    assert (held(database_url), waiting(database_url)) == ({"customers": 0}, 0)
 
 
 @pytest.fixture

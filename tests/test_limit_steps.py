@@ -15,8 +15,11 @@ import pytest
 import yaml
 from sqlalchemy import func, select
 
+import tasks.control
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
+from celeryapp.domain.effects import Effects
+from celeryapp.errors import InvalidArgument
 from celeryapp.execution.limit_steps import release_attempt
 from celeryapp.execution.steps import claim_step, finish_step
 from celeryapp.interfaces import limit_service, service
@@ -81,7 +84,7 @@ def test_a_limit_of_one_runs_two_schedules_steps_one_at_a_time_and_leaves_others
     second = service.trigger_schedule(app, "sales")["execution_id"]
     waiting = task_of(app, second)
     assert waiting is not None and waiting["status"] == "waiting_for_limit"
-    assert waiting["waiting_for"] == "warehouse 1/1"
+    assert waiting["waiting_for"] == f"warehouse 1/1 (held by #{first} load)"
     assert held(app) == (1, 1, 1)
 
     # The limit is full: a step of a schedule that does not use it starts all the same.
@@ -166,7 +169,7 @@ def test_a_fenced_late_outcome_keeps_the_successors_slot_and_unsent_admissions_a
         now = utcnow()
         recorded = finish_step(conn, claim, ActivityStatus.COMPLETE, now=now)
         admitted = release_attempt(conn, task_id, 1, now=now)
-    assert not recorded.closed and admitted == []
+    assert not recorded.closed and admitted == Effects()
     assert held(app) == (1, 1, 0)
     with transaction(url, read_only=True) as session:
         assert session.execute(select(LIMIT_HOLDS.c.worker_task_id, LIMIT_HOLDS.c.attempt)).all() == [(task_id, 2)]
@@ -181,11 +184,34 @@ def test_a_fenced_late_outcome_keeps_the_successors_slot_and_unsent_admissions_a
         now = utcnow()
         finish_step(conn, claim, ActivityStatus.COMPLETE, now=now)
         admitted = release_attempt(conn, task_id, 2, now=now)
-    assert [step.spec.name for group in admitted for step in group.steps] == ["load"]
+    assert [step.spec.name for group in admitted.dispatch for step in group.steps] == ["load"]
     assert status_of(app, waiter) == "queued" and held(app) == (1, 1, 0)
     # Queued without a dispatch marker: recovery's pass sends it (its task id makes a second harmless).
     report = recover(app, now=utcnow() + timedelta(seconds=RESEND_GRACE_S + 1))
-    assert report.resent == [admitted[0].steps[0].worker_task_id]
+    assert report.resent == [admitted.dispatch[0].steps[0].worker_task_id]
+
+
+@pytest.mark.timeout(60)
+def test_rate_waiters_are_woken_when_their_token_is_due_not_by_recovery(app: ChordbeatCelery, worker: Any) -> None:
+    """A limit of one start a second, three runs at once, a worker and no recovery (no beat): the
+    first starts, the two others wait for tokens; each is started by the pass sent for its token's
+    moment (``chordbeat.settle_limits``), one per moment however many passes asked for it."""
+    limit_service.apply_limit(app, {"name": "tap", "slots": 5, "rate": "1/s"}, actor="ops")
+    service.apply_schedule(app, {**schedule("drip", 0.01, ["tap"]), "overlap": "allow"})
+    runs = [service.trigger_schedule(app, "drip")["execution_id"] for _ in range(3)]
+    assert [status_of(app, run) for run in runs[1:]] == ["waiting_for_limit", "waiting_for_limit"]
+    done = [finished(app, run, 20) for run in runs]
+    assert [run["status"] for run in done] == ["completed"] * 3
+    starts = sorted(ts(run["activities"][0]["started_at"]) for run in done)
+    # The rate is kept: a token a second (on the reference clock; the workers' own time may lag).
+    assert all(later - earlier >= timedelta(seconds=0.9) for earlier, later in itertools.pairwise(starts))
+    assert held(app) == (0, 0, 0)
+
+
+def test_a_wake_up_message_with_no_limits_or_not_ids_is_refused_naming_the_field() -> None:
+    for hostile in ([], [0], [True], ["1"], [1.5], [1] * 1001, "1", None):
+        with pytest.raises(InvalidArgument, match="limit_ids"):
+            tasks.control.settle_limits(hostile)
 
 
 @pytest.mark.timeout(120)

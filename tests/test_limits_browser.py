@@ -20,11 +20,13 @@ from celeryapp.interfaces import limit_service, service
 from models import ExecutionStatus, transaction, utcnow
 from tests.support.axe import AXE, said, violations
 from tests.support.chromium import chromium, log_in, no_iso, nothing_wider_than_the_window, page_text
-from tests.support.helpers import wait_for
+from tests.support.helpers import step, wait_for
 from tests.support.run_history import Run, define, write_runs
 from tests.support.web_server import ADMIN, VIEWER, WebServer, text_of, xsrf
 
 pytestmark = pytest.mark.slow
+#: Worker task ids of the holds made here: far from the real steps' (a hold is an attempt's).
+FAKE_TASKS = 1_000_000
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +36,9 @@ def browser() -> Iterator[WebDriver]:
 
 
 def occupy(app: ChordbeatCelery, limit: str, run: int, step: str, key: str = "") -> bool:
+    """A hold (or a wait) of run ``run``'s step, by a worker task id no real step has."""
     with transaction(app.settings.database_url) as session:
-        return acquire_or_wait(session, [Demand(limit, key)], Holder(run, 1, run, step))[0]
+        return acquire_or_wait(session, [Demand(limit, key)], Holder(FAKE_TASKS + run, 1, run, step))[0]
 
 
 @pytest.mark.timeout(180)
@@ -99,6 +102,16 @@ def test_limits_pages_at_390_and_1920_px_and_an_admin_resizes_with_a_reason(
             nothing_wider_than_the_window(browser)
             if folder := os.environ.get("CHORDBEAT_WEB_SCREENSHOTS"):
                 browser.save_screenshot(os.path.join(folder, f"dashboard-limit-{width}.png"))
+
+        # A step waiting for the limit says, on its run's page, what it waits for and who holds it.
+        service.apply_schedule(app, {"name": "stock", "every": 3600, "steps": [step("count", uses=["erp"])]})
+        waiting = service.trigger_schedule(app, "stock")["execution_id"]
+        browser.get(f"{web.url}/execution/{waiting}")
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".waiting-for"), 20, what="the waiting step")
+        assert page_text(browser, ".waiting-for") == f"waiting for erp 1/1 (held by #{runs[0]} export stock)"
+        assert service.cancel_execution(app, waiting)["status"] == "cancelled"  # its wait goes with it
+        browser.get(f"{web.url}/limit?name=erp")
+        wait_for(lambda: browser.find_elements(By.ID, "holders"), 20, what="the erp's page")
 
         # A mistake is said on the page, naming the field, what was typed kept; nothing changes.
         slots = browser.find_element(By.ID, "slots")

@@ -21,10 +21,12 @@ from celeryapp.config import Settings
 from celeryapp.execution.limit_slots import Demand, Holder, acquire_or_wait
 from models import AuditEvent, transaction
 from tests.support import processes
+from tests.support.helpers import call, step
 from tests.support.terminals import STYLE, in_pty, plain_lines, wide_lines
 
 CHORDBEAT = str(Path(sys.executable).with_name("chordbeat"))
 VIEWER = {"TZ": "UTC", "CHORDBEAT_ACTOR": "alice"}
+EXPORT = step("export", uses=["erp"])
 
 
 def chordbeat(settings: Settings, *args: str, replies: dict[str, str] | None = None) -> tuple[int, list[str]]:
@@ -82,6 +84,14 @@ def test_limits_list_show_set_and_delete_at_an_80_column_terminal(
     text = "\n".join(lines)
     assert "key {payload.customer}, 2 per key" in text and re.search(r"acme\s+1", text), text
 
+    # A step waiting for the limit says, where its run is shown, what it waits for and who holds it.
+    call(client, "chordbeat.apply_schedule", definition={"name": "exports", "every": 3600, "steps": [EXPORT]})
+    waiting = call(client, "chordbeat.trigger_schedule", name="exports")["execution_id"]
+    status, lines = chordbeat(settings, "execution", str(waiting))
+    text = "\n".join(lines)
+    assert status == 0 and re.search(r"1\s+export\s+waiting for limit\s+1", text), text
+    assert "group 1 export (try 1): waiting for erp 1/1 (held by #17 export stock)" in lines, text
+
     # Mistakes are refused naming the option or the field; nothing changes.
     for args, said in (
         (("--slots", "0"), "Error: slots: must be between 1 and 10000, got 0"),
@@ -109,7 +119,8 @@ def test_limits_list_show_set_and_delete_at_an_80_column_terminal(
     assert [(row["name"], row["slots"], row["in_use"]) for row in json.loads(listed.stdout)] == [("warehouse", 5, 1)]
     with transaction(settings.database_url) as session:
         rows = session.scalars(select(AuditEvent).order_by(AuditEvent.id)).all()
-        assert [(r.action.value, r.actor, r.reason, (r.detail or {}).get("limit")) for r in rows] == [
+        limits = [r for r in rows if r.action.value.startswith("limit_")]
+        assert [(r.action.value, r.actor, r.reason, (r.detail or {}).get("limit")) for r in limits] == [
             ("limit_applied", "alice", "one export at a time", "erp"),
             ("limit_applied", "alice", None, "warehouse"),
             ("limit_applied", "bob", None, "warehouse"),

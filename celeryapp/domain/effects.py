@@ -5,6 +5,7 @@ runs to stop, beat entries to rewrite. :mod:`celeryapp.worker.dispatch` does it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from celeryapp.domain.definition import StepSpec
 from celeryapp.domain.names import runner_task_id
@@ -37,6 +38,15 @@ class GroupDispatch:
     schedule_name: str = ""
 
 
+@dataclass(frozen=True)
+class LimitWake:
+    """A pass over shared limits due at ``at`` (reference clock): a waiter held back only by a
+    rate gets its token then, or a pass could not lock a limit a waiter also needs."""
+
+    limit_ids: tuple[int, ...]
+    at: datetime
+
+
 @dataclass
 class Effects:
     """What to do after commit: chords to send, executions whose running steps must stop."""
@@ -53,6 +63,8 @@ class Effects:
     skipped_overlap: int = 0
     #: Executions this transaction ended (completed, failed, cancelled).
     ended: list[int] = field(default_factory=list)
+    #: Passes over shared limits to run later (a message with a countdown, deduplicated).
+    limit_wakes: list[LimitWake] = field(default_factory=list)
 
     def merge(self, other: Effects) -> Effects:
         self.dispatch += other.dispatch
@@ -61,4 +73,5 @@ class Effects:
         self.fenced += other.fenced
         self.skipped_overlap += other.skipped_overlap
         self.ended += other.ended
+        self.limit_wakes += other.limit_wakes
         return self

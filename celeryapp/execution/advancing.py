@@ -140,7 +140,7 @@ def move_on(conn: Connection, execution_id: int, step_index: int, state: GroupSt
     steps = tuple(StepDispatch(execution_id, i, a, specs[n], state.token) for i, a, n in queued)
     group = GroupDispatch(execution_id, step_index + 1, steps, schedule_name=state.schedule_name)
     # Steps that use shared limits take their slots here (``conn`` is then in a transaction).
-    return Effects(dispatch=gate_group(conn, group, now=now))
+    return gate_group(conn, group, now=now)
 
 
 def advance_execution(session: Session, execution_id: int, step_index: int, *, now: datetime) -> Effects:

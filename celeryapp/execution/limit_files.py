@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from celeryapp.domain.effects import GroupDispatch
+from celeryapp.domain.effects import Effects
 from celeryapp.domain.shared_limits import parse_limit
 from celeryapp.errors import DefinitionError
 from celeryapp.execution.limit_slots import settle
@@ -36,7 +36,7 @@ def apply_file_limits(
     source: str,
     dry_run: bool = False,
     remove: bool | Collection[str] = True,
-) -> tuple[dict[str, list[str]], list[GroupDispatch]]:
+) -> tuple[dict[str, list[str]], Effects]:
     """Make the limits of ``source`` those of ``raw_limits`` (validated definitions); a dry run
     changes nothing but refuses what the apply would refuse. ``remove``: which of the source's
     limits the file no longer names may go (all, none, or those named: the confirmed ones).
@@ -86,6 +86,6 @@ def apply_file_limits(
             if name in going and not dry_run:
                 delete_limit(session, name, force=False)
     if not grown:
-        return changes, []
+        return changes, Effects()
     # A limit made larger admits its waiters now, as applying it through the service does.
     return changes, admitted_steps(session, settle(session, grown), now=utcnow())

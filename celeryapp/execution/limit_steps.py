@@ -27,12 +27,12 @@ from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.definition import StepSpec
-from celeryapp.domain.effects import GroupDispatch, StepDispatch
+from celeryapp.domain.effects import Effects, GroupDispatch, LimitWake, StepDispatch
 from celeryapp.domain.shared_limits import LimitDefinition, OnFull, parse_limit
 from celeryapp.errors import ChordbeatError, InvalidArgument, NotFound
 from celeryapp.execution.limit_slots import Admitted, Demand, Holder, acquire_or_wait, release
 from models import ActivityStatus, WorkerTaskStatus
-from models.limit_tables import LIMIT_WAITERS, LIMITS
+from models.limit_tables import LIMIT_HOLDS, LIMIT_WAITERS, LIMITS
 from models.session import affected
 from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS
 
@@ -46,12 +46,13 @@ def plan_uses_limits(plan: Iterable[Iterable[Mapping[str, Any]]]) -> bool:
     return any("uses" in step for group in plan for step in group)
 
 
-def gate_group(conn: Connection | Session, group: GroupDispatch, *, now: datetime) -> list[GroupDispatch]:
+def gate_group(conn: Connection | Session, group: GroupDispatch, *, now: datetime) -> Effects:
     """In the transaction that queued ``group``'s attempts: each step that uses limits takes their
     slots, or waits (its task ``waiting_for_limit``), or is skipped or failed. What to send after
-    commit: the group with the steps that may run, and the steps other passes admitted."""
+    commit: the group with the steps that may run, the steps other passes admitted, and the
+    passes due later (a waiter's rate token)."""
     if not any(step.spec.uses for step in group.steps):
-        return [group]
+        return Effects(dispatch=[group])
     session = conn if isinstance(conn, Session) else Session(bind=conn)
     payload: dict[str, Any] = dict(
         session.scalar(select(EXECUTIONS.c.payload).where(EXECUTIONS.c.id == group.execution_id)) or {}
@@ -61,7 +62,7 @@ def gate_group(conn: Connection | Session, group: GroupDispatch, *, now: datetim
         d["name"]: parse_limit(d) for d in session.scalars(select(LIMITS.c.definition).where(LIMITS.c.name.in_(names)))
     }
     send: list[StepDispatch] = []
-    after: list[GroupDispatch] = []
+    after = Effects()
     for step in group.steps:
         if not step.spec.uses:
             send.append(step)
@@ -73,19 +74,23 @@ def gate_group(conn: Connection | Session, group: GroupDispatch, *, now: datetim
         except (NotFound, InvalidArgument) as exc:
             # An unknown limit (deleted since the definition was applied), a key the payload cannot
             # make, a use that can never fit: the step fails, it does not wait for ever.
-            after += _end_unstarted(session, holder, group.step_index, ActivityStatus.FAILED_WITH_ERROR, str(exc), now)
+            after.dispatch += _end_unstarted(
+                session, holder, group.step_index, ActivityStatus.FAILED_WITH_ERROR, str(exc), now
+            )
             continue
-        after += admitted_steps(session, admitted, now=now)
+        after.merge(admitted_steps(session, admitted, now=now))
         if held:
             send.append(step)
         elif any(limits[use.limit].on_full is OnFull.SKIP for use in step.spec.uses):
             released = release(session, holder.worker_task_id, holder.attempt, now=now)
-            after += admitted_steps(session, released.admitted, now=now)
+            after.merge(admitted_steps(session, released.admitted, now=now))
             text = f"skipped: {', '.join(_full(session, step.spec))} full (on_full: skip)"
-            after += _end_unstarted(session, holder, group.step_index, ActivityStatus.COMPLETE_WITH_WARNING, text, now)
+            status = ActivityStatus.COMPLETE_WITH_WARNING
+            after.dispatch += _end_unstarted(session, holder, group.step_index, status, text, now)
         else:
             _to_waiting(session, holder)
-    return ([replace(group, steps=tuple(send))] if send else []) + after
+    after.dispatch[:0] = [replace(group, steps=tuple(send))] if send else []
+    return after
 
 
 def _demands(
@@ -120,11 +125,13 @@ def _to_waiting(session: Session, holder: Holder) -> None:
         raise ChordbeatError(f"worker task {holder.worker_task_id} attempt {holder.attempt} was not queued")
 
 
-def admitted_steps(session: Session, admitted: Admitted, *, now: datetime) -> list[GroupDispatch]:
+def admitted_steps(session: Session, admitted: Admitted, *, now: datetime) -> Effects:
     """The waiters a pass admitted, queued (their slots held) and returned to be sent after
-    commit; those it found impossible, failed. A waiter whose task is gone (its run ended) gives
-    its slots straight back, admitting the next."""
+    commit; those it found impossible, failed; the passes due later (a rate's next token, a limit
+    the pass could not lock). A waiter whose task is gone (its run ended) gives its slots straight
+    back, admitting the next."""
     after: list[GroupDispatch] = []
+    wakes = limit_wakes(admitted, now)
     todo = list(admitted.started)
     impossible = list(admitted.impossible)
     while todo or impossible:
@@ -146,6 +153,7 @@ def admitted_steps(session: Session, admitted: Admitted, *, now: datetime) -> li
             released = release(session, holder.worker_task_id, holder.attempt, now=now)
             todo += released.admitted.started
             impossible += released.admitted.impossible
+            wakes += limit_wakes(released.admitted, now)
             continue
         run = session.execute(
             select(EXECUTIONS.c.token, EXECUTIONS.c.plan, EXECUTIONS.c.schedule_name).where(
@@ -160,7 +168,18 @@ def admitted_steps(session: Session, admitted: Admitted, *, now: datetime) -> li
             )
         )
         logger.info("step %r of execution %s admitted by its limits", holder.step_name, holder.execution_id)
-    return after
+    return Effects(dispatch=after, limit_wakes=wakes)
+
+
+def limit_wakes(admitted: Admitted, now: datetime) -> list[LimitWake]:
+    """The passes a pass leaves to do: when a waiter held back by a rate gets its token (over the
+    limits it decided on), and at once over the limits it could not lock for a waiter."""
+    wakes = []
+    if admitted.wake_at is not None and admitted.decided:
+        wakes.append(LimitWake(tuple(sorted(admitted.decided)), admitted.wake_at))
+    if admitted.recheck:
+        wakes.append(LimitWake(tuple(sorted(admitted.recheck)), now))
+    return wakes
 
 
 def _waiting(holder: Holder) -> tuple[Any, ...]:
@@ -198,9 +217,7 @@ def _end_unstarted(
     return [GroupDispatch(holder.execution_id, step_index, ())]
 
 
-def release_attempt(
-    conn: Connection | Session, worker_task_id: int, attempt: int, *, now: datetime
-) -> list[GroupDispatch]:
+def release_attempt(conn: Connection | Session, worker_task_id: int, attempt: int, *, now: datetime) -> Effects:
     """Give back what an attempt holds (or drop its waits), in the transaction that records its
     outcome or its loss; what to send after commit (the waiters admitted)."""
     session = conn if isinstance(conn, Session) else Session(bind=conn)
@@ -220,29 +237,49 @@ def run_attempts(
     return [(task_id, attempt) for task_id, attempt in rows]
 
 
-def release_attempts(session: Session, attempts: Iterable[tuple[int, int]], *, now: datetime) -> list[GroupDispatch]:
+def release_attempts(session: Session, attempts: Iterable[tuple[int, int]], *, now: datetime) -> Effects:
     """:func:`release_attempt` for each of a run's attempts as the run ends."""
-    after: list[GroupDispatch] = []
+    after = Effects()
     for task_id, attempt in attempts:
-        after += release_attempt(session, task_id, attempt, now=now)
+        after.merge(release_attempt(session, task_id, attempt, now=now))
     return after
 
 
 def waiting_for(session: Session, worker_task_ids: Sequence[int]) -> dict[int, str]:
-    """Why each of these tasks waits: the limits it waits for with what they hold,
-    ``"warehouse 3/3"`` (the contract's ``waiting_for``)."""
+    """Why each of these tasks waits: the limits it waits for with what they hold and who holds
+    them, ``"warehouse 3/3 (held by #17 load, #19 export)"`` (the contract's ``waiting_for``)."""
     if not worker_task_ids:
         return {}
     rows = session.execute(
-        select(LIMIT_WAITERS.c.worker_task_id, LIMITS.c.name, LIMITS.c.in_use, LIMITS.c.slots)
+        select(LIMIT_WAITERS.c.worker_task_id, LIMITS.c.id, LIMITS.c.name, LIMITS.c.in_use, LIMITS.c.slots)
         .join(LIMITS, LIMITS.c.id == LIMIT_WAITERS.c.limit_id)
         .where(LIMIT_WAITERS.c.worker_task_id.in_(worker_task_ids))
         .order_by(LIMIT_WAITERS.c.worker_task_id, LIMITS.c.name)
     ).all()
+    held_by = {limit_id: _held_by(session, limit_id) for limit_id in sorted({row.id for row in rows})}
     why: dict[int, list[str]] = {}
-    for task_id, name, in_use, slots in rows:
-        why.setdefault(task_id, []).append(f"{name} {in_use}/{slots}")
+    for task_id, limit_id, name, in_use, slots in rows:
+        holders = f" (held by {held_by[limit_id]})" if held_by[limit_id] else ""
+        why.setdefault(task_id, []).append(f"{name} {in_use}/{slots}{holders}")
     return {task_id: ", ".join(parts) for task_id, parts in why.items()}
+
+
+#: Holders named beside a waiting step, the longest-held first; a limit of 10,000 slots is not
+#: listed whole (its Limits page lists them).
+NAMED_HOLDERS = 3
+
+
+def _held_by(session: Session, limit_id: int) -> str:
+    """``"#17 load, #19 export"``: the runs and steps holding the limit, ``and more`` past a few
+    (the first entries of the holds' (limit, since) index)."""
+    holds = session.execute(
+        select(LIMIT_HOLDS.c.execution_id, LIMIT_HOLDS.c.step_name)
+        .where(LIMIT_HOLDS.c.limit_id == limit_id)
+        .order_by(LIMIT_HOLDS.c.since, LIMIT_HOLDS.c.id)
+        .limit(NAMED_HOLDERS + 1)
+    ).all()
+    named = ", ".join(f"#{execution_id} {step}" for execution_id, step in holds[:NAMED_HOLDERS])
+    return named + (" and more" if len(holds) > NAMED_HOLDERS else "")
 
 
 def fail_waiters(

@@ -37,8 +37,16 @@ class StoredLimit:
     changed: bool
 
 
-def put_limit(session: Session, definition: LimitDefinition, *, now: datetime | None = None) -> StoredLimit:
-    """Create the limit, or change it to ``definition`` (its holds and waiters are kept)."""
+def put_limit(
+    session: Session, definition: LimitDefinition, *, now: datetime | None = None, expected_version: int | None = None
+) -> StoredLimit:
+    """Create the limit, or change it to ``definition`` (its holds and waiters are kept).
+
+    ``expected_version``: the version the caller read and changed (0: a limit it found missing).
+    A caller that changes some fields of what it read sends the whole definition back: without
+    it, two such changes at once would each write the other's fields as they were read, and one
+    would be lost. With it, the second is refused (read under the row's lock, after the first
+    committed), and its caller reads the limit again."""
     now = now or utcnow()
     stored = definition.to_json()
     row = session.execute(
@@ -46,6 +54,12 @@ def put_limit(session: Session, definition: LimitDefinition, *, now: datetime | 
         .where(LIMITS.c.name == definition.name)
         .with_for_update()
     ).first()
+    found = 0 if row is None else row.version
+    if expected_version is not None and expected_version != found:
+        raise InvalidTransition(
+            f"limit {definition.name!r} changed meanwhile (version {found}, not the {expected_version} read); "
+            "read it again"
+        )
     if row is None:
         limit_id = session.scalar(
             insert(LIMITS)
@@ -117,13 +131,19 @@ def limit_summaries(session: Session) -> list[dict[str, Any]]:
     the oldest has waited (``oldest_waiting_since``, ``None`` when none waits)."""
     waiting = waiting_by_limit()
     rows = session.execute(
-        select(LIMITS.c.definition, LIMITS.c.in_use, func.coalesce(waiting.c.waiting, 0), waiting.c.oldest)
+        select(
+            LIMITS.c.definition,
+            LIMITS.c.version,
+            LIMITS.c.in_use,
+            func.coalesce(waiting.c.waiting, 0),
+            waiting.c.oldest,
+        )
         .outerjoin(waiting, waiting.c.limit_id == LIMITS.c.id)
         .order_by(LIMITS.c.name)
     ).all()
     return [
-        {**definition, "in_use": in_use, "waiting": count, "oldest_waiting_since": _since(oldest)}
-        for definition, in_use, count, oldest in rows
+        {**definition, "version": version, "in_use": in_use, "waiting": count, "oldest_waiting_since": _since(oldest)}
+        for definition, version, in_use, count, oldest in rows
     ]
 
 
@@ -156,6 +176,7 @@ def limit_detail(session: Session, name: str) -> dict[str, Any]:
     ).all()
     return {
         **row.definition,
+        "version": row.version,
         "in_use": row.in_use,
         "waiting": waiting,
         "oldest_waiting_since": _since(oldest),

@@ -159,7 +159,7 @@ def first_group(
     task_ids: dict[str, int],
     trigger: Trigger,
     start_group: int = 0,
-) -> list[GroupDispatch]:
+) -> Effects:
     """What to send of the run (``row``: its execution row as inserted) once committed: its
     first group's steps that may run (those that use shared limits take their slots here, or
     wait: limit_steps.py)."""

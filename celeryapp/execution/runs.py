@@ -221,7 +221,7 @@ def start_execution(
         execution_id=execution_id,
         detail=detail,
     )
-    effects.dispatch += first_group(session, schedule, groups, execution_id, row, task_ids, trigger, start)
+    effects.merge(first_group(session, schedule, groups, execution_id, row, task_ids, trigger, start))
     return StartResult(execution_id, effects=effects)
 
 
@@ -262,10 +262,10 @@ def start_executions(session: Session, starts: list[Start], *, now: datetime) ->
             # The row lock and the caller's check leave only one conflict: the run key's.
             results.append(StartResult(execution_with_key(session, start.run_key), skipped="duplicate"))
             continue
-        group = first_group(
+        first = first_group(
             session, start.schedule, definition.run_groups, execution_id, row, task_ids[execution_id], start.trigger
         )
-        results.append(StartResult(execution_id, effects=Effects(dispatch=group)))
+        results.append(StartResult(execution_id, effects=first))
         slots.append(SlotRow(start.schedule, SlotOutcome.FIRED, start.trigger, start.nominal_at, execution_id))
     if slots:
         started_ids = [row.owner.id for row in slots]
@@ -323,7 +323,7 @@ def finish_execution(
         logger.info("execution %s of %r %s", execution.id, execution.schedule_name, status.value)
     effects = _after_execution(session, execution, status, error=error, now=now, backfills=backfills)
     effects.ended.append(execution.id)
-    effects.dispatch += admitted
+    effects.merge(admitted)
     if cancel:
         # Running steps stop through the cancel flag (not a revoke: chordbeat sends no remote
         # control command); queued ones run, and their claim finds the run over.

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import Session
 
 from celeryapp.domain.effects import Effects, GroupDispatch
+from celeryapp.domain.limits import check_int
 from celeryapp.domain.shared_limits import parse_limit
+from celeryapp.errors import InvalidArgument
 from celeryapp.execution.limit_slots import settle
 from celeryapp.execution.limit_steps import admitted_steps, fail_waiters
 from celeryapp.execution.limit_store import delete_limit as delete_stored
@@ -32,17 +34,22 @@ def apply_limit(
     definition: Any,
     actor: Any = None,
     reason: Any = None,
+    expected_version: Any = None,
     *,
     source: AuditSource = AuditSource.SERVICE,
 ) -> dict[str, Any]:
     """Create or change a limit; an invalid definition names every bad field and stores nothing.
-    A change never pre-empts a holder; a limit made larger admits its waiters at once."""
+    A change never pre-empts a holder; a limit made larger admits its waiters at once.
+    ``expected_version`` (the ``version`` read; 0: none existed) refuses the change if the limit
+    changed since, instead of overwriting that change with the fields as they were read."""
     limit = parse_limit(definition)
     who, why = actor_arg(actor, source), reason_arg(reason)
+    if expected_version is not None:
+        check_int(expected_version, "expected_version", InvalidArgument, low=0)
 
-    def store(session: Session) -> tuple[dict[str, Any], list[GroupDispatch]]:
-        stored = put_limit(session, limit)
-        admitted: list[GroupDispatch] = []
+    def store(session: Session) -> tuple[dict[str, Any], Effects]:
+        stored = put_limit(session, limit, expected_version=expected_version)
+        admitted = Effects()
         if stored.changed:
             admitted = admitted_steps(session, settle(session, [stored.id]), now=utcnow())
             action = AuditAction.LIMIT_APPLIED
@@ -51,7 +58,7 @@ def apply_limit(
         return limit_detail(session, limit.name), admitted
 
     answer, admitted = retried_transaction(app.settings.database_url, f"applying limit {limit.name!r}", store)
-    apply_effects(app, Effects(dispatch=admitted))
+    apply_effects(app, admitted)
     return answer
 
 

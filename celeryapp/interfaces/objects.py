@@ -162,7 +162,8 @@ def execution_json(session: Session, execution: ScheduleExecution) -> dict[str, 
         ],
         "tasks": [
             {"step_index": t.step_index, "step": t.step_name, "status": t.status.value, "attempt": t.attempt}
-            # A step waiting for shared limits says which: "warehouse 3/3".
+            # A step waiting for shared limits says which, and who holds them:
+            # "warehouse 3/3 (held by #17 load, #19 export)".
             | ({"waiting_for": why.get(t.id, "")} if t.status is WorkerTaskStatus.WAITING_FOR_LIMIT else {})
             for t in tasks
         ],

@@ -61,8 +61,13 @@ def _tail(name: str, text: str | None, full: bool) -> list[RenderableType]:
 
 def step_notes(execution: dict[str, Any], *, evidence: bool = False, full: bool = False) -> list[RenderableType]:
     """What each attempt of each step left: its error or warning; with ``evidence``, also its
-    output and the last lines of its traceback and log (``full``: every line)."""
+    output and the last lines of its traceback and log (``full``: every line). A step waiting for
+    shared limits first, with what it waits for."""
     notes: list[RenderableType] = []
+    for t in execution["tasks"]:
+        if t.get("waiting_for"):  # a step waiting for shared limits: which, and who holds them
+            step = f"group {t['step_index'] + 1} {t['step']} (try {t['attempt']})"
+            notes.append(hanging(text_of(f"{step}: "), text_of(f"waiting for {t['waiting_for']}", "yellow")))
     for a in execution["activities"]:
         step = f"group {a['step_index'] + 1} {a['step']} (try {a['attempt']})"
         if a["error"]:

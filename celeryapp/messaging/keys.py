@@ -82,6 +82,12 @@ def cancel_key(execution_id: int, token: int) -> str:
     return f"{PREFIX}:cancel:{execution_id}{token_suffix(token, ':')}"
 
 
+def limit_wake_key(limit_ids: tuple[int, ...], at_ms: int) -> str:
+    """Present while a pass over these limits is on its way for that moment (ms since the epoch):
+    one message for it, however many transactions ask."""
+    return f"{PREFIX}:limit-wake:{','.join(map(str, limit_ids))}:{at_ms}"
+
+
 def web_session_key(session_digest: str) -> str:
     """A dashboard session, by the digest of the id its cookie holds (so Redis holds no usable id)."""
     return f"{PREFIX}:web:session:{session_digest}"

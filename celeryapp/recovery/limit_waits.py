@@ -1,9 +1,11 @@
 """Waiters of shared limits that no release will wake: recovery's pass settles them, and raises
 ``starved`` when a limit's oldest waiter has waited longer than its ``max_wait``.
 
-A release admits the next waiters in its own transaction, so most waiters never need this. Two
-kinds do: a waiter held back only by a rate's tokens, which time brings back, not a release; and
-one whose admission was lost with a transaction that failed after a limit changed. Each recovery
+A release admits the next waiters in its own transaction, so most waiters never need this. A
+waiter held back only by a rate's tokens, which time brings back, not a release, is woken by a
+message due when its token is (``chordbeat.settle_limits``, sent by the pass that found it
+waiting: :func:`settle_due`). Recovery's pass is the backstop: for such a message lost, and for
+an admission lost with a transaction that failed after a limit changed. Each recovery
 pass (``CHORDBEAT_RECOVERY_INTERVAL``) settles each limit that has waiters and could admit one now
 (a slot free and, with a rate, a token there: read off its row, unlocked), in its own transaction,
 and sends what it admitted after commit. A full limit is left to its releases. At idle (no waiter
@@ -13,6 +15,7 @@ anywhere) the pass is one query on the limits.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -67,9 +70,19 @@ def waiting_limits(session: Session, now: datetime) -> list[WaitedLimit]:
     return found
 
 
-def settle_limit(session: Session, limit_id: int, *, now: datetime) -> Effects:
-    """Admit whoever fits the limit now (a rate's token came back); what to send after commit."""
-    return Effects(dispatch=admitted_steps(session, settle(session, [limit_id], now=now), now=now))
+def settle_due(app: Runtime, limit_ids: Sequence[int], *, now: datetime) -> int:
+    """A pass over these limits sent for its moment (a rate's token back, or limits a pass could
+    not lock): whoever fits is admitted and sent; a pass still due later sends its own message.
+    How many steps it admitted."""
+    settling = partial(settle_limits, limit_ids=limit_ids, now=now)
+    effects = retried_transaction(app.settings.database_url, f"settling limits {list(limit_ids)}", settling)
+    apply_effects(app, effects)
+    return sum(len(group.steps) for group in effects.dispatch)
+
+
+def settle_limits(session: Session, limit_ids: Sequence[int], *, now: datetime) -> Effects:
+    """Admit whoever fits the limits now (a rate's token came back); what to send after commit."""
+    return admitted_steps(session, settle(session, limit_ids, now=now), now=now)
 
 
 def alert_starved(session: Session, limit_id: int, name: str, max_wait_s: float, *, now: datetime) -> int | None:
@@ -120,7 +133,7 @@ def settle_waiting_limits(app: Runtime, *, now: datetime) -> list[str]:
         name = limit.name
         try:
             if limit.may_admit:
-                settling = partial(settle_limit, limit_id=limit.id, now=now)
+                settling = partial(settle_limits, limit_ids=[limit.id], now=now)
                 effects = retried_transaction(url, f"settling limit {name!r}", settling)
                 apply_effects(app, effects)
                 if effects.dispatch:

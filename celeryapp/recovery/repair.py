@@ -66,9 +66,10 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
         name = execution.schedule_name
         group = GroupDispatch(execution.id, task.step_index, (step,), requeue=True, schedule_name=name)
         # The lost attempt's slots go back (admitting the next waiters); the new one takes its own.
-        sends = _released(session, spec, worker_task_id, attempt, now) + gate_group(session, group, now=now)
+        sends = _released(session, spec, worker_task_id, attempt, now).merge(gate_group(session, group, now=now))
         metric_counts.count_requeue(session)  # last: after every lock this transaction takes
-        return Effects(dispatch=sends, fenced=[(worker_task_id, attempt, execution.token)])
+        sends.fenced.append((worker_task_id, attempt, execution.token))
+        return sends
     if execution.schedule_id is not None:
         lock_schedule(session, execution.schedule_id)
     session.execute(select(ScheduleExecution.id).where(ScheduleExecution.id == execution.id).with_for_update())
@@ -78,17 +79,15 @@ def requeue_attempt(session: Session, worker_task_id: int, attempt: int, *, reas
     logger.error("step %r of execution %s: %s; not run again", task.step_name, execution.id, verdict.error)
     sends = _released(session, spec, worker_task_id, attempt, now)
     effects = advance_execution(session, execution.id, task.step_index, now=now)
-    effects.dispatch += sends
+    effects.merge(sends)
     metric_counts.count_requeue(session)  # last: after every lock this transaction takes
     effects.fenced.append((worker_task_id, attempt, execution.token))
     return effects
 
 
-def _released(
-    session: Session, spec: StepSpec, worker_task_id: int, attempt: int, now: datetime
-) -> list[GroupDispatch]:
+def _released(session: Session, spec: StepSpec, worker_task_id: int, attempt: int, now: datetime) -> Effects:
     """A lost attempt's slots given back as recovery declares it lost (none read for a step using no limit)."""
-    return release_attempt(session, worker_task_id, attempt, now=now) if spec.uses else []
+    return release_attempt(session, worker_task_id, attempt, now=now) if spec.uses else Effects()
 
 
 def _fail_activity(session: Session, task: WorkerTask, attempt: int, error: str, *, now: datetime) -> None:

@@ -9,7 +9,7 @@ import redis
 from celery.canvas import Signature
 from kombu.utils.uuid import uuid
 
-from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.domain.effects import Effects, GroupDispatch, LimitWake, StepDispatch
 from celeryapp.domain.names import CONTROL_QUEUE, STEPS_QUEUE
 from celeryapp.messaging import keys
 from celeryapp.messaging.redis_client import get_redis, registered_script
@@ -18,11 +18,16 @@ from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import sync_schedules
 from celeryapp.variables import VISIBILITY_TIMEOUT_S
 from celeryapp.worker import step_events
+from models.base import utcnow
 
 logger = logging.getLogger(__name__)
 
 RUN_STEP = "chordbeat.run_step"
 ADVANCE = "chordbeat.advance_execution"
+SETTLE_LIMITS = "chordbeat.settle_limits"
+#: A pass over limits is sent this long after its moment: one a hair early (clocks round) would
+#: find the token not quite back, and ask for the same moment again.
+WAKE_MARGIN_S = 0.01
 #: How long a cancel or fence flag lives, in heartbeat TTLs (see :func:`flag_ttl_ms`).
 FLAG_TTL_HEARTBEATS = 2
 #: A dispatch marker lives as long as the broker may keep the message unacked.
@@ -95,6 +100,24 @@ def send_group(app: Runtime, group: GroupDispatch) -> None:
         # The chord body is the advancement check; runners never fail, so it always runs.
         _send_chord(app, [_runner(app, step, group, lineage) for step in group.steps], _advance(app, group))
     _mark_sent(app, group)
+
+
+def send_limit_wakes(app: Runtime, wakes: list[LimitWake]) -> None:
+    """A message to each pass over limits, due when its moment comes (a countdown from the reference
+    clock's now, so no host's clock matters): a waiter held back by a rate is started when its
+    token is back, not at recovery's next pass. One message per limits and moment: many
+    transactions see the same next token (it follows from the bucket, not from when it is read)."""
+    client = get_redis(app.settings.broker_url)
+    now = utcnow()
+    for wake in dict.fromkeys(wakes):
+        delay_s = max(0.0, (wake.at - now).total_seconds()) + WAKE_MARGIN_S
+        key = keys.limit_wake_key(wake.limit_ids, round(wake.at.timestamp() * 1000))
+        # The key lasts until the message is due: a pass that asks for the moment again once it
+        # has come (the token not back after all) sends another.
+        if client.set(key, "1", nx=True, px=max(1, round(delay_s * 1000))):
+            app.signature(
+                SETTLE_LIMITS, args=(list(wake.limit_ids),), queue=CONTROL_QUEUE, ignore_result=True
+            ).apply_async(countdown=delay_s)
 
 
 def _send_chord(app: Runtime, header: list[Signature], body: Signature) -> None:
@@ -194,6 +217,11 @@ def apply_effects(app: Runtime, effects: Effects) -> None:
             pipe.execute()
     for group in effects.dispatch:
         send_group(app, group)
+    if effects.limit_wakes:
+        try:
+            send_limit_wakes(app, effects.limit_wakes)
+        except redis.RedisError:
+            logger.warning("passes over limits %s not sent; recovery's pass settles them", effects.limit_wakes)
     if effects.skipped_overlap:
         note_skipped(app.settings.broker_url, effects.skipped_overlap)
     if effects.resync:

@@ -15,7 +15,7 @@ from billiard.common import terminate_handler_fired
 from celery.exceptions import SoftTimeLimitExceeded
 
 from celeryapp.context import StepContext, running_step
-from celeryapp.domain.effects import Effects, GroupDispatch
+from celeryapp.domain.effects import Effects
 from celeryapp.domain.limits import ERROR_CHARS, LOG_TAIL_CHARS, TRACEBACK_CHARS
 from celeryapp.domain.redaction import hide_secrets
 from celeryapp.domain.step_policy import StepRules
@@ -164,7 +164,7 @@ def _record(app: Runtime, claim: Claim, outcome: Outcome) -> Recorded | Exceptio
         "log_tail": _storable(outcome.log_tail, LOG_TAIL_CHARS, keep_end=True),
     }
 
-    admitted: list[GroupDispatch] = []
+    admitted = Effects()
 
     def once() -> Recorded:
         nonlocal admitted
@@ -182,9 +182,9 @@ def _record(app: Runtime, claim: Claim, outcome: Outcome) -> Recorded | Exceptio
     # written. Given up, the activity stays in progress and, its heartbeat gone, recovery runs the
     # attempt again as after a lost worker.
     recorded = patiently(f"recording the outcome ({status.value}) of {claim.spec.name!r} attempt {claim.attempt}", once)
-    if admitted:
+    if admitted.dispatch or admitted.limit_wakes:
         try:
-            apply_effects(app, Effects(dispatch=admitted))
+            apply_effects(app, admitted)
         except Exception:
             # Committed queued: recovery sends them (no dispatch marker), as any message lost before publish.
             logger.warning(

@@ -211,7 +211,9 @@ def set_cmd(
     held = f"; {current['in_use']} slots held now, never pre-empted" if current else ""
     what = "create limit" if current is None else "change limit"
     confirm(f"{what} {name}: {', '.join(changes)}{held}?", yes)
-    stored = _asked("apply_limit", definition, actor=acting(as_name), reason=reason)
+    # The version read: a change made meanwhile (another field) is refused, not overwritten.
+    version = 0 if current is None else current["version"]
+    stored = _asked("apply_limit", definition, actor=acting(as_name), reason=reason, expected_version=version)
     if as_json:
         echo_json(stored)
         return

@@ -114,5 +114,13 @@ class LimitHandler(BaseHandler):
         current = limit_service.get_limit(app, name)
         definition = {field: current[field] for field in LIMIT_FIELDS if current.get(field) is not None}
         before, definition["slots"] = current["slots"], int(typed)
-        stored = limit_service.apply_limit(app, definition, actor=self.user.name, reason=reason, source=AuditSource.WEB)
+        # The version read: a change made meanwhile (another field) is refused, not overwritten.
+        stored = limit_service.apply_limit(
+            app,
+            definition,
+            actor=self.user.name,
+            reason=reason,
+            expected_version=current["version"],
+            source=AuditSource.WEB,
+        )
         return f"{name}: {before} → {stored['slots']} slots, {stored['in_use']} in use"

@@ -54,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tests.support import processes
-from tests.support.chaos import LAB_KINDS, PARTITION_KINDS, Applied, Cluster, Fault
+from tests.support.chaos import FAILOVER_KINDS, PARTITION_KINDS, Applied, Cluster, Fault
 from tests.support.lab import Host, Lab
 from tests.support.sentinel import SentinelCluster
 
@@ -69,11 +69,40 @@ def replica_clock_shift_s(seed: int) -> int:
 
 
 @dataclass
-class LabCluster(Cluster):
-    """A :class:`tests.support.chaos.Cluster` whose workers and beat each run in their own lab host."""
+class FailoverCluster(Cluster):
+    """A :class:`tests.support.chaos.Cluster` whose Redis is a Sentinel group: it injects
+    ``sentinel_failover`` (its processes on this host, as they are; :class:`LabCluster` puts them
+    in hosts of their own)."""
+
+    sentinels: SentinelCluster | None = None
+
+    def inject(self, fault: Fault, sleep: Callable[[float], None] = time.sleep) -> Applied:
+        if fault.kind not in FAILOVER_KINDS:
+            return super().inject(fault, sleep)
+        assert self.sentinels is not None
+        applied = Applied(fault, started=time.time())
+        self.applied.append(applied)
+        if fault.how == "sigkill":
+            old = self.sentinels.kill_primary()
+            applied.started = time.time()
+            self.sentinels.wait_promoted(old)
+            applied.ended = time.time()
+            sleep(max(0.0, applied.started + fault.duration_s - time.time()))
+            self.sentinels.revive(old)
+        else:
+            old = self.sentinels.force_failover()
+            applied.started = time.time()
+            self.sentinels.wait_promoted(old)
+            applied.ended = time.time()
+            self.sentinels.wait_healthy_replica(old)
+        return applied
+
+
+@dataclass
+class LabCluster(FailoverCluster):
+    """A :class:`FailoverCluster` whose workers and beat each run in their own lab host."""
 
     lab: Lab | None = None
-    sentinels: SentinelCluster | None = None
     hosts: dict[str, Host] = field(default_factory=dict)
 
     def start(self) -> None:
@@ -89,31 +118,17 @@ class LabCluster(Cluster):
         return self.hosts[name].start(argv, env, self.tmp / f"{name}.log", append=append)
 
     def inject(self, fault: Fault, sleep: Callable[[float], None] = time.sleep) -> Applied:
-        if fault.kind not in LAB_KINDS:
+        if fault.kind not in PARTITION_KINDS:
             return super().inject(fault, sleep)
-        assert self.lab is not None and self.sentinels is not None
+        assert self.lab is not None
         applied = Applied(fault, started=time.time())
         self.applied.append(applied)
-        if fault.kind in PARTITION_KINDS:
-            host = self.hosts[fault.target]
-            # The main pid of what runs there: the step log's ppid of its bodies.
-            applied.pid = self.process(fault.target).pid
-            self.lab.cut(host, fault.how)
-            applied.started = time.time()
-            sleep(fault.duration_s)
-            self.lab.heal(host)
-            applied.ended = time.time()
-        elif fault.how == "sigkill":
-            old = self.sentinels.kill_primary()
-            applied.started = time.time()
-            self.sentinels.wait_promoted(old)
-            applied.ended = time.time()
-            sleep(max(0.0, applied.started + fault.duration_s - time.time()))
-            self.sentinels.revive(old)
-        else:
-            old = self.sentinels.force_failover()
-            applied.started = time.time()
-            self.sentinels.wait_promoted(old)
-            applied.ended = time.time()
-            self.sentinels.wait_healthy_replica(old)
+        host = self.hosts[fault.target]
+        # The main pid of what runs there: the step log's ppid of its bodies.
+        applied.pid = self.process(fault.target).pid
+        self.lab.cut(host, fault.how)
+        applied.started = time.time()
+        sleep(fault.duration_s)
+        self.lab.heal(host)
+        applied.ended = time.time()
         return applied

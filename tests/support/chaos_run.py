@@ -32,6 +32,7 @@ from models import Activity, ActivityStatus, ExecutionStatus, ScheduleExecution,
 from models.session import dispose_all
 from tests.support.chaos import Cluster, Fault, harness_client, make_plan, plan_text, pool_processes, running
 from tests.support.chaos_invariants import Context, Violation, check_all, measurements, read_step_log, snapshot
+from tests.support.chaos_limits import CHAOS_LIMITS, LimitSampler, admissions, check_limits
 from tests.support.chaos_tasks import DUMP_STACKS, STEP_TASK
 from tests.support.helpers import call, wait_for
 
@@ -82,8 +83,12 @@ def schedules(log: Path, seed: int) -> list[dict[str, Any]]:
             "max_retries": 2,
             "timeout": 40,
             "steps": [
-                step("prep", fail_rate=0.05),
-                [step("fan-a"), step("fan-b", fail_rate=0.05), step("fan-c", fail_rate=0.3, continue_on_failure=True)],
+                step("prep", fail_rate=0.05, uses=["chaos-keyed"]),
+                [
+                    step("fan-a", uses=["chaos-pool"]),
+                    step("fan-b", fail_rate=0.05, uses=["chaos-pool"]),
+                    step("fan-c", fail_rate=0.3, continue_on_failure=True),
+                ],
                 step("finish"),
             ],
         },
@@ -92,18 +97,21 @@ def schedules(log: Path, seed: int) -> list[dict[str, Any]]:
             "name": "chaos-timeouts",
             "every": 5,
             "timeout": 12,
-            "steps": [step("slow", sleep_max=1.6, timeout=1), step("after", sleep_max=0.3)],
+            "steps": [step("slow", sleep_max=1.6, timeout=1, uses=["chaos-pool"]), step("after", sleep_max=0.3)],
         },
         {
             "name": "chaos-allow",
             "every": 3,
             "overlap": "allow",
-            "steps": [[step("solo", sleep_max=2.5, fail_rate=0.1)]],
+            # Overlapping runs queue for their one slot of the keyed limit, and share the pool.
+            "uses": ["chaos-keyed"],
+            "steps": [[step("solo", sleep_max=2.5, fail_rate=0.1, uses=["chaos-pool"])]],
         },
         {
             "name": "chaos-buffer",
             "every": 6,
             "overlap": "buffer_one",
+            "uses": ["chaos-keyed"],
             "steps": [step("first", sleep_max=3.0), step("second", sleep_max=3.0)],
         },
         {"name": "chaos-cron", "cron": "* * * * *", "steps": [step("tick", sleep_max=0.3)]},
@@ -166,15 +174,30 @@ def announced_plan(
 
 
 def play_and_check(
-    cluster: Cluster, plan: list[Fault], log: Path, seed: int, seconds: float = SECONDS
+    cluster: Cluster,
+    plan: list[Fault],
+    log: Path,
+    seed: int,
+    seconds: float = SECONDS,
+    load: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None,
+    cycles: int = 0,
 ) -> dict[str, Any]:
-    """Start ``cluster``, apply the load (``seconds`` long), play ``plan``, settle, and check the
+    """Start ``cluster``, apply the load (``seconds`` long; ``load``: its limits and schedules, by
+    default :data:`CHAOS_LIMITS` and :func:`schedules`; with ``cycles``, it goes on after ``seconds``
+    until the limits admitted that many), play ``plan``, settle, and check the
     invariants: the plan's result for the report (its ``violations`` empty when every invariant held)."""
-    definitions = schedules(log, seed)
+    limits, definitions = load or (CHAOS_LIMITS, schedules(log, seed))
     try:
-        with running(cluster):
+        with running(cluster), LimitSampler(cluster.database.url) as sampler:
             client = harness_client(cluster.settings)
             try:
+                for limit in limits:
+                    wait_for(
+                        lambda d=limit: call(client, "chordbeat.apply_limit", definition=d),  # type: ignore[misc]
+                        60,
+                        interval=0.5,
+                        what=f"applying limit {limit['name']}",
+                    )
                 for definition in definitions:
                     wait_for(
                         lambda d=definition: call(client, "chordbeat.apply_schedule", definition=d),  # type: ignore[misc]
@@ -188,10 +211,14 @@ def play_and_check(
             cluster.play(plan, started)
             if (left := started + seconds - time.time()) > 0:
                 time.sleep(left)  # the rest of the load after the last fault
+            if cycles:
+                # The faults are over: the load goes on until the limits saw ``cycles`` admissions.
+                wait_for(lambda: _admitted(cluster, cycles), CYCLES_WAIT_S, interval=1.0, what=f"{cycles} cycles")
             firing_end = time.time()
             settled = settle(cluster, [d["name"] for d in definitions])
             for line in unended_bodies(cluster, log):
                 print(line, flush=True)
+            sampler.close(time.time())
         ctx = Context(
             snapshot(cluster.database.url),
             read_step_log(log),
@@ -204,9 +231,11 @@ def play_and_check(
             execution_bound_s=EXECUTION_BOUND_S,
             pool_deaths=dict(cluster.pool_deaths),
         )
+        limit_violations, limit_stats = check_limits(ctx, sampler.seen, cluster.database.url, limits)
     finally:
         dispose_all()
     violations, slot_stats = check_all(ctx)
+    violations += limit_violations
     excerpts = [line for v in violations if v.at is not None for line in log_excerpt(log.parent, v)]
     return {
         "seed": seed,
@@ -221,10 +250,22 @@ def play_and_check(
         "settle_s": round(settled - firing_end, 1),
         **measurements(ctx),
         **slot_stats,
+        **limit_stats,
         "violations": [str(v) for v in violations],
         "violations_by_invariant": dict(_count(violations)),
         "log_excerpts": excerpts,
     }
+
+
+#: Seconds the load may go on after its plan to reach its cycles.
+CYCLES_WAIT_S = 600.0
+
+
+def _admitted(cluster: Cluster, cycles: int) -> bool:
+    try:
+        return admissions(cluster.database.url) >= cycles
+    except Exception:  # the database restarting
+        return False
 
 
 #: A Celery log line's time: ``[2026-11-28 18:16:12,723: INFO/MainProcess] ...`` (local time).

@@ -425,12 +425,17 @@ def check_bodies_within_slots(
                     events[spot] += [(lo, slots), (hi, -slots)]
     out: list[Violation] = []
     most: dict[str, int] = {}
+    spells: list[float] = []
     for (name, key), moments in events.items():
         bound = limits[name]["per_key_slots"] if key else limits[name]["slots"]
         label = f"{name}[{key}]" if key else name
-        most[label] = _most_at_once(ctx, label, bound, moments, out)
+        most[label], over = _most_at_once(ctx, label, bound, moments, out)
+        spells += over
     whole = {label: n for label, n in sorted(most.items()) if "[" not in label}
-    return out, {**whole, "per_key": max((n for label, n in most.items() if "[" in label), default=0)}
+    per_key = max((n for label, n in most.items() if "[" in label), default=0)
+    # The spells above the slots within the tolerance: how many, and the longest.
+    longest_ms = round(max(spells, default=0.0) * 1000)
+    return out, {**whole, "per_key": per_key, "spells_over": len(spells), "longest_over_ms": longest_ms}
 
 
 def _running_pieces(ctx: Context, run: BodyRun) -> list[tuple[float, float]]:
@@ -451,10 +456,13 @@ def _running_pieces(ctx: Context, run: BodyRun) -> list[tuple[float, float]]:
     return pieces
 
 
-def _most_at_once(ctx: Context, label: str, bound: int, moments: list[tuple[float, int]], out: list[Violation]) -> int:
-    """The most slots ``moments`` (starts +slots, ends -slots) held at once; each spell above
-    ``bound`` longer than the tolerance appended to ``out``."""
+def _most_at_once(
+    ctx: Context, label: str, bound: int, moments: list[tuple[float, int]], out: list[Violation]
+) -> tuple[int, list[float]]:
+    """The most slots ``moments`` (starts +slots, ends -slots) held at once, and how long each
+    spell above ``bound`` lasted; each one longer than the tolerance appended to ``out``."""
     level, most, over_since, worst = 0, 0, None, 0
+    spells: list[float] = []
     # Ends before starts at one instant: a body handing its slot on is not two at once.
     for at, change in sorted(moments):
         level += change
@@ -462,6 +470,7 @@ def _most_at_once(ctx: Context, label: str, bound: int, moments: list[tuple[floa
         if level > bound:
             over_since, worst = (at if over_since is None else over_since), max(worst, level)
         elif over_since is not None:
+            spells.append(at - over_since)
             if at - over_since > WAKE_TOLERANCE_S:
                 out.append(
                     Violation(
@@ -471,4 +480,4 @@ def _most_at_once(ctx: Context, label: str, bound: int, moments: list[tuple[floa
                     )
                 )
             over_since, worst = None, 0
-    return most
+    return most, spells

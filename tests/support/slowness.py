@@ -147,6 +147,8 @@ LONGEST_MODULES = (
     "test_chaos",
     "test_outages",
     "test_faults",
+    # One plan of about 75-120 s (test_chaos_limits' docstring): handed out early, not last.
+    "test_chaos_limits",
     "test_bad_input",
     "test_flower",
     "test_beat",

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from celery import Task
-from celery.signals import task_revoked
+from celery.signals import task_received, task_revoked
 
 from celeryapp import app
 from celeryapp.application import HOUSEKEEPING_INTERVAL_S
@@ -44,6 +44,15 @@ def fire_batch(self: Task, fires: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Sent by beat: the slots one tick found due, each ``{"name", "nominal_at", "trigger"}``."""
     queued_fires.taken(get_redis(app.settings.broker_url), self.request.id)
     return firing.fire_batch(app, firing.batch_arguments(fires, now=utcnow()))
+
+
+@task_received.connect
+def fire_batch_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A fire message a worker received is taken, whether or not it lives to run it: one that dies
+    first (SIGKILLed) leaves the message unacked for the broker's visibility timeout (6 h), and its
+    marker would hold the schedule's fires back until then (the task's body says so again)."""
+    if request is not None and getattr(request, "type", None) == fire_batch.name:
+        queued_fires.taken(get_redis(app.settings.broker_url), request.id)
 
 
 @task_revoked.connect

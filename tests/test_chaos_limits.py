@@ -1,23 +1,25 @@
 """Chaos for shared limits: many acquire/release cycles of small limits while workers are
-SIGKILLed, Redis fails over (a Sentinel group: the primary SIGKILLed or ``SENTINEL FAILOVER``) and
-PostgreSQL restarts, then the chaos suite's invariants and the limits' own
-(:mod:`tests.support.chaos_limits`): in use never above slots (sampled every 100 ms), no slot held
-by an attempt that has ended, no waiter stuck.
+SIGKILLed (and one frozen: SIGSTOP for 1-8 s, past the heartbeat TTL, so its steps' slots are
+given to others while it sleeps and its late outcomes must give back nothing), Redis fails over
+(a Sentinel group: the primary SIGKILLed or ``SENTINEL FAILOVER``) and PostgreSQL restarts, then
+the chaos suite's invariants and the limits' own (:mod:`tests.support.chaos_limits`): in use
+never above slots (sampled every 100 ms), no slot held by an attempt that has ended, no waiter
+stuck.
 
 The load (:func:`cycle_load`): three schedules firing every second or two whose steps use two
-limits, one of 3 slots and one of 4 keyed per schedule with 2 slots a key, one step taking 2 slots
-of one and a slot of the other at once; more steps than slots in every run, so steps wait for each
-other within a run and across schedules. The plan (:func:`cycle_plan`): worker SIGKILLs, one
-Sentinel failover and one PostgreSQL restart (``pg_ctl -m fast``, every connection cut), in an
-order and at times drawn from the seed; after the plan the load goes on until the limits have
-admitted :data:`CYCLES` steps.
+limits, one of 3 slots and one of 4 keyed per schedule with 2 slots a key, one step taking 2
+slots of one and a slot of the other at once; more steps than slots in every run, so steps wait
+for each other within a run and across schedules. The plan (:func:`cycle_plan`): three worker
+SIGKILLs, one SIGSTOP, one Sentinel failover and one PostgreSQL restart (``pg_ctl -m fast``,
+every connection cut), in an order and at times drawn from the seed; after the plan the load
+goes on until the limits have admitted :data:`CYCLES` steps.
 
 Knobs: ``CHORDBEAT_CHAOS_SEED`` replays a plan; ``CHORDBEAT_CHAOS_CYCLES`` (default 300;
 ``CHORDBEAT_CHAOS_LONG=1``: 1,000) the admissions to reach. ``make test`` runs it on PostgreSQL
-with 300 (about 75 s); either knob adds SQLite (the database outage there: another connection
-holding ``BEGIN EXCLUSIVE``). ``pytest -s`` shows the plan and the
-figures (cycles, the most in use seen against the slots, leaked slots, a killed holder's time to
-release); they are also in ``chaos-limits-report.json`` in the test's temporary directory.
+with 300 (about 75-90 s); either knob adds SQLite (the database outage there: another
+connection holding ``BEGIN EXCLUSIVE``). ``pytest -s`` shows the plan and the figures (cycles,
+the most in use seen against the slots, leaked slots, a killed holder's time to release); they
+are also in ``chaos-limits-report.json`` in the test's temporary directory.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ CYCLES = int(os.environ.get("CHORDBEAT_CHAOS_CYCLES") or (1000 if LONG else 300)
 ON_DEMAND = LONG or bool(os.environ.get("CHORDBEAT_CHAOS_CYCLES"))
 ON_DEMAND_REASON = "on demand: CHORDBEAT_CHAOS_LONG=1 or CHORDBEAT_CHAOS_CYCLES=N"
 #: The plan's faults, in an order the seed shuffles.
-KINDS = ("worker_kill", "worker_kill", "worker_kill", "sentinel_failover", "db_outage")
+KINDS = ("worker_kill", "worker_kill", "worker_kill", "worker_stop", "sentinel_failover", "db_outage")
 WORKERS = ("w1", "w2")
 
 
@@ -64,7 +66,7 @@ def cycle_plan(seed: int) -> list[Fault]:
     for kind in kinds:
         t += rng.uniform(*GAP_S)
         duration = round(rng.uniform(*DURATIONS_S[kind]), 1)
-        if kind == "worker_kill":
+        if kind in ("worker_kill", "worker_stop"):
             target, how = rng.choice(WORKERS), ""
         elif kind == "sentinel_failover":
             target, how = "redis", rng.choice(("sigkill", "sentinel-failover"))
@@ -142,7 +144,7 @@ def new_database(kind: str, tmp: Path, request: pytest.FixtureRequest) -> Databa
 CYCLES_S = CYCLES / 5
 
 
-@pytest.mark.timeout(60 + 5 * 8 + 6 * 5 + CYCLES_S + SETTLE_S + OVERHEAD_S)
+@pytest.mark.timeout(60 + len(KINDS) * (8 + 5) + CYCLES_S + SETTLE_S + OVERHEAD_S)
 @pytest.mark.parametrize(
     "database",
     ["postgresql", pytest.param("sqlite", marks=pytest.mark.skipif(not ON_DEMAND, reason=ON_DEMAND_REASON))],

@@ -1,19 +1,19 @@
-"""The chaos suite's limit checks (tests/support/chaos_limits.py), on hand-made rows and step logs:
-what they must flag, and what they must let be."""
+"""The chaos suite's limit checks (tests/support/chaos_limits.py), and the invariant the limits' plan
+showed too strict, on hand-made rows and step logs: what they must flag, and what they must let be."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import insert
 
 from celeryapp.states import ExecutionStatus, WorkerTaskStatus
-from models import ScheduleExecution, transaction
+from models import Activity, ActivityStatus, ScheduleExecution, transaction
 from models.limit_tables import LIMIT_HOLDS, LIMITS
 from tests.support.chaos import Applied, Fault
-from tests.support.chaos_invariants import BodyRun, Context, Snapshot
+from tests.support.chaos_invariants import BodyRun, Context, Snapshot, Violation, check_nothing_after_final
 from tests.support.chaos_limits import LimitSampler, check_bodies_within_slots, stuck_waiters
 
 IN_PROGRESS = ExecutionStatus.IN_PROGRESS.value
@@ -138,3 +138,27 @@ def test_the_sampler_reads_a_databases_holds(database_url: str) -> None:
     assert invariant == "no slot held by an attempt that has ended"
     assert detail == "pool: a slot held by 'load' attempt 1 of execution 9 (worker task 7): its execution is None"
     assert sampler.seen.max_in_use == {"pool": 1}
+
+
+def test_an_activity_opened_after_its_run_ended_is_flagged_beyond_the_clocks_disagreement() -> None:
+    """Seed 3902 on SQLite: p5's claim (one process) wrote 30 ms after the run's end (another
+    process, its reading of the reference clock 0.12 s behind) though it committed before it."""
+    ended = datetime(2026, 11, 28, 0, 0, 1, tzinfo=UTC)
+    run = ScheduleExecution(
+        id=1, schedule_name="x", plan=[[{"name": "s"}]], status=ExecutionStatus.COMPLETED, started_at=ended
+    )
+    run.completed_at = ended
+
+    def opened_after(seconds: float) -> list[Violation]:
+        at = ended + timedelta(seconds=seconds)
+        activity = Activity(
+            execution_id=1, step_index=0, step_name="s", attempt=1, status=ActivityStatus.COMPLETE,
+            started_at=at, completed_at=at,
+        )  # fmt: skip
+        snap = Snapshot([], [run], [activity], [], [])
+        ctx = Context(snap, [], [], {}, [], started=0, firing_end=9, settled=9, execution_bound_s=60)
+        return check_nothing_after_final(ctx)
+
+    assert opened_after(0.03) == []
+    (late,) = opened_after(0.5)
+    assert late.invariant == "nothing changes after final" and "opened 0.50s later" in late.detail

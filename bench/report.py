@@ -87,6 +87,23 @@ ROWS = (
     Row("limit: unrelated start, idle", "limit_unrelated_start_ms", "idle", "ms"),
     Row("limit: unrelated start, saturated", "limit_unrelated_start_ms", "saturated", "ms"),
     Row("limit: saturated / idle start", "limit_unrelated_start_ratio", None, "x"),
+    Row("durable PostgreSQL via PgBouncer: steps/s", "durable_steps_per_s"),
+    Row("durable: CPU per step, worker", "durable_cpu_ms_per_step", "worker", "ms"),
+    Row("durable: CPU per step, PostgreSQL", "durable_cpu_ms_per_step", "database", "ms"),
+    Row("durable: CPU per step, all", "durable_cpu_ms_per_step", "all", "ms"),
+    Row("scale: schedules", "scale_schedules"),
+    Row("scale: apply the file", "scale_apply_s", None, "s"),
+    Row("scale: Redis bytes per schedule", "scale_redis_bytes_per_schedule", None, "B"),
+    Row("scale: fire lateness p50, staggered", "scale_fire_lateness_ms", "p50", "ms"),
+    Row("scale: fire lateness p99, staggered", "scale_fire_lateness_ms", "p99", "ms"),
+    Row("scale: staggered slots that ran", "scale_fired_pct", None, "%"),
+    Row("scale: beat CPU, staggered", "scale_beat_cpu_pct", None, "%"),
+    Row("scale: beat restart", "scale_beat_restart_s", None, "s"),
+    Row("scale: daily 00:00, all runs started", "scale_burst_start_s", None, "s"),
+    Row("scale: daily 00:00, slots that ran", "scale_burst_fired_pct", None, "%"),
+    Row("scale: daily 00:00, all steps done", "scale_burst_steps_done_s", None, "s"),
+    Row("scale: database bytes a day, daily", "scale_daily_db_bytes_per_day", None, "B"),
+    Row("scale: database bytes a day, staggered", "scale_staggered_db_bytes_per_day", None, "B"),
 )
 
 
@@ -143,6 +160,13 @@ TARGETS = (
     Target("limit admit p99", "≤ 50 ms (issue 39)", _get("limit_admit_ms", "p99"), lambda _: 50.0),
     Target("limit cycles/s", "≥ 1,000 (issue 39)", _get("limit_cycles_per_s"), lambda _: 1000.0, at_most=False),
     Target("start, limit full", "≤ 1.1x idle (issue 39)", _get("limit_unrelated_start_ratio"), lambda _: 1.1),
+    Target("scale lateness p99", "≤ 1 s (issue 41)", _get("scale_fire_lateness_ms", "p99"), lambda _: 1000.0),
+    Target("scale slots run", "all (100 %)", _get("scale_fired_pct"), lambda _: 100.0, at_most=False),
+    Target("scale all at once", "≤ 60 s (issue 41)", _get("scale_burst_start_s"), lambda _: 60.0),
+    Target("scale beat CPU", "≤ 15 % (issue 41)", _get("scale_beat_cpu_pct"), lambda _: 15.0),
+    Target("scale Redis/schedule", "≤ 1 KiB (issue 41)", _get("scale_redis_bytes_per_schedule"), lambda _: 1024.0),
+    Target("scale apply", "≤ 60 s (issue 41)", _get("scale_apply_s"), lambda _: 60.0),
+    Target("scale beat restart", "≤ 60 s (issue 41)", _get("scale_beat_restart_s"), lambda _: 60.0),
 )
 
 
@@ -221,7 +245,7 @@ def _caption(results: Results) -> str:
 def text_table(results: Results, width: int = 80) -> str:
     """The results and targets, fixed width for a terminal."""
     rows = table_rows(results)
-    first = max(len(r[0]) for r in rows)
+    first = max((len(r[0]) for r in rows), default=6)
     rest = (width - first - 4) // 2
     lines = [*textwrap.wrap(_caption(results), width), ""]
     lines.append(f"{'figure':<{first}}  {'chordbeat':<{rest}}  {'raw Celery':<{rest}}".rstrip())

@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.run                 # everything, 3 runs each (13 minutes on 2 cores)
     .venv/bin/python -m bench.run --quick         # 1 run, 1,000 schedules: a smoke test (quick.json)
     .venv/bin/python -m bench.run --only pipelines,faults   # some scenarios (partial.json)
+    .venv/bin/python -m bench.run --only scale --scale-schedules 100000   # on demand only (scale.json)
 
 Starts its own Redis and PostgreSQL; chordbeat runs on PostgreSQL. Writes bench/results/latest.json
 (medians; ``spread`` holds [min, max], ``runs`` every run's value, ``targets`` issue 10's targets)
@@ -28,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench import alert_delays, backfill_cost, beat_scale, faults, history, limits, pipelines, raw_app
+from bench import alert_delays, backfill_cost, beat_scale, faults, history, limits, pipelines, raw_app, scale
 from bench.harness import Bench, bench
 from bench.report import LATEST_JSON, LATEST_MD, evaluate, markdown, rewrite_readme, text_table
 from bench.stats import combine
@@ -44,7 +45,11 @@ FAMILIES: dict[str, Callable[[Bench], list[dict[str, Any]]]] = {
     "alerts": alert_delays.runs,
     "backfill": backfill_cost.runs,
     "limits": limits.runs,
+    "scale": scale.runs,
 }
+#: Scenarios run only when named in ``--only`` (each writes its own results file).
+ON_DEMAND = {"scale": "scale"}
+DEFAULT = [family for family in FAMILIES if family not in ON_DEMAND]
 
 NOTES = [
     "chordbeat: one prefork worker (-c 2) on all queues and one beat, PostgreSQL (fsync off) and Redis on loopback; "
@@ -133,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 run and 1,000 schedules (a smoke test)")
     parser.add_argument("--runs", type=int, default=int(os.environ.get("CHORDBEAT_BENCH_RUNS", "3")))
-    parser.add_argument("--only", default=",".join(FAMILIES), help="comma-separated: " + ", ".join(FAMILIES))
+    parser.add_argument("--only", default=",".join(DEFAULT), help="comma-separated: " + ", ".join(FAMILIES))
+    parser.add_argument("--scale-schedules", type=int, default=100_000, help="schedules of --only scale")
     parser.add_argument("--readme", action="store_true", help="rewrite README.md's performance table")
     args = parser.parse_args(argv)
     families = [f.strip() for f in args.only.split(",") if f.strip()]
@@ -145,12 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     per_run: dict[str, list[Any]] = {}
     failed: dict[str, str] = {}
     with bench(runs, args.quick) as the_bench:
+        the_bench.scale_schedules = args.scale_schedules
         raw_app.configure(the_bench.redis.url)
         meta = {
             "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "runs": runs,
             "quick": args.quick,
-            "schedules": beat_scale.schedule_count(the_bench),
+            "schedules": args.scale_schedules if families == ["scale"] else beat_scale.schedule_count(the_bench),
             "families": families,
             "failed": failed,
             "cpus": os.cpu_count(),
@@ -187,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
 def _outputs(quick: bool, families: list[str]) -> tuple[Path, Path]:
     """Only a full run (every scenario, every run) makes latest.json: a quick or partial run's figures
     are not for quoting and never replace it."""
-    name = "quick" if quick else "latest" if set(families) == set(FAMILIES) else "partial"
+    on_demand = {ON_DEMAND[f] for f in families if f in ON_DEMAND}
+    if len(on_demand) == 1 and len(families) == 1:
+        name = on_demand.pop()
+    else:
+        name = "quick" if quick else "latest" if set(families) == set(DEFAULT) else "partial"
     return LATEST_JSON.with_name(f"{name}.json"), LATEST_MD.with_name(f"{name}.md")
 
 

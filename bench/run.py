@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench import alert_delays, backfill_cost, beat_scale, faults, history, limits, pipelines, raw_app, scale
+from bench import alert_delays, backfill_cost, beat_scale, durable, faults, history, limits, pipelines, raw_app, scale
 from bench.harness import Bench, bench
 from bench.report import LATEST_JSON, LATEST_MD, evaluate, markdown, rewrite_readme, text_table
 from bench.stats import combine
@@ -37,6 +37,7 @@ from bench.stats import combine
 FAMILIES: dict[str, Callable[[Bench], list[dict[str, Any]]]] = {
     "pipelines": pipelines.chordbeat_runs,
     "raw_pipelines": pipelines.raw_runs,
+    "durable": durable.runs,
     "staggered": beat_scale.staggered,
     "raw_staggered": beat_scale.raw_staggered,
     "burst": beat_scale.burst_runs,
@@ -97,6 +98,9 @@ NOTES = [
     "process), the ratio of the medians. Cycles: no worker; a limit of 10,000 slots keyed by customer, one per "
     "key, 9,998 keys held; 2 processes each acquire a new key and release it (a transaction each, "
     "limit_slots called directly) for 10 s: cycles per second, both together.",
+    "Durable: the loaded run again on a second PostgreSQL at its defaults (fsync, synchronous_commit and "
+    "full_page_writes on; the others run with them off), reached through PgBouncer 1.18 in transaction pooling "
+    "(pool of 20); CPU per step counted as above, PgBouncer's with PostgreSQL's.",
     "Worker memory after the loaded run, the worker and its pool processes summed: RSS (VmRSS, which counts "
     "a page the pool shares with its parent once in each process) and PSS (smaps_rollup's Pss, each shared page "
     "divided among the processes mapping it: what the worker costs the machine).",

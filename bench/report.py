@@ -101,7 +101,8 @@ ROWS = (
     Row("scale: beat restart", "scale_beat_restart_s", None, "s"),
     Row("scale: daily 00:00, all runs started", "scale_burst_start_s", None, "s"),
     Row("scale: daily 00:00, slots that ran", "scale_burst_fired_pct", None, "%"),
-    Row("scale: daily 00:00, all steps done", "scale_burst_steps_done_s", None, "s"),
+    Row("scale: daily 00:00, steps done by then", "scale_burst_steps_done_s", None, "s"),
+    Row("scale: daily 00:00, share of steps done", "scale_burst_steps_done_pct", None, "%"),
     Row("scale: database bytes a day, daily", "scale_daily_db_bytes_per_day", None, "B"),
     Row("scale: database bytes a day, staggered", "scale_staggered_db_bytes_per_day", None, "B"),
 )

@@ -19,6 +19,7 @@ prefork worker (-c 2) on every queue and one beat, PostgreSQL and Redis as in th
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -78,7 +79,7 @@ STEP = "[[{name: noop, task: chordbeat.examples.sleep, kwargs: {seconds: 0}}]]"
 BEAT_START_PER_SCHEDULE_S = 0.0015
 #: A burst not started in this long, or its steps not done in this long, is reported as this long.
 BURST_LIMIT_S = 600.0
-STEPS_LIMIT_S = 1800.0
+STEPS_LIMIT_S = 300.0
 #: Schedules applied as a file with ``chordbeat apply``; more are copied in SQL (the apply costs about
 #: 7.5 ms a schedule, linear, and a file of 100,000 is over the file size limit: docs/scaling.md).
 APPLY_SCHEDULES = 10_000
@@ -171,24 +172,20 @@ def _make_schedules(bench: Bench, settings: Settings, count: int, prefix: str, l
     return apply_s
 
 
-def _table_bytes(engine: Engine) -> dict[str, tuple[int, int]]:
-    """Rows and bytes (with indexes and TOAST) of the history tables."""
-    found = {}
+def _bytes_per_run(engine: Engine) -> float:
+    """Bytes (with indexes and TOAST) a run leaves in the history tables: one row in each, so each
+    table's size per row, summed (the tables were empty before the workload)."""
+    total = 0.0
     with engine.connect() as conn:
         for table in HISTORY_TABLES:
             rows = int(conn.scalar(text(f"SELECT count(*) FROM {table}")) or 0)
             size = int(conn.scalar(text("SELECT pg_total_relation_size(:t)"), {"t": table}) or 0)
-            found[table] = (rows, size)
-    return found
-
-
-def _grown(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> tuple[int, int]:
-    rows = sum(after[t][0] - before[t][0] for t in HISTORY_TABLES)
-    size = sum(after[t][1] - before[t][1] for t in HISTORY_TABLES)
-    return rows, size
+            total += size / rows if rows else 0.0
+    return total
 
 
 def staggered(bench: Bench, count: int) -> dict[str, Any]:
+    load = os.getloadavg()[0]
     bench.flush_redis()
     url = bench.fresh_database()
     settings = bench.settings(url)
@@ -220,8 +217,10 @@ def staggered(bench: Bench, count: int) -> dict[str, Any]:
         ready = poll(lambda: time.time() if bench.beat_ticked_since(started) else None, 600, "beat's first tick")
         if ready > start:
             raise RuntimeError(f"beat was ready {ready - first.timestamp():.0f} s after the first slot: raise the lead")
-        history_before = _table_bytes(observer)
+        profiles = _profiles(bench, {"beat": beat.pid, "worker": worker.pid}, start, window_s)
         [cpu] = _cpu_windows(beat.pid, start, window_s, 1)
+        for profile in profiles:
+            profile.wait(60)
         lo = first + timedelta(seconds=WARMUP_S)
         hi = lo + timedelta(seconds=window_s)
         expected = _first_slots_between(observer, lo, hi)
@@ -230,12 +229,10 @@ def staggered(bench: Bench, count: int) -> dict[str, Any]:
         restarted = time.time()
         beat = bench.beat(settings)
         restart_s = poll(lambda: time.time() if bench.beat_ticked_since(restarted) else None, 600, "beat again")
-        history_after = _table_bytes(observer)
+        run_bytes = _bytes_per_run(observer)
     finally:
         beat.kill()
         worker.kill()
-    runs_seen = history_after["schedule_executions"][0] - history_before["schedule_executions"][0]
-    rows, size = _grown(history_before, history_after)
     runs_a_day = count * 86400 / PERIOD_S
     bench.flush_redis()
     return {
@@ -247,10 +244,30 @@ def staggered(bench: Bench, count: int) -> dict[str, Any]:
         "scale_fired_pct": 100 * fired / max(expected, 1),
         "scale_beat_cpu_pct": cpu,
         "scale_beat_restart_s": restart_s - restarted,
-        # Rows and bytes of the runs started meanwhile (their steps partly run), scaled to a day.
-        "scale_staggered_db_rows_per_day": rows / max(runs_seen, 1) * runs_a_day,
-        "scale_staggered_db_bytes_per_day": size / max(runs_seen, 1) * runs_a_day,
+        # A run is a row in each history table (execution, slot record, the step's attempt).
+        "scale_staggered_db_rows_per_day": len(HISTORY_TABLES) * runs_a_day,
+        "scale_staggered_db_bytes_per_day": run_bytes * runs_a_day,
+        "scale_staggered_loadavg": load,
     }
+
+
+def _profiles(bench: Bench, pids: dict[str, int], start: float, window_s: float) -> list[subprocess.Popen[bytes]]:
+    """With ``BENCH_PROFILE=DIR``: py-spy's collapsed stacks of each process (a worker with its pool)
+    over the window, in DIR/<name>.txt (py-spy is not a dependency: ``pip install py-spy``)."""
+    where = os.environ.get("BENCH_PROFILE")
+    if not where:
+        return []
+    Path(where).mkdir(parents=True, exist_ok=True)
+    time.sleep(max(0.0, start - time.time()))
+    record = [str(Path(CELERY).with_name("py-spy")), "record", "--subprocesses", "--format", "raw", "-r", "50"]
+    return [
+        subprocess.Popen(
+            [*record, "-d", str(round(window_s)), "-o", str(Path(where) / f"{name}.txt"), "-p", str(pid)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    ]
 
 
 def _next_common_midnight() -> datetime:
@@ -277,6 +294,7 @@ class ShiftedRedis(RedisServer):
 
 
 def daily(bench: Bench, count: int, apply_s: float) -> dict[str, Any]:
+    load = os.getloadavg()[0]
     due = _next_common_midnight()
     # The apply (as long as the staggered one), the copies and beat's start must end before 00:00.
     lead = SETUP_MARGIN_S + 1.5 * apply_s + (BEAT_START_PER_SCHEDULE_S + 0.0005) * count
@@ -305,7 +323,6 @@ def daily(bench: Bench, count: int, apply_s: float) -> dict[str, Any]:
             lambda i: f'- {{name: d{i:06d}, cron: "0 0 * * *", timezone: {ZONES[i % len(ZONES)]}, steps: {STEP}}}',
         )
         observer = bench.observe(url)
-        before = _table_bytes(observer)
         worker = bench.worker(settings, env=env)
         started = time.time() + shift_s
         beat = bench.beat(settings, env=env)
@@ -315,20 +332,22 @@ def daily(bench: Bench, count: int, apply_s: float) -> dict[str, Any]:
                 raise RuntimeError(f"beat was ready {ready + shift_s - due.timestamp():.0f} s after 00:00")
             print(f"bench: beat ready {due.timestamp() - ready - shift_s:.0f} s before 00:00", file=sys.stderr)
             burst_s, fired = _burst(observer, due, count)
-            steps_s = _steps_done(observer, due, count)
-            after = _table_bytes(observer)
+            steps_s, steps_ended = _steps_done(observer, due, count)
+            run_bytes = _bytes_per_run(observer)
         finally:
             beat.kill()
             worker.kill()
     finally:
         redis_server.close()
-    rows, size = _grown(before, after)
     return {
         "scale_burst_start_s": burst_s,
         "scale_burst_fired_pct": 100 * fired / count,
+        # The last step's end when all ended, else the latest end when the wait stopped.
         "scale_burst_steps_done_s": steps_s,
-        "scale_daily_db_rows_per_day": rows,
-        "scale_daily_db_bytes_per_day": size,
+        "scale_burst_steps_done_pct": 100 * steps_ended / count,
+        "scale_daily_db_rows_per_day": len(HISTORY_TABLES) * count,
+        "scale_daily_db_bytes_per_day": run_bytes * count,
+        "scale_daily_loadavg": load,
     }
 
 
@@ -354,21 +373,19 @@ def _burst(observer: Engine, due: datetime, count: int) -> tuple[float, int]:
         return BURST_LIMIT_S, int(runs)
 
 
-def _steps_done(observer: Engine, due: datetime, count: int) -> float:
-    """The due instant → the last of the burst's steps ended (reference time)."""
+def _steps_done(observer: Engine, due: datetime, count: int) -> tuple[float, int]:
+    """The due instant → the last of the burst's steps ended (reference time), and how many ended;
+    at most :data:`STEPS_LIMIT_S` waited (the bytes a run leaves are then measured on those done)."""
     query = select(func.count(), func.max(func.extract("epoch", Activity.completed_at))).where(
         Activity.completed_at.is_not(None)
     )
-
-    def done() -> float | None:
+    deadline = time.monotonic() + STEPS_LIMIT_S
+    while True:
         with observer.connect() as conn:
             ended, last = conn.execute(query).one()
-        return float(last) - due.timestamp() if ended >= count else None
-
-    try:
-        return poll(done, STEPS_LIMIT_S, "the burst's steps", 1.0)
-    except AssertionError:
-        return STEPS_LIMIT_S
+        if ended >= count or time.monotonic() > deadline:
+            return (float(last or 0.0) - due.timestamp(), int(ended))
+        time.sleep(1.0)
 
 
 def runs(bench: Bench) -> list[dict[str, Any]]:

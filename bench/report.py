@@ -18,6 +18,8 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LATEST_JSON = RESULTS / "latest.json"
+#: The on-demand scale scenario's results (``bench.run --only scale``), shown below the main table.
+SCALE_JSON = RESULTS / "scale.json"
 LATEST_MD = RESULTS / "latest.md"
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
@@ -286,13 +288,30 @@ def readme_section(results: Results) -> str:
     return "\n".join(out)
 
 
-def rewrite_readme(results: Results, readme: Path = README) -> None:
+def scale_section(scale: Results) -> str:
+    """README's lines for the scale scenario: its own run, on demand."""
+    meta = scale.get("meta", {})
+    caption = (
+        f'Scale scenario (`make bench BENCH_ARGS="--only scale"`, docs/scaling.md), '
+        f"{meta.get('schedules', '?'):,} schedules, one run, {meta.get('date', '')}:"
+    )
+    out = ["", caption, "", "| figure | chordbeat |", "|---|---|"]
+    out += [f"| {a} | {b} |" for a, b, _ in table_rows(scale, spread=False)]
+    missed = [t["figure"] for t in scale.get("targets", []) if not t["met"]]
+    out += ["", f"Targets of issue 41 not met: {'; '.join(missed) or 'none'}."]
+    return "\n".join(out)
+
+
+def rewrite_readme(results: Results, readme: Path = README, scale_json: Path = SCALE_JSON) -> None:
+    section = readme_section(results)
+    if scale_json.exists():
+        section += "\n" + scale_section(json.loads(scale_json.read_text()))
     text = readme.read_text()
     head, found, rest = text.partition(START)
     _old, found_end, tail = rest.partition(END)
     if not (found and found_end):
         raise SystemExit(f"{readme}: no {START} … {END} section to rewrite")
-    readme.write_text(f"{head}{START}\n{readme_section(results)}\n{END}{tail}")
+    readme.write_text(f"{head}{START}\n{section}\n{END}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:

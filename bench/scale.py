@@ -120,7 +120,7 @@ def _clone(engine: Engine, prefix: str, applied: int, count: int) -> None:
     if count <= applied:
         return
     templates = min(applied, len(ZONES))
-    name = "lpad({}::text, 6, '0')"
+    name = "lpad(({})::text, 6, '0')"
     params = {"prefix": prefix, "lo": applied, "hi": count - 1, "k": templates}
     began = time.monotonic()
     with engine.begin() as conn:
@@ -131,7 +131,7 @@ def _clone(engine: Engine, prefix: str, applied: int, count: int) -> None:
             text(
                 f"INSERT INTO schedules ({listed}, name) "
                 f"SELECT {', '.join('t.' + c for c in cols)}, :prefix || {name.format('g')} "
-                f"FROM generate_series(:lo, :hi) AS g "
+                f"FROM generate_series(CAST(:lo AS integer), CAST(:hi AS integer)) AS g "
                 f"JOIN schedules AS t ON t.name = :prefix || {name.format('g % :k')}"
             ),
             params,

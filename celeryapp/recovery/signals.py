@@ -12,7 +12,6 @@ from celery import bootsteps
 from celery.concurrency import get_implementation
 from celery.concurrency.prefork import TaskPool
 from celery.signals import task_received, worker_init, worker_ready, worker_shutdown
-from sqlalchemy import make_url
 
 from celeryapp.clock import clock
 from celeryapp.messaging.redis_client import get_redis
@@ -116,16 +115,4 @@ def freeze_before_fork(sender: Any = None, **_: Any) -> None:
     (the memory saved: docs/performance.md). Other pools fork nothing."""
     pool = get_implementation(getattr(sender, "pool_cls", None) or "prefork")
     if isinstance(pool, type) and issubclass(pool, TaskPool):
-        app = getattr(sender, "app", None)
-        if app is not None:
-            load_database_driver(app.settings.database_url)
         gc.freeze()
-
-
-def load_database_driver(url: str) -> None:
-    """Import the database's driver (psycopg: about 10 MiB) once, before the fork: each pool
-    process imported its own at its first connection, a private copy per process."""
-    try:
-        make_url(url).get_dialect().import_dbapi()
-    except Exception as exc:  # a bad URL is reported where it is used, with its field
-        logger.debug("database driver not loaded before the fork: %s", exc)

@@ -293,8 +293,10 @@ def scale_section(scale: Results) -> str:
     meta = scale.get("meta", {})
     caption = (
         f'Scale scenario (`make bench BENCH_ARGS="--only scale"`, docs/scaling.md), '
-        f"{meta.get('schedules', '?'):,} schedules, one run, {meta.get('date', '')}:"
+        f"{meta.get('schedules', '?'):,} schedules, one run, {meta.get('date', '')}"
     )
+    loads = [scale[k] for k in ("scale_staggered_loadavg", "scale_daily_loadavg") if k in scale]
+    caption += f", load average {' and '.join(f'{x:.1f}' for x in loads)} at its parts' starts:" if loads else ":"
     out = ["", caption, "", "| figure | chordbeat |", "|---|---|"]
     out += [f"| {a} | {b} |" for a, b, _ in table_rows(scale, spread=False)]
     missed = [t["figure"] for t in scale.get("targets", []) if not t["met"]]

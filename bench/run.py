@@ -143,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 run and 1,000 schedules (a smoke test)")
     parser.add_argument("--runs", type=int, default=int(os.environ.get("CHORDBEAT_BENCH_RUNS", "3")))
     parser.add_argument("--only", default=",".join(DEFAULT), help="comma-separated: " + ", ".join(FAMILIES))
-    parser.add_argument("--scale-schedules", type=int, default=100_000, help="schedules of --only scale")
+    parser.add_argument(
+        "--scale-schedules", type=int, default=None, help="schedules of --only scale (100,000; --quick: 1,000)"
+    )
     parser.add_argument("--readme", action="store_true", help="rewrite README.md's performance table")
     args = parser.parse_args(argv)
     families = [f.strip() for f in args.only.split(",") if f.strip()]
@@ -155,13 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     per_run: dict[str, list[Any]] = {}
     failed: dict[str, str] = {}
     with bench(runs, args.quick) as the_bench:
-        the_bench.scale_schedules = args.scale_schedules
+        the_bench.scale_schedules = args.scale_schedules or (1000 if args.quick else 100_000)
         raw_app.configure(the_bench.redis.url)
         meta = {
             "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "runs": runs,
             "quick": args.quick,
-            "schedules": args.scale_schedules if families == ["scale"] else beat_scale.schedule_count(the_bench),
+            "schedules": the_bench.scale_schedules if families == ["scale"] else beat_scale.schedule_count(the_bench),
             "families": families,
             "failed": failed,
             "cpus": os.cpu_count(),
@@ -188,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAILED: {failed}; the processes' logs are in {the_bench.tmp}", file=sys.stderr)
         return 1
     shutil.rmtree(the_bench.tmp, ignore_errors=True)
-    if args.readme and written != LATEST_JSON:
+    if args.readme and written.name == "scale.json" and LATEST_JSON.exists():
+        rewrite_readme(json.loads(LATEST_JSON.read_text()))  # the main table as it was, this run's below
+    elif args.readme and written != LATEST_JSON:
         print("README.md left alone: a quick or partial run's figures are not for quoting")
     elif args.readme:
         rewrite_readme(results)
@@ -197,12 +201,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _outputs(quick: bool, families: list[str]) -> tuple[Path, Path]:
     """Only a full run (every scenario, every run) makes latest.json: a quick or partial run's figures
-    are not for quoting and never replace it."""
-    on_demand = {ON_DEMAND[f] for f in families if f in ON_DEMAND}
-    if len(on_demand) == 1 and len(families) == 1:
-        name = on_demand.pop()
+    are not for quoting and never replace it. An on-demand scenario run alone writes its own file."""
+    if quick:
+        name = "quick"
+    elif len(families) == 1 and families[0] in ON_DEMAND:
+        name = ON_DEMAND[families[0]]
     else:
-        name = "quick" if quick else "latest" if set(families) == set(DEFAULT) else "partial"
+        name = "latest" if set(families) == set(DEFAULT) else "partial"
     return LATEST_JSON.with_name(f"{name}.json"), LATEST_MD.with_name(f"{name}.md")
 
 

@@ -80,6 +80,7 @@ def test_the_scale_scenario_runs_on_demand_into_its_own_file(tmp_path: Path) -> 
     assert _outputs(False, ["scale"])[0].name == "scale.json"
     assert _outputs(False, DEFAULT)[0].name == "latest.json"
     assert _outputs(False, ["scale", "pipelines"])[0].name == "partial.json"
+    assert _outputs(True, ["scale"])[0].name == "quick.json"  # a smoke test never replaces the figures
     scale = summarise(
         {
             "scale_schedules": [100_000],

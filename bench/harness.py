@@ -94,6 +94,8 @@ class Bench:
     tmp: Path
     runs: int
     quick: bool
+    #: Schedules of the on-demand scale scenario (bench/scale.py).
+    scale_schedules: int = 100_000
     _databases: int = 0
     _engines: dict[str, Engine] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)

@@ -18,6 +18,8 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LATEST_JSON = RESULTS / "latest.json"
+#: The on-demand scale scenario's results (``bench.run --only scale``), shown below the main table.
+SCALE_JSON = RESULTS / "scale.json"
 LATEST_MD = RESULTS / "latest.md"
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
@@ -93,6 +95,24 @@ ROWS = (
     Row("limit: unrelated start, idle", "limit_unrelated_start_ms", "idle", "ms"),
     Row("limit: unrelated start, saturated", "limit_unrelated_start_ms", "saturated", "ms"),
     Row("limit: saturated / idle start", "limit_unrelated_start_ratio", None, "x"),
+    Row("durable PostgreSQL via PgBouncer: steps/s", "durable_steps_per_s"),
+    Row("durable: CPU per step, worker", "durable_cpu_ms_per_step", "worker", "ms"),
+    Row("durable: CPU per step, PostgreSQL", "durable_cpu_ms_per_step", "database", "ms"),
+    Row("durable: CPU per step, all", "durable_cpu_ms_per_step", "all", "ms"),
+    Row("scale: schedules", "scale_schedules"),
+    Row("scale: apply the file", "scale_apply_s", None, "s"),
+    Row("scale: Redis bytes per schedule", "scale_redis_bytes_per_schedule", None, "B"),
+    Row("scale: fire lateness p50, staggered", "scale_fire_lateness_ms", "p50", "ms"),
+    Row("scale: fire lateness p99, staggered", "scale_fire_lateness_ms", "p99", "ms"),
+    Row("scale: staggered slots that ran", "scale_fired_pct", None, "%"),
+    Row("scale: beat CPU, staggered", "scale_beat_cpu_pct", None, "%"),
+    Row("scale: beat restart", "scale_beat_restart_s", None, "s"),
+    Row("scale: daily 00:00, all runs started", "scale_burst_start_s", None, "s"),
+    Row("scale: daily 00:00, slots that ran", "scale_burst_fired_pct", None, "%"),
+    Row("scale: daily 00:00, steps done by then", "scale_burst_steps_done_s", None, "s"),
+    Row("scale: daily 00:00, share of steps done", "scale_burst_steps_done_pct", None, "%"),
+    Row("scale: database bytes a day, daily", "scale_daily_db_bytes_per_day", None, "B"),
+    Row("scale: database bytes a day, staggered", "scale_staggered_db_bytes_per_day", None, "B"),
 )
 
 
@@ -149,6 +169,13 @@ TARGETS = (
     Target("limit admit p99", "≤ 50 ms (issue 39)", _get("limit_admit_ms", "p99"), lambda _: 50.0),
     Target("limit cycles/s", "≥ 1,000 (issue 39)", _get("limit_cycles_per_s"), lambda _: 1000.0, at_most=False),
     Target("start, limit full", "≤ 1.1x idle (issue 39)", _get("limit_unrelated_start_ratio"), lambda _: 1.1),
+    Target("scale lateness p99", "≤ 1 s (issue 41)", _get("scale_fire_lateness_ms", "p99"), lambda _: 1000.0),
+    Target("scale slots run", "all (100 %)", _get("scale_fired_pct"), lambda _: 100.0, at_most=False),
+    Target("scale all at once", "≤ 60 s (issue 41)", _get("scale_burst_start_s"), lambda _: 60.0),
+    Target("scale beat CPU", "≤ 15 % (issue 41)", _get("scale_beat_cpu_pct"), lambda _: 15.0),
+    Target("scale Redis/schedule", "≤ 1 KiB (issue 41)", _get("scale_redis_bytes_per_schedule"), lambda _: 1024.0),
+    Target("scale apply", "≤ 60 s (issue 41)", _get("scale_apply_s"), lambda _: 60.0),
+    Target("scale beat restart", "≤ 60 s (issue 41)", _get("scale_beat_restart_s"), lambda _: 60.0),
 )
 
 
@@ -227,7 +254,7 @@ def _caption(results: Results) -> str:
 def text_table(results: Results, width: int = 80) -> str:
     """The results and targets, fixed width for a terminal."""
     rows = table_rows(results)
-    first = max(len(r[0]) for r in rows)
+    first = max((len(r[0]) for r in rows), default=6)
     rest = (width - first - 4) // 2
     lines = [*textwrap.wrap(_caption(results), width), ""]
     lines.append(f"{'figure':<{first}}  {'chordbeat':<{rest}}  {'raw Celery':<{rest}}".rstrip())
@@ -267,13 +294,32 @@ def readme_section(results: Results) -> str:
     return "\n".join(out)
 
 
-def rewrite_readme(results: Results, readme: Path = README) -> None:
+def scale_section(scale: Results) -> str:
+    """README's lines for the scale scenario: its own run, on demand."""
+    meta = scale.get("meta", {})
+    caption = (
+        f'Scale scenario (`make bench BENCH_ARGS="--only scale"`, docs/scaling.md), '
+        f"{meta.get('schedules', '?'):,} schedules, one run, {meta.get('date', '')}"
+    )
+    loads = [scale[k] for k in ("scale_staggered_loadavg", "scale_daily_loadavg") if k in scale]
+    caption += f", load average {' and '.join(f'{x:.1f}' for x in loads)} at its parts' starts:" if loads else ":"
+    out = ["", caption, "", "| figure | chordbeat |", "|---|---|"]
+    out += [f"| {a} | {b} |" for a, b, _ in table_rows(scale, spread=False)]
+    missed = [t["figure"] for t in scale.get("targets", []) if not t["met"]]
+    out += ["", f"Targets of issue 41 not met: {'; '.join(missed) or 'none'}."]
+    return "\n".join(out)
+
+
+def rewrite_readme(results: Results, readme: Path = README, scale_json: Path = SCALE_JSON) -> None:
+    section = readme_section(results)
+    if scale_json.exists():
+        section += "\n" + scale_section(json.loads(scale_json.read_text()))
     text = readme.read_text()
     head, found, rest = text.partition(START)
     _old, found_end, tail = rest.partition(END)
     if not (found and found_end):
         raise SystemExit(f"{readme}: no {START} … {END} section to rewrite")
-    readme.write_text(f"{head}{START}\n{readme_section(results)}\n{END}{tail}")
+    readme.write_text(f"{head}{START}\n{section}\n{END}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.run                 # everything, 3 runs each (13 minutes on 2 cores)
     .venv/bin/python -m bench.run --quick         # 1 run, 1,000 schedules: a smoke test (quick.json)
     .venv/bin/python -m bench.run --only pipelines,faults   # some scenarios (partial.json)
+    .venv/bin/python -m bench.run --only scale --scale-schedules 100000   # on demand only (scale.json)
 
 Starts its own Redis and PostgreSQL; chordbeat runs on PostgreSQL. Writes bench/results/latest.json
 (medians; ``spread`` holds [min, max], ``runs`` every run's value, ``targets`` issue 10's targets)
@@ -28,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench import alert_delays, backfill_cost, beat_scale, faults, history, limits, pipelines, raw_app
+from bench import alert_delays, backfill_cost, beat_scale, durable, faults, history, limits, pipelines, raw_app, scale
 from bench.harness import Bench, bench
 from bench.report import LATEST_JSON, LATEST_MD, evaluate, markdown, rewrite_readme, text_table
 from bench.stats import combine
@@ -36,6 +37,7 @@ from bench.stats import combine
 FAMILIES: dict[str, Callable[[Bench], list[dict[str, Any]]]] = {
     "pipelines": pipelines.chordbeat_runs,
     "raw_pipelines": pipelines.raw_runs,
+    "durable": durable.runs,
     "staggered": beat_scale.staggered,
     "raw_staggered": beat_scale.raw_staggered,
     "burst": beat_scale.burst_runs,
@@ -44,7 +46,11 @@ FAMILIES: dict[str, Callable[[Bench], list[dict[str, Any]]]] = {
     "alerts": alert_delays.runs,
     "backfill": backfill_cost.runs,
     "limits": limits.runs,
+    "scale": scale.runs,
 }
+#: Scenarios run only when named in ``--only`` (each writes its own results file).
+ON_DEMAND = {"scale": "scale"}
+DEFAULT = [family for family in FAMILIES if family not in ON_DEMAND]
 
 NOTES = [
     "chordbeat: one prefork worker (-c 2) on all queues and one beat, PostgreSQL (fsync off) and Redis on loopback; "
@@ -92,6 +98,9 @@ NOTES = [
     "process), the ratio of the medians. Cycles: no worker; a limit of 10,000 slots keyed by customer, one per "
     "key, 9,998 keys held; 2 processes each acquire a new key and release it (a transaction each, "
     "limit_slots called directly) for 10 s: cycles per second, both together.",
+    "Durable: the loaded run again on a second PostgreSQL at its defaults (fsync, synchronous_commit and "
+    "full_page_writes on; the others run with them off), reached through PgBouncer 1.18 in transaction pooling "
+    "(pool of 20); CPU per step counted as above, PgBouncer's with PostgreSQL's.",
     "Worker memory after the loaded run, the worker and its pool processes summed: RSS (VmRSS, which counts "
     "a page the pool shares with its parent once in each process) and PSS (smaps_rollup's Pss, each shared page "
     "divided among the processes mapping it: what the worker costs the machine).",
@@ -133,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 run and 1,000 schedules (a smoke test)")
     parser.add_argument("--runs", type=int, default=int(os.environ.get("CHORDBEAT_BENCH_RUNS", "3")))
-    parser.add_argument("--only", default=",".join(FAMILIES), help="comma-separated: " + ", ".join(FAMILIES))
+    parser.add_argument("--only", default=",".join(DEFAULT), help="comma-separated: " + ", ".join(FAMILIES))
+    parser.add_argument(
+        "--scale-schedules", type=int, default=None, help="schedules of --only scale (100,000; --quick: 1,000)"
+    )
     parser.add_argument("--readme", action="store_true", help="rewrite README.md's performance table")
     args = parser.parse_args(argv)
     families = [f.strip() for f in args.only.split(",") if f.strip()]
@@ -145,12 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     per_run: dict[str, list[Any]] = {}
     failed: dict[str, str] = {}
     with bench(runs, args.quick) as the_bench:
+        the_bench.scale_schedules = args.scale_schedules or (1000 if args.quick else 100_000)
         raw_app.configure(the_bench.redis.url)
         meta = {
             "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "runs": runs,
             "quick": args.quick,
-            "schedules": beat_scale.schedule_count(the_bench),
+            "schedules": the_bench.scale_schedules if families == ["scale"] else beat_scale.schedule_count(the_bench),
             "families": families,
             "failed": failed,
             "cpus": os.cpu_count(),
@@ -177,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAILED: {failed}; the processes' logs are in {the_bench.tmp}", file=sys.stderr)
         return 1
     shutil.rmtree(the_bench.tmp, ignore_errors=True)
-    if args.readme and written != LATEST_JSON:
+    if args.readme and written.name == "scale.json" and LATEST_JSON.exists():
+        rewrite_readme(json.loads(LATEST_JSON.read_text()))  # the main table as it was, this run's below
+    elif args.readme and written != LATEST_JSON:
         print("README.md left alone: a quick or partial run's figures are not for quoting")
     elif args.readme:
         rewrite_readme(results)
@@ -186,8 +201,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _outputs(quick: bool, families: list[str]) -> tuple[Path, Path]:
     """Only a full run (every scenario, every run) makes latest.json: a quick or partial run's figures
-    are not for quoting and never replace it."""
-    name = "quick" if quick else "latest" if set(families) == set(FAMILIES) else "partial"
+    are not for quoting and never replace it. An on-demand scenario run alone writes its own file."""
+    if quick:
+        name = "quick"
+    elif len(families) == 1 and families[0] in ON_DEMAND:
+        name = ON_DEMAND[families[0]]
+    else:
+        name = "latest" if set(families) == set(DEFAULT) else "partial"
     return LATEST_JSON.with_name(f"{name}.json"), LATEST_MD.with_name(f"{name}.md")
 
 

@@ -91,6 +91,7 @@ def recover() -> dict[str, Any]:
         "timed_out": report.timed_out,
         "redis_reset": report.redis_reset,
         "paused_slots": report.paused_slots,
+        "skipped": report.skipped,
     }
 
 

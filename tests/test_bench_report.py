@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench import harness, report
-from bench.run import summarise
+from bench.run import DEFAULT, _outputs, summarise
 
 SAMPLE_RUNS: dict[str, list[Any]] = {
     "advance_ms": [{"p50": 5.0, "p95": 9.0}, {"p50": 6.0, "p95": 8.0}, {"p50": 4.0, "p95": 30.0}],
@@ -27,7 +28,9 @@ SAMPLE_RUNS: dict[str, list[Any]] = {
 }
 
 
-@pytest.mark.parametrize("module", ["harness", "pipelines", "faults", "beat_scale", "raw_app", "run", "report"])
+@pytest.mark.parametrize(
+    "module", ["harness", "pipelines", "faults", "beat_scale", "raw_app", "run", "report", "scale", "durable"]
+)
 def test_bench_modules_import(module: str) -> None:
     importlib.import_module(f"bench.{module}")
 
@@ -70,3 +73,28 @@ def test_tables_fit_and_the_readme_section_is_rewritten(tmp_path: Path) -> None:
     assert "| CPU per step: PostgreSQL (ms) | 0.80 | - |" in rewritten
     assert "| CPU per step: all of them (ms) | 6.20 | 2.90 |" in rewritten
     assert "| worker PSS (prefork -c 2) (MiB) | 111 | 95.0 |" in rewritten
+
+
+def test_the_scale_scenario_runs_on_demand_into_its_own_file(tmp_path: Path) -> None:
+    assert "scale" not in DEFAULT and "durable" in DEFAULT
+    assert _outputs(False, ["scale"])[0].name == "scale.json"
+    assert _outputs(False, DEFAULT)[0].name == "latest.json"
+    assert _outputs(False, ["scale", "pipelines"])[0].name == "partial.json"
+    assert _outputs(True, ["scale"])[0].name == "quick.json"  # a smoke test never replaces the figures
+    scale = summarise(
+        {
+            "scale_schedules": [100_000],
+            "scale_apply_s": [900.0],
+            "scale_fire_lateness_ms": [{"p50": 50.0, "p99": 400.0}],
+        },
+        {"runs": 1, "date": "today", "schedules": 100_000},
+    )
+    scale_json = tmp_path / "scale.json"
+    scale_json.write_text(json.dumps(scale))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{report.START}\n{report.END}\n")
+    report.rewrite_readme(summarise(dict(SAMPLE_RUNS), {"runs": 3}), readme, scale_json)
+    rewritten = readme.read_text()
+    assert "| scale: apply the file (s) | 900 |" in rewritten
+    assert "| scale: fire lateness p99, staggered (ms) | 400 |" in rewritten
+    assert "Targets of issue 41 not met: scale apply." in rewritten

@@ -97,6 +97,25 @@ def test_a_queued_step_whose_message_never_left_is_sent_again(
     assert recovery.recover(app).resent == []
 
 
+def test_a_pass_while_another_one_runs_does_nothing(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
+    # Passes over a large backlog outlasted the interval and ran side by side (docs/scaling.md).
+    call(client, "chordbeat.apply_schedule", definition={"name": "leased", "every": 60, "steps": [step("a")]})
+    execution_id = start_without_dispatch(app, "leased")
+    backdate(app, execution_id)
+    other = get_redis(app.settings.broker_url).lock(
+        f"{PREFIX}:recovery:lease", timeout=30, blocking=False, thread_local=False
+    )
+    assert other.acquire()
+    try:
+        report = recovery.recover(app)
+        assert report.resent == []
+        assert report.skipped
+    finally:
+        other.release()
+    assert len(recovery.recover(app).resent) == 1
+    assert finished(client, execution_id)["status"] == "completed"
+
+
 def test_a_stuck_execution_is_advanced_by_recovery(app: ChordbeatCelery, worker: Any, client: Celery) -> None:
     call(client, "chordbeat.apply_schedule", definition={"name": "stuck", "every": 60, "steps": [step("a"), step("b")]})
     execution_id = start_without_dispatch(app, "stuck")

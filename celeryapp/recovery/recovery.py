@@ -7,6 +7,7 @@ transitions as normal work, so racing a slow worker or a second recovery is harm
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from datetime import datetime, timedelta
 from functools import partial
 
 import redis
+from redis.exceptions import LockError
 from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session
 
@@ -57,6 +59,8 @@ MAX_QUEUE_SCAN = 1000
 STUCK_GRACE_S = 2.0
 #: Present while Redis keeps its data; its absence means Redis restarted empty or failed over.
 EPOCH_KEY = f"{PREFIX}:epoch"
+#: Held by the recovery pass running in the deployment (see :func:`recover`).
+PASS_LEASE_KEY = f"{PREFIX}:recovery:lease"
 
 
 @dataclass
@@ -78,6 +82,8 @@ class RecoveryReport:
     backfills: list[int] = field(default_factory=list)
     #: Shared limits whose waiters this pass admitted (a rate's token came back; routine, not logged).
     limits_settled: list[str] = field(default_factory=list)
+    #: Another pass held the lease: this one did nothing.
+    skipped: bool = False
 
     @property
     def empty(self) -> bool:
@@ -329,8 +335,39 @@ def top_up_backfills(app: Runtime, now: datetime, report: RecoveryReport) -> Non
 
 
 def recover(app: Runtime, *, now: datetime | None = None) -> RecoveryReport:
-    """One recovery pass."""
-    now = now or utcnow()
+    """One recovery pass; none while another holds the pass's lease.
+
+    Beat sends a pass every recovery interval. Over a large backlog (100,000 queued steps: the
+    lost-message check alone took longer than the interval) passes overlapped, one in each pool
+    process, and the steps they were looking after waited for them (docs/scaling.md). The lease
+    lives one interval and is renewed between the pass's parts, so a worker killed in a pass
+    delays the next one by an interval at most. Without Redis the pass goes on without it.
+    """
+    client = get_redis(app.settings.broker_url)
+    lease = client.lock(
+        PASS_LEASE_KEY, timeout=max(1.0, app.settings.recovery_interval_s), blocking=False, thread_local=False
+    )
+    try:
+        if not lease.acquire():
+            logger.info("recovery: another pass is running; this one does nothing")
+            return RecoveryReport(skipped=True)
+    except redis.RedisError:
+        lease = None
+
+    def renew() -> None:
+        if lease is not None:
+            with contextlib.suppress(LockError, redis.RedisError):  # lost or Redis away: overlap, as before
+                lease.reacquire()
+
+    try:
+        return _one_pass(app, now or utcnow(), renew)
+    finally:
+        if lease is not None:
+            with contextlib.suppress(LockError, redis.RedisError):
+                lease.release()
+
+
+def _one_pass(app: Runtime, now: datetime, renew: Callable[[], None]) -> RecoveryReport:
     report = RecoveryReport()
     try:
         check_redis_epoch(app, report)
@@ -344,13 +381,17 @@ def recover(app: Runtime, *, now: datetime | None = None) -> RecoveryReport:
         logger.warning("recovery: %s", report)
         return report
     time_out_executions(app, now, report)
+    renew()
     try:
         if heartbeats_trusted(app):
             recover_stale_steps(app, now, report)
+            renew()
         resend_lost_messages(app, now, report)
     except redis.RedisError:
         logger.exception("recovery: Redis unreachable; lost workers and messages are looked for next time")
+    renew()
     unstick_executions(app, now, report)
+    renew()
     report.limits_settled = settle_waiting_limits(app, now=now)
     report.paused_slots = record_all_paused(app.settings.database_url, now=now)
     top_up_backfills(app, now, report)

@@ -417,6 +417,10 @@ def test_systemd_units_are_sandboxed_and_restart() -> None:
         if unit.get("Type") != ["oneshot"]:
             assert unit["Restart"] == ["always"] and float(unit["RestartSec"][0]) <= 10, name
         role = check_command(shlex.split(unit["ExecStart"][0]))
+        if role == "worker":
+            # Only the worker gets SIGTERM (a warm shutdown): systemd's default also sends it to
+            # the pool processes, which die of it mid-step.
+            assert unit["KillMode"] == ["mixed"] and unit["KillSignal"] == ["SIGTERM"], name
         if role in {"worker", "beat"}:
             # The liveness files and beat's state need one writable directory: /run/chordbeat.
             assert unit["RuntimeDirectory"] == ["chordbeat"] and unit["RuntimeDirectoryPreserve"] == ["yes"], name

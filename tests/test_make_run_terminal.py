@@ -206,6 +206,18 @@ def test_the_readmes_own_steps_route_then_ctrl_c_stops_everything_in_order(tmp_p
     try:
         wait_for_banner(terminal, "the second make run's banner")
         assert "Address already in use" not in terminal.output()
+        # Both workers up first: honcho signals each process's whole group, so a prefork pool still
+        # starting when Ctrl-C comes loses a pool process and Celery says "Could not start worker
+        # processes" with a traceback (docs/operations.md); stopping a started one is the case here.
+        wait_for(
+            lambda: (
+                re.search(r"steps1@\S+ ready\.", terminal.output())
+                and re.search(r"control1@\S+ ready\.", terminal.output())
+            ),
+            90,
+            0.2,
+            what="both workers ready",
+        )
         # Ctrl-Z first: nothing to suspend it to (make waits on), so it must not hang the terminal.
         terminal.ctrl_z()
         before = len(terminal.output())

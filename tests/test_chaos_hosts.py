@@ -21,9 +21,8 @@ from typing import Any
 
 import pytest
 
-from celeryapp.config import Settings
 from tests.support.chaos import BEAT_KINDS, CLOCK_KINDS, DB_KINDS, LAB_KINDS, WORKER_KINDS, Database
-from tests.support.chaos_lab import LabCluster, replica_clock_shift_s
+from tests.support.chaos_lab import LabCluster, replica_clock_shift_s, sentinel_settings
 from tests.support.chaos_run import (
     OVERHEAD_S,
     PLANS,
@@ -59,17 +58,7 @@ def run_plan(servers: LabServers, index: int, seed: int, kinds: tuple[str, ...],
     sentinels = SentinelCluster(address=servers.lab.server_address, replica_clock_shift_s=shift_s)
     sentinels.start()
     try:
-        settings = Settings(
-            broker_url=sentinels.url,
-            result_backend=sentinels.url,
-            redbeat_url=sentinels.url,
-            sentinel_master=sentinels.master,
-            database_url=database.url,
-            heartbeat_ttl_s=3,
-            recovery_interval_s=1,
-            health_dir=str(tmp),
-            task_modules=("tests.support.chaos_tasks",),
-        )
+        settings = sentinel_settings(sentinels, database.url, str(tmp))
         cluster = LabCluster(settings, tmp, None, database, worker_names=workers, lab=servers.lab, sentinels=sentinels)
         result = play_and_check(cluster, plan, tmp / "steps.jsonl", seed)
     finally:

@@ -34,10 +34,9 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from celeryapp.config import Settings
 from models.migrate import upgrade
 from tests.support.chaos import DURATIONS_S, GAP_S, WARMUP_S, Database, Fault, plan_text
-from tests.support.chaos_lab import FailoverCluster
+from tests.support.chaos_lab import FailoverCluster, sentinel_settings
 from tests.support.chaos_run import LONG, OVERHEAD_S, SETTLE_S, base_seed, play_and_check, report
 from tests.support.chaos_tasks import STEP_TASK
 from tests.support.sentinel import SentinelCluster
@@ -165,17 +164,7 @@ def test_limits_hold_through_kills_a_failover_and_a_database_restart(
     sentinels = SentinelCluster()
     sentinels.start()
     try:
-        settings = Settings(
-            broker_url=sentinels.url,
-            result_backend=sentinels.url,
-            redbeat_url=sentinels.url,
-            sentinel_master=sentinels.master,
-            database_url=database_under_test.url,
-            heartbeat_ttl_s=3,
-            recovery_interval_s=1,
-            health_dir=str(tmp_path),
-            task_modules=("tests.support.chaos_tasks",),
-        )
+        settings = sentinel_settings(sentinels, database_under_test.url, str(tmp_path))
         cluster = FailoverCluster(
             settings, tmp_path, None, database_under_test, worker_names=WORKERS, sentinels=sentinels
         )

@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from celeryapp.config import Settings
 from tests.support import processes
 from tests.support.chaos import FAILOVER_KINDS, PARTITION_KINDS, Applied, Cluster, Fault
 from tests.support.lab import Host, Lab
@@ -66,6 +67,22 @@ REPLICA_SHIFTS_S = (-60, -20, 20, 60)
 def replica_clock_shift_s(seed: int) -> int:
     """The replica's clock shift for the plan of ``seed``: the same seed, the same shift."""
     return random.Random(f"replica-clock:{seed}").choice(REPLICA_SHIFTS_S)
+
+
+def sentinel_settings(sentinels: SentinelCluster, database_url: str, health_dir: str) -> Settings:
+    """The chaos cluster's settings on a Sentinel group: a 3 s heartbeat TTL and recovery every
+    second, as the windows above assume."""
+    return Settings(
+        broker_url=sentinels.url,
+        result_backend=sentinels.url,
+        redbeat_url=sentinels.url,
+        sentinel_master=sentinels.master,
+        database_url=database_url,
+        heartbeat_ttl_s=3,
+        recovery_interval_s=1,
+        health_dir=health_dir,
+        task_modules=("tests.support.chaos_tasks",),
+    )
 
 
 @dataclass

@@ -36,6 +36,7 @@ from celeryapp.variables import (
     DEFAULT_RECOVERY_INTERVAL_S,
     DEFAULT_RESULT_EXPIRES_S,
     DEFAULT_RETENTION_DAYS,
+    DEFAULT_SCHEDULE_FILE_MAX_BYTES,
     DEFAULT_SQL_ENV_PREFIX,
     DEFAULT_STEP_KINDS,
     DEFAULT_STEP_TASKS,
@@ -44,8 +45,10 @@ from celeryapp.variables import (
     DEFAULT_WEB_PORT,
     MAX_ACTOR_CHARS,
     MAX_ALERT_SEND_TIMEOUT_S,
+    MAX_SCHEDULE_FILE_MAX_BYTES,
     MIN_ALERT_SEND_TIMEOUT_S,
     MIN_MAX_MESSAGE_BYTES,
+    MIN_SCHEDULE_FILE_MAX_BYTES,
     MIN_WEB_MAX_BODY_BYTES,
     OWN_VARIABLES,
     STEP_KINDS,
@@ -162,6 +165,17 @@ def _env_bytes(env: Mapping[str, str], name: str, default: int, *, minimum: int)
     return int(raw)
 
 
+def _schedule_file_max_bytes(env: Mapping[str, str]) -> int:
+    name = "CHORDBEAT_SCHEDULE_FILE_MAX_BYTES"
+    value = _env_bytes(env, name, DEFAULT_SCHEDULE_FILE_MAX_BYTES, minimum=MIN_SCHEDULE_FILE_MAX_BYTES)
+    if value > MAX_SCHEDULE_FILE_MAX_BYTES:
+        raise ConfigError(
+            f"{name}: must be at most {MAX_SCHEDULE_FILE_MAX_BYTES} (reading a file takes about 80 times its size "
+            f"in memory), got {env[name][:40]!r}"
+        )
+    return value
+
+
 def _redis_url(env: Mapping[str, str], name: str, default: str) -> str:
     url = env.get(name) or default
     try:
@@ -246,6 +260,8 @@ class Settings:
     sentinel_master: str = DEFAULT_SENTINEL_MASTER
     database_url: str = DEFAULT_DATABASE_URL
     schedules_file: str | None = None
+    #: Largest schedule file read (``chordbeat apply``, beat's start); a larger one is refused unread.
+    schedule_file_max_bytes: int = DEFAULT_SCHEDULE_FILE_MAX_BYTES
     heartbeat_ttl_s: float = DEFAULT_HEARTBEAT_TTL_S
     recovery_interval_s: float = DEFAULT_RECOVERY_INTERVAL_S
     beat_stall_s: float = DEFAULT_BEAT_STALL_S
@@ -318,6 +334,7 @@ class Settings:
             sentinel_master=_sentinel_master(env),
             database_url=env.get("CHORDBEAT_DATABASE_URL") or DEFAULT_DATABASE_URL,
             schedules_file=env.get("CHORDBEAT_SCHEDULES_FILE") or None,
+            schedule_file_max_bytes=_schedule_file_max_bytes(env),
             heartbeat_ttl_s=_env_float(env, "CHORDBEAT_HEARTBEAT_TTL", DEFAULT_HEARTBEAT_TTL_S, minimum=1),
             recovery_interval_s=_env_float(
                 env, "CHORDBEAT_RECOVERY_INTERVAL", DEFAULT_RECOVERY_INTERVAL_S, minimum=0.5

@@ -51,6 +51,12 @@ MIN_WEB_MAX_BODY_BYTES = 1024
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: Below this, Celery's own messages (a worker's inspection replies) would be refused.
 MIN_MAX_MESSAGE_BYTES = 64 * 1024
+#: Largest schedule file ``chordbeat apply`` and beat read (refused before it is parsed). A file
+#: of 100,000 minimal schedules is about 12 MB; reading one takes about 80 times its size in
+#: memory at its peak (the YAML nodes and the values), so the ceiling bounds that near 2.5 GiB.
+DEFAULT_SCHEDULE_FILE_MAX_BYTES = 4 * 1024 * 1024
+MIN_SCHEDULE_FILE_MAX_BYTES = 4 * 1024
+MAX_SCHEDULE_FILE_MAX_BYTES = 32 * 1024 * 1024
 #: Seconds between two looks of the alert sender for deliveries that are due.
 DEFAULT_ALERT_POLL_INTERVAL_S = 1.0
 #: Seconds between two passes of the deadline watch (late runs, slots beat never fired).
@@ -151,6 +157,13 @@ VARIABLES = (
         "SQLAlchemy URL; PostgreSQL (`postgresql+psycopg://…`) for production",
     ),
     Variable("CHORDBEAT_SCHEDULES_FILE", "unset", "declarative schedule file applied when beat starts"),
+    Variable(
+        "CHORDBEAT_SCHEDULE_FILE_MAX_BYTES",
+        f"`{DEFAULT_SCHEDULE_FILE_MAX_BYTES}`",
+        "largest schedule file `chordbeat apply` and beat read; a larger one is refused before it is parsed, "
+        f"naming this variable; from {MIN_SCHEDULE_FILE_MAX_BYTES} to {MAX_SCHEDULE_FILE_MAX_BYTES} (32 MiB: reading "
+        "a file takes about 80 times its size in memory at its peak; see [scaling.md](scaling.md#the-applys-cost))",
+    ),
     Variable("CHORDBEAT_HEARTBEAT_TTL", f"`{DEFAULT_HEARTBEAT_TTL_S:g}` (s)", "TTL of a running step's heartbeat key"),
     Variable(
         "CHORDBEAT_RECOVERY_INTERVAL",

@@ -47,22 +47,29 @@ def record_version(
     session: Session, schedule: Schedule, definition: dict[str, Any], origin: VersionOrigin, *, now: datetime
 ) -> None:
     """Store ``definition`` (a definition's JSON object) as version ``schedule.version``."""
+    values = version_values(schedule.id, schedule.name, schedule.version, definition, origin, now=now)
+    session.execute(insert(SCHEDULE_VERSIONS).values(**values))
+
+
+def version_values(
+    schedule_id: int, name: str, version: int, definition: dict[str, Any], origin: VersionOrigin, *, now: datetime
+) -> dict[str, Any]:
+    """The ``schedule_versions`` row of ``definition`` as version ``version`` of a schedule: one
+    change's, or one of the many a file's apply writes in one statement."""
     text = canonical_json(definition)
-    session.execute(
-        insert(SCHEDULE_VERSIONS).values(
-            schedule_id=schedule.id,
-            schedule_name=schedule.name,
-            version=schedule.version,
-            definition=text,
-            hash=definition_hash(text),
-            at=now,
-            actor=origin.actor[:ACTOR_CHARS],
-            source=origin.source.value,
-            reason=None if origin.reason is None else origin.reason[:REASON_CHARS],
-            file=None if origin.file is None else origin.file[:FILE_LENGTH],
-            commit=None if origin.commit is None else origin.commit[:COMMIT_LENGTH],
-        )
-    )
+    return {
+        "schedule_id": schedule_id,
+        "schedule_name": name,
+        "version": version,
+        "definition": text,
+        "hash": definition_hash(text),
+        "at": now,
+        "actor": origin.actor[:ACTOR_CHARS],
+        "source": origin.source.value,
+        "reason": None if origin.reason is None else origin.reason[:REASON_CHARS],
+        "file": None if origin.file is None else origin.file[:FILE_LENGTH],
+        "commit": None if origin.commit is None else origin.commit[:COMMIT_LENGTH],
+    }
 
 
 def versions_of(session: Session, schedule_id: int, *, limit: int, before: int | None = None) -> list[ScheduleVersion]:

@@ -5,15 +5,19 @@ applying it prunes only the schedules that source declared before, never another
 ``limits:`` (shared limits, docs/limits.md) are applied first, in the same transaction, so its
 schedules may use them; a limit it no longer names goes with the same rule, unless still held.
 
-The file is YAML written by operators, read strictly: at most ``MAX_FILE_BYTES``, no anchors,
-aliases, merge keys or duplicate keys; errors name the file and the line.
+The file is YAML written by operators, read strictly: at most ``CHORDBEAT_SCHEDULE_FILE_MAX_BYTES``
+(4 MiB by default), no anchors, aliases, merge keys or duplicate keys; errors name the file and
+the line. It is read once per apply, and written in a few statements per thousand schedules
+(:mod:`celeryapp.scheduling.file_rows`).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,7 @@ from celeryapp.domain.alert_fields import KnownChannels
 from celeryapp.domain.calendar_fields import CalendarReader
 from celeryapp.domain.definition import NAME_PATTERN, ScheduleDefinition
 from celeryapp.domain.definition_versions import diff_definitions
-from celeryapp.domain.limits import MAX_FILE_BYTES, short_repr, type_name
+from celeryapp.domain.limits import short_repr, type_name
 from celeryapp.domain.problems import Problems
 from celeryapp.domain.shared_limits import LimitDefinition, parse_limit
 from celeryapp.domain.step_policy import StepRules
@@ -35,14 +39,21 @@ from celeryapp.domain.validation import parse_definitions
 from celeryapp.errors import DefinitionError
 from celeryapp.monitoring import metric_counts, worker_registry
 from celeryapp.runtime import Runtime
-from celeryapp.scheduling.beat_entries import sync_schedules
+from celeryapp.scheduling.beat_entries import chunks, sync_schedules
 from celeryapp.scheduling.calendar_files import calendar_reader
 from celeryapp.scheduling.file_commit import file_commit
-from celeryapp.scheduling.store import Change, check_file_limits_known, upsert_schedule
+from celeryapp.scheduling.file_rows import (
+    FileWrites,
+    StoredSchedule,
+    read_stored,
+    source_schedules,
+    write_definitions,
+)
+from celeryapp.scheduling.store import check_file_limits_known
 from celeryapp.states import AuditAction
+from celeryapp.variables import DEFAULT_SCHEDULE_FILE_MAX_BYTES
 from models import Schedule, ScheduleSource, utcnow
 from models.audit import BEAT, REASON_CHARS, Actor
-from models.definitions import definition_of
 from models.session import retried_transaction
 from models.versions import VersionOrigin
 
@@ -117,6 +128,8 @@ class ScheduleFile:
     source: str
     definitions: list[ScheduleDefinition]
     limits: list[LimitDefinition] = field(default_factory=list)
+    #: Why the steps were checked against this process's tasks (see ``FileDiff.checked_here``).
+    checked_here: str | None = None
 
 
 def source_name(path: str | Path, declared: Any) -> str:
@@ -152,24 +165,55 @@ def read_file(
     rules: StepRules | None,
     channels: KnownChannels | None = None,
     calendars: CalendarReader | None = None,
+    max_bytes: int = DEFAULT_SCHEDULE_FILE_MAX_BYTES,
 ) -> ScheduleFile:
     """Read and validate a whole schedule file; raise :class:`DefinitionError` naming every invalid schedule.
 
     ``rules`` are the workers' and ``channels`` the deployment's alert channels, ``calendars`` reads
-    its named calendars (see :func:`celeryapp.domain.validation.parse_definition`).
+    its named calendars (see :func:`celeryapp.domain.validation.parse_definition`). A file over
+    ``max_bytes`` is refused before any of it is parsed (at most ``max_bytes`` + 1 are read).
     """
     where = str(path)
     try:
         with open(path, "rb") as stream:
-            data = stream.read(MAX_FILE_BYTES + 1)
+            data = stream.read(max_bytes + 1)
     except OSError as exc:
         raise DefinitionError(where, f"cannot be read ({exc.strerror})") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise DefinitionError(where, f"is larger than {MAX_FILE_BYTES} bytes")
+    if len(data) > max_bytes:
+        raise DefinitionError(where, f"is larger than {max_bytes} bytes (CHORDBEAT_SCHEDULE_FILE_MAX_BYTES)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DefinitionError(where, f"is not UTF-8 text (byte {exc.start})") from None
+    del data
+    with collector_paused():
+        return _parse_file(path, text, rules=rules, channels=channels, calendars=calendars)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off meanwhile: reading and writing a large file makes millions
+    of objects that live on until it is applied, and the collections they set off took two thirds
+    of a 100,000-schedule file's parse, for nothing (docs/scaling.md, "The apply's cost"). What
+    the apply leaves is collected after, as ever."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+def _parse_file(
+    path: str | Path,
+    text: str,
+    *,
+    rules: StepRules | None,
+    channels: KnownChannels | None,
+    calendars: CalendarReader | None,
+) -> ScheduleFile:
+    where = str(path)
     try:
         document: Any = read_yaml(text)
     except YamlMistake as exc:
@@ -243,47 +287,60 @@ def apply_definitions(
     now = utcnow()
     diff = FileDiff(source=source)
     check_file_limits_known(session, definitions, file_limits, removed_limits)  # a dry run too
-    stored = {s.name: s for s in session.scalars(select(Schedule))}
-    wanted = {d.name for d in definitions}
-    for definition in definitions:
-        current = stored.get(definition.name)
-        if current is not None:
-            owner = current.source_name if current.source is ScheduleSource.FILE else None
-            if owner != source:
-                diff.taken_over[definition.name] = f"source {owner}" if owner else "the API"
-            before, after = definition_of(current).to_json(), definition.to_json()
-            fields = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-            if fields:
-                diff.fields[definition.name] = fields
-                found = diff_definitions(before, after)
-                diff.differences[definition.name] = [difference.env_hidden().to_json() for difference in found]
-        if dry_run:
-            if current is None:
-                diff.added.append(definition.name)
-            elif definition_of(current) != definition:
-                diff.changed.append(definition.name)
-            else:
-                diff.unchanged.append(definition.name)
+    wanted = [d.name for d in definitions]
+    writes = compare_definitions(diff, definitions, read_stored(session, wanted, lock=not dry_run))
+    if not dry_run:
+        write_definitions(session, writes, source=source, origin=origin, now=now)
+    kept = set(wanted)
+    gone: list[int] = []
+    for name, schedule_id in sorted(source_schedules(session, source).items()):
+        if name in kept:
+            continue
+        if remove is True or (remove is not False and name in remove):
+            diff.removed.append(name)
+            gone.append(schedule_id)
         else:
-            _schedule, change = upsert_schedule(
-                session, definition, source=ScheduleSource.FILE, source_name=source, now=now, origin=origin
-            )
-            {Change.ADDED: diff.added, Change.CHANGED: diff.changed, Change.UNCHANGED: diff.unchanged}[change].append(
-                definition.name
-            )
-    for name, schedule in sorted(stored.items()):
-        if schedule.source is ScheduleSource.FILE and schedule.source_name == source and name not in wanted:
-            if remove is True or (remove is not False and name in remove):
-                diff.removed.append(name)
-                if not dry_run:
-                    session.delete(schedule)
-                    metric_counts.retire_schedule(session, name)
-            else:
-                diff.kept.append(name)
+            diff.kept.append(name)
+    for chunk in chunks(gone) if not dry_run else ():
+        for schedule in session.scalars(select(Schedule).where(Schedule.id.in_(chunk))):
+            session.delete(schedule)
+            metric_counts.retire_schedule(session, schedule.name)
     session.flush()
     if not dry_run:
         logger.info("schedule file (source %s) applied: %s", source, diff.summary())
     return diff
+
+
+def compare_definitions(
+    diff: FileDiff, definitions: list[ScheduleDefinition], stored: dict[str, StoredSchedule]
+) -> FileWrites:
+    """What the file's ``definitions`` change against the ``stored`` schedules they name, said in
+    ``diff`` (added, changed field by field, unchanged, taken over) and returned as the writes."""
+    source = diff.source
+    writes = FileWrites()
+    for definition in definitions:
+        current = stored.get(definition.name)
+        if current is None:
+            diff.added.append(definition.name)
+            writes.added.append(definition)
+            continue
+        owner = current.source_name if current.source is ScheduleSource.FILE else None
+        if owner != source:
+            diff.taken_over[definition.name] = f"source {owner}" if owner else "the API"
+        if current.definition == definition:
+            diff.unchanged.append(definition.name)
+            if owner != source:
+                writes.taken.append(current)
+            continue
+        diff.changed.append(definition.name)
+        writes.changed.append((current, definition))
+        before, after = current.definition.to_json(), definition.to_json()
+        fields = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        if fields:
+            diff.fields[definition.name] = fields
+            found = diff_definitions(before, after)
+            diff.differences[definition.name] = [difference.env_hidden().to_json() for difference in found]
+    return writes
 
 
 def record_file_applied(session: Session, actor: Actor, path: str | Path, diff: FileDiff, reason: str | None) -> None:
@@ -320,6 +377,17 @@ def record_limit_changes(
         actor.record(session, AuditAction.LIMIT_DELETED, None, reason=reason, detail=detail)
 
 
+def read_app_file(app: Runtime, path: str | Path) -> ScheduleFile:
+    """Read and validate a schedule file as the deployment ``app`` checks one: against its workers'
+    tasks, its alert channels and calendars, within its file size limit."""
+    checked = worker_registry.checked_rules(app.settings, app.tasks.__contains__)
+    # The channels file is read by the app (the alerting layer, above this one).
+    calendars = calendar_reader(app.settings.calendars_dir)
+    max_bytes = app.settings.schedule_file_max_bytes
+    read = read_file(path, rules=checked.rules, channels=app.alert_channels, calendars=calendars, max_bytes=max_bytes)
+    return replace(read, checked_here=checked.fallback)
+
+
 def apply_file(
     app: Runtime,
     path: str | Path,
@@ -330,6 +398,7 @@ def apply_file(
     reason: str | None = None,
     remove_limits: bool | Collection[str] = True,
     commit: str | None = None,
+    schedule_file: ScheduleFile | None = None,
 ) -> FileDiff:
     """Validate and apply a schedule file in one transaction: all of it or nothing, with the
     ``file_applied`` audit row of ``actor`` when one is given (not for a dry run), and a
@@ -339,12 +408,11 @@ def apply_file(
     Its limits are applied first (its schedules may use them). Only schedules and limits of the
     file's own source are pruned (see :func:`apply_definitions`); ``remove_limits`` says which
     limits, as ``remove`` says which schedules. A held limit is never pruned: the file is refused.
+    ``schedule_file``: the file as :func:`read_app_file` read it already (a dry run's, then the
+    apply's: what was shown is what is applied); by default it is read here.
     """
-    checked = worker_registry.checked_rules(app.settings, app.tasks.__contains__)
-    # The channels file is read by the app (the alerting layer, above this one).
-    schedule_file = read_file(
-        path, rules=checked.rules, channels=app.alert_channels, calendars=calendar_reader(app.settings.calendars_dir)
-    )
+    if schedule_file is None:
+        schedule_file = read_app_file(app, path)
 
     origin = VersionOrigin.of(
         actor or BEAT, reason, file=str(path), commit=None if dry_run else commit or file_commit(path)
@@ -375,15 +443,16 @@ def apply_file(
         return diff
 
     what = f"applying {path}"
-    try:
-        diff = retried_transaction(app.settings.database_url, what, apply)
-    except IntegrityError:
-        # Another beat applied the same file at the same moment; the second pass sees its rows.
-        diff = retried_transaction(app.settings.database_url, what, apply)
-    diff.checked_here = checked.fallback
-    if not dry_run:
+    with collector_paused():
         try:
-            sync_schedules(app, diff.added + diff.changed + diff.removed)
-        except redis.RedisError as exc:
-            logger.warning("beat entries not updated (%s); beat repairs them when it starts", exc)
+            diff = retried_transaction(app.settings.database_url, what, apply)
+        except IntegrityError:
+            # Another beat applied the same file at the same moment; the second pass sees its rows.
+            diff = retried_transaction(app.settings.database_url, what, apply)
+        diff.checked_here = schedule_file.checked_here
+        if not dry_run:
+            try:
+                sync_schedules(app, diff.added + diff.changed + diff.removed)
+            except redis.RedisError as exc:
+                logger.warning("beat entries not updated (%s); beat repairs them when it starts", exc)
     return diff

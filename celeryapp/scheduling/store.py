@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -10,8 +10,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from celeryapp.domain.cadence import cadence_of
+from celeryapp.domain.cadence import Cadence, cadence_of
 from celeryapp.domain.definition import ScheduleDefinition
+from celeryapp.domain.dst_rules import DstRules
 from celeryapp.domain.pause_resume import Transition
 from celeryapp.domain.problems import Problems
 from celeryapp.domain.shared_limits import LimitDefinition, check_definition_uses, parse_limit
@@ -90,42 +91,84 @@ def _entering(schedule: Schedule, status: ScheduleStatus, now: datetime) -> dict
     }
 
 
-def _write_definition(schedule: Schedule, definition: ScheduleDefinition) -> None:
-    schedule.enabled = definition.enabled
-    schedule.cron = definition.cron
-    schedule.every_s = definition.every_s
-    schedule.timezone = definition.timezone
-    schedule.overlap = definition.overlap
-    schedule.max_retries = definition.max_retries
-    schedule.retry_delay_s = definition.retry_delay_s
-    schedule.total_repeats = definition.total_repeats
-    schedule.timeout_s = definition.timeout_s
-    schedule.payload = dict(definition.payload)
-    # Stored as the schedule object shows them: the deadline watch and the alert outbox read these.
-    schedule.deadlines = definition.deadlines.to_json() if definition.deadlines is not None else None
-    schedule.alerts = definition.alerts.to_json() if definition.alerts is not None else None
-    schedule.calendar = definition.calendar.to_json() if definition.calendar is not None else None
-    schedule.catchup = definition.catchup.to_json() if definition.catchup is not None else None
-    schedule.dst = definition.dst.to_json() if definition.dst is not None else None
-    schedule.uses = [use.to_json() for use in definition.uses] or None
-    schedule.steps = [
-        ScheduleStep(
-            step_index=index,
-            position=position,
-            in_list=is_list,
-            name=step.name,
-            task=step.task,
-            args=list(step.args),
-            kwargs=dict(step.kwargs),
-            continue_on_failure=step.continue_on_failure,
-            timeout_s=step.timeout_s,
-            queue=step.queue,
-            max_attempts=step.max_attempts,
-            uses=[use.to_json() for use in step.uses] or None,
-        )
+def definition_values(definition: ScheduleDefinition) -> dict[str, Any]:
+    """The ``schedules`` columns a definition is stored in (its steps apart): the one mapping both
+    a single change (:func:`upsert_schedule`) and a file's bulk apply write."""
+    return {
+        "enabled": definition.enabled,
+        "cron": definition.cron,
+        "every_s": definition.every_s,
+        "timezone": definition.timezone,
+        "overlap": definition.overlap,
+        "max_retries": definition.max_retries,
+        "retry_delay_s": definition.retry_delay_s,
+        "total_repeats": definition.total_repeats,
+        "timeout_s": definition.timeout_s,
+        "payload": dict(definition.payload),
+        # Stored as the schedule object shows them: the deadline watch and the alert outbox read these.
+        "deadlines": definition.deadlines.to_json() if definition.deadlines is not None else None,
+        "alerts": definition.alerts.to_json() if definition.alerts is not None else None,
+        "calendar": definition.calendar.to_json() if definition.calendar is not None else None,
+        "catchup": definition.catchup.to_json() if definition.catchup is not None else None,
+        "dst": definition.dst.to_json() if definition.dst is not None else None,
+        "uses": [use.to_json() for use in definition.uses] or None,
+    }
+
+
+def step_values(definition: ScheduleDefinition) -> list[dict[str, Any]]:
+    """The ``schedule_steps`` rows of a definition (its schedule's id apart)."""
+    return [
+        {
+            "step_index": index,
+            "position": position,
+            "in_list": is_list,
+            "name": step.name,
+            "task": step.task,
+            "args": list(step.args),
+            "kwargs": dict(step.kwargs),
+            "continue_on_failure": step.continue_on_failure,
+            "timeout_s": step.timeout_s,
+            "queue": step.queue,
+            "max_attempts": step.max_attempts,
+            "uses": [use.to_json() for use in step.uses] or None,
+        }
         for index, (group, is_list) in enumerate(zip(definition.groups, definition.group_is_list, strict=True))
         for position, step in enumerate(group)
     ]
+
+
+def changed_definition_values(
+    definition: ScheduleDefinition, values: Mapping[str, Any], *, now: datetime, paused_by: str | None
+) -> dict[str, Any]:
+    """The columns a definition change resets beside the definition's ``values``.
+
+    Status after a change: ``paused`` when the definition says ``enabled: false``, else ``active``
+    (a changed definition revives a ``done`` or ``dead`` schedule and resets its retries).
+    """
+    enabled = definition.enabled
+    # The cadence beat and the fire compute (anchored at updated_at, which is now).
+    cadence = Cadence(
+        cron=values["cron"],
+        every_s=values["every_s"],
+        timezone=values["timezone"],
+        anchor=now,
+        dst=DstRules.from_json(values["dst"]),
+    )
+    return {
+        "status": ScheduleStatus.ACTIVE if enabled else ScheduleStatus.PAUSED,
+        # A definition applied with ``enabled: false`` is paused by whoever applied it.
+        "paused_by": None if enabled else paused_by,
+        "paused_reason": None if enabled else "enabled: false in the definition",
+        "paused_at": None if enabled else now,
+        "current_retry": 0,
+        "retry_at": None,
+        "updated_at": now,
+        "changed_at": now,
+        "next_run_at": cadence.slot_after(now) if enabled else None,
+        # A changed definition starts a new cadence: none of its slots was processed yet, and none
+        # before now was missed.
+        "last_slot_at": None,
+    }
 
 
 def check_limits_known(
@@ -138,15 +181,28 @@ def check_limits_known(
     never be admitted would wait for ever); checked as it is stored, each mistake naming its field.
     ``defined_beside`` and ``removed_beside``: the limits its schedule file defines (which win over
     the stored ones) and removes, which a dry run has not written."""
-    names = {use.limit for use in definition.uses} | {
+    names = _limit_names(definition)
+    if names:
+        check_definition_uses(definition, _known_limits(session, names, defined_beside, removed_beside))
+
+
+def _limit_names(definition: ScheduleDefinition) -> set[str]:
+    return {use.limit for use in definition.uses} | {
         use.limit for group in definition.groups for s in group for use in s.uses
     }
-    if not names:
-        return
-    rows = session.scalars(select(LIMITS.c.definition).where(LIMITS.c.name.in_(names)))
-    known = {limit.name: limit for limit in map(parse_limit, rows) if limit.name not in removed_beside}
+
+
+def _known_limits(
+    session: Session, names: Collection[str], defined_beside: Sequence[LimitDefinition], removed_beside: Collection[str]
+) -> dict[str, LimitDefinition]:
+    known: dict[str, LimitDefinition] = {}
+    listed = sorted(names)
+    # Listed a thousand at a time: far below SQLite's 32,766 bound parameters.
+    for start in range(0, len(listed), 1000):
+        rows = session.scalars(select(LIMITS.c.definition).where(LIMITS.c.name.in_(listed[start : start + 1000])))
+        known.update((limit.name, limit) for limit in map(parse_limit, rows) if limit.name not in removed_beside)
     known.update((limit.name, limit) for limit in defined_beside)
-    check_definition_uses(definition, known)
+    return known
 
 
 def check_file_limits_known(
@@ -157,11 +213,14 @@ def check_file_limits_known(
 ) -> None:
     """:func:`check_limits_known` for a schedule file's definitions, with the limits the file
     defines and removes: every mistake of the file at once, each naming its schedule
-    (``schedules[1] (sales).steps[0].uses[0]``)."""
+    (``schedules[1] (sales).steps[0].uses[0]``). The limits they name are read at once."""
+    used = [_limit_names(definition) for definition in definitions]
+    known = _known_limits(session, set().union(*used), file_limits, removed_limits)
     problems = Problems()
-    for index, definition in enumerate(definitions):
-        problems.prefix = f"schedules[{index}] ({definition.name})."
-        problems.check(check_limits_known, session, definition, file_limits, removed_limits)
+    for index, (definition, names) in enumerate(zip(definitions, used, strict=True)):
+        if names:
+            problems.prefix = f"schedules[{index}] ({definition.name})."
+            problems.check(check_definition_uses, definition, known)
     problems.raise_any()
 
 
@@ -204,24 +263,14 @@ def upsert_schedule(
     # Steps are replaced wholesale: delete the old rows first so their unique names are free.
     schedule.steps = []
     session.flush()
-    _write_definition(schedule, definition)
+    values = definition_values(definition)
+    values |= changed_definition_values(definition, values, now=now, paused_by=paused_by)
+    for column, value in values.items():
+        setattr(schedule, column, value)
+    schedule.steps = [ScheduleStep(**step) for step in step_values(definition)]
     schedule.source = source
     schedule.source_name = source_name
-    schedule.status = ScheduleStatus.ACTIVE if definition.enabled else ScheduleStatus.PAUSED
-    # A definition applied with ``enabled: false`` is paused by whoever applied it.
-    schedule.paused_by = None if definition.enabled else paused_by
-    schedule.paused_reason = None if definition.enabled else "enabled: false in the definition"
-    schedule.paused_at = None if definition.enabled else now
-    schedule.current_retry = 0
-    schedule.retry_at = None
     schedule.version = (schedule.version or 0) + 1
-    schedule.updated_at = now
-    schedule.changed_at = now
-    # The cadence beat and the fire compute (anchored at updated_at, which is now).
-    schedule.next_run_at = cadence_of(schedule).slot_after(now) if definition.enabled else None
-    # A changed definition starts a new cadence: none of its slots was processed yet, and none
-    # before now was missed.
-    schedule.last_slot_at = None
     session.flush()
     record_version(session, schedule, definition.to_json(), origin, now=now)
     return schedule, change

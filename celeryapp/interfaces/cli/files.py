@@ -52,11 +52,13 @@ def apply_cmd(
     extension) that it no longer names are removed, after confirmation. Each changed schedule
     gets a new definition version; --dry-run shows what would differ, field by field.
     """
-    from celeryapp.scheduling.schedule_file import apply_file
+    from celeryapp.scheduling.schedule_file import apply_file, read_app_file
 
     app = built_app()
     try:
-        diff = apply_file(app, path, dry_run=True)
+        # Read once: the dry run shows what the file changes, the apply writes the same file as read.
+        schedule_file = read_app_file(app, path)
+        diff = apply_file(app, path, dry_run=True, schedule_file=schedule_file)
         if not dry_run:
             remove: bool | list[str] = True
             remove_limits: bool | list[str] = True
@@ -73,6 +75,7 @@ def apply_cmd(
                 actor=actor_arg(acting(as_name), AuditSource.CLI),
                 reason=reason_arg(reason),
                 commit=commit,
+                schedule_file=schedule_file,
             )
     except ChordbeatError as exc:
         raise Refused(exc, console.width) from None

@@ -4,7 +4,8 @@ Two workloads of ``--scale-schedules`` schedules (default 100,000), each with on
 prefork worker (-c 2) on every queue and one beat, PostgreSQL and Redis as in the other scenarios:
 
 - **Staggered**: ``every: 60``, first slots spread over a minute. The schedules are applied as a
-  declarative file with ``chordbeat apply`` (timed: the apply figure), then their anchors moved as
+  declarative file with ``chordbeat apply`` (timed: the apply figure; the whole file when it fits
+  the largest file size limit, ``CHORDBEAT_SCHEDULE_FILE_MAX_BYTES``), then their anchors moved as
   in :mod:`bench.beat_scale` and their entries written again. One window of the minute is observed:
   fire lateness, the share of slots that started a run, beat's CPU. Beat is then stopped and
   started again: the restart is its start → its first tick (lock taken, every entry checked).
@@ -46,6 +47,7 @@ from bench.stats import percentiles
 from celeryapp import app
 from celeryapp.config import Settings
 from celeryapp.scheduling.beat_entries import sync_schedules
+from celeryapp.variables import DEFAULT_SCHEDULE_FILE_MAX_BYTES, MAX_SCHEDULE_FILE_MAX_BYTES
 from models import Activity, Schedule, ScheduleExecution, SlotRecord
 from tests.support.processes import CELERY, clock_shift_library, skewed
 from tests.support.servers import RedisServer, wait_for
@@ -80,24 +82,36 @@ BEAT_START_PER_SCHEDULE_S = 0.0015
 #: A burst not started in this long, or its steps not done in this long, is reported as this long.
 BURST_LIMIT_S = 600.0
 STEPS_LIMIT_S = 300.0
-#: Schedules applied as a file with ``chordbeat apply``; more are copied in SQL (the apply costs about
-#: 7.5 ms a schedule, linear, and a file of 100,000 is over the file size limit: docs/scaling.md).
-APPLY_SCHEDULES = 10_000
+#: The whole file is applied with ``chordbeat apply`` when it fits the largest schedule file the
+#: setting allows (100,000 schedules are about 12 MB); beyond, as many schedules as fit, the rest
+#: copied in SQL and the apply time extrapolated (``scale_apply_measured.whole`` says which).
+FILE_LIMIT_BYTES = MAX_SCHEDULE_FILE_MAX_BYTES
 #: The tables a run leaves rows in (worker tasks are deleted as their steps end).
 HISTORY_TABLES = ("schedule_executions", "activities", "schedule_slots")
 
 
-def _write_file(path: Path, lines: list[str], source: str) -> None:
-    path.write_text(f"source: {source}\nschedules:\n" + "\n".join(lines) + "\n")
+def _write_file(path: Path, lines: list[str], source: str) -> int:
+    """The file of as many of ``lines`` as fit :data:`FILE_LIMIT_BYTES`; how many it has."""
+    head = f"source: {source}\nschedules:\n"
+    size, fit = len(head), 0
+    for line in lines:
+        size += len(line.encode()) + 1
+        if size > FILE_LIMIT_BYTES:
+            break
+        fit += 1
+    path.write_text(head + "\n".join(lines[:fit]) + "\n")
+    return fit
 
 
 def _apply(bench: Bench, settings: Settings, path: Path) -> float:
-    """``chordbeat apply --yes FILE`` as an operator runs it; its wall time in seconds."""
+    """``chordbeat apply --yes FILE`` as an operator runs it, its file size limit raised to the
+    file's when it is larger than the default; its wall time in seconds."""
     chordbeat = str(Path(CELERY).with_name("chordbeat"))
+    limit = max(DEFAULT_SCHEDULE_FILE_MAX_BYTES, path.stat().st_size)
     began = time.monotonic()
     done = subprocess.run(
         [chordbeat, "apply", "--yes", "--json", str(path)],
-        env=bench.env(settings),
+        env={**bench.env(settings), "CHORDBEAT_SCHEDULE_FILE_MAX_BYTES": str(limit)},
         capture_output=True,
         text=True,
         check=False,
@@ -162,14 +176,16 @@ def _clone(engine: Engine, prefix: str, applied: int, count: int) -> None:
     print(f"bench: {count - applied} schedules copied in {time.monotonic() - began:.1f} s", file=sys.stderr)
 
 
-def _make_schedules(bench: Bench, settings: Settings, count: int, prefix: str, line: Callable[[int], str]) -> float:
-    """``count`` schedules: up to :data:`APPLY_SCHEDULES` applied as a file (its time returned), the rest copied."""
-    applied = min(count, APPLY_SCHEDULES)
+def _make_schedules(
+    bench: Bench, settings: Settings, count: int, prefix: str, line: Callable[[int], str]
+) -> tuple[float, int]:
+    """``count`` schedules: as many as fit a file applied as one (its time and how many
+    returned), the rest copied."""
     path = bench.tmp / f"{prefix}.yaml"
-    _write_file(path, [line(i) for i in range(applied)], prefix)
+    applied = _write_file(path, [line(i) for i in range(count)], prefix)
     apply_s = _apply(bench, settings, path)
     _clone(bench.engine(settings.database_url), prefix, applied, count)
-    return apply_s
+    return apply_s, applied
 
 
 def _bytes_per_run(engine: Engine) -> float:
@@ -191,10 +207,10 @@ def staggered(bench: Bench, count: int) -> dict[str, Any]:
     settings = bench.settings(url)
     app.apply_settings(settings)
     empty = _used_memory(bench)
-    apply_s = _make_schedules(
+    apply_s, applied = _make_schedules(
         bench, settings, count, "s", lambda i: f"- {{name: s{i:06d}, every: {PERIOD_S}, overlap: allow, steps: {STEP}}}"
     )
-    entry_bytes = (_used_memory(bench) - empty) / min(count, APPLY_SCHEDULES)
+    entry_bytes = (_used_memory(bench) - empty) / applied
     # Anchors spread over a minute, first slot far enough ahead for beat's start.
     bench.flush_redis()
     lead = SETUP_MARGIN_S + BEAT_START_PER_SCHEDULE_S * count
@@ -235,9 +251,9 @@ def staggered(bench: Bench, count: int) -> dict[str, Any]:
     runs_a_day = count * 86400 / PERIOD_S
     bench.flush_redis()
     return {
-        # Linear (measured from 2,000 to 10,000): a file of ``count`` schedules.
-        "scale_apply_s": apply_s * count / min(count, APPLY_SCHEDULES),
-        "scale_apply_measured": {"schedules": min(count, APPLY_SCHEDULES), "s": apply_s},
+        # The whole file's apply when it fit the file size limit, else extrapolated (linear).
+        "scale_apply_s": apply_s * count / applied,
+        "scale_apply_measured": {"schedules": applied, "s": apply_s, "whole": applied == count},
         "scale_redis_bytes_per_schedule": entry_bytes,
         "scale_fire_lateness_ms": percentiles(late, "p50", "p99"),
         "scale_fired_pct": 100 * fired / max(expected, 1),

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.config import Settings
@@ -64,6 +64,11 @@ def test_applying_a_file_costs_the_same_statements_for_50_schedules_as_for_500(
     assert not [s for s in again if s.split()[0] in ("UPDATE", "DELETE")], again
 
 
+NULLS = ", ".join(
+    f"{column} IS NULL" for column in ("payload", "deadlines", "alerts", "calendar", "catchup", "dst", "uses")
+)
+
+
 def snapshot(url: str) -> dict[str, Any]:
     """The stored schedules, steps and versions, without ids and with times as offsets from the
     schedule's ``updated_at`` (the two paths ran at different instants; creation apart), and whether each next run
@@ -96,6 +101,9 @@ def snapshot(url: str) -> dict[str, Any]:
                 ),
                 key=str,
             ),
+            # SQL NULL or JSON null, as the rows hold them (both read back as None).
+            "nulls": sorted(map(tuple, session.execute(text(f"SELECT name, {NULLS} FROM schedules")))),
+            "step_nulls": sorted(map(tuple, session.execute(text("SELECT name, uses IS NULL FROM schedule_steps")))),
             "versions": sorted(
                 (v.schedule_name, v.version, v.hash, v.definition, v.actor, v.source, v.reason, v.file, v.commit)
                 for v in session.scalars(select(ScheduleVersion))

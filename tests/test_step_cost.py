@@ -422,6 +422,32 @@ def test_the_step_paths_driver_statements_fail_as_sqlalchemys_would(app: Chordbe
         assert claim_step(conn, task_id, 1, node="here", now=utcnow()) is not None
 
 
+def test_an_advancements_statements_go_to_the_driver_on_postgresql(app: ChordbeatCelery) -> None:
+    # The chord's body reads every group, and the compare-and-set moves every run on: like the
+    # claim and the outcome, sent to the driver (SQLAlchemy's listeners see them before, its
+    # execution does not run: no after_cursor_execute).
+    url = app.settings.database_url
+    if not url.startswith("postgresql"):
+        pytest.skip("SQLite's advancement runs through SQLAlchemy")
+    service.apply_schedule(app, {"name": "driven", "every": 3600, "steps": [[step("a"), step("b")], step("c")]})
+    execution_id = service.trigger_schedule(app, "driven")["execution_id"]
+    _finish_group(app, execution_id, 0)
+    executed: list[str] = []
+    engine = get_engine(url)
+
+    def listener(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        executed.append(statement.split()[0])
+
+    event.listen(engine, "after_cursor_execute", listener)
+    try:
+        with recorded_statements(app) as statements:
+            assert advance_group(url, execution_id, 0, now=utcnow()).dispatch
+    finally:
+        event.remove(engine, "after_cursor_execute", listener)
+    assert statements == ["SELECT", "WITH"], statements
+    assert executed == [], executed
+
+
 def test_a_message_taken_and_acknowledged_costs_one_redis_command_each(app: ChordbeatCelery) -> None:
     # kombu records a message taken (its time in unacked_index, the message in unacked) and forgets
     # it once acknowledged, each in a MULTI/EXEC transaction: four commands and replies each time.

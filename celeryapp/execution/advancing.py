@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.decisions import GroupOutcome, StepResult, Verdict, decide_after_group
 from celeryapp.domain.definition import StepSpec
 from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.execution.driver_sql import DriverStatement
 from celeryapp.execution.limit_steps import gate_group, plan_uses_limits
 from celeryapp.execution.runs import finish_execution
 from models import ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTaskStatus
@@ -24,8 +25,9 @@ from models.session import autocommit, connection, retrying, transaction
 from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS
 
 # Every group of every run is advanced: like the step path, the statements are Core statements
-# built once (three a group, the same whatever its width; two on PostgreSQL, one when the
-# group's last outcome read the group), and the ORM is only used to finish a run.
+# built once (three a group, the same whatever its width; two on PostgreSQL, sent to the driver
+# as the step path's are, and one when the group's last outcome read the group), and the ORM is
+# only used to finish a run.
 _run, _task, _activity = EXECUTIONS.c, WORKER_TASKS.c, ACTIVITIES.c
 _AT_GROUP = (
     _run.id == bindparam("p_execution_id"),
@@ -111,7 +113,9 @@ def _queue_next_in_one_statement() -> Any:
     )
 
 
-_MOVE_ON_IN_ONE_STATEMENT = _queue_next_in_one_statement()
+_MOVE_ON_IN_ONE_STATEMENT = DriverStatement(_queue_next_in_one_statement())
+#: On PostgreSQL the read goes to the driver too (the chord's body reads every group, the end of a run reads its last).
+_READ_GROUP_BY_DRIVER = DriverStatement(_READ_GROUP)
 
 
 class GroupState(NamedTuple):
@@ -142,11 +146,15 @@ def read_group(conn: Connection, execution_id: int, step_index: int) -> GroupSta
         "p_group": step_index,
         "p_next_group": step_index + 1,
     }
-    rows = conn.execute(_READ_GROUP, params).all()
+    if conn.dialect.name == "postgresql":
+        rows = _READ_GROUP_BY_DRIVER.run(conn, params).fetchall()
+    else:
+        rows = conn.execute(_READ_GROUP, params).all()
     if not rows:
         return None
     group, next_group, schedule_name, unfinished, token = rows[0][:5]
-    results = {name: StepResult(status, error) for *_, name, status, error in rows if name is not None}
+    # The driver gives the status's stored value, SQLAlchemy the member: either makes the member.
+    results = {name: StepResult(ActivityStatus(status), error) for *_, name, status, error in rows if name is not None}
     return GroupState(group, next_group, schedule_name, unfinished, results, token)
 
 
@@ -167,7 +175,7 @@ def move_on(conn: Connection, execution_id: int, step_index: int, state: GroupSt
     run is no longer at this group (someone else advanced, cancelled or ended it)."""
     params = {"p_execution_id": execution_id, "p_step_index": step_index, "p_now": now}
     if conn.dialect.name == "postgresql":
-        queued = sorted(conn.execute(_MOVE_ON_IN_ONE_STATEMENT, params).all())
+        queued = sorted(_MOVE_ON_IN_ONE_STATEMENT.run(conn, params).fetchall())
         if not queued:
             return Effects()
     else:

@@ -8,8 +8,13 @@ due entry (three, RedBeat's way) cost it CPU in the client, and each byte of an 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import redis
 
 from celeryapp.application import ChordbeatCelery
 from celeryapp.domain.cadence import Cadence
@@ -37,6 +42,56 @@ def due_entries(app: ChordbeatCelery, prefix: str, count: int, due: datetime) ->
             last_run_at=due - timedelta(seconds=60),
             app=app,
         ).save(reset_last_run=True)
+
+
+@contextmanager
+def commands_sent(url: str) -> Iterator[list[str]]:
+    """The commands clients send Redis meanwhile (``MONITOR``), leaving out those a script runs."""
+    seen: list[str] = []
+    ready = threading.Event()
+    stop = "chordbeat-test-stop-monitor"
+
+    def listen() -> None:
+        with redis.Redis.from_url(url, decode_responses=True).monitor() as monitor:
+            ready.set()
+            for command in monitor.listen():
+                if stop in command["command"]:
+                    return
+                if command["client_type"] != "lua":
+                    seen.append(command["command"])
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        yield seen
+    finally:
+        get_redis(url).echo(stop)
+        thread.join(10)
+
+
+def tick_commands(app: ChordbeatCelery, scheduler: ChordbeatScheduler) -> int:
+    with commands_sent(app.settings.redbeat_url) as seen:
+        scheduler.tick()
+    return len(seen)
+
+
+def test_a_tick_sends_redis_commands_per_message_not_per_due_entry(app: ChordbeatCelery) -> None:
+    """RedBeat sends three commands per due entry (load it, write its last fire time, move its
+    score); beat sends one script per thousand entries for each, whatever the number due."""
+    scheduler = ChordbeatScheduler(app=app, lazy=True)
+    scheduler.lock_key = None  # one beat; and the entries are not in the database to repair from
+    scheduler.tick()  # the first tick sets up what every later one reuses (scripts, connections)
+    # Keeping the lock and the clock up (once a second) is not the ticks' work being compared.
+    scheduler._kept_alive_at = float("inf")
+    due_entries(app, "few", 5, datetime.now(UTC) - timedelta(seconds=1))
+    few = tick_commands(app, scheduler)
+    due_entries(app, "many", 250, datetime.now(UTC) - timedelta(seconds=1))
+    many = tick_commands(app, scheduler)
+    messages = [len(fires) for fires, _ in fire_messages(app)]
+    assert sorted(messages) == [5, 50, 100, 100], messages
+    # Each further message of 100 slots: its publish and its queued marker, a few commands.
+    assert many - few <= 3 * 2, f"{few} commands for 5 due entries, {many} for 250"
 
 
 def test_a_schedules_entry_takes_at_most_600_bytes_of_redis(app: ChordbeatCelery) -> None:

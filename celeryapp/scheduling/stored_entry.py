@@ -17,7 +17,6 @@ from typing import Any, TypeGuard
 from zoneinfo import ZoneInfo
 
 import redis
-from celery.beat import ScheduleEntry as BaseScheduleEntry
 from celery.schedules import BaseSchedule, schedstate
 from redbeat.decoder import RedBeatJSONDecoder, RedBeatJSONEncoder
 from redbeat.schedulers import RedBeatSchedulerEntry
@@ -76,9 +75,19 @@ class CadenceSchedule(BaseSchedule):  # type: ignore[misc]
         super().__init__(**kwargs)
         self.cadence = cadence
         self.retry_at = retry_at
+        self._dues: dict[datetime, Due] = {}
 
     def due(self, last_run_at: datetime) -> Due:
-        return next_due(self.cadence, last_fired=aware(last_run_at), retry_at=self.retry_at)
+        # A tick asks each entry's due time after its last fire and after now twice each (is it
+        # due, the slot it fires, its next score): reckoned once (the entry lives one tick).
+        known = self._dues.get(last_run_at)
+        if known is None:
+            if len(self._dues) >= 4:
+                self._dues.clear()  # a schedule kept longer (and asked of other times) stays small
+            known = self._dues[last_run_at] = next_due(
+                self.cadence, last_fired=aware(last_run_at), retry_at=self.retry_at
+            )
+        return known
 
     def remaining_estimate(self, last_run_at: datetime) -> timedelta:
         now: datetime = self.now()
@@ -317,14 +326,12 @@ class ScheduleEntry(RedBeatSchedulerEntry):  # type: ignore[misc]
         except CorruptEntry as exc:
             raise KeyError(key) from exc
 
-    def reserve_in(self, pipe: Any) -> ScheduleEntry:
-        """RedBeat's reserve (the entry fired now: its last fire time and score move on), written
-        into ``pipe`` instead of a round trip of its own."""
-        entry: ScheduleEntry = BaseScheduleEntry._next_instance(self)
-        score = entry.score  # before anything is queued: an entry that cannot be scored writes nothing
-        pipe.hset(self.key, "meta", meta_json(entry.last_run_at))
-        pipe.zadd(self.app.redbeat_conf.schedule_key, {entry.key: score})
-        return entry
+    def moved_on(self, now: datetime) -> tuple[str, float]:
+        """RedBeat's reserve of a cadence entry fired at ``now``, as what is to be stored: its new
+        meta and score (the caller writes those of a tick's entries together, see
+        :mod:`celeryapp.scheduling.fire_messages`). Raises if the next due time cannot be reckoned."""
+        assert isinstance(self.schedule, CadenceSchedule)
+        return meta_json(now), aware(self.schedule.due(now).at).timestamp()
 
     @property
     def due_at(self) -> datetime | None:

@@ -59,6 +59,8 @@ def corruptions(definition: str) -> dict[str, tuple[str, str]]:
         "garbage-retry": schedule_with(retry_at="garbage"),
         "meta-not-json": ("meta", "\x00\xff{"),
         "meta-a-list": ("meta", "[]"),
+        "meta-far-future": ("meta", json.dumps({"last_run_at": 1e300})),
+        "meta-nan": ("meta", json.dumps({"last_run_at": float("nan")})),
         "meta-year-0": ("meta", json.dumps({"last_run_at": DATETIME_OF_YEAR_0})),
         "meta-unknown-zone": (
             "meta",

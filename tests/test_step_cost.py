@@ -273,6 +273,54 @@ def test_reading_a_group_gives_its_steps_and_latest_outcomes_not_the_whole_plan(
     assert ended.outcome().verdict is Verdict.FAIL
 
 
+def test_a_groups_last_step_advances_its_run_without_reading_the_group_again_on_postgresql(
+    app: ChordbeatCelery,
+) -> None:
+    service.apply_schedule(app, {"name": "hop", "every": 3600, "steps": [[step("a"), step("b")], step("c")]})
+    execution_id = service.trigger_schedule(app, "hop")["execution_id"]
+    first_id, last_id = _group(app, execution_id, 0)
+    assert runner.run_step(app, first_id, 1, node="here") == {"status": "complete"}
+    with recorded_statements(app) as statements:
+        assert runner.run_step(app, last_id, 1, node="here") == {"status": "complete"}
+    # The claim; the outcome, which, the group's last, also reads what advancing needs in its
+    # snapshot; the compare-and-set to the next group. SQLite reads the group after the outcome.
+    if app.settings.database_url.startswith("postgresql"):
+        assert statements == ["WITH", "WITH", "WITH"], statements
+    else:
+        assert statements == ["UPDATE", "INSERT", "DELETE", "UPDATE", "SELECT", "SELECT", "UPDATE", "UPDATE"]
+    with transaction(app.settings.database_url) as session:
+        assert session.get_one(ScheduleExecution, execution_id).current_step_index == 1
+
+
+def test_a_groups_last_outcome_reads_the_group_as_a_read_after_it_would(app: ChordbeatCelery) -> None:
+    """The latest attempt's outcome of each step, the one being recorded with them, the next group."""
+    groups = [[step("a", max_attempts=2), step("b")], [step("c")]]
+    service.apply_schedule(app, {"name": "same", "every": 3600, "steps": groups})
+    execution_id = service.trigger_schedule(app, "same")["execution_id"]
+    url = app.settings.database_url
+    a_id, b_id = _group(app, execution_id, 0)
+    with transaction(url) as session:
+        assert claim_step(session.connection(), a_id, 1, node="here", now=utcnow()) is not None
+    with transaction(url) as session:
+        requeue_attempt(session, a_id, 1, reason="worker lost", now=utcnow())
+    recorded = []
+    for task_id, attempt, status in ((b_id, 1, ActivityStatus.FAILED_WITH_ERROR), (a_id, 2, ActivityStatus.COMPLETE)):
+        with autocommit(url) as conn:
+            claim = claim_step(conn, task_id, attempt, node="here", now=utcnow())
+            assert claim is not None
+            error = "boom" if status.failed else None
+            recorded.append(finish_step(conn, claim, status, now=utcnow(), error=error))
+    assert [(r.closed, r.last_of_group) for r in recorded] == [(True, False), (True, True)]
+    assert recorded[0].group is None
+    with autocommit(url, read_only=True) as conn:
+        after = read_group(conn, execution_id, 0)
+    assert after is not None and after.outcome().verdict is Verdict.FAIL
+    if url.startswith("postgresql"):
+        assert recorded[1].group == after
+    else:
+        assert recorded[1].group is None  # two statements there: the advancement reads it
+
+
 def test_reading_the_last_group_gives_no_next_one(app: ChordbeatCelery) -> None:
     service.apply_schedule(app, {"name": "last", "every": 3600, "steps": [step("a"), step("b")]})
     execution_id = service.trigger_schedule(app, "last")["execution_id"]
@@ -372,6 +420,32 @@ def test_the_step_paths_driver_statements_fail_as_sqlalchemys_would(app: Chordbe
     assert database_patience.transient(away.value)
     with connection(url) as conn:  # a new connection, and the attempt is still there to claim
         assert claim_step(conn, task_id, 1, node="here", now=utcnow()) is not None
+
+
+def test_an_advancements_statements_go_to_the_driver_on_postgresql(app: ChordbeatCelery) -> None:
+    # The chord's body reads every group, and the compare-and-set moves every run on: like the
+    # claim and the outcome, sent to the driver (SQLAlchemy's listeners see them before, its
+    # execution does not run: no after_cursor_execute).
+    url = app.settings.database_url
+    if not url.startswith("postgresql"):
+        pytest.skip("SQLite's advancement runs through SQLAlchemy")
+    service.apply_schedule(app, {"name": "driven", "every": 3600, "steps": [[step("a"), step("b")], step("c")]})
+    execution_id = service.trigger_schedule(app, "driven")["execution_id"]
+    _finish_group(app, execution_id, 0)
+    executed: list[str] = []
+    engine = get_engine(url)
+
+    def listener(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        executed.append(statement.split()[0])
+
+    event.listen(engine, "after_cursor_execute", listener)
+    try:
+        with recorded_statements(app) as statements:
+            assert advance_group(url, execution_id, 0, now=utcnow()).dispatch
+    finally:
+        event.remove(engine, "after_cursor_execute", listener)
+    assert statements == ["SELECT", "WITH"], statements
+    assert executed == [], executed
 
 
 def test_a_message_taken_and_acknowledged_costs_one_redis_command_each(app: ChordbeatCelery) -> None:

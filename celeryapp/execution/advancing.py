@@ -6,6 +6,7 @@ Every change is a compare-and-set; its effects are sent after commit (docs/archi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any, NamedTuple
@@ -16,15 +17,17 @@ from sqlalchemy.orm import Session
 from celeryapp.domain.decisions import GroupOutcome, StepResult, Verdict, decide_after_group
 from celeryapp.domain.definition import StepSpec
 from celeryapp.domain.effects import Effects, GroupDispatch, StepDispatch
+from celeryapp.execution.driver_sql import DriverStatement
 from celeryapp.execution.limit_steps import gate_group, plan_uses_limits
 from celeryapp.execution.runs import finish_execution
-from models import ExecutionStatus, ScheduleExecution, WorkerTaskStatus
+from models import ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTaskStatus
 from models.session import autocommit, connection, retrying, transaction
 from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS
 
 # Every group of every run is advanced: like the step path, the statements are Core statements
-# built once (three a group, the same whatever its width; two on PostgreSQL), and the ORM is only
-# used to finish a run.
+# built once (three a group, the same whatever its width; two on PostgreSQL, sent to the driver
+# as the step path's are, and one when the group's last outcome read the group), and the ORM is
+# only used to finish a run.
 _run, _task, _activity = EXECUTIONS.c, WORKER_TASKS.c, ACTIVITIES.c
 _AT_GROUP = (
     _run.id == bindparam("p_execution_id"),
@@ -55,6 +58,32 @@ _READ_GROUP = (
     .where(*_AT_GROUP)
     .order_by(_activity.attempt)
 )
+#: The same read within the statement that records the group's last outcome (steps.py), whose
+#: snapshot still has that attempt's activity open: it leaves that activity out (its outcome is
+#: the one being written) and keeps the attempt order for the latest outcome of each step.
+GROUP_BUT_ONE = (
+    select(
+        _run.plan[bindparam("p_group", type_=JSON.JSONIntIndexType)].label("group_steps"),
+        _run.plan[bindparam("p_next_group", type_=JSON.JSONIntIndexType)].label("next_steps"),
+        _run.schedule_name,
+        _run.token,
+        _activity.step_name,
+        _activity.status,
+        _activity.error,
+        _activity.attempt,
+    )
+    .select_from(
+        EXECUTIONS.outerjoin(
+            ACTIVITIES,
+            and_(
+                _activity.execution_id == _run.id,
+                _activity.step_index == bindparam("p_step_index"),
+                _activity.id != bindparam("p_activity_id"),
+            ),
+        )
+    )
+    .where(*_AT_GROUP)
+)
 _MOVE_ON = update(EXECUTIONS).where(*_AT_GROUP).values(current_step_index=bindparam("p_step_index") + 1)
 _QUEUE_NEXT = (
     update(WORKER_TASKS)
@@ -84,7 +113,9 @@ def _queue_next_in_one_statement() -> Any:
     )
 
 
-_MOVE_ON_IN_ONE_STATEMENT = _queue_next_in_one_statement()
+_MOVE_ON_IN_ONE_STATEMENT = DriverStatement(_queue_next_in_one_statement())
+#: On PostgreSQL the read goes to the driver too (the chord's body reads every group, the end of a run reads its last).
+_READ_GROUP_BY_DRIVER = DriverStatement(_READ_GROUP)
 
 
 class GroupState(NamedTuple):
@@ -115,12 +146,28 @@ def read_group(conn: Connection, execution_id: int, step_index: int) -> GroupSta
         "p_group": step_index,
         "p_next_group": step_index + 1,
     }
-    rows = conn.execute(_READ_GROUP, params).all()
+    if conn.dialect.name == "postgresql":
+        rows = _READ_GROUP_BY_DRIVER.run(conn, params).fetchall()
+    else:
+        rows = conn.execute(_READ_GROUP, params).all()
     if not rows:
         return None
     group, next_group, schedule_name, unfinished, token = rows[0][:5]
-    results = {name: StepResult(status, error) for *_, name, status, error in rows if name is not None}
+    # The driver gives the status's stored value, SQLAlchemy the member: either makes the member.
+    results = {name: StepResult(ActivityStatus(status), error) for *_, name, status, error in rows if name is not None}
     return GroupState(group, next_group, schedule_name, unfinished, results, token)
+
+
+def group_after_outcome(rows: Sequence[Sequence[Any]], step_name: str, result: StepResult) -> GroupState | None:
+    """The state :func:`read_group` would read just after ``step_name``'s outcome ``result``, the
+    group's last, was committed, from the rows of :data:`GROUP_BUT_ONE` its recording statement
+    returned (in attempt order); ``None`` when the run was no longer at the group."""
+    group, next_group, schedule_name, token = rows[0][:4]
+    if schedule_name is None:
+        return None
+    results = {name: StepResult(ActivityStatus(status), error) for *_, name, status, error in rows if name is not None}
+    results[step_name] = result
+    return GroupState(group, next_group, schedule_name, 0, results, token)
 
 
 def move_on(conn: Connection, execution_id: int, step_index: int, state: GroupState, *, now: datetime) -> Effects:
@@ -128,7 +175,7 @@ def move_on(conn: Connection, execution_id: int, step_index: int, state: GroupSt
     run is no longer at this group (someone else advanced, cancelled or ended it)."""
     params = {"p_execution_id": execution_id, "p_step_index": step_index, "p_now": now}
     if conn.dialect.name == "postgresql":
-        queued = sorted(conn.execute(_MOVE_ON_IN_ONE_STATEMENT, params).all())
+        queued = sorted(_MOVE_ON_IN_ONE_STATEMENT.run(conn, params).fetchall())
         if not queued:
             return Effects()
     else:
@@ -165,7 +212,9 @@ def advance_execution(session: Session, execution_id: int, step_index: int, *, n
     return finish_execution(session, execution, guard, status, error=outcome.error, now=now) or Effects()
 
 
-def advance_group(url: str, execution_id: int, step_index: int, *, now: datetime) -> Effects:
+def advance_group(
+    url: str, execution_id: int, step_index: int, *, now: datetime, state: GroupState | None = None
+) -> Effects:
     """:func:`advance_execution` for the paths every group takes (its last step, its chord's body),
     without a transaction around the whole; run again whole if the database aborted a part to
     break a deadlock (each part is a compare-and-set, right to run again).
@@ -176,16 +225,21 @@ def advance_group(url: str, execution_id: int, step_index: int, *, now: datetime
     itself: 2 round trips instead of 6. On SQLite the read does not wait for the write lock, so a
     chord's body that finds the run already past its group does not queue behind every writer.
     Ending the run, once per run, takes a transaction (and reads the group again in it).
+
+    ``state``: the group as the last step's recording statement returned it (no read then; the
+    compare-and-set still checks the run is at the group).
     """
     return retrying(
         f"advancing execution {execution_id} after group {step_index}",
-        partial(_advance_group, url, execution_id, step_index, now=now),
+        partial(_advance_group, url, execution_id, step_index, now=now, known=state),
     )
 
 
-def _advance_group(url: str, execution_id: int, step_index: int, *, now: datetime) -> Effects:
-    with autocommit(url, read_only=True) as conn:
-        state = read_group(conn, execution_id, step_index)
+def _advance_group(url: str, execution_id: int, step_index: int, *, now: datetime, known: GroupState | None) -> Effects:
+    state = known
+    if state is None:
+        with autocommit(url, read_only=True) as conn:
+            state = read_group(conn, execution_id, step_index)
     if state is None:
         return Effects()
     verdict = state.outcome().verdict

@@ -11,9 +11,25 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import JSON, Connection, bindparam, delete, exists, func, insert, literal, select, type_coerce, update
+from sqlalchemy import (
+    JSON,
+    Connection,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    select,
+    true,
+    type_coerce,
+    update,
+)
 
+from celeryapp.domain.decisions import StepResult
 from celeryapp.domain.definition import StepSpec
+from celeryapp.execution.advancing import GROUP_BUT_ONE, GroupState, group_after_outcome
 from celeryapp.execution.driver_sql import DriverStatement
 from models import ActivityStatus, ExecutionStatus, ScheduleExecution, WorkerTask, WorkerTaskStatus
 from models.tables import ACTIVITIES, EXECUTIONS, WORKER_TASKS
@@ -202,11 +218,25 @@ def _finish_in_one_statement() -> Any:
     dropped = _DROP_TASK.returning(_task.id).cte("dropped")
     after_drop = select(func.count()).select_from(dropped).scalar_subquery() >= 0
     closed = _CLOSE_ACTIVITY.where(after_drop).returning(ACTIVITIES.c.id).cte("closed")
-    return select(
-        select(func.count()).select_from(closed).scalar_subquery(),
-        select(func.count()).select_from(dropped).scalar_subquery(),
-        _GROUP_LEFT,
+    counts = select(
+        select(func.count()).select_from(closed).scalar_subquery().label("closed"),
+        select(func.count()).select_from(dropped).scalar_subquery().label("dropped"),
+        _GROUP_LEFT.label("left"),
+    ).subquery("counts")
+    # The group's last outcome, recorded, also reads what advancing the run needs (a row per other
+    # activity of the group), in the same snapshot: the read the advancement made after it, a
+    # statement and a round trip, saved. Any other outcome reads nothing: in the lateral
+    # subquery the condition is a one-time filter, checked before any row is read.
+    last = and_(counts.c.closed > 0, counts.c.dropped > 0, counts.c.left == counts.c.dropped)
+    read = GROUP_BUT_ONE.where(last).lateral("group_read")
+    return (
+        select(counts, *[read.c[name] for name in _READ_COLUMNS])
+        .select_from(counts.outerjoin(read, true()))
+        .order_by(read.c.attempt)
     )
+
+
+_READ_COLUMNS = ("group_steps", "next_steps", "schedule_name", "token", "step_name", "status", "error")
 
 
 _FINISH_IN_ONE_STATEMENT = DriverStatement(_finish_in_one_statement())
@@ -293,6 +323,8 @@ class Recorded(NamedTuple):
     closed: bool
     #: This attempt was the last of its group left: the group can be advanced now.
     last_of_group: bool
+    #: The group as the recording statement read it, when it was the last (PostgreSQL only).
+    group: GroupState | None = None
 
 
 def finish_step(
@@ -321,10 +353,14 @@ def finish_step(
     task = {"p_task_id": claim.worker_task_id, "p_attempt": claim.attempt}
     group = {"p_execution_id": claim.execution_id, "p_step_index": claim.step_index}
     if _one_statement(conn):
-        closed, dropped, left = _FINISH_IN_ONE_STATEMENT.run(
-            conn, {**outcome, **task, **group, "p_now": now}
-        ).fetchone()
-        return Recorded(bool(closed), bool(dropped) and left == dropped)
+        reads = {"p_group": claim.step_index, "p_next_group": claim.step_index + 1}
+        rows = _FINISH_IN_ONE_STATEMENT.run(conn, {**outcome, **task, **group, **reads, "p_now": now}).fetchall()
+        closed, dropped, left = rows[0][:3]
+        last = bool(dropped) and left == dropped
+        if not (closed and last):
+            return Recorded(bool(closed), last)
+        read = [row[3:] for row in rows]
+        return Recorded(True, True, group_after_outcome(read, claim.spec.name, StepResult(status, error)))
     dropped = conn.execute(_DROP_TASK, task).rowcount
     closed = conn.execute(_CLOSE_ACTIVITY, {**outcome, "p_now": now}).rowcount
     return Recorded(bool(closed), bool(dropped) and conn.execute(select(_GROUP_LEFT), group).scalar_one() == 0)

@@ -21,10 +21,12 @@ from redbeat.schedulers import get_redis as redbeat_client
 from celeryapp.clock import clock
 from celeryapp.errors import DefinitionError
 from celeryapp.messaging.broker import RECONNECT_INTERVAL_MAX_S
+from celeryapp.messaging.redis_client import get_redis
 from celeryapp.monitoring import health
 from celeryapp.monitoring.watchdog import StallWatchdog
 from celeryapp.runtime import Runtime
-from celeryapp.scheduling.beat_entries import chunks, reconcile, reconcile_fully_next
+from celeryapp.scheduling import entry_batches
+from celeryapp.scheduling.beat_entries import reconcile, reconcile_fully_next
 from celeryapp.scheduling.beat_lock import holder_token
 from celeryapp.scheduling.calendar_files import unreadable_calendars
 from celeryapp.scheduling.fire_messages import FireSender
@@ -45,8 +47,6 @@ STANDBY_TOUCH_S = 5.0
 #: fire at most this late) instead of one tick each, which cost beat twice the CPU with many
 #: schedules (docs/performance.md, "Why fires are on time").
 MIN_TICK_S = 0.1
-#: Entries loaded in one round trip.
-LOAD_CHUNK = 1000
 #: First pause between two tries at reaching Redis while beat starts; each try waits half a
 #: second longer, up to the broker's own longest pause between reconnections.
 START_RETRY_FIRST_S = 0.5
@@ -143,35 +143,32 @@ class ChordbeatScheduler(RedBeatScheduler):  # type: ignore[misc]
 
         RedBeat's own selects by the current whole second; entries are scored by their exact due
         time (:attr:`ScheduleEntry.score`), so select by the exact time too: only what is due is
-        loaded, each entry once, and :data:`LOAD_CHUNK` of them a round trip (RedBeat: one each).
+        loaded, each entry once, and :data:`~.entry_batches.CHUNK` of them a command (RedBeat: one
+        each).
         """
         now = self.app.now().timestamp()
-        client = redbeat_client(self.app)
+        client = get_redis(self.app.settings.redbeat_url)
         index_key = self.app.redbeat_conf.schedule_key
         with client.pipeline() as pipe:
             pipe.zrangebyscore(index_key, 0, now)
             pipe.zrangebyscore(index_key, f"({now!r}", now + self.max_interval, start=0, num=1)
             due_keys, next_keys = pipe.execute()
         entries: dict[str, Any] = {}
-        for keys in chunks(due_keys + next_keys, LOAD_CHUNK):
-            with client.pipeline(transaction=False) as pipe:
-                for key in keys:
-                    pipe.hmget(key, "definition", "meta")
-                stored = pipe.execute(raise_on_error=False)
-            for key, fields in zip(keys, stored, strict=True):
-                try:
-                    if wrong_type(fields):
-                        raise CorruptEntry("it is not a hash")
-                    definition, meta = fields
-                    if not definition:
-                        logger.warning("beat: failed to load %s, removing it from the index", key)
-                        client.zrem(index_key, key)
-                        continue
-                    entry = self.Entry.from_stored(definition, meta, app=self.app, key=key)
-                except CorruptEntry as exc:
-                    self._drop(key, str(exc))
+        keys = due_keys + next_keys
+        for key, fields in zip(keys, entry_batches.load(client, keys), strict=True):
+            try:
+                if wrong_type(fields):
+                    raise CorruptEntry("it is not a hash")
+                definition, meta = fields
+                if not definition:
+                    logger.warning("beat: failed to load %s, removing it from the index", key)
+                    client.zrem(index_key, key)
                     continue
-                entries[entry.name] = entry
+                entry = self.Entry.from_stored(definition, meta, app=self.app, key=key)
+            except CorruptEntry as exc:
+                self._drop(key, str(exc))
+                continue
+            entries[entry.name] = entry
         return entries
 
     def _drop(self, key: str, why: str) -> None:

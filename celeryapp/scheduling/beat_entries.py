@@ -21,14 +21,13 @@ from redbeat.schedulers import get_redis as redbeat_client
 from sqlalchemy import select
 
 from celeryapp.domain.cadence import cadence_of
-from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.stored_entry import (
     CadenceSchedule,
     CorruptEntry,
-    EntryEncoder,
     ScheduleEntry,
     check_reply,
+    meta_json,
     wrong_type,
 )
 from models import Schedule, ScheduleStatus, transaction, utcnow
@@ -103,8 +102,8 @@ def desired_entry(app: Runtime, schedule: Schedule | EntryFields, now: datetime)
         task=FIRE_TASK,
         schedule=CadenceSchedule(cadence_of(schedule), schedule.retry_at),
         kwargs={"name": schedule.name},
-        # Nobody reads a fire's answer: no result key kept for a day per slot.
-        options={"queue": CONTROL_QUEUE, "ignore_result": True},
+        # No options: beat sends a schedule's fires itself (fire_messages: to the control queue,
+        # keeping no result), never through Celery's apply_entry that would read them.
         last_run_at=last_run_at,
         app=app,
     )
@@ -122,7 +121,10 @@ class EntryChanges:
 
 def _cadence_part(definition: str) -> Any:
     schedule = json.loads(definition).get("schedule", {})
-    return {k: v for k, v in schedule.items() if k != "retry_at"} if isinstance(schedule, dict) else schedule
+    if not isinstance(schedule, dict):
+        return schedule
+    # A field stored as null and one left out are the same (a previous version wrote the nulls).
+    return {k: v for k, v in schedule.items() if k != "retry_at" and v is not None}
 
 
 def _kept_last_run(stored: str | None, meta: str | None, wanted: str) -> datetime | None:
@@ -219,7 +221,7 @@ def _queue_write(
     if kept is not None:
         # Same cadence: keep when beat last fired it (a changed retry time only adds a due time).
         entry.last_run_at = kept
-    new_meta = json.dumps({"last_run_at": entry.last_run_at}, cls=EntryEncoder)
+    new_meta = meta_json(entry.last_run_at)
     new_score = entry.score  # computed before anything is queued: a bad entry queues nothing
     pipe.hset(key, "definition", wanted)
     if same_cadence:

@@ -10,13 +10,13 @@ from datetime import datetime
 from typing import Any
 
 from kombu.utils.uuid import uuid
-from redbeat.schedulers import get_redis as redbeat_client
 
 from celeryapp.domain.limits import MAX_FIRE_BATCH
 from celeryapp.domain.names import CONTROL_QUEUE
 from celeryapp.messaging.redis_client import get_redis
 from celeryapp.runtime import Runtime
 from celeryapp.scheduling.beat_entries import chunks, short_name_list
+from celeryapp.scheduling.entry_batches import move_on
 from celeryapp.scheduling.queued_fires import QueuedFires
 from celeryapp.scheduling.stored_entry import ScheduleEntry, fire_of
 
@@ -51,34 +51,35 @@ class FireSender:
         message: a message each cost beat a few round trips and the workers a transaction per
         slot (docs/performance.md, "Why 10,000 schedules due at once start in time").
 
-        As RedBeat does, the entries move on first (one round trip for all): a beat dying before
+        As RedBeat does, the entries move on first (one command per thousand): a beat dying before
         it sent them loses those fires, never doubles them; the lost-slot re-fire repairs that.
         A schedule whose last fire still waits in the queue is not fired again (:mod:`.queued_fires`).
         """
         now = app.now()
         slots: list[tuple[dict[str, str], datetime | None]] = []
-        client = redbeat_client(app)
+        moves: list[tuple[str, str, float]] = []
+        client = get_redis(app.settings.redbeat_url)
         # The markers live beside the messages, in the broker's Redis: often the same client.
         markers = get_redis(app.settings.broker_url)
         names = [name for entry in entries if isinstance(name := entry.kwargs.get("name"), str)]
-        with client.pipeline(transaction=False) as pipe:
-            check = pipe if markers is client else markers.pipeline(transaction=False)
-            asked = self._queued.ask(check, names)
-            for entry in entries:
-                try:
-                    name = entry.kwargs.get("name")
-                    slot = fire_of(entry.schedule, entry.last_run_at, name, now) if isinstance(name, str) else None
-                    entry.reserve_in(pipe)  # queues nothing if it fails
-                except Exception as exc:
-                    drop(entry.key, f"its slot cannot be computed ({exc!r})")
-                    continue
-                if slot is not None:
-                    slots.append(slot)
-                else:
-                    # Not written by chordbeat: its slot would get the whole message refused.
-                    logger.warning("beat: entry %s names no schedule; not fired", entry.name)
-            replies = pipe.execute()
-        answers = replies[: len(asked)] if check is pipe else check.execute()
+        for entry in entries:
+            try:
+                name = entry.kwargs.get("name")
+                slot = fire_of(entry.schedule, entry.last_run_at, name, now) if isinstance(name, str) else None
+                meta, score = entry.moved_on(now)
+            except Exception as exc:
+                drop(entry.key, f"its slot cannot be computed ({exc!r})")
+                continue
+            moves.append((entry.key, meta, score))
+            if slot is not None:
+                slots.append(slot)
+            else:
+                # Not written by chordbeat: its slot would get the whole message refused.
+                logger.warning("beat: entry %s names no schedule; not fired", entry.name)
+        move_on(client, app.redbeat_conf.schedule_key, moves)
+        with markers.pipeline(transaction=False) as pipe:
+            asked = self._queued.ask(pipe, names)
+            answers = pipe.execute() if asked else []
         # A regular slot whose schedule's last fire still waits is held, unfired; a retry (no
         # expiry) is always sent.
         waiting = self._queued.still_queued(names, asked, answers)
@@ -129,6 +130,10 @@ class FireSender:
                     producer=producer,
                     headers={"celery_beat_task": True},
                     task_id=message_id,
+                    # What Flower and the logs show of the message. Celery's own is a repr of
+                    # every slot (then cut at 1 KiB), a cost per fire that beat's log line's
+                    # names spare (docs/scaling.md, "Beat's CPU and its entries' bytes").
+                    kwargsrepr=f"{{'fires': <{len(batch)} slots of {short_name_list(names)}>}}",
                     **options,
                 )
             except Exception:

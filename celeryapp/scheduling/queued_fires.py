@@ -16,9 +16,9 @@ schedules back for :data:`MARKER_TTL_S` at most; meanwhile the lost-slot re-fire
 slots, late, whenever a control worker runs. Beat keeps the message of each schedule in memory:
 a restarted or standby beat sends at most one more fire per schedule.
 
-Cost: one pipelined write per tick that fires (not per schedule); the check rides on the pipeline
-that moves the due entries on (a second round trip only if the broker is another Redis). While
-slots are held, one more round trip a second looks for their markers.
+Cost: one pipelined write per tick that fires (not per schedule), and one pipelined check per
+tick that fires schedules fired before. While slots are held, one more round trip a second looks
+for their markers.
 """
 
 from __future__ import annotations

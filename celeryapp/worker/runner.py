@@ -311,7 +311,7 @@ def run_step(app: Runtime, worker_task_id: int, attempt: int, *, node: str, toke
         return RunnerAnswer.UNRECORDED.result()
     timeout_s = claim.spec.timeout_s
     if recorded.last_of_group and (not timeout_s or time.monotonic() - started < timeout_s - ADVANCE_MARGIN_S):
-        _advance_now(app, claim)
+        _advance_now(app, claim, recorded)
     if not recorded.closed:
         return _superseded(app, claim)
     return step_result(outcome.status, outcome.error, outcome.message, outcome.traceback)
@@ -352,14 +352,15 @@ def _superseded(app: Runtime, claim: Claim) -> dict[str, Any]:
     return step_result(*stored, None) | {"superseded": True}
 
 
-def _advance_now(app: Runtime, claim: Claim) -> None:
+def _advance_now(app: Runtime, claim: Claim, recorded: Recorded) -> None:
     """The group's last attempt has ended: advance its run now, in this process, instead of after
     the chord's body went round (the group's count in Redis, a message, a free pool process: about
     half of a group-to-group hop, docs/performance.md). The body still runs; the run being past the group by then,
     its compare-and-set changes nothing. It is also the backstop: should this fail, or two last
     attempts end at once and each count the other, the body advances the run as before."""
+    url = app.settings.database_url
     try:
-        effects = advance_group(app.settings.database_url, claim.execution_id, claim.step_index, now=utcnow())
+        effects = advance_group(url, claim.execution_id, claim.step_index, now=utcnow(), state=recorded.group)
         apply_effects(app, effects)
     except Exception:
         logger.warning(

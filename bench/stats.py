@@ -50,4 +50,7 @@ def combine(runs: Sequence[Any]) -> tuple[Any, Any]:
     if isinstance(runs[0], dict):
         parts = {key: combine([run[key] for run in runs]) for key in runs[0]}
         return {k: v[0] for k, v in parts.items()}, {k: v[1] for k, v in parts.items()}
+    if all(isinstance(run, bool) for run in runs):
+        # A yes/no of each run (is True an int, and its median 1): true only when every run says so.
+        return all(runs), [min(runs), max(runs)]
     return _round(statistics.median(runs)), [_round(min(runs)), _round(max(runs))]

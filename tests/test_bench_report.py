@@ -12,6 +12,7 @@ import pytest
 
 from bench import harness, report
 from bench.run import DEFAULT, _outputs, summarise
+from bench.stats import combine
 
 SAMPLE_RUNS: dict[str, list[Any]] = {
     "advance_ms": [{"p50": 5.0, "p95": 9.0}, {"p50": 6.0, "p95": 8.0}, {"p50": 4.0, "p95": 30.0}],
@@ -98,3 +99,12 @@ def test_the_scale_scenario_runs_on_demand_into_its_own_file(tmp_path: Path) -> 
     assert "| scale: apply the file (s) | 900 |" in rewritten
     assert "| scale: fire lateness p99, staggered (ms) | 400 |" in rewritten
     assert "Targets of issue 41 not met: scale apply." in rewritten
+
+
+def test_a_yes_or_no_of_each_run_stays_one() -> None:
+    """Whether the scale scenario applied its whole file is kept as a yes/no, not as a median."""
+    assert combine([{"whole": True, "s": 2.0}, {"whole": True, "s": 4.0}]) == (
+        {"whole": True, "s": 3.0},
+        {"whole": [True, True], "s": [2.0, 4.0]},
+    )
+    assert combine([True, False, True])[0] is False

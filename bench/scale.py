@@ -42,6 +42,7 @@ from bench.beat_scale import (
     _slots,
     _used_memory,
 )
+from bench.fire_watch import FireWatch
 from bench.harness import Bench, poll
 from bench.stats import percentiles
 from celeryapp import app
@@ -227,6 +228,8 @@ def staggered(bench: Bench, count: int) -> dict[str, Any]:
     start = first.timestamp() + WARMUP_S
     observer = bench.observe(url)
     worker = bench.worker(settings)
+    watch = FireWatch(bench.redis.url)
+    watch.start()
     started = time.time()
     beat = bench.beat(settings)
     try:
@@ -241,11 +244,14 @@ def staggered(bench: Bench, count: int) -> dict[str, Any]:
         hi = lo + timedelta(seconds=window_s)
         expected = _first_slots_between(observer, lo, hi)
         late, fired = _slots(observer, lo, hi, expected, hi.timestamp() + 60)
+        watch.stop()
+        sent_late = watch.lateness_ms(lo.timestamp(), hi.timestamp())
         beat.stop()
         restarted = time.time()
         beat = bench.beat(settings)
         restart_s = poll(lambda: time.time() if bench.beat_ticked_since(restarted) else None, 600, "beat again")
     finally:
+        watch.stop()
         beat.kill()
         worker.kill()
     runs_a_day = count * 86400 / PERIOD_S
@@ -264,6 +270,10 @@ def staggered(bench: Bench, count: int) -> dict[str, Any]:
         # divided by a few rows would say nothing).
         "scale_staggered_db_rows_per_day": len(HISTORY_TABLES) * runs_a_day,
         "scale_staggered_loadavg": load,
+        # Beat's part of the lateness: its fire message in the queue - the slot (bench/fire_watch.py);
+        # none seen (0 %): every message was taken within a look of its publishing.
+        "scale_beat_send_lateness_ms": percentiles(sent_late or [0.0], "p50", "p99"),
+        "scale_beat_send_seen_pct": 100 * len(sent_late) / max(expected, 1),
     }
 
 

@@ -40,6 +40,14 @@ class ChordBackend(Protocol):
 
     def set_chord_size(self, group_id: str, chord_size: int) -> None: ...
 
+    # What set_chord_size writes, for writing many groups' sizes in one pipeline.
+    client: Any
+    chord_expires: float | None
+
+    def get_key_for_group(self, group_id: str, key: str = "") -> bytes: ...
+
+    def ensure(self, fun: Callable[..., Any], args: Sequence[Any], **policy: Any) -> Any: ...
+
 
 @runtime_checkable
 class Runtime(Protocol):

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import re
+import threading
+from base64 import b64decode
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import select, update
 
 from celeryapp.application import ChordbeatCelery
+from celeryapp.domain.names import STEPS_QUEUE
 from celeryapp.interfaces import service
+from celeryapp.messaging import keys
+from celeryapp.messaging.redis_client import get_redis
 from celeryapp.worker import firing
 from celeryapp.worker.firing import Fire
 from models import (
+    ExecutionStatus,
     MetricCount,
     Schedule,
     ScheduleExecution,
@@ -24,6 +32,7 @@ from models import (
     utcnow,
 )
 from tests.support.helpers import recorded_statements, step
+from tests.support.servers import wait_for
 
 HOUR = timedelta(hours=1)
 
@@ -227,3 +236,81 @@ def test_a_batch_of_the_largest_schedules_writes_their_worker_tasks_in_statement
     assert statements.count("INSERT") == 3 + 3
     with transaction(app.settings.database_url) as session:
         assert len(session.scalars(select(WorkerTask.id)).all()) == 2500
+
+
+def test_a_batchs_first_groups_cost_the_same_redis_round_trips_whatever_their_number(
+    app: ChordbeatCelery, monkeypatch: Any
+) -> None:
+    """Each run's chord size, message and marker had a round trip (four a run, with the marker's
+    script): 100,000 due at once spent most of the worker's time waiting for Redis."""
+    anchor = utcnow().replace(microsecond=0) - 5 * HOUR
+    names = [f"r{i:02d}" for i in range(45)]
+    for i, name in enumerate(names):
+        first = [step("a"), step("b")] if i % 3 == 0 else step("a")  # a chord of one and of two
+        service.apply_schedule(app, {"name": name, "every": 3600, "steps": [first, step("c")]})
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(Schedule).values(updated_at=anchor))
+    sent: list[int] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    me = threading.get_ident()
+
+    def counted(connection: Any, *args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == me:  # not the reference clock's reading in the background
+            sent.append(1)  # one write of commands to a Redis server, then their replies: a round trip
+        return send(connection, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    round_trips = []
+    for batch in (names[:2], names[2:7], names[7:]):  # the first connects and loads scripts
+        sent.clear()
+        answers = firing.fire_batch(app, [Fire(name, anchor + 5 * HOUR, Trigger.INTERVAL) for name in batch])
+        assert [a["status"] for a in answers] == ["in_progress"] * len(batch)
+        round_trips.append(len(sent))
+    monkeypatch.undo()
+    assert round_trips[1] == round_trips[2] <= 4, round_trips  # 5 runs, then 38
+    # Each step as a chord part of its own group, which the result backend counts as
+    # set_chord_size would (its size, kept as long), each attempt marked as sent.
+    client, backend = get_redis(app.settings.broker_url), app.backend
+    backend.set_chord_size("reference", 1)
+    kept = backend.client.ttl(backend.get_key_for_group("reference", ".s"))
+    queues = [key for key in client.keys(f"{STEPS_QUEUE}*") if client.type(key) == "list"]
+    messages = [json.loads(raw) for key in queues for raw in client.lrange(key, 0, -1)]
+    groups: dict[str, list[int]] = {}
+    for message in messages:
+        headers = message["headers"]
+        groups.setdefault(headers["group"], []).append(headers["group_index"])
+        body = json.loads(b64decode(message["body"]))[2]["chord"]
+        assert (body["task"], body["options"]["group_id"]) == ("chordbeat.advance_execution", headers["group"])
+    assert sorted(len(parts) for parts in groups.values()) == [1] * 30 + [2] * 15
+    for group_id, parts in groups.items():
+        assert sorted(parts) == list(range(len(parts)))
+        size = backend.get_key_for_group(group_id, ".s")
+        assert int(backend.client.get(size)) == len(parts)
+        assert kept - 1 <= backend.client.ttl(size) <= kept
+    with transaction(app.settings.database_url, read_only=True) as session:
+        first = select(WorkerTask.id, ScheduleExecution.token).join(ScheduleExecution)
+        attempts = session.execute(first.where(WorkerTask.step_index == 0)).all()
+    assert len(attempts) == 60 == len(messages)
+    assert all(client.exists(keys.dispatch_marker_key(task_id, 1, token)) for task_id, token in attempts)
+    assert int(client.hget(keys.HIGH_WATER_KEY, keys.WORKER_TASKS_MARK)) == max(task_id for task_id, _ in attempts)
+
+
+def test_the_first_groups_a_batch_sends_together_run_and_their_chords_advance_the_runs(
+    app: ChordbeatCelery, worker: Any
+) -> None:
+    anchor = utcnow().replace(microsecond=0) - 5 * HOUR
+    names = [f"w{i}" for i in range(4)]
+    for name in names:
+        service.apply_schedule(app, {"name": name, "every": 3600, "steps": [[step("a"), step("b")], step("c")]})
+    with transaction(app.settings.database_url) as session:
+        session.execute(update(Schedule).values(updated_at=anchor))
+    answers = firing.fire_batch(app, [Fire(name, anchor + 5 * HOUR, Trigger.INTERVAL) for name in names])
+    started = [answer["execution_id"] for answer in answers]
+
+    def statuses() -> list[ExecutionStatus]:
+        with transaction(app.settings.database_url, read_only=True) as session:
+            return list(session.scalars(select(ScheduleExecution.status).where(ScheduleExecution.id.in_(started))))
+
+    # Each chord's body advanced its run to the second group, whose end ended the run.
+    wait_for(lambda: statuses() == [ExecutionStatus.COMPLETED] * 4, 30, interval=0.1, what="the four runs complete")

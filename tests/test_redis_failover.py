@@ -107,6 +107,26 @@ def test_the_broker_connection_publishes_and_consumes_again_after_the_primary_mo
     assert moved.direct(moved.new).get("redbeat-write") == "1"
 
 
+def test_a_publish_batch_refused_by_a_demoted_primary_lands_once_on_the_new_one(
+    moved: MovedPrimary, app: ChordbeatCelery
+) -> None:
+    """A fire batch publishes its first groups in one pipeline (kombu's Producer.batch(), which
+    kombu allows only on connections that retry nothing): ours retry only what a demoted primary
+    refused, so the whole pipeline goes once more, to the new primary, and no message twice."""
+    app.apply_settings(replace(app.settings, broker_url=moved.name.url, redbeat_url=moved.name.url))
+    with app.connection_for_write() as conn, conn.Producer() as producer:
+        producer.publish({"n": 0}, routing_key="failover-batch")  # its pooled connection, to the old primary
+        assert producer.channel.supports_batch_publish  # else kombu publishes each message alone
+        wait_for(lambda: moved.direct(moved.new).llen("failover-batch") == 1, 10, what="n=0 on the replica")
+        moved.fail_over()
+        refused = moved.direct(moved.old).info("stats")["total_error_replies"]
+        with producer.batch():
+            for n in range(1, 4):
+                producer.publish({"n": n}, routing_key="failover-batch")
+        assert moved.direct(moved.old).info("stats")["total_error_replies"] > refused  # READONLY: it was tried there
+    assert moved.direct(moved.new).llen("failover-batch") == 4
+
+
 def run_through_failover(
     app: ChordbeatCelery, settings: Settings, tmp_path: Path, fail_over: Callable[[], None]
 ) -> tuple[dict[str, Any], float]:

@@ -116,6 +116,16 @@ class FailoverChannel(_DetachedIsLost):
         # consumer's reconnection, the message would be redelivered.
         return {**super()._connparams(asynchronous=asynchronous), "retry": retry_once_moved()}
 
+    @property
+    def supports_batch_publish(self) -> bool:
+        """Whether ``Producer.batch()`` may send many messages in one pipeline (a fire batch's first
+        groups: docs/scaling.md). kombu refuses it on connections that retry, since a pipeline sent
+        again might run twice; ours retries only what a demoted primary refused, which ran nowhere."""
+        options = dict(self.pool.connection_kwargs)
+        if options.get("retry") == retry_once_moved():
+            del options["retry"]
+        return not self.retry_on_timeout and kombu_redis._batch_publish_retry_safe(options)  # type: ignore[no-any-return,no-untyped-call]
+
 
 class SentinelChannel(_DetachedIsLost, kombu_redis.SentinelChannel):  # type: ignore[misc]
     """kombu's Sentinel channel (its connections already follow the primary), with our fix."""

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from click.testing import CliRunner
 from sqlalchemy import select, text
 
@@ -27,17 +26,9 @@ from models import Schedule, ScheduleSource, ScheduleStep, transaction
 from models.audit import Actor
 from models.version_tables import ScheduleVersion
 from models.versions import VersionOrigin
-from tests.support.helpers import recorded_statements, step
+from tests.support.helpers import recorded_statements, step, write_schedule_file
 
 ORIGIN = VersionOrigin("ann", AuditSource.CLI, "release", file="hr.yaml", commit="abc123")
-
-
-def write(path: Path, *schedules: dict[str, Any], source: str | None = None) -> Path:
-    document: dict[str, Any] = {"schedules": list(schedules)}
-    if source is not None:
-        document["source"] = source
-    path.write_text(yaml.safe_dump(document))
-    return path
 
 
 def simple(name: str, every: int = 60) -> dict[str, Any]:
@@ -56,8 +47,8 @@ def test_applying_a_file_costs_the_same_statements_for_50_schedules_as_for_500(
         return statements
 
     for kind, every in (("added", 60), ("changed", 90)):
-        few = counted(write(tmp_path / "few.yaml", *(simple(f"few-{i}", every) for i in range(50))))
-        many = counted(write(tmp_path / "many.yaml", *(simple(f"many-{i}", every) for i in range(500))))
+        few = counted(write_schedule_file(tmp_path / "few.yaml", *(simple(f"few-{i}", every) for i in range(50))))
+        many = counted(write_schedule_file(tmp_path / "many.yaml", *(simple(f"many-{i}", every) for i in range(500))))
         assert len(many) == len(few) <= 25, (kind, few, many)
     # Unchanged: reads only (and the audit row).
     again = counted(tmp_path / "many.yaml")
@@ -164,9 +155,9 @@ def test_the_command_reads_the_file_once_for_its_dry_run_and_its_apply(
 ) -> None:
     """It read it twice: 3.5 s of a 2,000-schedule file each time, and what it confirmed could
     differ from what it applied had the file changed meanwhile."""
-    path = write(tmp_path / "s.yaml", simple("one"), simple("two"))
+    path = write_schedule_file(tmp_path / "s.yaml", simple("one"), simple("two"))
     assert CliRunner().invoke(main, ["apply", str(path)]).exit_code == 0
-    write(path, simple("one", 45))
+    write_schedule_file(path, simple("one", 45))
     reads: list[str] = []
     original = schedule_file.read_file
 
@@ -190,7 +181,7 @@ def test_a_file_over_the_limit_is_refused_unparsed_naming_the_setting(app: Chord
     app.apply_settings(Settings(**{**app.settings.__dict__, "schedule_file_max_bytes": 8192}))
     with pytest.raises(DefinitionError, match="a '\\[' is never closed"):
         apply_file(app, path)
-    write(path, simple("fits"))
+    write_schedule_file(path, simple("fits"))
     assert apply_file(app, path).added == ["fits"]
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from celery import Celery
 from click.testing import CliRunner
 from sqlalchemy import select
@@ -20,16 +19,8 @@ from celeryapp.interfaces.cli import main
 from celeryapp.scheduling.schedule_file import apply_file
 from models import Schedule, ScheduleSource, transaction
 from tests.support import processes
-from tests.support.helpers import call, entry_exists, executions, finished, step, wait_for
+from tests.support.helpers import call, entry_exists, executions, finished, step, wait_for, write_schedule_file
 from tests.support.terminals import in_pty, screen_lines
-
-
-def write(path: Path, *schedules: dict[str, Any], source: str | None = None) -> Path:
-    document: dict[str, Any] = {"schedules": list(schedules)}
-    if source is not None:
-        document["source"] = source
-    path.write_text(yaml.safe_dump(document))
-    return path
 
 
 def sources(app: ChordbeatCelery) -> dict[str, str]:
@@ -47,7 +38,7 @@ def test_file_overrides_stored_schedules_and_prunes_only_its_own(
 ) -> None:
     call(client, "chordbeat.apply_schedule", definition={"name": "api-made", "every": 60, "steps": [step("s")]})
     call(client, "chordbeat.apply_schedule", definition={"name": "shared", "every": 60, "steps": [step("s")]})
-    first = write(
+    first = write_schedule_file(
         tmp_path / "a.yaml",
         {"name": "from-file", "every": 30, "steps": [step("s")]},
         {"name": "shared", "every": 90, "steps": [step("s")]},
@@ -65,7 +56,7 @@ def test_file_overrides_stored_schedules_and_prunes_only_its_own(
     # The same file again: nothing changes. Then a file without "from-file": it goes, history kept.
     assert apply_file(app, first).empty
     execution_id = call(client, "chordbeat.trigger_schedule", name="from-file")["execution_id"]
-    second = write(tmp_path / "b.yaml", {"name": "shared", "every": 90, "steps": [step("s")]}, source="a")
+    second = write_schedule_file(tmp_path / "b.yaml", {"name": "shared", "every": 90, "steps": [step("s")]}, source="a")
     diff = apply_file(app, second)
     assert (diff.added, diff.changed, diff.removed) == ([], [], ["from-file"])
     assert sources(app) == {"api-made": "api", "shared": "file"}
@@ -76,9 +67,9 @@ def test_file_overrides_stored_schedules_and_prunes_only_its_own(
 def test_an_invalid_file_changes_nothing_and_names_schedule_and_field(
     app: ChordbeatCelery, worker: Any, client: Celery, tmp_path: Path
 ) -> None:
-    good = write(tmp_path / "good.yaml", {"name": "keep", "every": 30, "steps": [step("s")]})
+    good = write_schedule_file(tmp_path / "good.yaml", {"name": "keep", "every": 30, "steps": [step("s")]})
     apply_file(app, good)
-    bad = write(
+    bad = write_schedule_file(
         tmp_path / "bad.yaml",
         {"name": "new-one", "every": 30, "steps": [step("s")]},
         {"name": "broken", "cron": "0 2 * *", "steps": [step("s")]},
@@ -97,21 +88,21 @@ def test_an_invalid_file_changes_nothing_and_names_schedule_and_field(
 def test_cli_apply_shows_the_diff_and_dry_run_changes_nothing(
     app: ChordbeatCelery, worker: Any, tmp_path: Path
 ) -> None:
-    path = write(tmp_path / "s.yaml", {"name": "cli-made", "every": 30, "steps": [step("s")]})
+    path = write_schedule_file(tmp_path / "s.yaml", {"name": "cli-made", "every": 30, "steps": [step("s")]})
     runner = CliRunner()
     dry = runner.invoke(main, ["apply", "--dry-run", str(path)])
     assert dry.exit_code == 0 and "+ cli-made" in dry.output and "would change (source s): added cli-made" in dry.output
     assert sources(app) == {}
     real = runner.invoke(main, ["apply", "--json", str(path)])
     assert real.exit_code == 0 and '"added": [\n    "cli-made"' in real.output
-    broken = runner.invoke(main, ["apply", str(write(tmp_path / "x.yaml", {"name": "x", "steps": []}))])
+    broken = runner.invoke(main, ["apply", str(write_schedule_file(tmp_path / "x.yaml", {"name": "x", "steps": []}))])
     assert broken.exit_code == 1 and "schedules[0] (x).cron: exactly one of 'cron' and 'every'" in broken.output
 
 
 def test_cli_apply_leaves_one_audit_row_with_the_file_and_nothing_for_a_dry_run_or_a_bad_actor(
     app: ChordbeatCelery, worker: Any, tmp_path: Path
 ) -> None:
-    path = write(tmp_path / "ops.yaml", {"name": "audited", "every": 30, "steps": [step("s")]})
+    path = write_schedule_file(tmp_path / "ops.yaml", {"name": "audited", "every": 30, "steps": [step("s")]})
     runner = CliRunner()
     assert runner.invoke(main, ["apply", "--dry-run", str(path)]).exit_code == 0
     refused = runner.invoke(main, ["apply", "--as", "x\x1b[2J", str(path)])
@@ -128,7 +119,7 @@ def test_cli_apply_leaves_one_audit_row_with_the_file_and_nothing_for_a_dry_run_
 def test_beat_applies_the_file_before_it_fires(
     app: ChordbeatCelery, worker: Any, client: Celery, settings: Settings, tmp_path: Path
 ) -> None:
-    path = write(tmp_path / "s.yaml", {"name": "declared", "every": 1, "steps": [step("s")]})
+    path = write_schedule_file(tmp_path / "s.yaml", {"name": "declared", "every": 1, "steps": [step("s")]})
     settings_with_file = Settings(**{**settings.__dict__, "schedules_file": str(path)})
     with processes.beat(settings_with_file, tmp_path):
         wait_for(lambda: len(executions(app)) >= 2, 30, interval=0.2, what="fires of the declared schedule")
@@ -142,14 +133,20 @@ def test_a_file_prunes_only_its_own_source_never_an_earlier_files(
     app: ChordbeatCelery, worker: Any, client: Celery, tmp_path: Path
 ) -> None:
     """``apply other.yaml`` used to delete every schedule an earlier file had declared."""
-    apply_file(app, write(tmp_path / "schedules.yaml", {"name": "nightly", "every": 60, "steps": [step("s")]}))
+    apply_file(
+        app, write_schedule_file(tmp_path / "schedules.yaml", {"name": "nightly", "every": 60, "steps": [step("s")]})
+    )
     finished(client, call(client, "chordbeat.trigger_schedule", name="nightly")["execution_id"])
-    diff = apply_file(app, write(tmp_path / "other.yaml", {"name": "extra", "every": 60, "steps": [step("s")]}))
+    diff = apply_file(
+        app, write_schedule_file(tmp_path / "other.yaml", {"name": "extra", "every": 60, "steps": [step("s")]})
+    )
     assert (diff.source, diff.added, diff.removed) == ("other", ["extra"], [])
     assert source_names(app) == {"nightly": "schedules", "extra": "other"}
     assert call(client, "chordbeat.get_schedule", name="nightly")["run_count"] == 1
     # Two files that declare the same source are one source: the second replaces the first.
-    hr = write(tmp_path / "hr-v2.yaml", {"name": "extra2", "every": 60, "steps": [step("s")]}, source="other")
+    hr = write_schedule_file(
+        tmp_path / "hr-v2.yaml", {"name": "extra2", "every": 60, "steps": [step("s")]}, source="other"
+    )
     assert apply_file(app, hr).removed == ["extra"]
     assert source_names(app) == {"nightly": "schedules", "extra2": "other"}
 
@@ -162,16 +159,16 @@ def test_a_bad_source_name_is_refused(tmp_path: Path, source: Any, reason: str) 
     from celeryapp.scheduling.schedule_file import read_file
 
     with pytest.raises(DefinitionError) as caught:
-        read_file(write(tmp_path / "s.yaml", source=source), rules=None)
+        read_file(write_schedule_file(tmp_path / "s.yaml", source=source), rules=None)
     assert caught.value.field == "source" and reason in caught.value.reason
     with pytest.raises(DefinitionError, match="source: the file name 'my schedules' is not a usable source name"):
-        read_file(write(tmp_path / "my schedules.yaml"), rules=None)
+        read_file(write_schedule_file(tmp_path / "my schedules.yaml"), rules=None)
 
 
 def test_every_invalid_schedule_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
     from celeryapp.scheduling.schedule_file import read_file
 
-    path = write(
+    path = write_schedule_file(
         tmp_path / "s.yaml",
         {"name": "a", "every": -1, "steps": [step("s")]},
         {"name": "ok", "every": 5, "steps": [step("s")]},
@@ -186,7 +183,7 @@ def test_every_invalid_schedule_of_a_file_is_reported_at_once(tmp_path: Path) ->
         "schedules[2] (b).cron",
         "schedules[3] (ok).name",
     ]
-    many = write(tmp_path / "m.yaml", *({"name": f"n{i}", "steps": []} for i in range(30)))
+    many = write_schedule_file(tmp_path / "m.yaml", *({"name": f"n{i}", "steps": []} for i in range(30)))
     with pytest.raises(DefinitionError) as caught:
         read_file(many, rules=None)
     # Two mistakes each (no cadence, no steps): 60 in all, the first 20 listed.
@@ -196,14 +193,14 @@ def test_every_invalid_schedule_of_a_file_is_reported_at_once(tmp_path: Path) ->
 def test_cli_apply_asks_before_removing_and_removes_nothing_unconfirmed(
     app: ChordbeatCelery, worker: Any, tmp_path: Path
 ) -> None:
-    path = write(
+    path = write_schedule_file(
         tmp_path / "s.yaml",
         {"name": "one", "every": 30, "steps": [step("s")]},
         {"name": "two", "every": 30, "steps": [step("s")]},
     )
     runner = CliRunner()
     assert runner.invoke(main, ["apply", str(path)]).exit_code == 0
-    write(path, {"name": "one", "every": 45, "steps": [step("s")]})
+    write_schedule_file(path, {"name": "one", "every": 45, "steps": [step("s")]})
     dry = runner.invoke(main, ["apply", "--dry-run", str(path)])
     assert dry.exit_code == 0 and "~ one (every)" in dry.output and "- two" in dry.output, dry.output
     refused = runner.invoke(main, ["apply", str(path)])  # no answer on stdin
@@ -215,7 +212,7 @@ def test_cli_apply_asks_before_removing_and_removes_nothing_unconfirmed(
     confirmed = runner.invoke(main, ["apply", str(path)], input="y\n")
     assert confirmed.exit_code == 0 and "removed two" in confirmed.output, confirmed.output
     assert set(sources(app)) == {"one"} and call_every(app, "one") == 45
-    write(path)
+    write_schedule_file(path)
     pruned = runner.invoke(main, ["apply", "--prune", str(path)])
     assert pruned.exit_code == 0 and "removed one" in pruned.output and sources(app) == {}
 
@@ -232,8 +229,12 @@ def test_cli_apply_says_why_it_would_remove_schedules_another_file_of_the_same_n
     first one's schedules. At a terminal, 80 columns, the removal says why and what to do."""
     (tmp_path / "team-a").mkdir()
     (tmp_path / "team-b").mkdir()
-    first = write(tmp_path / "team-a" / "schedules.yaml", {"name": "a-nightly", "every": 30, "steps": [step("s")]})
-    second = write(tmp_path / "team-b" / "schedules.yaml", {"name": "b-nightly", "every": 30, "steps": [step("s")]})
+    first = write_schedule_file(
+        tmp_path / "team-a" / "schedules.yaml", {"name": "a-nightly", "every": 30, "steps": [step("s")]}
+    )
+    second = write_schedule_file(
+        tmp_path / "team-b" / "schedules.yaml", {"name": "b-nightly", "every": 30, "steps": [step("s")]}
+    )
     env = processes.settings_env(app.settings, TERM="xterm-256color")
     chordbeat = str(Path(processes.CELERY).with_name("chordbeat"))
     status, shown = in_pty([chordbeat, "apply", str(first)], env)

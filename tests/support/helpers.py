@@ -13,8 +13,10 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+import yaml
 from celery import Celery
 from sqlalchemy import event, select
 
@@ -238,3 +240,12 @@ def tells_databases_apart(code: types.CodeType) -> bool:
         tells_databases_apart(const) if isinstance(const, types.CodeType) else const in ("postgresql", "sqlite")
         for const in code.co_consts
     )
+
+
+def write_schedule_file(path: Path, *schedules: dict[str, Any], source: str | None = None) -> Path:
+    """A schedule file at ``path`` declaring ``schedules`` (and ``source``, when given)."""
+    document: dict[str, Any] = {"schedules": list(schedules)}
+    if source is not None:
+        document["source"] = source
+    path.write_text(yaml.safe_dump(document))
+    return path
